@@ -1,0 +1,127 @@
+"""The cluster contract between ``topologies`` and ``simulator``.
+
+A :class:`Cluster` is a full-duplex :class:`networkx.DiGraph` (one directed
+edge per direction of every cable) plus the GPU model and the ordered list of
+GPU nodes that ranks are mapped onto (rank ``i`` runs on ``gpus[i]``).
+
+Node attributes (all required)
+------------------------------
+kind : str
+    One of :data:`NODE_KINDS`.
+server : int
+    For ``gpu``, ``nic`` and ``nvswitch`` nodes: index of the server (the
+    NVLink domain) the node sits in. Switches of the fabric carry ``-1``.
+
+Edge attributes (all required, SI units)
+----------------------------------------
+bandwidth : float
+    Bytes per second in this edge's direction.
+latency : float
+    Seconds of propagation + switching on this hop.
+kind : str
+    Physical link type, one of :data:`LINK_KINDS`.
+tier : str
+    Where on the fabric the hop sits, one of :data:`TIERS`; results break
+    link bytes down by it.
+
+Node labels are tuples, as networkx generators do: ``("gpu", server, local)``,
+``("nvswitch", server)``, ``("nic", server, local)``, ``("leaf", i)``,
+``("spine", j)``, ``("core", k)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+NODE_KINDS = ("gpu", "nvswitch", "nic", "leaf", "spine", "core")
+LINK_KINDS = ("nvlink", "pcie", "ib", "eth")
+TIERS = ("nvlink", "pcie", "leaf", "spine", "core")
+
+
+class TopologyError(ValueError):
+    """Invalid cluster description: the message names the field and what is valid."""
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU model's datasheet numbers, SI units.
+
+    Attributes
+    ----------
+    name : str
+        Canonical name, e.g. ``"H100-SXM"``.
+    peak_flops : Mapping[str, float]
+        Dense (no sparsity) peak FLOP/s per dtype: keys among
+        ``"fp32", "tf32", "bf16", "fp16", "fp8"``.
+    hbm_bytes : float
+        HBM capacity in bytes.
+    hbm_bandwidth : float
+        HBM bandwidth in bytes/s.
+    nvlink_bandwidth : float
+        NVLink bandwidth per GPU per direction, bytes/s.
+    nic_bandwidth : float
+        Typical scale-out NIC rate per GPU per direction, bytes/s.
+    sm_count : int
+        Streaming multiprocessors (used for GEMM wave quantisation).
+    matmul_efficiency : float
+        Fraction of peak a large, well-shaped GEMM reaches (cuBLAS-class).
+    source : str
+        Where the numbers come from.
+    """
+
+    name: str
+    peak_flops: Mapping[str, float]
+    hbm_bytes: float
+    hbm_bandwidth: float
+    nvlink_bandwidth: float
+    nic_bandwidth: float
+    sm_count: int
+    matmul_efficiency: float = 0.8
+    source: str = ""
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype``; raises ``ValueError`` naming valid dtypes."""
+        try:
+            return self.peak_flops[dtype]
+        except KeyError:
+            valid = ", ".join(sorted(self.peak_flops))
+            raise ValueError(f"dtype: {dtype!r} is not supported by {self.name}; valid: {valid}") from None
+
+
+@dataclass
+class Cluster:
+    """A GPU cluster: fabric graph, GPU model and rank order.
+
+    Attributes
+    ----------
+    graph : networkx.DiGraph
+        Full-duplex fabric, attributes as in the module docstring.
+    gpu : GPUSpec
+        The (homogeneous) GPU model.
+    gpus : tuple
+        GPU node labels in rank order.
+    gpus_per_server : int
+        Size of one NVLink domain.
+    name : str
+        Human-readable description.
+    params : dict
+        The builder parameters that produced it (for reports and sweeps).
+    """
+
+    graph: nx.DiGraph
+    gpu: GPUSpec
+    gpus: tuple[Hashable, ...]
+    gpus_per_server: int
+    name: str = ""
+    params: dict = field(default_factory=dict)
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpus)
+
+    def server_of(self, rank: int) -> int:
+        """Index of the server (NVLink domain) that ``rank`` runs on."""
+        return self.graph.nodes[self.gpus[rank]]["server"]

@@ -1,0 +1,264 @@
+"""The op-graph contract between ``workloads`` and ``simulator``.
+
+A training step is a set of per-rank programs of operations with explicit
+dependencies, in the spirit of MLCommons Chakra execution traces. The
+generators in this package build an :class:`OpGraph`; the simulator executes
+it. Nothing here knows about hardware: compute speaks FLOPs and bytes,
+communication speaks bytes.
+
+Semantics the engine relies on
+------------------------------
+* Every op has a globally unique integer ``id`` (its index in
+  :attr:`OpGraph.ops`) and the ids of the ops it waits for (``deps``), which
+  may live on other ranks.
+* Ops on the same ``(rank, stream)`` run in program order, like a CUDA
+  stream: an op also waits for the previous op of its stream.
+* Collectives are matched as NCCL matches them: the k-th collective a rank
+  issues on a given ``group`` joins the k-th collective of every other member
+  on that group. Send/recv are matched the same way per ``(src, dst)`` pair.
+  All members must agree on kind and size.
+* ``nbytes`` of a collective follows nccl-tests: the full buffer size ``S``
+  (all_reduce/broadcast/reduce: the tensor; all_gather: the gathered output;
+  reduce_scatter: the input; all_to_all/gather: each rank's total send or
+  receive buffer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+COLLECTIVE_KINDS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+    "reduce",
+    "gather",
+)
+COMPUTE_CATEGORIES = ("gemm", "attention", "elementwise", "optimizer", "fixed")
+
+
+@dataclass(slots=True, eq=False)
+class Op:
+    """Fields common to every operation.
+
+    ``traffic_class`` says which parallel dimension caused the op (``dp``,
+    ``tp``, ``pp``, ``ep``, ``zero``, ``compute`` ...); ``layer``,
+    ``micro_batch`` and ``stage`` are -1 where they do not apply.
+    """
+
+    id: int
+    rank: int
+    stream: str
+    deps: tuple[int, ...]
+    name: str
+    traffic_class: str
+    layer: int
+    micro_batch: int
+    stage: int
+
+    kind = "op"
+
+
+@dataclass(slots=True, eq=False)
+class Compute(Op):
+    """Work on one GPU: ``flops`` floating-point operations touching ``nbytes`` of HBM.
+
+    ``category`` selects the efficiency model (``gemm``, ``attention``,
+    ``elementwise``, ``optimizer``); ``shape`` is the GEMM ``(m, n, k)`` where
+    known (for wave quantisation); ``duration_s`` fixes the time outright
+    (category ``fixed``), for tests and measured traces.
+    """
+
+    flops: float = 0.0
+    nbytes: float = 0.0
+    category: str = "gemm"
+    shape: tuple[int, int, int] | None = None
+    duration_s: float | None = None
+    kind = "compute"
+
+
+@dataclass(slots=True, eq=False)
+class Collective(Op):
+    """One rank's part of a collective over ``group`` (ranks, in ring order)."""
+
+    collective: str = "all_reduce"
+    group: tuple[int, ...] = ()
+    nbytes: float = 0.0
+    algorithm: str = "auto"
+    kind = "collective"
+
+
+@dataclass(slots=True, eq=False)
+class Send(Op):
+    """Send ``nbytes`` to ``peer``; completes when the matching recv has the data."""
+
+    peer: int = -1
+    nbytes: float = 0.0
+    kind = "send"
+
+
+@dataclass(slots=True, eq=False)
+class Recv(Op):
+    """Receive ``nbytes`` from ``peer``."""
+
+    peer: int = -1
+    nbytes: float = 0.0
+    kind = "recv"
+
+
+class OpGraphError(ValueError):
+    """An op graph that is malformed (unknown dependency, bad rank, bad size)."""
+
+
+class OpGraph:
+    """Per-rank programs of operations for one training step.
+
+    Build it with the helper methods, which assign ids and validate eagerly::
+
+        g = OpGraph(world_size=2)
+        a = g.compute(0, flops=1e12, name="fwd")
+        g.send(0, peer=1, nbytes=1e6, deps=[a], traffic_class="pp")
+        g.recv(1, peer=0, nbytes=1e6, traffic_class="pp")
+    """
+
+    def __init__(self, world_size: int) -> None:
+        if world_size < 1:
+            raise OpGraphError(f"world_size: must be >= 1, got {world_size}")
+        self.world_size = world_size
+        self.ops: list[Op] = []
+
+    # ------------------------------------------------------------------ helpers
+    def _check_rank(self, rank: int, field: str = "rank") -> None:
+        if not 0 <= rank < self.world_size:
+            raise OpGraphError(f"{field}: {rank} is outside 0..{self.world_size - 1}")
+
+    def _deps(self, deps: Iterable[int]) -> tuple[int, ...]:
+        out = tuple(deps)
+        n = len(self.ops)
+        for d in out:
+            if not 0 <= d < n:
+                raise OpGraphError(f"deps: op id {d} does not exist (ops so far: {n})")
+        return out
+
+    def _tags(self, traffic_class: str, layer: int, micro_batch: int, stage: int) -> dict:
+        return {"traffic_class": traffic_class, "layer": layer, "micro_batch": micro_batch, "stage": stage}
+
+    # --------------------------------------------------------------- builders
+    def compute(
+        self,
+        rank: int,
+        flops: float = 0.0,
+        nbytes: float = 0.0,
+        *,
+        name: str = "compute",
+        deps: Iterable[int] = (),
+        stream: str = "compute",
+        category: str = "gemm",
+        shape: tuple[int, int, int] | None = None,
+        duration_s: float | None = None,
+        traffic_class: str = "compute",
+        layer: int = -1,
+        micro_batch: int = -1,
+        stage: int = -1,
+    ) -> int:
+        """Append a :class:`Compute` op on ``rank``; return its id."""
+        self._check_rank(rank)
+        if flops < 0 or nbytes < 0:
+            raise OpGraphError(f"compute {name!r}: flops and nbytes must be >= 0, got {flops}, {nbytes}")
+        if category not in COMPUTE_CATEGORIES:
+            raise OpGraphError(f"category: {category!r} unknown; valid: {', '.join(COMPUTE_CATEGORIES)}")
+        if duration_s is not None and duration_s < 0:
+            raise OpGraphError(f"duration_s: must be >= 0, got {duration_s}")
+        op = Compute(len(self.ops), rank, stream, self._deps(deps), name,
+                     **self._tags(traffic_class, layer, micro_batch, stage),
+                     flops=float(flops), nbytes=float(nbytes), category=category,
+                     shape=shape, duration_s=duration_s)
+        self.ops.append(op)
+        return op.id
+
+    def collective_op(
+        self,
+        rank: int,
+        collective: str,
+        group: Sequence[int],
+        nbytes: float,
+        *,
+        name: str = "",
+        deps: Iterable[int] = (),
+        stream: str = "comm",
+        algorithm: str = "auto",
+        traffic_class: str = "dp",
+        layer: int = -1,
+        micro_batch: int = -1,
+        stage: int = -1,
+    ) -> int:
+        """Append one member's :class:`Collective` op; return its id."""
+        self._check_rank(rank)
+        if collective not in COLLECTIVE_KINDS:
+            raise OpGraphError(f"collective: {collective!r} unknown; valid: {', '.join(COLLECTIVE_KINDS)}")
+        grp = tuple(group)
+        if len(set(grp)) != len(grp) or not grp:
+            raise OpGraphError(f"group: must be a non-empty list of distinct ranks, got {grp}")
+        for r in grp:
+            self._check_rank(r, "group")
+        if rank not in grp:
+            raise OpGraphError(f"group: rank {rank} issues a collective on a group it is not in: {grp}")
+        if nbytes < 0:
+            raise OpGraphError(f"nbytes: must be >= 0, got {nbytes}")
+        op = Collective(len(self.ops), rank, stream, self._deps(deps), name or collective,
+                        **self._tags(traffic_class, layer, micro_batch, stage),
+                        collective=collective, group=grp, nbytes=float(nbytes), algorithm=algorithm)
+        self.ops.append(op)
+        return op.id
+
+    def collective(
+        self,
+        collective: str,
+        group: Sequence[int],
+        nbytes: float,
+        *,
+        deps: Mapping[int, Iterable[int]] | None = None,
+        **kwargs,
+    ) -> dict[int, int]:
+        """Append the op of every member of ``group``; return ``{rank: op id}``.
+
+        ``deps`` maps a member rank to the ids that member waits for.
+        """
+        deps = deps or {}
+        return {r: self.collective_op(r, collective, group, nbytes, deps=deps.get(r, ()), **kwargs)
+                for r in group}
+
+    def _p2p(self, cls, rank, peer, nbytes, name, deps, stream, traffic_class, layer, micro_batch, stage) -> int:
+        self._check_rank(rank)
+        self._check_rank(peer, "peer")
+        if peer == rank:
+            raise OpGraphError(f"peer: rank {rank} cannot {cls.kind} to itself")
+        if nbytes < 0:
+            raise OpGraphError(f"nbytes: must be >= 0, got {nbytes}")
+        op = cls(len(self.ops), rank, stream, self._deps(deps), name or cls.kind,
+                 **self._tags(traffic_class, layer, micro_batch, stage), peer=peer, nbytes=float(nbytes))
+        self.ops.append(op)
+        return op.id
+
+    def send(self, rank: int, peer: int, nbytes: float, *, name: str = "", deps: Iterable[int] = (),
+             stream: str = "comm", traffic_class: str = "pp", layer: int = -1, micro_batch: int = -1,
+             stage: int = -1) -> int:
+        """Append a :class:`Send` of ``nbytes`` from ``rank`` to ``peer``; return its id."""
+        return self._p2p(Send, rank, peer, nbytes, name, deps, stream, traffic_class, layer, micro_batch, stage)
+
+    def recv(self, rank: int, peer: int, nbytes: float, *, name: str = "", deps: Iterable[int] = (),
+             stream: str = "comm", traffic_class: str = "pp", layer: int = -1, micro_batch: int = -1,
+             stage: int = -1) -> int:
+        """Append a :class:`Recv` on ``rank`` of ``nbytes`` from ``peer``; return its id."""
+        return self._p2p(Recv, rank, peer, nbytes, name, deps, stream, traffic_class, layer, micro_batch, stage)
+
+    # ------------------------------------------------------------------ views
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def program(self, rank: int) -> list[Op]:
+        """The ops of ``rank`` in program order."""
+        return [op for op in self.ops if op.rank == rank]
