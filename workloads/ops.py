@@ -40,6 +40,16 @@ COLLECTIVE_KINDS = (
 COMPUTE_CATEGORIES = ("gemm", "attention", "elementwise", "optimizer", "fixed")
 
 
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One kernel of a coarsened compute op: ``flops`` FLOPs over ``nbytes`` of HBM traffic."""
+
+    category: str
+    flops: float
+    nbytes: float
+    shape: tuple[int, int, int] | None = None
+
+
 @dataclass(slots=True, eq=False)
 class Op:
     """Fields common to every operation.
@@ -70,6 +80,10 @@ class Compute(Op):
     ``elementwise``, ``optimizer``); ``shape`` is the GEMM ``(m, n, k)`` where
     known (for wave quantisation); ``duration_s`` fixes the time outright
     (category ``fixed``), for tests and measured traces.
+
+    A coarsened op stands for a fused sequence of kernels: ``parts`` holds one
+    :class:`Kernel` each, its time is the sum of theirs, and ``flops`` /
+    ``nbytes`` are their totals.
     """
 
     flops: float = 0.0
@@ -77,17 +91,24 @@ class Compute(Op):
     category: str = "gemm"
     shape: tuple[int, int, int] | None = None
     duration_s: float | None = None
+    parts: tuple[Kernel, ...] | None = None
     kind = "compute"
 
 
 @dataclass(slots=True, eq=False)
 class Collective(Op):
-    """One rank's part of a collective over ``group`` (ranks, in ring order)."""
+    """One rank's part of a collective over ``group`` (ranks, in ring order).
+
+    ``count`` > 1 makes it a coarsened op: ``count`` back-to-back collectives
+    of ``nbytes`` each (e.g. the two TP all-reduces of each of 12 layers),
+    which pay the per-step latency ``count`` times.
+    """
 
     collective: str = "all_reduce"
     group: tuple[int, ...] = ()
     nbytes: float = 0.0
     algorithm: str = "auto"
+    count: int = 1
     kind = "collective"
 
 
@@ -159,6 +180,7 @@ class OpGraph:
         category: str = "gemm",
         shape: tuple[int, int, int] | None = None,
         duration_s: float | None = None,
+        parts: Sequence[Kernel] | None = None,
         traffic_class: str = "compute",
         layer: int = -1,
         micro_batch: int = -1,
@@ -172,10 +194,14 @@ class OpGraph:
             raise OpGraphError(f"category: {category!r} unknown; valid: {', '.join(COMPUTE_CATEGORIES)}")
         if duration_s is not None and duration_s < 0:
             raise OpGraphError(f"duration_s: must be >= 0, got {duration_s}")
+        if parts is not None:
+            parts = tuple(parts)
+            flops = sum(k.flops for k in parts)
+            nbytes = sum(k.nbytes for k in parts)
         op = Compute(len(self.ops), rank, stream, self._deps(deps), name,
                      **self._tags(traffic_class, layer, micro_batch, stage),
                      flops=float(flops), nbytes=float(nbytes), category=category,
-                     shape=shape, duration_s=duration_s)
+                     shape=shape, duration_s=duration_s, parts=parts)
         self.ops.append(op)
         return op.id
 
@@ -190,6 +216,7 @@ class OpGraph:
         deps: Iterable[int] = (),
         stream: str = "comm",
         algorithm: str = "auto",
+        count: int = 1,
         traffic_class: str = "dp",
         layer: int = -1,
         micro_batch: int = -1,
@@ -208,9 +235,12 @@ class OpGraph:
             raise OpGraphError(f"group: rank {rank} issues a collective on a group it is not in: {grp}")
         if nbytes < 0:
             raise OpGraphError(f"nbytes: must be >= 0, got {nbytes}")
+        if count < 1:
+            raise OpGraphError(f"count: must be >= 1, got {count}")
         op = Collective(len(self.ops), rank, stream, self._deps(deps), name or collective,
                         **self._tags(traffic_class, layer, micro_batch, stage),
-                        collective=collective, group=grp, nbytes=float(nbytes), algorithm=algorithm)
+                        collective=collective, group=grp, nbytes=float(nbytes), algorithm=algorithm,
+                        count=int(count))
         self.ops.append(op)
         return op.id
 

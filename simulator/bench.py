@@ -1,0 +1,73 @@
+"""A simulated nccl-tests: time one collective over a range of sizes.
+
+Bandwidth vocabulary follows NVIDIA nccl-tests' PERFORMANCE.md: ``algbw =
+S / t`` and ``busbw = algbw · factor`` with factor ``2(n-1)/n`` for
+all_reduce, ``(n-1)/n`` for all_gather, reduce_scatter, all_to_all and
+gather, and 1 for broadcast, reduce and send/recv. busbw is comparable to
+the hardware's per-GPU link bandwidth whatever the number of ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pandas as pd
+
+from topologies.cluster import Cluster
+from workloads.ops import COLLECTIVE_KINDS, OpGraph
+
+from .engine import Engine
+from .fabric import NetworkConfig
+
+BENCH_OPS = (*COLLECTIVE_KINDS, "sendrecv")
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw factor for ``op`` over ``n`` ranks."""
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather"):
+        return (n - 1) / n
+    return 1.0
+
+
+def size_ladder(min_bytes: float, max_bytes: float, factor: float = 2.0) -> list[float]:
+    """Sizes from ``min_bytes`` to ``max_bytes`` inclusive, multiplying by ``factor`` (nccl-tests ``-f``)."""
+    if min_bytes <= 0 or max_bytes < min_bytes:
+        raise ValueError(f"sizes: need 0 < min-size <= max-size, got {min_bytes:g} and {max_bytes:g}")
+    if factor <= 1:
+        raise ValueError(f"step factor: must be > 1, got {factor}")
+    sizes, s = [], float(min_bytes)
+    while s <= max_bytes * (1 + 1e-12):
+        sizes.append(s)
+        s *= factor
+    return sizes
+
+
+def collective_time(cluster: Cluster, op: str, gpus: int, nbytes: float, algorithm: str = "auto",
+                    network: NetworkConfig | None = None) -> float:
+    """Seconds for one ``op`` of ``nbytes`` over ranks ``0..gpus-1`` of ``cluster``."""
+    if op not in BENCH_OPS:
+        raise ValueError(f"op: {op!r} unknown; valid: {', '.join(BENCH_OPS)}")
+    if not 2 <= gpus <= cluster.num_gpus:
+        raise ValueError(f"gpus: need 2..{cluster.num_gpus} for this cluster, got {gpus}")
+    graph = OpGraph(gpus)
+    if op == "sendrecv":
+        # nccl-tests sendrecv: every rank sends to the next and receives from the previous.
+        for r in range(gpus):
+            graph.send(r, (r + 1) % gpus, nbytes, traffic_class="bench", stream="send")
+            graph.recv(r, (r - 1) % gpus, nbytes, traffic_class="bench", stream="recv")
+    else:
+        graph.collective(op, list(range(gpus)), nbytes, algorithm=algorithm, traffic_class="bench")
+    return Engine(graph, cluster, network=network).run().step_time_s
+
+
+def collective_sweep(cluster: Cluster, op: str, gpus: int, sizes: Iterable[float], algorithm: str = "auto",
+                     network: NetworkConfig | None = None) -> pd.DataFrame:
+    """One row per size: ``size_bytes, time_s, algbw_Bps, busbw_Bps``."""
+    rows = []
+    for s in sizes:
+        t = collective_time(cluster, op, gpus, s, algorithm, network)
+        algbw = s / t
+        rows.append({"size_bytes": s, "time_s": t, "algbw_Bps": algbw, "busbw_Bps": algbw * bus_factor(op, gpus)})
+    return pd.DataFrame(rows)

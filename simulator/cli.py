@@ -1,0 +1,110 @@
+"""The ``clustersim`` command line: a registry of subcommands.
+
+Every user error (bad YAML, unknown preset, impossible config, bad size) ends
+in one line on stderr and exit status 2; a deadlocked op graph exits 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+
+from topologies import build_cluster, format_bandwidth, format_bytes, format_time, load_cluster, parse_bytes
+from topologies.cluster import Cluster
+
+from .bench import BENCH_OPS, collective_sweep, size_ladder
+from .collectives import COLLECTIVE_ALGORITHMS
+from .engine import DeadlockError
+from .fabric import NetworkConfig
+
+COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = {}
+
+
+def command(name: str, help: str):
+    """Register ``configure(parser)`` and ``run(args)`` under ``name``."""
+    def wrap(fn_pair):
+        configure, run = fn_pair()
+        COMMANDS[name] = (configure, run, help)
+        return fn_pair
+    return wrap
+
+
+def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8) -> Cluster:
+    """``spec`` is a preset name or a YAML file; with no spec, a DGX-H100 leaf-spine big enough for ``min_gpus``."""
+    if spec is None:
+        nodes = max(1, math.ceil(min_gpus / gpus_per_node))
+        return build_cluster({"preset": "dgx-h100", "nodes": nodes})
+    if spec.endswith((".yaml", ".yml")):
+        return load_cluster(spec)
+    return build_cluster({"preset": spec})
+
+
+# ------------------------------------------------------------------ collective
+@command("collective", "simulated nccl-tests: time one collective over a range of sizes")
+def _collective():
+    def configure(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--op", default="all_reduce", help=f"one of: {', '.join(BENCH_OPS)}")
+        p.add_argument("--gpus", type=int, default=8, help="number of ranks (default 8)")
+        p.add_argument("--min-size", default="1MiB", help="smallest size, e.g. 1MiB (default)")
+        p.add_argument("--max-size", default="1GiB", help="largest size, e.g. 8GiB (default 1GiB)")
+        p.add_argument("--step-factor", type=float, default=2.0, help="size multiplier between rows (default 2)")
+        p.add_argument("--cluster", help="preset name or cluster YAML (default: DGX-H100 nodes, as many as needed)")
+        p.add_argument("--algo", default="auto", help=f"one of: {', '.join(COLLECTIVE_ALGORITHMS)}")
+        p.add_argument("--fidelity", default="fast", choices=("fast", "full"))
+        p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+
+    def run(args: argparse.Namespace) -> int:
+        if args.op not in BENCH_OPS:
+            raise ValueError(f"--op: {args.op!r} unknown; valid: {', '.join(BENCH_OPS)}")
+        if args.algo not in COLLECTIVE_ALGORITHMS:
+            raise ValueError(f"--algo: {args.algo!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
+        if args.gpus < 2:
+            raise ValueError(f"--gpus: need at least 2, got {args.gpus}")
+        lo = parse_bytes(args.min_size, "--min-size", allow_zero=False)
+        hi = parse_bytes(args.max_size, "--max-size", allow_zero=False)
+        cluster = resolve_cluster(args.cluster, args.gpus)
+        if args.gpus > cluster.num_gpus:
+            raise ValueError(f"--gpus: {args.gpus} exceeds the {cluster.num_gpus} GPUs of cluster {cluster.name!r}")
+        table = collective_sweep(cluster, args.op, args.gpus, size_ladder(lo, hi, args.step_factor),
+                                 args.algo, NetworkConfig(fidelity=args.fidelity))
+        if args.json:
+            print(json.dumps(table.to_dict(orient="records")))
+            return 0
+        print(f"# {args.op} over {args.gpus} GPUs of {cluster.name}, algorithm {args.algo}")
+        print(f"{'size':>12} {'time':>12} {'algbw':>14} {'busbw':>14}")
+        for row in table.itertuples(index=False):
+            print(f"{format_bytes(row.size_bytes):>12} {format_time(row.time_s):>12} "
+                  f"{format_bandwidth(row.algbw_Bps):>14} {format_bandwidth(row.busbw_Bps):>14}")
+        return 0
+
+    return configure, run
+
+
+# ------------------------------------------------------------------------ main
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="clustersim", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (configure, _run, help_text) in COMMANDS.items():
+        configure(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``clustersim`` console script."""
+    args = build_parser().parse_args(argv)
+    _configure, run, _help = COMMANDS[args.command]
+    try:
+        return run(args)
+    except DeadlockError as exc:
+        print(f"clustersim: {exc}", file=sys.stderr)
+        return 3
+    except (ValueError, OSError) as exc:
+        print(f"clustersim: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

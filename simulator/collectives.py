@@ -1,0 +1,287 @@
+"""Collective algorithms: plans of point-to-point transfers, on logical ranks.
+
+An algorithm turns ``(kind, group, nbytes)`` into a :class:`Plan`: phases run
+one after another; the transfers of a phase run concurrently and the phase
+ends with its slowest transfer. A :class:`Transfer` moves ``nbytes`` over each
+of its hops at one common rate — a pipelined ring (NCCL's ring is pipelined in
+chunks, so every link of the ring runs at the ring's bottleneck rate) is one
+transfer whose hops are all the ring's edges. ``steps`` is how many
+algorithm steps the transfer stands for; each step costs the per-step latency
+α once, so a contention-free ring all-reduce takes exactly
+``2(n-1)·α + 2(n-1)/n · S/B``.
+
+Algorithms only see ranks and the rank → server map; the network maps ranks
+to physical routes. ``fidelity="full"`` expands rings into their individual
+steps (one phase per step, one transfer per hop) for validation; ``"fast"``
+keeps one pipelined transfer per ring. Without contention both give the same
+time.
+
+Registry (``ALGORITHMS``) and default
+-------------------------------------
+=================  ===================================================  =====================
+algorithm          kinds                                                 shape
+=================  ===================================================  =====================
+ring               all_reduce, all_gather, reduce_scatter, broadcast,    NCCL multi-channel ring
+                   reduce
+tree               all_reduce, broadcast, reduce                         binary tree of servers,
+                                                                          chains inside servers
+hierarchical       all_reduce, all_gather, reduce_scatter                intra-server ring, inter-
+                                                                          server rings rail by rail
+direct             all_to_all, gather, all_reduce (none), broadcast      pairwise / star
+parameter_server   all_reduce                                            push to root, pull back
+=================  ===================================================  =====================
+
+``auto`` (the default) does what NCCL's tuner does: it estimates every
+applicable algorithm's contention-free time with the α-β model and picks the
+fastest (``direct`` for all_to_all and gather).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+COLLECTIVE_ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "direct", "parameter_server")
+
+
+class CollectiveError(ValueError):
+    """A collective that cannot be planned (unknown algorithm, algorithm not valid for the kind)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """``nbytes`` moved over each hop ``(src_rank, dst_rank)`` at one common rate.
+
+    ``steps`` algorithm steps (each pays the per-step latency once);
+    ``label`` selects the ECMP path (a channel / connection id).
+    """
+
+    hops: tuple[tuple[int, int], ...]
+    nbytes: float
+    steps: int = 1
+    label: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Phases of concurrent transfers, run one after another."""
+
+    kind: str
+    algorithm: str
+    group: tuple[int, ...]
+    nbytes: float
+    phases: tuple[tuple[Transfer, ...], ...]
+
+    @property
+    def num_transfers(self) -> int:
+        return sum(len(p) for p in self.phases)
+
+
+# ------------------------------------------------------------------ ring orders
+def _by_server(group: Sequence[int], server_of: Callable[[int], int]) -> dict[int, list[int]]:
+    servers: dict[int, list[int]] = {}
+    for r in group:
+        servers.setdefault(server_of(r), []).append(r)
+    return servers
+
+
+def ring_channels(group: Sequence[int], server_of: Callable[[int], int]) -> list[list[int]]:
+    """Ring orders, one per channel, as NCCL builds them across servers.
+
+    Inside one server (or when servers hold unequal shares of the group) there
+    is one ring in group order. When the group spans ``N`` servers with ``k``
+    members each, there are ``k`` channels; channel ``c`` enters every server at
+    its ``c``-th member and leaves at the one before, so each member's NIC is
+    used once in each direction and the ``k`` rings together use every rail.
+    """
+    servers = _by_server(group, server_of)
+    sizes = {len(v) for v in servers.values()}
+    if len(servers) == 1 or len(sizes) != 1 or sizes == {1}:
+        return [list(group)]
+    k = sizes.pop()
+    order = list(servers.values())
+    return [[m[(c + i) % k] for m in order for i in range(k)] for c in range(k)]
+
+
+def _ring_hops(ring: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    n = len(ring)
+    return tuple((ring[i], ring[(i + 1) % n]) for i in range(n))
+
+
+def _ring_transfers(rings: list[list[int]], nbytes: float, steps: int, per_step_fraction: float,
+                    fidelity: str, label_base: int = 0) -> list[tuple[Transfer, ...]]:
+    """Phases of a ring pass over every channel: ``steps`` steps of ``per_step_fraction·S/C`` each."""
+    c = len(rings)
+    chunk = nbytes / c * per_step_fraction
+    if fidelity == "fast":
+        return [tuple(Transfer(_ring_hops(r), chunk * steps, steps, label_base + i) for i, r in enumerate(rings))]
+    phases = []
+    for _ in range(steps):
+        phases.append(tuple(Transfer((hop,), chunk, 1, label_base + i)
+                            for i, r in enumerate(rings) for hop in _ring_hops(r)))
+    return phases
+
+
+def _chain_transfers(rings: list[list[int]], root: int, nbytes: float, fidelity: str,
+                     toward_root: bool) -> list[tuple[Transfer, ...]]:
+    """Pipelined chain (broadcast from / reduce to ``root``) along each channel's ring."""
+    c = len(rings)
+    transfers = []
+    for i, ring in enumerate(rings):
+        j = ring.index(root)
+        chain = ring[j:] + ring[:j]
+        hops = tuple((chain[t], chain[t + 1]) for t in range(len(chain) - 1))
+        if toward_root:
+            hops = tuple((b, a) for a, b in reversed(hops))
+        transfers.append(Transfer(hops, nbytes / c, len(hops), i))
+    return [tuple(transfers)]
+
+
+# ----------------------------------------------------------------- algorithms
+def plan_ring(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
+              fidelity: str = "fast") -> list[tuple[Transfer, ...]]:
+    n = len(group)
+    rings = ring_channels(group, server_of)
+    if kind == "all_reduce":
+        return _ring_transfers(rings, nbytes, 2 * (n - 1), 1 / n, fidelity)
+    if kind in ("all_gather", "reduce_scatter"):
+        return _ring_transfers(rings, nbytes, n - 1, 1 / n, fidelity)
+    if kind == "broadcast":
+        return _chain_transfers(rings, group[0], nbytes, fidelity, toward_root=False)
+    if kind == "reduce":
+        return _chain_transfers(rings, group[0], nbytes, fidelity, toward_root=True)
+    raise CollectiveError(f"algorithm: ring does not implement {kind}; use direct or auto")
+
+
+def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
+              fidelity: str = "fast") -> list[tuple[Transfer, ...]]:
+    """Pipelined tree rooted at ``group[0]``, shaped as NCCL's: a binary tree
+    over servers (heap order of each server's first member) and a chain through
+    the members inside each server.
+
+    all_reduce reduces up and broadcasts down concurrently (pipelined), so
+    every tree edge carries ``S`` in each direction; latency is ``2·depth``
+    steps. The tree is one pipelined transfer in both fidelities.
+    """
+    servers = list(_by_server(group, server_of).values())
+    heads = [s[0] for s in servers]
+    up = [(heads[i], heads[(i - 1) // 2]) for i in range(1, len(heads))]
+    for members in servers:
+        up += [(members[i], members[i - 1]) for i in range(1, len(members))]
+    up_t = tuple(up)
+    down = tuple((b, a) for a, b in up_t)
+    depth = (len(heads)).bit_length() - 1 + max(len(s) for s in servers) - 1
+    depth = max(depth, 1)
+    if kind == "all_reduce":
+        hops, steps = up_t + down, 2 * depth
+    elif kind == "broadcast":
+        hops, steps = down, depth
+    elif kind == "reduce":
+        hops, steps = up_t, depth
+    else:
+        raise CollectiveError(f"algorithm: tree does not implement {kind}; use ring, direct or auto")
+    return [(Transfer(hops, nbytes, steps, 0),)]
+
+
+def plan_hierarchical(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
+                      fidelity: str = "fast") -> list[tuple[Transfer, ...]]:
+    """Intra-server rings over NVLink, inter-server rings rail by rail over the NICs.
+
+    all_reduce = intra reduce-scatter (S) → per-rail inter all-reduce (S/k) →
+    intra all-gather (S). all_gather and reduce_scatter do the inter-server
+    part on S/k and the intra-server part on S, in the data-flow order.
+    Needs every server to hold the same number ``k`` of members; otherwise it
+    falls back to the ring.
+    """
+    servers = list(_by_server(group, server_of).values())
+    k = len(servers[0])
+    if len(servers) == 1 or any(len(s) != k for s in servers) or k == 1:
+        return plan_ring(kind, group, nbytes, server_of, fidelity)
+    big_n = len(servers)
+    rails = [[s[i] for s in servers] for i in range(k)]
+
+    def intra(steps_per_n: int) -> list[tuple[Transfer, ...]]:
+        steps = steps_per_n * (k - 1)
+        return _merge([_ring_transfers([s], nbytes, steps, 1 / k, fidelity, label_base=j)
+                       for j, s in enumerate(servers)])
+
+    def inter(steps_per_n: int) -> list[tuple[Transfer, ...]]:
+        steps = steps_per_n * (big_n - 1)
+        return _merge([_ring_transfers([r], nbytes / k, steps, 1 / big_n, fidelity, label_base=j)
+                       for j, r in enumerate(rails)])
+
+    if kind == "all_reduce":
+        return intra(1) + inter(2) + intra(1)
+    if kind == "all_gather":
+        return inter(1) + intra(1)
+    if kind == "reduce_scatter":
+        return intra(1) + inter(1)
+    raise CollectiveError(f"algorithm: hierarchical does not implement {kind}; use ring, direct or auto")
+
+
+def _merge(parallel_plans: list[list[tuple[Transfer, ...]]]) -> list[tuple[Transfer, ...]]:
+    """Run several equal-length phase lists side by side (phase i of each together)."""
+    return [tuple(t for plan in parallel_plans for t in plan[i]) for i in range(len(parallel_plans[0]))]
+
+
+def plan_direct(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
+                fidelity: str = "fast") -> list[tuple[Transfer, ...]]:
+    """Pairwise exchange (all_to_all), star to/from the root (gather, broadcast, reduce)."""
+    n = len(group)
+    root = group[0]
+    if kind == "all_to_all":
+        chunk = nbytes / n
+        return [tuple(Transfer(((a, b),), chunk, 1, 0) for a in group for b in group if a != b)]
+    if kind == "gather":
+        return [tuple(Transfer(((a, root),), nbytes / n, 1, 0) for a in group if a != root)]
+    if kind == "broadcast":
+        return [tuple(Transfer(((root, b),), nbytes, 1, 0) for b in group if b != root)]
+    if kind == "reduce":
+        return [tuple(Transfer(((a, root),), nbytes, 1, 0) for a in group if a != root)]
+    raise CollectiveError(f"algorithm: direct does not implement {kind}; use ring, tree or auto")
+
+
+def plan_parameter_server(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
+                          fidelity: str = "fast") -> list[tuple[Transfer, ...]]:
+    """Every worker pushes ``S`` to the root (``group[0]``), which sums and sends ``S`` back.
+
+    The root's links carry ``(n-1)·S`` each way: the bottleneck that ring
+    all-reduce removes.
+    """
+    if kind != "all_reduce":
+        raise CollectiveError(f"algorithm: parameter_server implements all_reduce only, not {kind}")
+    root = group[0]
+    push = tuple(Transfer(((a, root),), nbytes, 1, 0) for a in group if a != root)
+    pull = tuple(Transfer(((root, b),), nbytes, 1, 0) for b in group if b != root)
+    return [push, pull]
+
+
+ALGORITHMS: dict[str, Callable[..., list[tuple[Transfer, ...]]]] = {
+    "ring": plan_ring,
+    "tree": plan_tree,
+    "hierarchical": plan_hierarchical,
+    "direct": plan_direct,
+    "parameter_server": plan_parameter_server,
+}
+
+AUTO_CANDIDATES = {
+    "all_reduce": ("ring", "tree", "hierarchical"),
+    "all_gather": ("ring", "hierarchical"),
+    "reduce_scatter": ("ring", "hierarchical"),
+    "broadcast": ("ring", "tree"),
+    "reduce": ("ring", "tree"),
+    "all_to_all": ("direct",),
+    "gather": ("direct",),
+}
+
+
+def plan_collective(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
+                    algorithm: str = "ring", fidelity: str = "fast") -> Plan:
+    """Plan one collective with a named algorithm (not ``auto``; see :class:`simulator.fabric.Fabric`)."""
+    if algorithm not in ALGORITHMS:
+        raise CollectiveError(f"algorithm: {algorithm!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
+    if fidelity not in ("fast", "full"):
+        raise CollectiveError(f"fidelity: {fidelity!r} unknown; valid: fast, full")
+    group = tuple(group)
+    phases = [] if len(group) < 2 or nbytes <= 0 else ALGORITHMS[algorithm](kind, group, nbytes, server_of, fidelity)
+    return Plan(kind, algorithm, group, float(nbytes), tuple(p for p in phases if p))

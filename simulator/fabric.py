@@ -1,0 +1,174 @@
+"""The cluster as the engine sees it: link arrays, routes, a network backend.
+
+:class:`Fabric` maps ranks to GPUs, plans collectives (resolving ``auto``),
+turns each planned transfer into a set of physical links and hands it to the
+network backend. It is the only place where logical ranks meet physical
+routes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+from simpy.events import Event
+
+from topologies.cluster import Cluster
+
+from .collectives import AUTO_CANDIDATES, COLLECTIVE_ALGORITHMS, CollectiveError, Plan, plan_collective
+from .network import AnalyticNetwork, FlowNetwork
+from .routing import Router
+
+NETWORK_MODELS = ("flow", "analytic")
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """Knobs of the communication model.
+
+    Attributes
+    ----------
+    model : str
+        ``"flow"`` (max-min fair sharing, default) or ``"analytic"`` (no contention).
+    step_latency_s : float
+        Software/protocol latency paid once per algorithm step on top of the
+        route's link latencies (seconds). Default 2 µs: the order of NCCL's
+        per-step base latency for the Simple protocol on NVLink/IB.
+    fidelity : str
+        ``"fast"``: one pipelined transfer per ring; ``"full"``: every ring step.
+    seed : int
+        ECMP hash seed.
+    """
+
+    model: str = "flow"
+    step_latency_s: float = 2e-6
+    fidelity: str = "fast"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.model not in NETWORK_MODELS:
+            raise ValueError(f"network.model: {self.model!r} unknown; valid: {', '.join(NETWORK_MODELS)}")
+        if not self.step_latency_s >= 0:
+            raise ValueError(f"network.step_latency_s: must be >= 0, got {self.step_latency_s}")
+        if self.fidelity not in ("fast", "full"):
+            raise ValueError(f"fidelity: {self.fidelity!r} unknown; valid: fast, full")
+
+
+class Fabric:
+    """Ranks, routes and a network backend for one simulation run."""
+
+    def __init__(self, env: simpy.Environment, cluster: Cluster, config: NetworkConfig | None = None) -> None:
+        self.env = env
+        self.cluster = cluster
+        self.config = config or NetworkConfig()
+        graph = cluster.graph
+        self.links: list[tuple] = list(graph.edges)
+        self.link_index = {e: i for i, e in enumerate(self.links)}
+        self.capacity = np.array([graph.edges[e]["bandwidth"] for e in self.links], dtype=float)
+        self.latency = np.array([graph.edges[e]["latency"] for e in self.links], dtype=float)
+        self.tier = np.array([graph.edges[e]["tier"] for e in self.links])
+        self.router = Router(graph, self.link_index, self.config.seed)
+        backend = FlowNetwork if self.config.model == "flow" else AnalyticNetwork
+        self.network = backend(env, self.capacity)
+        self._servers = [graph.nodes[g]["server"] for g in cluster.gpus]
+        self._auto_cache: dict[tuple, str] = {}
+        self._route_latency: dict[tuple, float] = {}
+        self.collectives_run = 0
+
+    # ------------------------------------------------------------------ ranks
+    def server_of(self, rank: int) -> int:
+        return self._servers[rank]
+
+    def route(self, src: int, dst: int, label: int = 0) -> np.ndarray:
+        """Link ids from rank ``src``'s GPU to rank ``dst``'s GPU for connection ``label``."""
+        gpus = self.cluster.gpus
+        return self.router.route(gpus[src], gpus[dst], label)
+
+    def _hop(self, src: int, dst: int, label: int) -> tuple[np.ndarray, float]:
+        links = self.route(src, dst, label)
+        key = (src, dst, label)
+        lat = self._route_latency.get(key)
+        if lat is None:
+            lat = self._route_latency[key] = float(self.latency[links].sum())
+        return links, lat
+
+    # ------------------------------------------------------------------ plans
+    def plan(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str = "auto") -> Plan:
+        """Plan a collective; ``auto`` picks the algorithm with the lowest contention-free estimate."""
+        if algorithm == "auto":
+            key = (kind, group, nbytes)
+            algorithm = self._auto_cache.get(key)
+            if algorithm is None:
+                algorithm = min(AUTO_CANDIDATES[kind],
+                                key=lambda a: self.estimate(plan_collective(kind, group, nbytes, self.server_of, a)))
+                self._auto_cache[key] = algorithm
+        elif algorithm not in COLLECTIVE_ALGORITHMS:
+            raise CollectiveError(f"algorithm: {algorithm!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
+        return plan_collective(kind, group, nbytes, self.server_of, algorithm, self.config.fidelity)
+
+    def estimate(self, plan: Plan) -> float:
+        """Contention-free α-β time of ``plan`` in seconds, counting link sharing inside each phase."""
+        total = 0.0
+        alpha = self.config.step_latency_s
+        for phase in plan.phases:
+            routed = [[self._hop(s, d, t.label) for s, d in t.hops] for t in phase]
+            load = np.zeros(len(self.capacity))
+            for hops in routed:
+                for links, _ in hops:
+                    np.add.at(load, links, 1.0)
+            worst = 0.0
+            for t, hops in zip(phase, routed):
+                links = np.concatenate([h[0] for h in hops])
+                per_byte = float((load[links] / self.capacity[links]).max())
+                lat = t.steps * (alpha + max(h[1] for h in hops))
+                worst = max(worst, lat + t.nbytes * per_byte)
+            total += worst
+        return total
+
+    # -------------------------------------------------------------- execution
+    def run_plan(self, plan: Plan, traffic_class: str, count: int = 1) -> Event:
+        """Execute ``plan`` phase by phase; the returned event fires when the last phase ends.
+
+        ``count`` > 1 runs ``count`` back-to-back copies as one: every transfer
+        carries ``count`` times the bytes and pays ``count`` times the steps'
+        latency (exact without contention; with contention the copies share
+        the fabric as one long transfer).
+        """
+        done = Event(self.env)
+        self.collectives_run += 1
+        phases = plan.phases
+        if not phases:
+            done.succeed()
+            return done
+        alpha = self.config.step_latency_s
+        network = self.network
+        state = {"phase": 0, "left": 0}
+
+        def start_phase() -> None:
+            phase = phases[state["phase"]]
+            state["left"] = len(phase)
+            for t in phase:
+                hops = [self._hop(s, d, t.label) for s, d in t.hops]
+                links = hops[0][0] if len(hops) == 1 else np.concatenate([h[0] for h in hops])
+                latency = count * t.steps * (alpha + max(h[1] for h in hops))
+                ev = network.transfer(links, count * t.nbytes, latency, traffic_class,
+                                      payload_bytes=count * t.nbytes * len(hops))
+                ev.callbacks.append(transfer_done)
+
+        def transfer_done(_ev: Event) -> None:
+            state["left"] -= 1
+            if state["left"] == 0:
+                state["phase"] += 1
+                if state["phase"] == len(phases):
+                    done.succeed()
+                else:
+                    start_phase()
+
+        start_phase()
+        return done
+
+    def send(self, src: int, dst: int, nbytes: float, traffic_class: str, label: int = 0) -> Event:
+        """Point-to-point transfer from rank ``src`` to rank ``dst``."""
+        links, lat = self._hop(src, dst, label)
+        return self.network.transfer(links, nbytes, self.config.step_latency_s + lat, traffic_class)

@@ -1,0 +1,144 @@
+"""Collectives against the α-β closed forms where nothing contends.
+
+α per step = the network's per-step latency + the route's link latencies;
+B = the bottleneck link bandwidth of the ring. Hop latencies come from the
+builders' documented defaults, re-derived here from the graph, not from the
+code under test.
+"""
+
+import pytest
+
+from simulator.bench import bus_factor, collective_time
+from simulator.fabric import NetworkConfig
+from topologies import leaf_spine
+
+STEP = NetworkConfig().step_latency_s
+
+
+def path_latency(cluster, *nodes):
+    g = cluster.graph
+    return sum(g.edges[nodes[i], nodes[i + 1]]["latency"] for i in range(len(nodes) - 1))
+
+
+def nvlink_alpha(c):
+    return STEP + path_latency(c, ("gpu", 0, 0), ("nvswitch", 0), ("gpu", 0, 1))
+
+
+@pytest.mark.parametrize("fidelity", ["fast", "full"])
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("size", [1e6, 3.7e8, 2**33])
+def test_ring_all_reduce_single_node_closed_form(node8, fidelity, n, size):
+    B = node8.gpu.nvlink_bandwidth
+    expected = 2 * (n - 1) * nvlink_alpha(node8) + 2 * (n - 1) / n * size / B
+    t = collective_time(node8, "all_reduce", n, size, "ring", NetworkConfig(fidelity=fidelity))
+    assert t == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("fidelity", ["fast", "full"])
+def test_ring_all_gather_reduce_scatter_closed_form(node8, op, fidelity):
+    n, size = 8, 2**30
+    expected = (n - 1) * nvlink_alpha(node8) + (n - 1) / n * size / node8.gpu.nvlink_bandwidth
+    assert collective_time(node8, op, n, size, "ring", NetworkConfig(fidelity=fidelity)) == pytest.approx(
+        expected, rel=1e-6)
+
+
+def test_large_all_reduce_busbw_equals_nvlink_bandwidth(node8):
+    size = 8 * 2**30
+    t = collective_time(node8, "all_reduce", 8, size, "ring")
+    busbw = size / t * bus_factor("all_reduce", 8)
+    latency_share = 14 * nvlink_alpha(node8) / t
+    assert busbw == pytest.approx(node8.gpu.nvlink_bandwidth, rel=latency_share * 1.01)
+    assert busbw < node8.gpu.nvlink_bandwidth
+
+
+@pytest.mark.parametrize("fidelity", ["fast", "full"])
+@pytest.mark.parametrize("op,steps,factor", [("all_reduce", 2, 2), ("all_gather", 1, 1), ("reduce_scatter", 1, 1)])
+def test_ring_across_non_blocking_leaf_spine_closed_form(fidelity, op, steps, factor):
+    # One GPU per server, 8 servers on 2 leaves (4 per leaf), 4 spines, 1:1: every ring hop is NIC-bound.
+    c = leaf_spine("H100-SXM", servers=8, gpus_per_server=1, servers_per_leaf=4, spines=4)
+    n, size = 8, 2**30
+    cross_leaf = path_latency(c, ("gpu", 3, 0), ("nic", 3, 0), ("leaf", 0), ("spine", 0), ("leaf", 1),
+                              ("nic", 4, 0), ("gpu", 4, 0))
+    alpha = STEP + cross_leaf  # every step waits for its slowest hop, which crosses the spine
+    expected = steps * (n - 1) * alpha + factor * (n - 1) / n * size / c.gpu.nic_bandwidth
+    t = collective_time(c, op, n, size, "ring", NetworkConfig(fidelity=fidelity))
+    assert t == pytest.approx(expected, rel=1e-6)
+
+
+def test_multi_node_ring_uses_every_rail():
+    # 4 servers x 8 GPUs on one leaf: NCCL-style rings, one channel per rail, each carrying S/8.
+    c = leaf_spine("H100-SXM", servers=4, servers_per_leaf=4)
+    n, size = 32, 2**31
+    nic, nv = c.gpu.nic_bandwidth, c.gpu.nvlink_bandwidth
+    # Per channel: bottleneck is the NIC (each NIC carries one channel each way); NVLink carries 7
+    # channels per GPU each way at 450/7 > 50 GB/s.
+    assert nv / 7 > nic
+    alpha = STEP + path_latency(c, ("gpu", 0, 7), ("nic", 0, 7), ("leaf", 0), ("nic", 1, 0), ("gpu", 1, 0))
+    expected = 2 * (n - 1) * alpha + 2 * (n - 1) / n * (size / 8) / nic
+    assert collective_time(c, "all_reduce", n, size, "ring") == pytest.approx(expected, rel=1e-6)
+
+
+def test_hierarchical_all_reduce_closed_form():
+    c = leaf_spine("H100-SXM", servers=4, servers_per_leaf=4)
+    k, N, size = 8, 4, 2**31
+    nv, nic = c.gpu.nvlink_bandwidth, c.gpu.nic_bandwidth
+    a_nv = nvlink_alpha(c)
+    a_ib = STEP + path_latency(c, ("gpu", 0, 0), ("nic", 0, 0), ("leaf", 0), ("nic", 1, 0), ("gpu", 1, 0))
+    intra = (k - 1) * a_nv + (k - 1) / k * size / nv
+    inter = 2 * (N - 1) * a_ib + 2 * (N - 1) / N * (size / k) / nic
+    t = collective_time(c, "all_reduce", 32, size, "hierarchical")
+    assert t == pytest.approx(2 * intra + inter, rel=1e-6)
+
+
+def test_parameter_server_root_link_is_the_bottleneck(node8):
+    n, size = 8, 2**28
+    B = node8.gpu.nvlink_bandwidth
+    alpha = nvlink_alpha(node8)
+    # Push: 7 flows converge on the root's NVLink ingress (B/7 each); pull: 7 flows leave its egress.
+    expected = 2 * (alpha + (n - 1) * size / B)
+    t = collective_time(node8, "all_reduce", n, size, "parameter_server")
+    assert t == pytest.approx(expected, rel=1e-6)
+    # Against the ring: (n-1)·S/B per direction at the root vs 2(n-1)/n·S/B per link, i.e. ~n/2·2 = n times.
+    ring = collective_time(node8, "all_reduce", n, size, "ring")
+    ring_expected = 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / B
+    assert t / ring == pytest.approx(expected / ring_expected, rel=1e-6)
+    assert t / ring > 0.95 * n
+
+
+def test_all_to_all_single_node_closed_form(node8):
+    n, size = 8, 2**30
+    expected = nvlink_alpha(node8) + (n - 1) * (size / n) / node8.gpu.nvlink_bandwidth
+    assert collective_time(node8, "all_to_all", n, size, "direct") == pytest.approx(expected, rel=1e-6)
+
+
+def test_broadcast_chain_is_pipelined(node8):
+    n, size = 8, 2**30
+    expected = (n - 1) * nvlink_alpha(node8) + size / node8.gpu.nvlink_bandwidth
+    assert collective_time(node8, "broadcast", n, size, "ring") == pytest.approx(expected, rel=1e-6)
+
+
+def test_auto_picks_no_worse_than_any_candidate(two_leaves):
+    for size in (1e4, 1e6, 1e9):
+        auto = collective_time(two_leaves, "all_reduce", 32, size, "auto")
+        for algo in ("ring", "tree", "hierarchical"):
+            assert auto <= collective_time(two_leaves, "all_reduce", 32, size, algo) * (1 + 1e-9)
+
+
+def test_tree_beats_ring_on_latency_for_tiny_messages():
+    c = leaf_spine("H100-SXM", servers=32, gpus_per_server=1, servers_per_leaf=8, spines=4)
+    tiny = 1024
+    assert collective_time(c, "all_reduce", 32, tiny, "tree") < collective_time(c, "all_reduce", 32, tiny, "ring")
+
+
+def test_more_bandwidth_is_never_slower():
+    slow = leaf_spine("H100-SXM", servers=4, servers_per_leaf=2, spines=2, nic_bandwidth="200Gbps")
+    fast = leaf_spine("H100-SXM", servers=4, servers_per_leaf=2, spines=2, nic_bandwidth="400Gbps")
+    for op in ("all_reduce", "all_gather", "all_to_all"):
+        assert collective_time(fast, op, 32, 2**28) <= collective_time(slow, op, 32, 2**28)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                                "reduce", "gather", "sendrecv"])
+def test_every_op_runs_on_a_multi_node_cluster(two_leaves, op):
+    assert collective_time(two_leaves, op, 32, 2**20) > 0

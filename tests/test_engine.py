@@ -1,0 +1,131 @@
+"""The engine: streams, dependencies, rendezvous, deadlock detection, records."""
+
+import pytest
+
+from simulator import DeadlockError, simulate
+from simulator.engine import run
+from workloads.ops import OpGraph, OpGraphError
+
+
+def test_stream_order_and_cross_rank_dependencies(node8):
+    g = OpGraph(2)
+    a = g.compute(0, duration_s=1.0, category="fixed", name="a")
+    g.compute(0, duration_s=2.0, category="fixed", name="b")               # same stream: after a
+    g.compute(0, duration_s=0.5, category="fixed", name="c", stream="other")  # other stream: parallel
+    g.compute(1, duration_s=1.0, category="fixed", name="d", deps=[a])     # waits for rank 0's a
+    r = simulate(g, node8)
+    ops = r.ops.set_index("name")
+    assert ops.loc["b", "start_s"] == pytest.approx(1.0)
+    assert ops.loc["c", "start_s"] == pytest.approx(0.0)
+    assert ops.loc["d", "start_s"] == pytest.approx(1.0)
+    assert r.step_time == pytest.approx(3.0)
+
+
+def test_collective_starts_when_last_member_arrives(node8):
+    g = OpGraph(4)
+    late = g.compute(3, duration_s=1e-3, category="fixed")
+    ids = g.collective("all_reduce", [0, 1, 2, 3], 1e6, deps={3: [late]}, algorithm="ring")
+    r = simulate(g, node8)
+    starts = r.ops.loc[list(ids.values()), "start_s"]
+    issues = r.ops.loc[list(ids.values()), "issue_s"]
+    assert list(starts) == pytest.approx([1e-3] * 4)
+    assert issues.loc[ids[0]] == 0.0
+    assert r.ops.loc[list(ids.values()), "end_s"].nunique() == 1
+
+
+def test_step_time_at_least_critical_path_of_compute(two_leaves):
+    g = OpGraph(16)
+    prev = {}
+    for _layer in range(3):
+        for r in range(16):
+            prev[r] = g.compute(r, flops=1e12 * (1 + r % 3), deps=[prev[r]] if r in prev else [])
+        ids = g.collective("all_reduce", list(range(16)), 5e7, deps={r: [prev[r]] for r in range(16)})
+        prev = dict(ids)
+    res = simulate(g, two_leaves)
+    compute = res.ops[res.ops.kind == "compute"].groupby("rank")["duration_s"].sum()
+    assert res.step_time >= compute.max()
+
+
+def test_mismatched_send_recv_is_reported_before_running(node8):
+    g = OpGraph(2)
+    g.recv(1, peer=0, nbytes=100)
+    with pytest.raises(DeadlockError, match=r"rank 1 .*recv.* no matching send"):
+        run(g, node8)
+
+
+def test_collective_a_member_never_joins(node8):
+    g = OpGraph(3)
+    g.collective_op(0, "all_reduce", [0, 1, 2], 10)
+    g.collective_op(1, "all_reduce", [0, 1, 2], 10)
+    with pytest.raises(DeadlockError, match=r"never joined by rank\(s\) \[2\]"):
+        run(g, node8)
+
+
+def test_cyclic_wait_across_ranks_is_detected(node8):
+    # Each rank receives before it sends: the classic head-to-head deadlock.
+    g = OpGraph(2)
+    r0 = g.recv(0, peer=1, nbytes=10)
+    r1 = g.recv(1, peer=0, nbytes=10)
+    g.send(0, peer=1, nbytes=10, deps=[r0])
+    g.send(1, peer=0, nbytes=10, deps=[r1])
+    with pytest.raises(DeadlockError, match="can never finish"):
+        run(g, node8)
+
+
+def test_mismatched_collective_sizes_are_an_error(node8):
+    g = OpGraph(2)
+    g.collective_op(0, "all_reduce", [0, 1], 10)
+    g.collective_op(1, "all_reduce", [0, 1], 20)
+    with pytest.raises(OpGraphError, match="does not match"):
+        run(g, node8)
+
+
+def test_bad_graph_input_is_rejected_with_the_field():
+    g = OpGraph(2)
+    with pytest.raises(OpGraphError, match="peer"):
+        g.send(0, peer=5, nbytes=1)
+    with pytest.raises(OpGraphError, match="deps"):
+        g.compute(0, deps=[42])
+    with pytest.raises(OpGraphError, match="collective"):
+        g.collective("all_sum", [0, 1], 1)
+    with pytest.raises(OpGraphError, match="nbytes"):
+        g.collective("all_reduce", [0, 1], -1)
+
+
+def test_same_inputs_same_results(two_leaves):
+    def build():
+        g = OpGraph(32)
+        for k in range(4):
+            g.collective("all_to_all", list(range(k, 32, 4)), 1e8 * (k + 1))
+        g.collective("all_reduce", list(range(32)), 3e8)
+        return g
+    a, b = simulate(build(), two_leaves), simulate(build(), two_leaves)
+    assert a.step_time == b.step_time
+    assert (a.links["bytes"].to_numpy() == b.links["bytes"].to_numpy()).all()
+
+
+def test_results_break_bytes_down_by_class_and_tier(two_leaves):
+    g = OpGraph(32)
+    g.collective("all_reduce", list(range(8)), 1e8, traffic_class="tp", algorithm="ring")
+    g.collective("all_reduce", [0, 8, 16, 24], 1e8, traffic_class="dp", algorithm="ring")
+    r = simulate(g, two_leaves)
+    # Ring payload: every member sends 2(n-1)/n·S.
+    assert r.bytes_by_class["tp"] == pytest.approx(8 * 2 * 7 / 8 * 1e8)
+    assert r.bytes_by_class["dp"] == pytest.approx(4 * 2 * 3 / 4 * 1e8)
+    table = r.bytes_by_class_and_tier()
+    assert table.loc["tp", "nvlink"] > 0 and table.loc["tp"].drop("nvlink").sum() == 0
+    assert table.loc["dp", "leaf"] > 0 and table.loc["dp", "spine"] > 0
+    # TP: each of the 8 ring hops crosses two NVLink edges.
+    assert table.loc["tp", "nvlink"] == pytest.approx(2 * 8 * 2 * 7 / 8 * 1e8)
+
+
+def test_chrome_trace_is_valid_json(tmp_path, node8):
+    import json
+    g = OpGraph(2)
+    g.compute(0, flops=1e12)
+    g.collective("all_reduce", [0, 1], 1e6)
+    r = simulate(g, node8)
+    path = tmp_path / "t.json"
+    r.to_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    assert sum(e["ph"] == "X" for e in events) == 3

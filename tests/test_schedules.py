@@ -1,0 +1,173 @@
+"""Tests for workloads.schedules against independent truths.
+
+Truths used: each rank runs every (phase, micro-batch, chunk) once with B after
+F; activation peaks of GPipe (m) and 1F1B (min(p - i, m)); the bubble closed
+forms (p-1)/(m+p-1) of the step for GPipe/1F1B and (p-1)/(v*m) of the ideal
+time for interleaved 1F1B (Narayanan et al., SC'21); hand-derived orders.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from workloads.schedules import (
+    PipeAction,
+    max_in_flight,
+    pipeline_schedule,
+    simulate_unit_times,
+)
+
+F, B = "F", "B"
+
+PM_CASES = [(1, 1), (1, 5), (2, 1), (2, 2), (2, 7), (4, 1), (4, 2), (4, 3), (4, 4),
+            (4, 8), (4, 13), (8, 3), (8, 8), (8, 32)]
+PMV_CASES = [(2, 2, 2), (2, 4, 2), (2, 6, 3), (4, 4, 2), (4, 8, 2), (4, 8, 3),
+             (4, 12, 4), (4, 16, 2), (8, 8, 2), (8, 16, 2), (8, 24, 3), (3, 9, 2),
+             (1, 3, 2), (4, 8, 1)]
+
+
+def all_cases():
+    for p, m in PM_CASES:
+        yield "gpipe", p, m, 1
+        yield "1f1b", p, m, 1
+    for p, m, v in PMV_CASES:
+        yield "interleaved", p, m, v
+
+
+@pytest.mark.parametrize("kind,p,m,v", list(all_cases()))
+def test_every_action_once_and_backward_after_forward(kind, p, m, v):
+    sched = pipeline_schedule(kind, p, m, v)
+    assert len(sched) == p
+    expected = {(ph, i, c) for ph in (F, B) for i in range(m) for c in range(v)}
+    for acts in sched:
+        keys = [(a.phase, a.micro_batch, a.chunk) for a in acts]
+        assert len(keys) == len(set(keys)) == 2 * m * v
+        assert set(keys) == expected
+        index = {k: n for n, k in enumerate(keys)}
+        for i, c in itertools.product(range(m), range(v)):
+            assert index[(B, i, c)] > index[(F, i, c)]
+        assert all(isinstance(a, PipeAction) for a in acts)
+
+
+@pytest.mark.parametrize("p,m", PM_CASES)
+def test_max_in_flight_1f1b_and_gpipe(p, m):
+    one = pipeline_schedule("1f1b", p, m)
+    gp = pipeline_schedule("gpipe", p, m)
+    for i in range(p):
+        assert max_in_flight(one[i]) == min(p - i, m)
+        assert max_in_flight(gp[i]) == m
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", PM_CASES)
+@pytest.mark.parametrize("tf,tb", [(1.0, 2.0), (0.3, 0.7)])
+def test_bubble_gpipe_1f1b_closed_form(kind, p, m, tf, tb):
+    step, busy = simulate_unit_times(pipeline_schedule(kind, p, m), tf, tb)
+    assert step == pytest.approx((m + p - 1) * (tf + tb), rel=1e-9, abs=1e-9)
+    for b in busy:
+        assert b == pytest.approx(m * (tf + tb), rel=1e-12)
+        assert 1.0 - b / step == pytest.approx((p - 1) / (m + p - 1), abs=1e-9)
+
+
+@pytest.mark.parametrize("p,m,v", PMV_CASES)
+def test_bubble_interleaved_closed_form(p, m, v):
+    tf, tb = 1.0, 2.0  # whole-stage times; each chunk runs 1/v of them
+    step, busy = simulate_unit_times(
+        pipeline_schedule("interleaved", p, m, v), tf / v, tb / v
+    )
+    ideal = m * (tf + tb)
+    assert step == pytest.approx(ideal + (p - 1) * (tf + tb) / v, rel=1e-9, abs=1e-9)
+    assert (step - ideal) / ideal == pytest.approx((p - 1) / (v * m), abs=1e-9)
+    for b in busy:
+        assert b == pytest.approx(ideal, rel=1e-9)
+
+
+def test_interleaved_beats_1f1b():
+    p, m = 4, 8
+    s1, _ = simulate_unit_times(pipeline_schedule("1f1b", p, m), 1.0, 2.0)
+    s2, _ = simulate_unit_times(pipeline_schedule("interleaved", p, m, 2), 0.5, 1.0)
+    assert s2 < s1
+
+
+def test_1f1b_order_by_hand():
+    # p=4, m=6, stage 1: warm-up 2 forwards, then 1F1B, then cool-down.
+    got = [(a.phase, a.micro_batch) for a in pipeline_schedule("1f1b", 4, 6)[1]]
+    assert got == [(F, 0), (F, 1), (F, 2), (B, 0), (F, 3), (B, 1), (F, 4), (B, 2),
+                   (F, 5), (B, 3), (B, 4), (B, 5)]
+    last = [(a.phase, a.micro_batch) for a in pipeline_schedule("1f1b", 4, 3)[3]]
+    assert last == [(F, 0), (B, 0), (F, 1), (B, 1), (F, 2), (B, 2)]
+
+
+def test_interleaved_order_by_hand():
+    # p=2, m=4, v=2 rank 0: warm-up (2-0-1)*2 + (2-1)*2 = 4 forwards; forwards
+    # go p micro-batches per chunk, backwards visit chunks in reverse.
+    got = [(a.phase, a.micro_batch, a.chunk)
+           for a in pipeline_schedule("interleaved", 2, 4, 2)[0]]
+    assert got == [
+        (F, 0, 0), (F, 1, 0), (F, 0, 1), (F, 1, 1),
+        (F, 2, 0), (B, 0, 1), (F, 3, 0), (B, 1, 1),
+        (F, 2, 1), (B, 0, 0), (F, 3, 1), (B, 1, 0),
+        (B, 2, 1), (B, 3, 1), (B, 2, 0), (B, 3, 0),
+    ]
+    # rank 1 warm-up: 0*2 + 1*2 = 2 forwards
+    r1 = pipeline_schedule("interleaved", 2, 4, 2)[1]
+    assert [a.phase for a in r1[:4]] == [F, F, F, B]
+    assert max_in_flight(r1) == 3
+
+
+def test_interleaved_m_equals_p_all_forwards_first():
+    # Megatron runs every forward before any backward when m == p.
+    for acts in pipeline_schedule("interleaved", 4, 4, 3):
+        phases = [a.phase for a in acts]
+        assert phases == [F] * 12 + [B] * 12
+
+
+def test_interleaved_in_flight_is_warmup_plus_one():
+    p, m, v = 4, 16, 2
+    for r, acts in enumerate(pipeline_schedule("interleaved", p, m, v)):
+        assert max_in_flight(acts) == (p - r - 1) * 2 + (v - 1) * p + 1
+
+
+def test_gpipe_with_comm_closed_form():
+    # Critical path: p-1 forward hops and p-1 backward hops, each +comm.
+    p, m, c = 4, 8, 0.25
+    step, _ = simulate_unit_times(pipeline_schedule("gpipe", p, m), 1.0, 2.0, c)
+    assert step == pytest.approx((m + p - 1) * 3.0 + 2 * (p - 1) * c, abs=1e-9)
+
+
+def test_simulate_detects_deadlock():
+    bad = [[PipeAction(B, 0, 0), PipeAction(F, 0, 0)],
+           [PipeAction(F, 0, 0), PipeAction(B, 0, 0)]]
+    with pytest.raises(RuntimeError, match="deadlock"):
+        simulate_unit_times(bad)
+
+
+def test_max_in_flight_rejects_backward_before_forward():
+    with pytest.raises(ValueError):
+        max_in_flight([PipeAction(B, 0, 0)])
+
+
+@pytest.mark.parametrize(
+    "args,field",
+    [
+        (("pipedream", 4, 8, 1), "parallel.schedule"),
+        (("1f1b", 0, 8, 1), "stages"),
+        (("1f1b", 4, 0, 1), "micro_batches"),
+        (("interleaved", 4, 8, 0), "virtual_stages"),
+        (("gpipe", -1, 8, 1), "stages"),
+        (("interleaved", 4, 6, 2), "micro_batches"),
+        (("1f1b", 4, 8, 2), "virtual_stages"),
+    ],
+)
+def test_invalid_inputs(args, field):
+    with pytest.raises(ValueError, match=field):
+        pipeline_schedule(*args)
+
+
+def test_unknown_kind_lists_valid_kinds():
+    with pytest.raises(ValueError) as exc:
+        pipeline_schedule("zb", 2, 2)
+    for k in ("gpipe", "1f1b", "interleaved"):
+        assert k in str(exc.value)

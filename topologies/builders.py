@@ -1,0 +1,471 @@
+"""Pure functions that build a validated :class:`~topologies.cluster.Cluster`.
+
+Every builder composes the same pieces:
+
+* **server** ``s`` (one NVLink domain): GPUs ``("gpu", s, i)`` for local index
+  ``i`` in ``range(gpus_per_server)``, each joined to the server's
+  ``("nvswitch", s)`` by one full-duplex NVLink edge pair (kind ``nvlink``,
+  tier ``nvlink``, bandwidth = the GPU's NVLink bandwidth per direction). The
+  NVSwitch stands for the whole NVSwitch tray: any GPU pair inside a server is
+  two hops apart and gets the full per-GPU NVLink bandwidth.
+* **NICs** (scale-out fabrics only): one ``("nic", s, i)`` per GPU, joined to
+  it by a PCIe edge pair (kind ``pcie``, tier ``pcie``).
+* **fabric**: NIC -> leaf edges (kind ``ib``, tier ``leaf``, bandwidth = NIC
+  rate), leaf -> spine (tier ``spine``) and spine -> core (tier ``core``)
+  edges. Each leaf-spine or spine-core edge stands for all the cables between
+  the two switches (one aggregated link per direction), sized so that
+  ``oversubscription`` = a leaf's downlink : uplink bandwidth exactly.
+
+Node attributes are ``kind`` and ``server`` (``-1`` for fabric switches); edge
+attributes are ``bandwidth`` (bytes/s), ``latency`` (s), ``kind`` and
+``tier``, as :mod:`topologies.cluster` specifies. Ranks are numbered server
+by server: rank ``r`` is ``("gpu", r // gpus_per_server, r % gpus_per_server)``.
+
+Bandwidths and latencies may be given as numbers (bytes/s, s) or strings with
+units (``"400Gbps"``, ``"450GB/s"``, ``"1us"``).
+
+Default per-hop latencies
+-------------------------
+These are hardware one-way latencies of the order public measurements give;
+software overheads (NCCL kernel launch, protocol) belong to the collective
+model, not to the wire.
+
+* ``nvlink_latency`` = 0.25 us per GPU <-> NVSwitch hop, so ~0.5 us GPU to
+  GPU through the switch (NVLink/NVSwitch small-message latency is reported
+  in the sub-microsecond range).
+* ``nic_latency`` = 0.25 us per GPU <-> NIC hop: one PCIe traversal (a PCIe
+  Gen4/5 round trip is ~0.5-1 us) plus NIC processing is folded in here.
+* ``switch_latency`` = 0.5 us per InfiniBand hop (NIC <-> leaf, leaf <-> spine,
+  spine <-> core): an NDR/HDR switch's port-to-port latency is ~0.1-0.2 us;
+  the rest covers cable propagation (~5 ns/m), serialisation and the NIC
+  port. GPU to GPU across one leaf is then 2 * 0.25 + 2 * 0.5 = 1.5 us, near
+  the ~1-2 us that ``ib_write_lat``-class benchmarks report through a switch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+
+import networkx as nx
+
+from topologies.cluster import Cluster, GPUSpec, TopologyError
+from topologies.gpus import PCIE_BANDWIDTH, get_gpu
+from topologies.units import parse_bandwidth, parse_time
+from topologies.validate import validate_cluster
+
+__all__ = [
+    "DEFAULT_NVLINK_LATENCY",
+    "DEFAULT_NIC_LATENCY",
+    "DEFAULT_SWITCH_LATENCY",
+    "single_server",
+    "leaf_spine",
+    "rail_optimized",
+    "fat_tree",
+    "validate_cluster",
+    "ratio_text",
+]
+
+DEFAULT_NVLINK_LATENCY = 0.25e-6
+"""Seconds per GPU <-> NVSwitch hop (see module docstring)."""
+DEFAULT_NIC_LATENCY = 0.25e-6
+"""Seconds per GPU <-> NIC (PCIe) hop."""
+DEFAULT_SWITCH_LATENCY = 0.5e-6
+"""Seconds per InfiniBand hop (NIC <-> leaf, leaf <-> spine, spine <-> core)."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _positive_int(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TopologyError(f"{field}: {value!r} is not a positive integer")
+    return value
+
+
+def _oversubscription(value: object, field: str = "oversubscription") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
+        raise TopologyError(f"{field}: {value!r} is not a number >= 1 (downlink:uplink, e.g. 1 for non-blocking, "
+                            f"3 for 3:1)")
+    return float(value)
+
+
+def ratio_text(oversubscription: float) -> str:
+    """``1.0 -> "1:1"``, ``3.0 -> "3:1"``, ``1.5 -> "1.5:1"``."""
+    return f"{oversubscription:g}:1"
+
+
+def _link(g: nx.DiGraph, u: Hashable, v: Hashable, bandwidth: float, latency: float, kind: str, tier: str) -> None:
+    """Add one full-duplex link: the edges ``u -> v`` and ``v -> u`` with equal attributes."""
+    g.add_edge(u, v, bandwidth=bandwidth, latency=latency, kind=kind, tier=tier)
+    g.add_edge(v, u, bandwidth=bandwidth, latency=latency, kind=kind, tier=tier)
+
+
+def _add_server(g: nx.DiGraph, server: int, gpus_per_server: int, nvlink_bandwidth: float,
+                nvlink_latency: float) -> list[tuple]:
+    """One NVLink domain: GPUs in a star around the server's NVSwitch. Returns the GPU labels."""
+    switch = ("nvswitch", server)
+    gpus = [("gpu", server, i) for i in range(gpus_per_server)]
+    for gpu in gpus:
+        g.add_node(gpu, kind="gpu", server=server)
+    g.add_node(switch, kind="nvswitch", server=server)
+    for gpu in gpus:
+        _link(g, gpu, switch, nvlink_bandwidth, nvlink_latency, "nvlink", "nvlink")
+    return gpus
+
+
+def _add_nics(g: nx.DiGraph, server: int, gpus_per_server: int, pcie_bandwidth: float,
+              nic_latency: float) -> list[tuple]:
+    """One NIC per GPU, joined by PCIe. Returns the NIC labels in local-GPU order."""
+    nics = []
+    for i in range(gpus_per_server):
+        nic = ("nic", server, i)
+        g.add_node(nic, kind="nic", server=server)
+        _link(g, ("gpu", server, i), nic, pcie_bandwidth, nic_latency, "pcie", "pcie")
+        nics.append(nic)
+    return nics
+
+
+class _ScaleOut:
+    """Resolved, checked parameters shared by the scale-out builders."""
+
+    def __init__(self, fabric: str, gpu: str | GPUSpec, servers: int, gpus_per_server: int, servers_per_leaf: int,
+                 spines: int | None, nic_bandwidth: float | str | None, nvlink_bandwidth: float | str | None,
+                 oversubscription: float, pcie_bandwidth: float | str | None, nvlink_latency: float | str,
+                 nic_latency: float | str, switch_latency: float | str) -> None:
+        self.fabric = fabric
+        self.gpu = get_gpu(gpu)
+        self.servers = _positive_int(servers, "servers")
+        self.gpus_per_server = _positive_int(gpus_per_server, "gpus_per_server")
+        self.servers_per_leaf = _positive_int(servers_per_leaf, "servers_per_leaf")
+        self.spines = self.servers_per_leaf if spines is None else _positive_int(spines, "spines")
+        self.nic_bandwidth = (self.gpu.nic_bandwidth if nic_bandwidth is None
+                              else parse_bandwidth(nic_bandwidth, "nic_bandwidth"))
+        self.nvlink_bandwidth = (self.gpu.nvlink_bandwidth if nvlink_bandwidth is None
+                                 else parse_bandwidth(nvlink_bandwidth, "nvlink_bandwidth"))
+        # Default PCIe: the GPU's generation x16, raised to the NIC rate when a
+        # faster NIC is configured (a faster NIC comes with a matching PCIe gen).
+        self.pcie_bandwidth = (max(PCIE_BANDWIDTH.get(self.gpu.name, 64e9), self.nic_bandwidth)
+                               if pcie_bandwidth is None else parse_bandwidth(pcie_bandwidth, "pcie_bandwidth"))
+        self.oversubscription = _oversubscription(oversubscription)
+        self.nvlink_latency = parse_time(nvlink_latency, "nvlink_latency")
+        self.nic_latency = parse_time(nic_latency, "nic_latency")
+        self.switch_latency = parse_time(switch_latency, "switch_latency")
+
+    def servers_and_nics(self) -> tuple[nx.DiGraph, list[tuple], list[list[tuple]]]:
+        """Graph with every server and its NICs; GPU labels in rank order; NICs per server."""
+        g = nx.DiGraph()
+        gpus: list[tuple] = []
+        nics: list[list[tuple]] = []
+        for s in range(self.servers):
+            gpus += _add_server(g, s, self.gpus_per_server, self.nvlink_bandwidth, self.nvlink_latency)
+            nics.append(_add_nics(g, s, self.gpus_per_server, self.pcie_bandwidth, self.nic_latency))
+        return g, gpus, nics
+
+    def attach(self, g: nx.DiGraph, nic: tuple, leaf: tuple) -> None:
+        _link(g, nic, leaf, self.nic_bandwidth, self.switch_latency, "ib", "leaf")
+
+    def params(self, **derived: object) -> dict:
+        return {
+            "fabric": self.fabric,
+            "gpu": self.gpu.name,
+            "servers": self.servers,
+            "gpus_per_server": self.gpus_per_server,
+            "servers_per_leaf": self.servers_per_leaf,
+            "nvlink_bandwidth": self.nvlink_bandwidth,
+            "nic_bandwidth": self.nic_bandwidth,
+            "pcie_bandwidth": self.pcie_bandwidth,
+            "oversubscription": self.oversubscription,
+            "nvlink_latency": self.nvlink_latency,
+            "nic_latency": self.nic_latency,
+            "switch_latency": self.switch_latency,
+            **derived,
+        }
+
+    def name(self) -> str:
+        n = self.servers * self.gpus_per_server
+        return (f"{self.servers}x {self.gpu.name} server ({n} GPUs), {self.fabric} "
+                f"{ratio_text(self.oversubscription)}")
+
+    def cluster(self, g: nx.DiGraph, gpus: list[tuple], params: dict) -> Cluster:
+        return validate_cluster(Cluster(graph=g, gpu=self.gpu, gpus=tuple(gpus), gpus_per_server=self.gpus_per_server,
+                                        name=self.name(), params=params))
+
+
+def _add_switches(g: nx.DiGraph, kind: str, count: int, start: int = 0) -> list[tuple]:
+    nodes = [(kind, start + j) for j in range(count)]
+    for n in nodes:
+        g.add_node(n, kind=kind, server=-1)
+    return nodes
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def single_server(gpu: str | GPUSpec = "H100-SXM", gpus_per_server: int = 8,
+                  nvlink_bandwidth: float | str | None = None,
+                  nvlink_latency: float | str = DEFAULT_NVLINK_LATENCY) -> Cluster:
+    """One server: ``gpus_per_server`` GPUs around one NVSwitch, no NICs.
+
+    There is no scale-out fabric, so there are no NIC nodes either: every GPU
+    pair is ``gpu -> nvswitch -> gpu``.
+
+    Parameters
+    ----------
+    gpu : str or GPUSpec
+        GPU model name or alias (see :func:`topologies.get_gpu`).
+    gpus_per_server : int
+        GPUs in the NVLink domain.
+    nvlink_bandwidth : float or str, optional
+        Per GPU, per direction (bytes/s or e.g. ``"450GB/s"``); default: the
+        GPU spec's.
+    nvlink_latency : float or str
+        Seconds per GPU <-> NVSwitch hop.
+
+    Returns
+    -------
+    Cluster
+        Nodes ``("gpu", 0, i)`` and ``("nvswitch", 0)``; ``params["fabric"]``
+        is ``"single_node"``.
+
+    Examples
+    --------
+    >>> c = single_server("H100", 8)
+    >>> c.num_gpus, c.graph.number_of_edges()
+    (8, 16)
+    """
+    spec = get_gpu(gpu)
+    gps = _positive_int(gpus_per_server, "gpus_per_server")
+    nvlink_bw = spec.nvlink_bandwidth if nvlink_bandwidth is None else parse_bandwidth(nvlink_bandwidth,
+                                                                                       "nvlink_bandwidth")
+    nvlink_lat = parse_time(nvlink_latency, "nvlink_latency")
+    g = nx.DiGraph()
+    gpus = _add_server(g, 0, gps, nvlink_bw, nvlink_lat)
+    params = {"fabric": "single_node", "gpu": spec.name, "servers": 1, "gpus_per_server": gps,
+              "nvlink_bandwidth": nvlink_bw, "nvlink_latency": nvlink_lat}
+    return validate_cluster(Cluster(graph=g, gpu=spec, gpus=tuple(gpus), gpus_per_server=gps,
+                                    name=f"1x {spec.name} server ({gps} GPUs), single_node", params=params))
+
+
+def leaf_spine(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, servers_per_leaf: int = 16,
+               spines: int | None = None, nic_bandwidth: float | str | None = None,
+               nvlink_bandwidth: float | str | None = None, oversubscription: float = 1.0,
+               pcie_bandwidth: float | str | None = None,
+               nvlink_latency: float | str = DEFAULT_NVLINK_LATENCY,
+               nic_latency: float | str = DEFAULT_NIC_LATENCY,
+               switch_latency: float | str = DEFAULT_SWITCH_LATENCY) -> Cluster:
+    """Two-tier leaf-spine (folded Clos): all NICs of a server on one leaf.
+
+    Server ``s`` hangs off leaf ``("leaf", s // servers_per_leaf)``; there are
+    ``ceil(servers / servers_per_leaf)`` leaves. With one leaf there is no
+    spine. Otherwise every leaf connects to every spine ``("spine", j)`` by
+    one aggregated link per direction of bandwidth
+    ``servers_per_leaf * gpus_per_server * nic_bandwidth / (spines * oversubscription)``,
+    so a full leaf's downlink : uplink bandwidth is exactly
+    ``oversubscription`` (a partially filled last leaf keeps the same uplinks,
+    as its switch ports would). GPUs on different leaves have ``spines``
+    equal-cost paths.
+
+    Parameters
+    ----------
+    gpu : str or GPUSpec
+        GPU model name or alias.
+    servers : int
+        Number of servers (NVLink domains).
+    gpus_per_server : int
+        GPUs (and NICs) per server.
+    servers_per_leaf : int
+        Servers per leaf switch.
+    spines : int, optional
+        Spine switches. Default: ``servers_per_leaf``, so at 1:1 each
+        leaf-spine link carries one server's worth (``gpus_per_server``
+        NIC ports) of bandwidth.
+    nic_bandwidth, nvlink_bandwidth : float or str, optional
+        Per GPU, per direction; default: the GPU spec's.
+    oversubscription : float
+        Leaf downlink : uplink bandwidth, >= 1.
+    pcie_bandwidth : float or str, optional
+        GPU <-> NIC per direction. Default: PCIe Gen5 x16 (64 GB/s; Gen4 x16,
+        32 GB/s, for A100), never below the NIC rate.
+    nvlink_latency, nic_latency, switch_latency : float or str
+        Seconds per hop; see the module docstring.
+
+    Returns
+    -------
+    Cluster
+        ``params`` holds the resolved inputs (SI units) plus ``leaves``,
+        ``spines`` (0 with one leaf) and ``uplink_bandwidth`` (bytes/s per
+        leaf-spine link per direction; 0 without spines).
+
+    Examples
+    --------
+    >>> c = leaf_spine("H100", servers=32, servers_per_leaf=16, spines=4)
+    >>> c.params["leaves"], c.params["spines"], c.num_gpus
+    (2, 4, 256)
+    """
+    p = _ScaleOut("leaf_spine", gpu, servers, gpus_per_server, servers_per_leaf, spines, nic_bandwidth,
+                  nvlink_bandwidth, oversubscription, pcie_bandwidth, nvlink_latency, nic_latency, switch_latency)
+    g, gpus, nics = p.servers_and_nics()
+    n_leaves = math.ceil(p.servers / p.servers_per_leaf)
+    leaves = _add_switches(g, "leaf", n_leaves)
+    for s, server_nics in enumerate(nics):
+        for nic in server_nics:
+            p.attach(g, nic, leaves[s // p.servers_per_leaf])
+    n_spines, uplink = 0, 0.0
+    if n_leaves > 1:
+        n_spines = p.spines
+        downlink = p.servers_per_leaf * p.gpus_per_server * p.nic_bandwidth
+        uplink = downlink / (n_spines * p.oversubscription)
+        for spine in _add_switches(g, "spine", n_spines):
+            for leaf in leaves:
+                _link(g, leaf, spine, uplink, p.switch_latency, "ib", "spine")
+    return p.cluster(g, gpus, p.params(leaves=n_leaves, spines=n_spines, uplink_bandwidth=uplink))
+
+
+def rail_optimized(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, servers_per_leaf: int = 16,
+                   spines: int | None = None, nic_bandwidth: float | str | None = None,
+                   nvlink_bandwidth: float | str | None = None, oversubscription: float = 1.0,
+                   pcie_bandwidth: float | str | None = None,
+                   nvlink_latency: float | str = DEFAULT_NVLINK_LATENCY,
+                   nic_latency: float | str = DEFAULT_NIC_LATENCY,
+                   switch_latency: float | str = DEFAULT_SWITCH_LATENCY) -> Cluster:
+    """Rail-optimized two-tier fabric (as in DGX SuperPOD): one leaf per rail per pod.
+
+    Servers are grouped into pods of ``servers_per_leaf`` servers (the last
+    pod may be partial). Each pod ``p`` has one leaf per rail (local GPU
+    index) ``i``, labelled ``("leaf", p * gpus_per_server + i)``; NIC ``i`` of
+    every server in the pod attaches to it, so same-rail GPUs in a pod are
+    ``gpu -> nic -> leaf -> nic -> gpu`` (4 edges, one switch). Every leaf
+    connects to every spine with one aggregated link per direction of
+    ``servers_per_leaf * nic_bandwidth / (spines * oversubscription)``. There
+    are always spines (cross-rail traffic between servers needs them).
+
+    Parameters
+    ----------
+    gpu, servers, gpus_per_server, nic_bandwidth, nvlink_bandwidth, oversubscription, pcie_bandwidth,
+    nvlink_latency, nic_latency, switch_latency
+        As in :func:`leaf_spine`.
+    servers_per_leaf : int
+        Servers per pod (= NIC ports per rail leaf).
+    spines : int, optional
+        Default: ``servers_per_leaf``, so at 1:1 each leaf-spine link carries
+        one NIC port's bandwidth.
+
+    Returns
+    -------
+    Cluster
+        ``params`` as for :func:`leaf_spine` plus ``pods``.
+
+    Examples
+    --------
+    >>> c = rail_optimized("H100", servers=4, servers_per_leaf=2, spines=2)
+    >>> c.params["pods"], c.params["leaves"]
+    (2, 16)
+    """
+    p = _ScaleOut("rail_optimized", gpu, servers, gpus_per_server, servers_per_leaf, spines, nic_bandwidth,
+                  nvlink_bandwidth, oversubscription, pcie_bandwidth, nvlink_latency, nic_latency, switch_latency)
+    g, gpus, nics = p.servers_and_nics()
+    pods = math.ceil(p.servers / p.servers_per_leaf)
+    leaves = _add_switches(g, "leaf", pods * p.gpus_per_server)
+    for s, server_nics in enumerate(nics):
+        pod = s // p.servers_per_leaf
+        for rail, nic in enumerate(server_nics):
+            p.attach(g, nic, leaves[pod * p.gpus_per_server + rail])
+    uplink = p.servers_per_leaf * p.nic_bandwidth / (p.spines * p.oversubscription)
+    for spine in _add_switches(g, "spine", p.spines):
+        for leaf in leaves:
+            _link(g, leaf, spine, uplink, p.switch_latency, "ib", "spine")
+    return p.cluster(g, gpus, p.params(pods=pods, leaves=len(leaves), spines=p.spines, uplink_bandwidth=uplink))
+
+
+def fat_tree(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, servers_per_leaf: int = 16,
+             leaves_per_pod: int = 8, spines: int | None = None, cores: int | None = None,
+             nic_bandwidth: float | str | None = None, nvlink_bandwidth: float | str | None = None,
+             oversubscription: float = 1.0, core_oversubscription: float = 1.0,
+             pcie_bandwidth: float | str | None = None,
+             nvlink_latency: float | str = DEFAULT_NVLINK_LATENCY,
+             nic_latency: float | str = DEFAULT_NIC_LATENCY,
+             switch_latency: float | str = DEFAULT_SWITCH_LATENCY) -> Cluster:
+    """Three-tier fat tree: leaf -> spine (per pod) -> core.
+
+    Leaves are assigned servers as in :func:`leaf_spine` (leaf
+    ``s // servers_per_leaf``) and grouped into pods of ``leaves_per_pod``
+    leaves (leaf ``l`` is in pod ``l // leaves_per_pod``). Each pod has
+    ``spines`` spines, ``("spine", pod * spines + j)``, each linked to every
+    leaf of its pod with ``servers_per_leaf * gpus_per_server * nic_bandwidth
+    / (spines * oversubscription)`` per direction. The ``cores`` core
+    switches form ``spines`` planes: core ``k`` is in plane ``k % spines`` and
+    links to spine ``j`` of every pod, so GPUs in different pods have
+    ``spines * cores / spines = cores`` equal-cost paths. A spine's core
+    uplinks total its leaf downlinks divided by ``core_oversubscription``.
+
+    Tiers are only built where needed: one leaf has no spines; one pod has
+    no cores.
+
+    Parameters
+    ----------
+    gpu, servers, gpus_per_server, servers_per_leaf, nic_bandwidth, nvlink_bandwidth, pcie_bandwidth,
+    nvlink_latency, nic_latency, switch_latency
+        As in :func:`leaf_spine`.
+    leaves_per_pod : int
+        Leaves per pod.
+    spines : int, optional
+        Spines *per pod*; default ``servers_per_leaf``.
+    cores : int, optional
+        Core switches in total, a multiple of ``spines``; default ``spines``
+        (one core per plane).
+    oversubscription : float
+        Leaf downlink : uplink, >= 1.
+    core_oversubscription : float
+        Spine downlink : uplink, >= 1.
+
+    Returns
+    -------
+    Cluster
+        ``params`` as for :func:`leaf_spine` (``spines`` per pod) plus
+        ``pods``, ``leaves_per_pod``, ``cores``, ``core_oversubscription`` and
+        ``core_uplink_bandwidth`` (bytes/s per spine-core link per direction).
+
+    Examples
+    --------
+    >>> c = fat_tree("H100", servers=8, servers_per_leaf=2, leaves_per_pod=2, spines=2, cores=4)
+    >>> c.params["pods"], c.params["cores"]
+    (2, 4)
+    """
+    p = _ScaleOut("fat_tree", gpu, servers, gpus_per_server, servers_per_leaf, spines, nic_bandwidth,
+                  nvlink_bandwidth, oversubscription, pcie_bandwidth, nvlink_latency, nic_latency, switch_latency)
+    lpp = _positive_int(leaves_per_pod, "leaves_per_pod")
+    core_ratio = _oversubscription(core_oversubscription, "core_oversubscription")
+    n_cores = p.spines if cores is None else _positive_int(cores, "cores")
+    if n_cores % p.spines:
+        raise TopologyError(f"cores: {n_cores} is not a multiple of spines ({p.spines}); each spine plane needs "
+                            f"the same number of cores")
+    g, gpus, nics = p.servers_and_nics()
+    n_leaves = math.ceil(p.servers / p.servers_per_leaf)
+    pods = math.ceil(n_leaves / lpp)
+    leaves = _add_switches(g, "leaf", n_leaves)
+    for s, server_nics in enumerate(nics):
+        for nic in server_nics:
+            p.attach(g, nic, leaves[s // p.servers_per_leaf])
+    n_spines, uplink, core_uplink = 0, 0.0, 0.0
+    if n_leaves > 1:
+        n_spines = p.spines
+        uplink = p.servers_per_leaf * p.gpus_per_server * p.nic_bandwidth / (n_spines * p.oversubscription)
+        pod_spines = []
+        for pod in range(pods):
+            spines_here = _add_switches(g, "spine", n_spines, start=pod * n_spines)
+            pod_spines.append(spines_here)
+            for spine in spines_here:
+                for leaf in leaves[pod * lpp:(pod + 1) * lpp]:
+                    _link(g, leaf, spine, uplink, p.switch_latency, "ib", "spine")
+        if pods > 1:
+            per_plane = n_cores // n_spines
+            core_uplink = lpp * uplink / (per_plane * core_ratio)
+            for core in _add_switches(g, "core", n_cores):
+                plane = core[1] % n_spines
+                for spines_here in pod_spines:
+                    _link(g, spines_here[plane], core, core_uplink, p.switch_latency, "ib", "core")
+    params = p.params(leaves=n_leaves, pods=pods, leaves_per_pod=lpp, spines=n_spines,
+                      cores=n_cores if pods > 1 else 0, uplink_bandwidth=uplink,
+                      core_oversubscription=core_ratio, core_uplink_bandwidth=core_uplink)
+    return p.cluster(g, gpus, params)

@@ -1,0 +1,258 @@
+"""Build a :class:`~topologies.cluster.Cluster` from an experiment file's ``cluster:`` section.
+
+Fields (all optional except that one of ``preset`` / ``gpu`` is needed)::
+
+    cluster:
+      preset: dgx-h100            # see preset_names(); the fields below override it
+      gpu: H100-SXM               # see topologies.GPU_SPECS (aliases like H100 work)
+      nodes: 16                   # servers (NVLink domains)
+      gpus_per_node: 8
+      nvlink_bandwidth: 450GB/s   # per GPU per direction; default from the GPU
+      nic_bandwidth: 400Gbps      # per GPU NIC per direction; default from the GPU
+      pcie_bandwidth: 64GB/s      # GPU <-> NIC per direction; default by PCIe gen
+      fabric: leaf_spine          # leaf_spine | rail_optimized | fat_tree | single_node
+      nodes_per_leaf: 16          # (rail_optimized: nodes per pod)
+      spines: 16                  # default nodes_per_leaf (fat_tree: per pod)
+      oversubscription: 1         # leaf downlink : uplink, >= 1 ("3:1" also accepted)
+      nvlink_latency: 0.25us      # per hop
+      nic_latency: 0.25us
+      switch_latency: 0.5us
+      leaves_per_pod: 8           # fat_tree only
+      cores: 16                   # fat_tree only; multiple of spines
+      core_oversubscription: 1    # fat_tree only
+
+Every invalid value raises :class:`TopologyError` with a one-line message that
+names ``cluster.<field>`` and what is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+
+import yaml
+
+from topologies import builders
+from topologies.cluster import Cluster, TopologyError
+from topologies.gpus import GPU_SPECS, get_gpu
+from topologies.presets import PRESETS, preset_names
+from topologies.units import parse_bandwidth, parse_time
+
+__all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster"]
+
+FABRICS = ("leaf_spine", "rail_optimized", "fat_tree", "single_node")
+
+# Defaults under every preset; ``None`` means "derive" (from the GPU, or per builder).
+_BASE: dict[str, object] = {
+    "gpu": None,
+    "nodes": 1,
+    "gpus_per_node": 8,
+    "nvlink_bandwidth": None,
+    "nic_bandwidth": None,
+    "pcie_bandwidth": None,
+    "fabric": "leaf_spine",
+    "nodes_per_leaf": 16,
+    "spines": None,
+    "oversubscription": 1.0,
+    "nvlink_latency": builders.DEFAULT_NVLINK_LATENCY,
+    "nic_latency": builders.DEFAULT_NIC_LATENCY,
+    "switch_latency": builders.DEFAULT_SWITCH_LATENCY,
+    "leaves_per_pod": 8,
+    "cores": None,
+    "core_oversubscription": 1.0,
+}
+
+FIELDS: tuple[str, ...] = ("preset", *_BASE)
+"""Every key a ``cluster:`` section may hold."""
+
+_FABRIC_ALIASES = {"leaf-spine": "leaf_spine", "rail-optimized": "rail_optimized", "rail": "rail_optimized",
+                   "fat-tree": "fat_tree", "single-node": "single_node", "single_server": "single_node",
+                   "single-server": "single_node"}
+
+
+def _int(value: object, key: str, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TopologyError(f"cluster.{key}: {value!r} is not a positive integer")
+    return value
+
+
+def _ratio(value: object, key: str) -> float:
+    x: object = value
+    if isinstance(value, str):
+        text = value.strip()
+        num, sep, den = text.partition(":")
+        try:
+            x = float(num) / float(den) if sep else float(text)
+        except (ValueError, ZeroDivisionError):
+            x = None
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 1:
+        raise TopologyError(f"cluster.{key}: {value!r} is not a ratio >= 1 (downlink:uplink, e.g. 1 for "
+                            f"non-blocking, 3 or '3:1')")
+    return float(x)
+
+
+def _bandwidth(value: object, key: str) -> float | None:
+    return None if value is None else parse_bandwidth(value, f"cluster.{key}")
+
+
+def _fabric(value: object) -> str:
+    if isinstance(value, str):
+        name = value.strip().lower()
+        name = _FABRIC_ALIASES.get(name, name)
+        if name in FABRICS:
+            return name
+    raise TopologyError(f"cluster.fabric: {value!r} is not a fabric; valid: {', '.join(FABRICS)}")
+
+
+def _describe(preset: str | None, nodes: int, gpus_per_node: int, gpu_name: str, fabric: str,
+              oversubscription: float) -> str:
+    n = nodes * gpus_per_node
+    ref = PRESETS.get(preset) if preset else None
+    if ref is not None and ref["gpu"] == gpu_name and ref["gpus_per_node"] == gpus_per_node:
+        text = f"{nodes}x {preset} ({n} {gpu_name})"
+    else:
+        text = f"{nodes}x {gpus_per_node}-GPU {gpu_name} node ({n} GPUs)"
+    if fabric == "single_node":
+        return f"{text}, single_node"
+    return f"{text}, {fabric} {builders.ratio_text(oversubscription)}"
+
+
+def build_cluster(section: Mapping[str, object] | str) -> Cluster:
+    """Build the cluster an experiment file's ``cluster:`` section describes.
+
+    Parameters
+    ----------
+    section : Mapping or str
+        The section's fields (see the module docstring); values may carry
+        units (``"400Gbps"``, ``"450GB/s"``, ``"1us"``). A bare string is
+        shorthand for ``{"preset": section}``.
+
+    Returns
+    -------
+    Cluster
+        ``params`` holds the resolved fields in SI units under the file's
+        names (``nodes``, ``gpus_per_node``, ``nodes_per_leaf``, ...), plus
+        ``preset`` and what the builder derived (``leaves``, ``spines``,
+        ``uplink_bandwidth``, ...). ``name`` reads like
+        ``"16x dgx-h100 (128 H100-SXM), leaf_spine 1:1"``.
+
+    Raises
+    ------
+    TopologyError
+        On an unknown field or preset, or an invalid value; the one-line
+        message names ``cluster.<field>`` and what is valid.
+
+    Examples
+    --------
+    >>> c = build_cluster({"preset": "dgx-h100", "nodes": 16})
+    >>> c.name
+    '16x dgx-h100 (128 H100-SXM), leaf_spine 1:1'
+    """
+    if isinstance(section, str):
+        section = {"preset": section}
+    if not isinstance(section, Mapping):
+        raise TopologyError(f"cluster: expected a mapping of fields or a preset name, got {type(section).__name__}")
+    for key in section:
+        if key not in FIELDS:
+            raise TopologyError(f"cluster.{key}: unknown field; valid fields: {', '.join(FIELDS)}")
+
+    preset = section.get("preset")
+    merged = dict(_BASE)
+    if preset is not None:
+        key = preset.strip().lower() if isinstance(preset, str) else None
+        if key not in PRESETS:
+            raise TopologyError(f"cluster.preset: unknown preset {preset!r}; valid: {', '.join(preset_names())}")
+        preset = key
+        merged.update(PRESETS[key])
+    merged.update({k: v for k, v in section.items() if k != "preset"})
+
+    if merged["gpu"] is None:
+        raise TopologyError(f"cluster.gpu: required when no preset is given; valid GPUs: {', '.join(GPU_SPECS)} "
+                            f"(or set cluster.preset: {', '.join(preset_names())})")
+    gpu = get_gpu(merged["gpu"], "cluster.gpu")  # type: ignore[arg-type]
+    nodes = _int(merged["nodes"], "nodes")
+    gpus_per_node = _int(merged["gpus_per_node"], "gpus_per_node")
+    fabric = _fabric(merged["fabric"])
+    nodes_per_leaf = _int(merged["nodes_per_leaf"], "nodes_per_leaf")
+    spines = _int(merged["spines"], "spines", optional=True)
+    leaves_per_pod = _int(merged["leaves_per_pod"], "leaves_per_pod")
+    cores = _int(merged["cores"], "cores", optional=True)
+    oversubscription = _ratio(merged["oversubscription"], "oversubscription")
+    core_oversubscription = _ratio(merged["core_oversubscription"], "core_oversubscription")
+    nvlink_bw = _bandwidth(merged["nvlink_bandwidth"], "nvlink_bandwidth")
+    nic_bw = _bandwidth(merged["nic_bandwidth"], "nic_bandwidth")
+    pcie_bw = _bandwidth(merged["pcie_bandwidth"], "pcie_bandwidth")
+    nvlink_lat = parse_time(merged["nvlink_latency"], "cluster.nvlink_latency")
+    nic_lat = parse_time(merged["nic_latency"], "cluster.nic_latency")
+    switch_lat = parse_time(merged["switch_latency"], "cluster.switch_latency")
+
+    common = dict(gpu=gpu, servers=nodes, gpus_per_server=gpus_per_node, servers_per_leaf=nodes_per_leaf,
+                  spines=spines, nic_bandwidth=nic_bw, nvlink_bandwidth=nvlink_bw,
+                  oversubscription=oversubscription, pcie_bandwidth=pcie_bw, nvlink_latency=nvlink_lat,
+                  nic_latency=nic_lat, switch_latency=switch_lat)
+    if fabric == "single_node":
+        if nodes != 1:
+            raise TopologyError(f"cluster.nodes: {nodes} with fabric single_node; single_node needs nodes: 1 "
+                                f"(or a scale-out fabric: {', '.join(FABRICS[:3])})")
+        cluster = builders.single_server(gpu, gpus_per_node, nvlink_bw, nvlink_lat)
+    elif fabric == "leaf_spine":
+        cluster = builders.leaf_spine(**common)  # type: ignore[arg-type]
+    elif fabric == "rail_optimized":
+        cluster = builders.rail_optimized(**common)  # type: ignore[arg-type]
+    else:
+        per_pod = spines if spines is not None else nodes_per_leaf
+        if cores is not None and cores % per_pod:
+            raise TopologyError(f"cluster.cores: {cores} is not a multiple of spines per pod ({per_pod})")
+        cluster = builders.fat_tree(**common, leaves_per_pod=leaves_per_pod, cores=cores,  # type: ignore[arg-type]
+                                    core_oversubscription=core_oversubscription)
+
+    rename = {"servers": "nodes", "gpus_per_server": "gpus_per_node", "servers_per_leaf": "nodes_per_leaf"}
+    params = {"preset": preset, **{rename.get(k, k): v for k, v in cluster.params.items()}}
+    name = _describe(preset, nodes, gpus_per_node, gpu.name, fabric, oversubscription)  # type: ignore[arg-type]
+    return dataclasses.replace(cluster, name=name, params=params)
+
+
+def load_cluster(path: str | os.PathLike[str]) -> Cluster:
+    """Read a YAML file and build its cluster.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Either an experiment file (a mapping with a ``cluster:`` key; other
+        sections are ignored) or a file holding the cluster fields at top level.
+
+    Returns
+    -------
+    Cluster
+
+    Raises
+    ------
+    TopologyError
+        One line naming the file: it is missing or unreadable, is not valid
+        YAML, is not a mapping, or its cluster section is invalid.
+    """
+    where = os.fspath(path)
+    try:
+        with open(where, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise TopologyError(f"{where}: cannot read cluster file ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or type(e).__name__
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise TopologyError(f"{where}: malformed YAML: {problem}{at}") from None
+    if not isinstance(data, Mapping):
+        raise TopologyError(f"{where}: expected a mapping with a 'cluster:' section or cluster fields at top "
+                            f"level, got {type(data).__name__}")
+    section = data["cluster"] if "cluster" in data else data
+    try:
+        return build_cluster(section)  # type: ignore[arg-type]
+    except TopologyError as e:
+        raise TopologyError(f"{where}: {e}") from None

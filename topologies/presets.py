@@ -1,0 +1,42 @@
+"""Named cluster presets: the defaults an experiment file's ``cluster.preset`` supplies.
+
+A preset is a partial ``cluster:`` section in file units; any field the
+experiment file gives overrides it. Bandwidths are deliberately left out, so
+that they follow the GPU (``preset: dgx-h100`` with ``gpu: B200`` gets B200
+NVLink and NIC rates unless those are given too).
+
+Every DGX preset: 8 GPUs per node (one NVLink domain), one NIC per GPU, 4
+nodes, a non-blocking leaf-spine fabric with 16 nodes per leaf (so the
+default 4 nodes sit on one leaf).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+__all__ = ["PRESETS", "preset_names"]
+
+
+def _dgx(gpu: str) -> Mapping[str, object]:
+    return MappingProxyType({
+        "gpu": gpu,
+        "nodes": 4,
+        "gpus_per_node": 8,
+        "fabric": "leaf_spine",
+        "nodes_per_leaf": 16,
+        "oversubscription": 1.0,
+    })
+
+
+PRESETS: Mapping[str, Mapping[str, object]] = MappingProxyType({
+    "dgx-a100": _dgx("A100-80GB-SXM"),  # DGX A100 640GB: 8x A100 80GB, 8x ConnectX-6 200 Gb/s
+    "dgx-h100": _dgx("H100-SXM"),  # DGX H100: 8x H100 SXM, 8x ConnectX-7 400 Gb/s
+    "dgx-h200": _dgx("H200-SXM"),  # DGX H200: 8x H200 SXM, 8x ConnectX-7 400 Gb/s
+    "dgx-b200": _dgx("B200"),  # DGX B200: 8x B200, 8x ConnectX-7 400 Gb/s
+})
+
+
+def preset_names() -> list[str]:
+    """Names of the cluster presets, e.g. ``["dgx-a100", "dgx-h100", ...]``."""
+    return list(PRESETS)

@@ -1,0 +1,102 @@
+"""Check a :class:`~topologies.cluster.Cluster` against the contract's schema.
+
+Builders call :func:`validate_cluster` once on what they return; anyone who
+builds or edits a graph by hand should call it too. A missing attribute is an
+error, never a default.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import networkx as nx
+
+from topologies.cluster import LINK_KINDS, NODE_KINDS, TIERS, Cluster, TopologyError
+
+__all__ = ["validate_cluster"]
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, Real) and not isinstance(x, bool)
+
+
+def validate_cluster(cluster: Cluster) -> Cluster:
+    """Raise :class:`TopologyError` unless ``cluster`` satisfies the contract.
+
+    Checks, in order:
+
+    * ``graph`` is a ``networkx.DiGraph`` with at least one node;
+    * every node has ``kind`` in :data:`NODE_KINDS` and an integer ``server``;
+    * every edge has a positive, finite ``bandwidth`` (bytes/s), a
+      non-negative, finite ``latency`` (s), ``kind`` in :data:`LINK_KINDS` and
+      ``tier`` in :data:`TIERS`;
+    * every edge ``(u, v)`` has its reverse ``(v, u)`` (links are full duplex);
+    * ``gpus`` is non-empty, without duplicates, and lists nodes of kind
+      ``gpu``; ``gpus_per_server`` is a positive integer;
+    * the graph is weakly connected.
+
+    Parameters
+    ----------
+    cluster : Cluster
+
+    Returns
+    -------
+    Cluster
+        The same object, for chaining.
+
+    Raises
+    ------
+    TopologyError
+        Naming the first offending node or edge and attribute.
+    """
+    g = cluster.graph
+    if not isinstance(g, nx.DiGraph) or g.is_multigraph():
+        raise TopologyError(f"cluster.graph: expected a networkx.DiGraph, got {type(g).__name__}")
+    if g.number_of_nodes() == 0:
+        raise TopologyError("cluster.graph: has no nodes")
+
+    for n, data in g.nodes(data=True):
+        if "kind" not in data:
+            raise TopologyError(f"node {n!r}: missing attribute 'kind'")
+        if data["kind"] not in NODE_KINDS:
+            raise TopologyError(f"node {n!r}: kind {data['kind']!r} is not one of {', '.join(NODE_KINDS)}")
+        if "server" not in data:
+            raise TopologyError(f"node {n!r}: missing attribute 'server'")
+        if not isinstance(data["server"], int) or isinstance(data["server"], bool):
+            raise TopologyError(f"node {n!r}: server {data['server']!r} is not an integer")
+
+    for u, v, data in g.edges(data=True):
+        where = f"edge {u!r} -> {v!r}"
+        for attr in ("bandwidth", "latency", "kind", "tier"):
+            if attr not in data:
+                raise TopologyError(f"{where}: missing attribute {attr!r}")
+        bw, lat = data["bandwidth"], data["latency"]
+        if not _is_number(bw) or not math.isfinite(bw) or bw <= 0:
+            raise TopologyError(f"{where}: bandwidth {bw!r} is not a positive, finite number of bytes/s")
+        if not _is_number(lat) or not math.isfinite(lat) or lat < 0:
+            raise TopologyError(f"{where}: latency {lat!r} is not a non-negative, finite number of seconds")
+        if data["kind"] not in LINK_KINDS:
+            raise TopologyError(f"{where}: kind {data['kind']!r} is not one of {', '.join(LINK_KINDS)}")
+        if data["tier"] not in TIERS:
+            raise TopologyError(f"{where}: tier {data['tier']!r} is not one of {', '.join(TIERS)}")
+        if not g.has_edge(v, u):
+            raise TopologyError(f"{where}: has no reverse edge {v!r} -> {u!r} (links are full duplex)")
+
+    if not cluster.gpus:
+        raise TopologyError("cluster.gpus: is empty")
+    if len(set(cluster.gpus)) != len(cluster.gpus):
+        raise TopologyError("cluster.gpus: lists a GPU more than once")
+    for n in cluster.gpus:
+        if n not in g:
+            raise TopologyError(f"cluster.gpus: {n!r} is not a node of the graph")
+        if g.nodes[n]["kind"] != "gpu":
+            raise TopologyError(f"cluster.gpus: {n!r} has kind {g.nodes[n]['kind']!r}, not 'gpu'")
+    gps = cluster.gpus_per_server
+    if not isinstance(gps, int) or isinstance(gps, bool) or gps < 1:
+        raise TopologyError(f"cluster.gpus_per_server: {gps!r} is not a positive integer")
+
+    if not nx.is_weakly_connected(g):
+        parts = nx.number_weakly_connected_components(g)
+        raise TopologyError(f"cluster.graph: is not connected ({parts} separate components)")
+    return cluster

@@ -1,0 +1,64 @@
+"""Errors raised by the workload layer.
+
+Every invalid workload configuration raises :class:`ConfigError` at load time,
+with a one-line message that starts with the offending field (``model.heads``,
+``parallel.tp`` ...) and says what would be valid, e.g.::
+
+    parallel.tp: 3 does not divide model.heads=96; valid tp values: 1, 2, 4, 8, 16, 32
+
+``ConfigError`` subclasses :class:`ValueError`, so callers that already catch
+``ValueError`` keep working; the CLI turns it into a message and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
+
+
+class ConfigError(ValueError):
+    """An invalid workload configuration (model, parallel or training section)."""
+
+
+# ----------------------------------------------------------------- checkers
+# Small helpers shared by ``models`` and ``parallel``; each raises ConfigError
+# naming ``field`` (e.g. "model.layers") and the valid choices.
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(field: str, value: object, *, minimum: int = 1) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is an integer ``>= minimum``."""
+    if not _is_int(value) or value < minimum:  # type: ignore[operator]
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigError(f"{field}: must be {what}, got {value!r}")
+
+
+def check_bool(field: str, value: object) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is ``True`` or ``False``."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{field}: must be true or false, got {value!r}")
+
+
+def check_choice(field: str, value: object, choices: Sequence[object]) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        valid = ", ".join(str(c) for c in choices)
+        raise ConfigError(f"{field}: {value!r} is not valid; valid: {valid}")
+
+
+def check_keys(section: str, given: Mapping[str, object], valid: Iterable[str]) -> None:
+    """Raise :class:`ConfigError` if ``given`` has a key outside ``valid``."""
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"{section}: must be a mapping of field: value, got {type(given).__name__}")
+    allowed = list(valid)
+    for key in given:
+        if key not in allowed:
+            raise ConfigError(f"{section}.{key}: unknown field; valid fields: {', '.join(allowed)}")
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n`` in increasing order (for 'valid values' hints)."""
+    return [d for d in range(1, n + 1) if n % d == 0]

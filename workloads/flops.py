@@ -1,0 +1,342 @@
+"""Compute of one transformer layer (and the embedding / output layers) per TP rank.
+
+Each function returns the kernels one tensor-parallel rank runs for one
+micro-batch, as :class:`LayerOp` records with FLOPs, HBM bytes and, for GEMMs,
+the ``(m, n, k)`` shape. The generators turn them into ``Compute`` ops.
+
+Counting conventions
+--------------------
+* FLOPs are *model* FLOPs of the matrix multiplications (2 per multiply-add),
+  exactly the terms of Narayanan et al. (SC'21, eq. 3): summed over a step
+  they reproduce ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))`` for GPT-3.
+  Element-wise kernels (norms, activations, dropout, residual adds, softmax
+  of the loss) carry ``flops = 0``: they are memory-bound, their arithmetic
+  is < 0.1% of a layer, and their cost is in ``nbytes``.
+* Attention is FlashAttention-style: forward ``QK^T`` and ``softmax . V`` are
+  ``2 * 2 b s^2 h / t`` FLOPs (full ``s^2``, as Megatron's formula counts,
+  by default; ``causal=True`` halves them, which is what a causal flash kernel
+  executes), HBM bytes read Q, K, V and write O only (no ``s^2`` matrix).
+  Backward is counted as 2x the forward FLOPs (the four gradient matmuls);
+  a flash backward also recomputes ``QK^T`` (another 0.5x) -- that is left to
+  the attention efficiency of the hardware model, so model FLOPs stay exact.
+  Backward bytes read Q, K, V, O, dO and write dQ, dK, dV: 2x the forward.
+* Every GEMM ``Y[m,n] = X[m,k] W[k,n]`` has two backward GEMMs of the same
+  FLOPs: data-grad ``dX = dY W^T`` (shape ``(m, k, n)``, name ``*.dgrad``) and
+  weight-grad ``dW = X^T dY`` (shape ``(k, n, m)``, name ``*.wgrad``), kept
+  apart so a generator can overlap weight-grads or gradient buckets.
+* Element-wise backward reads the saved input and the output gradient and
+  writes the input gradient: 1.5x the forward bytes.
+* Sequence parallelism: norms, dropout and residual adds run on ``s / t``
+  tokens per rank; without it they run on all ``s`` tokens on every TP rank.
+  GEMMs and attention are the same either way.
+* MoE layers assume balanced routing: an EP rank receives on average
+  ``b s top_k`` token-expert pairs per micro-batch whatever ``ep`` is; the
+  generator rescales ``experts_*`` ops for skewed routing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .errors import ConfigError
+from .models import ModelSpec
+from .parallel import padded_vocab
+
+__all__ = [
+    "LayerOp", "PassOps", "layer_ops", "embedding_ops", "logits_ops", "optimizer_op",
+    "backward_of", "model_flops_per_step", "hardware_flops_per_step", "narayanan_flops_per_step",
+    "ADAM_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM",
+]
+
+OP_CATEGORIES = ("gemm", "attention", "elementwise", "optimizer")
+ADAM_BYTES_PER_PARAM = 28
+"""HBM bytes per parameter of one Adam step.
+
+Mixed precision: read the 16-bit gradient (2) and fp32 master weight, momentum
+and variance (12); write those three (12) and the 16-bit weight copy (2).
+Pure fp32: read gradient, weight, momentum, variance (16), write the last
+three (12). Both are 28.
+"""
+ADAM_FLOPS_PER_PARAM = 12
+"""Approximate FLOPs per parameter of an Adam update with weight decay."""
+LOSS_BYTES = 4
+"""Cross-entropy works on fp32 logits (Megatron's vocab-parallel loss upcasts)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerOp:
+    """One kernel on one TP rank.
+
+    Attributes
+    ----------
+    name : str
+        Kernel name, e.g. ``"qkv"``, ``"qkv.wgrad"``, ``"attention.bwd"``.
+    category : {"gemm", "attention", "elementwise", "optimizer"}
+        Efficiency class for the hardware model.
+    flops : float
+        Floating-point operations (multiply and add counted separately).
+    nbytes : float
+        HBM bytes read plus written.
+    shape : tuple of int or None
+        ``(m, n, k)`` of a GEMM, else ``None``.
+    """
+
+    name: str
+    category: str
+    flops: float
+    nbytes: float
+    shape: tuple[int, int, int] | None = None
+
+
+class PassOps(NamedTuple):
+    """The kernels of one micro-batch: forward in execution order, then backward."""
+
+    forward: list[LayerOp]
+    backward: list[LayerOp]
+
+    @property
+    def flops(self) -> float:
+        """Forward plus backward FLOPs."""
+        return sum(op.flops for op in self.forward) + sum(op.flops for op in self.backward)
+
+
+# -------------------------------------------------------------- primitives
+def _gemm(name: str, m: int, n: int, k: int, dtype_bytes: int) -> LayerOp:
+    """``Y[m,n] = X[m,k] W[k,n]``: ``2mnk`` FLOPs; reads X and W, writes Y."""
+    return LayerOp(name, "gemm", 2.0 * m * n * k, float(dtype_bytes * (m * k + k * n + m * n)), (m, n, k))
+
+
+def _elementwise(name: str, elements: float, dtype_bytes: int) -> LayerOp:
+    """A memory-bound kernel touching ``elements`` values (reads plus writes)."""
+    return LayerOp(name, "elementwise", 0.0, float(elements * dtype_bytes))
+
+
+def backward_of(forward: list[LayerOp]) -> list[LayerOp]:
+    """Backward kernels of ``forward``, in reverse order, by the module's rules."""
+    out: list[LayerOp] = []
+    for op in reversed(forward):
+        if op.category == "gemm":
+            assert op.shape is not None
+            m, n, k = op.shape
+            d = op.nbytes / (m * k + k * n + m * n)
+            out.append(LayerOp(f"{op.name}.dgrad", "gemm", op.flops, op.nbytes, (m, k, n)))
+            out.append(LayerOp(f"{op.name}.wgrad", "gemm", op.flops, d * (k * m + m * n + k * n), (k, n, m)))
+        elif op.category == "attention":
+            out.append(LayerOp(f"{op.name}.bwd", "attention", 2 * op.flops, 2 * op.nbytes))
+        else:
+            out.append(LayerOp(f"{op.name}.bwd", op.category, 0.0, 1.5 * op.nbytes))
+    return out
+
+
+# ------------------------------------------------------------------ layers
+def _attention_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: int,
+                       causal: bool) -> list[LayerOp]:
+    h, kv = model.hidden, model.kv_hidden
+    tokens = b * s
+    core_flops = 4.0 * b * s * s * h / t * (0.5 if causal else 1.0)
+    core_bytes = d * tokens * (2 * h + 2 * kv) / t
+    return [
+        _elementwise("input_norm", 2 * rows * h, d),
+        _gemm("qkv", tokens, (h + 2 * kv) // t, h, d),
+        LayerOp("attention", "attention", core_flops, core_bytes),
+        _gemm("attn_out", tokens, h, h // t, d),
+        _elementwise("attn_residual", 3 * rows * h, d),
+    ]
+
+
+def _mlp_forward(prefix: str, model: ModelSpec, tokens: int, width: int, d: int) -> list[LayerOp]:
+    """Up (gate+up fused when gated), activation, down for ``tokens`` rows of a ``width``-wide MLP shard."""
+    h, gates = model.hidden, model.mlp_matrices - 1
+    act_elements = tokens * width * (gates + 1)  # read 1 (GeLU) or 2 (SwiGLU) inputs, write 1
+    return [
+        _gemm(f"{prefix}_up", tokens, gates * width, h, d),
+        _elementwise(f"{prefix}_activation", act_elements, d),
+        _gemm(f"{prefix}_down", tokens, h, width, d),
+    ]
+
+
+def _moe_forward(model: ModelSpec, tokens: int, rows: int, t: int, d: int) -> list[LayerOp]:
+    h, k = model.hidden, model.top_k
+    width = model.expert_ffn_hidden // t
+    ops = [_gemm("router", rows, model.experts, h, d),
+           _elementwise("moe_permute", 2 * rows * k * h, d)]
+    ops += _mlp_forward("experts", model, tokens * k, width, d)
+    ops.append(_elementwise("moe_unpermute", 2 * rows * k * h, d))
+    if model.shared_experts:
+        ops += _mlp_forward("shared", model, tokens, model.shared_experts * width, d)
+    return ops
+
+
+def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, layer: int = 0,
+              sequence_parallel: bool = False, dtype_bytes: int = 2, causal: bool = False) -> PassOps:
+    """Kernels of transformer layer ``layer`` on one TP rank for one micro-batch.
+
+    Parameters
+    ----------
+    model : ModelSpec
+    micro_batch : int
+        Sequences per micro-batch ``b``.
+    seq_len : int
+        Tokens per sequence ``s``.
+    tp : int, default 1
+        Tensor-parallel degree ``t`` (must divide heads, kv_heads, ffn widths).
+    layer : int, default 0
+        Layer index (selects dense or MoE MLP).
+    sequence_parallel : bool, default False
+        Element-wise kernels on ``s / t`` tokens (no-op for ``t = 1``).
+    dtype_bytes : int, default 2
+        Bytes per activation / weight element.
+    causal : bool, default False
+        Count only the causal half of the attention matrix. The default counts
+        the full ``s^2`` like Narayanan et al.'s formula, so MFU is comparable
+        with published numbers.
+
+    Returns
+    -------
+    PassOps
+        ``forward``: input_norm, qkv, attention, attn_out, attn_residual,
+        mlp_norm, MLP (``mlp_up``, ``mlp_activation``, ``mlp_down``, or the MoE
+        ops), mlp_residual; ``backward``: see :func:`backward_of`.
+
+    Examples
+    --------
+    >>> from workloads.models import get_preset
+    >>> m = get_preset("gpt3-175b")
+    >>> fwd = layer_ops(m, 1, 2048).forward
+    >>> sum(op.flops for op in fwd) == 24 * 2048 * 12288**2 + 4 * 2048**2 * 12288
+    True
+    """
+    b, s, t, d = micro_batch, seq_len, tp, dtype_bytes
+    tokens = b * s
+    rows = tokens // t if (sequence_parallel and t > 1) else tokens  # element-wise rows
+    h = model.hidden
+    fwd = _attention_forward(model, b, s, t, rows, d, causal)
+    fwd.append(_elementwise("mlp_norm", 2 * rows * h, d))
+    if model.is_moe_layer(layer):
+        fwd += _moe_forward(model, tokens, rows, t, d)
+    else:
+        fwd += _mlp_forward("mlp", model, tokens, model.ffn_hidden // t, d)
+    fwd.append(_elementwise("mlp_residual", 3 * rows * h, d))
+    return PassOps(fwd, backward_of(fwd))
+
+
+def embedding_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *,
+                  dtype_bytes: int = 2) -> PassOps:
+    """Word (+ position) embedding lookup on one TP rank of the first stage.
+
+    Vocab-parallel: each rank gathers the rows of its vocabulary shard into a
+    full ``b s h`` partial result (then all-reduced or reduce-scattered over
+    TP by the generator). No FLOPs; backward is a scatter-add of the gradient.
+    """
+    rows, h = micro_batch * seq_len, model.hidden
+    per_row = 2 + (3 if model.learned_positions else 0)  # gather + write, (+ read pos, add, write)
+    fwd = [_elementwise("embedding", per_row * rows * h, dtype_bytes)]
+    return PassOps(fwd, backward_of(fwd))
+
+
+def logits_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *,
+               sequence_parallel: bool = False, dtype_bytes: int = 2,
+               vocab: int | None = None) -> PassOps:
+    """Final norm, output-layer GEMM and cross-entropy on one TP rank of the last stage.
+
+    Parameters
+    ----------
+    vocab : int, optional
+        Vocabulary the GEMM runs over; default the Megatron-padded
+        ``padded_vocab(model.vocab, tp)``.
+
+    Notes
+    -----
+    The output GEMM is ``(b s) x (V / t) x h``: ``2 b s h V / t`` FLOPs forward.
+    The vocab-parallel cross-entropy reads fp32 logits and writes the fp32
+    softmax kept for backward.
+    """
+    b, s, t, d = micro_batch, seq_len, tp, dtype_bytes
+    tokens, h = b * s, model.hidden
+    rows = tokens // t if (sequence_parallel and t > 1) else tokens
+    v = (vocab or padded_vocab(model.vocab, t)) // t
+    fwd = [
+        _elementwise("final_norm", 2 * rows * h, d),
+        _gemm("logits", tokens, v, h, d),
+        _elementwise("cross_entropy", 2 * tokens * v, LOSS_BYTES),
+    ]
+    return PassOps(fwd, backward_of(fwd))
+
+
+def optimizer_op(params_per_gpu: float) -> LayerOp:
+    """One Adam step over the ``params_per_gpu`` parameters this GPU updates.
+
+    Bytes: :data:`ADAM_BYTES_PER_PARAM` (28) per parameter; FLOPs:
+    :data:`ADAM_FLOPS_PER_PARAM` (~12). With ZeRO >= 1 pass the rank's shard.
+    """
+    return LayerOp("optimizer", "optimizer", ADAM_FLOPS_PER_PARAM * params_per_gpu,
+                   ADAM_BYTES_PER_PARAM * params_per_gpu)
+
+
+# ------------------------------------------------------------- step totals
+def narayanan_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int,
+                             full_recompute: bool = False) -> float:
+    """Narayanan et al. (SC'21) closed form for a GPT-style model, FLOPs per step.
+
+    ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))`` without recomputation and
+    ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` with full recomputation. Exact
+    only for GPT-style layers (ungated MLP of width ``4h``, ``kv_heads ==
+    heads``, dense); use :func:`model_flops_per_step` for anything else.
+    """
+    B, s, l, h, V = global_batch, seq_len, model.layers, model.hidden, model.vocab
+    if full_recompute:
+        return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+
+
+def _matmul_params_per_token(model: ModelSpec, index: int) -> int:
+    """Weights of layer ``index`` one token multiplies by (MoE: router, top-k and shared experts)."""
+    h, kv = model.hidden, model.kv_hidden
+    attn = h * (h + 2 * kv) + h * h
+    if not model.is_moe_layer(index):
+        return attn + model.mlp_matrices * h * model.ffn_hidden
+    experts = (model.top_k + model.shared_experts) * model.mlp_matrices * h * model.expert_ffn_hidden
+    return attn + h * model.experts + experts
+
+
+def _layer_forward_flops(model: ModelSpec, tokens: int, seq_len: int, causal: bool) -> float:
+    """Forward FLOPs of all layers: ``2 N_layer T`` plus the attention ``4 s h T`` per layer."""
+    weights = sum(_matmul_params_per_token(model, i) for i in range(model.layers))
+    attention = 4.0 * seq_len * model.hidden * model.layers * (0.5 if causal else 1.0)
+    return (2.0 * weights + attention) * tokens
+
+
+def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, *,
+                         causal: bool = False) -> float:
+    """Model FLOPs of one training step (any dense or MoE model).
+
+    ``6 N T + 12 l h s T``: ``N`` is the matmul weights a token uses (all
+    layers, MoE: router plus top-k and shared experts; plus the output layer
+    ``V h``), ``T = B s`` tokens, and ``12 l h s T`` the attention score and
+    value matmuls (``6 l h s T`` with ``causal``). For GPT-style models this
+    equals :func:`narayanan_flops_per_step` exactly. Input-embedding lookups,
+    norms and element-wise work are not counted (the usual MFU convention).
+    """
+    tokens = global_batch * seq_len
+    output_layer = 6.0 * model.hidden * model.vocab * tokens
+    return 3.0 * _layer_forward_flops(model, tokens, seq_len, causal) + output_layer
+
+
+def hardware_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, *,
+                            recompute: str = "none", causal: bool = False) -> float:
+    """Model FLOPs plus what activation recomputation executes again.
+
+    ``full`` repeats the forward of every layer (Narayanan et al.'s 96 instead
+    of 72 for the layer terms); ``selective`` repeats only the attention core
+    (``4 B s^2 l h``, halved with ``causal``), as Korthikanti et al. 2022.
+    """
+    flops = model_flops_per_step(model, global_batch, seq_len, causal=causal)
+    tokens = global_batch * seq_len
+    if recompute == "full":
+        flops += _layer_forward_flops(model, tokens, seq_len, causal)
+    elif recompute == "selective":
+        flops += 4.0 * seq_len * model.hidden * model.layers * tokens * (0.5 if causal else 1.0)
+    elif recompute != "none":
+        raise ConfigError(f"parallel.recompute: {recompute!r} is not valid; valid: none, selective, full")
+    return flops

@@ -1,0 +1,264 @@
+"""Memory per GPU: model states by ZeRO stage, activations by schedule and recomputation.
+
+Model states (Rajbhandari et al., *ZeRO*, SC'20, section 3.1): mixed-precision
+Adam holds ``2 Psi`` bytes of 16-bit parameters, ``2 Psi`` of 16-bit gradients
+and ``K Psi`` of optimizer state with ``K = 12`` (fp32 master weights,
+momentum, variance); pure fp32 training holds ``4 + 4 + 8``. ``Psi`` is the
+parameters this GPU holds after TP/EP/PP sharding. ZeRO-1 divides the
+optimizer state by the DP degree, ZeRO-2 also the gradients, ZeRO-3 also the
+parameters. Routed-expert parameters are sharded over the expert-DP group
+(``dp / ep``), everything else over ``dp``. ``dp_sync: parameter_server`` is
+counted like all-reduce DDP (every worker holds a full replica).
+
+Activations (Korthikanti et al. 2022, *Reducing Activation Recomputation in
+Large Transformer Models*, section 4 and Table 2), per layer and micro-batch,
+16-bit activations and 1-byte dropout masks, ``a`` heads, TP degree ``t``:
+
+=============================  ===================================
+no SP, no recompute            ``s b h (10 + 24/t + 5 a s/(h t))``
+sequence parallel              ``s b h / t (34 + 5 a s / h)``
+selective recompute            ``s b h (10 + 24/t)``
+selective recompute + SP       ``34 s b h / t``
+full recompute                 ``2 s b h`` (layer input; ``/ t`` with SP)
+=============================  ===================================
+
+:func:`activation_bytes_per_layer` computes the same terms from their parts
+(layer-norm inputs ``4sbh``, QKV and MLP inputs ``2sbh`` each, two dropout
+masks ``2sbh``; Q, K, V, projection input ``8sbh``; MLP ``16sbh``; scores
+``5 a s^2 b``), generalised to GQA (K, V of width ``kv_hidden``), gated MLPs
+(``2f`` stored before the activation) and MoE (routed tokens ``top_k`` times).
+For GPT-shaped models it equals the table exactly. Embedding-dropout and
+small per-stage terms are left out; the last stage adds the fp32 logits
+``4 s b V / t`` of the loss.
+
+Micro-batches whose activations stage ``i`` (0-based) of ``p`` holds at peak,
+with ``m`` micro-batches per step: GPipe ``m``; 1F1B ``min(p - i, m)``;
+interleaved 1F1B with ``v`` chunks per stage: Megatron-LM runs
+``w = 2 (p - i - 1) + (v - 1) p`` warm-up chunk-forwards, so ``min(w + 1, m v)``
+chunks of ``1/v`` of the stage's layers are live: ``(p v + p - 1) / v`` stage
+equivalents on the first stage, ``1 + (p - 1)/(p v)`` times 1F1B's ``p``
+(Narayanan et al. 2021, section 2.2.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .flops import LOSS_BYTES
+from .models import ModelSpec
+from .parallel import ParallelConfig, TrainingSpec, num_micro_batches, padded_vocab, stage_layers, validate
+
+__all__ = [
+    "MemoryBreakdown", "memory_per_gpu", "model_state_bytes", "stage_params",
+    "activation_bytes_per_layer", "micro_batches_in_flight", "optimizer_bytes_per_param",
+]
+
+MASK_BYTES = 1
+"""Bytes per element of a dropout mask (Korthikanti et al. store masks as bytes)."""
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes one GPU needs at peak, by kind.
+
+    Attributes
+    ----------
+    parameters, gradients, optimizer : float
+        Model states, bytes, after TP/PP/EP sharding and ZeRO partitioning.
+    activations : float
+        Activations stored for backward at the schedule's peak, bytes.
+    stage : int
+        Pipeline stage these numbers are for.
+    total : float
+        Sum of the four, bytes.
+    """
+
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    stage: int = 0
+    total: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", self.parameters + self.gradients + self.optimizer + self.activations)
+
+    def fits(self, hbm_bytes: float) -> bool:
+        """Whether :attr:`total` fits in ``hbm_bytes`` of GPU memory."""
+        return self.total <= hbm_bytes
+
+    def describe(self) -> str:
+        """One line, in GB (1e9 bytes)."""
+        gb = 1e-9
+        return (f"stage {self.stage}: params {self.parameters * gb:.1f} GB + grads {self.gradients * gb:.1f} GB"
+                f" + optimizer {self.optimizer * gb:.1f} GB + activations {self.activations * gb:.1f} GB"
+                f" = {self.total * gb:.1f} GB per GPU")
+
+
+# ----------------------------------------------------------- model states
+def optimizer_bytes_per_param(dtype_bytes: int = 2) -> int:
+    """Adam state ``K`` per parameter: 12 for mixed precision (ZeRO's K), 8 for fp32."""
+    return 12 if dtype_bytes < 4 else 8
+
+
+def model_state_bytes(params: float, *, dp: int = 1, zero: int = 0,
+                      dtype_bytes: int = 2) -> tuple[float, float, float]:
+    """Parameter, gradient and optimizer bytes for ``params`` sharded by ZeRO over ``dp``.
+
+    Parameters
+    ----------
+    params : float
+        ``Psi``: parameters held before ZeRO partitioning.
+    dp : int
+        Size of the group ZeRO partitions over.
+    zero : {0, 1, 2, 3}
+        ZeRO stage.
+    dtype_bytes : int
+        Bytes of a parameter / gradient (2 for bf16 / fp16).
+
+    Returns
+    -------
+    (parameters, gradients, optimizer) : tuple of float, bytes
+
+    Examples
+    --------
+    >>> [x / 1e9 for x in model_state_bytes(7.5e9, dp=64, zero=0)]
+    [15.0, 15.0, 90.0]
+    """
+    p = dtype_bytes * params
+    g = dtype_bytes * params
+    o = optimizer_bytes_per_param(dtype_bytes) * params
+    return (p / dp if zero >= 3 else p, g / dp if zero >= 2 else g, o / dp if zero >= 1 else o)
+
+
+def stage_params(model: ModelSpec, parallel: ParallelConfig, stage: int) -> tuple[int, int]:
+    """Parameters one GPU of pipeline stage ``stage`` holds: ``(dense, routed_experts)``.
+
+    Layers are split Megatron-style over TP (and experts over EP). The first
+    stage adds the vocab-parallel word embedding (padded vocabulary) and any
+    position table; the last stage the final norm and the output layer, which
+    is a separate copy when untied or when ``pp > 1`` (Megatron keeps a tied
+    copy on the last stage and syncs its gradient with the first).
+    """
+    t, ep = parallel.tp, parallel.ep
+    dense = experts = 0
+    for i in stage_layers(model.layers, parallel, stage):
+        routed = model.routed_expert_params(i, t, ep)
+        experts += routed
+        dense += model.params_per_layer(i, t, ep) - routed
+    word = model.word_embedding_params(t, padded_vocab(model.vocab, t))
+    if stage == 0:
+        dense += word + model.position_embedding_params()
+    if stage == parallel.pp - 1:
+        dense += model.final_norm_params()
+        if not model.tied_embeddings or parallel.pp > 1:
+            dense += word
+    return dense, experts
+
+
+# ------------------------------------------------------------- activations
+def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, seq_len: int,
+                               tp: int = 1, *, sequence_parallel: bool = False,
+                               recompute: str = "none", dtype_bytes: int = 2) -> float:
+    """Bytes layer ``layer`` stores for backward, per micro-batch, on one TP rank.
+
+    See the module docstring for the terms (Korthikanti et al. 2022, Table 2).
+
+    Examples
+    --------
+    GPT-3 175B layer, ``s = 2048, b = 1, t = 8``, no SP, no recompute
+    (``s b h (10 + 24/t + 5 a s / (h t)) = 23 s b h`` bytes = 552 MiB):
+
+    >>> from workloads.models import get_preset
+    >>> activation_bytes_per_layer(get_preset("gpt3-175b"), 0, 1, 2048, 8) / 2**20
+    552.0
+    """
+    s, b, h, t, d = seq_len, micro_batch, model.hidden, tp, dtype_bytes
+    sbh = s * b * h
+    sp = t if (sequence_parallel and tp > 1) else 1
+    if recompute == "full":
+        return d * sbh / sp
+    replicated = (4 * d + 2 * MASK_BYTES) * sbh  # 2 norm inputs, QKV and MLP inputs, 2 masks
+    split = d * s * b * (2 * h + 2 * model.kv_hidden)  # Q, K, V, projection input
+    gates = model.mlp_matrices - 1
+    if model.is_moe_layer(layer):
+        k = model.top_k
+        replicated += d * sbh * k  # routed copies of the tokens entering the experts
+        width = model.expert_ffn_hidden * (k + model.shared_experts)
+        split += d * s * b * width * (gates + 1)
+    else:
+        split += d * s * b * model.ffn_hidden * (gates + 1)  # fc1 output(s) + fc2 input
+    total = replicated / sp + split / t
+    if recompute == "none":
+        total += (2 * d + MASK_BYTES) * model.heads * s * s * b / t  # softmax, mask, dropout out
+    return total
+
+
+def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
+    """Micro-batches' worth of stage ``stage``'s activations live at the peak.
+
+    GPipe ``m``; 1F1B ``min(p - i, m)``; interleaved ``min(w + 1, m v) / v``
+    with ``w = 2 (p - i - 1) + (v - 1) p`` (Megatron-LM's warm-up count).
+    """
+    p, v, m, i = parallel.pp, parallel.virtual_stages, num_micro_batches(parallel), stage
+    if parallel.schedule == "gpipe":
+        return float(m)
+    if parallel.schedule == "interleaved":
+        warmup = 2 * (p - i - 1) + (v - 1) * p
+        return min(warmup + 1, m * v) / v
+    return float(min(p - i, m))
+
+
+def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec, stage: int) -> float:
+    b, s, t, d = parallel.micro_batch, training.seq_len, parallel.tp, training.dtype_bytes
+    per_mb = sum(activation_bytes_per_layer(model, i, b, s, t, sequence_parallel=parallel.sp,
+                                            recompute=parallel.recompute, dtype_bytes=d)
+                 for i in stage_layers(model.layers, parallel, stage))
+    acts = micro_batches_in_flight(parallel, stage) * per_mb
+    if stage == parallel.pp - 1:  # fp32 logits kept by the loss; 1 live except under GPipe
+        live = num_micro_batches(parallel) if parallel.schedule == "gpipe" else 1
+        acts += live * LOSS_BYTES * s * b * padded_vocab(model.vocab, t) / t
+    return acts
+
+
+# ------------------------------------------------------------------ entry
+def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec, stage: int) -> MemoryBreakdown:
+    dense, routed = stage_params(model, parallel, stage)
+    d, z = training.dtype_bytes, parallel.zero
+    a = model_state_bytes(dense, dp=parallel.dp, zero=z, dtype_bytes=d)
+    e = model_state_bytes(routed, dp=parallel.dp // parallel.ep, zero=z, dtype_bytes=d)
+    return MemoryBreakdown(a[0] + e[0], a[1] + e[1], a[2] + e[2],
+                           _stage_activations(model, parallel, training, stage), stage)
+
+
+def memory_per_gpu(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
+                   stage: int | None = None) -> MemoryBreakdown:
+    """Peak memory of one GPU of pipeline stage ``stage`` (default: the most loaded stage).
+
+    Parameters
+    ----------
+    model, parallel, training
+        A combination :func:`~workloads.parallel.validate` accepts.
+    stage : int, optional
+        0-based pipeline stage; ``None`` returns the stage with the largest total.
+
+    Returns
+    -------
+    MemoryBreakdown
+
+    Raises
+    ------
+    ConfigError
+        If the combination is invalid or ``stage`` is out of range.
+
+    Examples
+    --------
+    >>> from workloads.models import get_preset
+    >>> m = memory_per_gpu(get_preset("gpt3-175b"), ParallelConfig(tp=8, pp=8, dp=16, global_batch=1536,
+    ...                    sequence_parallel=True, recompute="selective", zero=1), TrainingSpec())
+    >>> m.stage, m.fits(80e9)
+    (0, True)
+    """
+    validate(model, parallel, training)
+    stages = range(parallel.pp) if stage is None else [stage]
+    return max((_stage_memory(model, parallel, training, i) for i in stages), key=lambda mb: mb.total)

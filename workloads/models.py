@@ -1,0 +1,361 @@
+"""Transformer model descriptions: shapes, parameter counts and named presets.
+
+A :class:`ModelSpec` is the architecture of a decoder-only transformer, dense or
+mixture-of-experts, with everything the memory and FLOP accounting needs and
+nothing about how it is parallelised (the ``tp``/``ep`` arguments of the
+parameter counters only say how Megatron would shard it).
+
+Parameter-count conventions
+---------------------------
+Per layer, with ``h = hidden``, ``kv = kv_heads * head_dim`` and ``f = ffn_hidden``:
+
+* attention: QKV projection ``h * (h + 2 kv)`` + output projection ``h * h``;
+* MLP: ``2 h f`` (GPT: up, down) or ``3 h f`` (``gated_mlp``, SwiGLU: gate, up, down);
+* norms: two per layer; RMSNorm has ``h`` weights each (``2h`` per layer),
+  LayerNorm with ``bias`` has weight and bias (``4h`` per layer);
+* with ``bias`` (GPT-2/3): linear biases ``(h + 2kv) + h`` in attention and
+  ``f (mats - 1) + h`` in the MLP, i.e. ``13h`` per layer for GPT-3 together
+  with the LayerNorms (the ``12 l h^2 + 13 l h`` of Narayanan et al. 2021).
+
+MoE layers replace the MLP by a router ``h * experts`` plus ``experts`` routed
+and ``shared_experts`` always-active expert MLPs of width ``moe_ffn_hidden``.
+Layer ``i`` is an MoE layer when ``experts > 0``, ``i >= first_dense_layers``
+and ``i % moe_layer_freq == 0`` (the HuggingFace DeepSeek rule).
+
+Embeddings: word embedding ``vocab * h``; an untied output layer another
+``vocab * h``; learned absolute positions (GPT) ``max_seq_len * h``; the final
+norm ``h`` (``2h`` with bias).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields, replace
+
+from .errors import ConfigError, check_bool, check_int, check_keys
+
+__all__ = ["ModelSpec", "PRESETS", "model_from_dict", "preset_names", "get_preset"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, dense or mixture-of-experts.
+
+    Parameters
+    ----------
+    name : str
+        Label used in reports.
+    layers : int
+        Number of transformer layers ``l``.
+    hidden : int
+        Model width ``h``.
+    heads : int
+        Query heads ``a``; ``hidden`` must be a multiple.
+    kv_heads : int
+        Key/value heads (GQA); equal to ``heads`` for multi-head attention.
+    ffn_hidden : int
+        Width of the dense MLP.
+    vocab : int
+        Vocabulary size ``V`` (before any tensor-parallel padding).
+    gated_mlp : bool
+        SwiGLU-style MLP with three weight matrices; otherwise GPT's two.
+    tied_embeddings : bool
+        Output layer shares the word-embedding matrix.
+    experts : int, default 0
+        Routed experts per MoE layer; 0 means a dense model.
+    top_k : int, default 0
+        Routed experts per token.
+    moe_ffn_hidden : int, default 0
+        Width of one expert MLP; 0 means ``ffn_hidden``.
+    moe_layer_freq : int, default 1
+        Every ``moe_layer_freq``-th layer is an MoE layer.
+    shared_experts : int, default 0
+        Always-active experts per MoE layer (DeepSeek).
+    max_seq_len : int, default 2048
+        Longest sequence (size of a learned position table).
+    first_dense_layers : int, default 0
+        Leading layers that stay dense in an MoE model (DeepSeek-V3: 3).
+    bias : bool, default False
+        Linear biases and LayerNorm (weight + bias) as in GPT-2/3; otherwise
+        bias-free linears and RMSNorm as in Llama.
+    learned_positions : bool, default False
+        Learned absolute position embeddings (GPT); otherwise rotary (no params).
+
+    Examples
+    --------
+    >>> m = get_preset("llama3-8b")
+    >>> m.head_dim, m.kv_hidden
+    (128, 1024)
+    >>> round(m.total_params() / 1e9, 2)
+    8.03
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn_hidden: int
+    vocab: int
+    gated_mlp: bool
+    tied_embeddings: bool
+    experts: int = 0
+    top_k: int = 0
+    moe_ffn_hidden: int = 0
+    moe_layer_freq: int = 1
+    shared_experts: int = 0
+    max_seq_len: int = 2048
+    first_dense_layers: int = 0
+    bias: bool = False
+    learned_positions: bool = False
+
+    def __post_init__(self) -> None:
+        _validate_model(self)
+
+    # ------------------------------------------------------------ shapes
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head, ``hidden / heads``."""
+        return self.hidden // self.heads
+
+    @property
+    def kv_hidden(self) -> int:
+        """Width of the K (or V) projection, ``kv_heads * head_dim``."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        """True for a mixture-of-experts model (``experts > 0``)."""
+        return self.experts > 0
+
+    @property
+    def expert_ffn_hidden(self) -> int:
+        """Width of one expert MLP (``moe_ffn_hidden``, or ``ffn_hidden`` if 0)."""
+        return self.moe_ffn_hidden or self.ffn_hidden
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices per MLP: 3 for a gated (SwiGLU) MLP, 2 for GPT."""
+        return 3 if self.gated_mlp else 2
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer ``index`` (0-based) has a mixture-of-experts MLP."""
+        return (self.is_moe and index >= self.first_dense_layers
+                and index % self.moe_layer_freq == 0)
+
+    # -------------------------------------------------------- parameters
+    def attention_params(self, tp: int = 1) -> int:
+        """Attention parameters of one layer held by one of ``tp`` ranks.
+
+        QKV is column-split and the output projection row-split (Megatron), so
+        weights and the QKV bias divide by ``tp``; the output bias is replicated.
+        """
+        h, kv = self.hidden, self.kv_hidden
+        n = (h * (h + 2 * kv) + h * h) // tp
+        if self.bias:
+            n += (h + 2 * kv) // tp + h
+        return n
+
+    def norm_params(self) -> int:
+        """Parameters of the two norms of one layer (replicated over TP)."""
+        return 2 * self._norm_size()
+
+    def mlp_params(self, index: int = 0, tp: int = 1, ep: int = 1) -> int:
+        """MLP (or MoE block) parameters of layer ``index`` held by one TP/EP rank.
+
+        Dense: ``mats * h * f / tp`` (+ biases). MoE: the replicated router
+        ``h * experts``, ``experts / ep`` local routed experts and all shared
+        experts, each split over ``tp`` (Megatron's default expert TP = TP).
+        """
+        if not self.is_moe_layer(index):
+            return self._one_mlp(self.ffn_hidden, tp)
+        local = self.experts // ep + self.shared_experts
+        return self.hidden * self.experts + local * self._one_mlp(self.expert_ffn_hidden, tp)
+
+    def routed_expert_params(self, index: int = 0, tp: int = 1, ep: int = 1) -> int:
+        """Parameters of the ``experts / ep`` routed experts of layer ``index`` on one TP/EP rank.
+
+        These are the parameters sharded over the expert-data-parallel group
+        rather than the full DP group; 0 for a dense layer.
+        """
+        if not self.is_moe_layer(index):
+            return 0
+        return self.experts // ep * self._one_mlp(self.expert_ffn_hidden, tp)
+
+    def params_per_layer(self, index: int = 0, tp: int = 1, ep: int = 1) -> int:
+        """Parameters of layer ``index`` (0-based) held by one TP/EP rank.
+
+        With ``tp = ep = 1`` this is the layer's full parameter count.
+        """
+        return self.attention_params(tp) + self.norm_params() + self.mlp_params(index, tp, ep)
+
+    def active_params_per_layer(self, index: int = 0) -> int:
+        """Parameters of layer ``index`` that one token uses (top-k + shared experts)."""
+        if not self.is_moe_layer(index):
+            return self.params_per_layer(index)
+        active = (self.top_k + self.shared_experts) * self._one_mlp(self.expert_ffn_hidden, 1)
+        return self.attention_params() + self.norm_params() + self.hidden * self.experts + active
+
+    def word_embedding_params(self, tp: int = 1, vocab: int | None = None) -> int:
+        """Word-embedding matrix ``vocab * h`` split over ``tp`` (vocab-parallel).
+
+        ``vocab`` overrides :attr:`vocab`, e.g. with the TP-padded vocabulary.
+        """
+        return (vocab or self.vocab) * self.hidden // tp
+
+    def position_embedding_params(self) -> int:
+        """Learned position table ``max_seq_len * h`` (0 for rotary); replicated over TP."""
+        return self.max_seq_len * self.hidden if self.learned_positions else 0
+
+    def final_norm_params(self) -> int:
+        """Parameters of the norm after the last layer."""
+        return self._norm_size()
+
+    def embedding_params(self) -> int:
+        """Word and position embeddings plus an untied output layer (full model)."""
+        word = self.word_embedding_params()
+        output = 0 if self.tied_embeddings else word
+        return word + output + self.position_embedding_params()
+
+    def total_params(self) -> int:
+        """All parameters of the model (all experts counted)."""
+        layers = sum(self.params_per_layer(i) for i in range(self.layers))
+        return layers + self.embedding_params() + self.final_norm_params()
+
+    def active_params(self) -> int:
+        """Parameters one token touches (MoE: top-k routed and shared experts only)."""
+        layers = sum(self.active_params_per_layer(i) for i in range(self.layers))
+        return layers + self.embedding_params() + self.final_norm_params()
+
+    # ------------------------------------------------------------ private
+    def _norm_size(self) -> int:
+        return 2 * self.hidden if self.bias else self.hidden
+
+    def _one_mlp(self, width: int, tp: int) -> int:
+        n = self.mlp_matrices * self.hidden * width // tp
+        if self.bias:  # up (and gate) biases split over TP, down bias replicated
+            n += (self.mlp_matrices - 1) * width // tp + self.hidden
+        return n
+
+
+_INT_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq_len",
+               "moe_layer_freq")
+_COUNT_FIELDS = ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "first_dense_layers")
+_BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "bias", "learned_positions")
+
+
+def _validate_model(m: ModelSpec) -> None:
+    """Raise :class:`ConfigError` for the first impossible field of ``m``."""
+    if not isinstance(m.name, str) or not m.name:
+        raise ConfigError(f"model.name: must be a non-empty string, got {m.name!r}")
+    for f in _INT_FIELDS:
+        check_int(f"model.{f}", getattr(m, f))
+    for f in _COUNT_FIELDS:
+        check_int(f"model.{f}", getattr(m, f), minimum=0)
+    for f in _BOOL_FIELDS:
+        check_bool(f"model.{f}", getattr(m, f))
+    if m.hidden % m.heads:
+        raise ConfigError(f"model.heads: {m.heads} does not divide model.hidden={m.hidden}")
+    if m.heads % m.kv_heads:
+        raise ConfigError(f"model.kv_heads: {m.kv_heads} does not divide model.heads={m.heads}")
+    if m.experts == 0:
+        for f in ("top_k", "shared_experts"):
+            if getattr(m, f):
+                raise ConfigError(f"model.{f}: needs model.experts > 0 (a mixture-of-experts model)")
+    elif not 1 <= m.top_k <= m.experts:
+        raise ConfigError(f"model.top_k: must be in 1..{m.experts} (model.experts), got {m.top_k}")
+    if m.first_dense_layers > m.layers:
+        raise ConfigError(f"model.first_dense_layers: {m.first_dense_layers} exceeds model.layers={m.layers}")
+
+
+# --------------------------------------------------------------------- presets
+def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int, seq: int) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, heads, 4 * hidden, vocab, gated_mlp=False,
+                     tied_embeddings=True, max_seq_len=seq, bias=True, learned_positions=True)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, seq: int) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, kv, ffn, 128256, gated_mlp=True,
+                     tied_embeddings=False, max_seq_len=seq)
+
+
+PRESETS: dict[str, ModelSpec] = {
+    # Small GPT for tests and demos (not a published model).
+    "tiny": _gpt("tiny", 2, 64, 4, 512, 128),
+    # Radford et al. 2019; HF `gpt2` config.json (124,439,808 parameters).
+    "gpt2-small": _gpt("gpt2-small", 12, 768, 12, 50257, 1024),
+    # Brown et al. 2020, Table 2.1 (the table's d_model 5140 is a typo for 40 x 128);
+    # vocab: GPT-2 BPE padded to 51200 as Megatron-LM does.
+    "gpt3-13b": _gpt("gpt3-13b", 40, 5120, 40, 51200, 2048),
+    # Brown et al. 2020, Table 2.1; Narayanan et al. 2021 (vocab 51200).
+    "gpt3-175b": _gpt("gpt3-175b", 96, 12288, 96, 51200, 2048),
+    # Meta Llama 3 / 3.1 HF config.json files (Dubey et al. 2024, Table 3).
+    "llama3-8b": _llama("llama3-8b", 32, 4096, 32, 8, 14336, 8192),
+    "llama3-70b": _llama("llama3-70b", 80, 8192, 64, 8, 28672, 8192),
+    "llama3-405b": _llama("llama3-405b", 126, 16384, 128, 8, 53248, 131072),
+    # Jiang et al. 2024; HF mistralai/Mixtral-8x7B-v0.1 config.json.
+    "mixtral-8x7b": ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, gated_mlp=True,
+                              tied_embeddings=False, experts=8, top_k=2, moe_ffn_hidden=14336,
+                              max_seq_len=32768),
+    # DeepSeek-AI 2024 (arXiv:2412.19437); HF deepseek-ai/DeepSeek-V3 config.json.
+    # Approximation: multi-head latent attention (MLA) is modelled as standard MHA
+    # with 128 heads of width 56 (4h^2 = 206M vs MLA's 187M params per layer); the
+    # multi-token-prediction module (14B) is left out, so total_params ~ 672B.
+    "deepseek-v3": ModelSpec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, gated_mlp=True,
+                             tied_embeddings=False, experts=256, top_k=8, moe_ffn_hidden=2048,
+                             shared_experts=1, max_seq_len=163840, first_dense_layers=3),
+}
+
+
+def preset_names() -> list[str]:
+    """Names of the model presets, in definition order."""
+    return list(PRESETS)
+
+
+def get_preset(name: str) -> ModelSpec:
+    """The preset called ``name``; :class:`ConfigError` listing presets otherwise."""
+    try:
+        return PRESETS[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"model.preset: unknown preset {name!r}; valid presets: "
+                          f"{', '.join(PRESETS)}") from None
+
+
+_MODEL_FIELDS = tuple(f.name for f in fields(ModelSpec))
+
+
+def model_from_dict(section: Mapping[str, object]) -> ModelSpec:
+    """Build a :class:`ModelSpec` from the ``model:`` section of an experiment file.
+
+    Parameters
+    ----------
+    section : Mapping
+        Optional ``preset`` plus any :class:`ModelSpec` field overriding it.
+        Without a preset every field without a default is required.
+
+    Returns
+    -------
+    ModelSpec
+
+    Raises
+    ------
+    ConfigError
+        Unknown key (lists the valid fields), unknown preset (lists presets),
+        missing or non-positive integer, or an impossible shape.
+
+    Examples
+    --------
+    >>> model_from_dict({"preset": "gpt3-175b", "layers": 48}).layers
+    48
+    """
+    check_keys("model", section, ("preset",) + _MODEL_FIELDS)
+    overrides = {k: v for k, v in section.items() if k != "preset"}
+    if "preset" in section:
+        base = get_preset(section["preset"])  # type: ignore[arg-type]
+        return replace(base, **overrides)
+    overrides.setdefault("name", "custom")
+    for f in fields(ModelSpec):
+        if f.name not in overrides and f.default is MISSING:
+            raise ConfigError(f"model.{f.name}: required when no model.preset is given; "
+                              f"presets: {', '.join(PRESETS)}")
+    return ModelSpec(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,440 @@
+"""Parallel and training configuration, their validation, and rank placement.
+
+:class:`ParallelConfig` says how one training step is split (TP, PP, DP, EP,
+ZeRO, schedule, recomputation, rank placement); :class:`TrainingSpec` says
+what is trained on (sequence length, dtype). Each dataclass checks its own
+fields on construction; :func:`validate` checks the combinations that a model
+and a cluster size make impossible, one clear :class:`ConfigError` each.
+
+:class:`RankLayout` maps global ranks to ``(tp, dp, pp)`` coordinates and
+back, and lists the communication groups of every parallel dimension.
+
+Decisions (Megatron-LM conventions unless said otherwise)
+---------------------------------------------------------
+* ``kv_heads`` must be a multiple of ``tp`` (Megatron-core divides the query
+  groups over TP and asserts divisibility; it does not replicate KV heads).
+* The vocabulary is padded up to a multiple of ``128 * tp``
+  (``--make-vocab-size-divisible-by 128``), see :func:`padded_vocab`; any
+  vocabulary size is therefore valid.
+* ``sequence_parallel`` with ``tp == 1`` is a no-op (Megatron turns it off),
+  not an error; with ``tp > 1`` the sequence length must divide by ``tp``.
+* Expert parallelism lives inside data parallelism: ``dp % ep == 0``; the EP
+  group is ``ep`` consecutive DP ranks and the expert-DP group is the DP ranks
+  with the same EP index.
+* Layers must divide evenly over ``pp * virtual_stages`` (no uneven first/last
+  stages), so e.g. DeepSeek-V3's 61 layers allow only ``pp = 1`` or ``61``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+from .errors import ConfigError, check_bool, check_choice, check_int, check_keys, divisors
+from .models import ModelSpec
+
+__all__ = [
+    "TrainingSpec", "ParallelConfig", "RankLayout", "RankCoords",
+    "parallel_from_dict", "training_from_dict", "validate", "num_micro_batches",
+    "padded_vocab", "stage_layers", "DTYPE_BYTES", "SCHEDULES", "RECOMPUTE", "DP_SYNC",
+]
+
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
+DP_SYNC = ("allreduce", "parameter_server")
+DIMS = ("tp", "dp", "pp")
+VOCAB_DIVISIBLE_BY = 128
+DDP_BUCKET_BYTES = 25 * 2**20
+"""PyTorch DDP's default ``bucket_cap_mb=25`` (25 MiB)."""
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """What one step trains on.
+
+    Parameters
+    ----------
+    seq_len : int, default 2048
+        Tokens per sequence ``s``.
+    dtype : {"bf16", "fp16", "fp32"}, default "bf16"
+        Compute/activation dtype; 16-bit means mixed precision with fp32
+        master weights and Adam states.
+    """
+
+    seq_len: int = 2048
+    dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        check_int("training.seq_len", self.seq_len)
+        check_choice("training.dtype", self.dtype, tuple(DTYPE_BYTES))
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element of :attr:`dtype`."""
+        return DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How one training step is split over ``tp * pp * dp`` GPUs.
+
+    Parameters
+    ----------
+    tp, pp, dp : int, default 1
+        Tensor-, pipeline- and data-parallel degrees.
+    ep : int, default 1
+        Expert-parallel degree (inside DP: ``dp % ep == 0``).
+    dp_sync : {"allreduce", "parameter_server"}
+        How DP replicas synchronise gradients.
+    micro_batch : int, default 1
+        Sequences per micro-batch ``b``.
+    global_batch : int or None
+        Sequences per step ``B``; ``None`` means ``micro_batch * dp``
+        (one micro-batch per replica). Resolved to an int on construction.
+    schedule : {"1f1b", "gpipe", "interleaved"}
+        Pipeline schedule.
+    virtual_stages : int, default 1
+        Model chunks per pipeline stage ``v`` (interleaved 1F1B only).
+    zero : {0, 1, 2, 3}
+        ZeRO stage: shard optimizer (1), + gradients (2), + parameters (3) over DP.
+    sequence_parallel : bool
+        Megatron sequence parallelism (needs ``tp > 1`` to have an effect).
+    recompute : {"none", "selective", "full"}
+        Activation recomputation (Korthikanti et al. 2022).
+    placement : tuple of str
+        Order of the dimensions over the cluster's GPU order, innermost
+        (fastest-varying) first; a permutation of ``("tp", "dp", "pp")``.
+    grad_bucket_bytes : int
+        Gradient bucket size for overlapped DP reduction, bytes (DDP: 25 MiB).
+    overlap_grad_reduce : bool
+        Reduce gradient buckets during backward rather than after it.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    dp_sync: str = "allreduce"
+    micro_batch: int = 1
+    global_batch: int | None = None
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    placement: tuple[str, ...] = DIMS
+    grad_bucket_bytes: int = DDP_BUCKET_BYTES
+    overlap_grad_reduce: bool = True
+
+    def __post_init__(self) -> None:
+        for f in ("tp", "pp", "dp", "ep", "micro_batch", "virtual_stages", "grad_bucket_bytes"):
+            check_int(f"parallel.{f}", getattr(self, f))
+        if self.global_batch is None:
+            object.__setattr__(self, "global_batch", self.micro_batch * self.dp)
+        check_int("parallel.global_batch", self.global_batch)
+        check_int("parallel.zero", self.zero, minimum=0)
+        check_choice("parallel.zero", self.zero, (0, 1, 2, 3))
+        check_choice("parallel.dp_sync", self.dp_sync, DP_SYNC)
+        check_choice("parallel.schedule", self.schedule, SCHEDULES)
+        check_choice("parallel.recompute", self.recompute, RECOMPUTE)
+        check_bool("parallel.sequence_parallel", self.sequence_parallel)
+        check_bool("parallel.overlap_grad_reduce", self.overlap_grad_reduce)
+        if isinstance(self.placement, str) or not isinstance(self.placement, Sequence):
+            raise ConfigError(f"parallel.placement: must be a list such as [tp, dp, pp], got {self.placement!r}")
+        placement = tuple(self.placement)
+        if sorted(placement) != sorted(DIMS):
+            raise ConfigError(f"parallel.placement: {list(placement)} must be a permutation of "
+                              f"[tp, dp, pp], innermost first (ep lives inside dp)")
+        object.__setattr__(self, "placement", placement)
+
+    @property
+    def world_size(self) -> int:
+        """GPUs this configuration needs, ``tp * pp * dp``."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def sp(self) -> bool:
+        """Sequence parallelism in effect (requested and ``tp > 1``)."""
+        return self.sequence_parallel and self.tp > 1
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches per replica per step, ``global_batch / (micro_batch * dp)``."""
+        return num_micro_batches(self)
+
+    def size(self, dim: str) -> int:
+        """Degree of dimension ``dim`` (``tp``, ``dp``, ``pp``, ``ep`` or ``expert_dp``)."""
+        if dim == "expert_dp":
+            return self.dp // self.ep
+        check_choice("dim", dim, DIMS + ("ep", "expert_dp"))
+        return getattr(self, dim)
+
+
+def num_micro_batches(parallel: ParallelConfig) -> int:
+    """Micro-batches each DP replica runs per step, ``B / (b * dp)`` (floor)."""
+    return parallel.global_batch // (parallel.micro_batch * parallel.dp)  # type: ignore[operator]
+
+
+def padded_vocab(vocab: int, tp: int, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
+    """Vocabulary padded to a multiple of ``divisible_by * tp`` (Megatron-LM).
+
+    Examples
+    --------
+    >>> padded_vocab(50257, 8)
+    51200
+    """
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
+
+
+def stage_layers(num_layers: int, parallel: ParallelConfig, stage: int) -> list[int]:
+    """0-based indices of the layers pipeline stage ``stage`` holds.
+
+    Without interleaving stage ``i`` holds a contiguous block of
+    ``num_layers / pp`` layers; with ``v`` virtual stages the model is cut into
+    ``pp * v`` chunks and stage ``i`` holds chunks ``i, i + pp, i + 2 pp, ...``.
+    """
+    p, v = parallel.pp, parallel.virtual_stages
+    if not 0 <= stage < p:
+        raise ConfigError(f"stage: {stage} is outside 0..{p - 1}")
+    per_chunk = num_layers // (p * v)
+    return [c * per_chunk + j for c in range(stage, p * v, p) for j in range(per_chunk)]
+
+
+# ------------------------------------------------------------------ loading
+_PARALLEL_FIELDS = tuple(f.name for f in fields(ParallelConfig))
+_TRAINING_FIELDS = tuple(f.name for f in fields(TrainingSpec))
+
+
+def parallel_from_dict(section: Mapping[str, object]) -> ParallelConfig:
+    """Build a :class:`ParallelConfig` from the ``parallel:`` section (strict keys).
+
+    Examples
+    --------
+    >>> parallel_from_dict({"tp": 8, "dp": 4, "placement": ["tp", "dp", "pp"]}).global_batch
+    4
+    """
+    check_keys("parallel", section, _PARALLEL_FIELDS)
+    return ParallelConfig(**section)  # type: ignore[arg-type]
+
+
+def training_from_dict(section: Mapping[str, object]) -> TrainingSpec:
+    """Build a :class:`TrainingSpec` from the ``training:`` section (strict keys)."""
+    check_keys("training", section, _TRAINING_FIELDS)
+    return TrainingSpec(**section)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------- validation
+def _valid_list(values: Sequence[int], limit: int = 12) -> str:
+    shown = ", ".join(str(v) for v in values[:limit])
+    return shown + (", ..." if len(values) > limit else "")
+
+
+def _valid_tp(model: ModelSpec) -> list[int]:
+    widths = [model.heads, model.kv_heads, model.ffn_hidden]
+    if model.is_moe:
+        widths.append(model.expert_ffn_hidden)
+    return [d for d in divisors(model.heads) if all(w % d == 0 for w in widths)]
+
+
+def _check_tp(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec) -> None:
+    t = parallel.tp
+    hint = f"; valid tp values: {_valid_list(_valid_tp(model))}"
+    for field, value in (("heads", model.heads), ("kv_heads", model.kv_heads),
+                         ("ffn_hidden", model.ffn_hidden)):
+        if value % t:
+            raise ConfigError(f"parallel.tp: {t} does not divide model.{field}={value}{hint}")
+    if model.is_moe and model.expert_ffn_hidden % t:
+        raise ConfigError(f"parallel.tp: {t} does not divide the expert width "
+                          f"model.moe_ffn_hidden={model.expert_ffn_hidden}{hint}")
+    if parallel.sp and training.seq_len % t:
+        raise ConfigError(f"training.seq_len: {training.seq_len} is not a multiple of parallel.tp={t}, "
+                          f"which sequence_parallel needs")
+
+
+def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
+    p, v, m = parallel.pp, parallel.virtual_stages, num_micro_batches(parallel)
+    if model.layers % (p * v):
+        valid = [d for d in divisors(model.layers) if (model.layers // d) % v == 0]
+        raise ConfigError(f"parallel.pp: model.layers={model.layers} cannot be split into pp*virtual_stages="
+                          f"{p}*{v} equal chunks; valid pp values for virtual_stages={v}: {_valid_list(valid)}")
+    if parallel.schedule == "interleaved":
+        if v < 2:
+            raise ConfigError("parallel.virtual_stages: the interleaved schedule needs virtual_stages >= 2, "
+                              f"got {v}")
+        if p < 2:
+            raise ConfigError("parallel.schedule: interleaved needs pp >= 2; use 1f1b for pp=1")
+        if m % p:
+            raise ConfigError(f"parallel.global_batch: the interleaved schedule needs the number of "
+                              f"micro-batches ({m}) to be a multiple of pp={p} (Megatron-LM)")
+    elif v != 1:
+        raise ConfigError(f"parallel.virtual_stages: {v} needs schedule: interleaved "
+                          f"(schedule is {parallel.schedule}); use virtual_stages: 1")
+
+
+def _check_batch(parallel: ParallelConfig) -> None:
+    per_step = parallel.micro_batch * parallel.dp
+    if parallel.global_batch % per_step:  # type: ignore[operator]
+        raise ConfigError(f"parallel.global_batch: {parallel.global_batch} is not a multiple of "
+                          f"micro_batch*dp={parallel.micro_batch}*{parallel.dp}={per_step}")
+
+
+def _check_experts(model: ModelSpec, parallel: ParallelConfig) -> None:
+    ep = parallel.ep
+    if ep == 1:
+        return
+    if not model.is_moe:
+        raise ConfigError(f"parallel.ep: {ep} needs a mixture-of-experts model (model.experts > 0); use ep: 1")
+    if model.experts % ep:
+        raise ConfigError(f"parallel.ep: {ep} does not divide model.experts={model.experts}; "
+                          f"valid ep values: {_valid_list([d for d in divisors(model.experts) if parallel.dp % d == 0])}")
+    if parallel.dp % ep:
+        raise ConfigError(f"parallel.ep: {ep} does not divide parallel.dp={parallel.dp} (expert parallelism "
+                          f"lives inside data parallelism); valid ep values: "
+                          f"{_valid_list([d for d in divisors(parallel.dp) if model.experts % d == 0])}")
+
+
+def _check_sync(parallel: ParallelConfig) -> None:
+    if parallel.dp_sync == "parameter_server" and parallel.zero:
+        raise ConfigError(f"parallel.zero: {parallel.zero} cannot shard state under dp_sync: parameter_server; "
+                          f"use zero: 0 or dp_sync: allreduce")
+
+
+def _check_positions(model: ModelSpec, training: TrainingSpec) -> None:
+    if model.learned_positions and training.seq_len > model.max_seq_len:
+        raise ConfigError(f"training.seq_len: {training.seq_len} exceeds model.max_seq_len={model.max_seq_len} "
+                          f"of its learned position table")
+
+
+def validate(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
+             world_size: int | None = None) -> None:
+    """Raise :class:`ConfigError` if the combination cannot be trained.
+
+    Parameters
+    ----------
+    model, parallel, training
+        The three workload sections.
+    world_size : int, optional
+        GPUs in the cluster; must equal ``tp * pp * dp`` when given.
+
+    Raises
+    ------
+    ConfigError
+        One message for the first impossible combination found: world size,
+        TP vs heads / kv_heads / ffn (and SP vs seq_len), PP vs layers and
+        schedule, batch divisibility, EP vs experts and dp, parameter-server vs
+        ZeRO, sequence length vs a learned position table.
+    """
+    if world_size is not None:
+        check_int("cluster world size", world_size)
+        if parallel.world_size != world_size:
+            rest = world_size // (parallel.tp * parallel.pp)
+            hint = (f"; dp={rest} would fit" if world_size % (parallel.tp * parallel.pp) == 0 else "")
+            raise ConfigError(f"parallel: tp*pp*dp = {parallel.tp}*{parallel.pp}*{parallel.dp} = "
+                              f"{parallel.world_size} does not equal the cluster's {world_size} GPUs{hint}")
+    _check_tp(model, parallel, training)
+    _check_batch(parallel)
+    _check_pipeline(model, parallel)
+    _check_experts(model, parallel)
+    _check_sync(parallel)
+    _check_positions(model, training)
+
+
+# ----------------------------------------------------------------- placement
+class RankCoords(NamedTuple):
+    """Coordinates of one global rank."""
+
+    tp: int
+    dp: int
+    pp: int
+
+
+class RankLayout:
+    """Global rank <-> ``(tp, dp, pp)`` coordinates, and the communication groups.
+
+    Ranks enumerate the dimensions of ``parallel.placement`` innermost first:
+    with the default ``("tp", "dp", "pp")`` (Megatron-LM) consecutive ranks
+    form a TP group, TP groups then step through DP, and PP is outermost.
+
+    Examples
+    --------
+    >>> lay = RankLayout(ParallelConfig(tp=2, dp=2, pp=2))
+    >>> lay.coords(5)
+    RankCoords(tp=1, dp=0, pp=1)
+    >>> lay.tp_group(5), lay.dp_group(5), lay.pp_group(5)
+    ((4, 5), (5, 7), (1, 5))
+    """
+
+    def __init__(self, parallel: ParallelConfig) -> None:
+        self.parallel = parallel
+        self.world_size = parallel.world_size
+        self._stride: dict[str, int] = {}
+        stride = 1
+        for dim in parallel.placement:
+            self._stride[dim] = stride
+            stride *= parallel.size(dim)
+
+    def _check(self, rank: int) -> None:
+        if not 0 <= rank < self.world_size:
+            raise ConfigError(f"rank: {rank} is outside 0..{self.world_size - 1}")
+
+    def coords(self, rank: int) -> RankCoords:
+        """The ``(tp, dp, pp)`` coordinates of global ``rank``."""
+        self._check(rank)
+        c = {d: (rank // self._stride[d]) % self.parallel.size(d) for d in DIMS}
+        return RankCoords(**c)
+
+    def rank(self, tp: int = 0, dp: int = 0, pp: int = 0) -> int:
+        """The global rank at coordinates ``(tp, dp, pp)``."""
+        r = 0
+        for dim, value in (("tp", tp), ("dp", dp), ("pp", pp)):
+            if not 0 <= value < self.parallel.size(dim):
+                raise ConfigError(f"{dim}: {value} is outside 0..{self.parallel.size(dim) - 1}")
+            r += value * self._stride[dim]
+        return r
+
+    def _along(self, rank: int, dim: str, indices: range | Sequence[int]) -> tuple[int, ...]:
+        c = self.coords(rank)._asdict()
+        out = []
+        for i in indices:
+            c[dim] = i
+            out.append(self.rank(**c))
+        return tuple(out)
+
+    def tp_group(self, rank: int) -> tuple[int, ...]:
+        """Ranks sharing ``rank``'s DP and PP coordinates, by TP index."""
+        return self._along(rank, "tp", range(self.parallel.tp))
+
+    def dp_group(self, rank: int) -> tuple[int, ...]:
+        """Ranks sharing ``rank``'s TP and PP coordinates, by DP index."""
+        return self._along(rank, "dp", range(self.parallel.dp))
+
+    def pp_group(self, rank: int) -> tuple[int, ...]:
+        """Ranks sharing ``rank``'s TP and DP coordinates, ordered by stage."""
+        return self._along(rank, "pp", range(self.parallel.pp))
+
+    def ep_group(self, rank: int) -> tuple[int, ...]:
+        """The ``ep`` consecutive DP ranks of ``rank``'s expert-parallel block."""
+        ep = self.parallel.ep
+        start = self.coords(rank).dp // ep * ep
+        return self._along(rank, "dp", range(start, start + ep))
+
+    def expert_dp_group(self, rank: int) -> tuple[int, ...]:
+        """DP ranks holding the same experts as ``rank`` (same EP index), by DP index."""
+        ep = self.parallel.ep
+        return self._along(rank, "dp", range(self.coords(rank).dp % ep, self.parallel.dp, ep))
+
+    def all_groups(self, dim: str) -> list[tuple[int, ...]]:
+        """Every group of ``dim`` (``tp``, ``dp``, ``pp``, ``ep``, ``expert_dp``), in order of first rank."""
+        check_choice("dim", dim, DIMS + ("ep", "expert_dp"))
+        group_of = getattr(self, f"{dim}_group")
+        seen: set[int] = set()
+        groups = []
+        for r in range(self.world_size):
+            if r not in seen:
+                g = group_of(r)
+                seen.update(g)
+                groups.append(g)
+        return groups
