@@ -71,10 +71,10 @@ def match_ops(graph: OpGraph) -> dict[int, tuple]:
             key = ("c", op.group, k)
         elif isinstance(op, (Send, Recv)):
             src, dst = (op.rank, op.peer) if isinstance(op, Send) else (op.peer, op.rank)
-            c = (op.kind, src, dst)
+            c = (op.kind, src, dst, op.tag)
             k = counters.get(c, 0)
             counters[c] = k + 1
-            key = ("p", src, dst, k)
+            key = ("p", src, dst, k, op.tag)
         else:
             continue
         keys[op.id] = key

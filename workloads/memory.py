@@ -159,10 +159,13 @@ def stage_params(model: ModelSpec, parallel: ParallelConfig, stage: int) -> tupl
 # ------------------------------------------------------------- activations
 def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, seq_len: int,
                                tp: int = 1, *, sequence_parallel: bool = False,
-                               recompute: str = "none", dtype_bytes: int = 2) -> float:
+                               recompute: str = "none", dtype_bytes: int = 2,
+                               flash_attention: bool = False) -> float:
     """Bytes layer ``layer`` stores for backward, per micro-batch, on one TP rank.
 
     See the module docstring for the terms (Korthikanti et al. 2022, Table 2).
+    ``flash_attention=True`` drops the ``5 a s^2 b`` score terms (a fused
+    kernel never stores the score matrix), which is what ``selective`` also does.
 
     Examples
     --------
@@ -189,7 +192,7 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
     else:
         split += d * s * b * model.ffn_hidden * (gates + 1)  # fc1 output(s) + fc2 input
     total = replicated / sp + split / t
-    if recompute == "none":
+    if recompute == "none" and not flash_attention:
         total += (2 * d + MASK_BYTES) * model.heads * s * s * b / t  # softmax, mask, dropout out
     return total
 
@@ -209,10 +212,12 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
     return float(min(p - i, m))
 
 
-def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec, stage: int) -> float:
+def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec, stage: int,
+                       flash_attention: bool) -> float:
     b, s, t, d = parallel.micro_batch, training.seq_len, parallel.tp, training.dtype_bytes
     per_mb = sum(activation_bytes_per_layer(model, i, b, s, t, sequence_parallel=parallel.sp,
-                                            recompute=parallel.recompute, dtype_bytes=d)
+                                            recompute=parallel.recompute, dtype_bytes=d,
+                                            flash_attention=flash_attention)
                  for i in stage_layers(model.layers, parallel, stage))
     acts = micro_batches_in_flight(parallel, stage) * per_mb
     if stage == parallel.pp - 1:  # fp32 logits kept by the loss; 1 live except under GPipe
@@ -222,17 +227,18 @@ def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: Tra
 
 
 # ------------------------------------------------------------------ entry
-def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec, stage: int) -> MemoryBreakdown:
+def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec, stage: int,
+                  flash_attention: bool) -> MemoryBreakdown:
     dense, routed = stage_params(model, parallel, stage)
     d, z = training.dtype_bytes, parallel.zero
     a = model_state_bytes(dense, dp=parallel.dp, zero=z, dtype_bytes=d)
     e = model_state_bytes(routed, dp=parallel.dp // parallel.ep, zero=z, dtype_bytes=d)
     return MemoryBreakdown(a[0] + e[0], a[1] + e[1], a[2] + e[2],
-                           _stage_activations(model, parallel, training, stage), stage)
+                           _stage_activations(model, parallel, training, stage, flash_attention), stage)
 
 
 def memory_per_gpu(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
-                   stage: int | None = None) -> MemoryBreakdown:
+                   stage: int | None = None, *, flash_attention: bool = False) -> MemoryBreakdown:
     """Peak memory of one GPU of pipeline stage ``stage`` (default: the most loaded stage).
 
     Parameters
@@ -241,6 +247,9 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelConfig, training: Trainin
         A combination :func:`~workloads.parallel.validate` accepts.
     stage : int, optional
         0-based pipeline stage; ``None`` returns the stage with the largest total.
+    flash_attention : bool, default False
+        Attention scores are never stored (FlashAttention). The default follows
+        Korthikanti et al.'s table, which stores them unless recomputed.
 
     Returns
     -------
@@ -261,4 +270,4 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelConfig, training: Trainin
     """
     validate(model, parallel, training)
     stages = range(parallel.pp) if stage is None else [stage]
-    return max((_stage_memory(model, parallel, training, i) for i in stages), key=lambda mb: mb.total)
+    return max((_stage_memory(model, parallel, training, i, flash_attention) for i in stages), key=lambda mb: mb.total)

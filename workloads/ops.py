@@ -114,19 +114,25 @@ class Collective(Op):
 
 @dataclass(slots=True, eq=False)
 class Send(Op):
-    """Send ``nbytes`` to ``peer``; completes when the matching recv has the data."""
+    """Send ``nbytes`` to ``peer``; completes when the matching recv has the data.
+
+    ``tag`` separates independent message streams between the same pair
+    (e.g. activations and gradients); matching is per ``(src, dst, tag)``.
+    """
 
     peer: int = -1
     nbytes: float = 0.0
+    tag: int = 0
     kind = "send"
 
 
 @dataclass(slots=True, eq=False)
 class Recv(Op):
-    """Receive ``nbytes`` from ``peer``."""
+    """Receive ``nbytes`` from ``peer`` (matched per ``(src, dst, tag)``)."""
 
     peer: int = -1
     nbytes: float = 0.0
+    tag: int = 0
     kind = "recv"
 
 
@@ -261,7 +267,8 @@ class OpGraph:
         return {r: self.collective_op(r, collective, group, nbytes, deps=deps.get(r, ()), **kwargs)
                 for r in group}
 
-    def _p2p(self, cls, rank, peer, nbytes, name, deps, stream, traffic_class, layer, micro_batch, stage) -> int:
+    def _p2p(self, cls, rank, peer, nbytes, name, deps, stream, traffic_class, layer, micro_batch, stage,
+             tag) -> int:
         self._check_rank(rank)
         self._check_rank(peer, "peer")
         if peer == rank:
@@ -269,21 +276,24 @@ class OpGraph:
         if nbytes < 0:
             raise OpGraphError(f"nbytes: must be >= 0, got {nbytes}")
         op = cls(len(self.ops), rank, stream, self._deps(deps), name or cls.kind,
-                 **self._tags(traffic_class, layer, micro_batch, stage), peer=peer, nbytes=float(nbytes))
+                 **self._tags(traffic_class, layer, micro_batch, stage), peer=peer, nbytes=float(nbytes),
+                 tag=int(tag))
         self.ops.append(op)
         return op.id
 
     def send(self, rank: int, peer: int, nbytes: float, *, name: str = "", deps: Iterable[int] = (),
              stream: str = "comm", traffic_class: str = "pp", layer: int = -1, micro_batch: int = -1,
-             stage: int = -1) -> int:
+             stage: int = -1, tag: int = 0) -> int:
         """Append a :class:`Send` of ``nbytes`` from ``rank`` to ``peer``; return its id."""
-        return self._p2p(Send, rank, peer, nbytes, name, deps, stream, traffic_class, layer, micro_batch, stage)
+        return self._p2p(Send, rank, peer, nbytes, name, deps, stream, traffic_class, layer, micro_batch, stage,
+                         tag)
 
     def recv(self, rank: int, peer: int, nbytes: float, *, name: str = "", deps: Iterable[int] = (),
              stream: str = "comm", traffic_class: str = "pp", layer: int = -1, micro_batch: int = -1,
-             stage: int = -1) -> int:
+             stage: int = -1, tag: int = 0) -> int:
         """Append a :class:`Recv` on ``rank`` of ``nbytes`` from ``peer``; return its id."""
-        return self._p2p(Recv, rank, peer, nbytes, name, deps, stream, traffic_class, layer, micro_batch, stage)
+        return self._p2p(Recv, rank, peer, nbytes, name, deps, stream, traffic_class, layer, micro_batch, stage,
+                         tag)
 
     # ------------------------------------------------------------------ views
     def __len__(self) -> int:

@@ -92,7 +92,9 @@ class ParallelConfig:
         Sequences per micro-batch ``b``.
     global_batch : int or None
         Sequences per step ``B``; ``None`` means ``micro_batch * dp``
-        (one micro-batch per replica). Resolved to an int on construction.
+        (one micro-batch per replica). Resolved to an int on construction, so
+        ``dataclasses.replace(cfg, dp=...)`` keeps the old value: pass
+        ``global_batch`` explicitly when sweeping ``dp`` or ``micro_batch``.
     schedule : {"1f1b", "gpipe", "interleaved"}
         Pipeline schedule.
     virtual_stages : int, default 1
@@ -287,13 +289,13 @@ def _check_experts(model: ModelSpec, parallel: ParallelConfig) -> None:
         return
     if not model.is_moe:
         raise ConfigError(f"parallel.ep: {ep} needs a mixture-of-experts model (model.experts > 0); use ep: 1")
+    valid = _valid_list([d for d in divisors(model.experts) if parallel.dp % d == 0])
     if model.experts % ep:
         raise ConfigError(f"parallel.ep: {ep} does not divide model.experts={model.experts}; "
-                          f"valid ep values: {_valid_list([d for d in divisors(model.experts) if parallel.dp % d == 0])}")
+                          f"valid ep values: {valid}")
     if parallel.dp % ep:
         raise ConfigError(f"parallel.ep: {ep} does not divide parallel.dp={parallel.dp} (expert parallelism "
-                          f"lives inside data parallelism); valid ep values: "
-                          f"{_valid_list([d for d in divisors(parallel.dp) if model.experts % d == 0])}")
+                          f"lives inside data parallelism); valid ep values: {valid}")
 
 
 def _check_sync(parallel: ParallelConfig) -> None:

@@ -1,0 +1,260 @@
+"""Experiment files: one YAML document describes one run.
+
+Sections (every section may name a ``preset`` and override its fields)::
+
+    name: gpt3-175b on 1024 H100
+    cluster:  {preset: dgx-h100, nodes: 128, ...}     # topologies.build_cluster
+    model:    {preset: gpt3-175b, ...}                # workloads.models.model_from_dict
+    parallel: {tp: 8, pp: 8, ...}                     # workloads.parallel.parallel_from_dict
+    training: {seq_len: 2048, dtype: bf16}
+    network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0}     # optional
+    compute:  {matmul_efficiency: 0.75, attention_efficiency: 0.5, ...}     # optional
+    options:  {granularity: chunk, grad_dtype_bytes: 2, causal: false, flash_attention: true}  # optional
+    sweep:    {...}                                    # read by ``clustersim sweep`` only
+
+``parallel.dp`` may be omitted (or ``auto``): it is then the cluster's GPU
+count divided by ``tp·pp``. The world size must equal the cluster's GPUs.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+import pandas as pd
+import yaml
+
+from topologies import build_cluster, parse_time
+from topologies.cluster import Cluster
+from workloads.errors import ConfigError
+from workloads.memory import MemoryBreakdown, memory_per_gpu
+from workloads.models import ModelSpec, model_from_dict
+from workloads.parallel import ParallelConfig, TrainingSpec, parallel_from_dict, training_from_dict
+from workloads.training import StepOptions, TrainingStep, training_step
+
+from .compute import ComputeModel
+from .engine import Engine
+from .fabric import NetworkConfig
+from .intervals import length, union
+from .result import Result
+
+SECTIONS = ("name", "cluster", "model", "parallel", "training", "network", "compute", "options", "sweep")
+
+
+class OutOfMemoryError(ValueError):
+    """The configuration does not fit in GPU memory; the message has the breakdown."""
+
+
+@dataclass
+class Experiment:
+    """A fully resolved experiment: cluster, model, parallel layout, training and engine knobs."""
+
+    name: str
+    cluster: Cluster
+    model: ModelSpec
+    parallel: ParallelConfig
+    training: TrainingSpec
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    compute: dict = field(default_factory=dict)
+    options: StepOptions = field(default_factory=StepOptions)
+    raw: dict = field(default_factory=dict)
+
+    def memory(self) -> MemoryBreakdown:
+        """Peak memory per GPU (most loaded pipeline stage)."""
+        return memory_per_gpu(self.model, self.parallel, self.training,
+                              flash_attention=self.options.flash_attention)
+
+    def compute_model(self) -> ComputeModel:
+        return ComputeModel(self.cluster.gpu, dtype=self.training.dtype, **self.compute)
+
+
+# -------------------------------------------------------------------- loading
+def _section(doc: Mapping, key: str) -> dict:
+    value = doc.get(key, {})
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        return {"preset": value}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key}: must be a mapping of fields, got {type(value).__name__}")
+    return dict(value)
+
+
+def _network_from_dict(section: Mapping) -> NetworkConfig:
+    valid = ("model", "step_latency", "fidelity", "seed")
+    unknown = sorted(set(section) - set(valid))
+    if unknown:
+        raise ConfigError(f"network.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
+    kwargs = {}
+    if "model" in section:
+        kwargs["model"] = section["model"]
+    if "step_latency" in section:
+        kwargs["step_latency_s"] = parse_time(section["step_latency"], "network.step_latency")
+    if "fidelity" in section:
+        kwargs["fidelity"] = section["fidelity"]
+    if "seed" in section:
+        seed = section["seed"]
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"network.seed: must be an integer, got {seed!r}")
+        kwargs["seed"] = seed
+    return NetworkConfig(**kwargs)
+
+
+def _compute_from_dict(section: Mapping) -> dict:
+    valid = [f.name for f in fields(ComputeModel) if f.name not in ("gpu", "dtype")]
+    unknown = sorted(set(section) - set(valid))
+    if unknown:
+        raise ConfigError(f"compute.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
+    for k, v in section.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"compute.{k}: must be a number, got {v!r}")
+    return dict(section)
+
+
+def _options_from_dict(section: Mapping) -> StepOptions:
+    valid = [f.name for f in fields(StepOptions)]
+    unknown = sorted(set(section) - set(valid))
+    if unknown:
+        raise ConfigError(f"options.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
+    return StepOptions(**section)
+
+
+def experiment_from_dict(doc: Mapping) -> Experiment:
+    """Resolve an experiment document (already parsed YAML) into an :class:`Experiment`."""
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"experiment: the file must hold a mapping of sections ({', '.join(SECTIONS)})")
+    unknown = sorted(set(doc) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section; valid sections: {', '.join(SECTIONS)}")
+    cluster = build_cluster(_section(doc, "cluster") or {"preset": "dgx-h100"})
+    model = model_from_dict(_section(doc, "model") or {"preset": "gpt2-small"})
+    par = _section(doc, "parallel")
+    tp, pp = par.get("tp", 1), par.get("pp", 1)
+    if par.get("dp", "auto") == "auto":
+        if isinstance(tp, int) and isinstance(pp, int) and tp > 0 and pp > 0:
+            if cluster.num_gpus % (tp * pp):
+                raise ConfigError(f"parallel.dp: cannot derive dp: tp*pp = {tp * pp} does not divide the "
+                                  f"cluster's {cluster.num_gpus} GPUs")
+            par["dp"] = cluster.num_gpus // (tp * pp)
+    parallel = parallel_from_dict(par)
+    if parallel.world_size != cluster.num_gpus:
+        raise ConfigError(f"parallel: tp*pp*dp = {parallel.tp}*{parallel.pp}*{parallel.dp} = {parallel.world_size}"
+                          f" but the cluster has {cluster.num_gpus} GPUs; set dp to "
+                          f"{cluster.num_gpus / (parallel.tp * parallel.pp):g} or resize cluster.nodes")
+    training = training_from_dict(_section(doc, "training"))
+    name = doc.get("name") or f"{model.name} on {cluster.name}"
+    return Experiment(str(name), cluster, model, parallel, training, _network_from_dict(_section(doc, "network")),
+                      _compute_from_dict(_section(doc, "compute")), _options_from_dict(_section(doc, "options")),
+                      raw=copy.deepcopy(dict(doc)))
+
+
+def read_experiment_file(path: str | os.PathLike) -> dict:
+    """Parse an experiment YAML file into a dict; one-line ``ConfigError`` for unreadable or malformed files."""
+    try:
+        with open(path) as fh:
+            doc = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such experiment file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if doc is None:
+        raise ConfigError(f"{path}: the file is empty")
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: must hold a mapping of sections ({', '.join(SECTIONS)})")
+    return doc
+
+
+def load_experiment(path: str | os.PathLike) -> Experiment:
+    """Read and resolve an experiment YAML file.
+
+    Examples
+    --------
+    >>> exp = load_experiment("examples/demo.yaml")  # doctest: +SKIP
+    >>> result = run_experiment(exp)                   # doctest: +SKIP
+    """
+    doc = read_experiment_file(path)
+    try:
+        return experiment_from_dict(doc)
+    except ValueError as exc:
+        raise type(exc)(f"{path}: {exc}") from None
+
+
+# -------------------------------------------------------------------- running
+def run_experiment(exp: Experiment, *, force: bool = False) -> Result:
+    """Generate the step, simulate it and attach training metrics to the result.
+
+    Raises :class:`OutOfMemoryError` when the config does not fit in GPU
+    memory, unless ``force``.
+    """
+    t0 = time.perf_counter()
+    memory = exp.memory()
+    hbm = exp.cluster.gpu.hbm_bytes
+    if not memory.fits(hbm) and not force:
+        raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of "
+                               f"{exp.cluster.gpu.name} (use --force to simulate anyway)")
+    step = training_step(exp.model, exp.parallel, exp.training, exp.options)
+    record = Engine(step.graph, exp.cluster, exp.compute_model(), exp.network).run()
+    result = Result(record, sim_wall_s=time.perf_counter() - t0)
+    attach_training_metrics(result, step, exp, memory)
+    return result
+
+
+def pipeline_stages(result: Result, step: TrainingStep) -> pd.DataFrame:
+    """Busy and bubble time per pipeline stage.
+
+    The pipeline window runs from 0 to the end of the last forward/backward op
+    on any rank. A rank's busy time is the union of its compute-stream ops
+    that belong to a micro-batch (compute and the TP collectives between
+    them); its bubble is the rest of the window. Stages report the mean over
+    their ranks.
+    """
+    df = result.ops
+    fb = df[(df["stream"] == "compute") & (df["micro_batch"] >= 0)]
+    window = float(fb["end_s"].max()) if len(fb) else 0.0
+    busy = {}
+    for rank, rows in fb.groupby("rank"):
+        busy[rank] = length(*union(rows["start_s"].to_numpy(), rows["end_s"].to_numpy()))
+    rows = []
+    for stage in range(step.parallel.pp):
+        ranks = [r for r, s in enumerate(step.stage_of_rank) if s == stage]
+        b = sum(busy.get(r, 0.0) for r in ranks) / len(ranks)
+        rows.append({"stage": stage, "ranks": len(ranks), "busy_s": b, "bubble_s": window - b,
+                     "bubble_fraction": (window - b) / window if window else 0.0})
+    return pd.DataFrame(rows)
+
+
+def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment, memory: MemoryBreakdown) -> None:
+    """Add MFU, TFLOP/s, bubble and memory to ``result.summary`` and fill ``result.stages``."""
+    world = step.parallel.world_size
+    peak = exp.cluster.gpu.peak(exp.training.dtype)
+    stages = pipeline_stages(result, step)
+    result.stages = stages
+    window = stages["busy_s"].iloc[0] + stages["bubble_s"].iloc[0] if len(stages) else 0.0
+    tflops = step.model_flops / result.step_time / world
+    result.extra_summary.update({
+        "name": exp.name,
+        "world_size": world,
+        "num_micro_batches": step.num_micro_batches,
+        "bubble_fraction": float(stages["bubble_s"].mean() / window) if window else 0.0,
+        "bubble_fraction_by_stage": [float(x) for x in stages["bubble_fraction"]],
+        "model_flops_per_step": step.model_flops,
+        "hardware_flops_per_step": step.hardware_flops,
+        "tflops_per_gpu": tflops / 1e12,
+        "hardware_tflops_per_gpu": step.hardware_flops / result.step_time / world / 1e12,
+        "mfu": tflops / peak,
+        "memory_per_gpu_bytes": memory.total,
+        "memory_breakdown_bytes": {"parameters": memory.parameters, "gradients": memory.gradients,
+                                   "optimizer": memory.optimizer, "activations": memory.activations,
+                                   "stage": memory.stage},
+        "fits_in_memory": memory.fits(exp.cluster.gpu.hbm_bytes),
+        "tokens_per_s": step.parallel.global_batch * exp.training.seq_len / result.step_time,
+    })
+    result.step = step

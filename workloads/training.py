@@ -1,0 +1,420 @@
+"""One training step of a dense (or MoE) transformer as per-rank op graphs.
+
+:func:`training_step` turns a model, a parallel configuration and a training
+spec into an :class:`~workloads.ops.OpGraph`. It is the only place that knows
+what DP, TP, PP and ZeRO mean; the simulator just runs the ops.
+
+What each rank runs (Megatron-LM semantics)
+-------------------------------------------
+Pipeline
+    The actions of :func:`~workloads.schedules.pipeline_schedule` (GPipe, 1F1B
+    or interleaved 1F1B) in order. A forward of virtual stage ``j > 0`` waits
+    for the activation from stage ``j - 1`` (a send/recv of ``b·s·h``
+    elements, ``/ tp`` with sequence parallelism); a backward of ``j < last``
+    waits for the activation gradient from ``j + 1``. Activations and
+    gradients travel on their own streams and tags, so they never block each
+    other; sends are asynchronous to compute.
+Tensor parallel
+    Megatron column/row split. Per layer, forward: two all-reduces of
+    ``b·s·h`` elements (with sequence parallelism: two all-gathers and two
+    reduce-scatters of the same size); backward: the same count again; full
+    recomputation repeats the forward's. The vocab-parallel embedding adds
+    one forward all-reduce (reduce-scatter with SP) on the first stage; with
+    SP the last stage all-gathers before the output layer. TP collectives run
+    on the compute stream: Megatron does not overlap them with compute.
+Data parallel
+    Gradients (``grad_dtype_bytes`` per element, default the training dtype)
+    of the rank's parameters are cut into buckets of
+    ``parallel.grad_bucket_bytes`` in backward order and reduced as soon as a
+    bucket's last layer has finished its final micro-batch backward
+    (``overlap_grad_reduce``) or after the whole backward. ZeRO-0: all-reduce
+    (or the parameter-server pattern with ``dp_sync: parameter_server``);
+    ZeRO-1/2: reduce-scatter, optimizer step on the shard, then an all-gather
+    of the updated 16-bit parameters (class ``zero``); ZeRO-3: reduce-scatter
+    of gradients, plus an all-gather of each chunk's parameters before every
+    forward and every backward, prefetched one action ahead (class
+    ``zero``). Gradients are reduced once per step, at the last micro-batch
+    (Megatron's behaviour; DeepSpeed's ZeRO-2/3 reduce every micro-batch).
+    Pipeline stages holding the tied word embedding all-reduce its gradient.
+Compute
+    Kernels from :mod:`workloads.flops` (FLOPs, HBM bytes, GEMM shapes);
+    recomputation adds the forward (``full``) or the attention core
+    (``selective``) to the backward. By default the kernels of one chunk of
+    layers for one micro-batch are fused into one coarse op (``granularity
+    = "chunk"``), except the final backward of each chunk, which is emitted
+    layer by layer so that gradient buckets overlap with it as they do in
+    Megatron. ``granularity = "layer"`` emits every layer separately.
+
+Tags
+    Compute and TP ops of a forward/backward carry ``micro_batch``, ``stage``
+    (pipeline rank) and ``layer`` (first layer of the op); pipeline-bubble
+    metrics use the compute-stream ops that carry a micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+from .flops import LayerOp, embedding_ops, layer_ops, logits_ops, model_flops_per_step, optimizer_op
+from .memory import stage_params
+from .models import ModelSpec
+from .ops import Kernel, OpGraph
+from .parallel import ParallelConfig, RankLayout, TrainingSpec, num_micro_batches, stage_layers, validate
+from .schedules import PipeAction, pipeline_schedule
+
+GRANULARITIES = ("chunk", "layer")
+COMPUTE_STREAM = "compute"
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Knobs of the generator that are not part of the parallel config.
+
+    Attributes
+    ----------
+    granularity : {"chunk", "layer"}
+        Coarse ops per chunk of layers (fast) or one op per layer (detailed).
+    grad_dtype_bytes : int or None
+        Bytes per gradient element on the wire; default the training dtype's
+        (PyTorch DDP, DeepSpeed). Megatron-LM reduces bf16 gradients in fp32:
+        set 4 to model that.
+    causal : bool
+        Count only the causal half of attention FLOPs (FlashAttention skips
+        the masked half); default False, as Narayanan et al.'s formula.
+    flash_attention : bool
+        Fused attention that never stores the ``s × s`` scores (memory model);
+        default True, as current Megatron-LM / TransformerEngine training.
+    """
+
+    granularity: str = "chunk"
+    grad_dtype_bytes: int | None = None
+    causal: bool = False
+    flash_attention: bool = True
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise ConfigError(f"options.granularity: {self.granularity!r} unknown; valid: {', '.join(GRANULARITIES)}")
+        if self.grad_dtype_bytes is not None and self.grad_dtype_bytes not in (1, 2, 4):
+            raise ConfigError(f"options.grad_dtype_bytes: must be 1, 2 or 4, got {self.grad_dtype_bytes}")
+
+
+@dataclass
+class TrainingStep:
+    """A generated step: the op graph plus what metrics need to interpret it."""
+
+    graph: OpGraph
+    model: ModelSpec
+    parallel: ParallelConfig
+    training: TrainingSpec
+    layout: RankLayout
+    num_micro_batches: int
+    model_flops: float
+    """Model FLOPs of the whole step over all GPUs (MFU numerator; recompute not counted)."""
+    stage_of_rank: list[int] = field(default_factory=list)
+
+    @property
+    def hardware_flops(self) -> float:
+        """FLOPs the GPUs execute, recomputation included (sum over compute ops)."""
+        return sum(getattr(op, "flops", 0.0) for op in self.graph.ops if op.kind == "compute")
+
+
+# ------------------------------------------------------------------ segments
+@dataclass
+class _Segment:
+    """Kernels run back to back, then TP collectives, on the compute stream."""
+
+    kernels: list[LayerOp]
+    tp: dict[str, int]
+    layer: int
+    grad_bytes: float = 0.0  # DP gradient bytes that become ready when this segment ends
+    expert_grad_bytes: float = 0.0
+
+
+def _kernels(ops: Sequence[LayerOp]) -> tuple[Kernel, ...]:
+    return tuple(Kernel(o.category, o.flops, o.nbytes, o.shape) for o in ops)
+
+
+class _StepBuilder:
+    def __init__(self, model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
+                 options: StepOptions) -> None:
+        self.model, self.par, self.train, self.opt = model, parallel, training, options
+        self.layout = RankLayout(parallel)
+        self.m = num_micro_batches(parallel)
+        self.p, self.v, self.t = parallel.pp, parallel.virtual_stages, parallel.tp
+        self.sp = parallel.sp
+        self.dtype = training.dtype_bytes
+        self.grad_bytes = options.grad_dtype_bytes or self.dtype
+        b, s, h = parallel.micro_batch, training.seq_len, model.hidden
+        self.act_elems = b * s * h
+        self.p2p_bytes = self.act_elems * self.dtype / (self.t if self.sp else 1)
+        self.tp_bytes = self.act_elems * self.dtype
+        self.graph = OpGraph(parallel.world_size)
+        self.schedules = pipeline_schedule(parallel.schedule, self.p, self.m, self.v)
+        self._segments_cache: dict[tuple, list[_Segment]] = {}
+
+    # -------------------------------------------------------------- layers
+    def chunk_layers(self, stage: int, chunk: int) -> list[int]:
+        layers = stage_layers(self.model.layers, self.par, stage)
+        per = len(layers) // self.v
+        return layers[chunk * per:(chunk + 1) * per]
+
+    def _tp_counts(self, n: int, phase: str, first: bool, last: bool) -> dict[str, int]:
+        """TP collectives of ``n`` layers (+ embedding/output layer) for one pass."""
+        if self.t == 1:
+            return {}
+        full = self.par.recompute == "full" and phase == "B"
+        if not self.sp:
+            extra = (1 if first else 0) if phase == "F" else 0
+            return {"all_reduce": 2 * n * (2 if full else 1) + extra}
+        ag = 2 * n * (2 if full else 1) + ((1 if last else 0) if phase == "F" else (1 if first else 0))
+        rs = 2 * n * (2 if full else 1) + ((1 if first else 0) if phase == "F" else (1 if last else 0))
+        return {"all_gather": ag, "reduce_scatter": rs}
+
+    def _layer_pass(self, layer: int, phase: str) -> list[LayerOp]:
+        ops = layer_ops(self.model, self.par.micro_batch, self.train.seq_len, self.t, layer=layer,
+                        sequence_parallel=self.sp, dtype_bytes=self.dtype, causal=self.opt.causal)
+        if phase == "F":
+            return ops.forward
+        recompute = self.par.recompute
+        if recompute == "full":
+            return ops.forward + ops.backward
+        if recompute == "selective":
+            return [o for o in ops.forward if o.category == "attention"] + ops.backward
+        return ops.backward
+
+    def segments(self, stage: int, chunk: int, phase: str, per_layer: bool) -> list[_Segment]:
+        """The compute segments of one forward/backward of one chunk (cached: identical for every micro-batch)."""
+        key = (stage, chunk, phase, per_layer)
+        if key in self._segments_cache:
+            return self._segments_cache[key]
+        layers = self.chunk_layers(stage, chunk)
+        j = chunk * self.p + stage
+        first, last = j == 0, j == self.p * self.v - 1
+        mb, s, t = self.par.micro_batch, self.train.seq_len, self.t
+        head: list[LayerOp] = []
+        tail: list[LayerOp] = []
+        if first:
+            emb = embedding_ops(self.model, mb, s, t, dtype_bytes=self.dtype)
+            (head if phase == "F" else tail).extend(emb.forward if phase == "F" else emb.backward)
+        if last:
+            out = logits_ops(self.model, mb, s, t, sequence_parallel=self.sp, dtype_bytes=self.dtype)
+            (tail if phase == "F" else head).extend(out.forward if phase == "F" else out.backward)
+        order = layers if phase == "F" else list(reversed(layers))
+        dense_extra, _ = stage_params(self.model, self.par, stage)
+        dense_layers = 0.0
+        for i in stage_layers(self.model.layers, self.par, stage):
+            dense_layers += self.model.params_per_layer(i, t, self.par.ep) - self.model.routed_expert_params(
+                i, t, self.par.ep)
+        # Embedding/output-layer parameters of this stage belong to the first (last) virtual stage.
+        emb_params = dense_extra - dense_layers if (first or last) else 0.0
+        grads = {i: (self.model.params_per_layer(i, t, self.par.ep)
+                     - self.model.routed_expert_params(i, t, self.par.ep),
+                     self.model.routed_expert_params(i, t, self.par.ep)) for i in layers}
+        gb = self.grad_bytes
+        if per_layer:
+            segs = [_Segment(self._layer_pass(i, phase), self._tp_counts(1, phase, False, False), i,
+                             grads[i][0] * gb, grads[i][1] * gb) for i in order]
+            if head:
+                segs.insert(0, _Segment(head, {}, order[0]))
+            if tail:
+                segs.append(_Segment(tail, {}, order[-1]))
+            # The embedding / output-layer collectives: counted on the last segment (order inside a pass
+            # does not change its time).
+            for kind, n in self._tp_counts(0, phase, first, last).items():
+                segs[-1].tp[kind] = segs[-1].tp.get(kind, 0) + n
+            segs[-1].grad_bytes += emb_params * gb
+        else:
+            kernels = list(head)
+            for i in order:
+                kernels += self._layer_pass(i, phase)
+            kernels += tail
+            segs = [_Segment(kernels, self._tp_counts(len(layers), phase, first, last), order[0],
+                             (sum(g[0] for g in grads.values()) + emb_params) * gb,
+                             sum(g[1] for g in grads.values()) * gb)]
+        self._segments_cache[key] = segs
+        return segs
+
+    # ---------------------------------------------------------------- emit
+    def emit_segment(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
+        g = self.graph
+        last = g.compute(rank, parts=_kernels(seg.kernels), name=name, deps=deps, stream=COMPUTE_STREAM,
+                         category="gemm", layer=seg.layer, micro_batch=mb, stage=stage)
+        group = self.layout.tp_group(rank)
+        for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+            count = seg.tp.get(kind, 0)
+            if count:
+                last = g.collective_op(rank, kind, group, self.tp_bytes, name=f"{name}.tp_{kind}",
+                                       stream=COMPUTE_STREAM, count=count, traffic_class="tp",
+                                       layer=seg.layer, micro_batch=mb, stage=stage)
+        return last
+
+    def build_rank(self, rank: int) -> None:
+        g, par, lay = self.graph, self.par, self.layout
+        c = lay.coords(rank)
+        stage = c.pp
+        actions = self.schedules[stage]
+        nvs = self.p * self.v
+        overlap = par.overlap_grad_reduce and par.dp > 1
+        last_b = {}
+        for idx, a in enumerate(actions):
+            if a.phase == "B":
+                last_b[a.chunk] = idx
+        dp_group = lay.dp_group(rank)
+        zero3 = par.zero == 3 and par.dp > 1
+        prev_compute_ends: list[int] = []
+        pending = _Buckets(self, rank, dp_group)
+        last_op = None
+        for idx, a in enumerate(actions):
+            j = a.chunk * self.p + stage
+            deps: list[int] = []
+            name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
+            if a.phase == "F" and j > 0:
+                src = lay.rank(tp=c.tp, dp=c.dp, pp=(j - 1) % self.p)
+                deps.append(g.recv(rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream="pp_recv_act",
+                                   traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=0))
+            if a.phase == "B" and j < nvs - 1:
+                src = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p)
+                deps.append(g.recv(rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad",
+                                   traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=1))
+            if zero3:
+                nparams = sum(self.model.params_per_layer(i, self.t, par.ep) for i in self.chunk_layers(stage, a.chunk))
+                nl = max(1, len(self.chunk_layers(stage, a.chunk)))
+                prefetch = prev_compute_ends[-2:-1]
+                deps.append(g.collective_op(rank, "all_gather", dp_group, nparams / nl * self.dtype,
+                                            name=f"zero3_gather.{name}", stream="zero", count=nl,
+                                            traffic_class="zero", deps=prefetch, micro_batch=a.micro_batch,
+                                            stage=stage))
+            per_layer = self.opt.granularity == "layer" or (a.phase == "B" and overlap and idx == last_b[a.chunk])
+            for seg in self.segments(stage, a.chunk, a.phase, per_layer):
+                last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
+                deps = []
+                if a.phase == "B" and idx == last_b[a.chunk]:
+                    pending.add(seg, last_op if overlap else None)
+            prev_compute_ends.append(last_op)
+            if a.phase == "F" and j < nvs - 1:
+                dst = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p)
+                g.send(rank, dst, self.p2p_bytes, name=f"send_act.{name}", stream="pp_send_act", deps=[last_op],
+                       traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=0)
+            if a.phase == "B" and j > 0:
+                dst = lay.rank(tp=c.tp, dp=c.dp, pp=(j - 1) % self.p)
+                g.send(rank, dst, self.p2p_bytes, name=f"send_grad.{name}", stream="pp_send_grad", deps=[last_op],
+                       traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=1)
+        # Gradient synchronisation that is not overlapped, then the optimizer.
+        pending.flush(last_op)
+        dp_ops = pending.emitted
+        tied = self._tied_embedding_sync(rank, stage, last_op)
+        dense, experts = stage_params(self.model, par, stage)
+        shard = (dense / par.dp + experts / max(1, par.dp // par.ep)) if par.zero >= 1 else dense + experts
+        opt = optimizer_op(shard)
+        step_deps = [last_op] + dp_ops[-1:] + tied
+        opt_id = g.compute(rank, parts=_kernels([opt]), name="optimizer", deps=step_deps, stream=COMPUTE_STREAM,
+                           category="optimizer", stage=stage)
+        if par.zero in (1, 2) and par.dp > 1:
+            pending.gather_params(opt_id)
+
+    def _tied_embedding_sync(self, rank: int, stage: int, after: int) -> list[int]:
+        """All-reduce of the tied word-embedding gradient between the first and last pipeline stage."""
+        if not self.model.tied_embeddings or self.p == 1 or stage not in (0, self.p - 1):
+            return []
+        c = self.layout.coords(rank)
+        group = (self.layout.rank(tp=c.tp, dp=c.dp, pp=0), self.layout.rank(tp=c.tp, dp=c.dp, pp=self.p - 1))
+        nbytes = self.model.word_embedding_params(self.t) * self.grad_bytes
+        return [self.graph.collective_op(rank, "all_reduce", group, nbytes, name="embedding_grad_sync",
+                                         stream="dp", deps=[after], traffic_class="dp", stage=stage)]
+
+    def build(self) -> OpGraph:
+        for rank in range(self.par.world_size):
+            self.build_rank(rank)
+        return self.graph
+
+
+class _Buckets:
+    """DDP-style gradient buckets of one rank, filled in backward order."""
+
+    def __init__(self, builder: _StepBuilder, rank: int, dp_group: tuple[int, ...]) -> None:
+        self.b = builder
+        self.rank = rank
+        self.group = dp_group
+        self.size = builder.par.grad_bucket_bytes
+        self.fill = 0.0
+        self.expert_fill = 0.0
+        self.emitted: list[int] = []
+        self.reduced: list[float] = []
+        self.deferred: list[float] = []
+        par = builder.par
+        self.kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
+        self.algorithm = "parameter_server" if par.dp_sync == "parameter_server" else "auto"
+        self.expert_group = builder.layout.expert_dp_group(rank) if builder.model.is_moe else dp_group
+
+    def add(self, seg: _Segment, ready_op: int | None) -> None:
+        if self.b.par.dp == 1 and len(self.expert_group) == 1:
+            return
+        self.fill += seg.grad_bytes
+        self.expert_fill += seg.expert_grad_bytes
+        while ready_op is not None and self.fill >= self.size:
+            self._emit(self.size, [ready_op])
+            self.fill -= self.size
+        self._ready = ready_op
+
+    def _emit(self, nbytes: float, deps: list[int], group: tuple[int, ...] | None = None,
+              traffic_class: str = "dp") -> None:
+        group = group or self.group
+        if len(group) < 2 or nbytes <= 0:
+            return
+        self.emitted.append(self.b.graph.collective_op(
+            self.rank, self.kind, group, nbytes, name=f"grad_{self.kind}", stream="dp", deps=deps,
+            algorithm=self.algorithm if self.kind == "all_reduce" else "auto", traffic_class=traffic_class))
+        self.reduced.append(nbytes)
+
+    def flush(self, last_op: int) -> None:
+        """Reduce whatever is left after the backward (or everything, without overlap)."""
+        while self.fill > 0:
+            chunk = min(self.size, self.fill)
+            self._emit(chunk, [last_op])
+            self.fill -= chunk
+        if self.expert_fill > 0:
+            cls = "edp" if self.b.par.ep > 1 else "dp"
+            while self.expert_fill > 0:
+                chunk = min(self.size, self.expert_fill)
+                self._emit(chunk, [last_op], self.expert_group, cls)
+                self.expert_fill -= chunk
+
+    def gather_params(self, after: int) -> None:
+        """ZeRO-1/2: all-gather the updated 16-bit parameters, bucket by bucket."""
+        ratio = self.b.dtype / self.b.grad_bytes
+        for nbytes in list(self.reduced):
+            self.b.graph.collective_op(self.rank, "all_gather", self.group, nbytes * ratio, name="param_all_gather",
+                                       stream="dp", deps=[after], traffic_class="zero")
+
+
+def training_step(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
+                  options: StepOptions | None = None) -> TrainingStep:
+    """Generate the op graph of one training step.
+
+    Parameters
+    ----------
+    model, parallel, training
+        Validated with :func:`workloads.parallel.validate` first (raises
+        :class:`~workloads.errors.ConfigError` naming the field).
+    options : StepOptions, optional
+
+    Examples
+    --------
+    >>> from workloads.models import get_preset
+    >>> step = training_step(get_preset("gpt2-small"), ParallelConfig(tp=2, pp=2, dp=2, global_batch=8),
+    ...                      TrainingSpec(seq_len=1024))
+    >>> step.graph.world_size, step.num_micro_batches
+    (8, 4)
+    """
+    validate(model, parallel, training)
+    options = options or StepOptions()
+    builder = _StepBuilder(model, parallel, training, options)
+    graph = builder.build()
+    flops = model_flops_per_step(model, parallel.global_batch, training.seq_len, causal=options.causal)
+    stages = [builder.layout.coords(r).pp for r in range(parallel.world_size)]
+    return TrainingStep(graph, model, parallel, training, builder.layout, builder.m, flops, stages)
+
+
+__all__ = ["StepOptions", "TrainingStep", "training_step", "GRANULARITIES", "PipeAction"]
