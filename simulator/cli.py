@@ -83,6 +83,87 @@ def _collective():
     return configure, run
 
 
+# ------------------------------------------------------------------------- run
+def print_summary(result, file=None) -> None:
+    """A readable multi-line summary of a training-step result."""
+    s = result.summary
+    out = file or sys.stdout
+    gb = 1e-9
+    print(f"{s.get('name', 'run')}", file=out)
+    print(f"  step time            {format_time(s['step_time_s'])}"
+          f"   ({s.get('tokens_per_s', 0):,.0f} tokens/s)", file=out)
+    if "mfu" in s:
+        print(f"  MFU                  {s['mfu'] * 100:.1f} %   ({s['tflops_per_gpu']:.0f} TFLOP/s per GPU, "
+              f"{s['hardware_tflops_per_gpu']:.0f} with recompute)", file=out)
+        print(f"  pipeline bubble      {s['bubble_fraction'] * 100:.1f} % of the pipeline window"
+              f"   ({s['num_micro_batches']} micro-batches)", file=out)
+        mem = s["memory_breakdown_bytes"]
+        print(f"  memory per GPU       {s['memory_per_gpu_bytes'] * gb:.1f} GB (params {mem['parameters'] * gb:.1f}"
+              f" + grads {mem['gradients'] * gb:.1f} + optimizer {mem['optimizer'] * gb:.1f}"
+              f" + activations {mem['activations'] * gb:.1f}; stage {mem['stage']})", file=out)
+    print(f"  exposed comm         {format_time(s['exposed_comm_s'])} per rank: " + ", ".join(
+        f"{k} {format_time(v)}" for k, v in s["exposed_comm_by_class_s"].items()), file=out)
+    print("  bytes sent by class  " + ", ".join(f"{k} {format_bytes(v)}" for k, v in s["bytes_by_class"].items()),
+          file=out)
+    print("  link bytes by tier   " + ", ".join(f"{k} {format_bytes(v)}" for k, v in s["bytes_by_tier"].items()),
+          file=out)
+    print(f"  simulated in         {s['sim_wall_s']:.2f} s wall ({s['events']:,} events, "
+          f"{s['rate_solves']:,} rate solves, {s['flows']:,} flows)", file=out)
+
+
+def _json_summary(result) -> str:
+    return json.dumps(result.summary, default=float)
+
+
+@command("run", "simulate one training step described by an experiment YAML file")
+def _run():
+    def configure(p: argparse.ArgumentParser) -> None:
+        p.add_argument("file", help="experiment YAML (sections: cluster, model, parallel, training, ...)")
+        p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+        p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
+        p.add_argument("--force", action="store_true", help="simulate even if the config does not fit in memory")
+
+    def run(args: argparse.Namespace) -> int:
+        from .experiment import load_experiment, run_experiment
+        result = run_experiment(load_experiment(args.file), force=args.force)
+        if args.trace:
+            result.to_chrome_trace(args.trace)
+        if args.json:
+            print(_json_summary(result))
+        else:
+            print_summary(result)
+            if args.trace:
+                print(f"  trace written to     {args.trace}")
+        return 0
+
+    return configure, run
+
+
+@command("demo", "simulate a small built-in 3D-parallel training step and print what happened")
+def _demo():
+    def configure(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+
+    def run(args: argparse.Namespace) -> int:
+        from .experiment import DEMO_EXPERIMENT, experiment_from_dict, run_experiment
+        result = run_experiment(experiment_from_dict(DEMO_EXPERIMENT))
+        if args.json:
+            print(_json_summary(result))
+            return 0
+        print_summary(result)
+        print("\n  per pipeline stage:")
+        print(result.stages.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+        links = result.links
+        top = links[links["bytes"] > 0].sort_values("utilization", ascending=False).head(5)
+        print("\n  busiest links:")
+        print(top[["src", "dst", "tier", "bytes", "utilization"]].to_string(index=False,
+                                                                           float_format=lambda x: f"{x:.3g}"))
+        print("\nNext: clustersim run examples/gpt3-175b-1024-h100.yaml   |   clustersim collective --help")
+        return 0
+
+    return configure, run
+
+
 # ------------------------------------------------------------------------ main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clustersim", description=__doc__.splitlines()[0])

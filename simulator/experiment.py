@@ -44,6 +44,17 @@ from .result import Result
 SECTIONS = ("name", "cluster", "model", "parallel", "training", "network", "compute", "options", "sweep")
 
 
+DEMO_EXPERIMENT = {
+    "name": "demo: gpt2-small, TP2 x PP2 x DP4 on 2 DGX-H100 nodes",
+    "cluster": {"preset": "dgx-h100", "nodes": 2},
+    "model": {"preset": "gpt2-small"},
+    "parallel": {"tp": 2, "pp": 2, "dp": 4, "micro_batch": 4, "global_batch": 64, "schedule": "1f1b",
+                 "sequence_parallel": True},
+    "training": {"seq_len": 1024, "dtype": "bf16"},
+}
+"""The built-in demo (same as ``examples/demo.yaml``)."""
+
+
 class OutOfMemoryError(ValueError):
     """The configuration does not fit in GPU memory; the message has the breakdown."""
 
