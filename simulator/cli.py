@@ -165,9 +165,16 @@ def _demo():
 
 
 # ------------------------------------------------------------------------ main
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit 2), like every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="clustersim", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _OneLineParser(prog="clustersim", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
     for name, (configure, _run, help_text) in COMMANDS.items():
         configure(sub.add_parser(name, help=help_text, description=help_text))
     return parser
