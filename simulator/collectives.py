@@ -225,11 +225,19 @@ def _merge(parallel_plans: list[list[tuple[Transfer, ...]]]) -> list[tuple[Trans
 
 
 def plan_direct(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
-                fidelity: str = "fast") -> list[tuple[Transfer, ...]]:
-    """Pairwise exchange (all_to_all), star to/from the root (gather, broadcast, reduce)."""
+                fidelity: str = "fast", matrix: Sequence[Sequence[float]] | None = None
+                ) -> list[tuple[Transfer, ...]]:
+    """Pairwise exchange (all_to_all), star to/from the root (gather, broadcast, reduce).
+
+    ``matrix[i][j]`` (all_to_all only) is the bytes member ``i`` sends to
+    member ``j`` (alltoallv); without it every pair exchanges ``S/n``.
+    """
     n = len(group)
     root = group[0]
     if kind == "all_to_all":
+        if matrix is not None:
+            return [tuple(Transfer(((a, b),), float(matrix[i][j]), 1, 0) for i, a in enumerate(group)
+                          for j, b in enumerate(group) if i != j and matrix[i][j] > 0)]
         chunk = nbytes / n
         return [tuple(Transfer(((a, b),), chunk, 1, 0) for a in group for b in group if a != b)]
     if kind == "gather":
@@ -276,12 +284,22 @@ AUTO_CANDIDATES = {
 
 
 def plan_collective(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
-                    algorithm: str = "ring", fidelity: str = "fast") -> Plan:
-    """Plan one collective with a named algorithm (not ``auto``; see :class:`simulator.fabric.Fabric`)."""
+                    algorithm: str = "ring", fidelity: str = "fast",
+                    matrix: Sequence[Sequence[float]] | None = None) -> Plan:
+    """Plan one collective with a named algorithm (not ``auto``; see :class:`simulator.fabric.Fabric`).
+
+    ``matrix`` (all_to_all with per-pair sizes) forces the ``direct`` algorithm.
+    """
     if algorithm not in ALGORITHMS:
         raise CollectiveError(f"algorithm: {algorithm!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
     if fidelity not in ("fast", "full"):
         raise CollectiveError(f"fidelity: {fidelity!r} unknown; valid: fast, full")
     group = tuple(group)
+    if matrix is not None:
+        if kind != "all_to_all":
+            raise CollectiveError(f"matrix: only all_to_all takes per-pair sizes, not {kind}")
+        total = sum(sum(row) for row in matrix)
+        phases = plan_direct(kind, group, total, server_of, fidelity, matrix) if len(group) > 1 else []
+        return Plan(kind, "direct", group, float(total), tuple(p for p in phases if p))
     phases = [] if len(group) < 2 or nbytes <= 0 else ALGORITHMS[algorithm](kind, group, nbytes, server_of, fidelity)
     return Plan(kind, algorithm, group, float(nbytes), tuple(p for p in phases if p))

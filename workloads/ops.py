@@ -102,6 +102,11 @@ class Collective(Op):
     ``count`` > 1 makes it a coarsened op: ``count`` back-to-back collectives
     of ``nbytes`` each (e.g. the two TP all-reduces of each of 12 layers),
     which pay the per-step latency ``count`` times.
+
+    ``split`` (all_to_all only) makes it a variable-size exchange, like MPI's
+    ``alltoallv``: the bytes this rank sends to each member of ``group``, in
+    group order; ``nbytes`` is then their sum. Members may send different
+    amounts, so only kind, group and count must match.
     """
 
     collective: str = "all_reduce"
@@ -109,6 +114,7 @@ class Collective(Op):
     nbytes: float = 0.0
     algorithm: str = "auto"
     count: int = 1
+    split: tuple[float, ...] | None = None
     kind = "collective"
 
 
@@ -223,6 +229,7 @@ class OpGraph:
         stream: str = "comm",
         algorithm: str = "auto",
         count: int = 1,
+        split: Sequence[float] | None = None,
         traffic_class: str = "dp",
         layer: int = -1,
         micro_batch: int = -1,
@@ -243,10 +250,17 @@ class OpGraph:
             raise OpGraphError(f"nbytes: must be >= 0, got {nbytes}")
         if count < 1:
             raise OpGraphError(f"count: must be >= 1, got {count}")
+        if split is not None:
+            if collective != "all_to_all":
+                raise OpGraphError(f"split: only an all_to_all can have per-peer sizes, not {collective}")
+            split = tuple(float(x) for x in split)
+            if len(split) != len(grp) or any(x < 0 for x in split):
+                raise OpGraphError(f"split: need {len(grp)} non-negative sizes (one per group member), got {split}")
+            nbytes = sum(split)
         op = Collective(len(self.ops), rank, stream, self._deps(deps), name or collective,
                         **self._tags(traffic_class, layer, micro_batch, stage),
                         collective=collective, group=grp, nbytes=float(nbytes), algorithm=algorithm,
-                        count=int(count))
+                        count=int(count), split=split)
         self.ops.append(op)
         return op.id
 
