@@ -20,8 +20,9 @@ from .compute import ComputeModel
 from .engine import DeadlockError, Engine
 from .fabric import NetworkConfig
 from .result import Result
+from .sweep import sweep  # shadows the submodule attribute; the module is sys.modules["simulator.sweep"]
 
-__all__ = ["simulate", "Result", "ComputeModel", "NetworkConfig", "DeadlockError", "Engine"]
+__all__ = ["simulate", "Result", "ComputeModel", "NetworkConfig", "DeadlockError", "Engine", "sweep"]
 
 
 def simulate(graph: OpGraph, cluster: Cluster, compute: ComputeModel | None = None,

@@ -164,6 +164,48 @@ def _demo():
     return configure, run
 
 
+# ----------------------------------------------------------------------- sweep
+@command("sweep", "simulate an experiment file over a grid of overrides and rank the feasible points")
+def _sweep():
+    def configure(p: argparse.ArgumentParser) -> None:
+        p.add_argument("file", help="experiment YAML; its sweep: section (grid, metric, max_tp) gives defaults")
+        p.add_argument("--grid", action="append", default=[], metavar="PATH=V1,V2,...",
+                       help="sweep a dotted field, e.g. parallel.tp=1,2,4,8 (repeatable; overrides the file's grid); "
+                            "layout=auto: every (tp, pp, dp); parallel.micro_batch=auto: every divisor")
+        p.add_argument("-o", "--output", metavar="OUT.csv|OUT.parquet",
+                       help="write every row; rerunning with the same file skips the points already there")
+        p.add_argument("--jobs", type=int, help="local worker processes (default: all cores; 1 runs in-process)")
+        p.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on an existing Dask distributed cluster")
+        p.add_argument("--top", type=int, default=10, help="print the best K feasible points (default 10)")
+        p.add_argument("--metric", help="ranking column (default: the file's sweep.metric, else step_time_s)")
+        p.add_argument("--max-tp", type=int, help="largest tp of layout=auto (default: GPUs per node)")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    def run(args: argparse.Namespace) -> int:
+        from .sweep import SweepInterrupted, counts_line, parse_grid_arg, sweep, top_table
+        for flag, value, least in (("--jobs", args.jobs, 1), ("--top", args.top, 0), ("--max-tp", args.max_tp, 1)):
+            if value is not None and value < least:
+                raise ValueError(f"{flag}: must be >= {least}, got {value}")
+
+        def started(points: int, reused: int) -> None:
+            print(f"# {points} points" + (f", {reused} already in {args.output}" if reused else ""), file=sys.stderr)
+
+        try:
+            table = sweep(args.file, dict(parse_grid_arg(g) for g in args.grid), metric=args.metric, jobs=args.jobs,
+                          scheduler=args.scheduler, output=args.output, progress=not args.no_progress,
+                          max_tp=args.max_tp, on_start=started)
+        except SweepInterrupted as exc:
+            where = f"; kept in {args.output}, rerun the same command to resume" if args.output else ""
+            print(f"interrupted after {counts_line(exc.table)}{where}", file=sys.stderr)
+            return 130
+        if args.top:
+            print(top_table(table, args.top))
+        print(counts_line(table) + (f"; written to {args.output}" if args.output else ""))
+        return 0
+
+    return configure, run
+
+
 # ------------------------------------------------------------------------ main
 class _OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit 2), like every other error."""

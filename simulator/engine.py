@@ -53,13 +53,52 @@ def _describe(op: Op) -> str:
     return f"rank {op.rank} op {op.id} {op.kind} {op.name!r}"
 
 
+def _replicas(graph: OpGraph) -> dict[int, tuple[int, ...]] | None:
+    """``graph.replicas`` (representative rank -> the ranks it stands for), or None for a full graph."""
+    return getattr(graph, "replicas", None)
+
+
+def group_shape(group: tuple[int, ...], replicas: dict[int, tuple[int, ...]] | None) -> tuple[str, list[int]]:
+    """How a collective on ``group`` runs in a graph with representatives.
+
+    Returns ``(shape, members)`` where ``members`` are the representatives in
+    ``group`` (the ranks that issue the op) and ``shape`` is
+
+    ``"internal"``
+        the group is exactly the union of its members' replica sets (e.g. a
+        TP group whose representative stands for all of it): the collective
+        runs once over ``group``;
+    ``"replicated"``
+        every rank of the group is a representative: the collective runs once
+        per replica index ``k`` over ``[replicas[r][k] for r in group]``.
+
+    In a full graph (``replicas`` None) every group is internal.
+    """
+    if replicas is None:
+        return "internal", list(group)
+    members = [r for r in group if r in replicas]
+    if len(members) == len(group):
+        if all(len(replicas[r]) == 1 for r in group):
+            return "internal", members
+        return "replicated", members
+    covered = sorted(x for r in members for x in replicas[r])
+    if covered == sorted(group):
+        return "internal", members
+    raise OpGraphError(f"group {list(group)}: mixes representative ranks {members} with ranks they do not "
+                       f"stand for; a graph with representatives needs groups that are whole replica sets "
+                       f"or made of representatives only")
+
+
 def match_ops(graph: OpGraph) -> dict[int, tuple]:
     """Rendezvous key of every collective/send/recv op; raise if one can never match.
 
     Collectives: ``("c", group, k)`` for the k-th collective a rank issues on
     ``group``. Point-to-point: ``("p", src, dst, k)`` for the k-th transfer
     from ``src`` to ``dst``. Members of one key must agree on kind and bytes.
+    In a graph with representatives (``graph.replicas``) only the
+    representatives of a group issue its collectives (:func:`group_shape`).
     """
+    replicas = _replicas(graph)
     counters: dict[tuple, int] = {}
     keys: dict[int, tuple] = {}
     members: dict[tuple, list[Op]] = {}
@@ -80,11 +119,15 @@ def match_ops(graph: OpGraph) -> dict[int, tuple]:
         keys[op.id] = key
         members.setdefault(key, []).append(op)
     problems = []
+    shapes: dict[tuple, list[int]] = {}
     for key, ops in members.items():
         first = ops[0]
         if key[0] == "c":
+            need = shapes.get(key[1])
+            if need is None:
+                need = shapes[key[1]] = group_shape(key[1], replicas)[1]
             present = {o.rank for o in ops}
-            missing = [r for r in key[1] if r not in present]
+            missing = [r for r in need if r not in present]
             if missing:
                 problems.append(f"{_describe(first)} (collective #{key[2]} on group {list(key[1])}) "
                                 f"never joined by rank(s) {missing}")
@@ -101,6 +144,9 @@ def match_ops(graph: OpGraph) -> dict[int, tuple]:
             elif ops[0].nbytes != ops[1].nbytes:
                 raise OpGraphError(f"{_describe(ops[0])} and {_describe(ops[1])}: sizes differ "
                                    f"({ops[0].nbytes:g} vs {ops[1].nbytes:g} B)")
+            elif replicas is not None and len(replicas[key[1]]) != len(replicas[key[2]]):
+                raise OpGraphError(f"{_describe(first)}: ranks {key[1]} and {key[2]} stand for different "
+                                   f"numbers of replicas")
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise DeadlockError("deadlock: " + "; ".join(problems[:5]) + more)
@@ -133,82 +179,155 @@ class Engine:
 
     def run(self) -> RunRecord:
         """Run to completion; raise :class:`DeadlockError` if any op can never finish."""
-        ops = self.graph.ops
+        graph = self.graph
+        ops = graph.ops
         n = len(ops)
-        keys = match_ops(self.graph)
+        replicas = _replicas(graph)
+        if replicas is not None:
+            for op in ops:
+                if op.rank not in replicas:
+                    raise OpGraphError(f"{_describe(op)}: rank {op.rank} is not a representative of this graph")
+        keys = match_ops(graph)
         env, fabric, compute = self.env, self.fabric, self.compute
+        network = fabric.network
 
         dependents: list[list[int]] = [[] for _ in range(n)]
-        waiting = np.zeros(n, dtype=np.int64)
+        waiting: list[int] = [0] * n
         last_on_stream: dict[tuple, int] = {}
         for op in ops:
-            deps = set(op.deps)
+            i = op.id
+            deps = op.deps
             prev = last_on_stream.get((op.rank, op.stream))
-            if prev is not None:
-                deps.add(prev)
-            last_on_stream[(op.rank, op.stream)] = op.id
+            last_on_stream[(op.rank, op.stream)] = i
+            if prev is not None and prev not in deps:
+                deps = (*deps, prev)
+            if len(deps) > 1 and len(set(deps)) != len(deps):
+                deps = tuple(dict.fromkeys(deps))
             for d in deps:
-                dependents[d].append(op.id)
-            waiting[op.id] = len(deps)
-        waiting_list = waiting.tolist()
+                dependents[d].append(i)
+            waiting[i] = len(deps)
+        del last_on_stream
 
-        issue_s = np.full(n, np.nan)
-        start_s = np.full(n, np.nan)
-        end_s = np.full(n, np.nan)
+        # Compute durations, cached per distinct op shape (coarsened ops often share their kernel tuple).
+        nan = float("nan")
+        duration: list[float] = [nan] * n
+        by_parts: dict[int, float] = {}
+        by_value: dict[tuple, float] = {}
+        for op in ops:
+            if op.kind != "compute":
+                continue
+            parts = op.parts
+            if parts is not None:
+                d = by_parts.get(id(parts))
+                if d is None:
+                    key = (op.category, op.duration_s, parts)
+                    d = by_value.get(key)
+                    if d is None:
+                        d = by_value[key] = compute.duration(op)
+                    by_parts[id(parts)] = d
+            else:
+                key = (op.category, op.flops, op.nbytes, op.shape, op.duration_s)
+                d = by_value.get(key)
+                if d is None:
+                    d = by_value[key] = compute.duration(op)
+            duration[op.id] = d
+        del by_parts, by_value
+
+        issue_s: list[float] = [nan] * n
+        start_s: list[float] = [nan] * n
+        end_s: list[float] = [nan] * n
         arrived: dict[tuple, list[Op]] = {}
-        durations: dict[tuple, float] = {}
+        expected: dict[tuple, tuple[str, int, list]] = {}
+        clone_groups: dict[tuple, list[tuple[int, ...]]] = {}
         completed = 0
+        timeout = env.timeout
 
-        def complete(op_ids: list[int]) -> None:
+        def finish(op_ids: list[int]) -> None:
             nonlocal completed
             now = env.now
+            completed += len(op_ids)
             for i in op_ids:
                 end_s[i] = now
-                completed += 1
                 for d in dependents[i]:
-                    waiting_list[d] -= 1
-                    if waiting_list[d] == 0:
+                    w = waiting[d] - 1
+                    waiting[d] = w
+                    if w == 0:
                         issue(ops[d])
 
-        def on_done(op_ids: list[int]) -> Callable:
-            return lambda _ev: complete(op_ids)
+        def on_compute(event) -> None:
+            finish([event._value])
+
+        def clones(group: tuple[int, ...]) -> list[tuple[int, ...]]:
+            out = clone_groups.get(group)
+            if out is None:
+                reps = [replicas[r] for r in group]
+                out = clone_groups[group] = [tuple(rs[k] for rs in reps) for k in range(len(reps[0]))]
+            return out
 
         def issue(op: Op) -> None:
+            i = op.id
             now = env.now
-            issue_s[op.id] = now
+            issue_s[i] = now
             if op.kind == "compute":
-                start_s[op.id] = now
-                key = (op.category, op.flops, op.nbytes, op.shape, op.duration_s, op.parts)
-                d = durations.get(key)
-                if d is None:
-                    d = durations[key] = compute.duration(op)
-                env.timeout(d).callbacks.append(on_done([op.id]))
+                start_s[i] = now
+                timeout(duration[i], i).callbacks.append(on_compute)
                 return
-            key = keys[op.id]
-            group = arrived.setdefault(key, [])
-            group.append(op)
-            expected = len(op.group) if op.kind == "collective" else 2
-            if len(group) < expected:
+            key = keys[i]
+            group = arrived.get(key)
+            if group is None:
+                group = arrived[key] = [op]
+            else:
+                group.append(op)
+            if op.kind == "collective":
+                shape = expected.get(key[1])
+                if shape is None:
+                    kind, members = group_shape(op.group, replicas)
+                    shape = expected[key[1]] = (kind, len(members))
+                if len(group) < shape[1]:
+                    return
+                del arrived[key]
+                ids = [o.id for o in group]
+                for j in ids:
+                    start_s[j] = now
+                fabric.collectives_run += 1
+                done = _Countdown(1, finish, ids)
+                if shape[0] == "internal":
+                    fabric.run_phases(fabric.phases(op.collective, op.group, op.nbytes, op.algorithm, op.count),
+                                      op.traffic_class, done.tick)
+                else:
+                    plans = [fabric.phases(op.collective, g, op.nbytes, op.algorithm, op.count)
+                             for g in clones(op.group)]
+                    if all(len(p) == 1 for p in plans):
+                        # Single-phase plans (pipelined rings, direct): start every replica's flows at once.
+                        network.start_flows([s for p in plans for s in p[0]], op.traffic_class, done.tick)
+                    else:
+                        done.left = len(plans)
+                        for p in plans:
+                            fabric.run_phases(p, op.traffic_class, done.tick)
+                return
+            if len(group) < 2:
                 return
             del arrived[key]
             ids = [o.id for o in group]
-            start_s[ids] = now
-            if op.kind == "collective":
-                plan = fabric.plan(op.collective, op.group, op.nbytes, op.algorithm)
-                ev = fabric.run_plan(plan, op.traffic_class, op.count)
+            for j in ids:
+                start_s[j] = now
+            send = group[0] if group[0].kind == "send" else group[1]
+            if replicas is None:
+                specs = [fabric.send_spec(send.rank, send.peer, send.nbytes)]
             else:
-                send = group[0] if group[0].kind == "send" else group[1]
-                ev = fabric.send(send.rank, send.peer, send.nbytes, send.traffic_class)
-            ev.callbacks.append(on_done(ids))
+                specs = [fabric.send_spec(s, d, send.nbytes)
+                         for s, d in zip(replicas[send.rank], replicas[send.peer])]
+            network.start_flows(specs, send.traffic_class, _Countdown(1, finish, ids).tick)
 
         for op in ops:
-            if waiting_list[op.id] == 0:
+            if waiting[op.id] == 0:
                 issue(op)
         env.run()
+        issue_a, start_a, end_a = np.array(issue_s), np.array(start_s), np.array(end_s)
         if completed < n:
-            raise DeadlockError(self._deadlock_report(arrived, issue_s, end_s))
-        step = float(np.max(end_s)) if n else 0.0
-        return RunRecord(self.graph, fabric, issue_s, start_s, end_s, _event_count(env), step)
+            raise DeadlockError(self._deadlock_report(arrived, issue_a, end_a))
+        step = float(np.max(end_a)) if n else 0.0
+        return RunRecord(self.graph, fabric, issue_a, start_a, end_a, _event_count(env), step)
 
     def _deadlock_report(self, arrived: dict, issue_s: np.ndarray, end_s: np.ndarray) -> str:
         ops = self.graph.ops
@@ -216,7 +335,8 @@ class Engine:
         for key, present in arrived.items():
             op = present[0]
             have = {o.rank for o in present}
-            need = op.group if op.kind == "collective" else (key[1], key[2])
+            need = (group_shape(op.group, _replicas(self.graph))[1] if op.kind == "collective"
+                    else (key[1], key[2]))
             missing = [r for r in need if r not in have]
             lines.append(f"{_describe(op)} waits for rank(s) {missing} to reach it")
         blocked = [op for op in ops if np.isnan(issue_s[op.id])]
@@ -226,6 +346,22 @@ class Engine:
                          f"waiting on op(s) {[d for d in op.deps if np.isnan(end_s[d])]}")
         unfinished = int(np.isnan(end_s).sum())
         return f"deadlock: {unfinished} op(s) can never finish: " + "; ".join(lines[:6])
+
+
+class _Countdown:
+    """Calls ``finish(ids)`` after ``left`` ticks (the flows or clone plans of one op)."""
+
+    __slots__ = ("left", "finish", "ids")
+
+    def __init__(self, left: int, finish: Callable[[list[int]], None], ids: list[int]) -> None:
+        self.left = left
+        self.finish = finish
+        self.ids = ids
+
+    def tick(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.finish(self.ids)
 
 
 def _event_count(env: simpy.Environment) -> int:

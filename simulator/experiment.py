@@ -8,6 +8,7 @@ Sections (every section may name a ``preset`` and override its fields)::
     parallel: {tp: 8, pp: 8, ...}                     # workloads.parallel.parallel_from_dict
     training: {seq_len: 2048, dtype: bf16}
     network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0}     # optional
+    fidelity: fast                                     # optional: fast | full (see FIDELITIES)
     compute:  {matmul_efficiency: 0.75, attention_efficiency: 0.5, ...}     # optional
     options:  {granularity: chunk, grad_dtype_bytes: 2, causal: false, flash_attention: true}  # optional
     sweep:    {...}                                    # read by ``clustersim sweep`` only
@@ -24,6 +25,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -32,16 +34,24 @@ from topologies.cluster import Cluster
 from workloads.errors import ConfigError
 from workloads.memory import MemoryBreakdown, memory_per_gpu
 from workloads.models import ModelSpec, model_from_dict
-from workloads.parallel import ParallelConfig, TrainingSpec, parallel_from_dict, training_from_dict
+from workloads.parallel import ParallelConfig, TrainingSpec, parallel_from_dict, training_from_dict, validate
 from workloads.training import StepOptions, TrainingStep, training_step
 
 from .compute import ComputeModel
 from .engine import Engine
 from .fabric import NetworkConfig
-from .intervals import length, union
+from .intervals import grouped_union_length
 from .result import Result
 
-SECTIONS = ("name", "cluster", "model", "parallel", "training", "network", "compute", "options", "sweep")
+SECTIONS = ("name", "cluster", "model", "parallel", "training", "network", "compute", "options", "sweep",
+            "fidelity")
+FIDELITIES = ("fast", "full")
+"""Simulation fidelity. ``full`` simulates every rank's program. ``fast`` (default) simulates one
+representative per TP group — the members of a TP group run identical programs in lockstep — while the
+network still carries every member's flows (each DP/PP flow and collective is replayed once per member,
+TP collectives run over the real group), so link loads and contention are those of the full run. The two
+agree on step time within 2% (``tests/test_fidelity.py``). Not to be confused with ``network.fidelity``
+(pipelined rings vs every ring step)."""
 
 
 DEMO_EXPERIMENT = {
@@ -72,6 +82,7 @@ class Experiment:
     compute: dict = field(default_factory=dict)
     options: StepOptions = field(default_factory=StepOptions)
     raw: dict = field(default_factory=dict)
+    fidelity: str = "fast"
 
     def memory(self) -> MemoryBreakdown:
         """Peak memory per GPU (most loaded pipeline stage)."""
@@ -156,10 +167,11 @@ def experiment_from_dict(doc: Mapping) -> Experiment:
                           f" but the cluster has {cluster.num_gpus} GPUs; set dp to "
                           f"{cluster.num_gpus / (parallel.tp * parallel.pp):g} or resize cluster.nodes")
     training = training_from_dict(_section(doc, "training"))
+    validate(model, parallel, training)  # impossible combinations fail at load time, with the file's name
     name = doc.get("name") or f"{model.name} on {cluster.name}"
     return Experiment(str(name), cluster, model, parallel, training, _network_from_dict(_section(doc, "network")),
                       _compute_from_dict(_section(doc, "compute")), _options_from_dict(_section(doc, "options")),
-                      raw=copy.deepcopy(dict(doc)))
+                      raw=copy.deepcopy(dict(doc)), fidelity=_fidelity(doc.get("fidelity", "fast")))
 
 
 def read_experiment_file(path: str | os.PathLike) -> dict:
@@ -199,11 +211,18 @@ def load_experiment(path: str | os.PathLike) -> Experiment:
 
 
 # -------------------------------------------------------------------- running
-def run_experiment(exp: Experiment, *, force: bool = False) -> Result:
+def _fidelity(value: object) -> str:
+    if value not in FIDELITIES:
+        raise ConfigError(f"fidelity: {value!r} unknown; valid: {', '.join(FIDELITIES)}")
+    return str(value)
+
+
+def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None = None) -> Result:
     """Generate the step, simulate it and attach training metrics to the result.
 
     Raises :class:`OutOfMemoryError` when the config does not fit in GPU
-    memory, unless ``force``.
+    memory, unless ``force``. ``fidelity`` (``"fast"`` or ``"full"``, see
+    :data:`FIDELITIES`) overrides the experiment's.
     """
     t0 = time.perf_counter()
     memory = exp.memory()
@@ -211,7 +230,8 @@ def run_experiment(exp: Experiment, *, force: bool = False) -> Result:
     if not memory.fits(hbm) and not force:
         raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of "
                                f"{exp.cluster.gpu.name} (use --force to simulate anyway)")
-    step = training_step(exp.model, exp.parallel, exp.training, exp.options)
+    fidelity = _fidelity(exp.fidelity if fidelity is None else fidelity)
+    step = training_step(exp.model, exp.parallel, exp.training, exp.options, representatives=fidelity == "fast")
     record = Engine(step.graph, exp.cluster, exp.compute_model(), exp.network).run()
     result = Result(record, sim_wall_s=time.perf_counter() - t0)
     attach_training_metrics(result, step, exp, memory)
@@ -227,16 +247,20 @@ def pipeline_stages(result: Result, step: TrainingStep) -> pd.DataFrame:
     them); its bubble is the rest of the window. Stages report the mean over
     their ranks.
     """
-    df = result.ops
+    # With fidelity="fast" only representatives have rows; every rank a representative stands for
+    # has the same busy time, so the representatives' frame is enough (and much smaller).
+    df = result.rep_ops
+    replicas = getattr(step.graph, "replicas", None) or {}
+    rep_of = {x: r for r, xs in replicas.items() for x in xs}
     fb = df[(df["stream"] == "compute") & (df["micro_batch"] >= 0)]
     window = float(fb["end_s"].max()) if len(fb) else 0.0
-    busy = {}
-    for rank, rows in fb.groupby("rank"):
-        busy[rank] = length(*union(rows["start_s"].to_numpy(), rows["end_s"].to_numpy()))
+    ranks_fb, idx = np.unique(fb["rank"].to_numpy(), return_inverse=True)
+    lengths = grouped_union_length(idx, fb["start_s"].to_numpy(), fb["end_s"].to_numpy(), len(ranks_fb))
+    busy = dict(zip(ranks_fb.tolist(), lengths.tolist()))
     rows = []
     for stage in range(step.parallel.pp):
         ranks = [r for r, s in enumerate(step.stage_of_rank) if s == stage]
-        b = sum(busy.get(r, 0.0) for r in ranks) / len(ranks)
+        b = sum(busy.get(rep_of.get(r, r), 0.0) for r in ranks) / len(ranks)
         rows.append({"stage": stage, "ranks": len(ranks), "busy_s": b, "bubble_s": window - b,
                      "bubble_fraction": (window - b) / window if window else 0.0})
     return pd.DataFrame(rows)

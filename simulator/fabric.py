@@ -8,6 +8,7 @@ routes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,7 +74,8 @@ class Fabric:
         self.network = backend(env, self.capacity)
         self._servers = [graph.nodes[g]["server"] for g in cluster.gpus]
         self._auto_cache: dict[tuple, str] = {}
-        self._route_latency: dict[tuple, float] = {}
+        self._route_latency: dict[tuple, tuple[np.ndarray, float]] = {}
+        self._phases_cache: dict[tuple, tuple] = {}
         self.collectives_run = 0
 
     # ------------------------------------------------------------------ ranks
@@ -86,12 +88,12 @@ class Fabric:
         return self.router.route(gpus[src], gpus[dst], label)
 
     def _hop(self, src: int, dst: int, label: int) -> tuple[np.ndarray, float]:
-        links = self.route(src, dst, label)
         key = (src, dst, label)
-        lat = self._route_latency.get(key)
-        if lat is None:
-            lat = self._route_latency[key] = float(self.latency[links].sum())
-        return links, lat
+        hop = self._route_latency.get(key)
+        if hop is None:
+            links = self.route(src, dst, label)
+            hop = self._route_latency[key] = (links, float(self.latency[links].sum()))
+        return hop
 
     # ------------------------------------------------------------------ plans
     def plan(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str = "auto") -> Plan:
@@ -127,6 +129,39 @@ class Fabric:
         return total
 
     # -------------------------------------------------------------- execution
+    def phases(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str = "auto",
+               count: int = 1) -> tuple[tuple[tuple, ...], ...]:
+        """The routed flows of a collective: per phase, ``(links, nbytes, latency_s, payload_bytes)`` specs.
+
+        Cached per ``(kind, group, nbytes, algorithm, count)``: plans and routes are pure functions of them.
+        """
+        key = (kind, group, nbytes, algorithm, count)
+        routed = self._phases_cache.get(key)
+        if routed is None:
+            routed = self._phases_cache[key] = self._route_plan(self.plan(kind, group, nbytes, algorithm), count)
+        return routed
+
+    def _route_plan(self, plan: Plan, count: int = 1) -> tuple[tuple[tuple, ...], ...]:
+        alpha = self.config.step_latency_s
+        out = []
+        for phase in plan.phases:
+            specs = []
+            for t in phase:
+                hops = [self._hop(s, d, t.label) for s, d in t.hops]
+                links = hops[0][0] if len(hops) == 1 else np.concatenate([h[0] for h in hops])
+                latency = count * t.steps * (alpha + max(h[1] for h in hops))
+                specs.append((links, count * t.nbytes, latency, count * t.nbytes * len(hops)))
+            out.append(tuple(specs))
+        return tuple(out)
+
+    def run_phases(self, phases: tuple[tuple[tuple, ...], ...], traffic_class: str,
+                   on_done: Callable[[], None]) -> None:
+        """Run routed ``phases`` (see :meth:`phases`) one after another; call ``on_done()`` after the last."""
+        if not phases:
+            self.env.timeout(0).callbacks.append(lambda _ev: on_done())
+            return
+        _PlanRun(self.network, phases, traffic_class, on_done).next()
+
     def run_plan(self, plan: Plan, traffic_class: str, count: int = 1) -> Event:
         """Execute ``plan`` phase by phase; the returned event fires when the last phase ends.
 
@@ -137,38 +172,40 @@ class Fabric:
         """
         done = Event(self.env)
         self.collectives_run += 1
-        phases = plan.phases
+        phases = self._route_plan(plan, count)
         if not phases:
             done.succeed()
             return done
-        alpha = self.config.step_latency_s
-        network = self.network
-        state = {"phase": 0, "left": 0}
-
-        def start_phase() -> None:
-            phase = phases[state["phase"]]
-            state["left"] = len(phase)
-            for t in phase:
-                hops = [self._hop(s, d, t.label) for s, d in t.hops]
-                links = hops[0][0] if len(hops) == 1 else np.concatenate([h[0] for h in hops])
-                latency = count * t.steps * (alpha + max(h[1] for h in hops))
-                ev = network.transfer(links, count * t.nbytes, latency, traffic_class,
-                                      payload_bytes=count * t.nbytes * len(hops))
-                ev.callbacks.append(transfer_done)
-
-        def transfer_done(_ev: Event) -> None:
-            state["left"] -= 1
-            if state["left"] == 0:
-                state["phase"] += 1
-                if state["phase"] == len(phases):
-                    done.succeed()
-                else:
-                    start_phase()
-
-        start_phase()
+        _PlanRun(self.network, phases, traffic_class, done.succeed).next()
         return done
 
     def send(self, src: int, dst: int, nbytes: float, traffic_class: str, label: int = 0) -> Event:
         """Point-to-point transfer from rank ``src`` to rank ``dst``."""
         links, lat = self._hop(src, dst, label)
         return self.network.transfer(links, nbytes, self.config.step_latency_s + lat, traffic_class)
+
+    def send_spec(self, src: int, dst: int, nbytes: float, label: int = 0) -> tuple:
+        """The ``(links, nbytes, latency_s, payload_bytes)`` flow of a point-to-point transfer."""
+        links, lat = self._hop(src, dst, label)
+        return (links, nbytes, self.config.step_latency_s + lat, nbytes)
+
+
+class _PlanRun:
+    """Runs the phases of one routed plan back to back (no SimPy event of its own)."""
+
+    __slots__ = ("network", "phases", "i", "traffic_class", "on_done")
+
+    def __init__(self, network, phases: tuple, traffic_class: str, on_done: Callable[[], None]) -> None:
+        self.network = network
+        self.phases = phases
+        self.i = 0
+        self.traffic_class = traffic_class
+        self.on_done = on_done
+
+    def next(self) -> None:
+        i = self.i
+        if i == len(self.phases):
+            self.on_done()
+            return
+        self.i = i + 1
+        self.network.start_flows(self.phases[i], self.traffic_class, self.next)

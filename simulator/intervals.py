@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 
 def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -41,3 +42,28 @@ def overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) 
 def exposed(comm: tuple[np.ndarray, np.ndarray], compute: tuple[np.ndarray, np.ndarray]) -> float:
     """Time communication runs while no compute runs: ``|comm \\ compute|``."""
     return length(*comm) - overlap(comm, compute)
+
+
+def grouped_union_length(group: np.ndarray, starts: np.ndarray, ends: np.ndarray, num_groups: int) -> np.ndarray:
+    """Length of the union of each group's intervals, for all groups at once.
+
+    ``group[i]`` in ``0..num_groups-1`` owns interval ``[starts[i], ends[i]]``;
+    same merge rule as :func:`union` (touching intervals merge).
+    """
+    out = np.zeros(num_groups)
+    if len(starts) == 0:
+        return out
+    order = np.lexsort((starts, group))
+    g, s, e = group[order], starts[order], ends[order]
+    first = np.empty(len(g), dtype=bool)
+    first[0] = True
+    first[1:] = g[1:] != g[:-1]
+    # Running end within each group (a cumulative max restarted at every group; exact).
+    running = pd.Series(e).groupby(g).cummax().to_numpy()
+    new_block = first.copy()
+    new_block[1:] |= s[1:] > running[:-1]
+    blocks = np.flatnonzero(new_block)
+    block_end = np.maximum.reduceat(e, blocks)
+    np.add.at(out, g[blocks], block_end - s[blocks])
+    return out
+

@@ -71,3 +71,73 @@ def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, capacity: np.n
         hit = live & saturated[local_link]
         unfrozen[entry_flow[hit]] = False
     return rates
+
+
+def max_min_rates_small(flow_links: list, flow_mults: list, capacity: list,
+                        flow_caps: list | None = None) -> list[float]:
+    """Pure-Python progressive filling for small flow sets (same arithmetic as :func:`max_min_rates`).
+
+    ``flow_links[f]`` are the distinct links flow ``f`` crosses, ``flow_mults[f]``
+    how many times it crosses each; ``capacity`` is indexable by link id.
+    ``flow_caps[f]``, if given, bounds flow ``f``'s rate on its own (a private
+    link of that capacity); without it every flow must cross at least one
+    link. The rounds perform the same IEEE operations as the vectorised solver
+    (share = remaining / load, a common increment, ``remaining -= increment ·
+    load``), so both give the same rates.
+    """
+    n = len(flow_links)
+    local: dict[int, int] = {}
+    load: list[float] = []
+    remaining: list[float] = []
+    on_link: list[list[int]] = []
+    flow_local: list[list[int]] = []
+    local_mults = [(1, *m) for m in flow_mults] if flow_caps is not None else flow_mults
+    for f in range(n):
+        mine = []
+        if flow_caps is not None:
+            mine.append(len(load))
+            load.append(1.0)
+            remaining.append(float(flow_caps[f]))
+            on_link.append([f])
+        for link, m in zip(flow_links[f], flow_mults[f]):
+            j = local.get(link)
+            if j is None:
+                j = local[link] = len(load)
+                load.append(float(m))
+                remaining.append(float(capacity[link]))
+                on_link.append([f])
+            else:
+                load[j] += m
+                on_link[j].append(f)
+            mine.append(j)
+        flow_local.append(mine)
+    cap_eps = [c * _REL_EPS for c in remaining]
+    active = list(range(len(load)))
+    rates = [0.0] * n
+    frozen = [False] * n
+    left = n
+    level = 0.0
+    while left:
+        best = -1
+        increment = float("inf")
+        for j in active:
+            share = remaining[j] / load[j]
+            if share < increment:
+                increment, best = share, j
+        level += increment
+        saturated = [best]
+        for j in active:
+            r = remaining[j] - increment * load[j]
+            remaining[j] = r
+            if r <= cap_eps[j] and j != best:
+                saturated.append(j)
+        for j in saturated:
+            for f in on_link[j]:
+                if not frozen[f]:
+                    frozen[f] = True
+                    rates[f] = level
+                    left -= 1
+                    for j2, m in zip(flow_local[f], local_mults[f]):
+                        load[j2] -= m
+        active = [j for j in active if load[j] > 0]
+    return rates

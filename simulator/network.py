@@ -1,15 +1,32 @@
 """Flow-level networks behind one narrow interface.
 
 ``network.transfer(links, nbytes, latency_s, traffic_class)`` starts a
-transfer and returns a SimPy event that fires when its last byte arrives.
-Two backends stand behind it:
+transfer and returns a SimPy event that fires when its last byte arrives;
+``network.start_flows(specs, traffic_class, on_done)`` starts several at once
+and calls ``on_done()`` when the last of them has arrived (no event per flow:
+the engine's fast path). Two backends stand behind it:
 
 :class:`FlowNetwork`
     Congestion-aware. After ``latency_s`` the flow joins the fabric; its rate
     is its max-min fair share of every link it crosses (progressive filling,
     :mod:`simulator.maxmin`), recomputed only when a flow starts or ends and
     at most once per instant (all same-time starts and ends are batched).
-    Event count grows with flows, never with bytes.
+    Re-rating is *incremental* and *local*:
+
+    * a link is *tight* when the flows on it could together ask for more than
+      its capacity (each flow asks at most its solo rate, the min over its
+      links of capacity / crossings); a slack link can never saturate, so it
+      constrains nobody and couples nobody (tolerance: 1e-9 of capacity);
+    * only the connected components (through tight links) of the flows that
+      started, and of the flows that shared a tight link with a flow that
+      ended, are re-solved — max-min rates of the other components cannot
+      change, so the allocation is the one a global solve gives;
+    * each component is solved over its tight links, every flow capped by its
+      solo rate; a flow alone gets its solo rate without a solve.
+
+    Completions come from a heap of finish times (stale entries skipped), so
+    an instant costs work proportional to the flows it touches, not to all
+    active flows. Event count grows with flows, never with bytes.
 
 :class:`AnalyticNetwork`
     Contention-free closed form: ``latency + nbytes / bottleneck``. Used as an
@@ -21,16 +38,20 @@ class per link, so results can say where on the fabric every byte went.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import heapq
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import simpy
 from simpy.events import Event
 
-from .maxmin import max_min_rates
+from .maxmin import max_min_rates, max_min_rates_small
 
 _LATE_PRIORITY = 2  # after every NORMAL (1) event of the same instant
 _REL_TIME_EPS = 1e-12
+_SMALL_COMPONENT = 64  # flows; below this the pure-Python solver beats numpy's per-call overhead
+
+FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
 
 
 class _LateEvent(Event):
@@ -49,37 +70,134 @@ class _LateEvent(Event):
         env.schedule(self, _LATE_PRIORITY, 0)
 
 
-@dataclass(slots=True, eq=False)
+class _Route:
+    """Links of one route with their distinct ids and multiplicities (cached per links array)."""
+
+    __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand")
+
+    def __init__(self, links: np.ndarray, capacity: list[float]) -> None:
+        self.links = links
+        ids, counts = np.unique(links, return_counts=True)
+        self.ulinks = tuple(ids.tolist())
+        self.mults = tuple(counts.tolist())
+        # Max-min rate when the flow is alone on its links: progressive filling's first increment.
+        self.solo_rate = (0.0 + min(capacity[l] / float(m) for l, m in zip(self.ulinks, self.mults))
+                          if self.ulinks else float("inf"))
+        # What the flow can ever ask of each link: it never runs faster than ``solo_rate``.
+        self.demand = tuple(m * self.solo_rate for m in self.mults)
+
+
+class _Join:
+    """Counts down the flows of one :meth:`FlowNetwork.start_flows` call."""
+
+    __slots__ = ("left", "on_done")
+
+    def __init__(self, left: int, on_done: Callable[[], None]) -> None:
+        self.left = left
+        self.on_done = on_done
+
+
 class Flow:
     """A transfer in its bandwidth phase. ``links`` may repeat a link id (crossed twice)."""
 
-    links: np.ndarray
-    nbytes: float
-    traffic_class: str
-    done: Event
-    start_s: float
+    __slots__ = ("route", "nbytes", "payload", "traffic_class", "join", "start_s", "remaining", "rate", "t0",
+                 "seq")
+
+    def __init__(self, route: _Route, nbytes: float, payload: float, traffic_class: str, join: _Join,
+                 start_s: float) -> None:
+        self.route = route
+        self.nbytes = nbytes
+        self.payload = payload
+        self.traffic_class = traffic_class
+        self.join = join
+        self.start_s = start_s
+        self.remaining = nbytes
+        self.rate = 0.0
+        self.t0 = start_s
+        self.seq = -1
+
+    @property
+    def links(self) -> np.ndarray:
+        return self.route.links
 
 
 class LinkLedger:
-    """Per-link accounting shared by both backends: bytes, busy time, bytes per class."""
+    """Per-link accounting shared by both backends: bytes, busy time, bytes per class.
+
+    Records are accumulated per (route, class) in plain Python and folded into
+    the numpy arrays when they are read (``bytes``, ``busy_s``,
+    ``bytes_by_class``), so the hot path never touches numpy.
+    """
 
     def __init__(self, num_links: int) -> None:
         self.num_links = num_links
-        self.bytes = np.zeros(num_links)
-        self.busy_s = np.zeros(num_links)
-        self.bytes_by_class: dict[str, np.ndarray] = {}
+        self._bytes = np.zeros(num_links)
+        self._busy_s = np.zeros(num_links)
+        self._bytes_by_class: dict[str, np.ndarray] = {}
+        self._pending: dict[tuple, list] = {}
+        self._busy_acc: list[float] = [0.0] * num_links  # busy seconds not yet folded into busy_s
         self.flows_completed = 0
         self.payload_bytes_by_class: dict[str, float] = {}
 
     def record(self, flow: Flow, payload_bytes: float) -> None:
-        np.add.at(self.bytes, flow.links, flow.nbytes)
-        per_class = self.bytes_by_class.get(flow.traffic_class)
-        if per_class is None:
-            per_class = self.bytes_by_class[flow.traffic_class] = np.zeros(self.num_links)
-        np.add.at(per_class, flow.links, flow.nbytes)
-        self.payload_bytes_by_class[flow.traffic_class] = (
-            self.payload_bytes_by_class.get(flow.traffic_class, 0.0) + payload_bytes)
+        self.record_route(flow.route, flow.nbytes, flow.traffic_class, payload_bytes)
+
+    def record_route(self, route: _Route, nbytes: float, traffic_class: str, payload_bytes: float) -> None:
+        key = (id(route), traffic_class)
+        entry = self._pending.get(key)
+        if entry is None:
+            self._pending[key] = [route, traffic_class, nbytes]
+        else:
+            entry[2] += nbytes
+        pb = self.payload_bytes_by_class
+        pb[traffic_class] = pb.get(traffic_class, 0.0) + payload_bytes
         self.flows_completed += 1
+
+    def add_busy(self, link: int, seconds: float) -> None:
+        self._busy_acc[link] += seconds
+
+    def _flush(self) -> None:
+        if self._pending:
+            for route, cls, nbytes in self._pending.values():
+                np.add.at(self._bytes, route.links, nbytes)
+                per_class = self._bytes_by_class.get(cls)
+                if per_class is None:
+                    per_class = self._bytes_by_class[cls] = np.zeros(self.num_links)
+                np.add.at(per_class, route.links, nbytes)
+            self._pending = {}
+        acc = np.array(self._busy_acc)
+        if acc.any():
+            self._busy_s += acc
+            self._busy_acc = [0.0] * self.num_links
+
+    @property
+    def bytes(self) -> np.ndarray:
+        self._flush()
+        return self._bytes
+
+    @property
+    def busy_s(self) -> np.ndarray:
+        self._flush()
+        return self._busy_s
+
+    @property
+    def bytes_by_class(self) -> dict[str, np.ndarray]:
+        self._flush()
+        return self._bytes_by_class
+
+
+class _Routes:
+    """Cache of :class:`_Route` per links array (keyed by identity; the cache keeps the arrays alive)."""
+
+    def __init__(self, capacity: list[float]) -> None:
+        self._by_id: dict[int, _Route] = {}
+        self._capacity = capacity
+
+    def get(self, links: np.ndarray) -> _Route:
+        route = self._by_id.get(id(links))
+        if route is None or route.links is not links:
+            route = self._by_id[id(links)] = _Route(links, self._capacity)
+        return route
 
 
 class FlowNetwork:
@@ -95,17 +213,25 @@ class FlowNetwork:
     def __init__(self, env: simpy.Environment, capacity: np.ndarray) -> None:
         self.env = env
         self.capacity = np.asarray(capacity, dtype=float)
+        self._cap = self.capacity.tolist()
         self.ledger = LinkLedger(len(self.capacity))
-        self._flows: list[Flow] = []
-        self._payload: list[float] = []
-        self._remaining = np.zeros(0)
-        self._rate = np.zeros(0)
-        self._finish = np.zeros(0)
-        self._loaded_links = np.zeros(0, dtype=np.int64)
-        self._arrivals: list[tuple[Flow, float]] = []
-        self._t_last = 0.0
+        self._routes = _Routes(self._cap)
+        self._on_link: dict[int, dict[Flow, None]] = {}  # link -> active flows (insertion-ordered)
+        self._busy_since: list[float] = [0.0] * len(self._cap)
+        # Sum over active flows of what they can ever ask of a link. A link whose demand stays within its
+        # capacity can never saturate, so it constrains nobody and couples nobody: only *tight* links
+        # (demand above capacity) enter the max-min problem and its connected components.
+        self._demand: list[float] = [0.0] * len(self._cap)
+        # Tolerance: a link is slack while its demand is within 1e-9 of its capacity (so a flow alone on
+        # its bottleneck is never "tight" through rounding); it can then be overloaded by at most 1e-9.
+        self._tight_at: list[float] = [c * (1 + 1e-9) for c in self._cap]
+        self.component_solves = 0  # non-trivial max-min problems solved (components of 2+ flows)
+        self._heap: list[tuple[float, int, Flow]] = []
+        self._seq = 0
+        self._active = 0
+        self._arrivals: list[Flow] = []
         self._update_pending = False
-        self._wakeup_version = 0
+        self._wake_at = float("inf")
         self.rate_solves = 0
 
     # ----------------------------------------------------------- interface
@@ -119,80 +245,223 @@ class FlowNetwork:
         arrival of the last byte.
         """
         done = Event(self.env)
-        flow = Flow(links, float(nbytes), traffic_class, done, self.env.now)
         payload = float(nbytes) if payload_bytes is None else float(payload_bytes)
-        if latency_s > 0:
-            self.env.timeout(latency_s).callbacks.append(lambda _ev: self._arrive(flow, payload))
-        else:
-            self._arrive(flow, payload)
+        self.start_flows([(links, float(nbytes), latency_s, payload)], traffic_class, done.succeed)
         return done
 
-    # ------------------------------------------------------------ internals
-    def _arrive(self, flow: Flow, payload: float) -> None:
-        if flow.nbytes <= 0 or len(flow.links) == 0:
-            self.ledger.record(flow, payload)
-            flow.done.succeed()
+    def start_flows(self, specs: Sequence[FlowSpec], traffic_class: str, on_done: Callable[[], None]) -> None:
+        """Start every ``(links, nbytes, latency_s, payload_bytes)`` flow; call ``on_done()`` after the last.
+
+        ``on_done`` runs inside the network's update at the instant the last
+        byte arrives (never synchronously inside this call).
+        """
+        env = self.env
+        now = env.now
+        join = _Join(len(specs), on_done)
+        if not specs:
+            env.timeout(0).callbacks.append(lambda _ev: on_done())
             return
-        self._arrivals.append((flow, payload))
-        self._request_update()
+        by_latency: dict[float, list[Flow]] = {}
+        routes = self._routes
+        for links, nbytes, latency_s, payload in specs:
+            flow = Flow(routes.get(links), nbytes, payload, traffic_class, join, now)
+            group = by_latency.get(latency_s)
+            if group is None:
+                by_latency[latency_s] = [flow]
+            else:
+                group.append(flow)
+        for latency_s, flows in by_latency.items():
+            if latency_s > 0:
+                env.timeout(latency_s, flows).callbacks.append(self._arrive_event)
+            else:
+                env.timeout(0, flows).callbacks.append(self._arrive_event)
+
+    # ------------------------------------------------------------ internals
+    def _arrive_event(self, event: Event) -> None:
+        for flow in event._value:
+            if flow.nbytes <= 0 or not flow.route.ulinks:
+                self._finish(flow)
+            else:
+                self._arrivals.append(flow)
+        if self._arrivals:
+            self._request_update()
+
+    def _finish(self, flow: Flow) -> None:
+        self.ledger.record_route(flow.route, flow.nbytes, flow.traffic_class, flow.payload)
+        join = flow.join
+        join.left -= 1
+        if join.left == 0:
+            join.on_done()
 
     def _request_update(self) -> None:
         if not self._update_pending:
             self._update_pending = True
             _LateEvent(self.env).callbacks.append(self._update)
 
-    def _wakeup(self, version: int) -> None:
-        if version == self._wakeup_version:
+    def _wakeup(self, _event: Event) -> None:
+        if self.env.now >= self._wake_at:
+            self._wake_at = float("inf")
             self._request_update()
 
     def _update(self, _event: Event | None = None) -> None:
-        """Advance every flow to now, retire finished ones, admit arrivals, re-rate."""
+        """Retire finished flows, admit arrivals, re-rate the touched components."""
         self._update_pending = False
         now = self.env.now
-        dt = now - self._t_last
-        self._t_last = now
-        changed = bool(self._arrivals)
-        if self._flows:
-            if dt > 0:
-                self.ledger.busy_s[self._loaded_links] += dt
-                self._remaining = self._remaining - self._rate * dt
-            done = self._finish <= now * (1 + _REL_TIME_EPS) + 1e-18
-            if done.any():
-                changed = True
-                keep = ~done
-                for i in np.flatnonzero(done):
-                    flow = self._flows[i]
-                    self.ledger.record(flow, self._payload[i])
-                    flow.done.succeed()
-                self._flows = [f for f, k in zip(self._flows, keep) if k]
-                self._payload = [p for p, k in zip(self._payload, keep) if k]
-                self._remaining = self._remaining[keep]
-        if not changed:
-            return
-        if self._arrivals:
-            self._flows.extend(f for f, _ in self._arrivals)
-            self._payload.extend(p for _, p in self._arrivals)
-            self._remaining = np.concatenate([self._remaining, [f.nbytes for f, _ in self._arrivals]])
+        heap = self._heap
+        seeds: dict[int, None] = {}  # tight links whose flows changed company
+        seed_flows: list[Flow] = []
+        finished: list[Flow] = []
+        on_link = self._on_link
+        busy_since = self._busy_since
+        busy = self.ledger._busy_acc
+        demand = self._demand
+        tight_at = self._tight_at
+        limit = now * (1 + _REL_TIME_EPS) + 1e-18
+        while heap and heap[0][0] <= limit:
+            _, seq, flow = heapq.heappop(heap)
+            if seq != flow.seq:
+                continue  # stale entry: the flow was re-rated since
+            flow.seq = -2
+            finished.append(flow)
+            route = flow.route
+            for link, d in zip(route.ulinks, route.demand):
+                flows = on_link[link]
+                del flows[flow]
+                was_tight = demand[link] > tight_at[link]
+                if flows:
+                    demand[link] -= d
+                    if was_tight:
+                        seeds[link] = None
+                else:
+                    demand[link] = 0.0
+                    del on_link[link]
+                    seeds.pop(link, None)
+                    busy[link] += now - busy_since[link]
+        self._active -= len(finished)
+        arrivals = self._arrivals
+        if arrivals:
             self._arrivals = []
-        self._rerate(now)
+            for flow in arrivals:
+                flow.t0 = now
+                route = flow.route
+                for link, d in zip(route.ulinks, route.demand):
+                    flows = on_link.get(link)
+                    if flows is None:
+                        on_link[link] = {flow: None}
+                        busy_since[link] = now
+                        demand[link] = d
+                    else:
+                        flows[flow] = None
+                        demand[link] += d
+            seed_flows = arrivals
+            self._active += len(arrivals)
+        if seeds or seed_flows:
+            self._rerate(now, seeds, seed_flows)
+        if heap:
+            if len(heap) > 4 * self._active + 1024:
+                self._heap = heap = [e for e in heap if e[1] == e[2].seq]
+                heapq.heapify(heap)
+            top = heap[0][0]
+            if top < self._wake_at:
+                self._wake_at = top
+                self.env.timeout(max(top - now, 0.0)).callbacks.append(self._wakeup)
+        for flow in finished:
+            self._finish(flow)
 
-    def _rerate(self, now: float) -> None:
-        flows = self._flows
-        self._wakeup_version += 1
-        if not flows:
-            self._rate = np.zeros(0)
-            self._finish = np.zeros(0)
-            self._loaded_links = np.zeros(0, dtype=np.int64)
+    def _components(self, seeds: dict[int, None], seed_flows: list[Flow]) -> list[list[Flow]]:
+        """Connected components (through tight links) of the flows on the seed links and the seed flows.
+
+        Deterministic: components and their flows come in discovery order.
+        """
+        on_link = self._on_link
+        demand = self._demand
+        tight_at = self._tight_at
+        seen: set[Flow] = set()
+        seen_links: set[int] = set()
+        out: list[list[Flow]] = []
+        starts = list(seed_flows)
+        for link in seeds:
+            starts.extend(on_link[link])
+        for first in starts:
+            if first in seen:
+                continue
+            seen.add(first)
+            comp = [first]
+            stack = [first]
+            while stack:
+                for link in stack.pop().route.ulinks:
+                    if link not in seen_links and demand[link] > tight_at[link]:
+                        seen_links.add(link)
+                        for flow in on_link[link]:
+                            if flow not in seen:
+                                seen.add(flow)
+                                comp.append(flow)
+                                stack.append(flow)
+            out.append(comp)
+        return out
+
+    def _rerate(self, now: float, seeds: dict[int, None], seed_flows: list[Flow]) -> None:
+        components = self._components(seeds, seed_flows)
+        if not components:
             return
-        entry_link = np.concatenate([f.links for f in flows])
-        entry_flow = np.repeat(np.arange(len(flows)), [len(f.links) for f in flows])
-        self._rate = max_min_rates(entry_flow, entry_link, self.capacity, len(flows))
         self.rate_solves += 1
-        self._loaded_links = np.unique(entry_link)
-        self._finish = now + self._remaining / self._rate
-        version = self._wakeup_version
-        delay = max(float(self._finish.min()) - now, 0.0)
-        self.env.timeout(delay).callbacks.append(lambda _ev: self._wakeup(version))
+        for flows in components:
+            self._solve(now, flows)
+
+    def _solve(self, now: float, flows: list[Flow]) -> None:
+        if len(flows) == 1:
+            rates = [flows[0].route.solo_rate]
+        else:
+            self.component_solves += 1
+            # Max-min over the tight links only, each flow also capped by its solo rate (which stands
+            # for all its slack links: they can never bind).
+            demand, tight_at = self._demand, self._tight_at
+            flow_links, flow_mults = [], []
+            for f in flows:
+                route = f.route
+                ls, ms = [], []
+                for link, m in zip(route.ulinks, route.mults):
+                    if demand[link] > tight_at[link]:
+                        ls.append(link)
+                        ms.append(m)
+                flow_links.append(ls)
+                flow_mults.append(ms)
+            caps = [f.route.solo_rate for f in flows]
+            if len(flows) <= _SMALL_COMPONENT:
+                rates = max_min_rates_small(flow_links, flow_mults, self._cap, caps)
+            else:
+                rates = _max_min_numpy(flow_links, flow_mults, self._cap, caps)
+        heap = self._heap
+        seq = self._seq
+        push = heapq.heappush
+        for flow, rate in zip(flows, rates):
+            if flow.t0 != now:
+                flow.remaining -= flow.rate * (now - flow.t0)
+                flow.t0 = now
+            flow.rate = rate
+            seq += 1
+            flow.seq = seq
+            push(heap, (now + flow.remaining / rate, seq, flow))
+        self._seq = seq
+
+
+def _max_min_numpy(flow_links: list, flow_mults: list, capacity: list, caps: list) -> list[float]:
+    """:func:`max_min_rates` on local link ids, with one private link per flow for its cap."""
+    local: dict[int, int] = {}
+    entry_flow: list[int] = []
+    entry_link: list[int] = []
+    n = len(flow_links)
+    for f, (ls, ms) in enumerate(zip(flow_links, flow_mults)):
+        entry_flow.append(f)
+        entry_link.append(f)
+        for link, m in zip(ls, ms):
+            j = local.get(link)
+            if j is None:
+                j = local[link] = n + len(local)
+            entry_flow.extend([f] * m)
+            entry_link.extend([j] * m)
+    cap = np.array(caps + [capacity[link] for link in local], dtype=float)
+    return max_min_rates(np.array(entry_flow), np.array(entry_link), cap, n).tolist()
 
 
 class AnalyticNetwork:
@@ -205,26 +474,39 @@ class AnalyticNetwork:
     def __init__(self, env: simpy.Environment, capacity: np.ndarray) -> None:
         self.env = env
         self.capacity = np.asarray(capacity, dtype=float)
+        self._cap = self.capacity.tolist()
         self.ledger = LinkLedger(len(self.capacity))
+        self._routes = _Routes(self._cap)
         self.rate_solves = 0
 
     def transfer(self, links: np.ndarray, nbytes: float, latency_s: float, traffic_class: str,
                  payload_bytes: float | None = None) -> Event:
         """Same contract as :meth:`FlowNetwork.transfer`."""
         done = Event(self.env)
-        flow = Flow(links, float(nbytes), traffic_class, done, self.env.now)
-        if len(links) and nbytes > 0:
-            ids, mult = np.unique(links, return_counts=True)
-            rate = float((self.capacity[ids] / mult).min())
-            duration = latency_s + nbytes / rate
-            self.ledger.busy_s[ids] += nbytes / rate
-        else:
-            duration = latency_s
         payload = float(nbytes) if payload_bytes is None else float(payload_bytes)
-
-        def finish(_ev: Event) -> None:
-            self.ledger.record(flow, payload)
-            done.succeed()
-
-        self.env.timeout(duration).callbacks.append(finish)
+        self.start_flows([(links, float(nbytes), latency_s, payload)], traffic_class, done.succeed)
         return done
+
+    def start_flows(self, specs: Sequence[FlowSpec], traffic_class: str, on_done: Callable[[], None]) -> None:
+        """Same contract as :meth:`FlowNetwork.start_flows`."""
+        join = _Join(len(specs), on_done)
+        if not specs:
+            self.env.timeout(0).callbacks.append(lambda _ev: on_done())
+            return
+        for links, nbytes, latency_s, payload in specs:
+            route = self._routes.get(links)
+            duration = latency_s
+            if route.ulinks and nbytes > 0:
+                rate = min(self._cap[l] / m for l, m in zip(route.ulinks, route.mults))
+                duration += nbytes / rate
+                for link in route.ulinks:
+                    self.ledger.add_busy(link, nbytes / rate)
+            self.env.timeout(duration, (route, nbytes, payload)).callbacks.append(
+                lambda ev, join=join, cls=traffic_class: self._finish(ev._value, cls, join))
+
+    def _finish(self, value: tuple, traffic_class: str, join: _Join) -> None:
+        route, nbytes, payload = value
+        self.ledger.record_route(route, nbytes, traffic_class, payload)
+        join.left -= 1
+        if join.left == 0:
+            join.on_done()

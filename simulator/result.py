@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .engine import RunRecord
-from .intervals import exposed, union
+from .intervals import grouped_union_length as _grouped_union_length
 
 
 class Result:
@@ -44,28 +44,53 @@ class Result:
 
     # ------------------------------------------------------------- frames
     @cached_property
-    def ops(self) -> pd.DataFrame:
-        """One row per executed op: rank, kind, class, tags, issue/start/end (s), bytes, FLOPs."""
+    def rep_ops(self) -> pd.DataFrame:
+        """Like :attr:`ops`, but for a graph of representatives (``fidelity="fast"``) only the
+        representatives' rows (one per simulated op); the same frame as :attr:`ops` for a full graph."""
         ops = self.record.graph.ops
         df = pd.DataFrame({
-            "id": [o.id for o in ops],
-            "rank": [o.rank for o in ops],
+            "id": np.fromiter((o.id for o in ops), dtype=np.int64, count=len(ops)),
+            "rank": np.fromiter((o.rank for o in ops), dtype=np.int64, count=len(ops)),
             "kind": [o.kind for o in ops],
             "name": [o.name for o in ops],
             "stream": [o.stream for o in ops],
             "traffic_class": [o.traffic_class for o in ops],
             "collective": [getattr(o, "collective", "") for o in ops],
-            "layer": [o.layer for o in ops],
-            "micro_batch": [o.micro_batch for o in ops],
-            "stage": [o.stage for o in ops],
-            "nbytes": [o.nbytes for o in ops],
-            "flops": [getattr(o, "flops", 0.0) for o in ops],
+            "layer": np.fromiter((o.layer for o in ops), dtype=np.int64, count=len(ops)),
+            "micro_batch": np.fromiter((o.micro_batch for o in ops), dtype=np.int64, count=len(ops)),
+            "stage": np.fromiter((o.stage for o in ops), dtype=np.int64, count=len(ops)),
+            "nbytes": np.fromiter((o.nbytes for o in ops), dtype=float, count=len(ops)),
+            "flops": np.fromiter((getattr(o, "flops", 0.0) for o in ops), dtype=float, count=len(ops)),
             "issue_s": self.record.issue_s,
             "start_s": self.record.start_s,
             "end_s": self.record.end_s,
         })
         df["duration_s"] = df["end_s"] - df["start_s"]
         return df
+
+    @cached_property
+    def ops(self) -> pd.DataFrame:
+        """One row per executed op: rank, kind, class, tags, issue/start/end (s), bytes, FLOPs.
+
+        With ``fidelity="fast"`` (a graph of representatives) every rank a representative stands for
+        gets a copy of the representative's rows (same ``id`` and times, its own ``rank``), so the
+        frame has the rows of a full simulation.
+        """
+        df = self.rep_ops
+        replicas = getattr(self.record.graph, "replicas", None)
+        if not replicas:
+            return df
+        rank = df["rank"].to_numpy()
+        order = np.argsort(rank, kind="stable")
+        reps, first, counts = np.unique(rank[order], return_index=True, return_counts=True)
+        slices = {int(r): order[f:f + c] for r, f, c in zip(reps, first, counts)}
+        rep_of = sorted((x, r) for r, xs in replicas.items() for x in xs)
+        empty = np.zeros(0, dtype=np.int64)
+        parts = [slices.get(r, empty) for _, r in rep_of]
+        rows = np.concatenate(parts) if parts else empty
+        out = df.take(rows).reset_index(drop=True)
+        out["rank"] = np.repeat(np.array([x for x, _ in rep_of], dtype=np.int64), [len(p) for p in parts])
+        return out
 
     @cached_property
     def links(self) -> pd.DataFrame:
@@ -112,21 +137,34 @@ class Result:
 
     @cached_property
     def exposed_comm_by_class(self) -> dict[str, float]:
-        """Mean over ranks of the communication time not hidden behind compute, per class and ``total``."""
-        df = self.ops
+        """Mean over ranks of the communication time not hidden behind compute, per class and ``total``.
+
+        Per rank, ``|comm \\ compute| = |comm ∪ compute| - |compute|`` (interval unions), computed for
+        all ranks at once; a representative counts once per rank it stands for.
+        """
+        df = self.rep_ops
         world = self.record.graph.world_size
-        totals: dict[str, float] = {}
-        for _rank, rows in df.groupby("rank"):
-            comp = rows[rows["kind"] == "compute"]
-            comm = rows[rows["kind"] != "compute"]
-            if comm.empty:
-                continue
-            cu = union(comp["start_s"].to_numpy(), comp["end_s"].to_numpy())
-            totals["total"] = totals.get("total", 0.0) + exposed(
-                union(comm["start_s"].to_numpy(), comm["end_s"].to_numpy()), cu)
-            for cls, crow in comm.groupby("traffic_class"):
-                totals[cls] = totals.get(cls, 0.0) + exposed(
-                    union(crow["start_s"].to_numpy(), crow["end_s"].to_numpy()), cu)
+        replicas = getattr(self.record.graph, "replicas", None)
+        if df.empty:
+            return {}
+        rank = df["rank"].to_numpy()
+        ranks, rank_idx = np.unique(rank, return_inverse=True)
+        weight = np.array([len(replicas[r]) if replicas else 1 for r in ranks.tolist()], dtype=float)
+        s, e = df["start_s"].to_numpy(), df["end_s"].to_numpy()
+        is_comp = (df["kind"] == "compute").to_numpy()
+        comm = ~is_comp
+        if not comm.any():
+            return {}
+        nr = len(ranks)
+        comp_len = _grouped_union_length(rank_idx[is_comp], s[is_comp], e[is_comp], nr)
+        has_comm = np.bincount(rank_idx[comm], minlength=nr) > 0
+        totals = {"total": _exposed_sum(_grouped_union_length(rank_idx, s, e, nr) - comp_len, has_comm, weight)}
+        classes = df["traffic_class"].to_numpy()
+        for cls in sorted(set(classes[comm].tolist())):
+            sel = is_comp | (comm & (classes == cls))
+            in_cls = np.bincount(rank_idx[comm & (classes == cls)], minlength=nr) > 0
+            totals[cls] = _exposed_sum(_grouped_union_length(rank_idx[sel], s[sel], e[sel], nr) - comp_len,
+                                       in_cls, weight)
         return {k: v / world for k, v in sorted(totals.items())}
 
     @property
@@ -169,3 +207,8 @@ class Result:
             })
         with open(path, "w") as fh:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)
+
+
+def _exposed_sum(per_rank: np.ndarray, mask: np.ndarray, weight: np.ndarray) -> float:
+    """Sum over ranks with communication of ``per_rank`` exposed time, each weighted by its replicas."""
+    return float(np.sum(np.maximum(per_rank[mask], 0.0) * weight[mask]))

@@ -162,6 +162,11 @@ class OpGraph:
             raise OpGraphError(f"world_size: must be >= 1, got {world_size}")
         self.world_size = world_size
         self.ops: list[Op] = []
+        self.replicas: dict[int, tuple[int, ...]] | None = None
+        """Optional: ``{representative rank: the ranks it stands for}`` (itself included, in replica
+        order). When set, only representatives have ops; every rank a representative stands for runs the
+        same program with its peers and groups relabelled replica by replica (the k-th replica of a
+        representative talks to the k-th replicas of its peers). See :func:`simulator.engine.group_shape`."""
 
     # ------------------------------------------------------------------ helpers
     def _check_rank(self, rank: int, field: str = "rank") -> None:

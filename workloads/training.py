@@ -19,8 +19,10 @@ Tensor parallel
     ``b·s·h`` elements (with sequence parallelism: two all-gathers and two
     reduce-scatters of the same size); backward: the same count again; full
     recomputation repeats the forward's. The vocab-parallel embedding adds
-    one forward all-reduce (reduce-scatter with SP) on the first stage; with
-    SP the last stage all-gathers before the output layer. TP collectives run
+    one forward all-reduce (reduce-scatter with SP, all-gather back in
+    backward) on the first stage; the output layer on the last stage adds the
+    all-reduce of its input gradient in backward (with SP: an all-gather
+    before it in forward, a reduce-scatter in backward). TP collectives run
     on the compute stream: Megatron does not overlap them with compute.
 Data parallel
     Gradients (``grad_dtype_bytes`` per element, default the training dtype)
@@ -31,8 +33,9 @@ Data parallel
     (or the parameter-server pattern with ``dp_sync: parameter_server``);
     ZeRO-1/2: reduce-scatter, optimizer step on the shard, then an all-gather
     of the updated 16-bit parameters (class ``zero``); ZeRO-3: reduce-scatter
-    of gradients, plus an all-gather of each chunk's parameters before every
-    forward and every backward, prefetched one action ahead (class
+    of gradients, plus an all-gather of each chunk's parameters (the
+    embedding / output layer included on the first / last virtual stage)
+    before every forward and every backward, prefetched one action ahead (class
     ``zero``). Gradients are reduced once per step, at the last micro-batch
     (Megatron's behaviour; DeepSpeed's ZeRO-2/3 reduce every micro-batch).
     Pipeline stages holding the tied word embedding all-reduce its gradient.
@@ -61,7 +64,7 @@ from .flops import LayerOp, embedding_ops, layer_ops, logits_ops, model_flops_pe
 from .memory import stage_params
 from .models import ModelSpec
 from .ops import Kernel, OpGraph
-from .parallel import ParallelConfig, RankLayout, TrainingSpec, num_micro_batches, stage_layers, validate
+from .parallel import ParallelConfig, RankLayout, TrainingSpec, num_micro_batches, padded_vocab, stage_layers, validate
 from .schedules import PipeAction, pipeline_schedule
 
 GRANULARITIES = ("chunk", "layer")
@@ -86,18 +89,31 @@ class StepOptions:
     flash_attention : bool
         Fused attention that never stores the ``s × s`` scores (memory model);
         default True, as current Megatron-LM / TransformerEngine training.
+    embedding_and_loss : bool
+        Run the embedding lookup on the first pipeline stage and the output
+        layer and loss on the last (default True, as real training). False
+        leaves out their kernels and TP collectives so that every stage runs
+        the same work: the uniform stages of the closed-form pipeline-bubble
+        analyses (GPipe; Narayanan et al. SC'21). Their parameters, gradient
+        synchronisation and memory are unchanged; the model FLOPs of the step
+        (the MFU numerator) then leave out the output layer's ``6 h V`` per
+        token, which no longer runs.
     """
 
     granularity: str = "chunk"
     grad_dtype_bytes: int | None = None
     causal: bool = False
     flash_attention: bool = True
+    embedding_and_loss: bool = True
 
     def __post_init__(self) -> None:
         if self.granularity not in GRANULARITIES:
             raise ConfigError(f"options.granularity: {self.granularity!r} unknown; valid: {', '.join(GRANULARITIES)}")
         if self.grad_dtype_bytes is not None and self.grad_dtype_bytes not in (1, 2, 4):
             raise ConfigError(f"options.grad_dtype_bytes: must be 1, 2 or 4, got {self.grad_dtype_bytes}")
+        for name in ("causal", "flash_attention", "embedding_and_loss"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"options.{name}: must be true or false, got {getattr(self, name)!r}")
 
 
 @dataclass
@@ -117,6 +133,9 @@ class TrainingStep:
     @property
     def hardware_flops(self) -> float:
         """FLOPs the GPUs execute, recomputation included (sum over compute ops)."""
+        replicas = getattr(self.graph, "replicas", None)
+        if replicas:  # a graph of representatives: each op runs on every rank its rank stands for
+            return sum(op.flops * len(replicas[op.rank]) for op in self.graph.ops if op.kind == "compute")
         return sum(getattr(op, "flops", 0.0) for op in self.graph.ops if op.kind == "compute")
 
 
@@ -130,6 +149,7 @@ class _Segment:
     layer: int
     grad_bytes: float = 0.0  # DP gradient bytes that become ready when this segment ends
     expert_grad_bytes: float = 0.0
+    parts: tuple[Kernel, ...] | None = None  # _kernels(kernels), built once and shared by every op
 
 
 def _kernels(ops: Sequence[LayerOp]) -> tuple[Kernel, ...]:
@@ -153,6 +173,8 @@ class _StepBuilder:
         self.graph = OpGraph(parallel.world_size)
         self.schedules = pipeline_schedule(parallel.schedule, self.p, self.m, self.v)
         self._segments_cache: dict[tuple, list[_Segment]] = {}
+        self._tp_groups: dict[int, tuple[int, ...]] = {}
+        self._end_params: dict[int, float] = {}
 
     # -------------------------------------------------------------- layers
     def chunk_layers(self, stage: int, chunk: int) -> list[int]:
@@ -166,11 +188,29 @@ class _StepBuilder:
             return {}
         full = self.par.recompute == "full" and phase == "B"
         if not self.sp:
-            extra = (1 if first else 0) if phase == "F" else 0
+            # Forward: the vocab-parallel embedding's all-reduce (first stage). Backward: the all-reduce of
+            # the output layer's input gradient (last stage; Megatron's copy_to_tensor_model_parallel_region).
+            extra = (1 if first else 0) if phase == "F" else (1 if last else 0)
             return {"all_reduce": 2 * n * (2 if full else 1) + extra}
         ag = 2 * n * (2 if full else 1) + ((1 if last else 0) if phase == "F" else (1 if first else 0))
         rs = 2 * n * (2 if full else 1) + ((1 if first else 0) if phase == "F" else (1 if last else 0))
         return {"all_gather": ag, "reduce_scatter": rs}
+
+    def end_params(self, stage: int, chunk: int) -> float:
+        """Embedding / output-layer parameters (one TP rank) that virtual stage ``(stage, chunk)`` holds.
+
+        They belong to the first (last) virtual stage: what :func:`stage_params` adds to the layers.
+        """
+        j = chunk * self.p + stage
+        if j not in (0, self.p * self.v - 1):
+            return 0.0
+        if stage not in self._end_params:
+            t, ep = self.t, self.par.ep
+            dense_extra, _ = stage_params(self.model, self.par, stage)
+            dense_layers = sum(self.model.params_per_layer(i, t, ep) - self.model.routed_expert_params(i, t, ep)
+                               for i in stage_layers(self.model.layers, self.par, stage))
+            self._end_params[stage] = dense_extra - dense_layers
+        return self._end_params[stage]
 
     def _layer_pass(self, layer: int, phase: str) -> list[LayerOp]:
         ops = layer_ops(self.model, self.par.micro_batch, self.train.seq_len, self.t, layer=layer,
@@ -195,20 +235,16 @@ class _StepBuilder:
         mb, s, t = self.par.micro_batch, self.train.seq_len, self.t
         head: list[LayerOp] = []
         tail: list[LayerOp] = []
-        if first:
+        ends = self.opt.embedding_and_loss
+        if first and ends:
             emb = embedding_ops(self.model, mb, s, t, dtype_bytes=self.dtype)
             (head if phase == "F" else tail).extend(emb.forward if phase == "F" else emb.backward)
-        if last:
+        if last and ends:
             out = logits_ops(self.model, mb, s, t, sequence_parallel=self.sp, dtype_bytes=self.dtype)
             (tail if phase == "F" else head).extend(out.forward if phase == "F" else out.backward)
         order = layers if phase == "F" else list(reversed(layers))
-        dense_extra, _ = stage_params(self.model, self.par, stage)
-        dense_layers = 0.0
-        for i in stage_layers(self.model.layers, self.par, stage):
-            dense_layers += self.model.params_per_layer(i, t, self.par.ep) - self.model.routed_expert_params(
-                i, t, self.par.ep)
-        # Embedding/output-layer parameters of this stage belong to the first (last) virtual stage.
-        emb_params = dense_extra - dense_layers if (first or last) else 0.0
+        emb_params = self.end_params(stage, chunk)
+        first, last = first and ends, last and ends  # no embedding / output-layer TP collectives without them
         grads = {i: (self.model.params_per_layer(i, t, self.par.ep)
                      - self.model.routed_expert_params(i, t, self.par.ep),
                      self.model.routed_expert_params(i, t, self.par.ep)) for i in layers}
@@ -239,9 +275,13 @@ class _StepBuilder:
     # ---------------------------------------------------------------- emit
     def emit_segment(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
         g = self.graph
-        last = g.compute(rank, parts=_kernels(seg.kernels), name=name, deps=deps, stream=COMPUTE_STREAM,
+        if seg.parts is None:
+            seg.parts = _kernels(seg.kernels)
+        last = g.compute(rank, parts=seg.parts, name=name, deps=deps, stream=COMPUTE_STREAM,
                          category="gemm", layer=seg.layer, micro_batch=mb, stage=stage)
-        group = self.layout.tp_group(rank)
+        group = self._tp_groups.get(rank)
+        if group is None:
+            group = self._tp_groups[rank] = self.layout.tp_group(rank)
         for kind in ("all_reduce", "all_gather", "reduce_scatter"):
             count = seg.tp.get(kind, 0)
             if count:
@@ -279,8 +319,11 @@ class _StepBuilder:
                 deps.append(g.recv(rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad",
                                    traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=1))
             if zero3:
-                nparams = sum(self.model.params_per_layer(i, self.t, par.ep) for i in self.chunk_layers(stage, a.chunk))
-                nl = max(1, len(self.chunk_layers(stage, a.chunk)))
+                # The chunk's layers plus, on the first / last virtual stage, the embedding / output layer.
+                chunk_layers = self.chunk_layers(stage, a.chunk)
+                nparams = (sum(self.model.params_per_layer(i, self.t, par.ep) for i in chunk_layers)
+                           + self.end_params(stage, a.chunk))
+                nl = max(1, len(chunk_layers))
                 prefetch = prev_compute_ends[-2:-1]
                 deps.append(g.collective_op(rank, "all_gather", dp_group, nparams / nl * self.dtype,
                                             name=f"zero3_gather.{name}", stream="zero", count=nl,
@@ -320,12 +363,20 @@ class _StepBuilder:
             return []
         c = self.layout.coords(rank)
         group = (self.layout.rank(tp=c.tp, dp=c.dp, pp=0), self.layout.rank(tp=c.tp, dp=c.dp, pp=self.p - 1))
-        nbytes = self.model.word_embedding_params(self.t) * self.grad_bytes
+        vocab = padded_vocab(self.model.vocab, self.t)  # the shard Megatron holds is of the padded vocabulary
+        nbytes = self.model.word_embedding_params(self.t, vocab) * self.grad_bytes
         return [self.graph.collective_op(rank, "all_reduce", group, nbytes, name="embedding_grad_sync",
                                          stream="dp", deps=[after], traffic_class="dp", stage=stage)]
 
-    def build(self) -> OpGraph:
-        for rank in range(self.par.world_size):
+    def build(self, representatives: bool = False) -> OpGraph:
+        ranks: Sequence[int] = range(self.par.world_size)
+        if representatives and self.t > 1:
+            # The members of a TP group run identical programs (same kernels, same TP collectives; their PP
+            # and DP peers are the same coordinates with their own TP index): emit the tp = 0 rank only.
+            lay = self.layout
+            ranks = [r for r in ranks if lay.coords(r).tp == 0]
+            self.graph.replicas = {r: lay.tp_group(r) for r in ranks}
+        for rank in ranks:
             self.build_rank(rank)
         return self.graph
 
@@ -390,7 +441,7 @@ class _Buckets:
 
 
 def training_step(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
-                  options: StepOptions | None = None) -> TrainingStep:
+                  options: StepOptions | None = None, *, representatives: bool = False) -> TrainingStep:
     """Generate the op graph of one training step.
 
     Parameters
@@ -399,6 +450,13 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
         Validated with :func:`workloads.parallel.validate` first (raises
         :class:`~workloads.errors.ConfigError` naming the field).
     options : StepOptions, optional
+    representatives : bool
+        Emit the program of one representative per TP group only (its
+        ``tp = 0`` rank) and set ``graph.replicas`` to ``{representative:
+        its TP group}``: the members of a TP group run identical programs, so
+        the simulator can run one and still put every member's DP/PP flows
+        and the whole group's TP collectives on the network
+        (``fidelity="fast"``). Default False: every rank's program.
 
     Examples
     --------
@@ -411,8 +469,10 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     validate(model, parallel, training)
     options = options or StepOptions()
     builder = _StepBuilder(model, parallel, training, options)
-    graph = builder.build()
+    graph = builder.build(representatives)
     flops = model_flops_per_step(model, parallel.global_batch, training.seq_len, causal=options.causal)
+    if not options.embedding_and_loss:
+        flops -= 6.0 * model.hidden * model.vocab * parallel.global_batch * training.seq_len
     stages = [builder.layout.coords(r).pp for r in range(parallel.world_size)]
     return TrainingStep(graph, model, parallel, training, builder.layout, builder.m, flops, stages)
 

@@ -1,0 +1,127 @@
+"""Simulation-speed benchmark (not a test): a ladder of cluster sizes, one fresh process per rung.
+
+Usage::
+
+    python benchmarks/run_benchmarks.py                 # every rung
+    python benchmarks/run_benchmarks.py --max-gpus 1024 # rungs up to 1,024 GPUs
+    python benchmarks/run_benchmarks.py --fidelity full --max-gpus 256
+
+Rungs: GPT-3 175B in 3D parallelism (TP 8, PP 8, DP = GPUs/64, 96 micro-batches per pipeline) on 64,
+256, 1,024 and 4,096 GPUs, and Llama-3 405B on 16,384 GPUs (TP 8, PP 16, DP 128, seq 8192, global batch
+2048; see ``llama3-405b-16384.yaml`` for its documented deviations).
+
+TODO(moe): a Mixtral-8x7B-style MoE rung on 1,024 GPUs (EP 8) once the training generator emits the
+expert-parallel all-to-all dispatch/combine (``parallel.ep`` > 1); today it would measure a dense run.
+
+Per rung it prints the simulated step time, wall time (generation + simulation + metrics), engine events,
+rate solves, flows, events per second of wall time and the peak resident memory of the rung's process,
+then the growth exponent ``k`` of wall time ~ GPUs^k fitted over the GPT-3 ladder. Results go to
+``benchmarks/results.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+RUNGS = [
+    ("gpt3-175b-64", 64, "gpt3-175b-64.yaml"),
+    ("gpt3-175b-256", 256, "gpt3-175b-256.yaml"),
+    ("gpt3-175b-1024", 1024, "gpt3-175b-1024.yaml"),
+    ("gpt3-175b-4096", 4096, "gpt3-175b-4096.yaml"),
+    ("llama3-405b-16384", 16384, "llama3-405b-16384.yaml"),
+]
+FIELDS = ["rung", "gpus", "fidelity", "step_time_s", "mfu", "wall_s", "events", "rate_solves", "flows",
+          "events_per_s", "peak_rss_mb", "fits_in_memory"]
+
+
+def run_rung(path: str, fidelity: str) -> dict:
+    """Run one experiment in this process and measure it."""
+    sys.path.insert(0, ROOT)
+    from simulator.experiment import load_experiment, run_experiment
+
+    t0 = time.perf_counter()
+    exp = load_experiment(path)
+    result = run_experiment(exp, force=True, fidelity=fidelity)
+    s = result.summary  # builds the metrics (exposed communication, bubbles) as a user would
+    wall = time.perf_counter() - t0
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"step_time_s": s["step_time_s"], "mfu": s["mfu"], "wall_s": wall, "events": s["events"],
+            "rate_solves": s["rate_solves"], "flows": s["flows"], "events_per_s": s["events"] / wall,
+            "peak_rss_mb": rss_kb / 1024, "fits_in_memory": s["fits_in_memory"]}
+
+
+def growth_exponent(rows: list[dict]) -> float | None:
+    """Least-squares slope of log(wall) against log(GPUs)."""
+    pts = [(math.log(r["gpus"]), math.log(r["wall_s"])) for r in rows if r["wall_s"] > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--max-gpus", type=int, default=None, help="skip rungs with more GPUs")
+    ap.add_argument("--only", nargs="*", default=None, help="rung names to run")
+    ap.add_argument("--fidelity", default="fast", choices=("fast", "full"))
+    ap.add_argument("--out", default=os.path.join(HERE, "results.csv"))
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per rung")
+    ap.add_argument("--_child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args._child:
+        print(json.dumps(run_rung(args._child, args.fidelity)))
+        return 0
+    rows = []
+    print(f"{'rung':22s} {'gpus':>6s} {'step_s':>9s} {'wall_s':>8s} {'events':>10s} {'solves':>9s} "
+          f"{'flows':>9s} {'events/s':>9s} {'peak_MB':>8s}")
+    for name, gpus, yaml in RUNGS:
+        if args.max_gpus is not None and gpus > args.max_gpus:
+            continue
+        if args.only and name not in args.only:
+            continue
+        cmd = [sys.executable, os.path.abspath(__file__), "--fidelity", args.fidelity,
+               "--_child", os.path.join(HERE, yaml)]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            print(f"{name:22s} {gpus:6d}  timed out after {args.timeout:g} s")
+            continue
+        if out.returncode != 0:
+            print(f"{name:22s} {gpus:6d}  failed: {out.stderr.strip().splitlines()[-1:]}")
+            continue
+        row = {"rung": name, "gpus": gpus, "fidelity": args.fidelity, **json.loads(out.stdout.strip().splitlines()[-1])}
+        rows.append(row)
+        print(f"{name:22s} {gpus:6d} {row['step_time_s']:9.4f} {row['wall_s']:8.2f} {row['events']:10,d} "
+              f"{row['rate_solves']:9,d} {row['flows']:9,d} {row['events_per_s']:9,.0f} {row['peak_rss_mb']:8.0f}",
+              flush=True)
+    ladder = [r for r in rows if r["rung"].startswith("gpt3")]
+    k = growth_exponent(ladder)
+    if k is not None:
+        print(f"growth exponent of wall time vs GPUs (GPT-3 ladder, {len(ladder)} rungs): {k:.2f}")
+    k_all = growth_exponent(rows)
+    if k_all is not None and len(rows) > len(ladder):
+        print(f"growth exponent over all rungs: {k_all:.2f}")
+    with open(args.out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=FIELDS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({f: r.get(f) for f in FIELDS})
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
