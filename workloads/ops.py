@@ -162,6 +162,7 @@ class OpGraph:
             raise OpGraphError(f"world_size: must be >= 1, got {world_size}")
         self.world_size = world_size
         self.ops: list[Op] = []
+        self._valid_groups: set[tuple[int, ...]] = set()  # groups already checked (distinct, in range)
         self.replicas: dict[int, tuple[int, ...]] | None = None
         """Optional: ``{representative rank: the ranks it stands for}`` (itself included, in replica
         order). When set, only representatives have ops; every rank a representative stands for runs the
@@ -245,10 +246,12 @@ class OpGraph:
         if collective not in COLLECTIVE_KINDS:
             raise OpGraphError(f"collective: {collective!r} unknown; valid: {', '.join(COLLECTIVE_KINDS)}")
         grp = tuple(group)
-        if len(set(grp)) != len(grp) or not grp:
-            raise OpGraphError(f"group: must be a non-empty list of distinct ranks, got {grp}")
-        for r in grp:
-            self._check_rank(r, "group")
+        if grp not in self._valid_groups:
+            if len(set(grp)) != len(grp) or not grp:
+                raise OpGraphError(f"group: must be a non-empty list of distinct ranks, got {grp}")
+            for r in grp:
+                self._check_rank(r, "group")
+            self._valid_groups.add(grp)
         if rank not in grp:
             raise OpGraphError(f"group: rank {rank} issues a collective on a group it is not in: {grp}")
         if nbytes < 0:
