@@ -132,7 +132,9 @@ def match_ops(graph: OpGraph) -> dict[int, tuple]:
                 problems.append(f"{_describe(first)} (collective #{key[2]} on group {list(key[1])}) "
                                 f"never joined by rank(s) {missing}")
             for o in ops[1:]:
-                if (o.collective, o.nbytes, o.count) != (first.collective, first.nbytes, first.count):
+                # alltoallv members send different amounts: only kind and count must agree.
+                size = (lambda x: None) if first.split is not None else (lambda x: x.nbytes)
+                if (o.collective, size(o), o.count) != (first.collective, size(first), first.count):
                     raise OpGraphError(f"{_describe(o)}: {o.collective} of {o.nbytes:g} B does not match "
                                        f"{_describe(first)}: {first.collective} of {first.nbytes:g} B")
         else:
@@ -291,11 +293,15 @@ class Engine:
                     start_s[j] = now
                 fabric.collectives_run += 1
                 done = _Countdown(1, finish, ids)
+                matrix = None
+                if op.split is not None:  # alltoallv: row i = what the i-th member of the group sends
+                    position = {r: k for k, r in enumerate(op.group)}
+                    matrix = tuple(o.split for o in sorted(group, key=lambda o: position[o.rank]))
                 if shape[0] == "internal":
-                    fabric.run_phases(fabric.phases(op.collective, op.group, op.nbytes, op.algorithm, op.count),
-                                      op.traffic_class, done.tick)
+                    fabric.run_phases(fabric.phases(op.collective, op.group, op.nbytes, op.algorithm, op.count,
+                                                    matrix), op.traffic_class, done.tick)
                 else:
-                    plans = [fabric.phases(op.collective, g, op.nbytes, op.algorithm, op.count)
+                    plans = [fabric.phases(op.collective, g, op.nbytes, op.algorithm, op.count, matrix)
                              for g in clones(op.group)]
                     if all(len(p) == 1 for p in plans):
                         # Single-phase plans (pipelined rings, direct): start every replica's flows at once.

@@ -9,6 +9,7 @@ Sections (every section may name a ``preset`` and override its fields)::
     training: {seq_len: 2048, dtype: bf16}
     network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0}     # optional
     fidelity: fast                                     # optional: fast | full (see FIDELITIES)
+    moe:      {routing: zipf, zipf_s: 1.2, capacity_factor: 1.25, seed: 0}  # optional, MoE token routing
     compute:  {matmul_efficiency: 0.75, attention_efficiency: 0.5, ...}     # optional
     options:  {granularity: chunk, grad_dtype_bytes: 2, causal: false, flash_attention: true}  # optional
     sweep:    {...}                                    # read by ``clustersim sweep`` only
@@ -35,6 +36,7 @@ from workloads.errors import ConfigError
 from workloads.memory import MemoryBreakdown, memory_per_gpu
 from workloads.models import ModelSpec, model_from_dict
 from workloads.parallel import ParallelConfig, TrainingSpec, parallel_from_dict, training_from_dict, validate
+from workloads.moe import RoutingModel, routing_from_dict
 from workloads.training import StepOptions, TrainingStep, training_step
 
 from .compute import ComputeModel
@@ -43,7 +45,7 @@ from .fabric import NetworkConfig
 from .intervals import grouped_union_length
 from .result import Result
 
-SECTIONS = ("name", "cluster", "model", "parallel", "training", "network", "compute", "options", "sweep",
+SECTIONS = ("name", "cluster", "model", "parallel", "training", "moe", "network", "compute", "options", "sweep",
             "fidelity")
 FIDELITIES = ("fast", "full")
 """Simulation fidelity. ``full`` simulates every rank's program. ``fast`` (default) simulates one
@@ -83,6 +85,7 @@ class Experiment:
     options: StepOptions = field(default_factory=StepOptions)
     raw: dict = field(default_factory=dict)
     fidelity: str = "fast"
+    routing: RoutingModel = field(default_factory=RoutingModel)
 
     def memory(self) -> MemoryBreakdown:
         """Peak memory per GPU (most loaded pipeline stage)."""
@@ -171,7 +174,8 @@ def experiment_from_dict(doc: Mapping) -> Experiment:
     name = doc.get("name") or f"{model.name} on {cluster.name}"
     return Experiment(str(name), cluster, model, parallel, training, _network_from_dict(_section(doc, "network")),
                       _compute_from_dict(_section(doc, "compute")), _options_from_dict(_section(doc, "options")),
-                      raw=copy.deepcopy(dict(doc)), fidelity=_fidelity(doc.get("fidelity", "fast")))
+                      raw=copy.deepcopy(dict(doc)), fidelity=_fidelity(doc.get("fidelity", "fast")),
+                      routing=routing_from_dict(_section(doc, "moe")))
 
 
 def read_experiment_file(path: str | os.PathLike) -> dict:
@@ -231,7 +235,8 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
         raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of "
                                f"{exp.cluster.gpu.name} (use --force to simulate anyway)")
     fidelity = _fidelity(exp.fidelity if fidelity is None else fidelity)
-    step = training_step(exp.model, exp.parallel, exp.training, exp.options, representatives=fidelity == "fast")
+    step = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing,
+                         representatives=fidelity == "fast")
     record = Engine(step.graph, exp.cluster, exp.compute_model(), exp.network).run()
     result = Result(record, sim_wall_s=time.perf_counter() - t0)
     attach_training_metrics(result, step, exp, memory)
@@ -278,7 +283,7 @@ def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment,
         "name": exp.name,
         "world_size": world,
         "num_micro_batches": step.num_micro_batches,
-        "bubble_fraction": float(stages["bubble_s"].mean() / window) if window else 0.0,
+        "bubble_fraction": max(0.0, float(stages["bubble_s"].mean() / window)) if window else 0.0,
         "bubble_fraction_by_stage": [float(x) for x in stages["bubble_fraction"]],
         "model_flops_per_step": step.model_flops,
         "hardware_flops_per_step": step.hardware_flops,
@@ -292,4 +297,31 @@ def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment,
         "fits_in_memory": memory.fits(exp.cluster.gpu.hbm_bytes),
         "tokens_per_s": step.parallel.global_batch * exp.training.seq_len / result.step_time,
     })
+    if step.routes:
+        result.expert_load = expert_load_table(step)
+        result.extra_summary["moe"] = moe_summary(step)
     result.step = step
+
+
+def expert_load_table(step: TrainingStep) -> pd.DataFrame:
+    """One row per (MoE layer, expert): tokens routed to it and kept under capacity, per micro-batch,
+    summed over the EP group, and the EP rank (within the group) that holds it."""
+    rows = []
+    for layer, r in step.routes.items():
+        experts = r.choices.shape[1]
+        per_rank = experts // r.choices.shape[0]
+        routed, kept = r.choices.sum(axis=0), r.kept.sum(axis=0)
+        rows += [{"layer": layer, "expert": e, "ep_rank": e // per_rank, "tokens_routed": int(routed[e]),
+                  "tokens_kept": int(kept[e])} for e in range(experts)]
+    return pd.DataFrame(rows)
+
+
+def moe_summary(step: TrainingStep) -> dict:
+    """Routing statistics: load imbalance (max/mean tokens per EP rank) and dropped-token fraction."""
+    routes = list(step.routes.values())
+    choices = sum(float(r.choices.sum()) for r in routes)
+    dropped = sum(r.dropped for r in routes)
+    imbalance = [r.imbalance for r in routes]
+    return {"layers": len(routes), "imbalance_mean": float(sum(imbalance) / len(imbalance)),
+            "imbalance_max": float(max(imbalance)), "dropped_fraction": dropped / choices if choices else 0.0,
+            "rank_load_tokens": [int(x) for x in sum(r.rank_load for r in routes)]}

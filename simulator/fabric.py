@@ -130,15 +130,19 @@ class Fabric:
 
     # -------------------------------------------------------------- execution
     def phases(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str = "auto",
-               count: int = 1) -> tuple[tuple[tuple, ...], ...]:
+               count: int = 1, matrix: tuple[tuple[float, ...], ...] | None = None
+               ) -> tuple[tuple[tuple, ...], ...]:
         """The routed flows of a collective: per phase, ``(links, nbytes, latency_s, payload_bytes)`` specs.
 
-        Cached per ``(kind, group, nbytes, algorithm, count)``: plans and routes are pure functions of them.
+        ``matrix`` gives an all_to_all per-pair sizes (alltoallv, always ``direct``).
+        Cached per ``(kind, group, nbytes, algorithm, count, matrix)``: plans and routes are pure functions of them.
         """
-        key = (kind, group, nbytes, algorithm, count)
+        key = (kind, group, nbytes, algorithm, count, matrix)
         routed = self._phases_cache.get(key)
         if routed is None:
-            routed = self._phases_cache[key] = self._route_plan(self.plan(kind, group, nbytes, algorithm), count)
+            plan = (plan_collective(kind, group, nbytes, self.server_of, "direct", self.config.fidelity, matrix)
+                    if matrix is not None else self.plan(kind, group, nbytes, algorithm))
+            routed = self._phases_cache[key] = self._route_plan(plan, count)
         return routed
 
     def _route_plan(self, plan: Plan, count: int = 1) -> tuple[tuple[tuple, ...], ...]:

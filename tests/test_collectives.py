@@ -142,3 +142,20 @@ def test_more_bandwidth_is_never_slower():
                                 "reduce", "gather", "sendrecv"])
 def test_every_op_runs_on_a_multi_node_cluster(two_leaves, op):
     assert collective_time(two_leaves, op, 32, 2**20) > 0
+
+
+def test_alltoallv_sends_what_each_pair_asks_for(node8):
+    from simulator import simulate
+    from workloads.ops import OpGraph
+    # Rank 0 sends 3 GB to rank 1 and nothing else; everyone else sends 1 GB to rank 1 too.
+    # Rank 1's NVLink ingress carries 3 + 2 = 5 GB: time = α + 5 GB / B (rank 0's egress carries 3 GB).
+    g = OpGraph(4)
+    rows = {0: [0, 3e9, 0, 0], 1: [0, 0, 0, 0], 2: [0, 1e9, 0, 0], 3: [0, 1e9, 0, 0]}
+    for r, row in rows.items():
+        g.collective_op(r, "all_to_all", [0, 1, 2, 3], 0, split=row, traffic_class="ep")
+    res = simulate(g, node8)
+    # Max-min: rank 1's ingress (B) is shared by 3 flows; 1 GB flows finish at 3 GB/B... progressive:
+    # all three at B/3 until the two 1 GB flows finish (t = 3e9/B), then rank 0's flow alone at B for 1 GB more.
+    B = node8.gpu.nvlink_bandwidth
+    assert res.step_time == pytest.approx(nvlink_alpha(node8) + 5e9 / B, rel=1e-6)
+    assert res.bytes_by_class["ep"] == pytest.approx(5e9)

@@ -63,6 +63,7 @@ from .errors import ConfigError
 from .flops import LayerOp, embedding_ops, layer_ops, logits_ops, model_flops_per_step, optimizer_op
 from .memory import stage_params
 from .models import ModelSpec
+from .moe import LayerRouting, RoutingModel, route_layer
 from .ops import Kernel, OpGraph
 from .parallel import ParallelConfig, RankLayout, TrainingSpec, num_micro_batches, padded_vocab, stage_layers, validate
 from .schedules import PipeAction, pipeline_schedule
@@ -129,6 +130,8 @@ class TrainingStep:
     model_flops: float
     """Model FLOPs of the whole step over all GPUs (MFU numerator; recompute not counted)."""
     stage_of_rank: list[int] = field(default_factory=list)
+    routes: dict[int, LayerRouting] = field(default_factory=dict)
+    """MoE layer index → its token routing over an EP group (empty without expert parallelism)."""
 
     @property
     def hardware_flops(self) -> float:
@@ -150,6 +153,20 @@ class _Segment:
     grad_bytes: float = 0.0  # DP gradient bytes that become ready when this segment ends
     expert_grad_bytes: float = 0.0
     parts: tuple[Kernel, ...] | None = None  # _kernels(kernels), built once and shared by every op
+    moe: tuple[list[LayerOp], list[LayerOp], list[LayerOp]] | None = None  # (before, experts, after) dispatch
+
+
+def seg_phase(name: str) -> str:
+    """``"F"`` or ``"B"``: op names start with the pipeline action (``F3.c0...``)."""
+    return name[0]
+
+
+def _scale_kernel(op: LayerOp, factor: float, tokens: int) -> Kernel:
+    """``op`` run on ``factor`` times the ``tokens`` it was sized for (the token dimension of a GEMM scales)."""
+    shape = op.shape
+    if shape is not None:
+        shape = tuple(max(1, round(d * factor)) if d == tokens else d for d in shape)
+    return Kernel(op.category, op.flops * factor, op.nbytes * factor, shape)
 
 
 def _kernels(ops: Sequence[LayerOp]) -> tuple[Kernel, ...]:
@@ -158,7 +175,7 @@ def _kernels(ops: Sequence[LayerOp]) -> tuple[Kernel, ...]:
 
 class _StepBuilder:
     def __init__(self, model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
-                 options: StepOptions) -> None:
+                 options: StepOptions, routing: RoutingModel | None = None) -> None:
         self.model, self.par, self.train, self.opt = model, parallel, training, options
         self.layout = RankLayout(parallel)
         self.m = num_micro_batches(parallel)
@@ -175,6 +192,10 @@ class _StepBuilder:
         self._segments_cache: dict[tuple, list[_Segment]] = {}
         self._tp_groups: dict[int, tuple[int, ...]] = {}
         self._end_params: dict[int, float] = {}
+        self.routing = routing or RoutingModel()
+        self.expert_parallel = model.is_moe and parallel.ep > 1
+        self.routes: dict[int, LayerRouting] = {}
+        self._moe_parts: dict[tuple, tuple] = {}
 
     # -------------------------------------------------------------- layers
     def chunk_layers(self, stage: int, chunk: int) -> list[int]:
@@ -249,9 +270,9 @@ class _StepBuilder:
                      - self.model.routed_expert_params(i, t, self.par.ep),
                      self.model.routed_expert_params(i, t, self.par.ep)) for i in layers}
         gb = self.grad_bytes
-        if per_layer:
+        if per_layer or self.expert_parallel:
             segs = [_Segment(self._layer_pass(i, phase), self._tp_counts(1, phase, False, False), i,
-                             grads[i][0] * gb, grads[i][1] * gb) for i in order]
+                             grads[i][0] * gb, grads[i][1] * gb, moe=self._moe_split(i, phase)) for i in order]
             if head:
                 segs.insert(0, _Segment(head, {}, order[0]))
             if tail:
@@ -272,23 +293,85 @@ class _StepBuilder:
         self._segments_cache[key] = segs
         return segs
 
-    # ---------------------------------------------------------------- emit
-    def emit_segment(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
+    # ----------------------------------------------------------------- MoE
+    def _moe_split(self, layer: int, phase: str) -> tuple[list[LayerOp], list[LayerOp], list[LayerOp]] | None:
+        """A MoE layer's kernels cut at the two all-to-alls: (before dispatch, experts, after combine)."""
+        if not (self.expert_parallel and self.model.is_moe_layer(layer)):
+            return None
+        ops = self._layer_pass(layer, phase)
+        # Recomputed forward kernels (full recompute) run first and stay local to the rank.
+        n_backward = len(layer_ops(self.model, self.par.micro_batch, self.train.seq_len, self.t, layer=layer,
+                                   sequence_parallel=self.sp).backward)
+        start = len(ops) - n_backward if phase == "B" else 0
+        idx = [i for i in range(start, len(ops)) if ops[i].name.startswith("experts")]
+        return ops[:idx[0]], ops[idx[0]:idx[-1] + 1], ops[idx[-1] + 1:]
+
+    def route(self, layer: int) -> LayerRouting:
+        """Token routing of MoE layer ``layer`` over one EP group (drawn once per layer, seeded)."""
+        r = self.routes.get(layer)
+        if r is None:
+            r = self.routes[layer] = route_layer(self.model.experts, self.model.top_k,
+                                                 self.par.micro_batch * self.train.seq_len, self.par.ep,
+                                                 self.routing, layer)
+        return r
+
+    def _expert_parts(self, layer: int, phase: str, ep_index: int, experts: list[LayerOp]) -> tuple[Kernel, ...]:
+        """Expert kernels of one EP rank, scaled from balanced routing to the tokens it really receives."""
+        key = (layer, phase, ep_index)
+        parts = self._moe_parts.get(key)
+        if parts is None:
+            balanced = self.par.micro_batch * self.train.seq_len * self.model.top_k
+            f = float(self.route(layer).rank_load[ep_index]) / balanced
+            parts = self._moe_parts[key] = tuple(_scale_kernel(k, f, balanced) for k in experts)
+        return parts
+
+    def emit_moe(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
+        """Before-dispatch kernels (+ TP collectives) → dispatch all-to-all → this rank's experts → combine → rest.
+
+        Backward runs the same shape in reverse: the gradient of the combine travels like the
+        dispatch (token owner → expert), the gradient of the dispatch like the combine.
+        """
         g = self.graph
-        if seg.parts is None:
-            seg.parts = _kernels(seg.kernels)
-        last = g.compute(rank, parts=seg.parts, name=name, deps=deps, stream=COMPUTE_STREAM,
-                         category="gemm", layer=seg.layer, micro_batch=mb, stage=stage)
+        before, experts, after = seg.moe
+        group = self.layout.ep_group(rank)
+        e = group.index(rank)
+        tokens = self.route(seg.layer).rank_matrix()
+        per_token = self.model.hidden * self.dtype / self.t  # each TP rank ships its 1/t of the tokens
+        out_row = tuple(float(x) * per_token for x in tokens[e, :])   # owner → experts
+        back_row = tuple(float(x) * per_token for x in tokens[:, e])  # experts → owners
+        tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage, "stream": COMPUTE_STREAM}
+        last = g.compute(rank, parts=_kernels(before), name=f"{name}.pre", deps=deps, category="gemm", **tags)
+        last = self._emit_tp(rank, seg, name, last, mb, stage)
+        g.collective_op(rank, "all_to_all", group, 0, split=out_row, traffic_class="ep",
+                        name=f"{name}.ep_{'dispatch' if seg_phase(name) == 'F' else 'combine_grad'}", **tags)
+        g.compute(rank, parts=self._expert_parts(seg.layer, seg_phase(name), e, experts), name=f"{name}.experts",
+                  category="gemm", **tags)
+        g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
+                        name=f"{name}.ep_{'combine' if seg_phase(name) == 'F' else 'dispatch_grad'}", **tags)
+        return g.compute(rank, parts=_kernels(after), name=f"{name}.post", category="gemm", **tags)
+
+    def _emit_tp(self, rank: int, seg: _Segment, name: str, last: int, mb: int, stage: int) -> int:
         group = self._tp_groups.get(rank)
         if group is None:
             group = self._tp_groups[rank] = self.layout.tp_group(rank)
         for kind in ("all_reduce", "all_gather", "reduce_scatter"):
             count = seg.tp.get(kind, 0)
             if count:
-                last = g.collective_op(rank, kind, group, self.tp_bytes, name=f"{name}.tp_{kind}",
-                                       stream=COMPUTE_STREAM, count=count, traffic_class="tp",
-                                       layer=seg.layer, micro_batch=mb, stage=stage)
+                last = self.graph.collective_op(rank, kind, group, self.tp_bytes, name=f"{name}.tp_{kind}",
+                                                stream=COMPUTE_STREAM, count=count, traffic_class="tp",
+                                                layer=seg.layer, micro_batch=mb, stage=stage)
         return last
+
+    # ---------------------------------------------------------------- emit
+    def emit_segment(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
+        g = self.graph
+        if seg.moe is not None:
+            return self.emit_moe(rank, seg, deps, name, mb, stage)
+        if seg.parts is None:
+            seg.parts = _kernels(seg.kernels)
+        last = g.compute(rank, parts=seg.parts, name=name, deps=deps, stream=COMPUTE_STREAM,
+                         category="gemm", layer=seg.layer, micro_batch=mb, stage=stage)
+        return self._emit_tp(rank, seg, name, last, mb, stage)
 
     def build_rank(self, rank: int) -> None:
         g, par, lay = self.graph, self.par, self.layout
@@ -382,7 +465,13 @@ class _StepBuilder:
 
 
 class _Buckets:
-    """DDP-style gradient buckets of one rank, filled in backward order."""
+    """DDP-style gradient buckets of one rank, filled in backward order.
+
+    Buckets that become ready at the same moment (a layer's gradients span
+    several buckets) are emitted as one coarsened collective with ``count``
+    = the number of full buckets: the same bytes and per-step latency as
+    back-to-back buckets, in one engine op.
+    """
 
     def __init__(self, builder: _StepBuilder, rank: int, dp_group: tuple[int, ...]) -> None:
         self.b = builder
@@ -392,8 +481,7 @@ class _Buckets:
         self.fill = 0.0
         self.expert_fill = 0.0
         self.emitted: list[int] = []
-        self.reduced: list[float] = []
-        self.deferred: list[float] = []
+        self.reduced: dict[float, int] = {}  # bucket bytes -> how many buckets of that size were reduced
         par = builder.par
         self.kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
         self.algorithm = "parameter_server" if par.dp_sync == "parameter_server" else "auto"
@@ -404,44 +492,45 @@ class _Buckets:
             return
         self.fill += seg.grad_bytes
         self.expert_fill += seg.expert_grad_bytes
-        while ready_op is not None and self.fill >= self.size:
-            self._emit(self.size, [ready_op])
-            self.fill -= self.size
-        self._ready = ready_op
+        if ready_op is not None and self.fill >= self.size:
+            full = int(self.fill // self.size)
+            self._emit(self.size, [ready_op], count=full)
+            self.fill -= full * self.size
 
     def _emit(self, nbytes: float, deps: list[int], group: tuple[int, ...] | None = None,
-              traffic_class: str = "dp") -> None:
+              traffic_class: str = "dp", count: int = 1) -> None:
         group = group or self.group
-        if len(group) < 2 or nbytes <= 0:
+        if len(group) < 2 or nbytes <= 0 or count < 1:
             return
         self.emitted.append(self.b.graph.collective_op(
-            self.rank, self.kind, group, nbytes, name=f"grad_{self.kind}", stream="dp", deps=deps,
+            self.rank, self.kind, group, nbytes, name=f"grad_{self.kind}", stream="dp", deps=deps, count=count,
             algorithm=self.algorithm if self.kind == "all_reduce" else "auto", traffic_class=traffic_class))
-        self.reduced.append(nbytes)
+        if group == self.group:
+            self.reduced[nbytes] = self.reduced.get(nbytes, 0) + count
+
+    def _emit_all(self, total: float, deps: list[int], group: tuple[int, ...], traffic_class: str) -> None:
+        full = int(total // self.size)
+        self._emit(self.size, deps, group, traffic_class, count=full)
+        self._emit(total - full * self.size, deps, group, traffic_class)
 
     def flush(self, last_op: int) -> None:
         """Reduce whatever is left after the backward (or everything, without overlap)."""
-        while self.fill > 0:
-            chunk = min(self.size, self.fill)
-            self._emit(chunk, [last_op])
-            self.fill -= chunk
-        if self.expert_fill > 0:
-            cls = "edp" if self.b.par.ep > 1 else "dp"
-            while self.expert_fill > 0:
-                chunk = min(self.size, self.expert_fill)
-                self._emit(chunk, [last_op], self.expert_group, cls)
-                self.expert_fill -= chunk
+        self._emit_all(self.fill, [last_op], self.group, "dp")
+        self.fill = 0.0
+        self._emit_all(self.expert_fill, [last_op], self.expert_group, "edp" if self.b.par.ep > 1 else "dp")
+        self.expert_fill = 0.0
 
     def gather_params(self, after: int) -> None:
-        """ZeRO-1/2: all-gather the updated 16-bit parameters, bucket by bucket."""
+        """ZeRO-1/2: all-gather the updated 16-bit parameters of every reduced bucket."""
         ratio = self.b.dtype / self.b.grad_bytes
-        for nbytes in list(self.reduced):
+        for nbytes, count in self.reduced.items():
             self.b.graph.collective_op(self.rank, "all_gather", self.group, nbytes * ratio, name="param_all_gather",
-                                       stream="dp", deps=[after], traffic_class="zero")
+                                       stream="dp", deps=[after], count=count, traffic_class="zero")
 
 
 def training_step(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
-                  options: StepOptions | None = None, *, representatives: bool = False) -> TrainingStep:
+                  options: StepOptions | None = None, routing: RoutingModel | None = None, *,
+                  representatives: bool = False) -> TrainingStep:
     """Generate the op graph of one training step.
 
     Parameters
@@ -450,6 +539,9 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
         Validated with :func:`workloads.parallel.validate` first (raises
         :class:`~workloads.errors.ConfigError` naming the field).
     options : StepOptions, optional
+    routing : RoutingModel, optional
+        Token routing of MoE layers (default uniform, dropless); used when
+        ``parallel.ep > 1``.
     representatives : bool
         Emit the program of one representative per TP group only (its
         ``tp = 0`` rank) and set ``graph.replicas`` to ``{representative:
@@ -468,13 +560,14 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     """
     validate(model, parallel, training)
     options = options or StepOptions()
-    builder = _StepBuilder(model, parallel, training, options)
+    builder = _StepBuilder(model, parallel, training, options, routing)
     graph = builder.build(representatives)
     flops = model_flops_per_step(model, parallel.global_batch, training.seq_len, causal=options.causal)
     if not options.embedding_and_loss:
         flops -= 6.0 * model.hidden * model.vocab * parallel.global_batch * training.seq_len
     stages = [builder.layout.coords(r).pp for r in range(parallel.world_size)]
-    return TrainingStep(graph, model, parallel, training, builder.layout, builder.m, flops, stages)
+    return TrainingStep(graph, model, parallel, training, builder.layout, builder.m, flops, stages,
+                        routes=dict(sorted(builder.routes.items())))
 
 
 __all__ = ["StepOptions", "TrainingStep", "training_step", "GRANULARITIES", "PipeAction"]
