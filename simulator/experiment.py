@@ -35,8 +35,8 @@ from topologies.cluster import Cluster
 from workloads.errors import ConfigError
 from workloads.memory import MemoryBreakdown, memory_per_gpu
 from workloads.models import ModelSpec, model_from_dict
-from workloads.parallel import ParallelConfig, TrainingSpec, parallel_from_dict, training_from_dict, validate
 from workloads.moe import RoutingModel, routing_from_dict
+from workloads.parallel import ParallelConfig, TrainingSpec, parallel_from_dict, training_from_dict, validate
 from workloads.training import StepOptions, TrainingStep, training_step
 
 from .compute import ComputeModel
