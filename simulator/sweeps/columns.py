@@ -1,0 +1,37 @@
+"""Column names and statuses of a sweep table, and the check of a ranking metric."""
+
+from __future__ import annotations
+
+__all__ = ["STATUSES", "METRIC_COLUMNS", "HIGHER_IS_BETTER", "KEY_COLUMN", "LAYOUT_COLUMNS", "check_metric"]
+
+STATUSES = ("ok", "invalid", "oom", "failed")
+"""Every row's ``status``, in reporting order."""
+METRIC_COLUMNS = ("step_time_s", "mfu", "tflops_per_gpu", "bubble_fraction", "exposed_comm_s", "tokens_per_s")
+"""Headline numbers of an ``ok`` row (before the per-class and per-tier columns)."""
+HIGHER_IS_BETTER = frozenset({"mfu", "tflops_per_gpu", "tokens_per_s"})
+"""Metrics ranked in decreasing order; every other metric ranks in increasing order."""
+KEY_COLUMN = "point"
+"""Column holding each row's stable point key (see :func:`simulator.sweeps.points.point_key`)."""
+LAYOUT_COLUMNS = ("parallel.tp", "parallel.pp", "parallel.dp")
+"""Columns written by a ``layout`` grid entry, in ``TPxPPxDP`` order."""
+
+
+def check_metric(metric: str) -> None:
+    """Raise ``ValueError`` unless ``metric`` names a numeric column of an ``ok`` row.
+
+    Parameters
+    ----------
+    metric : str
+        One of :data:`METRIC_COLUMNS`, ``memory_per_gpu_bytes`` (bytes),
+        ``exposed_<class>_s`` (seconds) or ``bytes_<tier>`` (bytes).
+
+    Raises
+    ------
+    ValueError
+        One line naming the valid choices.
+    """
+    if metric in METRIC_COLUMNS or metric == "memory_per_gpu_bytes" or metric.startswith("bytes_") or (
+            metric.startswith("exposed_") and metric.endswith("_s")):
+        return
+    raise ValueError(f"metric: {metric!r} unknown; valid: {', '.join(METRIC_COLUMNS)}, memory_per_gpu_bytes, "
+                     f"exposed_<class>_s, bytes_<tier>")

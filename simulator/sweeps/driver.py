@@ -1,0 +1,161 @@
+"""The :func:`sweep` entry point: load the base, expand the grid, reuse finished rows, run the rest, checkpoint."""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from ..experiment import read_experiment_file
+from .columns import check_metric
+from .errors import SweepInterrupted
+from .execute import executor
+from .grid import Grid, check_fields, derives_dp, merge_grids, normalise_grid, param_columns, sweep_settings
+from .paths import apply_overrides
+from .points import Point, expand_grid
+from .store import output_format, previous_rows, write_table
+from .table import build_table, cell, result_row
+
+__all__ = ["CHECKPOINT_S", "sweep"]
+
+CHECKPOINT_S = 30.0
+"""Seconds between rewrites of the output file while a sweep runs."""
+
+
+def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric: str | None = None,
+          jobs: int | None = None, scheduler: str | None = None, output: str | os.PathLike | None = None,
+          progress: bool = True, max_tp: int | None = None,
+          on_start: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """Simulate every point of a grid over a base experiment and rank the feasible ones.
+
+    Parameters
+    ----------
+    base : dict or path
+        An experiment document or YAML file. Its ``sweep:`` section (``grid``,
+        ``metric``, ``max_tp``) supplies defaults.
+    grid : Mapping, optional
+        Dotted path -> list of values (or ``"auto"`` for ``layout`` and
+        ``parallel.micro_batch``); replaces the same keys of the file's grid
+        and adds new ones.
+    metric : str, optional
+        Ranking column (default: the file's ``sweep.metric`` or
+        ``step_time_s``); lower is better except for
+        :data:`~simulator.sweeps.columns.HIGHER_IS_BETTER`.
+    jobs : int, optional
+        Local worker processes (default all cores; 1 runs in this process).
+    scheduler : str, optional
+        Address of a Dask distributed scheduler, e.g. ``tcp://10.0.0.1:8786``;
+        overrides ``jobs``.
+    output : path, optional
+        ``.csv`` or ``.parquet`` file; rows already there are reused (resume).
+        Rewritten every :data:`CHECKPOINT_S` seconds (30 s) and at the end.
+    progress : bool, default True
+        Show a tqdm progress bar (rate and ETA).
+    max_tp : int, optional
+        Largest tp of ``layout: auto`` (default: GPUs per server).
+    on_start : callable, optional
+        Called as ``on_start(points, reused)`` before the first point runs.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per point, ``ok`` rows first in rank order; times in seconds
+        (``*_s``), sizes in bytes (``memory_per_gpu_bytes``, ``bytes_<tier>``).
+
+    Raises
+    ------
+    ValueError
+        A malformed grid, metric or output path (bad points are rows instead).
+    SweepInterrupted
+        On Ctrl-C, after writing the finished rows; ``.table`` holds them.
+
+    Examples
+    --------
+    >>> df = sweep("examples/demo.yaml", {"parallel.tp": [1, 2, 4]}, jobs=1, progress=False)  # doctest: +SKIP
+    >>> df[["parallel.tp", "parallel.dp", "status", "step_time_s"]]                            # doctest: +SKIP
+    """
+    doc = _load_base(base)
+    settings = sweep_settings(doc)
+    base_doc = {k: v for k, v in doc.items() if k != "sweep"}
+    full_grid = normalise_grid(merge_grids(settings["grid"], grid))
+    if not full_grid:
+        raise ValueError("grid: nothing to sweep; give --grid PATH=V1,V2 or a sweep: {grid: {...}} section")
+    check_fields(base_doc, full_grid)
+    metric = metric or settings["metric"] or "step_time_s"
+    check_metric(metric)
+    if output is not None:
+        output_format(output)
+    points = expand_grid(base_doc, full_grid, max_tp=max_tp or settings["max_tp"])
+    rows, foreign = previous_rows(output, {p.key for p in points})
+    for p in points:  # reused rows show this sweep's parameter values, not their CSV spelling
+        if p.key in rows:
+            rows[p.key].update({k: cell(v) for k, v in p.params.items()})
+    todo = [p for p in points if p.key not in rows]
+    if on_start is not None:
+        on_start(len(points), len(points) - len(todo))
+    recorder = _Recorder(points, param_columns(full_grid), metric, derives_dp(full_grid), output, rows, foreign)
+    _run(todo, base_doc, recorder, jobs, scheduler, progress)
+    return recorder.write()
+
+
+def _load_base(base: Mapping | str | os.PathLike) -> dict:
+    if isinstance(base, (str, os.PathLike)):
+        return read_experiment_file(base)
+    if not isinstance(base, Mapping):
+        raise ValueError(f"base: must be an experiment dict or a YAML path, got {type(base).__name__}")
+    return copy.deepcopy(dict(base))
+
+
+class _Recorder:
+    """Collects rows, rewrites the output file on checkpoints and at the end."""
+
+    def __init__(self, points: Sequence[Point], param_columns: Sequence[str], metric: str, derived_dp: bool,
+                 output: str | os.PathLike | None, rows: dict[str, dict], foreign: pd.DataFrame) -> None:
+        self.points, self.param_columns, self.metric = points, param_columns, metric
+        self.derived_dp, self.output, self.rows, self.foreign = derived_dp, output, rows, foreign
+        self.last_write = time.monotonic()
+
+    def add(self, point: Point, result: Mapping[str, Any]) -> None:
+        self.rows[point.key] = result_row(point, result, self.derived_dp)
+        if self.output is not None and time.monotonic() - self.last_write > CHECKPOINT_S:
+            self.write()
+
+    def write(self) -> pd.DataFrame:
+        """This sweep's ranked table (rows in point order before ranking), also written to ``output``."""
+        table = build_table([self.rows[p.key] for p in self.points if p.key in self.rows], self.param_columns,
+                            self.metric)
+        table.attrs["metric"] = self.metric
+        if self.output is not None:
+            full = table if self.foreign.empty else pd.concat([table, self.foreign], ignore_index=True)
+            write_table(full, self.output)
+        self.last_write = time.monotonic()
+        return table
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+    return tqdm(total=total, disable=not enabled or total == 0, unit="pt", desc="sweep", dynamic_ncols=True)
+
+
+def _run(todo: Sequence[Point], base: Mapping, recorder: _Recorder, jobs: int | None, scheduler: str | None,
+         progress: bool) -> None:
+    """Run ``todo`` on the chosen executor, feeding ``recorder``; Ctrl-C writes and raises SweepInterrupted."""
+    if not todo:
+        return
+    docs = [apply_overrides(base, p.overrides) for p in todo]
+    bar = None
+    try:
+        with executor(docs, jobs, scheduler) as results:
+            bar = _progress(len(todo), progress)  # after the pool forked: tqdm starts a monitor thread
+            for i, result in results:
+                recorder.add(todo[i], result)
+                bar.update(1)
+    except KeyboardInterrupt:
+        raise SweepInterrupted(recorder.write(), recorder.output) from None
+    finally:
+        if bar is not None:
+            bar.close()

@@ -1,0 +1,100 @@
+"""Dotted paths (``parallel.tp``) into an experiment document: read, write, override."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["get_path", "set_path", "apply_overrides"]
+
+
+def get_path(doc: Mapping, path: str, default: Any = None) -> Any:
+    """The value at dotted ``path`` of ``doc``.
+
+    Parameters
+    ----------
+    doc : Mapping
+        An experiment document; a section given as a string is read as ``{preset: <string>}``.
+    path : str
+        Dotted path, e.g. ``"parallel.tp"``.
+    default : Any, optional
+        Returned when the path is absent.
+
+    Returns
+    -------
+    Any
+        The value, or ``default``.
+
+    Examples
+    --------
+    >>> get_path({"cluster": "dgx-h100"}, "cluster.preset")
+    'dgx-h100'
+    """
+    node: Any = doc
+    for part in path.split("."):
+        if isinstance(node, str):
+            node = {"preset": node}
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def set_path(doc: dict, path: str, value: Any) -> None:
+    """Set dotted ``path`` of ``doc`` in place, creating sections.
+
+    Parameters
+    ----------
+    doc : dict
+        An experiment document, modified in place; a section given as a
+        string becomes ``{preset: <string>}`` first.
+    path : str
+        Dotted path, e.g. ``"cluster.nodes"``.
+    value : Any
+        The new value.
+
+    Raises
+    ------
+    ValueError
+        When a parent of ``path`` holds a plain value rather than a section.
+    """
+    parts = path.split(".")
+    node = doc
+    for part in parts[:-1]:
+        child = node.get(part)
+        if isinstance(child, str):
+            child = {"preset": child}
+        elif not isinstance(child, dict):
+            child = {} if child is None else child
+        node[part] = child
+        node = child
+    if not isinstance(node, dict):
+        raise ValueError(f"{path}: {'.'.join(parts[:-1])} is not a section of fields")
+    node[parts[-1]] = value
+
+
+def apply_overrides(base: Mapping, overrides: Mapping[str, Any]) -> dict:
+    """A deep copy of ``base`` with every dotted override set.
+
+    Parameters
+    ----------
+    base : Mapping
+        The experiment document; not modified.
+    overrides : Mapping
+        Dotted path -> value, applied in order with :func:`set_path`.
+
+    Returns
+    -------
+    dict
+        The new document.
+
+    Examples
+    --------
+    >>> apply_overrides({"parallel": {"tp": 1}}, {"parallel.tp": 4, "cluster.nodes": 2})
+    {'parallel': {'tp': 4}, 'cluster': {'nodes': 2}}
+    """
+    doc = copy.deepcopy(dict(base))
+    for path, value in overrides.items():
+        set_path(doc, path, value)
+    return doc

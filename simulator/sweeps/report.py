@@ -1,0 +1,74 @@
+"""Text summaries of a sweep table: status counts and the best points."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .columns import KEY_COLUMN, METRIC_COLUMNS, STATUSES
+
+__all__ = ["status_counts", "counts_line", "top_table"]
+
+
+def status_counts(df: pd.DataFrame) -> dict[str, int]:
+    """Rows per status, every status present (zero when absent).
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        A sweep table.
+
+    Returns
+    -------
+    dict
+        Status -> number of rows, in :data:`~simulator.sweeps.columns.STATUSES` order.
+    """
+    counts = df["status"].value_counts() if len(df) else {}
+    return {s: int(counts.get(s, 0)) for s in STATUSES}
+
+
+def counts_line(df: pd.DataFrame) -> str:
+    """One line: the number of points and of each status.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        A sweep table.
+
+    Returns
+    -------
+    str
+        E.g. ``12 points: 7 ok, 3 invalid, 2 oom, 0 failed``.
+    """
+    counts = status_counts(df)
+    return f"{len(df)} points: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
+def top_table(df: pd.DataFrame, k: int, metric: str | None = None) -> str:
+    """The best ``k`` feasible rows as a text table: rank, swept parameters and the headline metrics.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        A ranked sweep table (``ok`` rows first).
+    k : int
+        Rows to show.
+    metric : str, optional
+        Column shown first after the parameters; defaults to the one the
+        sweep ranked by (``df.attrs["metric"]``), else ``step_time_s``.
+
+    Returns
+    -------
+    str
+        The table (memory per GPU in ``memory_GB``, 1e9 bytes), or ``"no feasible point"``.
+    """
+    metric = metric or df.attrs.get("metric", "step_time_s")
+    ok = df[df["status"] == "ok"].head(k)
+    if ok.empty:
+        return "no feasible point"
+    skip = {"rank", "status", "reason", KEY_COLUMN, "sim_wall_s", "memory_per_gpu_bytes"}
+    first = list(df.columns).index("rank")
+    params = [c for c in df.columns[:first] if c not in skip]
+    shown = ["rank", *params, *dict.fromkeys([metric, *METRIC_COLUMNS[:5]])]
+    table = ok[shown].copy()
+    table["memory_GB"] = ok["memory_per_gpu_bytes"] / 1e9
+    return table.to_string(index=False, float_format=lambda x: f"{x:.4g}")

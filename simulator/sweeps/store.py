@@ -1,0 +1,132 @@
+"""Sweep output files: CSV/Parquet read and atomic write, and the rows a resumed sweep reuses."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .columns import KEY_COLUMN
+
+__all__ = ["OUTPUT_FORMATS", "REUSABLE", "output_format", "read_table", "write_table", "previous_rows"]
+
+OUTPUT_FORMATS = (".csv", ".parquet")
+"""Suffixes of the files a sweep can write."""
+REUSABLE = frozenset({"ok", "invalid", "oom"})
+"""Statuses a resumed sweep keeps (deterministic outcomes); ``failed`` points are retried."""
+
+
+def output_format(path: str | os.PathLike) -> str:
+    """The format of an output file, by its suffix.
+
+    Parameters
+    ----------
+    path : path
+        The output file.
+
+    Returns
+    -------
+    str
+        ``".csv"`` or ``".parquet"``.
+
+    Raises
+    ------
+    ValueError
+        One line, for any other suffix, or for Parquet without pyarrow.
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix not in OUTPUT_FORMATS:
+        raise ValueError(f"output: {os.fspath(path)!r} must end in {' or '.join(OUTPUT_FORMATS)}")
+    if suffix == ".parquet" and importlib.util.find_spec("pyarrow") is None:
+        raise ValueError("output: .parquet needs pyarrow: pip install 'clustersim[parquet]' (or write .csv)")
+    return suffix
+
+
+def read_table(path: str | os.PathLike) -> pd.DataFrame:
+    """Read a sweep table written by :func:`write_table`.
+
+    Parameters
+    ----------
+    path : path
+        A ``.csv`` or ``.parquet`` file.
+
+    Returns
+    -------
+    pandas.DataFrame
+        In CSV, empty cells are missing values and every other cell is read as written.
+    """
+    if output_format(path) == ".parquet":
+        return pd.read_parquet(path)
+    return pd.read_csv(path, keep_default_na=False, na_values=[""])
+
+
+def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """Object columns that mix types (e.g. ints and strings) become strings, which Arrow can store."""
+    df = df.copy()
+    for col in df.columns:
+        values = df[col].dropna()
+        if pd.api.types.is_object_dtype(df[col].dtype) and not values.map(lambda v: isinstance(v, str)).all():
+            df[col] = df[col].map(lambda v: v if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
+    return df
+
+
+def write_table(df: pd.DataFrame, path: str | os.PathLike) -> None:
+    """Write ``df`` atomically: a temporary file next to ``path``, then a rename.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        A sweep table.
+    path : path
+        A ``.csv`` or ``.parquet`` file (format by suffix); replaced if it exists.
+    """
+    fmt = output_format(path)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if fmt == ".parquet":
+        _parquet_safe(df).to_parquet(tmp, index=False)
+    else:
+        df.to_csv(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def _isna(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+
+
+def previous_rows(output: str | os.PathLike | None, keys: set[str]) -> tuple[dict[str, dict], pd.DataFrame]:
+    """What a resumed sweep takes from an existing output file.
+
+    Parameters
+    ----------
+    output : path or None
+        The output file; ``None`` or a missing file means nothing to resume.
+    keys : set of str
+        The point keys of this sweep.
+
+    Returns
+    -------
+    rows : dict
+        Point key -> row (missing cells dropped, no ``rank``) for this
+        sweep's points whose status is :data:`REUSABLE`.
+    foreign : pandas.DataFrame
+        The rows of other sweeps, kept after this sweep's rows.
+
+    Raises
+    ------
+    ValueError
+        When ``output`` exists but is not a sweep table.
+    """
+    if output is None or not Path(output).exists():
+        return {}, pd.DataFrame()
+    old = read_table(output)
+    if KEY_COLUMN not in old.columns or "status" not in old.columns:
+        raise ValueError(f"output: {os.fspath(output)!r} exists but is not a sweep table; choose another file")
+    mine = old[KEY_COLUMN].isin(keys)
+    reuse = old[mine & old["status"].isin(REUSABLE)].drop(columns=["rank"], errors="ignore")
+    rows = {r[KEY_COLUMN]: {k: v for k, v in r.items() if not _isna(v)} for r in reuse.to_dict("records")}
+    return rows, old[~mine]
