@@ -182,7 +182,7 @@ def _sweep():
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def run(args: argparse.Namespace) -> int:
-        from .sweep import SweepInterrupted, counts_line, parse_grid_arg, sweep, top_table
+        from .sweeps import SweepInterrupted, counts_line, parse_grid_arg, sweep, top_table
         for flag, value, least in (("--jobs", args.jobs, 1), ("--top", args.top, 0), ("--max-tp", args.max_tp, 1)):
             if value is not None and value < least:
                 raise ValueError(f"{flag}: must be >= {least}, got {value}")
@@ -201,6 +201,52 @@ def _sweep():
         if args.top:
             print(top_table(table, args.top))
         print(counts_line(table) + (f"; written to {args.output}" if args.output else ""))
+        return 0
+
+    return configure, run
+
+
+# -------------------------------------------------------------------- validate
+@command("validate", "compare simulated throughput with published training runs (Megatron-LM, Llama 3)")
+def _validate():
+    def configure(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--only", nargs="+", metavar="NAME", help="run only these entries (default: all)")
+        p.add_argument("--max-gpus", type=int, metavar="N", help="skip entries of published runs on more than N GPUs")
+        p.add_argument("--fidelity", default="fast", choices=("fast", "full"))
+        p.add_argument("--jobs", type=int, default=1, help="entries simulated in parallel processes (default 1)")
+        p.add_argument("--json", action="store_true", help="print a JSON list of rows instead of a table")
+        p.add_argument("--list", action="store_true", help="list the entries and their sources, simulate nothing")
+
+    def run(args: argparse.Namespace) -> int:
+        from .validation import ENTRIES, validate_against_published
+        if args.max_gpus is not None and args.max_gpus < 1:
+            raise ValueError(f"--max-gpus: must be >= 1, got {args.max_gpus}")
+        if args.list:
+            for e in ENTRIES:
+                print(f"{e.name:<26} {e.gpus:>6} GPUs  {e.metric:<24} {e.published:g}  {e.source}")
+            return 0
+
+        def fmt(metric: str, v: float) -> str:
+            return f"{v * 100:.1f}%" if metric == "mfu" else f"{v:.1f}"
+
+        def show(row: dict) -> None:
+            if not args.json:
+                flag = "" if row["fits"] else "  (does not fit in memory: forced)"
+                pub, sim = fmt(row["metric"], row["published"]), fmt(row["metric"], row["simulated"])
+                print(f"{row['name']:<26} {row['gpus']:>6} {row['metric']:<24} {pub:>9} {sim:>9} "
+                      f"{row['error_pct']:>+7.1f}% {row['sim_wall_s']:>7.1f}s{flag}", flush=True)
+
+        if not args.json:
+            print(f"{'entry':<26} {'GPUs':>6} {'metric':<24} {'published':>9} {'simulated':>9} {'error':>8} "
+                  f"{'wall':>8}")
+        table = validate_against_published(args.only, args.fidelity, max_gpus=args.max_gpus, jobs=args.jobs,
+                                           progress=show)
+        if args.json:
+            print(json.dumps(table.to_dict(orient="records")))
+        elif len(table):
+            err = table["error_pct"].abs()
+            print(f"# {len(table)} entries: mean |error| {err.mean():.1f}%, max |error| {err.max():.1f}%; "
+                  f"sources in docs/VALIDATION.md and each file's header")
         return 0
 
     return configure, run

@@ -1,0 +1,218 @@
+"""Validation against published measurements of real training runs (compare and report only).
+
+Each :class:`Entry` names one experiment file under ``examples/validation/`` that
+reproduces the layout of a published training run (paper and table in
+:attr:`Entry.source` and in the file's header comment), the metric the paper
+reports and its value. :func:`validate_against_published` simulates the files
+and returns published vs simulated side by side.
+
+Nothing here feeds back into the model: no constant anywhere in clustersim is
+fitted to these numbers (the compute model is a roofline with datasheet peaks
+and documented efficiencies, see :mod:`simulator.compute`). The table only
+says how far that first-principles model lands from reality; see
+``docs/VALIDATION.md`` for the latest table and the discussion of deviations.
+
+Metrics (the paper's FLOP convention decides which of ours is comparable):
+
+``mfu``
+    Model FLOPs utilisation, a fraction of the GPU's dense bf16 peak; model
+    FLOPs exclude recomputation (Korthikanti et al. 2022; Llama 3). Ours:
+    ``summary["mfu"]``.
+``hardware_tflops_per_gpu``
+    TFLOP/s per GPU counting recomputed FLOPs (Narayanan et al. SC'21 eq. 3,
+    ``96 B s l h^2 (...)`` with full recompute). Ours:
+    ``summary["hardware_tflops_per_gpu"]``.
+``tflops_per_gpu``
+    Model TFLOP/s per GPU, recomputation excluded. Ours:
+    ``summary["tflops_per_gpu"]``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+__all__ = ["Entry", "ENTRIES", "METRICS", "VALIDATION_DIR", "entry_names", "get_entry",
+           "validate_against_published", "load_entry"]
+
+VALIDATION_DIR = Path(__file__).resolve().parent.parent / "examples" / "validation"
+"""Where the experiment files live (a source checkout; they are not installed as package data)."""
+
+METRICS = ("mfu", "tflops_per_gpu", "hardware_tflops_per_gpu")
+"""Summary keys an entry may be compared on (see the module docstring)."""
+
+_KORTHIKANTI = ("Korthikanti et al., Reducing Activation Recomputation in Large Transformer Models, "
+                "MLSys 2023 (arXiv:2205.05198), Tables 3 and 5; NVIDIA/Megatron-LM README")
+_SC21_T1 = ("Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters Using "
+            "Megatron-LM, SC'21 (arXiv:2104.04473), Table 1")
+_SC21_T2 = ("Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters Using "
+            "Megatron-LM, SC'21 (arXiv:2104.04473), Table 2 (PTD-P)")
+_LLAMA3 = "Llama Team, AI @ Meta, The Llama 3 Herd of Models, arXiv:2407.21783, Table 4"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One published measurement and the experiment file that reproduces its setup.
+
+    Attributes
+    ----------
+    name : str
+        Short unique name (``--only`` on the command line).
+    file : str
+        Experiment YAML, relative to :data:`VALIDATION_DIR`.
+    gpus : int
+        GPUs of the published run (the file's cluster has exactly these).
+    metric : str
+        One of :data:`METRICS`.
+    published : float
+        The published value in the metric's unit (a fraction for ``mfu``, TFLOP/s otherwise).
+    source : str
+        Paper and table.
+    note : str
+        What the file could not reproduce exactly (details in its header comment).
+    """
+
+    name: str
+    file: str
+    gpus: int
+    metric: str
+    published: float
+    source: str
+    note: str = ""
+
+    @property
+    def path(self) -> Path:
+        return VALIDATION_DIR / self.file
+
+
+ENTRIES: tuple[Entry, ...] = (
+    # Korthikanti et al. 2022: sequence parallelism + selective recompute, DP = 1, A100 80GB.
+    Entry("korthikanti22-22b", "korthikanti22-22b.yaml", 8, "mfu", 0.415, _KORTHIKANTI),
+    Entry("korthikanti22-175b", "korthikanti22-175b.yaml", 64, "mfu", 0.514, _KORTHIKANTI,
+          "interleaving v=3 and micro-batch 1 from Calculon's configs, not the paper"),
+    Entry("korthikanti22-530b", "korthikanti22-530b.yaml", 280, "mfu", 0.560, _KORTHIKANTI,
+          "interleaving v=3 and micro-batch 1 from Calculon's configs, not the paper"),
+    Entry("korthikanti22-1t", "korthikanti22-1t.yaml", 512, "mfu", 0.563, _KORTHIKANTI),
+    # Narayanan et al. SC'21 Table 2, PTD-P rows: full recompute, TFLOP/s counted with recompute.
+    Entry("narayanan21-t2-175b-384", "narayanan21-t2-175b-384.yaml", 384, "hardware_tflops_per_gpu", 153.0,
+          _SC21_T2, "TP8xPP12 split of model-parallel size 96 assumed; 1F1B assumed"),
+    Entry("narayanan21-t2-175b-768", "narayanan21-t2-175b-768.yaml", 768, "hardware_tflops_per_gpu", 149.0,
+          _SC21_T2, "TP8xPP12 split of model-parallel size 96 assumed; 1F1B assumed"),
+    Entry("narayanan21-t2-175b-1536", "narayanan21-t2-175b-1536.yaml", 1536, "hardware_tflops_per_gpu", 141.0,
+          _SC21_T2, "TP8xPP12 split of model-parallel size 96 assumed; 1F1B assumed"),
+    Entry("narayanan21-t2-530b-560", "narayanan21-t2-530b-560.yaml", 560, "hardware_tflops_per_gpu", 171.0,
+          _SC21_T2, "TP8xPP35 split of model-parallel size 280 assumed; 1F1B assumed"),
+    Entry("narayanan21-t2-530b-1120", "narayanan21-t2-530b-1120.yaml", 1120, "hardware_tflops_per_gpu", 167.0,
+          _SC21_T2, "TP8xPP35 split of model-parallel size 280 assumed; 1F1B assumed"),
+    Entry("narayanan21-t2-530b-2240", "narayanan21-t2-530b-2240.yaml", 2240, "hardware_tflops_per_gpu", 159.0,
+          _SC21_T2, "TP8xPP35 split of model-parallel size 280 assumed; 1F1B assumed"),
+    # Narayanan et al. SC'21 Table 1 (weak scaling): full recompute, TFLOP/s counted with recompute.
+    Entry("narayanan21-t1-18b", "narayanan21-t1-18b.yaml", 256, "hardware_tflops_per_gpu", 135.0, _SC21_T1,
+          "micro-batch 1 and 1F1B assumed (not in Table 1)"),
+    Entry("narayanan21-t1-39b", "narayanan21-t1-39b.yaml", 512, "hardware_tflops_per_gpu", 138.0, _SC21_T1,
+          "micro-batch 1 and 1F1B assumed (not in Table 1)"),
+    Entry("narayanan21-t1-146b", "narayanan21-t1-146b.yaml", 1536, "hardware_tflops_per_gpu", 148.0, _SC21_T1,
+          "micro-batch 1 and 1F1B assumed (not in Table 1)"),
+    Entry("narayanan21-t1-1t", "narayanan21-t1-1t.yaml", 3072, "hardware_tflops_per_gpu", 163.0, _SC21_T1,
+          "micro-batch 1 and 1F1B assumed (not in Table 1)"),
+    # Llama 3 405B on H100 (BF16 MFU).
+    Entry("llama3-405b-8192", "llama3-405b-8192.yaml", 8192, "mfu", 0.43, _LLAMA3,
+          "128 layers instead of 126; v=4 assumed; leaf-spine instead of 3-layer Clos"),
+    Entry("llama3-405b-16384", "llama3-405b-16384.yaml", 16384, "mfu", 0.41, _LLAMA3,
+          "128 layers instead of 126; v=4 assumed; leaf-spine instead of 3-layer Clos"),
+)
+"""Every validation entry, smallest first within each source."""
+
+COLUMNS = ("name", "gpus", "published", "simulated", "metric", "ratio", "error_pct", "fits", "sim_wall_s",
+           "source")
+
+
+def entry_names() -> list[str]:
+    """Names of all entries, in :data:`ENTRIES` order."""
+    return [e.name for e in ENTRIES]
+
+
+def get_entry(name: str) -> Entry:
+    """The entry called ``name``; ``ValueError`` listing the names otherwise."""
+    for e in ENTRIES:
+        if e.name == name:
+            return e
+    raise ValueError(f"validation entry {name!r} unknown; valid: {', '.join(entry_names())}")
+
+
+def load_entry(entry: Entry | str):
+    """The :class:`~simulator.experiment.Experiment` of an entry (its YAML, resolved)."""
+    from .experiment import load_experiment
+    return load_experiment((get_entry(entry) if isinstance(entry, str) else entry).path)
+
+
+def _run_entry(name: str, fidelity: str) -> dict:
+    """Simulate one entry (forced if it does not fit) and return its table row."""
+    from .experiment import run_experiment
+    e = get_entry(name)
+    t0 = time.perf_counter()
+    exp = load_entry(e)
+    fits = bool(exp.memory().fits(exp.cluster.gpu.hbm_bytes))
+    result = run_experiment(exp, force=True, fidelity=fidelity)
+    simulated = float(result.summary[e.metric])
+    ratio = simulated / e.published
+    return {"name": e.name, "gpus": e.gpus, "published": e.published, "simulated": simulated,
+            "metric": e.metric, "ratio": ratio, "error_pct": 100.0 * (ratio - 1.0), "fits": fits,
+            "sim_wall_s": time.perf_counter() - t0, "source": e.source}
+
+
+def validate_against_published(names: Iterable[str] | None = None, fidelity: str = "fast", *,
+                               max_gpus: int | None = None, jobs: int = 1, progress=None) -> pd.DataFrame:
+    """Simulate validation entries and compare with the published numbers.
+
+    Parameters
+    ----------
+    names : iterable of str, optional
+        Entries to run (default: all of :data:`ENTRIES`, in that order).
+    fidelity : {"fast", "full"}
+        Simulation fidelity (see :data:`simulator.experiment.FIDELITIES`).
+    max_gpus : int, optional
+        Skip entries whose published run used more GPUs.
+    jobs : int, default 1
+        Worker processes; entries are independent, so ``jobs > 1`` runs them in
+        parallel (rows still come back in entry order).
+    progress : callable, optional
+        Called with each finished row (a dict), e.g. to print as results come in.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per entry: ``name, gpus, published, simulated, metric, ratio``
+        (simulated / published), ``error_pct`` (100 (ratio - 1)), ``fits`` (False
+        when our memory model says the layout does not fit in GPU memory; it is
+        then simulated anyway, with ``force``), ``sim_wall_s``, ``source``.
+        ``mfu`` values are fractions; TFLOP/s metrics are in TFLOP/s.
+    """
+    from .experiment import _fidelity
+    fidelity = _fidelity(fidelity)
+    entries = ENTRIES if names is None else tuple(get_entry(n) for n in names)
+    if max_gpus is not None:
+        entries = tuple(e for e in entries if e.gpus <= max_gpus)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs: must be an integer >= 1, got {jobs!r}")
+    rows: dict[str, dict] = {}
+    if jobs == 1 or len(entries) <= 1:
+        for e in entries:
+            rows[e.name] = _run_entry(e.name, fidelity)
+            if progress is not None:
+                progress(rows[e.name])
+    else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        with ProcessPoolExecutor(max_workers=min(jobs, len(entries))) as pool:
+            # Largest first, so the longest simulations do not start last.
+            futures = [pool.submit(_run_entry, e.name, fidelity) for e in sorted(entries, key=lambda e: -e.gpus)]
+            for fut in as_completed(futures):
+                row = fut.result()
+                rows[row["name"]] = row
+                if progress is not None:
+                    progress(row)
+    return pd.DataFrame([rows[e.name] for e in entries], columns=list(COLUMNS))

@@ -1,0 +1,93 @@
+"""``simulator.validation`` and ``clustersim validate``: the table of published runs is well-formed.
+
+Fast checks only. No accuracy threshold is asserted: the validation reports how far
+the first-principles model lands from published numbers (docs/VALIDATION.md), it is
+not a target the model is tuned to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator.experiment import experiment_from_dict, read_experiment_file
+from simulator.validation import COLUMNS, ENTRIES, METRICS, VALIDATION_DIR, get_entry, validate_against_published
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALLEST = min(ENTRIES, key=lambda e: e.gpus)
+
+
+def test_names_unique_and_every_file_listed():
+    names = [e.name for e in ENTRIES]
+    assert len(names) == len(set(names))
+    on_disk = {p.name for p in VALIDATION_DIR.glob("*.yaml")}
+    assert on_disk == {e.file for e in ENTRIES}, "every examples/validation file has exactly one entry"
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
+def test_entry_file_loads_and_matches_published_setup(entry):
+    text = entry.path.read_text()
+    assert text.startswith("#") and "Source:" in text and "Published:" in text, "header cites source and number"
+    exp = experiment_from_dict(read_experiment_file(entry.path))
+    assert exp.cluster.num_gpus == entry.gpus == exp.parallel.world_size
+    assert exp.model.layers % (exp.parallel.pp * exp.parallel.virtual_stages) == 0
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
+def test_published_numbers_well_formed(entry):
+    assert entry.metric in METRICS
+    assert isinstance(entry.published, float) and math.isfinite(entry.published) and entry.published > 0
+    if entry.metric == "mfu":
+        assert entry.published < 1, "MFU is a fraction of peak"
+    else:
+        assert 10 < entry.published < 5000, "TFLOP/s per GPU"
+    assert entry.source and any(y in entry.source for y in ("2021", "2022", "2023", "2024", "SC'21", "arXiv"))
+
+
+def test_unknown_entry_is_a_clear_error():
+    with pytest.raises(ValueError, match="valid: korthikanti22-22b"):
+        get_entry("nope")
+
+
+def test_validate_python_api_on_smallest_entry():
+    table = validate_against_published([SMALLEST.name])
+    assert list(table.columns) == list(COLUMNS)
+    row = table.iloc[0]
+    assert row["name"] == SMALLEST.name and row["published"] == SMALLEST.published
+    assert row["simulated"] > 0 and row["ratio"] == pytest.approx(row["simulated"] / row["published"])
+    assert row["error_pct"] == pytest.approx(100 * (row["ratio"] - 1))
+    assert validate_against_published(max_gpus=SMALLEST.gpus - 1).empty
+
+
+def test_parallel_jobs_keep_entry_order_and_values():
+    two = sorted(ENTRIES, key=lambda e: e.gpus)[:2]
+    names = [e.name for e in reversed(two)]
+    serial = validate_against_published(names)
+    parallel = validate_against_published(names, jobs=2)
+    assert list(parallel["name"]) == names
+    assert list(parallel["simulated"]) == pytest.approx(list(serial["simulated"]), rel=1e-12)
+    with pytest.raises(ValueError, match="jobs"):
+        validate_against_published(names, jobs=0)
+
+
+def test_cli_validate_only_smallest_json():
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "validate", "--only", SMALLEST.name, "--json"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert len(rows) == 1
+    assert rows[0]["name"] == SMALLEST.name
+    assert rows[0]["published"] == SMALLEST.published and rows[0]["simulated"] > 0
+    assert rows[0]["metric"] == SMALLEST.metric
+
+
+def test_cli_validate_unknown_entry_exits_2():
+    from simulator.cli import main
+    assert main(["validate", "--only", "no-such-entry"]) == 2
