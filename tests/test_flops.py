@@ -149,3 +149,22 @@ def test_logits_and_optimizer():
     op = optimizer_op(1e9)
     assert isinstance(op, LayerOp) and op.category == "optimizer"
     assert op.nbytes >= 24e9    # Adam reads and writes fp32 master, momentum and variance: >= 24 B/param
+
+
+def test_unfused_attention_same_flops_more_bytes_and_slower():
+    from simulator.compute import ComputeModel
+    from topologies import get_gpu
+    from workloads.models import get_preset
+    from workloads.ops import Kernel
+    m = get_preset("gpt3-175b")
+    fused = layer_ops(m, 1, 2048, 8, flash_attention=True)
+    unfused = layer_ops(m, 1, 2048, 8, flash_attention=False)
+    assert unfused.flops == pytest.approx(fused.flops, rel=1e-12)
+    # The unfused kernels write and re-read the s x s scores of a/t heads: at least 4 passes of 2 bytes.
+    scores = 96 // 8 * 2048 * 2048
+    extra = sum(o.nbytes for o in unfused.forward) - sum(o.nbytes for o in fused.forward)
+    assert extra >= 4 * 2 * scores
+    cm = ComputeModel(get_gpu("A100"))
+    def t(ops):
+        return sum(cm.duration(Kernel(o.category, o.flops, o.nbytes, o.shape)) for o in ops)
+    assert t(unfused.forward) > t(fused.forward)

@@ -130,16 +130,44 @@ def backward_of(forward: list[LayerOp]) -> list[LayerOp]:
 
 
 # ------------------------------------------------------------------ layers
+def _unfused_attention(model: ModelSpec, b: int, s: int, t: int, d: int, causal: bool) -> list[LayerOp]:
+    """Megatron-LM's attention before fused kernels (2021-22): the ``s × s`` scores go through HBM.
+
+    Per TP rank with ``a/t`` heads of width ``d_h``: batched GEMM ``Q Kᵀ``
+    (``2 b s² h / t`` FLOPs, writes the scores), fused scale-mask-softmax
+    (reads and writes them), dropout (reads them, writes them and a 1-byte
+    mask), batched GEMM ``P V`` (``2 b s² h / t`` FLOPs, reads the scores).
+    The batched GEMMs are given the shape ``(b·a/t·s, s, d_h)`` for wave
+    quantisation; the short inner dimension ``d_h`` makes them HBM-bound.
+    """
+    h, kv, hd = model.hidden, model.kv_hidden, model.head_dim
+    heads = model.heads // t
+    scores = b * heads * s * s * (0.5 if causal else 1.0)
+    gemm_flops = 2.0 * b * s * s * h / t * (0.5 if causal else 1.0)
+    return [
+        LayerOp("attention_scores", "gemm", gemm_flops, d * (b * s * (h + kv) / t + scores),
+                (b * heads * s, s, hd)),
+        _elementwise("attention_softmax", 2 * scores, d),
+        LayerOp("attention_dropout", "elementwise", 0.0, scores * (2 * d + 1)),
+        LayerOp("attention_values", "gemm", gemm_flops, d * (scores + b * s * (kv + h) / t),
+                (b * heads * s, hd, s)),
+    ]
+
+
 def _attention_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: int,
-                       causal: bool) -> list[LayerOp]:
+                       causal: bool, flash_attention: bool = True) -> list[LayerOp]:
     h, kv = model.hidden, model.kv_hidden
     tokens = b * s
-    core_flops = 4.0 * b * s * s * h / t * (0.5 if causal else 1.0)
-    core_bytes = d * tokens * (2 * h + 2 * kv) / t
+    if flash_attention:
+        core_flops = 4.0 * b * s * s * h / t * (0.5 if causal else 1.0)
+        core_bytes = d * tokens * (2 * h + 2 * kv) / t
+        core = [LayerOp("attention", "attention", core_flops, core_bytes)]
+    else:
+        core = _unfused_attention(model, b, s, t, d, causal)
     return [
         _elementwise("input_norm", 2 * rows * h, d),
         _gemm("qkv", tokens, (h + 2 * kv) // t, h, d),
-        LayerOp("attention", "attention", core_flops, core_bytes),
+        *core,
         _gemm("attn_out", tokens, h, h // t, d),
         _elementwise("attn_residual", 3 * rows * h, d),
     ]
@@ -169,7 +197,8 @@ def _moe_forward(model: ModelSpec, tokens: int, rows: int, t: int, d: int) -> li
 
 
 def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, layer: int = 0,
-              sequence_parallel: bool = False, dtype_bytes: int = 2, causal: bool = False) -> PassOps:
+              sequence_parallel: bool = False, dtype_bytes: int = 2, causal: bool = False,
+              flash_attention: bool = True) -> PassOps:
     """Kernels of transformer layer ``layer`` on one TP rank for one micro-batch.
 
     Parameters
@@ -191,6 +220,10 @@ def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, 
         Count only the causal half of the attention matrix. The default counts
         the full ``s^2`` like Narayanan et al.'s formula, so MFU is comparable
         with published numbers.
+    flash_attention : bool, default True
+        One fused attention kernel (FlashAttention). False: the unfused
+        kernels of 2021-22 Megatron-LM, whose ``s × s`` scores go through HBM
+        (same FLOPs, far more bytes).
 
     Returns
     -------
@@ -211,7 +244,7 @@ def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, 
     tokens = b * s
     rows = tokens // t if (sequence_parallel and t > 1) else tokens  # element-wise rows
     h = model.hidden
-    fwd = _attention_forward(model, b, s, t, rows, d, causal)
+    fwd = _attention_forward(model, b, s, t, rows, d, causal, flash_attention)
     fwd.append(_elementwise("mlp_norm", 2 * rows * h, d))
     if model.is_moe_layer(layer):
         fwd += _moe_forward(model, tokens, rows, t, d)

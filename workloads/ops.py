@@ -163,6 +163,9 @@ class OpGraph:
         self.world_size = world_size
         self.ops: list[Op] = []
         self._valid_groups: set[tuple[int, ...]] = set()  # groups already checked (distinct, in range)
+        # Totals of kernel tuples already seen, by identity (generators share one tuple across many ops);
+        # the tuple is kept in the value so that its id cannot be reused while cached.
+        self._part_totals: dict[int, tuple[tuple[Kernel, ...], float, float]] = {}
         self.replicas: dict[int, tuple[int, ...]] | None = None
         """Optional: ``{representative rank: the ranks it stands for}`` (itself included, in replica
         order). When set, only representatives have ops; every rank a representative stands for runs the
@@ -213,9 +216,12 @@ class OpGraph:
         if duration_s is not None and duration_s < 0:
             raise OpGraphError(f"duration_s: must be >= 0, got {duration_s}")
         if parts is not None:
-            parts = tuple(parts)
-            flops = sum(k.flops for k in parts)
-            nbytes = sum(k.nbytes for k in parts)
+            parts = parts if isinstance(parts, tuple) else tuple(parts)
+            cached = self._part_totals.get(id(parts))
+            if cached is None or cached[0] is not parts:
+                cached = self._part_totals[id(parts)] = (parts, sum(k.flops for k in parts),
+                                                         sum(k.nbytes for k in parts))
+            flops, nbytes = cached[1], cached[2]
         op = Compute(len(self.ops), rank, stream, self._deps(deps), name,
                      **self._tags(traffic_class, layer, micro_batch, stage),
                      flops=float(flops), nbytes=float(nbytes), category=category,

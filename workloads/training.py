@@ -88,8 +88,11 @@ class StepOptions:
         Count only the causal half of attention FLOPs (FlashAttention skips
         the masked half); default False, as Narayanan et al.'s formula.
     flash_attention : bool
-        Fused attention that never stores the ``s × s`` scores (memory model);
-        default True, as current Megatron-LM / TransformerEngine training.
+        Fused attention that never stores the ``s × s`` scores: both the
+        memory model and the attention kernels (one fused kernel at
+        ``attention_efficiency``, vs. unfused GEMMs + softmax + dropout whose
+        scores go through HBM). Default True, as current Megatron-LM /
+        TransformerEngine training; False for 2021-22 Megatron runs.
     embedding_and_loss : bool
         Run the embedding lookup on the first pipeline stage and the output
         layer and loss on the last (default True, as real training). False
@@ -235,14 +238,15 @@ class _StepBuilder:
 
     def _layer_pass(self, layer: int, phase: str) -> list[LayerOp]:
         ops = layer_ops(self.model, self.par.micro_batch, self.train.seq_len, self.t, layer=layer,
-                        sequence_parallel=self.sp, dtype_bytes=self.dtype, causal=self.opt.causal)
+                        sequence_parallel=self.sp, dtype_bytes=self.dtype, causal=self.opt.causal,
+                        flash_attention=self.opt.flash_attention)
         if phase == "F":
             return ops.forward
         recompute = self.par.recompute
         if recompute == "full":
             return ops.forward + ops.backward
         if recompute == "selective":
-            return [o for o in ops.forward if o.category == "attention"] + ops.backward
+            return [o for o in ops.forward if o.name.startswith("attention")] + ops.backward
         return ops.backward
 
     def segments(self, stage: int, chunk: int, phase: str, per_layer: bool) -> list[_Segment]:
@@ -301,7 +305,7 @@ class _StepBuilder:
         ops = self._layer_pass(layer, phase)
         # Recomputed forward kernels (full recompute) run first and stay local to the rank.
         n_backward = len(layer_ops(self.model, self.par.micro_batch, self.train.seq_len, self.t, layer=layer,
-                                   sequence_parallel=self.sp).backward)
+                                   sequence_parallel=self.sp, flash_attention=self.opt.flash_attention).backward)
         start = len(ops) - n_backward if phase == "B" else 0
         idx = [i for i in range(start, len(ops)) if ops[i].name.startswith("experts")]
         return ops[:idx[0]], ops[idx[0]:idx[-1] + 1], ops[idx[-1] + 1:]
