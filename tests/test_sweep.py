@@ -12,6 +12,7 @@ import simulator
 from simulator.cli import main
 
 sw = importlib.import_module("simulator.sweep")  # ``simulator.sweep`` the attribute is the function
+worker = importlib.import_module("simulator.sweeps.worker")  # where points call run_experiment
 
 BASE = {
     "name": "tiny sweep",
@@ -83,14 +84,14 @@ def test_point_keys_are_stable_and_depend_on_the_base():
 
 # ------------------------------------------------------------------ statuses
 def test_invalid_and_oom_points_are_rows_with_reasons(monkeypatch):
-    real = sw.run_experiment
+    real = worker.run_experiment
 
     def flaky(exp):
         if exp.parallel.tp == 2 and exp.model.name == "tiny":
             raise RuntimeError("boom\nsecond line")
         return real(exp)
 
-    monkeypatch.setattr(sw, "run_experiment", flaky)
+    monkeypatch.setattr(worker, "run_experiment", flaky)
     df = simulator.sweep(BASE, MIXED, jobs=1, progress=False)
     assert sw.status_counts(df) == {"ok": 1, "invalid": 2, "oom": 2, "failed": 1}
     rows = df.set_index(["parallel.tp", "model.preset"])
@@ -138,7 +139,7 @@ def test_local_pool_and_dask_give_identical_tables(tmp_path):
 def _counting(monkeypatch, fail_on: int | None = None) -> list:
     """Patch the sweep's ``run_experiment`` to record calls (and raise Ctrl-C on call number ``fail_on``)."""
     calls: list = []
-    real = sw.run_experiment
+    real = worker.run_experiment
 
     def counted(exp):
         calls.append((exp.parallel.tp, exp.parallel.pp))
@@ -146,7 +147,7 @@ def _counting(monkeypatch, fail_on: int | None = None) -> list:
             raise KeyboardInterrupt
         return real(exp)
 
-    monkeypatch.setattr(sw, "run_experiment", counted)
+    monkeypatch.setattr(worker, "run_experiment", counted)
     return calls
 
 
@@ -175,7 +176,7 @@ def test_interrupted_sweep_resumes_without_recomputing(tmp_path, monkeypatch, su
 
 def test_resume_keeps_other_rows_and_retries_failed(tmp_path, monkeypatch):
     out = tmp_path / "results.csv"
-    monkeypatch.setattr(sw, "run_experiment", lambda exp: (_ for _ in ()).throw(RuntimeError("flaky")))
+    monkeypatch.setattr(worker, "run_experiment", lambda exp: (_ for _ in ()).throw(RuntimeError("flaky")))
     sw.sweep(BASE, {"parallel.tp": [1, 2]}, jobs=1, progress=False, output=out)
     assert set(sw.read_table(out)["status"]) == {"failed"}
     monkeypatch.undo()
