@@ -200,7 +200,18 @@ class _Routes:
         return route
 
 
-class FlowNetwork:
+class _NetworkBase:
+    """State both backends share: the clock, link capacities (bytes/s), the ledger and cached routes."""
+
+    def __init__(self, env: simpy.Environment, capacity: np.ndarray) -> None:
+        self.env = env
+        self.capacity = np.asarray(capacity, dtype=float)
+        self._cap = self.capacity.tolist()
+        self.ledger = LinkLedger(len(self.capacity))
+        self._routes = _Routes(self._cap)
+
+
+class FlowNetwork(_NetworkBase):
     """Congestion-aware flow-level network with max-min fair sharing.
 
     Parameters
@@ -211,11 +222,7 @@ class FlowNetwork:
     """
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray) -> None:
-        self.env = env
-        self.capacity = np.asarray(capacity, dtype=float)
-        self._cap = self.capacity.tolist()
-        self.ledger = LinkLedger(len(self.capacity))
-        self._routes = _Routes(self._cap)
+        _NetworkBase.__init__(self, env, capacity)
         self._on_link: dict[int, dict[Flow, None]] = {}  # link -> active flows (insertion-ordered)
         self._busy_since: list[float] = [0.0] * len(self._cap)
         # Sum over active flows of what they can ever ask of a link. A link whose demand stays within its
@@ -464,7 +471,7 @@ def _max_min_numpy(flow_links: list, flow_mults: list, capacity: list, caps: lis
     return max_min_rates(np.array(entry_flow), np.array(entry_link), cap, n).tolist()
 
 
-class AnalyticNetwork:
+class AnalyticNetwork(_NetworkBase):
     """Contention-free reference: each transfer takes ``latency + nbytes / bottleneck``.
 
     The bottleneck of a flow that crosses link ``l`` ``k`` times is
@@ -472,11 +479,7 @@ class AnalyticNetwork:
     """
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray) -> None:
-        self.env = env
-        self.capacity = np.asarray(capacity, dtype=float)
-        self._cap = self.capacity.tolist()
-        self.ledger = LinkLedger(len(self.capacity))
-        self._routes = _Routes(self._cap)
+        _NetworkBase.__init__(self, env, capacity)
         self.rate_solves = 0
 
     def transfer(self, links: np.ndarray, nbytes: float, latency_s: float, traffic_class: str,
