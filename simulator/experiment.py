@@ -109,7 +109,7 @@ def _section(doc: Mapping, key: str) -> dict:
 
 
 def _network_from_dict(section: Mapping) -> NetworkConfig:
-    valid = ("model", "step_latency", "fidelity", "seed")
+    valid = ("model", "step_latency", "fidelity", "seed", "bandwidth_efficiency")
     unknown = sorted(set(section) - set(valid))
     if unknown:
         raise ConfigError(f"network.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
@@ -120,6 +120,11 @@ def _network_from_dict(section: Mapping) -> NetworkConfig:
         kwargs["step_latency_s"] = parse_time(section["step_latency"], "network.step_latency")
     if "fidelity" in section:
         kwargs["fidelity"] = section["fidelity"]
+    if "bandwidth_efficiency" in section:
+        eff = section["bandwidth_efficiency"]
+        if isinstance(eff, bool) or not isinstance(eff, (int, float)):
+            raise ConfigError(f"network.bandwidth_efficiency: must be a number in (0, 1], got {eff!r}")
+        kwargs["bandwidth_efficiency"] = float(eff)
     if "seed" in section:
         seed = section["seed"]
         if isinstance(seed, bool) or not isinstance(seed, int):

@@ -159,3 +159,12 @@ def test_alltoallv_sends_what_each_pair_asks_for(node8):
     B = node8.gpu.nvlink_bandwidth
     assert res.step_time == pytest.approx(nvlink_alpha(node8) + 5e9 / B, rel=1e-6)
     assert res.bytes_by_class["ep"] == pytest.approx(5e9)
+
+
+def test_bandwidth_efficiency_scales_the_bandwidth_term_only(node8):
+    n, size, eff = 8, 2**30, 0.8
+    expected = 2 * (n - 1) * nvlink_alpha(node8) + 2 * (n - 1) / n * size / (eff * node8.gpu.nvlink_bandwidth)
+    t = collective_time(node8, "all_reduce", n, size, "ring", NetworkConfig(bandwidth_efficiency=eff))
+    assert t == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ValueError, match="network.bandwidth_efficiency"):
+        NetworkConfig(bandwidth_efficiency=1.5)
