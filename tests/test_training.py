@@ -353,3 +353,33 @@ def test_layer_granularity_changes_nothing_but_op_count():
     assert ls.hardware_flops == pytest.approx(cs.hardware_flops, rel=1e-12)
     assert layer.bytes_by_class == pytest.approx(chunk.bytes_by_class, rel=1e-12)
     assert layer.step_time == pytest.approx(chunk.step_time, rel=1e-6)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_blocking_p2p_is_never_faster_and_equal_with_free_communication(schedule):
+    from simulator.experiment import experiment_from_dict, run_experiment
+
+    def step(p2p, free=False):
+        cluster = {"preset": "dgx-h100", "nodes": 2}
+        doc = {"cluster": cluster, "model": {"preset": "gpt2-small"},
+               "parallel": {"tp": 2, "pp": 4, "dp": 2, "micro_batch": 1, "global_batch": 16, "schedule": schedule},
+               "training": {"seq_len": 1024}, "options": {"p2p": p2p}}
+        if free:  # links so fast and latencies zero that transfers take no time: blocking costs nothing
+            cluster.update(nvlink_bandwidth="1000000TB/s", nic_bandwidth="1000000TB/s",
+                           pcie_bandwidth="1000000TB/s", nvlink_latency=0, nic_latency=0, switch_latency=0)
+            doc["network"] = {"step_latency": 0}
+        return run_experiment(experiment_from_dict(doc)).step_time
+
+    assert step("blocking") >= step("async")
+    # Transfers still take ~1e-11 s at 1e18 B/s, so equal to 1e-6, not bit for bit.
+    assert step("blocking", free=True) == pytest.approx(step("async", free=True), rel=1e-6)
+
+
+def test_blocking_p2p_with_interleaved_is_refused():
+    from simulator.experiment import experiment_from_dict
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
+           "parallel": {"tp": 2, "pp": 2, "dp": 2, "global_batch": 4, "schedule": "interleaved",
+                        "virtual_stages": 2}, "training": {"seq_len": 1024}, "options": {"p2p": "blocking"}}
+    from simulator.experiment import run_experiment
+    with pytest.raises(ValueError, match="options.p2p"):
+        run_experiment(experiment_from_dict(doc))

@@ -69,6 +69,7 @@ from .parallel import ParallelConfig, RankLayout, TrainingSpec, num_micro_batche
 from .schedules import PipeAction, pipeline_schedule
 
 GRANULARITIES = ("chunk", "layer")
+P2P_MODES = ("async", "blocking")
 COMPUTE_STREAM = "compute"
 
 
@@ -78,6 +79,15 @@ class StepOptions:
 
     Attributes
     ----------
+    p2p : {"async", "blocking"}
+        Pipeline send/recv semantics. ``async``: receives are posted at the
+        start of the step and sends never hold up compute (optimistic).
+        ``blocking`` (Megatron-LM's batched isend/irecv + wait): a rank posts
+        its receive when it reaches the action that needs it, and its next
+        action waits until its previous sends have been received. Modelled
+        for GPipe and 1F1B (Megatron's interleaved schedule batches its
+        transfers differently; ``blocking`` is refused there). Default
+        ``async``.
     granularity : {"chunk", "layer"}
         Coarse ops per chunk of layers (fast) or one op per layer (detailed).
     grad_dtype_bytes : int or None
@@ -104,6 +114,7 @@ class StepOptions:
         token, which no longer runs.
     """
 
+    p2p: str = "async"
     granularity: str = "chunk"
     grad_dtype_bytes: int | None = None
     causal: bool = False
@@ -111,6 +122,8 @@ class StepOptions:
     embedding_and_loss: bool = True
 
     def __post_init__(self) -> None:
+        if self.p2p not in P2P_MODES:
+            raise ConfigError(f"options.p2p: {self.p2p!r} unknown; valid: {', '.join(P2P_MODES)}")
         if self.granularity not in GRANULARITIES:
             raise ConfigError(f"options.granularity: {self.granularity!r} unknown; valid: {', '.join(GRANULARITIES)}")
         if self.grad_dtype_bytes is not None and self.grad_dtype_bytes not in (1, 2, 4):
@@ -393,18 +406,24 @@ class _StepBuilder:
         prev_compute_ends: list[int] = []
         pending = _Buckets(self, rank, dp_group)
         last_op = None
+        blocking = self.opt.p2p == "blocking"
+        sent: list[int] = []  # sends of the previous action (blocking: the next action waits for them)
         for idx, a in enumerate(actions):
             j = a.chunk * self.p + stage
-            deps: list[int] = []
+            deps: list[int] = list(sent) if blocking else []
+            posted = [last_op] if blocking and last_op is not None else []  # recv posted on reaching the action
+            sent = []
             name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
             if a.phase == "F" and j > 0:
                 src = lay.rank(tp=c.tp, dp=c.dp, pp=(j - 1) % self.p)
                 deps.append(g.recv(rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream="pp_recv_act",
-                                   traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=0))
+                                   traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=0,
+                                   deps=posted))
             if a.phase == "B" and j < nvs - 1:
                 src = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p)
                 deps.append(g.recv(rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad",
-                                   traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=1))
+                                   traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=1,
+                                   deps=posted))
             if zero3:
                 # The chunk's layers plus, on the first / last virtual stage, the embedding / output layer.
                 chunk_layers = self.chunk_layers(stage, a.chunk)
@@ -425,12 +444,14 @@ class _StepBuilder:
             prev_compute_ends.append(last_op)
             if a.phase == "F" and j < nvs - 1:
                 dst = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p)
-                g.send(rank, dst, self.p2p_bytes, name=f"send_act.{name}", stream="pp_send_act", deps=[last_op],
-                       traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=0)
+                sent.append(g.send(rank, dst, self.p2p_bytes, name=f"send_act.{name}", stream="pp_send_act",
+                                   deps=[last_op], traffic_class="pp", micro_batch=a.micro_batch, stage=stage,
+                                   tag=0))
             if a.phase == "B" and j > 0:
                 dst = lay.rank(tp=c.tp, dp=c.dp, pp=(j - 1) % self.p)
-                g.send(rank, dst, self.p2p_bytes, name=f"send_grad.{name}", stream="pp_send_grad", deps=[last_op],
-                       traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=1)
+                sent.append(g.send(rank, dst, self.p2p_bytes, name=f"send_grad.{name}", stream="pp_send_grad",
+                                   deps=[last_op], traffic_class="pp", micro_batch=a.micro_batch, stage=stage,
+                                   tag=1))
         # Gradient synchronisation that is not overlapped, then the optimizer.
         pending.flush(last_op)
         dp_ops = pending.emitted
@@ -564,6 +585,9 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     """
     validate(model, parallel, training)
     options = options or StepOptions()
+    if options.p2p == "blocking" and parallel.schedule == "interleaved":
+        raise ConfigError("options.p2p: blocking send/recv is modelled for the gpipe and 1f1b schedules; "
+                          "use p2p: async with interleaved")
     builder = _StepBuilder(model, parallel, training, options, routing)
     graph = builder.build(representatives)
     flops = model_flops_per_step(model, parallel.global_batch, training.seq_len, causal=options.causal)
