@@ -152,6 +152,11 @@ def _options_from_dict(section: Mapping) -> StepOptions:
     return StepOptions(**section)
 
 
+def derived_dp(num_gpus: int, tp: int, pp: int) -> int | None:
+    """The dp that fills ``num_gpus`` with ``tp·pp``-GPU model replicas, or None if they do not divide it."""
+    return None if num_gpus % (tp * pp) else num_gpus // (tp * pp)
+
+
 def experiment_from_dict(doc: Mapping) -> Experiment:
     """Resolve an experiment document (already parsed YAML) into an :class:`Experiment`."""
     if not isinstance(doc, Mapping):
@@ -163,12 +168,12 @@ def experiment_from_dict(doc: Mapping) -> Experiment:
     model = model_from_dict(_section(doc, "model") or {"preset": "gpt2-small"})
     par = _section(doc, "parallel")
     tp, pp = par.get("tp", 1), par.get("pp", 1)
-    if par.get("dp", "auto") == "auto":
-        if isinstance(tp, int) and isinstance(pp, int) and tp > 0 and pp > 0:
-            if cluster.num_gpus % (tp * pp):
-                raise ConfigError(f"parallel.dp: cannot derive dp: tp*pp = {tp * pp} does not divide the "
-                                  f"cluster's {cluster.num_gpus} GPUs")
-            par["dp"] = cluster.num_gpus // (tp * pp)
+    if par.get("dp", "auto") == "auto" and isinstance(tp, int) and isinstance(pp, int) and tp > 0 and pp > 0:
+        dp = derived_dp(cluster.num_gpus, tp, pp)
+        if dp is None:
+            raise ConfigError(f"parallel.dp: cannot derive dp: tp*pp = {tp * pp} does not divide the "
+                              f"cluster's {cluster.num_gpus} GPUs")
+        par["dp"] = dp
     parallel = parallel_from_dict(par)
     if parallel.world_size != cluster.num_gpus:
         raise ConfigError(f"parallel: tp*pp*dp = {parallel.tp}*{parallel.pp}*{parallel.dp} = {parallel.world_size}"

@@ -178,23 +178,6 @@ class Fabric:
             return
         _PlanRun(self.network, phases, traffic_class, on_done).next()
 
-    def run_plan(self, plan: Plan, traffic_class: str, count: int = 1) -> Event:
-        """Execute ``plan`` phase by phase; the returned event fires when the last phase ends.
-
-        ``count`` > 1 runs ``count`` back-to-back copies as one: every transfer
-        carries ``count`` times the bytes and pays ``count`` times the steps'
-        latency (exact without contention; with contention the copies share
-        the fabric as one long transfer).
-        """
-        done = Event(self.env)
-        self.collectives_run += 1
-        phases = self._route_plan(plan, count)
-        if not phases:
-            done.succeed()
-            return done
-        _PlanRun(self.network, phases, traffic_class, done.succeed).next()
-        return done
-
     def send(self, src: int, dst: int, nbytes: float, traffic_class: str, label: int = 0) -> Event:
         """Point-to-point transfer from rank ``src`` to rank ``dst``."""
         links, lat = self._hop(src, dst, label)

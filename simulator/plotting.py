@@ -6,12 +6,8 @@ All functions take DataFrames (``result.ops``, ``result.links``,
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use(matplotlib.get_backend())  # keep whatever backend the caller chose (Agg in CI)
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
 CLASS_COLORS = {"compute": "#4C72B0", "tp": "#DD8452", "pp": "#55A868", "dp": "#C44E52", "zero": "#8172B3",
                 "ep": "#937860", "edp": "#DA8BC3", "bench": "#8C8C8C"}

@@ -170,11 +170,7 @@ class _Segment:
     expert_grad_bytes: float = 0.0
     parts: tuple[Kernel, ...] | None = None  # _kernels(kernels), built once and shared by every op
     moe: tuple[list[LayerOp], list[LayerOp], list[LayerOp]] | None = None  # (before, experts, after) dispatch
-
-
-def seg_phase(name: str) -> str:
-    """``"F"`` or ``"B"``: op names start with the pipeline action (``F3.c0...``)."""
-    return name[0]
+    phase: str = "F"  # the pipeline pass it belongs to: "F" or "B"
 
 
 def _scale_kernel(op: LayerOp, factor: float, tokens: int) -> Kernel:
@@ -307,6 +303,8 @@ class _StepBuilder:
             segs = [_Segment(kernels, self._tp_counts(len(layers), phase, first, last), order[0],
                              (sum(g[0] for g in grads.values()) + emb_params) * gb,
                              sum(g[1] for g in grads.values()) * gb)]
+        for seg in segs:
+            seg.phase = phase
         self._segments_cache[key] = segs
         return segs
 
@@ -360,11 +358,11 @@ class _StepBuilder:
         last = g.compute(rank, parts=_kernels(before), name=f"{name}.pre", deps=deps, category="gemm", **tags)
         last = self._emit_tp(rank, seg, name, last, mb, stage)
         g.collective_op(rank, "all_to_all", group, 0, split=out_row, traffic_class="ep",
-                        name=f"{name}.ep_{'dispatch' if seg_phase(name) == 'F' else 'combine_grad'}", **tags)
-        g.compute(rank, parts=self._expert_parts(seg.layer, seg_phase(name), e, experts), name=f"{name}.experts",
+                        name=f"{name}.ep_{'dispatch' if seg.phase == 'F' else 'combine_grad'}", **tags)
+        g.compute(rank, parts=self._expert_parts(seg.layer, seg.phase, e, experts), name=f"{name}.experts",
                   category="gemm", **tags)
         g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
-                        name=f"{name}.ep_{'combine' if seg_phase(name) == 'F' else 'dispatch_grad'}", **tags)
+                        name=f"{name}.ep_{'combine' if seg.phase == 'F' else 'dispatch_grad'}", **tags)
         return g.compute(rank, parts=_kernels(after), name=f"{name}.post", category="gemm", **tags)
 
     def _emit_tp(self, rank: int, seg: _Segment, name: str, last: int, mb: int, stage: int) -> int:

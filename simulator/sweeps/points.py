@@ -12,6 +12,7 @@ from typing import Any
 from topologies import build_cluster
 from workloads.errors import divisors
 
+from ..experiment import derived_dp
 from .columns import LAYOUT_COLUMNS
 from .grid import AUTO, LAYOUT, Grid, derives_dp, normalise_grid
 from .paths import apply_overrides, get_path
@@ -117,9 +118,9 @@ def _point_dp(doc: Mapping, clusters: _ClusterCache) -> int | None:
         return dp if isinstance(dp, int) else None
     tp, pp = get_path(doc, "parallel.tp", 1), get_path(doc, "parallel.pp", 1)
     sizes = clusters.sizes(doc)
-    if sizes is None or not all(isinstance(v, int) and v > 0 for v in (tp, pp)) or sizes[0] % (tp * pp):
+    if sizes is None or not all(isinstance(v, int) and v > 0 for v in (tp, pp)):
         return None
-    return sizes[0] // (tp * pp)
+    return derived_dp(sizes[0], tp, pp)
 
 
 def _auto_micro_batches(doc: Mapping, clusters: _ClusterCache) -> list[dict[str, Any]]:
