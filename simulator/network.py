@@ -55,19 +55,22 @@ FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload
 
 
 class _LateEvent(Event):
-    """An event that fires at the current instant after all NORMAL events.
+    """An event that fires ``delay`` seconds from now, after every NORMAL event of that instant.
+
+    The network's only kind of SimPy event: arrivals and completions of one
+    instant are handled by one late event, so all same-time starts and ends
+    are batched into a single rate recomputation.
 
     # NOTE: initialisation inlined as in simpy.events.Timeout, with a lower
-    # priority so that every flow start and end of one instant is batched
-    # into a single rate recomputation.
+    # priority so that it sorts after NORMAL events of the same time.
     """
 
-    def __init__(self, env: simpy.Environment) -> None:
+    def __init__(self, env: simpy.Environment, delay: float, value: float) -> None:
         self.env = env
         self.callbacks = []
-        self._value = None
+        self._value = value
         self._ok = True
-        env.schedule(self, _LATE_PRIORITY, 0)
+        env.schedule(self, _LATE_PRIORITY, delay)
 
 
 class _Route:
@@ -236,9 +239,9 @@ class FlowNetwork(_NetworkBase):
         self._heap: list[tuple[float, int, Flow]] = []
         self._seq = 0
         self._active = 0
-        self._arrivals: list[Flow] = []
-        self._update_pending = False
-        self._wake_at = float("inf")
+        self._pending: list[tuple[float, int, list[Flow]]] = []  # (arrival time, seq, flows) not yet admitted
+        self._pending_seq = 0
+        self._wake_at = float("inf")  # earliest instant a late wake-up event is scheduled for
         self.rate_solves = 0
 
     # ----------------------------------------------------------- interface
@@ -277,22 +280,13 @@ class FlowNetwork(_NetworkBase):
                 by_latency[latency_s] = [flow]
             else:
                 group.append(flow)
+        pending = self._pending
         for latency_s, flows in by_latency.items():
-            if latency_s > 0:
-                env.timeout(latency_s, flows).callbacks.append(self._arrive_event)
-            else:
-                env.timeout(0, flows).callbacks.append(self._arrive_event)
+            self._pending_seq += 1
+            heapq.heappush(pending, (now + latency_s, self._pending_seq, flows))
+            self._wake(now + latency_s)
 
     # ------------------------------------------------------------ internals
-    def _arrive_event(self, event: Event) -> None:
-        for flow in event._value:
-            if flow.nbytes <= 0 or not flow.route.ulinks:
-                self._finish(flow)
-            else:
-                self._arrivals.append(flow)
-        if self._arrivals:
-            self._request_update()
-
     def _finish(self, flow: Flow) -> None:
         self.ledger.record_route(flow.route, flow.nbytes, flow.traffic_class, flow.payload)
         join = flow.join
@@ -300,19 +294,23 @@ class FlowNetwork(_NetworkBase):
         if join.left == 0:
             join.on_done()
 
-    def _request_update(self) -> None:
-        if not self._update_pending:
-            self._update_pending = True
-            _LateEvent(self.env).callbacks.append(self._update)
+    def _wake(self, at: float) -> None:
+        """Make sure an update runs at instant ``at`` (after that instant's NORMAL events)."""
+        if at < self._wake_at:
+            self._wake_at = at
+            _LateEvent(self.env, at - self.env.now, at).callbacks.append(self._on_wake)
 
-    def _wakeup(self, _event: Event) -> None:
-        if self.env.now >= self._wake_at:
+    def _on_wake(self, event: Event) -> None:
+        if event._value == self._wake_at:
             self._wake_at = float("inf")
-            self._request_update()
+        self._update()
 
-    def _update(self, _event: Event | None = None) -> None:
-        """Retire finished flows, admit arrivals, re-rate the touched components."""
-        self._update_pending = False
+    def _update(self) -> None:
+        """Retire finished flows, admit arrivals, re-rate the touched components, schedule the next wake-up.
+
+        Any late event at the current instant may run it: every NORMAL event of
+        the instant has run, so whatever is due now is known.
+        """
         now = self.env.now
         heap = self._heap
         seeds: dict[int, None] = {}  # tight links whose flows changed company
@@ -345,9 +343,15 @@ class FlowNetwork(_NetworkBase):
                     seeds.pop(link, None)
                     busy[link] += now - busy_since[link]
         self._active -= len(finished)
-        arrivals = self._arrivals
+        pending = self._pending
+        arrivals: list[Flow] = []
+        while pending and pending[0][0] <= limit:
+            for flow in heapq.heappop(pending)[2]:
+                if flow.nbytes <= 0 or not flow.route.ulinks:
+                    finished.append(flow)  # nothing to move: done on arrival
+                else:
+                    arrivals.append(flow)
         if arrivals:
-            self._arrivals = []
             for flow in arrivals:
                 flow.t0 = now
                 route = flow.route
@@ -368,10 +372,9 @@ class FlowNetwork(_NetworkBase):
             if len(heap) > 4 * self._active + 1024:
                 self._heap = heap = [e for e in heap if e[1] == e[2].seq]
                 heapq.heapify(heap)
-            top = heap[0][0]
-            if top < self._wake_at:
-                self._wake_at = top
-                self.env.timeout(max(top - now, 0.0)).callbacks.append(self._wakeup)
+            self._wake(max(heap[0][0], now))
+        if pending:
+            self._wake(pending[0][0])
         for flow in finished:
             self._finish(flow)
 
@@ -442,6 +445,8 @@ class FlowNetwork(_NetworkBase):
         seq = self._seq
         push = heapq.heappush
         for flow, rate in zip(flows, rates):
+            if rate == flow.rate and flow.seq > 0:
+                continue  # same rate: its heap entry (finish time) still holds
             if flow.t0 != now:
                 flow.remaining -= flow.rate * (now - flow.t0)
                 flow.t0 = now
