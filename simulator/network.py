@@ -226,7 +226,8 @@ class FlowNetwork(_NetworkBase):
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray) -> None:
         _NetworkBase.__init__(self, env, capacity)
-        self._on_link: dict[int, dict[Flow, None]] = {}  # link -> active flows (insertion-ordered)
+        # Active flows per link id, insertion-ordered (one persistent dict per link: no allocation per flow).
+        self._on_link: list[dict[Flow, None]] = [{} for _ in self._cap]
         self._busy_since: list[float] = [0.0] * len(self._cap)
         # Sum over active flows of what they can ever ask of a link. A link whose demand stays within its
         # capacity can never saturate, so it constrains nobody and couples nobody: only *tight* links
@@ -339,8 +340,8 @@ class FlowNetwork(_NetworkBase):
                         seeds[link] = None
                 else:
                     demand[link] = 0.0
-                    del on_link[link]
-                    seeds.pop(link, None)
+                    if seeds:
+                        seeds.pop(link, None)
                     busy[link] += now - busy_since[link]
         self._active -= len(finished)
         pending = self._pending
@@ -351,37 +352,48 @@ class FlowNetwork(_NetworkBase):
                     finished.append(flow)  # nothing to move: done on arrival
                 else:
                     arrivals.append(flow)
+        lonely: list[Flow] = []  # arrivals on slack links only: alone in their component (unless joined)
         if arrivals:
             for flow in arrivals:
                 flow.t0 = now
                 route = flow.route
+                coupled = False
                 for link, d in zip(route.ulinks, route.demand):
-                    flows = on_link.get(link)
-                    if flows is None:
-                        on_link[link] = {flow: None}
+                    flows = on_link[link]
+                    if flows:
+                        dl = demand[link] = demand[link] + d
+                        if dl > tight_at[link]:
+                            coupled = True
+                    else:
                         busy_since[link] = now
                         demand[link] = d
-                    else:
-                        flows[flow] = None
-                        demand[link] += d
-            seed_flows = arrivals
+                    flows[flow] = None
+                if coupled:
+                    seed_flows.append(flow)
+                else:
+                    lonely.append(flow)
             self._active += len(arrivals)
         if seeds or seed_flows:
-            self._rerate(now, seeds, seed_flows)
+            self._rerate(now, seeds, seed_flows, lonely)
+        elif lonely:
+            self.rate_solves += 1
+            self._solo(now, lonely)
         if heap:
             if len(heap) > 4 * self._active + 1024:
                 self._heap = heap = [e for e in heap if e[1] == e[2].seq]
                 heapq.heapify(heap)
-            self._wake(max(heap[0][0], now))
-        if pending:
+            if heap[0][0] < self._wake_at:
+                self._wake(max(heap[0][0], now))
+        if pending and pending[0][0] < self._wake_at:
             self._wake(pending[0][0])
         for flow in finished:
             self._finish(flow)
 
-    def _components(self, seeds: dict[int, None], seed_flows: list[Flow]) -> list[list[Flow]]:
+    def _components(self, seeds: dict[int, None], seed_flows: list[Flow]) -> tuple[list[list[Flow]], set[Flow]]:
         """Connected components (through tight links) of the flows on the seed links and the seed flows.
 
-        Deterministic: components and their flows come in discovery order.
+        Returns the components and the set of flows in them. Deterministic:
+        components and their flows come in discovery order.
         """
         on_link = self._on_link
         demand = self._demand
@@ -408,39 +420,58 @@ class FlowNetwork(_NetworkBase):
                                 comp.append(flow)
                                 stack.append(flow)
             out.append(comp)
-        return out
+        return out, seen
 
-    def _rerate(self, now: float, seeds: dict[int, None], seed_flows: list[Flow]) -> None:
-        components = self._components(seeds, seed_flows)
-        if not components:
-            return
+    def _rerate(self, now: float, seeds: dict[int, None], seed_flows: list[Flow], lonely: list[Flow]) -> None:
+        """Re-solve the components of ``seeds`` and ``seed_flows``; ``lonely`` arrivals not in them run solo."""
+        components, seen = self._components(seeds, seed_flows)
         self.rate_solves += 1
         for flows in components:
-            self._solve(now, flows)
+            if len(flows) == 1:
+                self._solo(now, flows)
+            else:
+                self._solve(now, flows)
+        if lonely:
+            self._solo(now, [f for f in lonely if f not in seen])
+
+    def _solo(self, now: float, flows: list[Flow]) -> None:
+        """Flows alone in their component run at their solo rate."""
+        heap = self._heap
+        seq = self._seq
+        push = heapq.heappush
+        for flow in flows:
+            rate = flow.route.solo_rate
+            if rate == flow.rate and flow.seq > 0:
+                continue
+            if flow.t0 != now:
+                flow.remaining -= flow.rate * (now - flow.t0)
+                flow.t0 = now
+            flow.rate = rate
+            seq += 1
+            flow.seq = seq
+            push(heap, (now + flow.remaining / rate, seq, flow))
+        self._seq = seq
 
     def _solve(self, now: float, flows: list[Flow]) -> None:
-        if len(flows) == 1:
-            rates = [flows[0].route.solo_rate]
+        """Max-min rates of one component of 2+ flows, over its tight links only; every flow is also
+        capped by its solo rate (which stands for all its slack links: they can never bind)."""
+        self.component_solves += 1
+        demand, tight_at = self._demand, self._tight_at
+        flow_links, flow_mults = [], []
+        for f in flows:
+            route = f.route
+            ls, ms = [], []
+            for link, m in zip(route.ulinks, route.mults):
+                if demand[link] > tight_at[link]:
+                    ls.append(link)
+                    ms.append(m)
+            flow_links.append(ls)
+            flow_mults.append(ms)
+        caps = [f.route.solo_rate for f in flows]
+        if len(flows) <= _SMALL_COMPONENT:
+            rates = max_min_rates_small(flow_links, flow_mults, self._cap, caps)
         else:
-            self.component_solves += 1
-            # Max-min over the tight links only, each flow also capped by its solo rate (which stands
-            # for all its slack links: they can never bind).
-            demand, tight_at = self._demand, self._tight_at
-            flow_links, flow_mults = [], []
-            for f in flows:
-                route = f.route
-                ls, ms = [], []
-                for link, m in zip(route.ulinks, route.mults):
-                    if demand[link] > tight_at[link]:
-                        ls.append(link)
-                        ms.append(m)
-                flow_links.append(ls)
-                flow_mults.append(ms)
-            caps = [f.route.solo_rate for f in flows]
-            if len(flows) <= _SMALL_COMPONENT:
-                rates = max_min_rates_small(flow_links, flow_mults, self._cap, caps)
-            else:
-                rates = _max_min_numpy(flow_links, flow_mults, self._cap, caps)
+            rates = _max_min_numpy(flow_links, flow_mults, self._cap, caps)
         heap = self._heap
         seq = self._seq
         push = heapq.heappush
