@@ -19,7 +19,9 @@ hanging: unmatched collectives and send/recv pairs are found before the run
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +32,25 @@ from workloads.ops import Collective, Op, OpGraph, OpGraphError, Recv, Send
 
 from .compute import ComputeModel
 from .fabric import Fabric, NetworkConfig
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector inside the block (restored after, even on error).
+
+    Building and running a step allocates millions of long-lived objects (ops,
+    flows, events) and no reference cycles per op, so the collector's periodic
+    scans of them are pure overhead: about 10 % of the wall time of a 1,024-GPU
+    step, with the same peak memory (measured, see benchmarks/README.md).
+    Plain reference counting still frees everything as it is dropped.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class DeadlockError(RuntimeError):
@@ -181,6 +202,10 @@ class Engine:
 
     def run(self) -> RunRecord:
         """Run to completion; raise :class:`DeadlockError` if any op can never finish."""
+        with paused_gc():
+            return self._run()
+
+    def _run(self) -> RunRecord:
         graph = self.graph
         ops = graph.ops
         n = len(ops)

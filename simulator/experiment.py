@@ -40,7 +40,7 @@ from workloads.parallel import ParallelConfig, TrainingSpec, parallel_from_dict,
 from workloads.training import StepOptions, TrainingStep, training_step
 
 from .compute import ComputeModel
-from .engine import Engine
+from .engine import Engine, paused_gc
 from .fabric import NetworkConfig
 from .intervals import grouped_union_length
 from .result import Result
@@ -245,9 +245,10 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
         raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of "
                                f"{exp.cluster.gpu.name} (use --force to simulate anyway)")
     fidelity = _fidelity(exp.fidelity if fidelity is None else fidelity)
-    step = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing,
-                         representatives=fidelity == "fast")
-    record = Engine(step.graph, exp.cluster, exp.compute_model(), exp.network).run()
+    with paused_gc():
+        step = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing,
+                             representatives=fidelity == "fast")
+        record = Engine(step.graph, exp.cluster, exp.compute_model(), exp.network).run()
     result = Result(record, sim_wall_s=time.perf_counter() - t0)
     attach_training_metrics(result, step, exp, memory)
     return result

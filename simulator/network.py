@@ -76,7 +76,7 @@ class _LateEvent(Event):
 class _Route:
     """Links of one route with their distinct ids and multiplicities (cached per links array)."""
 
-    __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand")
+    __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of")
 
     def __init__(self, links: np.ndarray, capacity: list[float]) -> None:
         self.links = links
@@ -88,6 +88,11 @@ class _Route:
                           if self.ulinks else float("inf"))
         # What the flow can ever ask of each link: it never runs faster than ``solo_rate``.
         self.demand = tuple(m * self.solo_rate for m in self.mults)
+        self._mult_of = None if max(self.mults, default=1) == 1 else dict(zip(self.ulinks, self.mults))
+
+    def mult(self, link: int) -> int:
+        """How many times the route crosses ``link`` (one of its links)."""
+        return 1 if self._mult_of is None else self._mult_of[link]
 
 
 class _Join:
@@ -242,7 +247,7 @@ class FlowNetwork(_NetworkBase):
         self._active = 0
         self._pending: list[tuple[float, int, list[Flow]]] = []  # (arrival time, seq, flows) not yet admitted
         self._pending_seq = 0
-        self._wake_at = float("inf")  # earliest instant a late wake-up event is scheduled for
+        self._wakes: list[float] = []  # instants with a late wake-up event pending (min-heap)
         self.rate_solves = 0
 
     # ----------------------------------------------------------- interface
@@ -296,14 +301,20 @@ class FlowNetwork(_NetworkBase):
             join.on_done()
 
     def _wake(self, at: float) -> None:
-        """Make sure an update runs at instant ``at`` (after that instant's NORMAL events)."""
-        if at < self._wake_at:
-            self._wake_at = at
+        """Make sure an update runs at instant ``at`` or earlier (after that instant's NORMAL events).
+
+        An update always schedules the wake-up for the next thing due, so one
+        pending wake-up at or before ``at`` is enough.
+        """
+        wakes = self._wakes
+        if not wakes or at < wakes[0]:
+            heapq.heappush(wakes, at)
             _LateEvent(self.env, at - self.env.now, at).callbacks.append(self._on_wake)
 
     def _on_wake(self, event: Event) -> None:
-        if event._value == self._wake_at:
-            self._wake_at = float("inf")
+        wakes = self._wakes
+        while wakes and wakes[0] <= event._value:
+            heapq.heappop(wakes)
         self._update()
 
     def _update(self) -> None:
@@ -317,6 +328,7 @@ class FlowNetwork(_NetworkBase):
         seeds: dict[int, None] = {}  # tight links whose flows changed company
         seed_flows: list[Flow] = []
         finished: list[Flow] = []
+        level = float("inf")  # lowest rate among finished flows that shared a tight link
         on_link = self._on_link
         busy_since = self._busy_since
         busy = self.ledger._busy_acc
@@ -338,6 +350,8 @@ class FlowNetwork(_NetworkBase):
                     demand[link] -= d
                     if was_tight:
                         seeds[link] = None
+                        if flow.rate < level:
+                            level = flow.rate
                 else:
                     demand[link] = 0.0
                     if seeds:
@@ -374,36 +388,48 @@ class FlowNetwork(_NetworkBase):
                     lonely.append(flow)
             self._active += len(arrivals)
         if seeds or seed_flows:
-            self._rerate(now, seeds, seed_flows, lonely)
+            self._rerate(now, seeds, seed_flows, lonely, 0.0 if seed_flows else level)
         elif lonely:
             self.rate_solves += 1
             self._solo(now, lonely)
+        if len(heap) > 4 * self._active + 1024:
+            self._heap = heap = [e for e in heap if e[1] == e[2].seq]
+            heapq.heapify(heap)
+        while heap and heap[0][1] != heap[0][2].seq:
+            heapq.heappop(heap)  # stale entries of re-rated flows: never wake up for them
         if heap:
-            if len(heap) > 4 * self._active + 1024:
-                self._heap = heap = [e for e in heap if e[1] == e[2].seq]
-                heapq.heapify(heap)
-            if heap[0][0] < self._wake_at:
-                self._wake(max(heap[0][0], now))
-        if pending and pending[0][0] < self._wake_at:
+            self._wake(max(heap[0][0], now))
+        if pending:
             self._wake(pending[0][0])
         for flow in finished:
             self._finish(flow)
 
-    def _components(self, seeds: dict[int, None], seed_flows: list[Flow]) -> tuple[list[list[Flow]], set[Flow]]:
-        """Connected components (through tight links) of the flows on the seed links and the seed flows.
+    def _components(self, seeds: dict[int, None], seed_flows: list[Flow], level: float
+                    ) -> tuple[list[list[Flow]], set[Flow], dict[int, float]]:
+        """Components of flows whose rate may change: connected through tight links, rate >= ``level``.
 
-        Returns the components and the set of flows in them. Deterministic:
-        components and their flows come in discovery order.
+        ``level`` is the lowest rate of the flows that just left (0 when flows
+        arrived: then everything connected may change). Progressive filling
+        below that level runs exactly as before — the departed flows' links
+        saturated at or above their own rate — so every flow frozen below it
+        keeps its rate (relative tolerance 1e-9 for rounding). Such *fixed*
+        flows are not searched through; what they use of each tight link
+        reached is returned so that the re-solve works on the rest.
+
+        Returns the components, the set of flows in them and the bytes/s used
+        by fixed flows per tight link reached. Deterministic: discovery order.
         """
         on_link = self._on_link
         demand = self._demand
         tight_at = self._tight_at
+        floor = level * (1 - 1e-9)
         seen: set[Flow] = set()
         seen_links: set[int] = set()
+        fixed_use: dict[int, float] = {}
         out: list[list[Flow]] = []
         starts = list(seed_flows)
         for link in seeds:
-            starts.extend(on_link[link])
+            starts.extend(f for f in on_link[link] if f.rate >= floor)
         for first in starts:
             if first in seen:
                 continue
@@ -415,22 +441,26 @@ class FlowNetwork(_NetworkBase):
                     if link not in seen_links and demand[link] > tight_at[link]:
                         seen_links.add(link)
                         for flow in on_link[link]:
-                            if flow not in seen:
+                            if flow.rate < floor:
+                                fixed_use[link] = fixed_use.get(link, 0.0) + flow.route.mult(link) * flow.rate
+                            elif flow not in seen:
                                 seen.add(flow)
                                 comp.append(flow)
                                 stack.append(flow)
             out.append(comp)
-        return out, seen
+        return out, seen, fixed_use
 
-    def _rerate(self, now: float, seeds: dict[int, None], seed_flows: list[Flow], lonely: list[Flow]) -> None:
-        """Re-solve the components of ``seeds`` and ``seed_flows``; ``lonely`` arrivals not in them run solo."""
-        components, seen = self._components(seeds, seed_flows)
+    def _rerate(self, now: float, seeds: dict[int, None], seed_flows: list[Flow], lonely: list[Flow],
+                level: float) -> None:
+        """Re-solve the components of ``seeds`` and ``seed_flows`` above ``level`` (see
+        :meth:`_components`); ``lonely`` arrivals not in them run solo."""
+        components, seen, fixed_use = self._components(seeds, seed_flows, level)
         self.rate_solves += 1
         for flows in components:
-            if len(flows) == 1:
+            if len(flows) == 1 and not fixed_use:
                 self._solo(now, flows)
             else:
-                self._solve(now, flows)
+                self._solve(now, flows, fixed_use)
         if lonely:
             self._solo(now, [f for f in lonely if f not in seen])
 
@@ -452,9 +482,10 @@ class FlowNetwork(_NetworkBase):
             push(heap, (now + flow.remaining / rate, seq, flow))
         self._seq = seq
 
-    def _solve(self, now: float, flows: list[Flow]) -> None:
-        """Max-min rates of one component of 2+ flows, over its tight links only; every flow is also
-        capped by its solo rate (which stands for all its slack links: they can never bind)."""
+    def _solve(self, now: float, flows: list[Flow], fixed_use: dict[int, float]) -> None:
+        """Max-min rates of one component, over its tight links only, less what fixed flows use of them
+        (``fixed_use``, bytes/s per link); every flow is also capped by its solo rate (which stands for
+        all its slack links: they can never bind)."""
         self.component_solves += 1
         demand, tight_at = self._demand, self._tight_at
         flow_links, flow_mults = [], []
@@ -468,10 +499,13 @@ class FlowNetwork(_NetworkBase):
             flow_links.append(ls)
             flow_mults.append(ms)
         caps = [f.route.solo_rate for f in flows]
+        capacity = self._cap
+        if fixed_use:
+            capacity = {link: capacity[link] - fixed_use.get(link, 0.0) for ls in flow_links for link in ls}
         if len(flows) <= _SMALL_COMPONENT:
-            rates = max_min_rates_small(flow_links, flow_mults, self._cap, caps)
+            rates = max_min_rates_small(flow_links, flow_mults, capacity, caps)
         else:
-            rates = _max_min_numpy(flow_links, flow_mults, self._cap, caps)
+            rates = _max_min_numpy(flow_links, flow_mults, capacity, caps)
         heap = self._heap
         seq = self._seq
         push = heapq.heappush
