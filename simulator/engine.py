@@ -41,7 +41,7 @@ def paused_gc() -> Iterator[None]:
     Building and running a step allocates millions of long-lived objects (ops,
     flows, events) and no reference cycles per op, so the collector's periodic
     scans of them are pure overhead: about 10 % of the wall time of a 1,024-GPU
-    step, with the same peak memory (measured, see benchmarks/README.md).
+    step, with the same peak memory (measured; docs/DESIGN.md, "Speed").
     Plain reference counting still frees everything as it is dropped.
     """
     was_enabled = gc.isenabled()

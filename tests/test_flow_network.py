@@ -38,7 +38,7 @@ def reference_finish_times(flows, capacity):
         for i, r in zip(active, rates):
             remaining[i] -= r * dt
         now += dt
-        for i, r in zip(list(active), rates):
+        for i in list(active):
             if remaining[i] <= 1e-9 * flows[i][2]:
                 finish[i] = now
                 active.remove(i)
