@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--max-gpus", type=int, default=None, help="skip rungs with more GPUs")
     ap.add_argument("--only", nargs="*", default=None, help="rung names to run")
-    ap.add_argument("--fidelity", default="fast", choices=("fast", "full"))
+    ap.add_argument("--fidelity", default="fast", choices=("fast", "full", "lockstep"))
     ap.add_argument("--out", default=os.path.join(HERE, "results.csv"))
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per rung")
     ap.add_argument("--repeat", type=int, default=1,

@@ -91,7 +91,12 @@ def group_shape(group: tuple[int, ...], replicas: dict[int, tuple[int, ...]] | N
         runs once over ``group``;
     ``"replicated"``
         every rank of the group is a representative: the collective runs once
-        per replica index ``k`` over ``[replicas[r][k] for r in group]``.
+        per replica index ``k`` over ``[replicas[r][k] for r in group]``;
+    ``"lanes"``
+        the group is part of one representative's replica set (e.g. the TP
+        group or the DP group of a representative that stands for a whole
+        TP × DP block): the collective runs once per translate of the group
+        that tiles the replica set (:func:`lanes`).
 
     In a full graph (``replicas`` None) every group is internal.
     """
@@ -105,9 +110,38 @@ def group_shape(group: tuple[int, ...], replicas: dict[int, tuple[int, ...]] | N
     covered = sorted(x for r in members for x in replicas[r])
     if covered == sorted(group):
         return "internal", members
+    if len(members) == 1 and set(group) <= set(replicas[members[0]]):
+        lanes(group, replicas[members[0]])  # raises if the group does not tile the replica set
+        return "lanes", members
     raise OpGraphError(f"group {list(group)}: mixes representative ranks {members} with ranks they do not "
-                       f"stand for; a graph with representatives needs groups that are whole replica sets "
-                       f"or made of representatives only")
+                       f"stand for; a graph with representatives needs groups that are whole replica sets, "
+                       f"made of representatives only, or tiles of one replica set")
+
+
+def lanes(group: tuple[int, ...], replica_set: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Translates of ``group`` (a subset of ``replica_set``) that tile it, member by member.
+
+    Positions are indices into ``replica_set``; a translate shifts every
+    member's position by one offset. With a representative standing for a
+    DP × TP block listed DP-major, its TP group (a row) tiles into every DP
+    replica's TP group and its DP group (a column) into every TP index's.
+    The first lane is ``group`` itself. Raises :class:`OpGraphError` if the
+    translates do not tile the set exactly.
+    """
+    position = {r: i for i, r in enumerate(replica_set)}
+    pos = [position[r] for r in group]
+    base = min(pos)
+    used: set[int] = set()
+    out: list[tuple[int, ...]] = []
+    for start in range(len(replica_set)):
+        if start in used:
+            continue
+        idx = [p - base + start for p in pos]
+        if any(i >= len(replica_set) or i in used for i in idx):
+            raise OpGraphError(f"group {list(group)} does not tile the replica set {list(replica_set)}")
+        used.update(idx)
+        out.append(tuple(replica_set[i] for i in idx))
+    return out
 
 
 def match_ops(graph: OpGraph) -> dict[int, tuple]:
@@ -284,11 +318,15 @@ class Engine:
         def on_compute(event) -> None:
             finish([event._value])
 
-        def clones(group: tuple[int, ...]) -> list[tuple[int, ...]]:
+        def clones(group: tuple[int, ...], shape: str) -> list[tuple[int, ...]]:
             out = clone_groups.get(group)
             if out is None:
-                reps = [replicas[r] for r in group]
-                out = clone_groups[group] = [tuple(rs[k] for rs in reps) for k in range(len(reps[0]))]
+                if shape == "lanes":
+                    out = lanes(group, replicas[next(r for r in group if r in replicas)])
+                else:
+                    reps = [replicas[r] for r in group]
+                    out = [tuple(rs[k] for rs in reps) for k in range(len(reps[0]))]
+                clone_groups[group] = out
             return out
 
         def issue(op: Op) -> None:
@@ -327,7 +365,7 @@ class Engine:
                                                     matrix), op.traffic_class, done.tick)
                 else:
                     plans = [fabric.phases(op.collective, g, op.nbytes, op.algorithm, op.count, matrix)
-                             for g in clones(op.group)]
+                             for g in clones(op.group, shape[0])]
                     if all(len(p) == 1 for p in plans):
                         # Single-phase plans (pipelined rings, direct): start every replica's flows at once.
                         network.start_flows([s for p in plans for s in p[0]], op.traffic_class, done.tick)

@@ -173,7 +173,7 @@ def validate_against_published(names: Iterable[str] | None = None, fidelity: str
     ----------
     names : iterable of str, optional
         Entries to run (default: all of :data:`ENTRIES`, in that order).
-    fidelity : {"fast", "full"}
+    fidelity : {"fast", "full", "lockstep"}
         Simulation fidelity (see :data:`simulator.experiment.FIDELITIES`).
     max_gpus : int, optional
         Skip entries whose published run used more GPUs.

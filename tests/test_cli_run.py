@@ -176,3 +176,14 @@ def test_console_script_runs_the_demo():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert JSON_KEYS <= set(json.loads(proc.stdout))
+
+
+def test_validate_offers_every_experiment_fidelity():
+    import argparse
+
+    from simulator.cli import build_parser
+    from simulator.experiment import FIDELITIES
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    fidelity = next(a for a in sub.choices["validate"]._actions if a.dest == "fidelity")
+    assert tuple(fidelity.choices) == FIDELITIES

@@ -129,3 +129,28 @@ def test_chrome_trace_is_valid_json(tmp_path, node8):
     r.to_chrome_trace(str(path))
     events = json.loads(path.read_text())["traceEvents"]
     assert sum(e["ph"] == "X" for e in events) == 3
+
+
+def test_lanes_tile_a_replica_block_by_rows_and_by_columns():
+    from simulator.engine import lanes
+    block = (10, 11, 12, 13, 14, 15)  # 3 DP replicas x 2 TP ranks, DP-major
+    assert lanes((10, 11), block) == [(10, 11), (12, 13), (14, 15)]        # a TP group: rows
+    assert lanes((10, 12, 14), block) == [(10, 12, 14), (11, 13, 15)]      # a DP group: columns
+    assert lanes((12, 10, 14), block) == [(12, 10, 14), (13, 11, 15)]      # member order is kept
+    with pytest.raises(OpGraphError, match="does not tile"):
+        lanes((10, 11, 12, 13), block)
+
+
+def test_a_group_that_is_part_of_one_replica_set_runs_once_per_lane(node8):
+    # Rank 0 stands for ranks 0-7 as 2 DP replicas x 4 TP ranks; its TP all-reduce over (0..3) must also
+    # run over (4..7): the same bytes on the network as the full graph's two all-reduces.
+    full = OpGraph(8)
+    for grp in [(0, 1, 2, 3), (4, 5, 6, 7)]:
+        for r in grp:
+            full.collective_op(r, "all_reduce", grp, 2**26)
+    reps = OpGraph(8)
+    reps.replicas = {0: tuple(range(8))}
+    reps.collective_op(0, "all_reduce", (0, 1, 2, 3), 2**26)
+    a, b = run(full, node8), run(reps, node8)
+    assert b.step_time_s == pytest.approx(a.step_time_s, rel=1e-12)
+    assert b.fabric.network.ledger.bytes.sum() == pytest.approx(a.fabric.network.ledger.bytes.sum(), rel=1e-12)

@@ -474,12 +474,18 @@ class _StepBuilder:
         return [self.graph.collective_op(rank, "all_reduce", group, nbytes, name="embedding_grad_sync",
                                          stream="dp", deps=[after], traffic_class="dp", stage=stage)]
 
-    def build(self, representatives: bool = False) -> OpGraph:
+    def build(self, representatives: str | None = None) -> OpGraph:
         ranks: Sequence[int] = range(self.par.world_size)
-        if representatives and self.t > 1:
-            # The members of a TP group run identical programs (same kernels, same TP collectives; their PP
-            # and DP peers are the same coordinates with their own TP index): emit the tp = 0 rank only.
-            lay = self.layout
+        lay = self.layout
+        if representatives == "stage" and not self.model.is_moe and self.t * self.par.dp > 1:
+            # Dense models: every rank of one pipeline stage runs the same program (same kernels, same TP
+            # collectives; its DP and PP peers are the same coordinates with its own TP and DP indices), so
+            # emit the tp = 0, dp = 0 rank of each stage; it stands for its stage's DP x TP block, listed
+            # DP-major (TP and DP groups are then rows and columns of that block: see engine.lanes).
+            ranks = [r for r in ranks if lay.coords(r)[:2] == (0, 0)]
+            self.graph.replicas = {r: tuple(x for d in lay.dp_group(r) for x in lay.tp_group(d)) for r in ranks}
+        elif representatives and self.t > 1:
+            # MoE: DP ranks route different tokens to their experts, so only TP members are identical.
             ranks = [r for r in ranks if lay.coords(r).tp == 0]
             self.graph.replicas = {r: lay.tp_group(r) for r in ranks}
         for rank in ranks:
@@ -553,7 +559,7 @@ class _Buckets:
 
 def training_step(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
                   options: StepOptions | None = None, routing: RoutingModel | None = None, *,
-                  representatives: bool = False) -> TrainingStep:
+                  representatives: str | bool | None = None) -> TrainingStep:
     """Generate the op graph of one training step.
 
     Parameters
@@ -565,13 +571,18 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     routing : RoutingModel, optional
         Token routing of MoE layers (default uniform, dropless); used when
         ``parallel.ep > 1``.
-    representatives : bool
-        Emit the program of one representative per TP group only (its
-        ``tp = 0`` rank) and set ``graph.replicas`` to ``{representative:
-        its TP group}``: the members of a TP group run identical programs, so
-        the simulator can run one and still put every member's DP/PP flows
-        and the whole group's TP collectives on the network
-        (``fidelity="fast"``). Default False: every rank's program.
+    representatives : {None, "tp", "stage"}
+        ``"tp"`` (or True): emit the program of one representative per TP
+        group only (its ``tp = 0`` rank) and set ``graph.replicas`` to
+        ``{representative: its TP group}``: the members of a TP group run
+        identical programs, so the simulator can run one and still put every
+        member's DP/PP flows and the whole group's TP collectives on the
+        network (``fidelity="fast"``). ``"stage"``: for dense models, one
+        representative per pipeline stage (its ``tp = 0, dp = 0`` rank)
+        standing for the stage's DP x TP block, listed DP-major
+        (``fidelity="lockstep"``); MoE models fall back to ``"tp"`` since
+        their DP ranks route different tokens. Default None: every rank's
+        program.
 
     Examples
     --------
@@ -582,6 +593,10 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     (8, 4)
     """
     validate(model, parallel, training)
+    if representatives is True:
+        representatives = "tp"
+    if representatives not in (None, False, "tp", "stage"):
+        raise ConfigError(f"representatives: {representatives!r} unknown; valid: None, 'tp', 'stage'")
     options = options or StepOptions()
     if options.p2p == "blocking" and parallel.schedule == "interleaved":
         raise ConfigError("options.p2p: blocking send/recv is modelled for the gpipe and 1f1b schedules; "
