@@ -28,6 +28,8 @@ CONFIGS = {
                                          "virtual_stages": 2}),
     "tp8-pp1-dp8-ps": ({"nodes": 8, "nodes_per_leaf": 4, "spines": 2},
                        {"tp": 8, "pp": 1, "dp": 8, "zero": 0, "dp_sync": "parameter_server"}),
+    "tp1-pp4-dp4-gpipe-zero2": ({"nodes": 2}, {"tp": 1, "pp": 4, "dp": 4, "zero": 2, "schedule": "gpipe"}),
+    "tp1-pp1-dp16-zero3": ({"nodes": 2, "nodes_per_leaf": 1, "spines": 2}, {"tp": 1, "pp": 1, "dp": 16, "zero": 3}),
 }
 
 
@@ -59,8 +61,9 @@ def test_fast_agrees_with_full(name, fidelity):
     assert fast.summary["hardware_flops_per_step"] == pytest.approx(full.summary["hardware_flops_per_step"])
     assert fast.summary["bubble_fraction"] == pytest.approx(full.summary["bubble_fraction"], abs=TOLERANCE)
     assert fast.exposed_comm_s == pytest.approx(full.exposed_comm_s, rel=TOLERANCE, abs=1e-3 * full.step_time)
-    # Fast mode simulates fewer ops, hence fewer engine events (when TP > 1).
-    assert fast.events < full.events
+    # Representatives simulate fewer ops, hence fewer engine events (fast: when TP > 1).
+    if fidelity == "lockstep" or exp.parallel.tp > 1:
+        assert fast.events < full.events
 
 
 def test_lockstep_stands_one_rank_for_each_stage_block():
@@ -109,3 +112,13 @@ def test_unknown_fidelity_is_rejected():
     doc["fidelity"] = "medium"
     with pytest.raises(ConfigError, match="fidelity"):
         experiment_from_dict(doc)
+
+
+def test_lockstep_with_blocking_pipeline_transfers_matches_full():
+    doc = _doc({"nodes": 4, "nodes_per_leaf": 2, "spines": 2}, {"tp": 4, "pp": 4, "dp": 2, "zero": 1})
+    doc["options"] = {"p2p": "blocking"}
+    exp = experiment_from_dict(doc)
+    full = run_experiment(exp, force=True, fidelity="full")
+    lockstep = run_experiment(exp, force=True, fidelity="lockstep")
+    assert lockstep.step_time == pytest.approx(full.step_time, rel=TOLERANCE)
+    assert lockstep.events < full.events

@@ -170,7 +170,8 @@ class OpGraph:
         """Optional: ``{representative rank: the ranks it stands for}`` (itself included, in replica
         order). When set, only representatives have ops; every rank a representative stands for runs the
         same program with its peers and groups relabelled replica by replica (the k-th replica of a
-        representative talks to the k-th replicas of its peers). See :func:`simulator.engine.group_shape`."""
+        representative talks to the k-th replicas of its peers; a group inside one replica set runs once
+        per translate that tiles the set). See :func:`simulator.engine.group_shape`."""
 
     # ------------------------------------------------------------------ helpers
     def _check_rank(self, rank: int, field: str = "rank") -> None:
