@@ -466,13 +466,20 @@ class FlowNetwork(_NetworkBase):
 
     def _solo(self, now: float, flows: list[Flow]) -> None:
         """Flows alone in their component run at their solo rate."""
+        self._set_rates(now, flows)
+
+    def _set_rates(self, now: float, flows: list[Flow], rates: list[float] | None = None) -> None:
+        """Give ``flows`` their new ``rates`` (default: their solo rates) and push their finish times.
+
+        A flow whose rate did not change keeps its heap entry.
+        """
         heap = self._heap
         seq = self._seq
         push = heapq.heappush
-        for flow in flows:
-            rate = flow.route.solo_rate
+        for i, flow in enumerate(flows):
+            rate = flow.route.solo_rate if rates is None else rates[i]
             if rate == flow.rate and flow.seq > 0:
-                continue
+                continue  # same rate: its heap entry (finish time) still holds
             if flow.t0 != now:
                 flow.remaining -= flow.rate * (now - flow.t0)
                 flow.t0 = now
@@ -506,20 +513,7 @@ class FlowNetwork(_NetworkBase):
             rates = max_min_rates_small(flow_links, flow_mults, capacity, caps)
         else:
             rates = _max_min_numpy(flow_links, flow_mults, capacity, caps)
-        heap = self._heap
-        seq = self._seq
-        push = heapq.heappush
-        for flow, rate in zip(flows, rates):
-            if rate == flow.rate and flow.seq > 0:
-                continue  # same rate: its heap entry (finish time) still holds
-            if flow.t0 != now:
-                flow.remaining -= flow.rate * (now - flow.t0)
-                flow.t0 = now
-            flow.rate = rate
-            seq += 1
-            flow.seq = seq
-            push(heap, (now + flow.remaining / rate, seq, flow))
-        self._seq = seq
+        self._set_rates(now, flows, rates)
 
 
 def _max_min_numpy(flow_links: list, flow_mults: list, capacity: list, caps: list) -> list[float]:
