@@ -50,6 +50,7 @@ from .maxmin import max_min_rates, max_min_rates_small
 _LATE_PRIORITY = 2  # after every NORMAL (1) event of the same instant
 _REL_TIME_EPS = 1e-12
 _SMALL_COMPONENT = 64  # flows; below this the pure-Python solver beats numpy's per-call overhead
+_SOLVED_CACHE_FLOWS = 250_000  # flows over all component shapes remembered (cleared when full: ~100 MB at most)
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
 
@@ -241,7 +242,10 @@ class FlowNetwork(_NetworkBase):
         # Tolerance: a link is slack while its demand is within 1e-9 of its capacity (so a flow alone on
         # its bottleneck is never "tight" through rounding); it can then be overloaded by at most 1e-9.
         self._tight_at: list[float] = [c * (1 + 1e-9) for c in self._cap]
-        self.component_solves = 0  # non-trivial max-min problems solved (components of 2+ flows)
+        self.component_solves = 0  # max-min problems solved (not looked up in _solved)
+        self._solved: dict[tuple, list[float]] = {}  # component shape -> its rates (see _solve)
+        self._solved_flows = 0
+        self.shape_hits = 0  # components whose rates came from _solved
         self._heap: list[tuple[float, int, Flow]] = []
         self._seq = 0
         self._active = 0
@@ -492,27 +496,46 @@ class FlowNetwork(_NetworkBase):
     def _solve(self, now: float, flows: list[Flow], fixed_use: dict[int, float]) -> None:
         """Max-min rates of one component, over its tight links only, less what fixed flows use of them
         (``fixed_use``, bytes/s per link); every flow is also capped by its solo rate (which stands for
-        all its slack links: they can never bind)."""
-        self.component_solves += 1
-        demand, tight_at = self._demand, self._tight_at
+        all its slack links: they can never bind).
+
+        The problem is written on local link ids (in order of first appearance), so components of the
+        same shape — the same pattern of crossings, capacities and caps, as the replicas of one
+        collective or the same all-to-all in every EP group produce — are the same problem; their
+        rates are solved once and looked up after (exact: the solver is deterministic).
+        """
+        demand, tight_at, cap = self._demand, self._tight_at, self._cap
+        local: dict[int, int] = {}
+        capacity: list[float] = []
         flow_links, flow_mults = [], []
         for f in flows:
             route = f.route
             ls, ms = [], []
             for link, m in zip(route.ulinks, route.mults):
                 if demand[link] > tight_at[link]:
-                    ls.append(link)
+                    j = local.get(link)
+                    if j is None:
+                        j = local[link] = len(capacity)
+                        capacity.append(cap[link] - fixed_use[link] if link in fixed_use else cap[link])
+                    ls.append(j)
                     ms.append(m)
-            flow_links.append(ls)
-            flow_mults.append(ms)
-        caps = [f.route.solo_rate for f in flows]
-        capacity = self._cap
-        if fixed_use:
-            capacity = {link: capacity[link] - fixed_use.get(link, 0.0) for ls in flow_links for link in ls}
-        if len(flows) <= _SMALL_COMPONENT:
-            rates = max_min_rates_small(flow_links, flow_mults, capacity, caps)
+            flow_links.append(tuple(ls))
+            flow_mults.append(tuple(ms))
+        caps = tuple(f.route.solo_rate for f in flows)
+        key = (tuple(flow_links), tuple(flow_mults), tuple(capacity), caps)
+        rates = self._solved.get(key)
+        if rates is not None:
+            self.shape_hits += 1
         else:
-            rates = _max_min_numpy(flow_links, flow_mults, capacity, caps)
+            self.component_solves += 1
+            if len(flows) <= _SMALL_COMPONENT:
+                rates = max_min_rates_small(flow_links, flow_mults, capacity, caps)
+            else:
+                rates = _max_min_numpy(flow_links, flow_mults, capacity, caps)
+            self._solved_flows += len(flows)
+            if self._solved_flows > _SOLVED_CACHE_FLOWS:
+                self._solved.clear()
+                self._solved_flows = len(flows)
+            self._solved[key] = rates
         self._set_rates(now, flows, rates)
 
 
@@ -531,7 +554,7 @@ def _max_min_numpy(flow_links: list, flow_mults: list, capacity: list, caps: lis
                 j = local[link] = n + len(local)
             entry_flow.extend([f] * m)
             entry_link.extend([j] * m)
-    cap = np.array(caps + [capacity[link] for link in local], dtype=float)
+    cap = np.array([*caps, *(capacity[link] for link in local)], dtype=float)
     return max_min_rates(np.array(entry_flow), np.array(entry_link), cap, n).tolist()
 
 

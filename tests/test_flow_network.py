@@ -96,3 +96,30 @@ def test_many_flows_in_one_component_use_the_vectorised_solver():
     expected = reference_finish_times(flows, capacity)
     got = network_finish_times(flows, capacity)
     assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+def test_components_of_the_same_shape_share_one_solve_and_keep_their_finish_times():
+    # Two copies of one random scenario on disjoint links: every component of the second copy has the
+    # shape of one of the first, so its rates come from the network's cache of solved shapes. Both
+    # copies must still finish exactly as the global re-solve says.
+    rng = np.random.default_rng(11)
+    num_links = 10
+    capacity = rng.choice([5.0, 10.0, 20.0], size=num_links)
+    flows = random_flows(rng, num_links, 30, simultaneous=True)
+    doubled = flows + [(s, [link + num_links for link in links], b) for s, links, b in flows]
+    expected = reference_finish_times(doubled, np.concatenate([capacity, capacity]))
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.concatenate([capacity, capacity]))
+    finish = [None] * len(doubled)
+
+    def launch(i, start, links, nbytes):
+        yield env.timeout(start)
+        yield net.transfer(np.array(links), nbytes, 0.0, "x")
+        finish[i] = env.now
+
+    for i, (start, links, nbytes) in enumerate(doubled):
+        env.process(launch(i, start, links, nbytes))
+    env.run()
+    assert finish == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    assert finish[:30] == finish[30:]
+    assert net.shape_hits > 0 and net.component_solves > 0
