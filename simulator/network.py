@@ -409,7 +409,7 @@ class FlowNetwork(_NetworkBase):
             self._finish(flow)
 
     def _components(self, seeds: dict[int, None], seed_flows: list[Flow], level: float
-                    ) -> tuple[list[list[Flow]], set[Flow], dict[int, float]]:
+                    ) -> tuple[list[tuple[list[Flow], list[tuple], list[tuple], list[float]]], set[Flow]]:
         """Components of flows whose rate may change: connected through tight links, rate >= ``level``.
 
         ``level`` is the lowest rate of the flows that just left (0 when flows
@@ -417,20 +417,22 @@ class FlowNetwork(_NetworkBase):
         below that level runs exactly as before — the departed flows' links
         saturated at or above their own rate — so every flow frozen below it
         keeps its rate (relative tolerance 1e-9 for rounding). Such *fixed*
-        flows are not searched through; what they use of each tight link
-        reached is returned so that the re-solve works on the rest.
+        flows are not searched through; what they use of a tight link is taken
+        off its capacity for the re-solve.
 
-        Returns the components, the set of flows in them and the bytes/s used
-        by fixed flows per tight link reached. Deterministic: discovery order.
+        Each component comes as its max-min problem on local link ids (in order
+        of first appearance): ``(flows, links, mults, capacity)`` with
+        ``links[i]`` / ``mults[i]`` the tight links flow ``i`` crosses and how
+        often, ``capacity[j]`` what is left of local link ``j`` (bytes/s).
+        Also returns the set of flows in components. Deterministic.
         """
         on_link = self._on_link
         demand = self._demand
         tight_at = self._tight_at
+        cap = self._cap
         floor = level * (1 - 1e-9)
         seen: set[Flow] = set()
-        seen_links: set[int] = set()
-        fixed_use: dict[int, float] = {}
-        out: list[list[Flow]] = []
+        out = []
         starts = list(seed_flows)
         for link in seeds:
             starts.extend(f for f in on_link[link] if f.rate >= floor)
@@ -438,33 +440,54 @@ class FlowNetwork(_NetworkBase):
             if first in seen:
                 continue
             seen.add(first)
-            comp = [first]
+            flows: list[Flow] = []
+            flow_links: list[tuple] = []
+            flow_mults: list[tuple] = []
+            capacity: list[float] = []
+            local: dict[int, int] = {}
             stack = [first]
             while stack:
-                for link in stack.pop().route.ulinks:
-                    if link not in seen_links and demand[link] > tight_at[link]:
-                        seen_links.add(link)
-                        for flow in on_link[link]:
-                            if flow.rate < floor:
-                                fixed_use[link] = fixed_use.get(link, 0.0) + flow.route.mult(link) * flow.rate
-                            elif flow not in seen:
-                                seen.add(flow)
-                                comp.append(flow)
-                                stack.append(flow)
-            out.append(comp)
-        return out, seen, fixed_use
+                flow = stack.pop()
+                flows.append(flow)
+                route = flow.route
+                ls, ms = [], []
+                for link, m in zip(route.ulinks, route.mults):
+                    if demand[link] > tight_at[link]:
+                        j = local.get(link)
+                        if j is None:
+                            j = local[link] = len(capacity)
+                            used = 0.0  # by fixed flows
+                            for other in on_link[link]:
+                                if other.rate < floor:
+                                    used += other.route.mult(link) * other.rate
+                                elif other not in seen:
+                                    seen.add(other)
+                                    stack.append(other)
+                            capacity.append(cap[link] - used)
+                        ls.append(j)
+                        ms.append(m)
+                flow_links.append(tuple(ls))
+                flow_mults.append(tuple(ms))
+            out.append((flows, flow_links, flow_mults, capacity))
+        return out, seen
 
     def _rerate(self, now: float, seeds: dict[int, None], seed_flows: list[Flow], lonely: list[Flow],
                 level: float) -> None:
         """Re-solve the components of ``seeds`` and ``seed_flows`` above ``level`` (see
         :meth:`_components`); ``lonely`` arrivals not in them run solo."""
-        components, seen, fixed_use = self._components(seeds, seed_flows, level)
+        components, seen = self._components(seeds, seed_flows, level)
         self.rate_solves += 1
-        for flows in components:
-            if len(flows) == 1 and not fixed_use:
-                self._solo(now, flows)
+        for flows, flow_links, flow_mults, capacity in components:
+            if len(flows) == 1:
+                # Progressive filling of one flow: the least of its cap and its tight links' shares.
+                rate = flows[0].route.solo_rate
+                for j, m in zip(flow_links[0], flow_mults[0]):
+                    share = capacity[j] / m
+                    if share < rate:
+                        rate = share
+                self._set_rates(now, flows, [rate])
             else:
-                self._solve(now, flows, fixed_use)
+                self._solve(now, flows, flow_links, flow_mults, capacity)
         if lonely:
             self._solo(now, [f for f in lonely if f not in seen])
 
@@ -493,33 +516,15 @@ class FlowNetwork(_NetworkBase):
             push(heap, (now + flow.remaining / rate, seq, flow))
         self._seq = seq
 
-    def _solve(self, now: float, flows: list[Flow], fixed_use: dict[int, float]) -> None:
-        """Max-min rates of one component, over its tight links only, less what fixed flows use of them
-        (``fixed_use``, bytes/s per link); every flow is also capped by its solo rate (which stands for
-        all its slack links: they can never bind).
+    def _solve(self, now: float, flows: list[Flow], flow_links: list[tuple], flow_mults: list[tuple],
+               capacity: list[float]) -> None:
+        """Max-min rates of one component (see :meth:`_components` for the arguments); every flow is
+        also capped by its solo rate, which stands for all its slack links (they can never bind).
 
-        The problem is written on local link ids (in order of first appearance), so components of the
-        same shape — the same pattern of crossings, capacities and caps, as the replicas of one
-        collective or the same all-to-all in every EP group produce — are the same problem; their
-        rates are solved once and looked up after (exact: the solver is deterministic).
+        Components of the same shape — the same pattern of crossings, capacities and caps, as the
+        replicas of one collective or the same all-to-all in every EP group produce — are the same
+        problem: their rates are solved once and looked up after (exact: the solver is deterministic).
         """
-        demand, tight_at, cap = self._demand, self._tight_at, self._cap
-        local: dict[int, int] = {}
-        capacity: list[float] = []
-        flow_links, flow_mults = [], []
-        for f in flows:
-            route = f.route
-            ls, ms = [], []
-            for link, m in zip(route.ulinks, route.mults):
-                if demand[link] > tight_at[link]:
-                    j = local.get(link)
-                    if j is None:
-                        j = local[link] = len(capacity)
-                        capacity.append(cap[link] - fixed_use[link] if link in fixed_use else cap[link])
-                    ls.append(j)
-                    ms.append(m)
-            flow_links.append(tuple(ls))
-            flow_mults.append(tuple(ms))
         caps = tuple(f.route.solo_rate for f in flows)
         key = (tuple(flow_links), tuple(flow_mults), tuple(capacity), caps)
         rates = self._solved.get(key)
