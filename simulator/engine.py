@@ -93,10 +93,10 @@ def group_shape(group: tuple[int, ...], replicas: dict[int, tuple[int, ...]] | N
         every rank of the group is a representative: the collective runs once
         per replica index ``k`` over ``[replicas[r][k] for r in group]``;
     ``"lanes"``
-        the group is part of one representative's replica set (e.g. the TP
-        group or the DP group of a representative that stands for a whole
-        TP × DP block): the collective runs once per translate of the group
-        that tiles the replica set (:func:`lanes`).
+        the group lies inside its members' replica sets without covering them
+        (e.g. the TP or DP group of a representative that stands for a DP × TP
+        block): the collective runs once per translate of the group that tiles
+        those sets (:func:`lanes`).
 
     In a full graph (``replicas`` None) every group is internal.
     """
@@ -110,37 +110,44 @@ def group_shape(group: tuple[int, ...], replicas: dict[int, tuple[int, ...]] | N
     covered = sorted(x for r in members for x in replicas[r])
     if covered == sorted(group):
         return "internal", members
-    if len(members) == 1 and set(group) <= set(replicas[members[0]]):
-        lanes(group, replicas[members[0]])  # raises if the group does not tile the replica set
+    if members and set(group) <= set(covered):
+        lanes(group, *(replicas[r] for r in members))  # raises if the group does not tile the sets
         return "lanes", members
     raise OpGraphError(f"group {list(group)}: mixes representative ranks {members} with ranks they do not "
                        f"stand for; a graph with representatives needs groups that are whole replica sets, "
-                       f"made of representatives only, or tiles of one replica set")
+                       f"made of representatives only, or tiles of their replica sets")
 
 
-def lanes(group: tuple[int, ...], replica_set: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Translates of ``group`` (a subset of ``replica_set``) that tile it, member by member.
+def lanes(group: tuple[int, ...], *replica_sets: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Translates of ``group`` that tile ``replica_sets`` (which hold all its ranks), member by member.
 
-    Positions are indices into ``replica_set``; a translate shifts every
-    member's position by one offset. With a representative standing for a
-    DP × TP block listed DP-major, its TP group (a row) tiles into every DP
-    replica's TP group and its DP group (a column) into every TP index's.
-    The first lane is ``group`` itself. Raises :class:`OpGraphError` if the
-    translates do not tile the set exactly.
+    Positions are indices into a rank's own replica set; a translate shifts
+    every member's position by one offset. Every set must hold the same
+    pattern of positions. With representatives standing for DP × TP blocks
+    listed DP-major, a TP group (a row) tiles into every DP replica's TP group
+    and a DP group (a column, possibly spread over several representatives'
+    blocks) into every TP index's. The first lane is ``group`` itself. Raises
+    :class:`OpGraphError` if the translates do not tile the sets exactly.
     """
-    position = {r: i for i, r in enumerate(replica_set)}
-    pos = [position[r] for r in group]
-    base = min(pos)
+    where = {r: (k, i) for k, rs in enumerate(replica_sets) for i, r in enumerate(rs)}
+    size = len(replica_sets[0])
+    places = [where[r] for r in group]
+    patterns = {k: sorted(i for kk, i in places if kk == k) for k in range(len(replica_sets))}
+    pattern = patterns[0]
+    if any(len(rs) != size for rs in replica_sets) or any(p != pattern for p in patterns.values()):
+        raise OpGraphError(f"group {list(group)} does not tile the replica sets {[list(rs) for rs in replica_sets]}")
+    base = pattern[0]
     used: set[int] = set()
     out: list[tuple[int, ...]] = []
-    for start in range(len(replica_set)):
+    for start in range(size):
         if start in used:
             continue
-        idx = [p - base + start for p in pos]
-        if any(i >= len(replica_set) or i in used for i in idx):
-            raise OpGraphError(f"group {list(group)} does not tile the replica set {list(replica_set)}")
+        idx = [p - base + start for p in pattern]
+        if any(i >= size or i in used for i in idx):
+            raise OpGraphError(f"group {list(group)} does not tile the replica sets "
+                               f"{[list(rs) for rs in replica_sets]}")
         used.update(idx)
-        out.append(tuple(replica_set[i] for i in idx))
+        out.append(tuple(replica_sets[k][i - base + start] for k, i in places))
     return out
 
 
@@ -322,7 +329,7 @@ class Engine:
             out = clone_groups.get(group)
             if out is None:
                 if shape == "lanes":
-                    out = lanes(group, replicas[next(r for r in group if r in replicas)])
+                    out = lanes(group, *(replicas[r] for r in group if r in replicas))
                 else:
                     reps = [replicas[r] for r in group]
                     out = [tuple(rs[k] for rs in reps) for k in range(len(reps[0]))]

@@ -76,15 +76,24 @@ def test_lockstep_stands_one_rank_for_each_stage_block():
     assert {op.rank for op in step.graph.ops} == {0, 8}
 
 
-def test_lockstep_of_a_moe_model_falls_back_to_tp_representatives():
-    doc = _doc({"nodes": 2}, {"tp": 2, "pp": 1, "dp": 8, "ep": 4, "zero": 1})
-    doc["model"] = {"preset": "mixtral-8x7b", "layers": 2, "hidden": 512, "ffn_hidden": 1024, "heads": 8,
+@pytest.mark.parametrize("routing", ["uniform", "zipf"])
+def test_lockstep_of_a_moe_model_stands_one_rank_for_each_ep_index(routing):
+    # TP2, DP8 with EP4: two EP groups per stage. The ranks with one EP index in both groups (and their TP
+    # peers) run the same program — routing is drawn per layer — so lockstep runs 4 representatives per stage.
+    doc = _doc({"nodes": 4, "nodes_per_leaf": 2, "spines": 2}, {"tp": 2, "pp": 2, "dp": 8, "ep": 4, "zero": 1})
+    doc["model"] = {"preset": "mixtral-8x7b", "layers": 4, "hidden": 512, "ffn_hidden": 1024, "heads": 8,
                     "kv_heads": 8, "vocab": 1000}
+    doc["moe"] = {"routing": routing, "seed": 3}
     exp = experiment_from_dict(doc)
-    fast = run_experiment(exp, force=True, fidelity="fast")
+    full = run_experiment(exp, force=True, fidelity="full")
     lockstep = run_experiment(exp, force=True, fidelity="lockstep")
-    assert lockstep.step_time == fast.step_time
-    assert lockstep.events == fast.events
+    assert len(lockstep.record.graph.replicas) == 2 * 4
+    assert lockstep.step_time == pytest.approx(full.step_time, rel=TOLERANCE)
+    assert lockstep.summary["flows"] == full.summary["flows"]
+    for cls, b in full.bytes_by_class.items():
+        assert lockstep.bytes_by_class[cls] == pytest.approx(b, rel=1e-9)
+    assert lockstep.summary["moe"] == full.summary["moe"]
+    assert lockstep.events < full.events
 
 
 def test_lockstep_on_the_256_gpu_benchmark_rung():

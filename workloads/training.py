@@ -477,15 +477,18 @@ class _StepBuilder:
     def build(self, representatives: str | None = None) -> OpGraph:
         ranks: Sequence[int] = range(self.par.world_size)
         lay = self.layout
-        if representatives == "stage" and not self.model.is_moe and self.t * self.par.dp > 1:
-            # Dense models: every rank of one pipeline stage runs the same program (same kernels, same TP
-            # collectives; its DP and PP peers are the same coordinates with its own TP and DP indices), so
-            # emit the tp = 0, dp = 0 rank of each stage; it stands for its stage's DP x TP block, listed
-            # DP-major (TP and DP groups are then rows and columns of that block: see engine.lanes).
-            ranks = [r for r in ranks if lay.coords(r)[:2] == (0, 0)]
-            self.graph.replicas = {r: tuple(x for d in lay.dp_group(r) for x in lay.tp_group(d)) for r in ranks}
+        ep = self.par.ep
+        if representatives == "stage" and self.t * self.par.dp // ep > 1:
+            # Every rank of a pipeline stage runs the same program as the ranks with its EP index in the
+            # other EP groups and their TP peers: same kernels, same TP collectives, the same all-to-all
+            # rows (routing is drawn per layer, the same in every EP group); its DP, EP and PP peers are the
+            # same coordinates with their own indices. So emit the tp = 0 ranks of the first EP group (for
+            # dense models: the tp = 0, dp = 0 rank) of each stage; each stands for its expert-DP x TP
+            # block, listed DP-major (TP and DP groups are rows and columns: see engine.lanes).
+            ranks = [r for r in ranks if lay.coords(r).tp == 0 and lay.coords(r).dp < ep]
+            self.graph.replicas = {r: tuple(x for d in lay.expert_dp_group(r) for x in lay.tp_group(d))
+                                   for r in ranks}
         elif representatives and self.t > 1:
-            # MoE: DP ranks route different tokens to their experts, so only TP members are identical.
             ranks = [r for r in ranks if lay.coords(r).tp == 0]
             self.graph.replicas = {r: lay.tp_group(r) for r in ranks}
         for rank in ranks:
@@ -577,12 +580,11 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
         ``{representative: its TP group}``: the members of a TP group run
         identical programs, so the simulator can run one and still put every
         member's DP/PP flows and the whole group's TP collectives on the
-        network (``fidelity="fast"``). ``"stage"``: for dense models, one
-        representative per pipeline stage (its ``tp = 0, dp = 0`` rank)
-        standing for the stage's DP x TP block, listed DP-major
-        (``fidelity="lockstep"``); MoE models fall back to ``"tp"`` since
-        their DP ranks route different tokens. Default None: every rank's
-        program.
+        network (``fidelity="fast"``). ``"stage"``: one representative per
+        pipeline stage and EP index (the ``tp = 0`` ranks of the first EP
+        group; for dense models the ``tp = 0, dp = 0`` rank) standing for its
+        expert-DP x TP block, listed DP-major (``fidelity="lockstep"``).
+        Default None: every rank's program.
 
     Examples
     --------
