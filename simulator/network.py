@@ -21,12 +21,20 @@ the engine's fast path). Two backends stand behind it:
       started, and of the flows that shared a tight link with a flow that
       ended, are re-solved — max-min rates of the other components cannot
       change, so the allocation is the one a global solve gives;
+    * when flows end, only flows at or above the lowest departed rate can
+      change (progressive filling below that level is untouched): lower flows
+      are held fixed and the search does not pass through them;
     * each component is solved over its tight links, every flow capped by its
-      solo rate; a flow alone gets its solo rate without a solve.
+      solo rate; a flow alone gets its solo rate without a solve, and a
+      component of a shape already solved (same crossings, capacities and
+      caps: the replicas of one collective) reuses those rates.
 
-    Completions come from a heap of finish times (stale entries skipped), so
-    an instant costs work proportional to the flows it touches, not to all
-    active flows. Event count grows with flows, never with bytes.
+    One late SimPy event per instant admits the flows whose latency has
+    passed and retires the finished ones. Completions come from a heap of
+    finish times (stale entries skipped), so an instant costs work
+    proportional to the flows it touches, not to all active flows. Event
+    count grows with flows, never with bytes. ``tests/test_flow_network.py``
+    checks all of this against a global re-solve at every event.
 
 :class:`AnalyticNetwork`
     Contention-free closed form: ``latency + nbytes / bottleneck``. Used as an
@@ -252,7 +260,7 @@ class FlowNetwork(_NetworkBase):
         self._pending: list[tuple[float, int, list[Flow]]] = []  # (arrival time, seq, flows) not yet admitted
         self._pending_seq = 0
         self._wakes: list[float] = []  # instants with a late wake-up event pending (min-heap)
-        self.rate_solves = 0
+        self.rate_solves = 0  # instants at which some components were re-rated
 
     # ----------------------------------------------------------- interface
     def transfer(self, links: np.ndarray, nbytes: float, latency_s: float, traffic_class: str,
@@ -572,7 +580,7 @@ class AnalyticNetwork(_NetworkBase):
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray) -> None:
         _NetworkBase.__init__(self, env, capacity)
-        self.rate_solves = 0
+        self.rate_solves = 0  # instants at which some components were re-rated
 
     def transfer(self, links: np.ndarray, nbytes: float, latency_s: float, traffic_class: str,
                  payload_bytes: float | None = None) -> Event:
