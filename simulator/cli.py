@@ -111,6 +111,9 @@ def print_summary(result, file=None) -> None:
           f"{s['rate_solves']:,} rate solves, {s['flows']:,} flows)", file=out)
 
 
+_FIDELITIES = ("fast", "full", "lockstep")  # experiment.FIDELITIES, spelled out to keep pandas out of start-up (tested)
+
+
 def _json_summary(result) -> str:
     return json.dumps(result.summary, default=float)
 
@@ -122,10 +125,11 @@ def _run():
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
         p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
         p.add_argument("--force", action="store_true", help="simulate even if the config does not fit in memory")
+        p.add_argument("--fidelity", choices=_FIDELITIES, help="override the file's fidelity (default: fast)")
 
     def run(args: argparse.Namespace) -> int:
         from .experiment import load_experiment, run_experiment
-        result = run_experiment(load_experiment(args.file), force=args.force)
+        result = run_experiment(load_experiment(args.file), force=args.force, fidelity=args.fidelity)
         if args.trace:
             result.to_chrome_trace(args.trace)
         if args.json:
@@ -212,8 +216,7 @@ def _validate():
     def configure(p: argparse.ArgumentParser) -> None:
         p.add_argument("--only", nargs="+", metavar="NAME", help="run only these entries (default: all)")
         p.add_argument("--max-gpus", type=int, metavar="N", help="skip entries of published runs on more than N GPUs")
-        # The values of experiment.FIDELITIES, spelled out to keep pandas out of CLI start-up (tested).
-        p.add_argument("--fidelity", default="fast", choices=("fast", "full", "lockstep"))
+        p.add_argument("--fidelity", default="fast", choices=_FIDELITIES)
         p.add_argument("--jobs", type=int, default=1, help="entries simulated in parallel processes (default 1)")
         p.add_argument("--json", action="store_true", help="print a JSON list of rows instead of a table")
         p.add_argument("--list", action="store_true", help="list the entries and their sources, simulate nothing")

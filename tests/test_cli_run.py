@@ -178,12 +178,27 @@ def test_console_script_runs_the_demo():
     assert JSON_KEYS <= set(json.loads(proc.stdout))
 
 
-def test_validate_offers_every_experiment_fidelity():
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_cli_offers_every_experiment_fidelity(command):
     import argparse
 
     from simulator.cli import build_parser
     from simulator.experiment import FIDELITIES
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    fidelity = next(a for a in sub.choices["validate"]._actions if a.dest == "fidelity")
+    fidelity = next(a for a in sub.choices[command]._actions if a.dest == "fidelity")
     assert tuple(fidelity.choices) == FIDELITIES
+
+
+def test_run_fidelity_overrides_the_file(capsys):
+    demo = str(Path(__file__).parent.parent / "examples" / "demo.yaml")
+    assert main(["run", demo, "--json", "--fidelity", "lockstep"]) == 0
+    lockstep = json.loads(capsys.readouterr().out)
+    assert main(["run", demo, "--json"]) == 0
+    fast = json.loads(capsys.readouterr().out)
+    assert lockstep["step_time_s"] == pytest.approx(fast["step_time_s"], rel=0.02)
+    assert lockstep["events"] < fast["events"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", demo, "--fidelity", "medium"])
+    assert exit_.value.code == 2
+    assert "--fidelity" in capsys.readouterr().err
