@@ -148,3 +148,15 @@ def test_lockstep_is_pessimistic_where_replicas_see_different_contention():
     lockstep = run_experiment(exp, force=True, fidelity="lockstep")
     assert fast.step_time == pytest.approx(full.step_time, rel=TOLERANCE)
     assert lockstep.step_time > 1.05 * full.step_time
+
+
+@pytest.mark.parametrize("placement", [["dp", "tp", "pp"], ["pp", "dp", "tp"], ["tp", "pp", "dp"]])
+def test_lockstep_lanes_follow_coordinates_not_rank_order(placement):
+    doc = _doc({"nodes": 4, "nodes_per_leaf": 2, "spines": 2},
+               {"tp": 2, "pp": 2, "dp": 8, "zero": 1, "placement": placement})
+    exp = experiment_from_dict(doc)
+    full = run_experiment(exp, force=True, fidelity="full")
+    lockstep = run_experiment(exp, force=True, fidelity="lockstep")
+    assert lockstep.step_time == pytest.approx(full.step_time, rel=TOLERANCE)
+    assert lockstep.summary["flows"] == full.summary["flows"]
+    assert (lockstep.links["bytes"].to_numpy() == pytest.approx(full.links["bytes"].to_numpy(), rel=1e-9))
