@@ -115,27 +115,24 @@ class _Join:
 
 
 class Flow:
-    """A transfer in its bandwidth phase. ``links`` may repeat a link id (crossed twice)."""
+    """A transfer in its bandwidth phase: ``remaining`` bytes at ``rate`` bytes/s since time ``t0``.
 
-    __slots__ = ("route", "nbytes", "payload", "traffic_class", "join", "start_s", "remaining", "rate", "t0",
-                 "seq")
+    ``seq`` is the id of its live heap entry (-1 before its first rate, -2 once finished).
+    """
+
+    __slots__ = ("route", "nbytes", "payload", "traffic_class", "join", "remaining", "rate", "t0", "seq")
 
     def __init__(self, route: _Route, nbytes: float, payload: float, traffic_class: str, join: _Join,
-                 start_s: float) -> None:
+                 t0: float) -> None:
         self.route = route
         self.nbytes = nbytes
         self.payload = payload
         self.traffic_class = traffic_class
         self.join = join
-        self.start_s = start_s
         self.remaining = nbytes
         self.rate = 0.0
-        self.t0 = start_s
+        self.t0 = t0
         self.seq = -1
-
-    @property
-    def links(self) -> np.ndarray:
-        return self.route.links
 
 
 class LinkLedger:
@@ -155,9 +152,6 @@ class LinkLedger:
         self._busy_acc: list[float] = [0.0] * num_links  # busy seconds not yet folded into busy_s
         self.flows_completed = 0
         self.payload_bytes_by_class: dict[str, float] = {}
-
-    def record(self, flow: Flow, payload_bytes: float) -> None:
-        self.record_route(flow.route, flow.nbytes, flow.traffic_class, payload_bytes)
 
     def record_route(self, route: _Route, nbytes: float, traffic_class: str, payload_bytes: float) -> None:
         key = (id(route), traffic_class)
@@ -227,6 +221,24 @@ class _NetworkBase:
         self.ledger = LinkLedger(len(self.capacity))
         self._routes = _Routes(self._cap)
 
+    def transfer(self, links: np.ndarray, nbytes: float, latency_s: float, traffic_class: str,
+                 payload_bytes: float | None = None) -> Event:
+        """Move ``nbytes`` over every link in ``links`` at one common rate.
+
+        ``links`` is an array of link ids (a repeated id means the flow crosses
+        that link more than once). ``payload_bytes`` is what the flow counts as
+        sent by GPUs (default ``nbytes``). Returns an event that succeeds at the
+        arrival of the last byte.
+        """
+        done = Event(self.env)
+        payload = float(nbytes) if payload_bytes is None else float(payload_bytes)
+        self.start_flows([(links, float(nbytes), latency_s, payload)], traffic_class, done.succeed)
+        return done
+
+    def start_flows(self, specs: Sequence[FlowSpec], traffic_class: str, on_done: Callable[[], None]) -> None:
+        """Start ``(links, nbytes, latency_s, payload_bytes)`` flows; ``on_done()`` after the last (per backend)."""
+        raise NotImplementedError
+
 
 class FlowNetwork(_NetworkBase):
     """Congestion-aware flow-level network with max-min fair sharing.
@@ -263,20 +275,6 @@ class FlowNetwork(_NetworkBase):
         self.rate_solves = 0  # instants at which some components were re-rated
 
     # ----------------------------------------------------------- interface
-    def transfer(self, links: np.ndarray, nbytes: float, latency_s: float, traffic_class: str,
-                 payload_bytes: float | None = None) -> Event:
-        """Move ``nbytes`` over every link in ``links`` at one common rate.
-
-        ``links`` is an array of link ids (a repeated id means the flow crosses
-        that link more than once). ``payload_bytes`` is what the flow counts as
-        sent by GPUs (default ``nbytes``). Returns an event that succeeds at the
-        arrival of the last byte.
-        """
-        done = Event(self.env)
-        payload = float(nbytes) if payload_bytes is None else float(payload_bytes)
-        self.start_flows([(links, float(nbytes), latency_s, payload)], traffic_class, done.succeed)
-        return done
-
     def start_flows(self, specs: Sequence[FlowSpec], traffic_class: str, on_done: Callable[[], None]) -> None:
         """Start every ``(links, nbytes, latency_s, payload_bytes)`` flow; call ``on_done()`` after the last.
 
@@ -581,14 +579,6 @@ class AnalyticNetwork(_NetworkBase):
     def __init__(self, env: simpy.Environment, capacity: np.ndarray) -> None:
         _NetworkBase.__init__(self, env, capacity)
         self.rate_solves = 0  # instants at which some components were re-rated
-
-    def transfer(self, links: np.ndarray, nbytes: float, latency_s: float, traffic_class: str,
-                 payload_bytes: float | None = None) -> Event:
-        """Same contract as :meth:`FlowNetwork.transfer`."""
-        done = Event(self.env)
-        payload = float(nbytes) if payload_bytes is None else float(payload_bytes)
-        self.start_flows([(links, float(nbytes), latency_s, payload)], traffic_class, done.succeed)
-        return done
 
     def start_flows(self, specs: Sequence[FlowSpec], traffic_class: str, on_done: Callable[[], None]) -> None:
         """Same contract as :meth:`FlowNetwork.start_flows`."""

@@ -1,6 +1,6 @@
 """Validation against published measurements of real training runs (compare and report only).
 
-Each :class:`Entry` names one experiment file under ``examples/validation/`` that
+Each :class:`Entry` names one experiment file under ``simulator/validation_runs/`` that
 reproduces the layout of a published training run (paper and table in
 :attr:`Entry.source` and in the file's header comment), the metric the paper
 reports and its value. :func:`validate_against_published` simulates the files
@@ -39,8 +39,8 @@ import pandas as pd
 __all__ = ["Entry", "ENTRIES", "METRICS", "VALIDATION_DIR", "entry_names", "get_entry",
            "validate_against_published", "load_entry"]
 
-VALIDATION_DIR = Path(__file__).resolve().parent.parent / "examples" / "validation"
-"""Where the experiment files live (a source checkout; they are not installed as package data)."""
+VALIDATION_DIR = Path(__file__).resolve().parent / "validation_runs"
+"""Where the experiment files live: package data, installed with the package."""
 
 METRICS = ("mfu", "tflops_per_gpu", "hardware_tflops_per_gpu")
 """Summary keys an entry may be compared on (see the module docstring)."""
@@ -62,8 +62,6 @@ class Entry:
     ----------
     name : str
         Short unique name (``--only`` on the command line).
-    file : str
-        Experiment YAML, relative to :data:`VALIDATION_DIR`.
     gpus : int
         GPUs of the published run (the file's cluster has exactly these).
     metric : str
@@ -77,12 +75,16 @@ class Entry:
     """
 
     name: str
-    file: str
     gpus: int
     metric: str
     published: float
     source: str
     note: str = ""
+
+    @property
+    def file(self) -> str:
+        """Its experiment file's name in :data:`VALIDATION_DIR`: ``<name>.yaml``."""
+        return f"{self.name}.yaml"
 
     @property
     def path(self) -> Path:
@@ -91,38 +93,38 @@ class Entry:
 
 ENTRIES: tuple[Entry, ...] = (
     # Korthikanti et al. 2022: sequence parallelism + selective recompute, DP = 1, A100 80GB.
-    Entry("korthikanti22-22b", "korthikanti22-22b.yaml", 8, "mfu", 0.415, _KORTHIKANTI),
-    Entry("korthikanti22-175b", "korthikanti22-175b.yaml", 64, "mfu", 0.514, _KORTHIKANTI,
+    Entry("korthikanti22-22b", 8, "mfu", 0.415, _KORTHIKANTI),
+    Entry("korthikanti22-175b", 64, "mfu", 0.514, _KORTHIKANTI,
           "interleaving v=3 and micro-batch 1 from Calculon's configs, not the paper"),
-    Entry("korthikanti22-530b", "korthikanti22-530b.yaml", 280, "mfu", 0.560, _KORTHIKANTI,
+    Entry("korthikanti22-530b", 280, "mfu", 0.560, _KORTHIKANTI,
           "interleaving v=3 and micro-batch 1 from Calculon's configs, not the paper"),
-    Entry("korthikanti22-1t", "korthikanti22-1t.yaml", 512, "mfu", 0.563, _KORTHIKANTI),
+    Entry("korthikanti22-1t", 512, "mfu", 0.563, _KORTHIKANTI),
     # Narayanan et al. SC'21 Table 2, PTD-P rows: full recompute, TFLOP/s counted with recompute.
-    Entry("narayanan21-t2-175b-384", "narayanan21-t2-175b-384.yaml", 384, "hardware_tflops_per_gpu", 153.0,
+    Entry("narayanan21-t2-175b-384", 384, "hardware_tflops_per_gpu", 153.0,
           _SC21_T2, "TP8xPP12 split of model-parallel size 96 assumed; 1F1B assumed"),
-    Entry("narayanan21-t2-175b-768", "narayanan21-t2-175b-768.yaml", 768, "hardware_tflops_per_gpu", 149.0,
+    Entry("narayanan21-t2-175b-768", 768, "hardware_tflops_per_gpu", 149.0,
           _SC21_T2, "TP8xPP12 split of model-parallel size 96 assumed; 1F1B assumed"),
-    Entry("narayanan21-t2-175b-1536", "narayanan21-t2-175b-1536.yaml", 1536, "hardware_tflops_per_gpu", 141.0,
+    Entry("narayanan21-t2-175b-1536", 1536, "hardware_tflops_per_gpu", 141.0,
           _SC21_T2, "TP8xPP12 split of model-parallel size 96 assumed; 1F1B assumed"),
-    Entry("narayanan21-t2-530b-560", "narayanan21-t2-530b-560.yaml", 560, "hardware_tflops_per_gpu", 171.0,
+    Entry("narayanan21-t2-530b-560", 560, "hardware_tflops_per_gpu", 171.0,
           _SC21_T2, "TP8xPP35 split of model-parallel size 280 assumed; 1F1B assumed"),
-    Entry("narayanan21-t2-530b-1120", "narayanan21-t2-530b-1120.yaml", 1120, "hardware_tflops_per_gpu", 167.0,
+    Entry("narayanan21-t2-530b-1120", 1120, "hardware_tflops_per_gpu", 167.0,
           _SC21_T2, "TP8xPP35 split of model-parallel size 280 assumed; 1F1B assumed"),
-    Entry("narayanan21-t2-530b-2240", "narayanan21-t2-530b-2240.yaml", 2240, "hardware_tflops_per_gpu", 159.0,
+    Entry("narayanan21-t2-530b-2240", 2240, "hardware_tflops_per_gpu", 159.0,
           _SC21_T2, "TP8xPP35 split of model-parallel size 280 assumed; 1F1B assumed"),
     # Narayanan et al. SC'21 Table 1 (weak scaling): full recompute, TFLOP/s counted with recompute.
-    Entry("narayanan21-t1-18b", "narayanan21-t1-18b.yaml", 256, "hardware_tflops_per_gpu", 135.0, _SC21_T1,
+    Entry("narayanan21-t1-18b", 256, "hardware_tflops_per_gpu", 135.0, _SC21_T1,
           "micro-batch 1 and 1F1B assumed (not in Table 1)"),
-    Entry("narayanan21-t1-39b", "narayanan21-t1-39b.yaml", 512, "hardware_tflops_per_gpu", 138.0, _SC21_T1,
+    Entry("narayanan21-t1-39b", 512, "hardware_tflops_per_gpu", 138.0, _SC21_T1,
           "micro-batch 1 and 1F1B assumed (not in Table 1)"),
-    Entry("narayanan21-t1-146b", "narayanan21-t1-146b.yaml", 1536, "hardware_tflops_per_gpu", 148.0, _SC21_T1,
+    Entry("narayanan21-t1-146b", 1536, "hardware_tflops_per_gpu", 148.0, _SC21_T1,
           "micro-batch 1 and 1F1B assumed (not in Table 1)"),
-    Entry("narayanan21-t1-1t", "narayanan21-t1-1t.yaml", 3072, "hardware_tflops_per_gpu", 163.0, _SC21_T1,
+    Entry("narayanan21-t1-1t", 3072, "hardware_tflops_per_gpu", 163.0, _SC21_T1,
           "micro-batch 1 and 1F1B assumed (not in Table 1)"),
     # Llama 3 405B on H100 (BF16 MFU).
-    Entry("llama3-405b-8192", "llama3-405b-8192.yaml", 8192, "mfu", 0.43, _LLAMA3,
+    Entry("llama3-405b-8192", 8192, "mfu", 0.43, _LLAMA3,
           "128 layers instead of 126; v=4 assumed; leaf-spine instead of 3-layer Clos"),
-    Entry("llama3-405b-16384", "llama3-405b-16384.yaml", 16384, "mfu", 0.41, _LLAMA3,
+    Entry("llama3-405b-16384", 16384, "mfu", 0.41, _LLAMA3,
           "128 layers instead of 126; v=4 assumed; leaf-spine instead of 3-layer Clos"),
 )
 """Every validation entry, smallest first within each source."""

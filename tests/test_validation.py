@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ def test_names_unique_and_every_file_listed():
     names = [e.name for e in ENTRIES]
     assert len(names) == len(set(names))
     on_disk = {p.name for p in VALIDATION_DIR.glob("*.yaml")}
-    assert on_disk == {e.file for e in ENTRIES}, "every examples/validation file has exactly one entry"
+    assert on_disk == {e.file for e in ENTRIES}, "every simulator/validation_runs file has exactly one entry"
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
@@ -86,6 +87,17 @@ def test_cli_validate_only_smallest_json():
     assert rows[0]["name"] == SMALLEST.name
     assert rows[0]["published"] == SMALLEST.published and rows[0]["simulated"] > 0
     assert rows[0]["metric"] == SMALLEST.metric
+
+
+@pytest.mark.skipif(shutil.which("clustersim") is None, reason="console script not installed")
+def test_installed_console_script_finds_its_validation_files(tmp_path):
+    # Run as a user of `pip install .` would: the installed script, outside the source tree, so the
+    # experiment files must come with the package (package data), not from a checkout.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(["clustersim", "validate", "--only", SMALLEST.name, "--json"], capture_output=True,
+                          text=True, cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["simulated"] > 0
 
 
 def test_cli_validate_unknown_entry_exits_2():
