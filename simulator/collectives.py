@@ -52,14 +52,17 @@ class CollectiveError(ValueError):
 class Transfer:
     """``nbytes`` moved over each hop ``(src_rank, dst_rank)`` at one common rate.
 
-    ``steps`` algorithm steps (each pays the per-step latency once);
-    ``label`` selects the ECMP path (a channel / connection id).
+    ``steps`` algorithm steps (each pays the per-step latency once), of which
+    ``net_steps`` cross between servers (they pay the network's step latency,
+    the others the NVLink's: :mod:`simulator.nccl`); ``label`` selects the
+    ECMP path (a channel / connection id).
     """
 
     hops: tuple[tuple[int, int], ...]
     nbytes: float
     steps: int = 1
     label: int = 0
+    net_steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,22 +111,36 @@ def _ring_hops(ring: Sequence[int]) -> tuple[tuple[int, int], ...]:
     return tuple((ring[i], ring[(i + 1) % n]) for i in range(n))
 
 
+def _crosses(hop: tuple[int, int], server_of: Callable[[int], int]) -> bool:
+    return server_of(hop[0]) != server_of(hop[1])
+
+
 def _ring_transfers(rings: list[list[int]], nbytes: float, steps: int, per_step_fraction: float,
-                    fidelity: str, label_base: int = 0) -> list[tuple[Transfer, ...]]:
-    """Phases of a ring pass over every channel: ``steps`` steps of ``per_step_fraction·S/C`` each."""
+                    fidelity: str, server_of: Callable[[int], int],
+                    label_base: int = 0) -> list[tuple[Transfer, ...]]:
+    """Phases of a ring pass over every channel: ``steps`` steps of ``per_step_fraction·S/C`` each.
+
+    A pass of ``n - 1`` steps around a ring through ``N`` servers crosses
+    between servers ``N - 1`` times (NCCL's ``nInterSteps``).
+    """
     c = len(rings)
     chunk = nbytes / c * per_step_fraction
     if fidelity == "fast":
-        return [tuple(Transfer(_ring_hops(r), chunk * steps, steps, label_base + i) for i, r in enumerate(rings))]
+        out = []
+        for i, r in enumerate(rings):
+            servers = len({server_of(x) for x in r})
+            net = steps // (len(r) - 1) * (servers - 1) if servers > 1 else 0
+            out.append(Transfer(_ring_hops(r), chunk * steps, steps, label_base + i, net))
+        return [tuple(out)]
     phases = []
     for _ in range(steps):
-        phases.append(tuple(Transfer((hop,), chunk, 1, label_base + i)
+        phases.append(tuple(Transfer((hop,), chunk, 1, label_base + i, int(_crosses(hop, server_of)))
                             for i, r in enumerate(rings) for hop in _ring_hops(r)))
     return phases
 
 
 def _chain_transfers(rings: list[list[int]], root: int, nbytes: float, fidelity: str,
-                     toward_root: bool) -> list[tuple[Transfer, ...]]:
+                     toward_root: bool, server_of: Callable[[int], int]) -> list[tuple[Transfer, ...]]:
     """Pipelined chain (broadcast from / reduce to ``root``) along each channel's ring."""
     c = len(rings)
     transfers = []
@@ -133,7 +150,7 @@ def _chain_transfers(rings: list[list[int]], root: int, nbytes: float, fidelity:
         hops = tuple((chain[t], chain[t + 1]) for t in range(len(chain) - 1))
         if toward_root:
             hops = tuple((b, a) for a, b in reversed(hops))
-        transfers.append(Transfer(hops, nbytes / c, len(hops), i))
+        transfers.append(Transfer(hops, nbytes / c, len(hops), i, sum(_crosses(h, server_of) for h in hops)))
     return [tuple(transfers)]
 
 
@@ -143,13 +160,13 @@ def plan_ring(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
     n = len(group)
     rings = ring_channels(group, server_of)
     if kind == "all_reduce":
-        return _ring_transfers(rings, nbytes, 2 * (n - 1), 1 / n, fidelity)
+        return _ring_transfers(rings, nbytes, 2 * (n - 1), 1 / n, fidelity, server_of)
     if kind in ("all_gather", "reduce_scatter"):
-        return _ring_transfers(rings, nbytes, n - 1, 1 / n, fidelity)
+        return _ring_transfers(rings, nbytes, n - 1, 1 / n, fidelity, server_of)
     if kind == "broadcast":
-        return _chain_transfers(rings, group[0], nbytes, fidelity, toward_root=False)
+        return _chain_transfers(rings, group[0], nbytes, fidelity, False, server_of)
     if kind == "reduce":
-        return _chain_transfers(rings, group[0], nbytes, fidelity, toward_root=True)
+        return _chain_transfers(rings, group[0], nbytes, fidelity, True, server_of)
     raise CollectiveError(f"algorithm: ring does not implement {kind}; use direct or auto")
 
 
@@ -170,17 +187,17 @@ def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
         up += [(members[i], members[i - 1]) for i in range(1, len(members))]
     up_t = tuple(up)
     down = tuple((b, a) for a, b in up_t)
-    depth = (len(heads)).bit_length() - 1 + max(len(s) for s in servers) - 1
-    depth = max(depth, 1)
+    levels = (len(heads)).bit_length() - 1  # inter-server levels of the binary tree
+    depth = max(levels + max(len(s) for s in servers) - 1, 1)
     if kind == "all_reduce":
-        hops, steps = up_t + down, 2 * depth
+        hops, steps, net = up_t + down, 2 * depth, 2 * levels
     elif kind == "broadcast":
-        hops, steps = down, depth
+        hops, steps, net = down, depth, levels
     elif kind == "reduce":
-        hops, steps = up_t, depth
+        hops, steps, net = up_t, depth, levels
     else:
         raise CollectiveError(f"algorithm: tree does not implement {kind}; use ring, direct or auto")
-    return [(Transfer(hops, nbytes, steps, 0),)]
+    return [(Transfer(hops, nbytes, steps, 0, net),)]
 
 
 def plan_hierarchical(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
@@ -202,12 +219,12 @@ def plan_hierarchical(kind: str, group: Sequence[int], nbytes: float, server_of:
 
     def intra(steps_per_n: int) -> list[tuple[Transfer, ...]]:
         steps = steps_per_n * (k - 1)
-        return _merge([_ring_transfers([s], nbytes, steps, 1 / k, fidelity, label_base=j)
+        return _merge([_ring_transfers([s], nbytes, steps, 1 / k, fidelity, server_of, label_base=j)
                        for j, s in enumerate(servers)])
 
     def inter(steps_per_n: int) -> list[tuple[Transfer, ...]]:
         steps = steps_per_n * (big_n - 1)
-        return _merge([_ring_transfers([r], nbytes / k, steps, 1 / big_n, fidelity, label_base=j)
+        return _merge([_ring_transfers([r], nbytes / k, steps, 1 / big_n, fidelity, server_of, label_base=j)
                        for j, r in enumerate(rails)])
 
     if kind == "all_reduce":
@@ -234,18 +251,22 @@ def plan_direct(kind: str, group: Sequence[int], nbytes: float, server_of: Calla
     """
     n = len(group)
     root = group[0]
+
+    def hop(a: int, b: int, size: float) -> Transfer:
+        return Transfer(((a, b),), size, 1, 0, int(server_of(a) != server_of(b)))
+
     if kind == "all_to_all":
         if matrix is not None:
-            return [tuple(Transfer(((a, b),), float(matrix[i][j]), 1, 0) for i, a in enumerate(group)
+            return [tuple(hop(a, b, float(matrix[i][j])) for i, a in enumerate(group)
                           for j, b in enumerate(group) if i != j and matrix[i][j] > 0)]
         chunk = nbytes / n
-        return [tuple(Transfer(((a, b),), chunk, 1, 0) for a in group for b in group if a != b)]
+        return [tuple(hop(a, b, chunk) for a in group for b in group if a != b)]
     if kind == "gather":
-        return [tuple(Transfer(((a, root),), nbytes / n, 1, 0) for a in group if a != root)]
+        return [tuple(hop(a, root, nbytes / n) for a in group if a != root)]
     if kind == "broadcast":
-        return [tuple(Transfer(((root, b),), nbytes, 1, 0) for b in group if b != root)]
+        return [tuple(hop(root, b, nbytes) for b in group if b != root)]
     if kind == "reduce":
-        return [tuple(Transfer(((a, root),), nbytes, 1, 0) for a in group if a != root)]
+        return [tuple(hop(a, root, nbytes) for a in group if a != root)]
     raise CollectiveError(f"algorithm: direct does not implement {kind}; use ring, tree or auto")
 
 
@@ -259,8 +280,8 @@ def plan_parameter_server(kind: str, group: Sequence[int], nbytes: float, server
     if kind != "all_reduce":
         raise CollectiveError(f"algorithm: parameter_server implements all_reduce only, not {kind}")
     root = group[0]
-    push = tuple(Transfer(((a, root),), nbytes, 1, 0) for a in group if a != root)
-    pull = tuple(Transfer(((root, b),), nbytes, 1, 0) for b in group if b != root)
+    push = tuple(Transfer(((a, root),), nbytes, 1, 0, int(server_of(a) != server_of(root))) for a in group if a != root)
+    pull = tuple(Transfer(((root, b),), nbytes, 1, 0, int(server_of(b) != server_of(root))) for b in group if b != root)
     return [push, pull]
 
 

@@ -1,39 +1,46 @@
-"""How long a compute op takes on a GPU: a roofline with documented efficiencies.
+"""How long a compute op takes on a GPU: each kernel from its own, published, microbenchmark model.
 
-Time of an op = ``max(flops / achieved_flops, nbytes / achieved_hbm_bandwidth)
-+ op_overhead_s``, where the achieved rates come from the GPU's datasheet
-(:class:`topologies.cluster.GPUSpec`) times an efficiency:
+Time of a kernel = ``max(math time, nbytes / achieved HBM bandwidth) +
+op_overhead_s``; a coarsened op is the sum over its kernels. The math time
+depends on the kind of kernel:
 
 gemm
-    ``peak(dtype) · matmul_efficiency · wave_efficiency(m, n)``.
-    ``matmul_efficiency`` (GPU spec, ~0.8) is what large cuBLAS GEMMs reach.
-    Wave quantisation: a GEMM is cut into output tiles of ``tile_m × tile_n``
-    (128×256, the common Hopper/Ampere cuBLAS tile); tiles run in waves of
-    ``sm_count``; the last partial wave wastes the idle SMs, so small or
-    awkwardly sized GEMMs reach less. Small GEMMs also become HBM-bound
-    through the roofline term.
-attention
-    ``peak(dtype) · attention_efficiency``; default 0.5. FlashAttention-2
-    reaches ~0.5–0.7 of peak forward on A100 and ~0.35–0.45 on H100;
-    FlashAttention-3 ~0.6–0.75 on H100 forward, less backward (Dao 2023;
-    Shah et al. 2024). 0.5 is the middle of that range.
+    :mod:`simulator.gemm`: waves of output tiles, the best of cuBLAS's tile
+    shapes and split-K, a per-tile pipeline fill, under the best-shape
+    ceiling ``matmul_efficiency`` (the GPU's measured maximum achievable
+    matmul FLOP/s, :mod:`topologies.gpus`). A batched GEMM (the ``b·a/t``
+    heads of unfused attention) is timed as ``batch`` GEMMs in one launch,
+    never with the batch folded into a GEMM dimension.
+attention, attention_bwd
+    :mod:`simulator.attention`: the published forward and backward rates of
+    the fused kernel (FlashAttention-2/3, cuDNN) for the GPU generation, head
+    dimension and sequence length; ``attention_efficiency`` overrides them with
+    one flat fraction of peak for both passes.
 elementwise, optimizer
     memory-bound: ``nbytes / (hbm_bandwidth · memory_efficiency)``; default
-    0.85, what STREAM-like kernels reach on HBM.
+    0.85, what STREAM-like kernels reach on HBM2e/HBM3.
 fixed
     ``duration_s`` as given.
 
-Every efficiency is a knob on :class:`ComputeModel`; none is fitted to
-end-to-end training throughput.
+Every constant is a knob on :class:`ComputeModel` with its source in the
+module that uses it; none is fitted to end-to-end training throughput
+(``tests/test_compute_grounding.py`` checks each kernel model against
+published microbenchmarks).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from topologies.cluster import GPUSpec
 from workloads.ops import Compute, Kernel
+
+from .attention import DEFAULT_KERNEL, attention_fraction, kernels_for
+from .gemm import K_OVERHEAD, GemmModel
+
+_DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
 @dataclass(frozen=True)
@@ -46,57 +53,80 @@ class ComputeModel:
     dtype : str
         Datatype of the matrix units (``"bf16"``, ``"fp8"`` ...).
     matmul_efficiency : float or None
-        Overrides ``gpu.matmul_efficiency`` when given.
-    attention_efficiency : float
-        Fraction of peak that fused attention kernels reach.
+        Overrides ``gpu.matmul_efficiency`` (the best-shape GEMM ceiling).
+    attention_kernel : str or None
+        Fused attention kernel whose published rates to use (``fa2``, ``fa3``,
+        ``cudnn``; :func:`simulator.attention.kernels_for`); default the GPU
+        generation's (:data:`simulator.attention.DEFAULT_KERNEL`).
+    attention_efficiency : float or None
+        One flat fraction of peak for fused attention forward and backward,
+        instead of the published rates.
     memory_efficiency : float
         Fraction of HBM bandwidth that streaming kernels reach.
-    tile_m, tile_n : int
-        GEMM output tile for wave quantisation.
+    gemm_k_overhead : int
+        Per-tile pipeline fill and drain of a GEMM, in elements of ``k``.
     op_overhead_s : float
-        Fixed cost per op (launch and tail), seconds. Default 1 µs.
+        Fixed cost per kernel (the gap between dependent kernels on a stream),
+        seconds. Default 1 µs.
     """
 
     gpu: GPUSpec
     dtype: str = "bf16"
     matmul_efficiency: float | None = None
-    attention_efficiency: float = 0.5
+    attention_kernel: str | None = None
+    attention_efficiency: float | None = None
     memory_efficiency: float = 0.85
-    tile_m: int = 128
-    tile_n: int = 256
+    gemm_k_overhead: int = K_OVERHEAD
     op_overhead_s: float = 1e-6
 
     def __post_init__(self) -> None:
         self.gpu.peak(self.dtype)  # raises a clear ValueError for an unsupported dtype
-        for name in ("attention_efficiency", "memory_efficiency"):
+        for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):
             v = getattr(self, name)
-            if not 0 < v <= 1:
-                raise ValueError(f"compute.{name}: must be in (0, 1], got {v}")
-        if self.matmul_efficiency is not None and not 0 < self.matmul_efficiency <= 1:
-            raise ValueError(f"compute.matmul_efficiency: must be in (0, 1], got {self.matmul_efficiency}")
+            if v is not None and not (isinstance(v, (int, float)) and 0 < v <= 1):
+                raise ValueError(f"compute.{name}: must be a number in (0, 1], got {v!r}")
+        if not (isinstance(self.op_overhead_s, (int, float)) and 0 <= self.op_overhead_s < math.inf):
+            raise ValueError(f"compute.op_overhead_s: must be a finite number >= 0 (seconds), "
+                             f"got {self.op_overhead_s!r}")
+        if not (isinstance(self.gemm_k_overhead, int) and 0 <= self.gemm_k_overhead <= 65536):
+            raise ValueError(f"compute.gemm_k_overhead: must be an integer in 0..65536, got {self.gemm_k_overhead!r}")
+        if self.attention_efficiency is None:
+            kernel = self.fused_attention_kernel
+            if kernel not in kernels_for(self.gpu.arch):
+                valid = ", ".join(kernels_for(self.gpu.arch)) or "none"
+                raise ValueError(f"compute.attention_kernel: {kernel!r} has no published rates on "
+                                 f"{self.gpu.name} ({self.gpu.arch}); valid: {valid} "
+                                 f"(or set compute.attention_efficiency)")
 
     @property
     def peak_flops(self) -> float:
         return self.gpu.peak(self.dtype)
 
-    def wave_efficiency(self, m: int, n: int) -> float:
-        """Fraction of SM-waves doing useful work for an ``m × n`` GEMM output."""
-        tiles = math.ceil(m / self.tile_m) * math.ceil(n / self.tile_n)
-        sms = self.gpu.sm_count
-        waves = math.ceil(tiles / sms)
-        # Partial tiles at the edges also waste work: useful area / tiled area.
-        tiled_area = math.ceil(m / self.tile_m) * self.tile_m * math.ceil(n / self.tile_n) * self.tile_n
-        return (tiles / (waves * sms)) * (m * n / tiled_area)
+    @property
+    def fused_attention_kernel(self) -> str:
+        """The fused attention kernel in use (``attention_kernel`` or the GPU generation's default)."""
+        return self.attention_kernel or DEFAULT_KERNEL.get(self.gpu.arch, "cudnn")
+
+    @cached_property
+    def gemm(self) -> GemmModel:
+        """The wave/tile GEMM model of this GPU and datatype."""
+        eff = self.matmul_efficiency if self.matmul_efficiency is not None else self.gpu.matmul_efficiency
+        return GemmModel(self.peak_flops, self.gpu.sm_count, eff, self.gpu.gemm_critical_intensity,
+                         self.gpu.hbm_bandwidth, _DTYPE_BYTES.get(self.dtype, 2), self.gemm_k_overhead)
 
     def achieved_flops(self, op: Compute | Kernel) -> float:
-        """Sustained FLOP/s of ``op``'s category (before the memory roofline)."""
+        """Sustained FLOP/s of ``op`` (before the memory roofline)."""
         if op.category == "gemm":
-            eff = self.matmul_efficiency if self.matmul_efficiency is not None else self.gpu.matmul_efficiency
             if op.shape is not None:
-                eff *= self.wave_efficiency(op.shape[0], op.shape[1])
-            return self.peak_flops * eff
-        if op.category == "attention":
-            return self.peak_flops * self.attention_efficiency
+                m, n, k = op.shape
+                return self.gemm.achieved_flops(m, n, k, getattr(op, "batch", 1))
+            return self.peak_flops * self.gemm.efficiency
+        if op.category in ("attention", "attention_bwd"):
+            if self.attention_efficiency is not None:
+                return self.peak_flops * self.attention_efficiency
+            seq, head_dim = (op.shape[1], op.shape[2]) if op.shape is not None else (4096, 128)
+            return self.peak_flops * attention_fraction(self.gpu.arch, self.fused_attention_kernel,
+                                                        op.category == "attention_bwd", head_dim, seq)
         return self.peak_flops * 0.5  # element-wise FLOPs are never the bound in practice
 
     def duration(self, op: Compute | Kernel) -> float:

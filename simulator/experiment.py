@@ -123,15 +123,18 @@ def _network_from_dict(section: Mapping) -> NetworkConfig:
     kwargs = {}
     if "model" in section:
         kwargs["model"] = section["model"]
-    if "step_latency" in section:
+    if "step_latency" in section and section["step_latency"] != "nccl":
         kwargs["step_latency_s"] = parse_time(section["step_latency"], "network.step_latency")
     if "fidelity" in section:
         kwargs["fidelity"] = section["fidelity"]
     if "bandwidth_efficiency" in section:
         eff = section["bandwidth_efficiency"]
-        if isinstance(eff, bool) or not isinstance(eff, (int, float)):
-            raise ConfigError(f"network.bandwidth_efficiency: must be a number in (0, 1], got {eff!r}")
-        kwargs["bandwidth_efficiency"] = float(eff)
+        if isinstance(eff, Mapping):
+            eff = dict(eff)
+        elif isinstance(eff, bool) or not isinstance(eff, (int, float)):
+            raise ConfigError(f"network.bandwidth_efficiency: must be a number in (0, 1] or a mapping "
+                              f"{{tier: number}}, got {eff!r}")
+        kwargs["bandwidth_efficiency"] = eff
     if "seed" in section:
         seed = section["seed"]
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -146,7 +149,10 @@ def _compute_from_dict(section: Mapping) -> dict:
     if unknown:
         raise ConfigError(f"compute.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
     for k, v in section.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if k == "attention_kernel":
+            if not isinstance(v, str):
+                raise ConfigError(f"compute.attention_kernel: must be a kernel name (fa2, fa3, cudnn), got {v!r}")
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ConfigError(f"compute.{k}: must be a number, got {v!r}")
     return dict(section)
 
@@ -305,6 +311,7 @@ def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment,
         "bubble_fraction_by_stage": [float(x) for x in stages["bubble_fraction"]],
         "model_flops_per_step": step.model_flops,
         "hardware_flops_per_step": step.hardware_flops,
+        "executed_flops_per_step": step.executed_flops,
         "tflops_per_gpu": tflops / 1e12,
         "hardware_tflops_per_gpu": step.hardware_flops / result.step_time / world / 1e12,
         "mfu": tflops / peak,

@@ -8,7 +8,7 @@ routes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,11 +17,15 @@ from simpy.events import Event
 
 from topologies.cluster import Cluster
 
-from .collectives import AUTO_CANDIDATES, COLLECTIVE_ALGORITHMS, CollectiveError, Plan, plan_collective
+from .collectives import AUTO_CANDIDATES, COLLECTIVE_ALGORITHMS, CollectiveError, Plan, Transfer, plan_collective
+from .nccl import BANDWIDTH_FACTOR, NIC_EFFICIENCY, PROTOCOLS, p2p_protocol, step_latencies
 from .network import AnalyticNetwork, FlowNetwork
 from .routing import Router
 
 NETWORK_MODELS = ("flow", "analytic")
+
+
+TIER_NAMES = ("nvlink", "pcie", "leaf", "spine", "core")
 
 
 @dataclass(frozen=True)
@@ -32,38 +36,65 @@ class NetworkConfig:
     ----------
     model : str
         ``"flow"`` (max-min fair sharing, default) or ``"analytic"`` (no contention).
-    step_latency_s : float
-        Software/protocol latency paid once per algorithm step on top of the
-        route's link latencies (seconds). Default 2 µs: the order of NCCL's
-        per-step base latency for the Simple protocol on NVLink/IB.
+    step_latency_s : float or None
+        ``None`` (default): NCCL's own latency model (:mod:`simulator.nccl`) —
+        a base latency per collective plus a latency per algorithm step that
+        depends on the protocol (LL, LL128, Simple, chosen per collective as
+        NCCL's tuner does) and on whether the step crosses NVLink or the
+        network. A number: the older uniform model, that many seconds of
+        software latency per algorithm step, Simple protocol only (the α of
+        the α-β closed forms). Link latencies of the route are added per step
+        either way.
     fidelity : str
         ``"fast"``: one pipelined transfer per ring; ``"full"``: every ring step.
     seed : int
         ECMP hash seed.
-    bandwidth_efficiency : float
-        Fraction of every link's bandwidth that transfers can use, in (0, 1].
-        Default 1: collectives run at link rate, the α-β closed forms exactly.
-        NCCL's protocols and channel limits leave part of a link idle: nccl-tests
-        busbw of large all-reduces on one DGX node is typically ~75–85 % of the
-        NVLink rate, so 0.8 is a reasonable value to study; it is a knob, not a
-        default, until it is measured per fabric.
+    bandwidth_efficiency : float, mapping or None
+        Fraction of each link's rate that NCCL's Simple protocol reaches at
+        large sizes. ``None`` (default): measured nccl-tests bus bandwidths —
+        the GPU's ``nvlink_efficiency`` on NVLink (A100 0.77, H100 0.81) and
+        :data:`simulator.nccl.NIC_EFFICIENCY` (0.95) on PCIe and the fabric
+        tiers. A number applies to every tier (1: the α-β closed forms at link
+        rate); a mapping ``{tier: fraction}`` sets tiers one by one (the others
+        keep their defaults).
     """
 
     model: str = "flow"
-    step_latency_s: float = 2e-6
+    step_latency_s: float | None = None
     fidelity: str = "fast"
     seed: int = 0
-    bandwidth_efficiency: float = 1.0
+    bandwidth_efficiency: float | Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.model not in NETWORK_MODELS:
             raise ValueError(f"network.model: {self.model!r} unknown; valid: {', '.join(NETWORK_MODELS)}")
-        if not self.step_latency_s >= 0:
-            raise ValueError(f"network.step_latency_s: must be >= 0, got {self.step_latency_s}")
+        if self.step_latency_s is not None and not (isinstance(self.step_latency_s, (int, float))
+                                                    and 0 <= self.step_latency_s < 1):
+            raise ValueError(f"network.step_latency: must be 'nccl' or a time in [0, 1 s), got {self.step_latency_s!r}")
         if self.fidelity not in ("fast", "full"):
             raise ValueError(f"fidelity: {self.fidelity!r} unknown; valid: fast, full")
-        if not 0 < self.bandwidth_efficiency <= 1:
-            raise ValueError(f"network.bandwidth_efficiency: must be in (0, 1], got {self.bandwidth_efficiency}")
+        eff = self.bandwidth_efficiency
+        values = eff.items() if isinstance(eff, Mapping) else ([("", eff)] if eff is not None else [])
+        for tier, v in values:
+            if tier and tier not in TIER_NAMES:
+                raise ValueError(f"network.bandwidth_efficiency.{tier}: unknown tier; valid: {', '.join(TIER_NAMES)}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+                name = f"network.bandwidth_efficiency{'.' + tier if tier else ''}"
+                raise ValueError(f"{name}: must be a number in (0, 1], got {v!r}")
+
+    @property
+    def nccl_latency(self) -> bool:
+        """Whether collectives use NCCL's protocol and latency model (``step_latency_s`` is None)."""
+        return self.step_latency_s is None
+
+    def tier_efficiency(self, tier: str, gpu_nvlink_efficiency: float) -> float:
+        """The fraction of a ``tier`` link's rate transfers can use."""
+        eff = self.bandwidth_efficiency
+        if isinstance(eff, Mapping) and tier in eff:
+            return float(eff[tier])
+        if eff is not None and not isinstance(eff, Mapping):
+            return float(eff)
+        return gpu_nvlink_efficiency if tier == "nvlink" else NIC_EFFICIENCY
 
 
 class Fabric:
@@ -82,7 +113,9 @@ class Fabric:
         self.router = Router(graph, self.link_index, self.config.seed)
         backend = FlowNetwork if self.config.model == "flow" else AnalyticNetwork
         # What transfers can use; ``capacity`` stays the physical rate that results report against.
-        self.usable_capacity = self.capacity * self.config.bandwidth_efficiency
+        nvlink_eff = getattr(cluster.gpu, "nvlink_efficiency", 1.0)
+        efficiency = {t: self.config.tier_efficiency(t, nvlink_eff) for t in set(self.tier.tolist())}
+        self.usable_capacity = self.capacity * np.array([efficiency[t] for t in self.tier], dtype=float)
         self.network = backend(env, self.usable_capacity)
         self._servers = [graph.nodes[g]["server"] for g in cluster.gpus]
         self._auto_cache: dict[tuple, str] = {}
@@ -108,23 +141,64 @@ class Fabric:
         return hop
 
     # ------------------------------------------------------------------ plans
+    def _spans_servers(self, group: tuple[int, ...]) -> bool:
+        first = self._servers[group[0]]
+        return any(self._servers[r] != first for r in group)
+
+    def _latency(self, t: Transfer, costs: tuple[float, float, float]) -> float:
+        """Step latencies of transfer ``t`` (no base latency), physical hop latency included."""
+        _base, intra, inter = costs
+        phys = max(self._hop(s, d, t.label)[1] for s, d in t.hops)
+        return (t.steps - t.net_steps) * intra + t.net_steps * inter + t.steps * phys
+
+    def _costs(self, plan: Plan, protocol: str) -> tuple[float, float, float]:
+        """``(base, intra-server step, inter-server step)`` latencies of ``plan`` under ``protocol``."""
+        if not self.config.nccl_latency:
+            alpha = self.config.step_latency_s
+            return 0.0, alpha, alpha
+        return step_latencies(plan.algorithm, protocol, self._spans_servers(plan.group))
+
+    def protocols(self, plan: Plan) -> tuple[str, ...]:
+        """Protocols the plan may run: NCCL's three for collectives; point-to-point patterns
+        (``direct``, ``parameter_server``) by NCCL's LL threshold on their largest transfer."""
+        if not self.config.nccl_latency:
+            return ("Simple",)
+        if plan.algorithm in ("direct", "parameter_server"):
+            largest = max((t.nbytes for p in plan.phases for t in p), default=0.0)
+            return (p2p_protocol(largest),)
+        return PROTOCOLS
+
     def plan(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str = "auto") -> Plan:
         """Plan a collective; ``auto`` picks the algorithm with the lowest contention-free estimate."""
-        if algorithm == "auto":
-            key = (kind, group, nbytes)
-            algorithm = self._auto_cache.get(key)
-            if algorithm is None:
-                algorithm = min(AUTO_CANDIDATES[kind],
-                                key=lambda a: self.estimate(plan_collective(kind, group, nbytes, self.server_of, a)))
-                self._auto_cache[key] = algorithm
-        elif algorithm not in COLLECTIVE_ALGORITHMS:
-            raise CollectiveError(f"algorithm: {algorithm!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
-        return plan_collective(kind, group, nbytes, self.server_of, algorithm, self.config.fidelity)
+        return self.choose(kind, group, nbytes, algorithm)[0]
 
-    def estimate(self, plan: Plan) -> float:
-        """Contention-free α-β time of ``plan`` in seconds, counting link sharing inside each phase."""
-        total = 0.0
-        alpha = self.config.step_latency_s
+    def choose(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str = "auto"
+               ) -> tuple[Plan, str]:
+        """The plan (config fidelity) and protocol with the lowest contention-free estimate, as NCCL's
+        tuner picks them; ``algorithm`` other than ``auto`` fixes the algorithm."""
+        if algorithm != "auto" and algorithm not in COLLECTIVE_ALGORITHMS:
+            raise CollectiveError(f"algorithm: {algorithm!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
+        key = (kind, group, nbytes, algorithm)
+        choice = self._auto_cache.get(key)
+        if choice is None:
+            candidates = AUTO_CANDIDATES[kind] if algorithm == "auto" else (algorithm,)
+            best = None
+            for a in candidates:
+                plan = plan_collective(kind, group, nbytes, self.server_of, a)
+                for protocol in self.protocols(plan):
+                    t = self.estimate(plan, protocol)
+                    if best is None or t < best[0]:
+                        best = (t, a, protocol)
+            choice = self._auto_cache[key] = (best[1], best[2])
+        plan = plan_collective(kind, group, nbytes, self.server_of, choice[0], self.config.fidelity)
+        return plan, choice[1]
+
+    def estimate(self, plan: Plan, protocol: str = "Simple") -> float:
+        """Contention-free time of ``plan`` under ``protocol`` in seconds: NCCL's latency terms plus
+        bytes over the shared bottleneck of every phase (link sharing inside a phase counted)."""
+        costs = self._costs(plan, protocol)
+        factor = BANDWIDTH_FACTOR[protocol]
+        total = costs[0] if plan.phases else 0.0
         for phase in plan.phases:
             routed = [[self._hop(s, d, t.label) for s, d in t.hops] for t in phase]
             load = np.zeros(len(self.capacity))
@@ -135,8 +209,7 @@ class Fabric:
             for t, hops in zip(phase, routed):
                 links = np.concatenate([h[0] for h in hops])
                 per_byte = float((load[links] / self.usable_capacity[links]).max())
-                lat = t.steps * (alpha + max(h[1] for h in hops))
-                worst = max(worst, lat + t.nbytes * per_byte)
+                worst = max(worst, self._latency(t, costs) + t.nbytes / factor * per_byte)
             total += worst
         return total
 
@@ -152,21 +225,28 @@ class Fabric:
         key = (kind, group, nbytes, algorithm, count, matrix)
         routed = self._phases_cache.get(key)
         if routed is None:
-            plan = (plan_collective(kind, group, nbytes, self.server_of, "direct", self.config.fidelity, matrix)
-                    if matrix is not None else self.plan(kind, group, nbytes, algorithm))
-            routed = self._phases_cache[key] = self._route_plan(plan, count)
+            if matrix is not None:
+                plan = plan_collective(kind, group, nbytes, self.server_of, "direct", self.config.fidelity, matrix)
+                protocol = self.protocols(plan)[0]
+            else:
+                plan, protocol = self.choose(kind, group, nbytes, algorithm)
+            routed = self._phases_cache[key] = self._route_plan(plan, protocol, count)
         return routed
 
-    def _route_plan(self, plan: Plan, count: int = 1) -> tuple[tuple[tuple, ...], ...]:
-        alpha = self.config.step_latency_s
+    def _route_plan(self, plan: Plan, protocol: str, count: int = 1) -> tuple[tuple[tuple, ...], ...]:
+        """Flow specs of ``plan``: wire bytes are the payload over the protocol's bandwidth factor (an LL
+        line carries 4 data bytes in 8); the base latency is paid once, by the first phase."""
+        costs = self._costs(plan, protocol)
+        factor = BANDWIDTH_FACTOR[protocol]
         out = []
-        for phase in plan.phases:
+        for i, phase in enumerate(plan.phases):
+            base = count * costs[0] if i == 0 else 0.0
             specs = []
             for t in phase:
                 hops = [self._hop(s, d, t.label) for s, d in t.hops]
                 links = hops[0][0] if len(hops) == 1 else np.concatenate([h[0] for h in hops])
-                latency = count * t.steps * (alpha + max(h[1] for h in hops))
-                specs.append((links, count * t.nbytes, latency, count * t.nbytes * len(hops)))
+                latency = base + count * self._latency(t, costs)
+                specs.append((links, count * t.nbytes / factor, latency, count * t.nbytes * len(hops)))
             out.append(tuple(specs))
         return tuple(out)
 
@@ -178,15 +258,24 @@ class Fabric:
             return
         _PlanRun(self.network, phases, traffic_class, on_done).next()
 
+    def _p2p_latency(self, src: int, dst: int, nbytes: float) -> tuple[float, float]:
+        """``(software latency, bandwidth factor)`` of a point-to-point transfer (NCCL send/recv)."""
+        if not self.config.nccl_latency:
+            return self.config.step_latency_s, 1.0
+        protocol = p2p_protocol(nbytes)
+        base, intra, inter = step_latencies("direct", protocol, self._servers[src] != self._servers[dst])
+        return base + (inter if self._servers[src] != self._servers[dst] else intra), BANDWIDTH_FACTOR[protocol]
+
     def send(self, src: int, dst: int, nbytes: float, traffic_class: str, label: int = 0) -> Event:
         """Point-to-point transfer from rank ``src`` to rank ``dst``."""
-        links, lat = self._hop(src, dst, label)
-        return self.network.transfer(links, nbytes, self.config.step_latency_s + lat, traffic_class)
+        links, nbytes_wire, latency, payload = self.send_spec(src, dst, nbytes, label)
+        return self.network.transfer(links, nbytes_wire, latency, traffic_class, payload)
 
     def send_spec(self, src: int, dst: int, nbytes: float, label: int = 0) -> tuple:
         """The ``(links, nbytes, latency_s, payload_bytes)`` flow of a point-to-point transfer."""
         links, lat = self._hop(src, dst, label)
-        return (links, nbytes, self.config.step_latency_s + lat, nbytes)
+        sw, factor = self._p2p_latency(src, dst, nbytes)
+        return (links, nbytes / factor, sw + lat, nbytes)
 
 
 class _PlanRun:

@@ -1,7 +1,11 @@
 """Collectives against the α-β closed forms where nothing contends.
 
-α per step = the network's per-step latency + the route's link latencies;
-B = the bottleneck link bandwidth of the ring. Hop latencies come from the
+These tests run the idealised network (uniform software latency ``STEP`` per
+algorithm step, links at their full rate: ``IDEAL``), where the closed forms
+are exact. α per step = ``STEP`` + the route's link latencies; B = the
+bottleneck link bandwidth of the ring. NCCL's protocol latencies and the
+measured link efficiencies are tested against nccl-tests in
+``tests/test_compute_grounding.py``. Hop latencies come from the
 builders' documented defaults, re-derived here from the graph, not from the
 code under test.
 """
@@ -12,7 +16,9 @@ from simulator.bench import bus_factor, collective_time
 from simulator.fabric import NetworkConfig
 from topologies import leaf_spine
 
-STEP = NetworkConfig().step_latency_s
+STEP = 2e-6
+IDEAL = {"step_latency_s": STEP, "bandwidth_efficiency": 1.0}
+IDEAL_NET = NetworkConfig(**IDEAL)
 
 
 def path_latency(cluster, *nodes):
@@ -30,7 +36,7 @@ def nvlink_alpha(c):
 def test_ring_all_reduce_single_node_closed_form(node8, fidelity, n, size):
     B = node8.gpu.nvlink_bandwidth
     expected = 2 * (n - 1) * nvlink_alpha(node8) + 2 * (n - 1) / n * size / B
-    t = collective_time(node8, "all_reduce", n, size, "ring", NetworkConfig(fidelity=fidelity))
+    t = collective_time(node8, "all_reduce", n, size, "ring", NetworkConfig(fidelity=fidelity, **IDEAL))
     assert t == pytest.approx(expected, rel=1e-6)
 
 
@@ -39,13 +45,13 @@ def test_ring_all_reduce_single_node_closed_form(node8, fidelity, n, size):
 def test_ring_all_gather_reduce_scatter_closed_form(node8, op, fidelity):
     n, size = 8, 2**30
     expected = (n - 1) * nvlink_alpha(node8) + (n - 1) / n * size / node8.gpu.nvlink_bandwidth
-    assert collective_time(node8, op, n, size, "ring", NetworkConfig(fidelity=fidelity)) == pytest.approx(
+    assert collective_time(node8, op, n, size, "ring", NetworkConfig(fidelity=fidelity, **IDEAL)) == pytest.approx(
         expected, rel=1e-6)
 
 
 def test_large_all_reduce_busbw_equals_nvlink_bandwidth(node8):
     size = 8 * 2**30
-    t = collective_time(node8, "all_reduce", 8, size, "ring")
+    t = collective_time(node8, "all_reduce", 8, size, "ring", IDEAL_NET)
     busbw = size / t * bus_factor("all_reduce", 8)
     latency_share = 14 * nvlink_alpha(node8) / t
     assert busbw == pytest.approx(node8.gpu.nvlink_bandwidth, rel=latency_share * 1.01)
@@ -62,7 +68,7 @@ def test_ring_across_non_blocking_leaf_spine_closed_form(fidelity, op, steps, fa
                               ("nic", 4, 0), ("gpu", 4, 0))
     alpha = STEP + cross_leaf  # every step waits for its slowest hop, which crosses the spine
     expected = steps * (n - 1) * alpha + factor * (n - 1) / n * size / c.gpu.nic_bandwidth
-    t = collective_time(c, op, n, size, "ring", NetworkConfig(fidelity=fidelity))
+    t = collective_time(c, op, n, size, "ring", NetworkConfig(fidelity=fidelity, **IDEAL))
     assert t == pytest.approx(expected, rel=1e-6)
 
 
@@ -76,7 +82,7 @@ def test_multi_node_ring_uses_every_rail():
     assert nv / 7 > nic
     alpha = STEP + path_latency(c, ("gpu", 0, 7), ("nic", 0, 7), ("leaf", 0), ("nic", 1, 0), ("gpu", 1, 0))
     expected = 2 * (n - 1) * alpha + 2 * (n - 1) / n * (size / 8) / nic
-    assert collective_time(c, "all_reduce", n, size, "ring") == pytest.approx(expected, rel=1e-6)
+    assert collective_time(c, "all_reduce", n, size, "ring", IDEAL_NET) == pytest.approx(expected, rel=1e-6)
 
 
 def test_hierarchical_all_reduce_closed_form():
@@ -87,7 +93,7 @@ def test_hierarchical_all_reduce_closed_form():
     a_ib = STEP + path_latency(c, ("gpu", 0, 0), ("nic", 0, 0), ("leaf", 0), ("nic", 1, 0), ("gpu", 1, 0))
     intra = (k - 1) * a_nv + (k - 1) / k * size / nv
     inter = 2 * (N - 1) * a_ib + 2 * (N - 1) / N * (size / k) / nic
-    t = collective_time(c, "all_reduce", 32, size, "hierarchical")
+    t = collective_time(c, "all_reduce", 32, size, "hierarchical", IDEAL_NET)
     assert t == pytest.approx(2 * intra + inter, rel=1e-6)
 
 
@@ -97,10 +103,10 @@ def test_parameter_server_root_link_is_the_bottleneck(node8):
     alpha = nvlink_alpha(node8)
     # Push: 7 flows converge on the root's NVLink ingress (B/7 each); pull: 7 flows leave its egress.
     expected = 2 * (alpha + (n - 1) * size / B)
-    t = collective_time(node8, "all_reduce", n, size, "parameter_server")
+    t = collective_time(node8, "all_reduce", n, size, "parameter_server", IDEAL_NET)
     assert t == pytest.approx(expected, rel=1e-6)
     # Against the ring: (n-1)·S/B per direction at the root vs 2(n-1)/n·S/B per link, i.e. ~n/2·2 = n times.
-    ring = collective_time(node8, "all_reduce", n, size, "ring")
+    ring = collective_time(node8, "all_reduce", n, size, "ring", IDEAL_NET)
     ring_expected = 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / B
     assert t / ring == pytest.approx(expected / ring_expected, rel=1e-6)
     assert t / ring > 0.95 * n
@@ -109,39 +115,41 @@ def test_parameter_server_root_link_is_the_bottleneck(node8):
 def test_all_to_all_single_node_closed_form(node8):
     n, size = 8, 2**30
     expected = nvlink_alpha(node8) + (n - 1) * (size / n) / node8.gpu.nvlink_bandwidth
-    assert collective_time(node8, "all_to_all", n, size, "direct") == pytest.approx(expected, rel=1e-6)
+    assert collective_time(node8, "all_to_all", n, size, "direct", IDEAL_NET) == pytest.approx(expected, rel=1e-6)
 
 
 def test_broadcast_chain_is_pipelined(node8):
     n, size = 8, 2**30
     expected = (n - 1) * nvlink_alpha(node8) + size / node8.gpu.nvlink_bandwidth
-    assert collective_time(node8, "broadcast", n, size, "ring") == pytest.approx(expected, rel=1e-6)
+    assert collective_time(node8, "broadcast", n, size, "ring", IDEAL_NET) == pytest.approx(expected, rel=1e-6)
 
 
 def test_auto_picks_no_worse_than_any_candidate(two_leaves):
     for size in (1e4, 1e6, 1e9):
-        auto = collective_time(two_leaves, "all_reduce", 32, size, "auto")
+        auto = collective_time(two_leaves, "all_reduce", 32, size, "auto", IDEAL_NET)
         for algo in ("ring", "tree", "hierarchical"):
-            assert auto <= collective_time(two_leaves, "all_reduce", 32, size, algo) * (1 + 1e-9)
+            assert auto <= collective_time(two_leaves, "all_reduce", 32, size, algo, IDEAL_NET) * (1 + 1e-9)
 
 
 def test_tree_beats_ring_on_latency_for_tiny_messages():
     c = leaf_spine("H100-SXM", servers=32, gpus_per_server=1, servers_per_leaf=8, spines=4)
     tiny = 1024
-    assert collective_time(c, "all_reduce", 32, tiny, "tree") < collective_time(c, "all_reduce", 32, tiny, "ring")
+    tree = collective_time(c, "all_reduce", 32, tiny, "tree", IDEAL_NET)
+    assert tree < collective_time(c, "all_reduce", 32, tiny, "ring", IDEAL_NET)
 
 
 def test_more_bandwidth_is_never_slower():
     slow = leaf_spine("H100-SXM", servers=4, servers_per_leaf=2, spines=2, nic_bandwidth="200Gbps")
     fast = leaf_spine("H100-SXM", servers=4, servers_per_leaf=2, spines=2, nic_bandwidth="400Gbps")
     for op in ("all_reduce", "all_gather", "all_to_all"):
-        assert collective_time(fast, op, 32, 2**28) <= collective_time(slow, op, 32, 2**28)
+        assert (collective_time(fast, op, 32, 2**28, "auto", IDEAL_NET)
+                <= collective_time(slow, op, 32, 2**28, "auto", IDEAL_NET))
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                                 "reduce", "gather", "sendrecv"])
 def test_every_op_runs_on_a_multi_node_cluster(two_leaves, op):
-    assert collective_time(two_leaves, op, 32, 2**20) > 0
+    assert collective_time(two_leaves, op, 32, 2**20, "auto", IDEAL_NET) > 0
 
 
 def test_alltoallv_sends_what_each_pair_asks_for(node8):
@@ -153,7 +161,7 @@ def test_alltoallv_sends_what_each_pair_asks_for(node8):
     rows = {0: [0, 3e9, 0, 0], 1: [0, 0, 0, 0], 2: [0, 1e9, 0, 0], 3: [0, 1e9, 0, 0]}
     for r, row in rows.items():
         g.collective_op(r, "all_to_all", [0, 1, 2, 3], 0, split=row, traffic_class="ep")
-    res = simulate(g, node8)
+    res = simulate(g, node8, network=IDEAL_NET)
     # Max-min: rank 1's ingress (B) is shared by 3 flows; 1 GB flows finish at 3 GB/B... progressive:
     # all three at B/3 until the two 1 GB flows finish (t = 3e9/B), then rank 0's flow alone at B for 1 GB more.
     B = node8.gpu.nvlink_bandwidth
@@ -164,7 +172,8 @@ def test_alltoallv_sends_what_each_pair_asks_for(node8):
 def test_bandwidth_efficiency_scales_the_bandwidth_term_only(node8):
     n, size, eff = 8, 2**30, 0.8
     expected = 2 * (n - 1) * nvlink_alpha(node8) + 2 * (n - 1) / n * size / (eff * node8.gpu.nvlink_bandwidth)
-    t = collective_time(node8, "all_reduce", n, size, "ring", NetworkConfig(bandwidth_efficiency=eff))
+    t = collective_time(node8, "all_reduce", n, size, "ring",
+                        NetworkConfig(step_latency_s=STEP, bandwidth_efficiency=eff))
     assert t == pytest.approx(expected, rel=1e-6)
     with pytest.raises(ValueError, match="network.bandwidth_efficiency"):
         NetworkConfig(bandwidth_efficiency=1.5)

@@ -10,14 +10,15 @@ from simulator.routing import Router, shortest_paths
 from topologies import fat_tree, leaf_spine, rail_optimized, single_server
 from workloads.ops import OpGraph
 
-STEP = NetworkConfig().step_latency_s
+STEP = 2e-6
+IDEAL_NET = NetworkConfig(step_latency_s=STEP, bandwidth_efficiency=1.0)
 
 
 def two_rings(c, groups, size):
     g = OpGraph(c.num_gpus)
     for grp in groups:
         g.collective("all_reduce", grp, size, algorithm="ring")
-    return run(g, c).step_time_s
+    return run(g, c, network=IDEAL_NET).step_time_s
 
 
 def test_two_collectives_sharing_an_oversubscribed_spine():
@@ -48,7 +49,7 @@ def test_collectives_on_disjoint_links_do_not_interact(two_leaves):
 
 def _sim_flows(cluster, flows, seed=0):
     env = simpy.Environment()
-    fabric = Fabric(env, cluster, NetworkConfig(seed=seed))
+    fabric = Fabric(env, cluster, NetworkConfig(seed=seed, step_latency_s=STEP, bandwidth_efficiency=1.0))
     ends = {}
     for i, (src, dst, label, nbytes) in enumerate(flows):
         ev = fabric.send(src, dst, nbytes, "test", label=label)
@@ -62,7 +63,7 @@ def test_ecmp_collision_slows_a_flow():
     c = leaf_spine("H100-SXM", servers=2, gpus_per_server=2, servers_per_leaf=1, spines=2)
     nic = c.gpu.nic_bandwidth
     env = simpy.Environment()
-    fabric = Fabric(env, c)
+    fabric = Fabric(env, c, IDEAL_NET)
     spine_of = {}
     for label in range(16):
         for src, dst in ((0, 2), (1, 3)):

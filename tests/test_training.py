@@ -187,18 +187,23 @@ def test_tp_bytes_per_step_hand_count(sp, t):
     assert res.bytes_by_class["tp"] == pytest.approx(dp * all_reduces * ring_payload, rel=1e-12)
 
 
-@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("sp, scatter_gather", [(False, False), (False, True), (True, True)])
 @pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("gpipe", 1), ("interleaved", 2)])
-def test_pp_bytes_per_step_hand_count(sp, schedule, v):
+@pytest.mark.parametrize("t", [2, 4])
+def test_pp_bytes_per_step_hand_count(sp, scatter_gather, schedule, v, t):
     model = small_model(layers=4)
-    t, p, dp, b, s, m = 2, 2, 2, 2, 128, 4
+    p, dp, b, s, m = 2, 2, 2, 128, 4
     par = ParallelConfig(tp=t, pp=p, dp=dp, micro_batch=b, global_batch=b * dp * m, schedule=schedule,
                          virtual_stages=v, sequence_parallel=sp)
-    _step, res = run_step(model, par, TrainingSpec(seq_len=s), single_server("H100-SXM", 8))
-    per_transfer = b * s * model.hidden * BF16 / (t if sp else 1)
-    boundaries = p * v - 1
-    pipelines = t * dp
-    assert res.bytes_by_class["pp"] == pytest.approx(pipelines * m * boundaries * 2 * per_transfer, rel=1e-12)
+    _step, res = run_step(model, par, TrainingSpec(seq_len=s), single_server("H100-SXM", t * p * dp),
+                          options=StepOptions(pp_scatter_gather=scatter_gather))
+    S = b * s * model.hidden * BF16
+    split = sp or scatter_gather          # each TP rank sends 1/t of the activation (gradient)
+    per_transfer = S / (t if split else 1)
+    transfers = t * dp * m * (p * v - 1) * 2   # every TP rank of every pipeline, each boundary, both ways
+    # Megatron's scatter/gather without SP: the receiving TP group all-gathers S (ring: (t-1)/t S per rank).
+    gathers = dp * m * (p * v - 1) * 2 * (t - 1) * S if scatter_gather and not sp else 0.0
+    assert res.bytes_by_class["pp"] == pytest.approx(transfers * per_transfer + gathers, rel=1e-12)
 
 
 @pytest.mark.parametrize("t, n", [(1, 8), (2, 4)])
@@ -232,7 +237,7 @@ def _dp_only(sync: str, n: int, cluster):
     model = small_model(layers=4, hidden=2048, heads=16, kv_heads=16, ffn_hidden=8192)  # ~0.4 GB of gradients
     par = ParallelConfig(dp=n, dp_sync=sync, global_batch=n, grad_bucket_bytes=2**40)  # one bucket
     step, res = run_step(model, par, TrainingSpec(seq_len=128), cluster,
-                         NetworkConfig(step_latency_s=2e-6))
+                         NetworkConfig(step_latency_s=2e-6, bandwidth_efficiency=1.0))
     return model, res
 
 

@@ -67,7 +67,18 @@ class GPUSpec:
     sm_count : int
         Streaming multiprocessors (used for GEMM wave quantisation).
     matmul_efficiency : float
-        Fraction of peak a large, well-shaped GEMM reaches (cuBLAS-class).
+        Fraction of peak the best-shaped GEMMs reach (cuBLAS-class; the
+        maximum achievable matmul FLOP/s of a shape search).
+    nvlink_efficiency : float
+        Fraction of the NVLink rate NCCL's ring reaches at large sizes
+        (nccl-tests bus bandwidth on one NVSwitch node / NVLink rate).
+    arch : str
+        GPU generation (CUDA compute capability): ``"sm80"`` Ampere, ``"sm90"``
+        Hopper, ``"sm100"`` Blackwell; selects published kernel rates.
+    gemm_critical_intensity : float
+        FLOPs per operand byte a GEMM output tile needs so that the SM's share
+        of L2 bandwidth keeps its tensor cores fed (16-bit operands); smaller
+        tiles run proportionally slower (:mod:`simulator.gemm`).
     source : str
         Where the numbers come from.
     """
@@ -80,6 +91,9 @@ class GPUSpec:
     nic_bandwidth: float
     sm_count: int
     matmul_efficiency: float = 0.8
+    gemm_critical_intensity: float = 64.0
+    nvlink_efficiency: float = 0.8
+    arch: str = "sm90"
     source: str = ""
 
     def peak(self, dtype: str) -> float:

@@ -6,17 +6,41 @@ HBM capacity is the datasheet's decimal GB (``80GB`` -> 80e9 bytes), which is
 slightly below what ``nvidia-smi`` reports and so errs on the side of
 "does not fit" in memory checks.
 
-``matmul_efficiency`` is the fraction of dense bf16 peak that large,
-well-shaped cuBLAS GEMMs (M, N, K >= 4096) sustain at the GPU's default power
-limit. It is a modelling default, not a datasheet number:
+``matmul_efficiency`` is the fraction of dense peak that the best-shaped
+cuBLAS GEMMs sustain at the GPU's default power limit: the maximum achievable
+matmul FLOP/s (MAMF) that S. Bekman's ``mamf-finder.py`` found by searching
+GEMM shapes (``stas00/ml-engineering``, compute/accelerator/README.md, "Maximum
+Achievable Matmul FLOPS comparison table", commit 744d01e; ``torch.mm`` on
+random BF16 inputs, L2 flushed between runs). It is a component
+microbenchmark, not a fit to training throughput; :mod:`simulator.gemm` takes
+every other shape below it by waves, tiles and pipeline fill:
 
-* A100-SXM: large bf16 GEMMs measure ~250-270 TFLOP/s of 312 (0.80-0.87);
-  Megatron-LM reports ~0.8 of peak for its largest GEMMs. We use 0.80.
-* H100/H200-SXM: sustained clocks under the 700 W limit sit below the boost
-  clock the 989 TFLOP/s peak assumes; measured large bf16 GEMMs reach about
-  700-800 TFLOP/s. We use 0.75 (H200 shares the H100 die and clocks).
-* B200: early measurements of large bf16 GEMMs report ~1.5-1.7 PFLOP/s of
-  2.25; we use 0.70 and flag it as the least certain number here.
+* A100-SXM: 271.2 of 312 TFLOP/s (1024×10240×5120, torch 2.6 / CUDA 12.6): 0.869.
+* H100-SXM: 794.5 of 989.4 (2048×2048×13312, torch 2.7 / CUDA 12.6): 0.803;
+  the table notes that H200 measures the same.
+* B200: no MAMF row was available; early reports of large BF16 GEMMs give
+  ~1.5-1.7 PFLOP/s of 2.25, so 0.70, the least certain number here.
+
+``nvlink_efficiency`` is nccl-tests' bus bandwidth at multi-GB sizes on one
+8-GPU NVSwitch node over the NVLink rate per direction: A100 all-reduce /
+all-gather / reduce-scatter 235 / 223 / 232 GB/s of 300 (0.77;
+microsoft/superbenchmark nccl logs), H100/H200 367 / 361 / 363 of 450 (0.81;
+NCCL 2.27.7 on H200, NVIDIA GTC'24: "370 GB/s"). B200: no measurement found;
+Hopper's fraction is assumed.
+
+``gemm_critical_intensity`` (FLOPs per operand byte below which a GEMM tile is
+short of operands, :mod:`simulator.gemm`):
+
+* A100: an SM's tensor cores do 1024 dense BF16 FMAs = 2048 FLOPs per clock
+  (312 TFLOP/s / 108 SMs / 1.41 GHz) and its share of the L2's 5120 bytes per
+  clock (NVIDIA A100 Tensor Core GPU Architecture whitepaper, "L2 cache") is
+  47.4 bytes: 43.2 FLOP/B, which a 128×64 tile just reaches.
+* H100, H200, B200: tensor throughput per SM per clock doubled (H100
+  whitepaper) while L2 bandwidth per SM did not keep pace, and Hopper's
+  fastest cuBLAS/CUTLASS kernels use 256×128 (two consumer warp groups) or
+  2-CTA clusters; we take the 256×128 tile's 85.3 FLOP/B as critical. The
+  check of both against published cuBLAS timings is in
+  ``tests/test_compute_grounding.py`` (large GEMMs within 7%).
 """
 
 from __future__ import annotations
@@ -43,7 +67,10 @@ GPU_SPECS: dict[str, GPUSpec] = {
         nvlink_bandwidth=300 * _GB,
         nic_bandwidth=200e9 / 8,
         sm_count=108,
-        matmul_efficiency=0.80,
+        matmul_efficiency=0.869,
+        gemm_critical_intensity=43.2,
+        nvlink_efficiency=0.77,
+        arch="sm80",
         source="NVIDIA A100 Tensor Core GPU datasheet (80GB SXM); DGX A100 System User Guide",
     ),
     # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): FP32 67 TF,
@@ -60,7 +87,9 @@ GPU_SPECS: dict[str, GPUSpec] = {
         nvlink_bandwidth=450 * _GB,
         nic_bandwidth=400e9 / 8,
         sm_count=132,
-        matmul_efficiency=0.75,
+        matmul_efficiency=0.803,
+        gemm_critical_intensity=85.3,
+        nvlink_efficiency=0.81,
         source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM); DGX H100 User Guide",
     ),
     # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column): same compute as
@@ -76,7 +105,9 @@ GPU_SPECS: dict[str, GPUSpec] = {
         nvlink_bandwidth=450 * _GB,
         nic_bandwidth=400e9 / 8,
         sm_count=132,
-        matmul_efficiency=0.75,
+        matmul_efficiency=0.803,
+        gemm_critical_intensity=85.3,
+        nvlink_efficiency=0.81,
         source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM); DGX H200 User Guide",
     ),
     # NVIDIA HGX B200 / DGX B200 datasheets, per GPU (8-GPU totals / 8):
@@ -95,6 +126,9 @@ GPU_SPECS: dict[str, GPUSpec] = {
         nic_bandwidth=400e9 / 8,
         sm_count=148,
         matmul_efficiency=0.70,
+        gemm_critical_intensity=85.3,
+        nvlink_efficiency=0.81,
+        arch="sm100",
         source="NVIDIA HGX B200 and DGX B200 datasheets",
     ),
 }

@@ -41,15 +41,16 @@ from typing import NamedTuple
 
 from .errors import ConfigError
 from .models import ModelSpec
+from .ops import Kernel
 from .parallel import padded_vocab
 
 __all__ = [
-    "LayerOp", "PassOps", "layer_ops", "embedding_ops", "logits_ops", "optimizer_op",
+    "LayerOp", "PassOps", "layer_ops", "embedding_ops", "logits_ops", "optimizer_op", "optimizer_step_ops",
     "backward_of", "model_flops_per_step", "hardware_flops_per_step", "narayanan_flops_per_step",
     "ADAM_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM",
 ]
 
-OP_CATEGORIES = ("gemm", "attention", "elementwise", "optimizer")
+OP_CATEGORIES = ("gemm", "attention", "attention_bwd", "elementwise", "optimizer")
 ADAM_BYTES_PER_PARAM = 28
 """HBM bytes per parameter of one Adam step.
 
@@ -79,7 +80,18 @@ class LayerOp:
     nbytes : float
         HBM bytes read plus written.
     shape : tuple of int or None
-        ``(m, n, k)`` of a GEMM, else ``None``.
+        ``(m, n, k)`` of a GEMM (of each GEMM of a batch); ``(s_q, s_kv,
+        head_dim)`` of a fused attention kernel; else ``None``.
+    batch : int
+        Independent problems of ``shape`` in one kernel: a batched GEMM
+        (``b·a/t`` heads of ``Q Kᵀ``), or the ``b·a/t`` heads of a fused
+        attention kernel. 1 for ordinary GEMMs.
+    executed : float
+        FLOPs the kernel executes per counted FLOP. 1 except for attention:
+        a causal FlashAttention kernel skips the masked upper triangle
+        (0.5 of the full ``s²`` that Megatron's formula counts), while the
+        unfused kernels compute every score (2 when the causal half is
+        counted).
     """
 
     name: str
@@ -87,6 +99,12 @@ class LayerOp:
     flops: float
     nbytes: float
     shape: tuple[int, int, int] | None = None
+    batch: int = 1
+    executed: float = 1.0
+
+    def kernel(self) -> Kernel:
+        """The hardware view of this op: executed FLOPs, bytes, shape (see :class:`workloads.ops.Kernel`)."""
+        return Kernel(self.category, self.flops * self.executed, self.nbytes, self.shape, self.batch)
 
 
 class PassOps(NamedTuple):
@@ -102,9 +120,15 @@ class PassOps(NamedTuple):
 
 
 # -------------------------------------------------------------- primitives
-def _gemm(name: str, m: int, n: int, k: int, dtype_bytes: int) -> LayerOp:
-    """``Y[m,n] = X[m,k] W[k,n]``: ``2mnk`` FLOPs; reads X and W, writes Y."""
-    return LayerOp(name, "gemm", 2.0 * m * n * k, float(dtype_bytes * (m * k + k * n + m * n)), (m, n, k))
+def _gemm(name: str, m: int, n: int, k: int, dtype_bytes: int, batch: int = 1, counted: float = 1.0) -> LayerOp:
+    """``Y[m,n] = X[m,k] W[k,n]``, ``batch`` times: ``2mnk`` FLOPs each; reads X and W, writes Y.
+
+    ``counted`` is the fraction of the executed FLOPs the counting convention
+    counts (0.5: the causal half of an unfused attention GEMM that computes every score).
+    """
+    executed = 2.0 * batch * m * n * k
+    return LayerOp(name, "gemm", executed * counted, float(dtype_bytes * batch * (m * k + k * n + m * n)),
+                   (m, n, k), batch, 1.0 / counted)
 
 
 def _elementwise(name: str, elements: float, dtype_bytes: int) -> LayerOp:
@@ -112,18 +136,35 @@ def _elementwise(name: str, elements: float, dtype_bytes: int) -> LayerOp:
     return LayerOp(name, "elementwise", 0.0, float(elements * dtype_bytes))
 
 
+FLASH_BACKWARD_RECOMPUTE = 1.25
+"""A FlashAttention backward executes 5 ``s × s`` matmuls to the forward's 2: it
+recomputes ``Q Kᵀ`` besides the four gradient matmuls, so it executes 2.5x the
+forward's FLOPs where the model counts 2x (Dao 2023, FlashAttention-2, section
+3.1.2; its benchmark counts backward FLOPs as 2.5x forward, which is the
+convention of the published backward TFLOP/s this model uses)."""
+
+
 def backward_of(forward: list[LayerOp]) -> list[LayerOp]:
-    """Backward kernels of ``forward``, in reverse order, by the module's rules."""
+    """Backward kernels of ``forward``, in reverse order, by the module's rules.
+
+    A GEMM ``Y = X W`` (``batch`` times) has two backward GEMMs of its FLOPs
+    and batch: ``dX = dY Wᵀ`` (``(m, k, n)``, ``.dgrad``) and ``dW = Xᵀ dY``
+    (``(k, n, m)``, ``.wgrad``). For a batched GEMM of two activations (``Q Kᵀ``,
+    ``P V``) the two are the gradients of both operands, each still one GEMM per
+    head: the batch is never folded into a GEMM dimension.
+    """
     out: list[LayerOp] = []
     for op in reversed(forward):
         if op.category == "gemm":
             assert op.shape is not None
             m, n, k = op.shape
-            d = op.nbytes / (m * k + k * n + m * n)
-            out.append(LayerOp(f"{op.name}.dgrad", "gemm", op.flops, op.nbytes, (m, k, n)))
-            out.append(LayerOp(f"{op.name}.wgrad", "gemm", op.flops, d * (k * m + m * n + k * n), (k, n, m)))
+            d = op.nbytes / (op.batch * (m * k + k * n + m * n))
+            out.append(LayerOp(f"{op.name}.dgrad", "gemm", op.flops, op.nbytes, (m, k, n), op.batch, op.executed))
+            out.append(LayerOp(f"{op.name}.wgrad", "gemm", op.flops, d * op.batch * (k * m + m * n + k * n),
+                               (k, n, m), op.batch, op.executed))
         elif op.category == "attention":
-            out.append(LayerOp(f"{op.name}.bwd", "attention", 2 * op.flops, 2 * op.nbytes))
+            out.append(LayerOp(f"{op.name}.bwd", "attention_bwd", 2 * op.flops, 2 * op.nbytes, op.shape, op.batch,
+                               op.executed * FLASH_BACKWARD_RECOMPUTE))
         else:
             out.append(LayerOp(f"{op.name}.bwd", op.category, 0.0, 1.5 * op.nbytes))
     return out
@@ -134,23 +175,25 @@ def _unfused_attention(model: ModelSpec, b: int, s: int, t: int, d: int, causal:
     """Megatron-LM's attention before fused kernels (2021-22): the ``s × s`` scores go through HBM.
 
     Per TP rank with ``a/t`` heads of width ``d_h``: batched GEMM ``Q Kᵀ``
-    (``2 b s² h / t`` FLOPs, writes the scores), fused scale-mask-softmax
-    (reads and writes them), dropout (reads them, writes them and a 1-byte
-    mask), batched GEMM ``P V`` (``2 b s² h / t`` FLOPs, reads the scores).
-    The batched GEMMs are given the shape ``(b·a/t·s, s, d_h)`` for wave
-    quantisation; the short inner dimension ``d_h`` makes them HBM-bound.
+    (``b·a/t`` GEMMs of ``s × s × d_h``: ``2 b s² h / t`` FLOPs, writes the
+    scores), fused scale-mask-softmax (reads and writes them), dropout (reads
+    them, writes them and a 1-byte mask), batched GEMM ``P V`` (``b·a/t`` GEMMs
+    of ``s × d_h × s``, reads the scores). Every score is computed, masked or
+    not; ``causal`` only halves what is counted.
     """
     h, kv, hd = model.hidden, model.kv_hidden, model.head_dim
     heads = model.heads // t
-    scores = b * heads * s * s * (0.5 if causal else 1.0)
-    gemm_flops = 2.0 * b * s * s * h / t * (0.5 if causal else 1.0)
+    batch = b * heads
+    scores = batch * s * s
+    counted = 0.5 if causal else 1.0
+    qk = _gemm("attention_scores", s, s, hd, d, batch, counted)
+    pv = _gemm("attention_values", s, hd, s, d, batch, counted)
+    # Q and K (V and O) are ``b s h / t`` (``b s kv / t``) wide: GQA shares K, V between query heads.
     return [
-        LayerOp("attention_scores", "gemm", gemm_flops, d * (b * s * (h + kv) / t + scores),
-                (b * heads * s, s, hd)),
+        LayerOp(qk.name, "gemm", qk.flops, d * (b * s * (h + kv) / t + scores), qk.shape, batch, qk.executed),
         _elementwise("attention_softmax", 2 * scores, d),
         LayerOp("attention_dropout", "elementwise", 0.0, scores * (2 * d + 1)),
-        LayerOp("attention_values", "gemm", gemm_flops, d * (scores + b * s * (kv + h) / t),
-                (b * heads * s, hd, s)),
+        LayerOp(pv.name, "gemm", pv.flops, d * (scores + b * s * (kv + h) / t), pv.shape, batch, pv.executed),
     ]
 
 
@@ -159,9 +202,12 @@ def _attention_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: i
     h, kv = model.hidden, model.kv_hidden
     tokens = b * s
     if flash_attention:
-        core_flops = 4.0 * b * s * s * h / t * (0.5 if causal else 1.0)
+        # A causal FlashAttention kernel computes only the unmasked half of the scores.
+        counted = 0.5 if causal else 1.0
+        core_flops = 4.0 * b * s * s * h / t * counted
         core_bytes = d * tokens * (2 * h + 2 * kv) / t
-        core = [LayerOp("attention", "attention", core_flops, core_bytes)]
+        core = [LayerOp("attention", "attention", core_flops, core_bytes, (s, s, model.head_dim),
+                        b * model.heads // t, 0.5 / counted)]
     else:
         core = _unfused_attention(model, b, s, t, d, causal)
     return [
@@ -298,13 +344,43 @@ def logits_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *,
 
 
 def optimizer_op(params_per_gpu: float) -> LayerOp:
-    """One Adam step over the ``params_per_gpu`` parameters this GPU updates.
+    """One Adam update over the ``params_per_gpu`` parameters this GPU updates.
 
     Bytes: :data:`ADAM_BYTES_PER_PARAM` (28) per parameter; FLOPs:
     :data:`ADAM_FLOPS_PER_PARAM` (~12). With ZeRO >= 1 pass the rank's shard.
     """
     return LayerOp("optimizer", "optimizer", ADAM_FLOPS_PER_PARAM * params_per_gpu,
                    ADAM_BYTES_PER_PARAM * params_per_gpu)
+
+
+def optimizer_step_ops(shard_params: float, local_params: float, grad_bytes: int,
+                       dtype_bytes: int = 2) -> tuple[list[LayerOp], list[LayerOp]]:
+    """The memory-bound kernels of one optimizer step, as Megatron-LM runs them (``optimizer.step()``).
+
+    Returns ``(before, after)`` the global gradient-norm all-reduce:
+
+    * before — ``grad_norm``: ``multi_tensor_l2norm`` reads the ``shard_params``
+      gradients the optimizer owns (``grad_bytes`` each; Megatron keeps fp32
+      ``main_grad`` buffers for 16-bit training).
+    * after — ``optimizer``: fused Adam over the shard with fp32 master weights:
+      reads the gradient, master weight, momentum and variance, writes the last
+      three (``grad_bytes + 24`` bytes; pure fp32 training: 28); ``param_copy``:
+      the updated fp32 master weights cast to the 16-bit model weights (reads 4,
+      writes ``dtype_bytes``; not in pure fp32); ``zero_grad``: the memset of
+      the gradient buffer of all ``local_params`` for the next step
+      (``zero_grad_buffer``).
+
+    Gradient clipping's rescale (only when the norm exceeds the threshold) is
+    left out. All are streaming kernels: their cost is their HBM bytes.
+    """
+    mixed = dtype_bytes < 4
+    adam = grad_bytes + 24
+    before = [LayerOp("grad_norm", "optimizer", 2.0 * shard_params, grad_bytes * shard_params)]
+    after = [LayerOp("optimizer", "optimizer", ADAM_FLOPS_PER_PARAM * shard_params, adam * shard_params)]
+    if mixed:
+        after.append(LayerOp("param_copy", "optimizer", 0.0, (4 + dtype_bytes) * shard_params))
+    after.append(LayerOp("zero_grad", "optimizer", 0.0, grad_bytes * local_params))
+    return before, after
 
 
 # ------------------------------------------------------------- step totals

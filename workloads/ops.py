@@ -37,17 +37,24 @@ COLLECTIVE_KINDS = (
     "reduce",
     "gather",
 )
-COMPUTE_CATEGORIES = ("gemm", "attention", "elementwise", "optimizer", "fixed")
+COMPUTE_CATEGORIES = ("gemm", "attention", "attention_bwd", "elementwise", "optimizer", "fixed")
 
 
 @dataclass(frozen=True, slots=True)
 class Kernel:
-    """One kernel of a coarsened compute op: ``flops`` FLOPs over ``nbytes`` of HBM traffic."""
+    """One kernel of a coarsened compute op: ``flops`` FLOPs over ``nbytes`` of HBM traffic.
+
+    ``flops`` are the FLOPs the kernel executes (a causal FlashAttention
+    kernel: the unmasked half). ``shape`` is a GEMM's ``(m, n, k)`` or a fused
+    attention kernel's ``(s_q, s_kv, head_dim)``, run ``batch`` times in one
+    launch (a batched GEMM; the heads of an attention kernel).
+    """
 
     category: str
     flops: float
     nbytes: float
     shape: tuple[int, int, int] | None = None
+    batch: int = 1
 
 
 @dataclass(slots=True, eq=False)

@@ -60,7 +60,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
-from .flops import LayerOp, embedding_ops, layer_ops, logits_ops, model_flops_per_step, optimizer_op
+from .flops import (
+    LayerOp,
+    embedding_ops,
+    hardware_flops_per_step,
+    layer_ops,
+    logits_ops,
+    model_flops_per_step,
+    optimizer_step_ops,
+)
 from .memory import stage_params
 from .models import ModelSpec
 from .moe import LayerRouting, RoutingModel, route_layer
@@ -88,6 +96,14 @@ class StepOptions:
         for GPipe and 1F1B (Megatron's interleaved schedule batches its
         transfers differently; ``blocking`` is refused there). Default
         ``async``.
+    pp_scatter_gather : bool
+        Without sequence parallelism, each TP rank sends only its ``1/t`` of
+        the activation (gradient) to the next (previous) stage and the
+        receiving stage all-gathers it over TP (Megatron-LM's
+        ``scatter_gather_tensors_in_pipeline``, Narayanan et al. SC'21,
+        section 4.1): ``1/t`` of the scale-out bytes for one NVLink
+        all-gather. Default True (Megatron-LM's default). With sequence
+        parallelism the activation is already split and nothing is gathered.
     granularity : {"chunk", "layer"}
         Coarse ops per chunk of layers (fast) or one op per layer (detailed).
     grad_dtype_bytes : int or None
@@ -115,6 +131,7 @@ class StepOptions:
     """
 
     p2p: str = "async"
+    pp_scatter_gather: bool = True
     granularity: str = "chunk"
     grad_dtype_bytes: int | None = None
     causal: bool = False
@@ -128,7 +145,7 @@ class StepOptions:
             raise ConfigError(f"options.granularity: {self.granularity!r} unknown; valid: {', '.join(GRANULARITIES)}")
         if self.grad_dtype_bytes is not None and self.grad_dtype_bytes not in (1, 2, 4):
             raise ConfigError(f"options.grad_dtype_bytes: must be 1, 2 or 4, got {self.grad_dtype_bytes}")
-        for name in ("causal", "flash_attention", "embedding_and_loss"):
+        for name in ("causal", "flash_attention", "embedding_and_loss", "pp_scatter_gather"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"options.{name}: must be true or false, got {getattr(self, name)!r}")
 
@@ -149,9 +166,14 @@ class TrainingStep:
     routes: dict[int, LayerRouting] = field(default_factory=dict)
     """MoE layer index → its token routing over an EP group (empty without expert parallelism)."""
 
+    hardware_flops: float = 0.0
+    """Model FLOPs plus the recomputed forward FLOPs, by the same counting convention (Narayanan et
+    al.'s "hardware FLOPs", the HFU numerator): :func:`~workloads.flops.hardware_flops_per_step`."""
+
     @property
-    def hardware_flops(self) -> float:
-        """FLOPs the GPUs execute, recomputation included (sum over compute ops)."""
+    def executed_flops(self) -> float:
+        """FLOPs the GPUs execute (sum over compute ops): recomputation included, a causal FlashAttention
+        kernel's masked half and dropped MoE tokens left out, its backward's recomputed ``Q Kᵀ`` in."""
         replicas = getattr(self.graph, "replicas", None)
         if replicas:  # a graph of representatives: each op runs on every rank its rank stands for
             return sum(op.flops * len(replicas[op.rank]) for op in self.graph.ops if op.kind == "compute")
@@ -175,14 +197,15 @@ class _Segment:
 
 def _scale_kernel(op: LayerOp, factor: float, tokens: int) -> Kernel:
     """``op`` run on ``factor`` times the ``tokens`` it was sized for (the token dimension of a GEMM scales)."""
-    shape = op.shape
+    k = op.kernel()
+    shape = k.shape
     if shape is not None:
         shape = tuple(max(1, round(d * factor)) if d == tokens else d for d in shape)
-    return Kernel(op.category, op.flops * factor, op.nbytes * factor, shape)
+    return Kernel(k.category, k.flops * factor, k.nbytes * factor, shape, k.batch)
 
 
 def _kernels(ops: Sequence[LayerOp]) -> tuple[Kernel, ...]:
-    return tuple(Kernel(o.category, o.flops, o.nbytes, o.shape) for o in ops)
+    return tuple(o.kernel() for o in ops)
 
 
 class _StepBuilder:
@@ -197,7 +220,11 @@ class _StepBuilder:
         self.grad_bytes = options.grad_dtype_bytes or self.dtype
         b, s, h = parallel.micro_batch, training.seq_len, model.hidden
         self.act_elems = b * s * h
-        self.p2p_bytes = self.act_elems * self.dtype / (self.t if self.sp else 1)
+        # With SP the activation between stages is already split over TP. Without it, Megatron's
+        # scatter/gather optimisation (Narayanan et al. SC'21, section 4.1) sends 1/t per TP rank and
+        # all-gathers it over NVLink on the receiving stage.
+        self.pp_gather = self.t > 1 and not self.sp and options.pp_scatter_gather
+        self.p2p_bytes = self.act_elems * self.dtype / (self.t if (self.sp or self.pp_gather) else 1)
         self.tp_bytes = self.act_elems * self.dtype
         self.graph = OpGraph(parallel.world_size)
         self.schedules = pipeline_schedule(parallel.schedule, self.p, self.m, self.v)
@@ -414,14 +441,14 @@ class _StepBuilder:
             name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
             if a.phase == "F" and j > 0:
                 src = lay.rank(tp=c.tp, dp=c.dp, pp=(j - 1) % self.p)
-                deps.append(g.recv(rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream="pp_recv_act",
-                                   traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=0,
-                                   deps=posted))
+                deps.append(self._gathered(rank, g.recv(
+                    rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream="pp_recv_act", traffic_class="pp",
+                    micro_batch=a.micro_batch, stage=stage, tag=0, deps=posted), name, a.micro_batch, stage))
             if a.phase == "B" and j < nvs - 1:
                 src = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p)
-                deps.append(g.recv(rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad",
-                                   traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=1,
-                                   deps=posted))
+                deps.append(self._gathered(rank, g.recv(
+                    rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad", traffic_class="pp",
+                    micro_batch=a.micro_batch, stage=stage, tag=1, deps=posted), name, a.micro_batch, stage))
             if zero3:
                 # The chunk's layers plus, on the first / last virtual stage, the embedding / output layer.
                 chunk_layers = self.chunk_layers(stage, a.chunk)
@@ -456,12 +483,45 @@ class _StepBuilder:
         tied = self._tied_embedding_sync(rank, stage, last_op)
         dense, experts = stage_params(self.model, par, stage)
         shard = (dense / par.dp + experts / max(1, par.dp // par.ep)) if par.zero >= 1 else dense + experts
-        opt = optimizer_op(shard)
+        before, after = optimizer_step_ops(shard, dense + experts, self.grad_bytes, self.dtype)
         step_deps = [last_op] + dp_ops[-1:] + tied
-        opt_id = g.compute(rank, parts=_kernels([opt]), name="optimizer", deps=step_deps, stream=COMPUTE_STREAM,
+        norm = g.compute(rank, parts=_kernels(before), name="grad_norm", deps=step_deps, stream=COMPUTE_STREAM,
+                         category="optimizer", stage=stage)
+        norm = self._norm_all_reduce(rank, norm, stage)
+        opt_id = g.compute(rank, parts=_kernels(after), name="optimizer", deps=[norm], stream=COMPUTE_STREAM,
                            category="optimizer", stage=stage)
         if par.zero in (1, 2) and par.dp > 1:
             pending.gather_params(opt_id)
+
+    def _norm_all_reduce(self, rank: int, after: int, stage: int) -> int:
+        """The global gradient norm: an fp32 scalar all-reduced over the model-parallel group (TP x PP) and,
+        when the optimizer state is sharded (ZeRO >= 1), over the data-parallel group too (Megatron's
+        ``get_grad_norm_fp32``); latency-bound collectives that every pipeline stage must join before its
+        optimizer step. Traffic class ``sync``."""
+        par, lay, last = self.par, self.layout, after
+        c = lay.coords(rank)
+        mp = tuple(lay.rank(tp=t, dp=c.dp, pp=p) for p in range(self.p) for t in range(self.t))
+        groups = [mp] + ([lay.dp_group(rank)] if par.zero >= 1 and par.dp > 1 else [])
+        for group in groups:
+            if len(group) > 1:
+                last = self.graph.collective_op(rank, "all_reduce", group, 4.0, name="grad_norm_all_reduce",
+                                                stream=COMPUTE_STREAM, deps=[last], traffic_class="sync",
+                                                stage=stage)
+        return last
+
+    def _gathered(self, rank: int, recv: int, name: str, mb: int, stage: int) -> int:
+        """The received 1/t of an activation (gradient) all-gathered over TP, or the recv itself.
+
+        Megatron's ``gather_split_1d_tensor`` runs on the compute stream right after the receive.
+        """
+        if not self.pp_gather:
+            return recv
+        group = self._tp_groups.get(rank)
+        if group is None:
+            group = self._tp_groups[rank] = self.layout.tp_group(rank)
+        return self.graph.collective_op(rank, "all_gather", group, self.tp_bytes, name=f"pp_gather.{name}",
+                                        stream=COMPUTE_STREAM, deps=[recv], traffic_class="pp", micro_batch=mb,
+                                        stage=stage)
 
     def _tied_embedding_sync(self, rank: int, stage: int, after: int) -> list[int]:
         """All-reduce of the tied word-embedding gradient between the first and last pipeline stage."""
@@ -606,11 +666,15 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     builder = _StepBuilder(model, parallel, training, options, routing)
     graph = builder.build(representatives)
     flops = model_flops_per_step(model, parallel.global_batch, training.seq_len, causal=options.causal)
+    hw_flops = hardware_flops_per_step(model, parallel.global_batch, training.seq_len,
+                                       recompute=parallel.recompute, causal=options.causal)
     if not options.embedding_and_loss:
-        flops -= 6.0 * model.hidden * model.vocab * parallel.global_batch * training.seq_len
+        output_layer = 6.0 * model.hidden * model.vocab * parallel.global_batch * training.seq_len
+        flops -= output_layer
+        hw_flops -= output_layer
     stages = [builder.layout.coords(r).pp for r in range(parallel.world_size)]
     return TrainingStep(graph, model, parallel, training, builder.layout, builder.m, flops, stages,
-                        routes=dict(sorted(builder.routes.items())))
+                        routes=dict(sorted(builder.routes.items())), hardware_flops=hw_flops)
 
 
 __all__ = ["StepOptions", "TrainingStep", "training_step", "GRANULARITIES", "PipeAction"]

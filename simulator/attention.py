@@ -1,0 +1,156 @@
+"""How fast fused (Flash) attention kernels run: published forward and backward throughput.
+
+A fused attention kernel is compute-bound and its efficiency depends on the
+kernel, the GPU generation, the pass (backward is slower), the head dimension
+and the sequence length (short sequences leave the tail of every tile idle).
+No roofline captures that, so the rates are the kernel authors' published
+benchmarks, interpolated:
+
+===============  =====  ========================================================
+kernel           GPU    source (16-bit, causal mask, TFLOP/s by sequence length)
+===============  =====  ========================================================
+``fa2``          A100   Dao 2023, *FlashAttention-2* (arXiv:2307.08691v1), Fig. 5
+                        (forward) and Fig. 6 (backward), A100-SXM4-80GB
+``fa2``          H100   Shah et al. 2024, *FlashAttention-3* (arXiv:2407.08608v2),
+                        Fig. 5 / 6, FlashAttention 2.5.8 on H100-SXM5 (700 W)
+``fa3``          H100   same paper, FlashAttention-3
+``cudnn``        H100   same paper, cuDNN 9.1.1.17 fused attention
+===============  =====  ========================================================
+
+All use the FlashAttention papers' FLOP convention (section 4.1 of both):
+forward ``4·b·h·s²·d``, halved for a causal mask (only the unmasked half is
+computed), backward 2.5x the forward (five ``s × s`` matmuls against two: the
+backward recomputes ``Q Kᵀ``). :mod:`workloads.flops` gives its attention
+kernels exactly these executed FLOPs, so ``time = flops / rate``.
+
+Where a paper gives only the non-causal backward (FA3 and cuDNN on H100), the
+causal backward is the non-causal one times the same kernel's causal /
+non-causal forward ratio at that length. On A100, where FA2 publishes both,
+this rule lands within 8% of the measured causal backward
+(``tests/test_compute_grounding.py``). Head dimensions between the measured
+ones are interpolated linearly, sequence lengths in ``log2`` (clamped to
+512...16,384: beyond 16K the kernels are at their asymptote). Rates are
+stored as fractions of the measuring GPU's dense peak and applied to the
+GPU's own peak; a GPU generation without measurements (Blackwell) uses
+Hopper's fractions — the least certain numbers here.
+
+Defaults (:data:`DEFAULT_KERNEL`): ``fa2`` on Ampere; ``cudnn`` on Hopper and
+later, the fused attention Megatron-Core reaches through Transformer Engine.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping
+
+SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
+"""Sequence lengths of the published benchmarks (16K tokens per batch, hidden 2048)."""
+
+_A100_PEAK = 312.0
+_H100_PEAK = 989.4
+
+# (measured-on peak TFLOP/s, {head_dim: {(pass, causal): TFLOP/s at SEQ_LENS}}); "bwd", True may be absent.
+_MEASURED: dict[tuple[str, str], tuple[float, dict[int, dict[tuple[str, bool], tuple[float, ...]]]]] = {
+    ("sm80", "fa2"): (_A100_PEAK, {  # FA2 paper, Fig. 5 (a)-(d) and Fig. 6 (a)-(d)
+        64: {("fwd", True): (115, 146, 167, 177, 181, 183), ("fwd", False): (178, 191, 193, 192, 192, 192),
+             ("bwd", True): (81, 111, 131, 149, 160, 166), ("bwd", False): (120, 141, 152, 163, 169, 170)},
+        128: {("fwd", True): (132, 168, 187, 198, 200, 197), ("fwd", False): (209, 224, 227, 222, 224, 223),
+              ("bwd", True): (90, 122, 145, 165, 176, 186), ("bwd", False): (136, 159, 175, 187, 193, 196)},
+    }),
+    ("sm90", "fa3"): (_H100_PEAK, {  # FA3 paper, Fig. 5 (a)-(f) and Fig. 6 (a), (b)
+        64: {("fwd", True): (197, 265, 371, 420, 460, 473), ("fwd", False): (333, 392, 460, 476, 496, 497),
+             ("bwd", False): (272, 363, 422, 453, 472, 474)},
+        128: {("fwd", True): (292, 423, 521, 579, 602, 616), ("fwd", False): (467, 565, 625, 638, 646, 648),
+              ("bwd", False): (316, 424, 501, 542, 559, 561)},
+        256: {("fwd", True): (286, 427, 537, 612, 628, 642), ("fwd", False): (482, 627, 707, 736, 746, 756)},
+    }),
+    ("sm90", "cudnn"): (_H100_PEAK, {  # FA3 paper, Fig. 5 and 6: cuDNN 9.1.1.17
+        64: {("fwd", True): (225, 288, 334, 363, 379, 388), ("fwd", False): (335, 373, 395, 408, 412, 413),
+             ("bwd", False): (266, 348, 395, 417, 432, 433)},
+        128: {("fwd", True): (315, 410, 484, 518, 529, 539), ("fwd", False): (497, 574, 617, 609, 600, 595),
+              ("bwd", False): (305, 408, 465, 499, 518, 516)},
+        256: {("fwd", True): (308, 391, 450, 483, 497, 509), ("fwd", False): (470, 546, 580, 581, 580, 581)},
+    }),
+    ("sm90", "fa2"): (_H100_PEAK, {  # FA3 paper, Fig. 5 and 6: FlashAttention 2.5.8 on H100
+        64: {("fwd", True): (180, 229, 262, 284, 295, 299), ("fwd", False): (282, 306, 318, 321, 322, 324),
+             ("bwd", False): (198, 238, 264, 279, 287, 291)},
+        128: {("fwd", True): (191, 260, 298, 319, 333, 335), ("fwd", False): (309, 350, 362, 368, 370, 370),
+              ("bwd", False): (214, 260, 291, 310, 318, 322)},
+        256: {("fwd", True): (208, 251, 278, 293, 297, 298), ("fwd", False): (275, 313, 321, 323, 324, 326)},
+    }),
+}
+
+DEFAULT_KERNEL = {"sm80": "fa2", "sm90": "cudnn", "sm100": "cudnn"}
+"""Fused attention kernel per GPU generation when ``compute.attention_kernel`` is not set."""
+_FALLBACK_ARCH = {"sm100": "sm90"}
+"""Generations without published measurements borrow the fractions of peak of the nearest measured one."""
+
+
+def derived_causal_backward(fwd_causal: float, fwd_full: float, bwd_full: float) -> float:
+    """Causal backward rate from the non-causal one, scaled by the forward's causal / non-causal ratio."""
+    return bwd_full * fwd_causal / fwd_full
+
+
+def _causal_table(peak: float, by_hd: Mapping[int, Mapping[tuple[str, bool], tuple[float, ...]]]
+                  ) -> dict[str, dict[int, tuple[float, ...]]]:
+    """Causal forward and backward rates as fractions of peak, per head dimension."""
+    out: dict[str, dict[int, tuple[float, ...]]] = {"fwd": {}, "bwd": {}}
+    dims = sorted(by_hd)
+    for hd in dims:
+        rows = by_hd[hd]
+        fwd = rows[("fwd", True)]
+        if ("bwd", True) in rows:
+            bwd = rows[("bwd", True)]
+        else:
+            source = hd if ("bwd", False) in rows else max(d for d in dims if ("bwd", False) in by_hd[d])
+            src = by_hd[source]
+            # the causal backward of the nearest measured head dim, scaled by this head dim's forward
+            bwd = tuple(derived_causal_backward(sc, sf, sb) * fc / sc
+                        for sc, sf, sb, fc in zip(src[("fwd", True)], src[("fwd", False)], src[("bwd", False)],
+                                                  fwd))
+        out["fwd"][hd] = tuple(x / peak for x in fwd)
+        out["bwd"][hd] = tuple(x / peak for x in bwd)
+    return out
+
+
+TABLES: dict[tuple[str, str], dict[str, dict[int, tuple[float, ...]]]] = {
+    key: _causal_table(peak, rows) for key, (peak, rows) in _MEASURED.items()}
+"""``(arch, kernel) -> pass -> head_dim -> fraction of dense peak`` at :data:`SEQ_LENS` (causal mask)."""
+
+
+def kernels_for(arch: str) -> list[str]:
+    """Attention kernels with published rates on a GPU generation."""
+    arch = _FALLBACK_ARCH.get(arch, arch)
+    return sorted(k for a, k in TABLES if a == arch)
+
+
+def _interp_seq(values: tuple[float, ...], seq_len: float) -> float:
+    x = math.log2(min(max(seq_len, SEQ_LENS[0]), SEQ_LENS[-1]))
+    xs = [math.log2(s) for s in SEQ_LENS]
+    i = min(bisect.bisect_right(xs, x), len(xs) - 1)
+    if i == 0:
+        return values[0]
+    f = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return values[i - 1] + f * (values[i] - values[i - 1])
+
+
+def attention_fraction(arch: str, kernel: str, backward: bool, head_dim: int, seq_len: float) -> float:
+    """Fraction of dense 16-bit peak a causal fused attention kernel reaches (FlashAttention FLOP convention).
+
+    Raises ``ValueError`` naming the valid kernels for an unknown ``(arch, kernel)``.
+    """
+    key = (_FALLBACK_ARCH.get(arch, arch), kernel)
+    table = TABLES.get(key)
+    if table is None:
+        raise ValueError(f"compute.attention_kernel: {kernel!r} has no published rates on {arch}; "
+                         f"valid: {', '.join(kernels_for(arch)) or 'none (set compute.attention_efficiency)'}")
+    rows = table["bwd" if backward else "fwd"]
+    dims = sorted(rows)
+    hd = min(max(head_dim, dims[0]), dims[-1])
+    j = bisect.bisect_left(dims, hd)
+    if dims[j] == hd:
+        return _interp_seq(rows[hd], seq_len)
+    lo, hi = dims[j - 1], dims[j]
+    f = (hd - lo) / (hi - lo)
+    return (1 - f) * _interp_seq(rows[lo], seq_len) + f * _interp_seq(rows[hi], seq_len)

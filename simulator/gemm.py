@@ -1,0 +1,125 @@
+"""How long one (batched) GEMM takes on a GPU: waves of output tiles, as cuBLAS runs it.
+
+A GEMM ``C[m,n] = A[m,k] B[k,n]`` (``batch`` independent ones in a batched
+GEMM) is cut into output tiles of ``tm × tn``; every tile is computed by one
+SM, which walks the ``k`` dimension; the SMs work through the tiles in waves
+of ``sm_count``. So the time is::
+
+    t = waves · t_tile,      waves  = ceil(batch · ceil(m/tm) · ceil(n/tn) · split / sm_count)
+                             t_tile = 2 · tm · tn · (k/split + k_overhead) / (peak_per_sm · efficiency · e_tile)
+
+plus, for split-K, the reduction of the fp32 partial tiles through HBM. The
+terms, each with where it comes from:
+
+* ``efficiency`` — what the best-shaped GEMMs reach: the maximum achievable
+  matmul FLOP/s (MAMF) that S. Bekman's ``mamf-finder.py`` measured by
+  searching shapes (``stas00/ml-engineering``, compute/accelerator README):
+  A100-SXM 271.2 of 312 TFLOP/s (0.869), H100-SXM 794.5 of 989.4 (0.803).
+  It is :attr:`topologies.cluster.GPUSpec.matmul_efficiency`.
+* **Wave quantisation** — the last wave leaves SMs idle (NVIDIA, *Matrix
+  Multiplication Background User's Guide*, "Wave quantization"), and edge
+  tiles compute padding.
+* **Tile choice** — cuBLAS's heuristics pick among tiles of 256×128,
+  128×256, 128×128, 128×64, 64×128 and 64×64 (the guide's list; CUTLASS's
+  SM80 and SM90 generators), trading wave fill against efficiency: a
+  small tile re-reads its operands more often per FLOP. A tile loads
+  ``(tm + tn)·d`` bytes per ``2·tm·tn`` FLOPs of each k-step; below the GPU's
+  ``gemm_critical_intensity`` (FLOP per operand byte at which an SM's share of
+  L2 bandwidth keeps up with its tensor cores) it slows in proportion:
+  ``e_tile = min(1, intensity / critical)``. We pick the fastest tile, as
+  the heuristics aim to.
+* **K overhead** — every tile fills its software pipeline before the first
+  multiply-accumulate and drains its accumulators after the last: a fixed cost
+  of about ``k_overhead`` = 128 elements of ``k`` per tile (two 64-deep
+  k-blocks), which is why small-``k`` GEMMs (attention's ``k = d_head``) run far
+  below peak.
+* **Split-K** — when ``m·n`` gives too few tiles, cuBLAS splits ``k`` over
+  ``split`` tiles and reduces their fp32 partials; we try ``split`` in
+  1, 2, 4, 8, 16 and charge the reduction as HBM traffic.
+
+The operand traffic to HBM (the memory roofline) and the per-kernel launch
+cost are the caller's (:class:`simulator.compute.ComputeModel`).
+``tests/test_compute_grounding.py`` checks this model against published cuBLAS
+measurements on A100 and H100, with the sources.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
+"""Output tiles cuBLAS chooses among for 16-bit GEMMs on Ampere and Hopper (largest first)."""
+SPLITS: tuple[int, ...] = (1, 2, 4, 8, 16)
+"""Split-K factors tried when the output has too few tiles to fill the GPU."""
+K_OVERHEAD = 128
+"""Pipeline fill and drain of one tile, in elements of ``k``."""
+PARTIAL_BYTES = 4
+"""Split-K partial tiles are fp32."""
+
+
+@dataclass(frozen=True)
+class GemmModel:
+    """The wave/tile model of one GPU for one datatype.
+
+    Attributes
+    ----------
+    peak_flops : float
+        Dense peak FLOP/s of the datatype.
+    sm_count : int
+    efficiency : float
+        Fraction of peak the best-shaped GEMMs reach (MAMF).
+    critical_intensity : float
+        FLOP per operand byte a tile needs to run at full rate (see module docstring).
+    hbm_bandwidth : float
+        Bytes/s, for the split-K reduction.
+    dtype_bytes : int
+        Bytes per operand element.
+    k_overhead : int
+        Per-tile pipeline fill and drain, elements of ``k``.
+    """
+
+    peak_flops: float
+    sm_count: int
+    efficiency: float
+    critical_intensity: float
+    hbm_bandwidth: float
+    dtype_bytes: int = 2
+    k_overhead: int = K_OVERHEAD
+
+    def tile_efficiency(self, tm: int, tn: int) -> float:
+        """Rate of a ``tm × tn`` tile relative to a tile that is never short of operands."""
+        intensity = 2.0 * tm * tn / ((tm + tn) * self.dtype_bytes)
+        return min(1.0, intensity / self.critical_intensity)
+
+    def time(self, m: int, n: int, k: int, batch: int = 1) -> float:
+        """Seconds of the tensor-core work of ``batch`` GEMMs of ``m × n × k`` (best tile and split)."""
+        return _best_time(self, int(m), int(n), int(k), int(batch))[0]
+
+    def tile(self, m: int, n: int, k: int, batch: int = 1) -> tuple[int, int, int]:
+        """``(tm, tn, split)`` the model picks."""
+        return _best_time(self, int(m), int(n), int(k), int(batch))[1]
+
+    def achieved_flops(self, m: int, n: int, k: int, batch: int = 1) -> float:
+        """FLOP/s of the GEMM: ``2·batch·m·n·k / time``."""
+        return 2.0 * batch * m * n * k / self.time(m, n, k, batch)
+
+
+@lru_cache(maxsize=65536)
+def _best_time(model: GemmModel, m: int, n: int, k: int, batch: int) -> tuple[float, tuple[int, int, int]]:
+    per_sm = model.peak_flops * model.efficiency / model.sm_count
+    best = (math.inf, (0, 0, 0))
+    for tm, tn in TILES:
+        rate = per_sm * model.tile_efficiency(tm, tn)
+        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        for split in SPLITS:
+            if split > 1 and (k // split < 2 * model.k_overhead or tiles >= model.sm_count):
+                break
+            waves = math.ceil(tiles * split / model.sm_count)
+            t = waves * 2.0 * tm * tn * (math.ceil(k / split) + model.k_overhead) / rate
+            if split > 1:  # write and read back the fp32 partials, write the result
+                t += batch * m * n * (2 * split * PARTIAL_BYTES + model.dtype_bytes) / model.hbm_bandwidth
+            if t < best[0]:
+                best = (t, (tm, tn, split))
+    return best

@@ -1,0 +1,100 @@
+"""NCCL's protocols and latencies, as NCCL's own tuner models them, and measured link efficiencies.
+
+A collective in NCCL runs one of three protocols, chosen per call by the
+tuner as the one with the least estimated ``latency + bytes / bandwidth``:
+
+``LL``      8-byte stores of 4 data bytes + a 4-byte flag: half the link
+            bandwidth, lowest latency.
+``LL128``   128-byte lines of 120 data bytes + flag: 0.92 of the bandwidth.
+``Simple``  bulk copies with fences: full bandwidth, highest latency.
+
+Constants (NCCL 2.30.7, ``src/graph/tuning.cc``; NVIDIA/nccl tag
+``v2.30.7-1``): base latency per collective (``baseLat``, lines 149-155),
+latency per algorithm step by the kind of hop it crosses (``hwLat``,
+lines 156-176: NVLink, PCIe, network), the per-step network post overhead
+(1 µs, x3 for Simple, lines 225-233 and 405-408) and the protocol bandwidth
+factors (lines 327-337). The ring latency is
+``base + intra_steps·hop(nvlink) + inter_steps·hop(net)`` with
+``inter_steps = 2(nodes-1)`` for all-reduce and ``nodes-1`` for all-gather /
+reduce-scatter; the tree all-reduce's is ``base + 2·((ranks per node-1)·hop(nvlink)
++ log2(nodes)·hop(net))`` (lines 384-435). :mod:`simulator.collectives` counts
+intra- and inter-server steps of every planned transfer the same way.
+
+What NCCL's tuner does not give is how close the Simple protocol comes to a
+link's rate at large sizes; that is measured (nccl-tests bus bandwidth at
+multi-GB sizes, which equals the bottleneck link's achieved rate for ring
+algorithms):
+
+==========  ===========================================  =====================
+tier        measurement                                  efficiency
+==========  ===========================================  =====================
+NVLink      8x A100 (NVSwitch): all-reduce 235, all-      A100 0.77 (GPU spec
+            gather 223, reduce-scatter 232 GB/s of 300    ``nvlink_efficiency``)
+            (microsoft/superbenchmark nccl logs); 8x
+            H100/H200: all-reduce 367 (ring), all-gather  H100/H200 0.81
+            361, reduce-scatter 363 GB/s of 450 (NCCL
+            2.27.7; NVIDIA GTC'24 slides: 370)
+NIC / IB    DGX A100 8x HDR 200 Gb/s: 192 GB/s per node   0.95
+            of 200 (NVIDIA; nccl-tests maintainers);
+            DGX H100 8x NDR 400 Gb/s: 370-380 of 400,
+            "46-49 GB/s per 400 Gb/s NIC"
+==========  ===========================================  =====================
+
+Not modelled: NVLS / NVLink SHARP and in-network (SHARP) reductions (H100
+all-reduce reaches ~480 GB/s bus bandwidth with NVLS, against ~365 on a ring;
+an all-reduce inside an NVLink domain is therefore up to ~25% pessimistic on
+Hopper), NCCL's per-architecture caps of the LL protocol's bandwidth, the tree
+bandwidth corrections and the 1.4x ring latency "plateau" term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+BANDWIDTH_FACTOR: Mapping[str, float] = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
+"""Fraction of the Simple protocol's bandwidth each protocol reaches (tuning.cc:327-337)."""
+
+_US = 1e-6
+BASE_LATENCY_S: Mapping[str, Mapping[str, float]] = {
+    "ring": {"LL": 6.6 * _US, "LL128": 14.0 * _US, "Simple": 8.4 * _US},
+    "tree": {"LL": 6.8 * _US, "LL128": 14.0 * _US, "Simple": 8.4 * _US},
+}
+"""Fixed latency of one collective call, seconds (``baseLat``)."""
+
+HOP_LATENCY_S: Mapping[str, Mapping[str, Mapping[str, float]]] = {
+    "nvlink": {"ring": {"LL": 0.6 * _US, "LL128": 1.9 * _US, "Simple": 3.4 * _US},
+               "tree": {"LL": 0.6 * _US, "LL128": 1.25 * _US, "Simple": 4.0 * _US}},
+    "pcie": {"ring": {"LL": 1.0 * _US, "LL128": 2.5 * _US, "Simple": 5.7 * _US},
+             "tree": {"LL": 1.0 * _US, "LL128": 1.9 * _US, "Simple": 4.0 * _US}},
+    "net": {"ring": {"LL": 2.7 * _US, "LL128": 4.0 * _US, "Simple": 14.0 * _US},
+            "tree": {"LL": 5.0 * _US, "LL128": 8.5 * _US, "Simple": 14.0 * _US}},
+}
+"""Latency of one algorithm step over a hop of each kind, seconds (``hwLat``)."""
+
+NET_OVERHEAD_S = 1.0 * _US
+"""Per-step cost of posting to the network (x3 for Simple); the floor of intra-server steps of a
+collective that spans servers (``intraLat = max(intraLat, netOverhead)``)."""
+
+NIC_EFFICIENCY = 0.95
+"""Fraction of a NIC's (and the fabric's) line rate NCCL reaches at large sizes (see the module table)."""
+
+ALGORITHM_LATENCY_CLASS: Mapping[str, str] = {
+    "ring": "ring", "hierarchical": "ring", "direct": "ring", "parameter_server": "ring", "tree": "tree",
+}
+"""Which of NCCL's latency tables each planned algorithm uses (point-to-point patterns use the ring's)."""
+
+
+def step_latencies(algorithm: str, protocol: str, spans_servers: bool,
+                   intra_kind: str = "nvlink") -> tuple[float, float, float]:
+    """``(base, intra-server step, inter-server step)`` latencies in seconds for one collective."""
+    cls = ALGORITHM_LATENCY_CLASS.get(algorithm, "ring")
+    intra = HOP_LATENCY_S[intra_kind][cls][protocol]
+    if spans_servers:
+        intra = max(intra, NET_OVERHEAD_S * (3 if protocol == "Simple" else 1))
+    return BASE_LATENCY_S[cls][protocol], intra, HOP_LATENCY_S["net"][cls][protocol]
+
+
+def p2p_protocol(nbytes: float) -> str:
+    """Protocol of a point-to-point transfer: LL up to ``NCCL_P2P_LL_THRESHOLD`` (16 KiB), else Simple."""
+    return "LL" if nbytes <= 16384 else "Simple"
