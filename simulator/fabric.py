@@ -146,10 +146,17 @@ class Fabric:
         return any(self._servers[r] != first for r in group)
 
     def _latency(self, t: Transfer, costs: tuple[float, float, float]) -> float:
-        """Step latencies of transfer ``t`` (no base latency), physical hop latency included."""
+        """Step latencies of transfer ``t`` (no base latency).
+
+        NCCL's per-step latencies are measured end to end, hardware included: a step costs the larger of
+        NCCL's figure and the route's own link latencies (which only a slower-than-usual fabric exceeds).
+        The uniform model (``step_latency_s`` set) adds the link latencies to its software α.
+        """
         _base, intra, inter = costs
         phys = max(self._hop(s, d, t.label)[1] for s, d in t.hops)
-        return (t.steps - t.net_steps) * intra + t.net_steps * inter + t.steps * phys
+        if self.config.nccl_latency:
+            return (t.steps - t.net_steps) * max(intra, phys) + t.net_steps * max(inter, phys)
+        return t.steps * (intra + phys)
 
     def _costs(self, plan: Plan, protocol: str) -> tuple[float, float, float]:
         """``(base, intra-server step, inter-server step)`` latencies of ``plan`` under ``protocol``."""
@@ -263,8 +270,9 @@ class Fabric:
         if not self.config.nccl_latency:
             return self.config.step_latency_s, 1.0
         protocol = p2p_protocol(nbytes)
-        base, intra, inter = step_latencies("direct", protocol, self._servers[src] != self._servers[dst])
-        return base + (inter if self._servers[src] != self._servers[dst] else intra), BANDWIDTH_FACTOR[protocol]
+        cross = self._servers[src] != self._servers[dst]
+        base, intra, inter = step_latencies("direct", protocol, cross)
+        return base + (inter if cross else intra), BANDWIDTH_FACTOR[protocol]
 
     def send(self, src: int, dst: int, nbytes: float, traffic_class: str, label: int = 0) -> Event:
         """Point-to-point transfer from rank ``src`` to rank ``dst``."""
@@ -275,7 +283,8 @@ class Fabric:
         """The ``(links, nbytes, latency_s, payload_bytes)`` flow of a point-to-point transfer."""
         links, lat = self._hop(src, dst, label)
         sw, factor = self._p2p_latency(src, dst, nbytes)
-        return (links, nbytes / factor, sw + lat, nbytes)
+        latency = max(sw, lat) if self.config.nccl_latency else sw + lat
+        return (links, nbytes / factor, latency, nbytes)
 
 
 class _PlanRun:

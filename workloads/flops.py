@@ -46,6 +46,7 @@ from .parallel import padded_vocab
 
 __all__ = [
     "LayerOp", "PassOps", "layer_ops", "embedding_ops", "logits_ops", "optimizer_op", "optimizer_step_ops",
+    "accumulate_gradients",
     "backward_of", "model_flops_per_step", "hardware_flops_per_step", "narayanan_flops_per_step",
     "ADAM_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM",
 ]
@@ -134,6 +135,33 @@ def _gemm(name: str, m: int, n: int, k: int, dtype_bytes: int, batch: int = 1, c
 def _elementwise(name: str, elements: float, dtype_bytes: int) -> LayerOp:
     """A memory-bound kernel touching ``elements`` values (reads plus writes)."""
     return LayerOp(name, "elementwise", 0.0, float(elements * dtype_bytes))
+
+
+def accumulate_gradients(backward: list[LayerOp], params: float, main_grad_bytes: int, dtype_bytes: int,
+                         fused: bool) -> list[LayerOp]:
+    """``backward`` with the accumulation of the weight gradients into the gradient buffer, per micro-batch.
+
+    Megatron-LM keeps a ``main_grad`` buffer (``main_grad_bytes`` per element;
+    fp32 for 16-bit training in current Megatron-Core) that every micro-batch's
+    weight gradients are added into. With ``fused`` (``gradient_accumulation_fusion``,
+    Megatron-Core's default) the weight-gradient GEMM accumulates into it in
+    place: its output tile is read and written at ``main_grad_bytes`` instead of
+    written at ``dtype_bytes``. Without it (Megatron-LM 2021, PyTorch autograd
+    into ``.grad``) the GEMM writes a 16-bit gradient and a separate element-wise
+    ``grad_accumulate`` reads it and the buffer and writes the buffer:
+    ``params · (2 main_grad_bytes + dtype_bytes)`` bytes per micro-batch.
+    """
+    if not fused:
+        return backward + [LayerOp("grad_accumulate", "elementwise", 0.0,
+                                   params * (2 * main_grad_bytes + dtype_bytes))]
+    out = []
+    for op in backward:
+        if op.category == "gemm" and op.name.endswith(".wgrad") and op.batch == 1 and op.shape is not None:
+            k, n, _m = op.shape  # the output of a weight-gradient GEMM is the weight
+            op = LayerOp(op.name, op.category, op.flops, op.nbytes + (2 * main_grad_bytes - dtype_bytes) * k * n,
+                         op.shape, op.batch, op.executed)
+        out.append(op)
+    return out
 
 
 FLASH_BACKWARD_RECOMPUTE = 1.25

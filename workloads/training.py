@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 from .flops import (
     LayerOp,
+    accumulate_gradients,
     embedding_ops,
     hardware_flops_per_step,
     layer_ops,
@@ -104,12 +105,19 @@ class StepOptions:
         section 4.1): ``1/t`` of the scale-out bytes for one NVLink
         all-gather. Default True (Megatron-LM's default). With sequence
         parallelism the activation is already split and nothing is gathered.
+    grad_accumulation_fusion : bool
+        The weight-gradient GEMMs accumulate into the gradient buffer in place
+        (Megatron-Core's ``gradient_accumulation_fusion``, default True);
+        False adds an element-wise accumulation over the layer's gradients
+        after every micro-batch's backward (Megatron-LM 2021, PyTorch
+        autograd): :func:`~workloads.flops.accumulate_gradients`.
     granularity : {"chunk", "layer"}
         Coarse ops per chunk of layers (fast) or one op per layer (detailed).
     grad_dtype_bytes : int or None
-        Bytes per gradient element on the wire; default the training dtype's
-        (PyTorch DDP, DeepSpeed). Megatron-LM reduces bf16 gradients in fp32:
-        set 4 to model that.
+        Bytes per element of the gradient buffer, which is also what goes on
+        the wire; default the training dtype's (PyTorch DDP, DeepSpeed).
+        Megatron-LM keeps and reduces bf16 gradients in fp32: set 4 to model
+        that.
     causal : bool
         Count only the causal half of attention FLOPs (FlashAttention skips
         the masked half); default False, as Narayanan et al.'s formula.
@@ -132,6 +140,7 @@ class StepOptions:
 
     p2p: str = "async"
     pp_scatter_gather: bool = True
+    grad_accumulation_fusion: bool = True
     granularity: str = "chunk"
     grad_dtype_bytes: int | None = None
     causal: bool = False
@@ -145,7 +154,8 @@ class StepOptions:
             raise ConfigError(f"options.granularity: {self.granularity!r} unknown; valid: {', '.join(GRANULARITIES)}")
         if self.grad_dtype_bytes is not None and self.grad_dtype_bytes not in (1, 2, 4):
             raise ConfigError(f"options.grad_dtype_bytes: must be 1, 2 or 4, got {self.grad_dtype_bytes}")
-        for name in ("causal", "flash_attention", "embedding_and_loss", "pp_scatter_gather"):
+        for name in ("causal", "flash_attention", "embedding_and_loss", "pp_scatter_gather",
+                     "grad_accumulation_fusion"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"options.{name}: must be true or false, got {getattr(self, name)!r}")
 
@@ -278,12 +288,14 @@ class _StepBuilder:
                         flash_attention=self.opt.flash_attention)
         if phase == "F":
             return ops.forward
+        backward = accumulate_gradients(ops.backward, self.model.params_per_layer(layer, self.t, self.par.ep),
+                                        self.grad_bytes, self.dtype, self.opt.grad_accumulation_fusion)
         recompute = self.par.recompute
         if recompute == "full":
-            return ops.forward + ops.backward
+            return ops.forward + backward
         if recompute == "selective":
-            return [o for o in ops.forward if o.name.startswith("attention")] + ops.backward
-        return ops.backward
+            return [o for o in ops.forward if o.name.startswith("attention")] + backward
+        return backward
 
     def segments(self, stage: int, chunk: int, phase: str, per_layer: bool) -> list[_Segment]:
         """The compute segments of one forward/backward of one chunk (cached: identical for every micro-batch)."""

@@ -1,0 +1,281 @@
+"""Each component model against published microbenchmarks, never against end-to-end training throughput.
+
+Every number below is a published measurement with its source beside it; the
+tolerances are stated per class of measurement, and where the model is known
+to miss (small GEMMs on Hopper, unfused attention's backward) the test pins
+the direction and size of the miss so that it is documented, not hidden
+(docs/VALIDATION.md, "Error budget").
+
+Sources
+-------
+MAMF     S. Bekman, *Machine Learning Engineering*, github stas00/ml-engineering,
+         compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison
+         table" (commit 744d01e): best shape of a brute-force ``torch.mm`` search.
+SMOL     Hugging Face, *Smol Training Playbook*, "Compute units and FLOPs": the
+         SemiAnalysis GEMM benchmark (``semianalysiswork/nvidia-matmul``, NVIDIA
+         24.09 stack) on H100 80GB HBM3, Llama-70B TP8 shapes, median of triton
+         ``do_bench``.
+HE       H. He, "Strangely, Matrix Multiplications on GPUs Run Faster When Given
+         'Predictable' Data!" (thonking.ai, 2024): A100 cuBLAS 8192³, randn inputs.
+TRITON   cuBLAS columns of Triton's matmul tutorial benchmarks, ``torch.matmul``
+         FP16 via ``do_bench``: triton-lang/triton issues #2339 (H100), #3672 (H100),
+         #3551 (A100).
+VLLM     vllm-project/vllm PR #49363, "H100 benchmarks", ``torch-bf16`` column.
+FA2      T. Dao, *FlashAttention-2*, arXiv:2307.08691v1, Fig. 5 (forward) and Fig. 6
+         (backward), A100-SXM4-80GB, FP16, causal.
+FA3      J. Shah et al., *FlashAttention-3*, arXiv:2407.08608v2, Fig. 5, H100-SXM5
+         at 700 W and 1830 MHz: FA3 and cuDNN 9.1.1 forward, causal.
+FA1      T. Dao et al., *FlashAttention*, arXiv:2205.14135v2, App. E.6 Tables 18-19:
+         runtimes of Megatron's standard attention, A100-SXM4-40GB, FP16, batch 16,
+         8 heads, head dim 64, no dropout, no mask.
+NCCL     nccl-tests bus bandwidth: 8x A100-SXM4: microsoft/superbenchmark
+         tests/data/nccl_*.log (all-reduce / all-gather / reduce-scatter, 8 GiB);
+         8x H100 ring: NVIDIA GTC'24 S62129 ("NVLink4 H100: 370 GB/s"), H200 ring
+         all-gather 361 / reduce-scatter 363 (NCCL 2.27.7); multi-node: "DGX A100 +
+         8x200Gb RDMA: 192 GB/s", "DGX H100 + 8x400Gb: 370-380 GB/s" (same slides;
+         NVIDIA/nccl#812); small sizes: H100 all-reduce of 8 B in 13.7 µs
+         (NVIDIA/dgxc-benchmarking nccl/README.md), A100 all-gather of 1 KiB in
+         12.5 µs and all-reduce in ~17 µs (microsoft/mscclpp, NDmv4, NCCL 2.17.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import simpy
+
+from simulator.attention import derived_causal_backward
+from simulator.bench import bus_factor, collective_time
+from simulator.compute import ComputeModel
+from simulator.fabric import Fabric
+from topologies import build_cluster, get_gpu, single_server
+from workloads.flops import layer_ops
+from workloads.models import model_from_dict
+from workloads.ops import Kernel
+
+A100, H100 = get_gpu("A100"), get_gpu("H100")
+
+
+def gemm_tflops(gpu, m: int, n: int, k: int) -> float:
+    """Simulated TFLOP/s of one 16-bit GEMM, HBM roofline and launch included, as a benchmark times it."""
+    cm = ComputeModel(gpu)
+    flops = 2.0 * m * n * k
+    return flops / cm.duration(Kernel("gemm", flops, 2.0 * (m * k + k * n + m * n), (m, n, k))) / 1e12
+
+
+# ------------------------------------------------------------------- GEMMs
+LARGE_GEMMS = [  # gpu, m, n, k, measured TFLOP/s, source: each >= 100 GFLOP
+    (A100, 1024, 10240, 5120, 271.2, "MAMF"),
+    (A100, 8192, 8192, 8192, 258.0, "HE"),
+    (H100, 2048, 2048, 13312, 794.5, "MAMF"),
+    (H100, 16384, 8192, 1280, 714.5, "SMOL"),
+    (H100, 16384, 1024, 8192, 757.7, "SMOL"),
+    (H100, 16384, 8192, 7168, 752.9, "SMOL"),
+    (H100, 16384, 3584, 8192, 733.0, "SMOL"),
+    (H100, 8192, 8192, 8192, 729.4, "SMOL"),
+    (H100, 2048, 8192, 8192, 721.6, "TRITON #2339"),
+]
+MEDIUM_GEMMS = [  # 20-100 GFLOP
+    (A100, 2560, 2560, 2560, 244.5, "TRITON #3551"),
+    (A100, 3072, 3072, 3072, 229.2, "TRITON #3551"),
+    (H100, 2048, 4096, 4096, 613.7, "TRITON #2339"),
+    (H100, 2560, 2560, 2560, 533.4, "TRITON #3672"),
+    (H100, 3072, 3072, 3072, 584.7, "TRITON #3672"),
+]
+SMALL_GEMMS = [  # < 20 GFLOP: launch-dominated, Hopper's small-tile effects not modelled
+    (A100, 2048, 2048, 2048, 233.0, "TRITON #3551"),
+    (H100, 2048, 2048, 2048, 515.2, "TRITON #2339"),
+    (A100, 1024, 1024, 1024, 104.9, "TRITON #3551"),
+    (H100, 1024, 1024, 1024, 121.1, "TRITON #3672"),
+    (H100, 2048, 1024, 1024, 243.1, "TRITON #2339"),
+    (H100, 128, 12288, 5376, 352.6, "VLLM"),
+    (H100, 64, 12288, 5376, 182.6, "VLLM"),
+]
+
+
+@pytest.mark.parametrize("gpu, m, n, k, measured, source", LARGE_GEMMS)
+def test_large_gemms_within_7_percent_of_published_cublas(gpu, m, n, k, measured, source):
+    assert gemm_tflops(gpu, m, n, k) == pytest.approx(measured, rel=0.07), source
+
+
+@pytest.mark.parametrize("gpu, m, n, k, measured, source", MEDIUM_GEMMS)
+def test_medium_gemms_within_30_percent(gpu, m, n, k, measured, source):
+    assert gemm_tflops(gpu, m, n, k) == pytest.approx(measured, rel=0.30), source
+
+
+@pytest.mark.parametrize("gpu, m, n, k, measured, source", SMALL_GEMMS)
+def test_small_gemms_are_optimistic_by_at_most_2_5x(gpu, m, n, k, measured, source):
+    # Documented limit (docs/VALIDATION.md): below ~20 GFLOP the model reaches up to 2.5x the measured rate.
+    assert 0.9 * measured <= gemm_tflops(gpu, m, n, k) <= 2.5 * measured, source
+
+
+def test_best_shape_ceiling_is_the_mamf_measurement():
+    # The wave/tile model never exceeds the measured maximum achievable matmul rate of the GPU.
+    for gpu in (A100, H100):
+        best = max(gemm_tflops(gpu, m, n, k) for m in (2048, 4096, 8192, 16384)
+                   for n in (2048, 4096, 8192, 12288) for k in (4096, 8192, 12288))
+        assert best <= gpu.matmul_efficiency * gpu.peak("bf16") / 1e12
+
+
+def test_batched_gemm_is_timed_per_problem_not_folded():
+    # 12 heads of Q Kᵀ (2048 x 2048 x 128) in one batched GEMM: about 12 times one head's GEMM (the heads
+    # share the waves), and the kernel keeps its batch through the backward.
+    cm = ComputeModel(A100)
+    heads, s, d = 12, 2048, 128
+    assert cm.gemm.time(s, s, d, heads) == pytest.approx(heads * cm.gemm.time(s, s, d), rel=0.15)
+    model = model_from_dict({"name": "m", "layers": 1, "hidden": heads * d, "heads": heads, "kv_heads": heads,
+                             "ffn_hidden": 4 * heads * d, "vocab": 128, "gated_mlp": False,
+                             "tied_embeddings": False})
+    ops = layer_ops(model, 1, s, 1, flash_attention=False)
+    for o in ops.backward:
+        if o.name.startswith(("attention_scores", "attention_values")):
+            assert o.batch == heads and max(o.shape) == s and min(o.shape) == d
+
+
+# ---------------------------------------------------------------- attention
+def _bench_model(head_dim: int):
+    """The FlashAttention benchmarks' shape: hidden 2048, 2048 / head_dim heads (16K tokens per batch)."""
+    heads = 2048 // head_dim
+    return model_from_dict({"name": "bench", "layers": 1, "hidden": 2048, "heads": heads, "kv_heads": heads,
+                            "ffn_hidden": 8192, "vocab": 128, "gated_mlp": False, "tied_embeddings": False})
+
+
+FLASH_CAUSAL = [  # gpu, kernel, head dim, seq, forward TFLOP/s, backward TFLOP/s or None (causal, FA convention)
+    (A100, "fa2", 64, 2048, 167, 131),        # FA2 Fig. 5(c), 6(c)
+    (A100, "fa2", 128, 2048, 187, 145),       # FA2 Fig. 5(d), 6(d)
+    (A100, "fa2", 128, 8192, 200, 176),
+    (H100, "fa3", 128, 2048, 521, None),      # FA3 Fig. 5(d)
+    (H100, "fa3", 128, 16384, 616, None),
+    (H100, "cudnn", 128, 4096, 518, None),    # FA3 Fig. 5(d), cuDNN 9.1.1
+    (H100, "cudnn", 64, 8192, 379, None),     # FA3 Fig. 5(b)
+]
+
+
+@pytest.mark.parametrize("gpu, kernel, hd, s, fwd, bwd", FLASH_CAUSAL)
+def test_flash_attention_kernels_take_the_published_time(gpu, kernel, hd, s, fwd, bwd):
+    """A causal kernel on the benchmark shape takes (FA-convention FLOPs) / (published TFLOP/s).
+
+    FA convention: forward 4·b·h·s²·d / 2 (causal), backward 2.5x that. The generator's kernels must
+    carry exactly those executed FLOPs for the published rates to mean what they say.
+    """
+    cm = ComputeModel(gpu, attention_kernel=kernel)
+    b, heads = 16384 // s, 2048 // hd
+    ops = layer_ops(_bench_model(hd), b, s, 1)
+    f_fwd = 4.0 * b * heads * s * s * hd / 2
+    attn = next(o for o in ops.forward if o.category == "attention").kernel()
+    attn_bwd = next(o for o in ops.backward if o.category == "attention_bwd").kernel()
+    assert attn.flops == pytest.approx(f_fwd) and attn_bwd.flops == pytest.approx(2.5 * f_fwd)
+    assert cm.duration(attn) - cm.op_overhead_s == pytest.approx(f_fwd / (fwd * 1e12), rel=1e-9)
+    if bwd is not None:
+        assert cm.duration(attn_bwd) - cm.op_overhead_s == pytest.approx(2.5 * f_fwd / (bwd * 1e12), rel=1e-9)
+
+
+def test_derived_causal_backward_rule_checked_where_both_are_published():
+    # FA2 on A100 publishes causal and non-causal, forward and backward (Fig. 5, 6): deriving the causal
+    # backward from the non-causal one by the forward's ratio lands within 8% of the measurement.
+    fwd_c = {64: (115, 146, 167, 177, 181, 183), 128: (132, 168, 187, 198, 200, 197)}
+    fwd_n = {64: (178, 191, 193, 192, 192, 192), 128: (209, 224, 227, 222, 224, 223)}
+    bwd_n = {64: (120, 141, 152, 163, 169, 170), 128: (136, 159, 175, 187, 193, 196)}
+    bwd_c = {64: (81, 111, 131, 149, 160, 166), 128: (90, 122, 145, 165, 176, 186)}
+    for hd in (64, 128):
+        for i in range(6):
+            derived = derived_causal_backward(fwd_c[hd][i], fwd_n[hd][i], bwd_n[hd][i])
+            assert derived == pytest.approx(bwd_c[hd][i], rel=0.08)
+
+
+def test_unfused_attention_against_megatron_baseline_fa1():
+    """Megatron's standard attention (FA1 Tables 18-19; A100-40GB, B 16, h 8, d 64, no dropout, no mask).
+
+    Measured at 2K: forward 4.28 ms, backward 8.86 ms. The batched-GEMM + softmax roofline model is
+    optimistic: about 22% forward and 33% backward (documented in the error budget); this pins that it
+    is never pessimistic and not more than 40% optimistic.
+    """
+    a100_40 = replace(A100, name="A100-40GB-SXM", hbm_bandwidth=1555e9, hbm_bytes=40e9)  # datasheet
+    cm = ComputeModel(a100_40)
+    b, h, d, s = 16, 8, 64, 2048
+    model = model_from_dict({"name": "fa1", "layers": 1, "hidden": h * d, "heads": h, "kv_heads": h,
+                             "ffn_hidden": 4 * h * d, "vocab": 128, "gated_mlp": False, "tied_embeddings": False})
+    ops = layer_ops(model, b, s, 1, flash_attention=False)
+    core = ("attention_scores", "attention_softmax", "attention_values")  # no dropout in the benchmark
+    fwd = sum(cm.duration(o.kernel()) for o in ops.forward if o.name in core)
+    bwd = sum(cm.duration(o.kernel()) for o in ops.backward if o.name.split(".")[0] in core)
+    assert 0.6 * 4.28e-3 <= fwd <= 4.28e-3
+    assert 0.6 * 8.86e-3 <= bwd <= 8.86e-3
+
+
+# ------------------------------------------------------------- collectives
+def _busbw(cluster, op, n, size, algorithm="auto"):
+    t = collective_time(cluster, op, n, size, algorithm)
+    return size / t * bus_factor(op, n) / 1e9
+
+
+@pytest.mark.parametrize("op, measured", [("all_reduce", 235.3), ("all_gather", 223.4), ("reduce_scatter", 231.5)])
+def test_nccl_busbw_on_one_a100_node(op, measured):
+    node = single_server("A100", 8)
+    assert _busbw(node, op, 8, 2**33) == pytest.approx(measured, rel=0.05)
+
+
+@pytest.mark.parametrize("op, measured", [("all_reduce", 370.0), ("all_gather", 361.4), ("reduce_scatter", 362.9)])
+def test_nccl_ring_busbw_on_one_h100_node(op, measured):
+    node = single_server("H100", 8)
+    assert _busbw(node, op, 8, 2**33, "ring") == pytest.approx(measured, rel=0.05)
+
+
+@pytest.mark.parametrize("preset, measured", [("dgx-a100", 192.0), ("dgx-h100", 375.0)])
+@pytest.mark.parametrize("nodes", [4, 16])
+def test_nccl_multi_node_ring_all_reduce_busbw(preset, measured, nodes):
+    c = build_cluster({"preset": preset, "nodes": nodes})
+    assert _busbw(c, "all_reduce", 8 * nodes, 2**33, "ring") == pytest.approx(measured, rel=0.05)
+
+
+def test_nccl_small_messages_are_latency_bound_at_the_measured_floor():
+    h100, a100 = single_server("H100", 8), single_server("A100", 8)
+    assert collective_time(h100, "all_reduce", 8, 8) == pytest.approx(13.7e-6, rel=0.25)
+    assert collective_time(a100, "all_gather", 8, 1024) == pytest.approx(12.5e-6, rel=0.25)
+    assert collective_time(a100, "all_reduce", 8, 1024) == pytest.approx(17e-6, rel=0.25)
+
+
+def test_nccl_picks_the_low_latency_protocol_for_small_and_simple_for_large():
+    fabric = Fabric(simpy.Environment(), single_server("H100", 8))
+    group = tuple(range(8))
+    assert fabric.choose("all_reduce", group, 1024.0)[1] == "LL"
+    assert fabric.choose("all_reduce", group, 2.0**30)[1] == "Simple"
+
+
+# ------------------------------------------------------------- one layer
+KORTHIKANTI_TABLE_4 = [  # sequence_parallel, recompute, forward ms, backward ms (22B layer, 8x A100, TP 8)
+    (False, "none", 7.7, 11.9),
+    (True, "none", 7.2, 11.8),
+    (False, "full", 7.7, 19.5),
+    (False, "selective", 7.7, 13.2),
+    (True, "selective", 7.2, 13.1),
+]
+
+
+@pytest.mark.parametrize("sp, recompute, fwd_ms, bwd_ms", KORTHIKANTI_TABLE_4)
+def test_one_megatron_layer_against_korthikanti_table_4(sp, recompute, fwd_ms, bwd_ms):
+    """One transformer layer of the 22B model, kernels and TP collectives together (Korthikanti et al.
+    2022, arXiv:2205.05198, Table 4: h 6144, 64 heads, seq 2048, micro-batch 4, TP 8 on one DGX A100).
+
+    The composed layer is 2-10% faster than measured in every configuration (the error budget in
+    docs/VALIDATION.md says where: unfused attention and mid-size NCCL all-reduces); the measured
+    effects of SP and recomputation must come out with the right sign and size.
+    """
+    from simulator.experiment import experiment_from_dict, run_experiment
+    doc = {"cluster": {"preset": "dgx-a100", "nodes": 1},
+           "model": {"preset": "gpt3-175b", "layers": 2, "hidden": 6144, "heads": 64, "kv_heads": 64,
+                     "ffn_hidden": 24576},
+           "parallel": {"tp": 8, "pp": 1, "dp": 1, "micro_batch": 4, "global_batch": 4, "sequence_parallel": sp,
+                        "recompute": recompute},
+           "training": {"seq_len": 2048},
+           "options": {"flash_attention": False, "embedding_and_loss": False, "granularity": "layer"}}
+    ops = run_experiment(experiment_from_dict(doc), force=True).rep_ops
+    layer = ops[(ops["micro_batch"] >= 0) & (ops["stream"] == "compute") & (ops["layer"] == 1)]
+
+    def span(prefix: str) -> float:
+        x = layer[layer["name"].str.startswith(prefix)]
+        return float(x["end_s"].max() - x["start_s"].min()) * 1e3
+
+    assert 0.88 * fwd_ms <= span("F") <= fwd_ms
+    assert 0.88 * bwd_ms <= span("B") <= 1.02 * bwd_ms
