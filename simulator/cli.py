@@ -42,6 +42,33 @@ def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8) -> 
     return build_cluster({"preset": spec})
 
 
+# ------------------------------------------------------------------ zero
+@command("zero", "ZeRO-0..3 model-state memory and traffic per GPU, with the formulas (Rajbhandari et al.)")
+def _zero():
+    def configure(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--params", default="1T", help="parameters Ψ, e.g. 1T, 175B, 7.5e9 (default 1T)")
+        p.add_argument("--gpus", type=int, default=1024, help="data-parallel GPUs N (default 1024)")
+        p.add_argument("--dtype-bytes", type=int, default=2, choices=(2, 4), help="parameter/gradient bytes")
+        p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+
+    def run(args: argparse.Namespace) -> int:
+        from workloads.sharding import parse_count, zero_figures
+        if not 1 <= args.gpus <= 10**7:
+            raise ValueError(f"--gpus: must be an integer in 1..10000000, got {args.gpus}")
+        rows = zero_figures(parse_count(args.params, "--params"), args.gpus, args.dtype_bytes)
+        if args.json:
+            print(json.dumps(rows))
+            return 0
+        print(f"Ψ = {args.params} parameters, N = {args.gpus} GPUs, mixed-precision Adam (K = 12); per GPU, "
+              f"GB = 1e9 bytes:")
+        print(f"{'ZeRO':>4}  {'model states':>14}  {'memory formula':<16}  {'sent / step':>13}  traffic formula")
+        for r in rows:
+            print(f"{r['zero']:>4}  {r['model_states_bytes'] / 1e9:>11,.1f} GB  {r['memory_formula']:<16}  "
+                  f"{r['traffic_bytes_per_gpu'] / 1e9:>10,.1f} GB  {r['traffic_formula']}")
+        return 0
+    return configure, run
+
+
 # ------------------------------------------------------------------ collective
 @command("collective", "simulated nccl-tests: time one collective over a range of sizes")
 def _collective():

@@ -97,7 +97,8 @@ class Experiment:
     def memory(self) -> MemoryBreakdown:
         """Peak memory per GPU (most loaded pipeline stage)."""
         return memory_per_gpu(self.model, self.parallel, self.training,
-                              flash_attention=self.options.flash_attention)
+                              flash_attention=self.options.flash_attention,
+                              grad_dtype_bytes=self.options.grad_dtype_bytes)
 
     def compute_model(self) -> ComputeModel:
         return ComputeModel(self.cluster.gpu, dtype=self.training.dtype, **self.compute)

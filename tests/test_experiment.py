@@ -108,18 +108,35 @@ def test_world_size_mismatch_suggests_dp():
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 @pytest.mark.parametrize("pp", [1, 2])
 def test_model_states_follow_the_zero_formula(zero, pp):
+    # Rajbhandari et al.'s (2 + 2 + 12)Ψ sharded by stage, with 16-bit gradients; ZeRO-3 (FSDP) also holds the
+    # parameters it has gathered at its peak (two layers: the one running, the one prefetched, and its root
+    # unit while it is gathered). ZeRO-2 here is DeepSpeed's (full 16-bit parameters on every rank).
     dp = 8 // pp
-    exp = experiment_from_dict(doc(parallel={"pp": pp, "dp": dp, "zero": zero, "global_batch": dp * pp}))
+    impl = "fsdp" if zero == 3 else "auto"
+    exp = experiment_from_dict(doc(parallel={"pp": pp, "dp": dp, "zero": zero, "global_batch": dp * pp,
+                                             "zero_impl": impl}))
     for stage in range(pp):
         psi = small_params(stage, pp)
-        m = memory_per_gpu(exp.model, exp.parallel, exp.training, stage=stage)
-        assert m.parameters == pytest.approx(2 * psi / (dp if zero >= 3 else 1), rel=1e-12)
+        m = memory_per_gpu(exp.model, exp.parallel, exp.training, stage=stage, grad_dtype_bytes=2)
+        layer, per_stage = exp.model.params_per_layer(0), exp.model.layers // pp
+        root = psi - layer * per_stage
+        # The first stage holds its root (the embedding, used first forward and last backward) through the
+        # layers: root + 2 layers. A later last stage releases its root (output layer) after that layer's
+        # backward, which runs first: the larger of root + 1 layer (forward) and 2 layers (backward).
+        live = (root + min(2, per_stage) * layer if stage == 0 else max(root + layer, 2 * layer)) if zero == 3 else 0
+        assert m.parameters == pytest.approx(2 * psi / (dp if zero >= 3 else 1) + 2 * live, rel=1e-12)
         assert m.gradients == pytest.approx(2 * psi / (dp if zero >= 2 else 1), rel=1e-12)
         assert m.optimizer == pytest.approx(12 * psi / (dp if zero >= 1 else 1), rel=1e-12)
 
 
+def test_megatron_keeps_fp32_gradients_for_bf16():
+    exp = experiment_from_dict(doc(parallel={"dp": 8, "zero": 1}))
+    psi = small_params(0, 1)
+    assert exp.memory().gradients == pytest.approx(4 * psi, rel=1e-12)   # grad_reduce_in_fp32
+
+
 def test_summary_reports_the_memory_of_the_most_loaded_stage():
-    exp = experiment_from_dict(doc(parallel={"dp": 8, "zero": 2}))
+    exp = experiment_from_dict(doc(parallel={"dp": 8, "zero": 2}))   # DeepSpeed: 16-bit gradients, no gathers
     res = run_experiment(exp)
     mem = res.summary["memory_breakdown_bytes"]
     psi = small_params(0, 1)
@@ -132,19 +149,23 @@ def test_summary_reports_the_memory_of_the_most_loaded_stage():
 def test_trillion_parameters_zero3_on_1024_gpus():
     # ZeRO paper, section 1: a 1T-parameter model needs ~16 TB of model states; ZeRO-3 over 1024 GPUs
     # brings that to ~15.6 GB per GPU. l = 128, h = 25472 (199 heads of 128), untied V = 51200.
+    from workloads.sharding import zero_figures
     l, h, V = 128, 25472, 51200
     psi = l * (12 * h * h + 2 * h) + 2 * V * h + h            # = 0.9992e12
     exp = experiment_from_dict({
         "cluster": {"preset": "dgx-h100", "nodes": 128},
         "model": {"name": "1t", "layers": l, "hidden": h, "heads": 199, "kv_heads": 199, "ffn_hidden": 4 * h,
                   "vocab": V, "gated_mlp": False, "tied_embeddings": False},
-        "parallel": {"dp": 1024, "zero": 3, "global_batch": 1024},
+        "parallel": {"dp": 1024, "zero": 3, "global_batch": 1024, "zero_impl": "fsdp"},
     })
+    paper = zero_figures(exp.model.total_params(), 1024)[3]["model_states_bytes"]
+    assert paper == pytest.approx(16 * psi / 1024, rel=1e-12)
+    assert paper * 1024 == pytest.approx(16e12, rel=0.001)
+    assert paper / GB == pytest.approx(15.6, abs=0.05)
+    # FSDP also holds its gathered units at the peak: the root (embedding, output layer) and two layers.
     m = exp.memory()
-    states = m.parameters + m.gradients + m.optimizer
-    assert states == pytest.approx(16 * psi / 1024, rel=1e-12)
-    assert states * 1024 == pytest.approx(16e12, rel=0.001)
-    assert states / GB == pytest.approx(15.6, abs=0.05)
+    live = 2 * V * h + h + 2 * (12 * h * h + 2 * h)
+    assert m.parameters + m.gradients + m.optimizer == pytest.approx(paper + 2 * live, rel=1e-9)
 
 
 def test_out_of_memory_is_refused_unless_forced():
@@ -202,11 +223,12 @@ def test_no_pipeline_no_bubble():
 
 
 def test_tied_embedding_gradient_sync_uses_the_padded_vocabulary():
-    # Megatron pads V = 500 to 512 (a multiple of 128); the tied embedding's gradient (bf16) is all-reduced
-    # between the first and last stage: 2 ranks, ring payload 2·(2-1)/2·S each.
+    # Megatron pads V = 500 to 512 (a multiple of 128); the tied embedding's gradient (fp32: Megatron's main
+    # gradients of bf16 training) is all-reduced between the first and last stage: 2 ranks, ring payload
+    # 2·(2-1)/2·S each.
     model = dict(SMALL, vocab=500, tied_embeddings=True)
     d = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 2}, "model": model,
          "parallel": {"pp": 2, "dp": 1, "global_batch": 2}, "training": {"seq_len": 256}}
     res = run_experiment(experiment_from_dict(d))
-    S = 512 * 256 * 2
+    S = 512 * 256 * 4
     assert res.bytes_by_class["dp"] == pytest.approx(2 * S, rel=1e-12)

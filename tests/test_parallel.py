@@ -26,7 +26,8 @@ TRAIN = TrainingSpec()
 def test_defaults():
     p = ParallelConfig(dp=4, micro_batch=2)
     assert p.global_batch == 8                       # one micro-batch per replica
-    assert p.grad_bucket_bytes == 25 * 1024 * 1024   # PyTorch DDP bucket_cap_mb=25
+    assert p.grad_bucket_bytes is None               # the implementation's (workloads.sharding)
+    assert p.zero_impl == "auto" and p.zero_overlap
     assert p.placement == ("tp", "dp", "pp")         # Megatron: TP innermost
     assert (TRAIN.seq_len, TRAIN.dtype, TRAIN.dtype_bytes) == (2048, "bf16", 2)
 

@@ -34,6 +34,7 @@ from workloads.parallel import ParallelConfig, TrainingSpec
 from workloads.training import StepOptions, training_step
 
 BF16 = 2
+FP32 = 4  # Megatron keeps (and reduces) the gradients of bf16 training in fp32 (grad_reduce_in_fp32)
 
 
 def free_cluster(gpus: int) -> dict:
@@ -211,25 +212,38 @@ def test_dp_ring_volume_is_2_n_minus_1_over_n_of_gradients(t, n):
     model = small_model()
     par = ParallelConfig(tp=t, dp=n, micro_batch=1, global_batch=2 * n)
     _step, res = run_step(model, par, TrainingSpec(seq_len=128), single_server("H100-SXM", 8))
-    grad_bytes = params_per_tp_rank(model, t) * BF16
+    grad_bytes = params_per_tp_rank(model, t) * FP32
     per_rank = 2 * (n - 1) / n * grad_bytes
     assert res.bytes_by_class["dp"] == pytest.approx(t * n * per_rank, rel=1e-9)   # t DP groups of n ranks
 
 
-def test_zero3_moves_one_and_a_half_times_zero2():
+@pytest.mark.parametrize("impl", ["fsdp", "fsdp2", "deepspeed"])
+def test_zero3_moves_about_one_and_a_half_times_zero2(impl):
+    # Textbook ZeRO (Rajbhandari et al.): ZeRO-2 moves a reduce-scatter of gradients and an all-gather of
+    # parameters, (n-1)/n of the bytes each per rank; ZeRO-3 gathers the parameters before the forward and
+    # again before the backward: 1.5x. Hand count of what each framework gathers (m = 1, tied embedding):
+    # FSDP keeps its root unit (embedding + final norm) gathered through the micro-batch: root once, every
+    # layer twice. DeepSpeed keeping nothing for reuse (reuse distance 0, nothing persistent but the norms)
+    # gathers every Linear twice and the tied embedding three times: as input, as output layer (kept for
+    # the output layer's backward, which comes right after: 0 elements in between) and in backward.
     model = small_model()
-    n = 8
+    n, h, V, L = 8, model.hidden, model.vocab, model.layers
     volume = {}
-    for zero in (1, 2, 3):
-        par = ParallelConfig(dp=n, zero=zero, global_batch=n)     # m = 1
+    for zero in (2, 3):
+        par = ParallelConfig(dp=n, zero=zero, global_batch=n, zero_impl=impl, zero_reuse_distance=0,
+                             zero_persistence=0)   # m = 1
         _step, res = run_step(model, par, TrainingSpec(seq_len=128), single_server("H100-SXM", n))
         volume[zero] = res.bytes_by_class.get("dp", 0) + res.bytes_by_class.get("zero", 0)
-    grads = params_per_tp_rank(model, 1) * BF16
-    # ZeRO-1/2: reduce-scatter of gradients + all-gather of parameters, (n-1)/n of the bytes each per rank
-    assert volume[2] == pytest.approx(n * 2 * (n - 1) / n * grads, rel=1e-9)
-    assert volume[1] == pytest.approx(volume[2], rel=1e-12)
-    # ZeRO-3: parameters gathered before the forward and again before the backward: 3 (n-1)/n per rank
-    assert volume[3] / volume[2] == pytest.approx(1.5, rel=1e-9)
+    params = params_per_tp_rank(model, 1)
+    ring = n * (n - 1) / n * BF16                    # bytes all n ranks send per gathered/reduced element
+    assert volume[2] == pytest.approx(2 * params * ring, rel=1e-9)
+    layer = 4 * h * h + 2 * h * model.ffn_hidden + 2 * h
+    if impl == "deepspeed":
+        gathered = 3 * V * h + 2 * L * (layer - 2 * h)
+    else:
+        gathered = (V * h + h) + 2 * L * layer
+    assert volume[3] == pytest.approx((params + gathered) * ring, rel=1e-9)
+    assert 1.4 < volume[3] / volume[2] < 1.6
 
 
 # ---------------------------------------------------------- 5. parameter server
@@ -256,7 +270,7 @@ def test_parameter_server_links_carry_n_minus_1_times_a_worker(nodes):
     n = 8 * nodes
     cluster = build_cluster({"preset": "dgx-h100", "nodes": nodes})
     model, res = _dp_only("parameter_server", n, cluster)
-    grads = params_per_tp_rank(model, 1) * BF16
+    grads = params_per_tp_rank(model, 1) * FP32
     server, worker = cluster.gpus[0], cluster.gpus[n - 1]
     # the server receives every worker's gradients and sends the sum back to each (NVLink and NIC edges)
     assert _in_bytes(res, server) == pytest.approx((n - 1) * grads, rel=1e-9)
@@ -279,7 +293,7 @@ def test_parameter_server_slows_dp_by_the_alpha_beta_factor():
         dp = ops[(ops["traffic_class"] == "dp") & (ops["rank"] == 0)]
         assert len(dp) == 1
         times[sync] = float(dp["duration_s"].iloc[0])
-    S = params_per_tp_rank(model, 1) * BF16
+    S = params_per_tp_rank(model, 1) * FP32
     lat = alpha + 2 * hop                                    # per step: software α + GPU→NVSwitch→GPU
     ring = 2 * (n - 1) * lat + 2 * (n - 1) / n * S / B       # each GPU link carries 2(n-1)/n·S
     ps = 2 * lat + 2 * (n - 1) * S / B                        # the server's link carries (n-1)·S each way
@@ -336,14 +350,15 @@ def test_step_time_covers_every_ranks_compute():
 
 
 def test_zero3_gathers_are_prefetched_on_their_own_stream():
+    # FSDP: every layer (unit) is gathered before its forward and its backward, the root unit (embedding,
+    # final norm) once per micro-batch, kept through it.
     model = small_model(layers=4)
-    par = ParallelConfig(dp=4, zero=3, pp=2, global_batch=16)
+    par = ParallelConfig(dp=8, zero=3, global_batch=16, zero_impl="fsdp")
     step, res = run_step(model, par, TrainingSpec(seq_len=128), single_server("H100-SXM", 8))
     ops = res.ops
     gathers = ops[ops["traffic_class"] == "zero"]
     m = step.num_micro_batches
-    # one all-gather before every forward and every backward of every rank
-    assert len(gathers) == 8 * 2 * m
+    assert len(gathers) == 8 * (2 * 4 + 1) * m
     assert set(gathers["stream"]) == {"zero"}
 
 

@@ -12,6 +12,7 @@ with a one-line message that starts with the offending field (``model.heads``,
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -34,6 +35,15 @@ def check_int(field: str, value: object, *, minimum: int = 1) -> None:
     if not _is_int(value) or value < minimum:  # type: ignore[operator]
         what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ConfigError(f"{field}: must be {what}, got {value!r}")
+
+
+def check_number(field: str, value: object, *, minimum: float = 0.0, maximum: float = float("inf"),
+                 unit: str = "") -> None:
+    """Raise :class:`ConfigError` unless ``value`` is a finite real number in ``[minimum, maximum]``."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not minimum <= value <= maximum:  # type: ignore[operator]
+        unit = f" {unit}" if unit else ""
+        raise ConfigError(f"{field}: must be a finite number in [{minimum:g}, {maximum:g}]{unit}, got {value!r}")
 
 
 def check_bool(field: str, value: object) -> None:

@@ -10,6 +10,13 @@ parameters. Routed-expert parameters are sharded over the expert-DP group
 (``dp / ep``), everything else over ``dp``. ``dp_sync: parameter_server`` is
 counted like all-reduce DDP (every worker holds a full replica).
 
+The frameworks depart from the paper where :mod:`workloads.sharding` says:
+the gradient buffer is the implementation's (Megatron keeps fp32 gradients
+for bf16 training: ``4 Psi``), and a ZeRO-3 (or FSDP ZeRO-2) GPU also holds
+the parameters it has gathered at the peak of its step — the unit in use,
+the prefetched one, and what DeepSpeed keeps for reuse
+(:func:`~workloads.sharding.gather_schedule`).
+
 Activations (Korthikanti et al. 2022, *Reducing Activation Recomputation in
 Large Transformer Models*, section 4 and Table 2), per layer and micro-batch,
 16-bit activations and 1-byte dropout masks, ``a`` heads, TP degree ``t``:
@@ -47,6 +54,7 @@ from dataclasses import dataclass, field
 from .flops import LOSS_BYTES
 from .models import ModelSpec
 from .parallel import ParallelConfig, TrainingSpec, num_micro_batches, padded_vocab, stage_layers, validate
+from .sharding import gather_schedule, sharding_plan, stage_uses
 
 __all__ = [
     "MemoryBreakdown", "memory_per_gpu", "model_state_bytes", "stage_params",
@@ -228,17 +236,23 @@ def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: Tra
 
 # ------------------------------------------------------------------ entry
 def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec, stage: int,
-                  flash_attention: bool) -> MemoryBreakdown:
+                  flash_attention: bool, grad_dtype_bytes: int | None) -> MemoryBreakdown:
     dense, routed = stage_params(model, parallel, stage)
     d, z = training.dtype_bytes, parallel.zero
+    plan = sharding_plan(parallel, training.dtype, grad_dtype_bytes)
     a = model_state_bytes(dense, dp=parallel.dp, zero=z, dtype_bytes=d)
     e = model_state_bytes(routed, dp=parallel.dp // parallel.ep, zero=z, dtype_bytes=d)
-    return MemoryBreakdown(a[0] + e[0], a[1] + e[1], a[2] + e[2],
+    grads = (a[1] + e[1]) * plan.grad_bytes / d  # the framework's gradient buffer (Megatron: fp32 for bf16)
+    params = a[0] + e[0]
+    if plan.gather is not None and parallel.dp > 1:  # gathered parameters live at the peak (prefetch included)
+        params += gather_schedule(stage_uses(model, parallel, plan, stage)[1], plan).peak_live * d
+    return MemoryBreakdown(params, grads, a[2] + e[2],
                            _stage_activations(model, parallel, training, stage, flash_attention), stage)
 
 
 def memory_per_gpu(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
-                   stage: int | None = None, *, flash_attention: bool = False) -> MemoryBreakdown:
+                   stage: int | None = None, *, flash_attention: bool = False,
+                   grad_dtype_bytes: int | None = None) -> MemoryBreakdown:
     """Peak memory of one GPU of pipeline stage ``stage`` (default: the most loaded stage).
 
     Parameters
@@ -250,6 +264,10 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelConfig, training: Trainin
     flash_attention : bool, default False
         Attention scores are never stored (FlashAttention). The default follows
         Korthikanti et al.'s table, which stores them unless recomputed.
+    grad_dtype_bytes : int, optional
+        Bytes per element of the gradient buffer; default the implementation's
+        (:func:`~workloads.sharding.sharding_plan`: Megatron keeps fp32 gradients
+        for bf16 training, DeepSpeed and FSDP the model dtype).
 
     Returns
     -------
@@ -270,4 +288,5 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelConfig, training: Trainin
     """
     validate(model, parallel, training)
     stages = range(parallel.pp) if stage is None else [stage]
-    return max((_stage_memory(model, parallel, training, i, flash_attention) for i in stages), key=lambda mb: mb.total)
+    return max((_stage_memory(model, parallel, training, i, flash_attention, grad_dtype_bytes) for i in stages),
+               key=lambda mb: mb.total)

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
-from .errors import ConfigError, check_bool, check_choice, check_int, check_keys, divisors
+from .errors import ConfigError, check_bool, check_choice, check_int, check_keys, check_number, divisors
 from .models import ModelSpec
 
 __all__ = [
@@ -47,6 +47,8 @@ DP_SYNC = ("allreduce", "parameter_server")
 DIMS = ("tp", "dp", "pp")
 VOCAB_DIVISIBLE_BY = 128
 DDP_BUCKET_BYTES = 25 * 2**20
+ZERO_IMPLS = ("auto", "megatron", "deepspeed", "fsdp", "fsdp2")
+"""Sharded data-parallel implementations (:mod:`workloads.sharding`)."""
 """PyTorch DDP's default ``bucket_cap_mb=25`` (25 MiB)."""
 
 
@@ -108,10 +110,36 @@ class ParallelConfig:
     placement : tuple of str
         Order of the dimensions over the cluster's GPU order, innermost
         (fastest-varying) first; a permutation of ``("tp", "dp", "pp")``.
-    grad_bucket_bytes : int
-        Gradient bucket size for overlapped DP reduction, bytes (DDP: 25 MiB).
+    grad_bucket_bytes : int or None
+        Gradient bucket size for DP reduction, bytes. ``None`` (default): the
+        implementation's (:mod:`workloads.sharding`): Megatron-Core
+        ``max(40M, 1M·dp)`` parameters, DeepSpeed ``reduce_bucket_size`` 5e8
+        elements, FSDP one unit. PyTorch DDP's is 25 MiB.
     overlap_grad_reduce : bool
         Reduce gradient buckets during backward rather than after it.
+    zero_impl : {"auto", "megatron", "deepspeed", "fsdp", "fsdp2"}
+        Which framework's sharded data parallelism runs the ZeRO stage, with
+        its own gather granularity, prefetch, re-gathers and gradient
+        reduction (:mod:`workloads.sharding`). ``auto``: ``megatron`` for
+        ZeRO 0-1 (DDP, distributed optimizer), ``deepspeed`` for 2-3.
+    zero_grad_sync : {"auto", "micro_batch", "step"}
+        When sharded gradients are reduce-scattered: after every micro-batch
+        (DeepSpeed ZeRO-2/3; FSDP without ``no_sync``) or once per step
+        (Megatron; FSDP inside ``no_sync``). ``auto``: the implementation's.
+    zero_overlap : bool
+        ZeRO-3 parameter all-gathers run on their own stream, prefetched ahead
+        of use (default). False: each fetch blocks the compute stream, one
+        collective per parameter tensor (DeepSpeed <= 0.5, 2021, which
+        synchronised the device after every fetch).
+    zero_prefetch : float
+        DeepSpeed ``stage3_prefetch_bucket_size``, elements (default 5e7):
+        upcoming modules are gathered together until this many.
+    zero_reuse_distance : float
+        DeepSpeed ``stage3_max_reuse_distance``, elements (default 1e9): a
+        gathered parameter used again within this many elements is kept.
+    zero_persistence : float
+        DeepSpeed ``stage3_param_persistence_threshold``, elements (default
+        1e5): smaller parameters (norms, biases) are never partitioned.
     """
 
     tp: int = 1
@@ -127,12 +155,31 @@ class ParallelConfig:
     sequence_parallel: bool = False
     recompute: str = "none"
     placement: tuple[str, ...] = DIMS
-    grad_bucket_bytes: int = DDP_BUCKET_BYTES
+    grad_bucket_bytes: int | None = None
     overlap_grad_reduce: bool = True
+    zero_impl: str = "auto"
+    zero_grad_sync: str = "auto"
+    zero_overlap: bool = True
+    zero_prefetch: float = 5e7
+    zero_reuse_distance: float = 1e9
+    zero_persistence: float = 1e5
 
     def __post_init__(self) -> None:
-        for f in ("tp", "pp", "dp", "ep", "micro_batch", "virtual_stages", "grad_bucket_bytes"):
+        for f in ("tp", "pp", "dp", "ep", "micro_batch", "virtual_stages"):
             check_int(f"parallel.{f}", getattr(self, f))
+        if self.grad_bucket_bytes is not None:
+            check_int("parallel.grad_bucket_bytes", self.grad_bucket_bytes)
+        check_choice("parallel.zero_impl", self.zero_impl, ZERO_IMPLS)
+        check_choice("parallel.zero_grad_sync", self.zero_grad_sync, ("auto", "micro_batch", "step"))
+        check_bool("parallel.zero_overlap", self.zero_overlap)
+        for f in ("zero_prefetch", "zero_reuse_distance", "zero_persistence"):
+            value = getattr(self, f)
+            if isinstance(value, str):  # YAML 1.1 reads 5e7 (no dot) as a string
+                try:
+                    object.__setattr__(self, f, float(value))
+                except ValueError:
+                    pass
+            check_number(f"parallel.{f}", getattr(self, f), minimum=0.0, maximum=1e15, unit="elements")
         if self.global_batch is None:
             object.__setattr__(self, "global_batch", self.micro_batch * self.dp)
         check_int("parallel.global_batch", self.global_batch)
@@ -298,10 +345,21 @@ def _check_experts(model: ModelSpec, parallel: ParallelConfig) -> None:
                           f"lives inside data parallelism); valid ep values: {valid}")
 
 
+_ZERO_STAGES_OF = {"megatron": (0, 1), "deepspeed": (0, 1, 2, 3), "fsdp": (2, 3), "fsdp2": (2, 3)}
+
+
 def _check_sync(parallel: ParallelConfig) -> None:
     if parallel.dp_sync == "parameter_server" and parallel.zero:
         raise ConfigError(f"parallel.zero: {parallel.zero} cannot shard state under dp_sync: parameter_server; "
                           f"use zero: 0 or dp_sync: allreduce")
+    impl = parallel.zero_impl
+    if impl != "auto" and parallel.zero not in _ZERO_STAGES_OF[impl]:
+        fits = [k for k, v in _ZERO_STAGES_OF.items() if parallel.zero in v]
+        raise ConfigError(f"parallel.zero_impl: {impl} runs ZeRO stages {list(_ZERO_STAGES_OF[impl])}, not "
+                          f"zero: {parallel.zero}; valid for it: {', '.join(['auto'] + fits)}")
+    if parallel.zero_grad_sync == "step" and impl == "deepspeed" and parallel.zero >= 2:
+        raise ConfigError("parallel.zero_grad_sync: DeepSpeed ZeRO-2/3 reduce gradients every micro-batch "
+                          "(no_sync is not supported); valid: auto, micro_batch")
 
 
 def _check_positions(model: ModelSpec, training: TrainingSpec) -> None:

@@ -76,6 +76,17 @@ from .moe import LayerRouting, RoutingModel, route_layer
 from .ops import Kernel, OpGraph
 from .parallel import ParallelConfig, RankLayout, TrainingSpec, num_micro_batches, padded_vocab, stage_layers, validate
 from .schedules import PipeAction, pipeline_schedule
+from .sharding import (
+    GatherSchedule,
+    Unit,
+    Use,
+    end_units,
+    gather_schedule,
+    layer_units,
+    module_of,
+    sharding_plan,
+    stage_uses,
+)
 
 GRANULARITIES = ("chunk", "layer")
 P2P_MODES = ("async", "blocking")
@@ -227,7 +238,8 @@ class _StepBuilder:
         self.p, self.v, self.t = parallel.pp, parallel.virtual_stages, parallel.tp
         self.sp = parallel.sp
         self.dtype = training.dtype_bytes
-        self.grad_bytes = options.grad_dtype_bytes or self.dtype
+        self.plan = sharding_plan(parallel, training.dtype, options.grad_dtype_bytes)
+        self.grad_bytes = self.plan.grad_bytes
         b, s, h = parallel.micro_batch, training.seq_len, model.hidden
         self.act_elems = b * s * h
         # With SP the activation between stages is already split over TP. Without it, Megatron's
@@ -245,6 +257,8 @@ class _StepBuilder:
         self.expert_parallel = model.is_moe and parallel.ep > 1
         self.routes: dict[int, LayerRouting] = {}
         self._moe_parts: dict[tuple, tuple] = {}
+        self._unit_segments: dict[tuple, list[tuple[_Segment, Unit, str]]] = {}
+        self._traces: dict[int, tuple[list[list[int]], list[Use], GatherSchedule]] = {}
 
     # -------------------------------------------------------------- layers
     def chunk_layers(self, stage: int, chunk: int) -> list[int]:
@@ -347,6 +361,109 @@ class _StepBuilder:
         self._segments_cache[key] = segs
         return segs
 
+    # ------------------------------------------------------- sharded units
+    def unit_segments(self, stage: int, chunk: int, phase: str) -> list[tuple[_Segment, Unit, str]]:
+        """One pass of a chunk cut at its gathered units: ``(segment, unit, use phase)`` in execution order.
+
+        Module granularity (DeepSpeed ZeRO-3) cuts every layer at its GEMMs: a segment runs the kernels
+        from one module's GEMM to the next module's (norms and the attention core go with the module
+        before them); a recomputed forward inside a backward pass is its own use (``R``). Layer granularity
+        (FSDP) keeps each layer (recomputation included) and the embedding / output kernels (the root unit)
+        whole. A segment carries the gradients of its unit on the unit's last backward use in the pass.
+        """
+        key = (stage, chunk, phase)
+        cached = self._unit_segments.get(key)
+        if cached is not None:
+            return cached
+        gran = self.plan.gather
+        ends = end_units(self.model, self.par, gran, stage)
+        t, ep, gb = self.t, self.par.ep, self.grad_bytes
+        out: list[tuple[_Segment, Unit, str]] = []
+        for seg in self.segments(stage, chunk, phase, True):
+            end_seg = all(module_of(k.name) in (None, "embedding", "output") for k in seg.kernels) and any(
+                module_of(k.name) in ("embedding", "output") for k in seg.kernels)
+            if end_seg:
+                unit = ends["embedding" if any(module_of(k.name) == "embedding" for k in seg.kernels) else "output"]
+                pieces = [(unit, phase, seg.kernels)]
+            elif gran == "layer" or seg.moe is not None:
+                unit = layer_units(self.model, seg.layer, t, ep, "layer")["layer"]
+                pieces = [(unit, phase, seg.kernels)]
+            else:
+                units = layer_units(self.model, seg.layer, t, ep, "module")
+                pieces = []
+                waiting: list[LayerOp] = []
+                for op in seg.kernels:
+                    mod = module_of(op.name)
+                    use = "F" if phase == "F" else ("B" if "." in op.name else "R")
+                    if mod is None:
+                        (pieces[-1][2] if pieces else waiting).append(op)
+                    elif pieces and pieces[-1][0] is units[mod] and pieces[-1][1] == use:
+                        pieces[-1][2].append(op)
+                    else:
+                        pieces.append((units[mod], use, waiting + [op]))
+                        waiting = []
+            modules = not end_seg and gran != "layer" and seg.moe is None
+            # persistent parameters (module granularity) are reduced, never gathered: a layer's norms with its
+            # first backward module; the final norm with a tied output layer (which is the embedding unit)
+            persistent = (self.model.norm_params() if modules else
+                          self.model.final_norm_params() if end_seg and unit.key == ("embedding",)
+                          and any(k.name.startswith("final_norm") for k in seg.kernels) else 0)
+            for i, (unit, use, ops) in enumerate(pieces):
+                extra = persistent and use == "B" and i == next(k for k, p in enumerate(pieces) if p[1] == "B")
+                sub = _Segment(list(ops), dict(seg.tp) if i == len(pieces) - 1 else {}, seg.layer,
+                               persistent * gb if extra else 0.0, moe=seg.moe, phase=phase)
+                out.append((sub, unit, use))
+        # A unit's gradients are ready after its last backward use in the pass (a tied embedding is used twice).
+        last_b = {unit.key: i for i, (_s, unit, use) in enumerate(out) if use == "B"}
+        for i, (sub, unit, _use) in enumerate(out):
+            if last_b.get(unit.key) == i:
+                sub.grad_bytes += unit.params * gb
+                sub.expert_grad_bytes += unit.expert_params * gb
+        self._unit_segments[key] = out
+        return out
+
+    def zero_trace(self, stage: int) -> tuple[list[list[int]], list[Use], GatherSchedule]:
+        """The uses of gathered units over one rank's step on ``stage`` (:func:`~workloads.sharding.stage_uses`)
+        and the framework's all-gather schedule for them (the same for every rank of the stage)."""
+        cached = self._traces.get(stage)
+        if cached is None:
+            per_action, uses = stage_uses(self.model, self.par, self.plan, stage, self.opt.embedding_and_loss)
+            for a, ids in zip(self.schedules[stage], per_action):
+                cut = [(unit.key, use) for _seg, unit, use in self.unit_segments(stage, a.chunk, a.phase)]
+                if cut != [(uses[i].unit.key, uses[i].phase) for i in ids]:
+                    raise AssertionError(f"stage {stage} {a}: kernels cut at {cut}, trace expects "
+                                         f"{[(uses[i].unit.key, uses[i].phase) for i in ids]}")
+            cached = self._traces[stage] = (per_action, uses, gather_schedule(uses, self.plan))
+        return cached
+
+    def _emit_gather(self, rank: int, group: list[int], uses: list[Use], use_end: dict[int, int],
+                     groups: list[list[int]], g: int, mb: int, stage: int) -> int:
+        """The all-gather of fetch group ``g``: one coalesced collective over the DP group (routed experts
+        over the expert-DP group), prefetched once the previous group's first use is about to start; without
+        overlap, one blocking collective per parameter tensor on the compute stream."""
+        lay, plan = self.layout, self.plan
+        dense = sum(uses[i].unit.params for i in group) * self.dtype
+        experts = sum(uses[i].unit.expert_params for i in group) * self.dtype
+        tensors = max(1, sum(uses[i].unit.tensors for i in group))
+        deps: list[int] = []
+        if plan.overlap and g > 0:
+            before = groups[g - 1][0] - 1
+            if before in use_end:
+                deps = [use_end[before]]
+        stream = "zero" if plan.overlap else COMPUTE_STREAM
+        count = 1 if plan.overlap else tensors
+        last = None
+        for nbytes, grp in ((dense, lay.dp_group(rank)), (experts, lay.expert_dp_group(rank))):
+            if nbytes > 0 and len(grp) > 1:
+                last = self.graph.collective_op(rank, "all_gather", grp, nbytes / count, name="zero_gather",
+                                                stream=stream, deps=deps, count=count, traffic_class="zero",
+                                                micro_batch=mb, stage=stage)
+        if last is not None and plan.copy_out:  # FSDP2: split the gathered buffer into per-parameter tensors
+            last = self.graph.compute(rank, parts=(Kernel("elementwise", 0.0, 2.0 * (dense + experts)),),
+                                      name="zero_copy_out", deps=[last], stream=COMPUTE_STREAM,
+                                      category="elementwise", micro_batch=mb, stage=stage)
+        return last
+
     # ----------------------------------------------------------------- MoE
     def _moe_split(self, layer: int, phase: str) -> tuple[list[LayerOp], list[LayerOp], list[LayerOp]] | None:
         """A MoE layer's kernels cut at the two all-to-alls: (before dispatch, experts, after combine)."""
@@ -439,8 +556,12 @@ class _StepBuilder:
             if a.phase == "B":
                 last_b[a.chunk] = idx
         dp_group = lay.dp_group(rank)
-        zero3 = par.zero == 3 and par.dp > 1
-        prev_compute_ends: list[int] = []
+        plan = self.plan
+        every_mb = plan.grad_sync == "micro_batch"
+        gathered = plan.gather is not None and par.dp > 1
+        trace = self.zero_trace(stage) if gathered else None
+        use_end: dict[int, int] = {}
+        gather_of: dict[int, int] = {}
         pending = _Buckets(self, rank, dp_group)
         last_op = None
         blocking = self.opt.p2p == "blocking"
@@ -461,24 +582,32 @@ class _StepBuilder:
                 deps.append(self._gathered(rank, g.recv(
                     rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad", traffic_class="pp",
                     micro_batch=a.micro_batch, stage=stage, tag=1, deps=posted), name, a.micro_batch, stage))
-            if zero3:
-                # The chunk's layers plus, on the first / last virtual stage, the embedding / output layer.
-                chunk_layers = self.chunk_layers(stage, a.chunk)
-                nparams = (sum(self.model.params_per_layer(i, self.t, par.ep) for i in chunk_layers)
-                           + self.end_params(stage, a.chunk))
-                nl = max(1, len(chunk_layers))
-                prefetch = prev_compute_ends[-2:-1]
-                deps.append(g.collective_op(rank, "all_gather", dp_group, nparams / nl * self.dtype,
-                                            name=f"zero3_gather.{name}", stream="zero", count=nl,
-                                            traffic_class="zero", deps=prefetch, micro_batch=a.micro_batch,
-                                            stage=stage))
-            per_layer = self.opt.granularity == "layer" or (a.phase == "B" and overlap and idx == last_b[a.chunk])
-            for seg in self.segments(stage, a.chunk, a.phase, per_layer):
-                last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
-                deps = []
-                if a.phase == "B" and idx == last_b[a.chunk]:
-                    pending.add(seg, last_op if overlap else None)
-            prev_compute_ends.append(last_op)
+            reduce_now = a.phase == "B" and (every_mb or idx == last_b[a.chunk])
+            if gathered:
+                per_action, uses, sched = trace
+                segs = self.unit_segments(stage, a.chunk, a.phase)
+                for (seg, _unit, _use), u in zip(segs, per_action[idx]):
+                    grp = sched.group_of[u]
+                    if grp is not None:
+                        if grp not in gather_of:
+                            gather_of[grp] = self._emit_gather(rank, sched.groups[grp], uses, use_end, sched.groups,
+                                                               grp, a.micro_batch, stage)
+                        if gather_of[grp] is not None:
+                            deps.append(gather_of[grp])
+                    last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
+                    use_end[u] = last_op
+                    deps = []
+                    if reduce_now:
+                        pending.add(seg, last_op if overlap else None)
+            else:
+                per_layer = self.opt.granularity == "layer" or (a.phase == "B" and overlap and reduce_now)
+                for seg in self.segments(stage, a.chunk, a.phase, per_layer):
+                    last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
+                    deps = []
+                    if reduce_now:
+                        pending.add(seg, last_op if overlap else None)
+            if reduce_now and every_mb:
+                pending.flush(last_op)  # the end of every backward (DeepSpeed's epilogue, FSDP's last unit)
             if a.phase == "F" and j < nvs - 1:
                 dst = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p)
                 sent.append(g.send(rank, dst, self.p2p_bytes, name=f"send_act.{name}", stream="pp_send_act",
@@ -502,7 +631,7 @@ class _StepBuilder:
         norm = self._norm_all_reduce(rank, norm, stage)
         opt_id = g.compute(rank, parts=_kernels(after), name="optimizer", deps=[norm], stream=COMPUTE_STREAM,
                            category="optimizer", stage=stage)
-        if par.zero in (1, 2) and par.dp > 1:
+        if plan.step_gather and par.dp > 1:
             pending.gather_params(opt_id)
 
     def _norm_all_reduce(self, rank: int, after: int, stage: int) -> int:
@@ -581,7 +710,7 @@ class _Buckets:
         self.b = builder
         self.rank = rank
         self.group = dp_group
-        self.size = builder.par.grad_bucket_bytes
+        self.size = builder.plan.bucket_bytes  # None: every unit's gradients are their own bucket (FSDP)
         self.fill = 0.0
         self.expert_fill = 0.0
         self.emitted: list[int] = []
@@ -596,6 +725,10 @@ class _Buckets:
             return
         self.fill += seg.grad_bytes
         self.expert_fill += seg.expert_grad_bytes
+        if self.size is None:
+            if ready_op is not None:
+                self.flush(ready_op)
+            return
         if ready_op is not None and self.fill >= self.size:
             full = int(self.fill // self.size)
             self._emit(self.size, [ready_op], count=full)
@@ -613,6 +746,9 @@ class _Buckets:
             self.reduced[nbytes] = self.reduced.get(nbytes, 0) + count
 
     def _emit_all(self, total: float, deps: list[int], group: tuple[int, ...], traffic_class: str) -> None:
+        if self.size is None or self.size == float("inf"):
+            self._emit(total, deps, group, traffic_class)
+            return
         full = int(total // self.size)
         self._emit(self.size, deps, group, traffic_class, count=full)
         self._emit(total - full * self.size, deps, group, traffic_class)
