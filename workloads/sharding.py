@@ -361,17 +361,22 @@ def gather_schedule(uses: Sequence[Use], plan: ShardingPlan) -> GatherSchedule:
             resident.pop(key, None)
     groups: list[list[int]] = []
     group_of: list[int | None] = [None] * n
-    size = 0.0
+    size, keys = 0.0, set()
     for i in range(n):
         if not need[i]:
             continue
-        coalesce = plan.impl == "deepspeed" and plan.overlap and groups and size < plan.prefetch
+        key = uses[i].unit.key
+        # A DeepSpeed prefetch takes upcoming modules until it holds the bucket; it cannot take a module it
+        # already holds (that use comes after the module's release and needs a gather of its own).
+        coalesce = (plan.impl == "deepspeed" and plan.overlap and groups and size < plan.prefetch
+                    and key not in keys)
         if coalesce:
             groups[-1].append(i)
             size += uses[i].unit.total
+            keys.add(key)
         else:
             groups.append([i])
-            size = uses[i].unit.total
+            size, keys = uses[i].unit.total, {key}
         group_of[i] = len(groups) - 1
     # at use i, the next group to be gathered may already be in flight (one prefetch ahead)
     sizes = [sum(uses[j].unit.total for j in g) for g in groups]
