@@ -19,6 +19,14 @@ attention, attention_bwd
 elementwise, optimizer
     memory-bound: ``nbytes / (hbm_bandwidth · memory_efficiency)``; default
     0.85, what STREAM-like kernels reach on HBM2e/HBM3.
+scores
+    the element-wise kernels of unfused attention over the ``s × s`` scores
+    (scale-mask-softmax, dropout), memory-bound at ``score_memory_efficiency``
+    of HBM bandwidth, which also bounds the batched ``Q Kᵀ`` / ``P V`` GEMMs that
+    write and read the scores. Default 0.65: Megatron's standard attention
+    forward moves 4.36 GB of scores in 4.28 ms at 2K tokens on an A100-40GB
+    (1.02 of 1.555 TB/s; Dao et al., *FlashAttention*, Table 18; the backward
+    at 2K and other lengths are the check in ``tests/test_compute_grounding.py``).
 fixed
     ``duration_s`` as given.
 
@@ -63,6 +71,9 @@ class ComputeModel:
         instead of the published rates.
     memory_efficiency : float
         Fraction of HBM bandwidth that streaming kernels reach.
+    score_memory_efficiency : float
+        Fraction of HBM bandwidth that kernels streaming unfused attention's
+        ``s × s`` scores reach (softmax, dropout, the batched score GEMMs).
     gemm_k_overhead : int
         Per-tile pipeline fill and drain of a GEMM, in elements of ``k``.
     op_overhead_s : float
@@ -76,12 +87,13 @@ class ComputeModel:
     attention_kernel: str | None = None
     attention_efficiency: float | None = None
     memory_efficiency: float = 0.85
+    score_memory_efficiency: float = 0.65
     gemm_k_overhead: int = K_OVERHEAD
     op_overhead_s: float = 1e-6
 
     def __post_init__(self) -> None:
         self.gpu.peak(self.dtype)  # raises a clear ValueError for an unsupported dtype
-        for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):
+        for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency", "score_memory_efficiency"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and 0 < v <= 1):
                 raise ValueError(f"compute.{name}: must be a number in (0, 1], got {v!r}")
@@ -137,5 +149,7 @@ class ComputeModel:
         if parts:
             return sum(self.duration(k) for k in parts)
         t_math = op.flops / self.achieved_flops(op) if op.flops else 0.0
-        t_mem = op.nbytes / (self.gpu.hbm_bandwidth * self.memory_efficiency) if op.nbytes else 0.0
+        scores = op.category == "scores" or (op.category == "gemm" and getattr(op, "batch", 1) > 1)
+        efficiency = self.score_memory_efficiency if scores else self.memory_efficiency
+        t_mem = op.nbytes / (self.gpu.hbm_bandwidth * efficiency) if op.nbytes else 0.0
         return max(t_math, t_mem) + self.op_overhead_s

@@ -187,21 +187,27 @@ def test_derived_causal_backward_rule_checked_where_both_are_published():
 def test_unfused_attention_against_megatron_baseline_fa1():
     """Megatron's standard attention (FA1 Tables 18-19; A100-40GB, B 16, h 8, d 64, no dropout, no mask).
 
-    Measured at 2K: forward 4.28 ms, backward 8.86 ms. The batched-GEMM + softmax roofline model is
-    optimistic: about 22% forward and 33% backward (documented in the error budget); this pins that it
-    is never pessimistic and not more than 40% optimistic.
+    Measured: forward 0.42 / 1.33 / 4.28 ms and backward 0.80 / 2.59 / 8.86 ms at 512 / 1K / 2K tokens.
+    The score kernels' HBM efficiency (0.65) comes from the 2K forward, so that point agrees by
+    construction (within 5%); the backward at 2K (within 20%) and the shorter lengths are the checks.
+    The model stays optimistic below 2K (launch and tail effects of short rows are not modelled).
     """
     a100_40 = replace(A100, name="A100-40GB-SXM", hbm_bandwidth=1555e9, hbm_bytes=40e9)  # datasheet
     cm = ComputeModel(a100_40)
-    b, h, d, s = 16, 8, 64, 2048
+    b, h, d = 16, 8, 64
     model = model_from_dict({"name": "fa1", "layers": 1, "hidden": h * d, "heads": h, "kv_heads": h,
                              "ffn_hidden": 4 * h * d, "vocab": 128, "gated_mlp": False, "tied_embeddings": False})
-    ops = layer_ops(model, b, s, 1, flash_attention=False)
     core = ("attention_scores", "attention_softmax", "attention_values")  # no dropout in the benchmark
-    fwd = sum(cm.duration(o.kernel()) for o in ops.forward if o.name in core)
-    bwd = sum(cm.duration(o.kernel()) for o in ops.backward if o.name.split(".")[0] in core)
-    assert 0.6 * 4.28e-3 <= fwd <= 4.28e-3
-    assert 0.6 * 8.86e-3 <= bwd <= 8.86e-3
+    measured = {512: (0.42e-3, 0.80e-3), 1024: (1.33e-3, 2.59e-3), 2048: (4.28e-3, 8.86e-3)}
+    for s, (fwd_ms, bwd_ms) in measured.items():
+        ops = layer_ops(model, b, s, 1, flash_attention=False)
+        fwd = sum(cm.duration(o.kernel()) for o in ops.forward if o.name in core)
+        bwd = sum(cm.duration(o.kernel()) for o in ops.backward if o.name.split(".")[0] in core)
+        if s == 2048:
+            assert fwd == pytest.approx(fwd_ms, rel=0.05)
+            assert bwd == pytest.approx(bwd_ms, rel=0.20)
+        else:
+            assert 0.6 * fwd_ms <= fwd <= 1.05 * fwd_ms and 0.55 * bwd_ms <= bwd <= 1.05 * bwd_ms
 
 
 # ------------------------------------------------------------- collectives
@@ -258,9 +264,9 @@ def test_one_megatron_layer_against_korthikanti_table_4(sp, recompute, fwd_ms, b
     """One transformer layer of the 22B model, kernels and TP collectives together (Korthikanti et al.
     2022, arXiv:2205.05198, Table 4: h 6144, 64 heads, seq 2048, micro-batch 4, TP 8 on one DGX A100).
 
-    The composed layer is 2-10% faster than measured in every configuration (the error budget in
-    docs/VALIDATION.md says where: unfused attention and mid-size NCCL all-reduces); the measured
-    effects of SP and recomputation must come out with the right sign and size.
+    The composed layer lands within 6% of the measurement in every configuration (0.7-4.4% faster:
+    docs/VALIDATION.md, "Error budget"), so the measured effects of SP and recomputation come out with
+    the right sign and size.
     """
     from simulator.experiment import experiment_from_dict, run_experiment
     doc = {"cluster": {"preset": "dgx-a100", "nodes": 1},
@@ -277,5 +283,6 @@ def test_one_megatron_layer_against_korthikanti_table_4(sp, recompute, fwd_ms, b
         x = layer[layer["name"].str.startswith(prefix)]
         return float(x["end_s"].max() - x["start_s"].min()) * 1e3
 
-    assert 0.88 * fwd_ms <= span("F") <= fwd_ms
-    assert 0.88 * bwd_ms <= span("B") <= 1.02 * bwd_ms
+    assert span("F") == pytest.approx(fwd_ms, rel=0.06)
+    assert span("B") == pytest.approx(bwd_ms, rel=0.06)
+    assert span("F") + span("B") == pytest.approx(fwd_ms + bwd_ms, rel=0.05)

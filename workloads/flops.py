@@ -51,7 +51,7 @@ __all__ = [
     "ADAM_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM",
 ]
 
-OP_CATEGORIES = ("gemm", "attention", "attention_bwd", "elementwise", "optimizer")
+OP_CATEGORIES = ("gemm", "attention", "attention_bwd", "elementwise", "scores", "optimizer")
 ADAM_BYTES_PER_PARAM = 28
 """HBM bytes per parameter of one Adam step.
 
@@ -74,8 +74,9 @@ class LayerOp:
     ----------
     name : str
         Kernel name, e.g. ``"qkv"``, ``"qkv.wgrad"``, ``"attention.bwd"``.
-    category : {"gemm", "attention", "elementwise", "optimizer"}
-        Efficiency class for the hardware model.
+    category : {"gemm", "attention", "attention_bwd", "elementwise", "scores", "optimizer"}
+        Efficiency class for the hardware model (``scores``: element-wise
+        kernels over the ``s × s`` attention scores of unfused attention).
     flops : float
         Floating-point operations (multiply and add counted separately).
     nbytes : float
@@ -219,8 +220,8 @@ def _unfused_attention(model: ModelSpec, b: int, s: int, t: int, d: int, causal:
     # Q and K (V and O) are ``b s h / t`` (``b s kv / t``) wide: GQA shares K, V between query heads.
     return [
         LayerOp(qk.name, "gemm", qk.flops, d * (b * s * (h + kv) / t + scores), qk.shape, batch, qk.executed),
-        _elementwise("attention_softmax", 2 * scores, d),
-        LayerOp("attention_dropout", "elementwise", 0.0, scores * (2 * d + 1)),
+        LayerOp("attention_softmax", "scores", 0.0, float(2 * scores * d)),
+        LayerOp("attention_dropout", "scores", 0.0, scores * (2 * d + 1)),
         LayerOp(pv.name, "gemm", pv.flops, d * (scores + b * s * (kv + h) / t), pv.shape, batch, pv.executed),
     ]
 

@@ -37,7 +37,7 @@ COLLECTIVE_KINDS = (
     "reduce",
     "gather",
 )
-COMPUTE_CATEGORIES = ("gemm", "attention", "attention_bwd", "elementwise", "optimizer", "fixed")
+COMPUTE_CATEGORIES = ("gemm", "attention", "attention_bwd", "elementwise", "scores", "optimizer", "fixed")
 
 
 @dataclass(frozen=True, slots=True)
