@@ -31,9 +31,11 @@ direct             all_to_all, gather, all_reduce (none), broadcast      pairwis
 parameter_server   all_reduce                                            push to root, pull back
 =================  ===================================================  =====================
 
-``auto`` (the default) does what NCCL's tuner does: it estimates every
-applicable algorithm's contention-free time with the α-β model and picks the
-fastest (``direct`` for all_to_all and gather).
+``auto`` (the default) does what NCCL's tuner does: among the algorithms NCCL
+has for the collective (ring and tree for all-reduce, ring for all-gather and
+reduce-scatter, ``direct`` for all_to_all and gather) it estimates each one's
+contention-free time and picks the fastest. ``hierarchical`` is not an NCCL
+algorithm; it runs only when asked for.
 """
 
 from __future__ import annotations
@@ -293,10 +295,10 @@ ALGORITHMS: dict[str, Callable[..., list[tuple[Transfer, ...]]]] = {
     "parameter_server": plan_parameter_server,
 }
 
-AUTO_CANDIDATES = {
-    "all_reduce": ("ring", "tree", "hierarchical"),
-    "all_gather": ("ring", "hierarchical"),
-    "reduce_scatter": ("ring", "hierarchical"),
+AUTO_CANDIDATES = {  # what NCCL's tuner chooses among (no NVLS / CollNet / PAT); hierarchical is ours, on request
+    "all_reduce": ("ring", "tree"),
+    "all_gather": ("ring",),
+    "reduce_scatter": ("ring",),
     "broadcast": ("ring", "tree"),
     "reduce": ("ring", "tree"),
     "all_to_all": ("direct",),
