@@ -20,7 +20,8 @@ def test_experiment_file_example_loads():
     assert exp.cluster.num_gpus == 1024 and exp.parallel.world_size == 1024
 
 
-def test_python_examples_run():
+def test_python_examples_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the examples write files (a Chrome trace); keep them out of the tree
     python = blocks("python")
     assert python
     for code in python:
