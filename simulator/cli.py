@@ -294,6 +294,8 @@ class _OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="clustersim", description="Simulate the traffic that parallel LLM training puts on a "
                                                            "GPU cluster: step time, bubbles, bytes per link.")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"clustersim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
     for name, (configure, _run, help_text) in COMMANDS.items():
         configure(sub.add_parser(name, help=help_text, description=help_text))

@@ -32,6 +32,7 @@ import yaml
 
 from topologies import build_cluster, parse_time
 from topologies.cluster import Cluster
+from topologies.yamlio import load_yaml
 from workloads.errors import ConfigError
 from workloads.memory import MemoryBreakdown, memory_per_gpu
 from workloads.models import ModelSpec, model_from_dict
@@ -178,8 +179,12 @@ def experiment_from_dict(doc: Mapping) -> Experiment:
     unknown = sorted(set(doc) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown section; valid sections: {', '.join(SECTIONS)}")
-    cluster = build_cluster(_section(doc, "cluster") or {"preset": "dgx-h100"})
-    model = model_from_dict(_section(doc, "model") or {"preset": "gpt2-small"})
+    for required, example in (("cluster", "cluster: {preset: dgx-h100, nodes: 2}"),
+                              ("model", "model: {preset: gpt3-175b}")):
+        if not doc.get(required):
+            raise ConfigError(f"{required}: required section is missing or empty; e.g. {example}")
+    cluster = build_cluster(_section(doc, "cluster"))
+    model = model_from_dict(_section(doc, "model"))
     par = _section(doc, "parallel")
     tp, pp = par.get("tp", 1), par.get("pp", 1)
     if par.get("dp", "auto") == "auto" and isinstance(tp, int) and isinstance(pp, int) and tp > 0 and pp > 0:
@@ -206,7 +211,7 @@ def read_experiment_file(path: str | os.PathLike) -> dict:
     """Parse an experiment YAML file into a dict; one-line ``ConfigError`` for unreadable or malformed files."""
     try:
         with open(path) as fh:
-            doc = yaml.safe_load(fh)
+            doc = load_yaml(fh)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such experiment file") from None
     except yaml.YAMLError as exc:

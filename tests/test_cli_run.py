@@ -48,6 +48,7 @@ def one_line_error(err: str) -> str:
 
 
 SMALL_CLUSTER = "cluster: {preset: dgx-h100, nodes: 1}\n"
+TINY = "model: {preset: tiny}\n"
 
 # (case id, YAML text, words the one-line message must contain)
 ERRORS = [
@@ -55,11 +56,11 @@ ERRORS = [
     ("not-a-mapping", "- just\n- a list\n", ["mapping"]),
     ("empty-file", "", ["empty"]),
     ("unknown-section", SMALL_CLUSTER + "modle: {preset: tiny}\n", ["modle", "unknown section"]),
-    ("unknown-parallel-field", SMALL_CLUSTER + "parallel: {tpp: 2}\n", ["parallel.tpp", "unknown field"]),
-    ("unknown-cluster-field", "cluster: {preset: dgx-h100, nodez: 2}\n", ["cluster.nodez", "unknown field"]),
+    ("unknown-parallel-field", SMALL_CLUSTER + TINY + "parallel: {tpp: 2}\n", ["parallel.tpp", "unknown field"]),
+    ("unknown-cluster-field", "cluster: {preset: dgx-h100, nodez: 2}\n" + TINY, ["cluster.nodez", "unknown field"]),
     ("unknown-model-field", SMALL_CLUSTER + "model: {preset: tiny, hiden: 64}\n", ["model.hiden"]),
-    ("unknown-training-field", SMALL_CLUSTER + "training: {seqlen: 128}\n", ["training.seqlen"]),
-    ("unknown-cluster-preset", "cluster: {preset: dgx-h900}\n", ["cluster.preset", "dgx-h100"]),
+    ("unknown-training-field", SMALL_CLUSTER + TINY + "training: {seqlen: 128}\n", ["training.seqlen"]),
+    ("unknown-cluster-preset", "cluster: {preset: dgx-h900}\n" + TINY, ["cluster.preset", "dgx-h100"]),
     ("unknown-model-preset", SMALL_CLUSTER + "model: {preset: gpt5}\n", ["model.preset", "gpt2-small"]),
     ("tp-not-dividing-heads", SMALL_CLUSTER + "model: {preset: tiny}\nparallel: {tp: 8}\n",
      ["parallel.tp", "model.heads=4", "valid tp"]),
@@ -75,9 +76,18 @@ ERRORS = [
     ("interleaved-micro-batches", SMALL_CLUSTER + "model: {preset: gpt2-small}\n"
      "parallel: {pp: 4, dp: 2, schedule: interleaved, virtual_stages: 3, global_batch: 6}\n",
      ["parallel.global_batch", "multiple of pp"]),
-    ("negative-bandwidth", "cluster: {preset: dgx-h100, nodes: 1, nvlink_bandwidth: -5GB/s}\n",
+    ("negative-bandwidth", "cluster: {preset: dgx-h100, nodes: 1, nvlink_bandwidth: -5GB/s}\n" + TINY,
      ["cluster.nvlink_bandwidth"]),
-    ("bad-unit", "cluster: {preset: dgx-h100, nodes: 1, nic_bandwidth: 400 parsecs}\n", ["cluster.nic_bandwidth"]),
+    ("bad-unit", "cluster: {preset: dgx-h100, nodes: 1, nic_bandwidth: 400 parsecs}\n" + TINY,
+     ["cluster.nic_bandwidth"]),
+    ("unitless-bandwidth", "cluster: {preset: dgx-h100, nodes: 1, nic_bandwidth: 400}\n" + TINY,
+     ["cluster.nic_bandwidth", "no unit", "400 bytes/s"]),
+    ("unitless-latency", SMALL_CLUSTER + TINY + "training: {seq_len: 128}\nnetwork: {step_latency: 2}\n",
+     ["network.step_latency", "no unit"]),
+    ("missing-model", SMALL_CLUSTER, ["model", "required section"]),
+    ("missing-cluster", TINY, ["cluster", "required section"]),
+    ("duplicate-key", SMALL_CLUSTER + TINY + "parallel: {dp: 8, dp: 4}\n", ["duplicate key", "line"]),
+    ("yaml-alias", "c: &c {preset: dgx-h100, nodes: 1}\ncluster: *c\n" + TINY, ["alias", "line"]),
     ("bad-schedule", SMALL_CLUSTER + "model: {preset: tiny}\nparallel: {dp: 8, schedule: zigzag}\n",
      ["parallel.schedule", "1f1b"]),
     ("out-of-memory", SMALL_CLUSTER + "model: {preset: gpt3-175b}\nparallel: {tp: 8}\n",

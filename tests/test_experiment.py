@@ -232,3 +232,25 @@ def test_tied_embedding_gradient_sync_uses_the_padded_vocabulary():
     res = run_experiment(experiment_from_dict(d))
     S = 512 * 256 * 4
     assert res.bytes_by_class["dp"] == pytest.approx(2 * S, rel=1e-12)
+
+
+def test_yaml_reads_ratios_and_exponents_as_people_write_them(tmp_path):
+    # YAML 1.1 reads `2:1` as the sexagesimal integer 121 and `5e7` as a string; experiment files use YAML 1.2's
+    # reading: the ratio string (which oversubscription accepts) and a float.
+    from simulator.experiment import load_experiment
+    path = tmp_path / "exp.yaml"
+    path.write_text("cluster: {preset: dgx-h100, nodes: 4, nodes_per_leaf: 2, spines: 1, oversubscription: 2:1}\n"
+                    "model: {preset: tiny}\n"
+                    "parallel: {dp: 32, zero: 3, zero_prefetch: 5e7}\ntraining: {seq_len: 128}\n")
+    exp = load_experiment(path)
+    assert exp.cluster.params["oversubscription"] == 2
+    assert exp.parallel.zero_prefetch == 5e7
+
+
+def test_version_is_reported():
+    import subprocess
+    import sys
+
+    import simulator
+    out = subprocess.run([sys.executable, "-m", "simulator.cli", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == f"clustersim {simulator.__version__}"

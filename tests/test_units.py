@@ -58,7 +58,7 @@ def test_parse_bandwidth(text, bandwidth_Bps):
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [("2us", 2e-6), ("2µs", 2e-6), ("1.5ms", 1.5e-3), ("500ns", 500e-9), ("1s", 1.0), ("1 s", 1.0),
-     (0.25, 0.25), (0, 0.0), ("0", 0.0)],
+     (0.00025, 0.00025), (0, 0.0), ("0", 0.0)],
 )
 def test_parse_time(text, seconds):
     assert parse_time(text, "x") == pytest.approx(seconds)

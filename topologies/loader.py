@@ -40,6 +40,8 @@ from topologies.gpus import GPU_SPECS, get_gpu
 from topologies.presets import PRESETS, preset_names
 from topologies.units import parse_bandwidth, parse_time
 
+from .yamlio import load_yaml
+
 __all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster"]
 
 FABRICS = ("leaf_spine", "rail_optimized", "fat_tree", "single_node")
@@ -240,7 +242,7 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
     where = os.fspath(path)
     try:
         with open(where, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = load_yaml(f)
     except OSError as e:
         raise TopologyError(f"{where}: cannot read cluster file ({e.strerror or e})") from None
     except yaml.YAMLError as e:

@@ -58,6 +58,14 @@ _BW_EXAMPLES = "e.g. 400Gbps, 50GB/s"
 _TIME_EXAMPLES = "e.g. 2us, 1.5ms, 500ns, 1s"
 
 
+BARE_BANDWIDTH_MIN = 1e6
+"""A bandwidth given as a bare number is bytes/s; below 1 MB/s it is surely a forgotten unit
+(``nic_bandwidth: 400`` meant 400 Gb/s), so it is refused with the unit spelled out."""
+BARE_TIME_MAX = 1e-3
+"""A time given as a bare number is seconds; a link or step latency above 1 ms is surely a forgotten
+unit (``step_latency: 2`` meant 2 µs), so it is refused with the unit spelled out."""
+
+
 def _prefix_factor(prefix: str | None) -> float:
     p = (prefix or "").lower()
     return _BINARY[p] if p.endswith("i") else _DECIMAL[p]
@@ -160,6 +168,9 @@ def parse_bandwidth(value: object, field: str = "bandwidth") -> float:
     if parts is not None:
         number, unit = parts
         if unit == "":
+            if 0 < number < BARE_BANDWIDTH_MIN:
+                raise TopologyError(f"{field}: {value!r} has no unit, so it would be {number:g} bytes/s; write the "
+                                    f"unit ({_BW_EXAMPLES})")
             return _check(number, value, field, what, _BW_EXAMPLES, False)
         m = _BW_UNIT.match(unit)
         if m is not None:
@@ -202,6 +213,9 @@ def parse_time(value: object, field: str = "time", *, allow_zero: bool = True) -
     if parts is not None:
         number, unit = parts
         divisor = _TIME_UNITS.get(unit)
+        if unit == "" and number > BARE_TIME_MAX:
+            raise TopologyError(f"{field}: {value!r} has no unit, so it would be {number:g} seconds; write the "
+                                f"unit ({_TIME_EXAMPLES})")
         if divisor is not None:
             return _check(number / divisor, value, field, what, _TIME_EXAMPLES, allow_zero)
     raise TopologyError(f"{field}: {value!r} is not {what} ({_TIME_EXAMPLES})")

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 
+from topologies.yamlio import load_yaml
 from workloads.errors import ConfigError
 
 from ..experiment import SECTIONS, experiment_from_dict
@@ -74,7 +75,7 @@ def parse_grid_arg(text: str) -> tuple[str, list]:
     if not sep or not path or not rhs.strip():
         raise ValueError(f"--grid: {text!r} is not PATH=V1,V2,... (e.g. parallel.tp=1,2,4,8 or layout=auto)")
     try:
-        values = yaml.safe_load(f"[{rhs}]")
+        values = load_yaml(f"[{rhs}]")  # 2:1 stays "2:1" (YAML 1.1 would read sexagesimal 121)
     except yaml.YAMLError:
         raise ValueError(f"--grid: {text!r}: cannot parse the values {rhs!r} as a comma-separated list") from None
     if not values or any(v is None for v in values):

@@ -1,0 +1,91 @@
+"""Reading experiment and cluster YAML safely: no alias bombs, no duplicate keys, no sexagesimal numbers.
+
+PyYAML's ``safe_load`` is safe against code execution but not against three
+traps of hand-written configuration files:
+
+* **aliases** (``&a`` / ``*a``) expand without limit, so a few lines can
+  allocate gigabytes ("billion laughs"); configuration files here never need
+  them, so any alias is refused;
+* **duplicate keys** silently keep the last value; they are refused, naming
+  the key and its line;
+* **YAML 1.1 sexagesimal numbers**: ``oversubscription: 2:1`` reads as the
+  integer 121 (``2·60 + 1``). Here ``2:1`` stays the string ``"2:1"`` (which
+  the ratio fields accept), as YAML 1.2 reads it; likewise ``5e7`` is the float
+  50,000,000 (YAML 1.1 needs ``5.0e+7``) and ``010`` is ten (not octal eight).
+
+:func:`load_yaml` raises :class:`yaml.YAMLError` subclasses with a problem
+mark, so callers report them as malformed YAML with the line and column.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import IO
+
+import yaml
+from yaml.composer import ComposerError
+from yaml.constructor import ConstructorError
+
+__all__ = ["StrictLoader", "load_yaml"]
+
+_INT = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o[0-7_]+|[-+]?[0-9][0-9_]*|[-+]?0x[0-9a-fA-F_]+)$")
+_FLOAT = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+                    r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+
+
+class StrictLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses aliases and duplicate keys and reads numbers as YAML 1.2 does."""
+
+    def compose_node(self, parent, index):  # noqa: D102 (PyYAML hook)
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise ComposerError(None, None, f"aliases (*{event.anchor}) are not allowed in configuration files",
+                                event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):  # noqa: D102 (PyYAML hook)
+        seen: dict[object, object] = {}
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                duplicate = False
+            if duplicate:
+                raise ConstructorError(None, None, f"duplicate key {key!r} (first at line {seen[key]})",
+                                       key_node.start_mark)
+            try:
+                seen[key] = key_node.start_mark.line + 1
+            except TypeError:
+                pass
+        return super().construct_mapping(node, deep)
+
+
+StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers
+            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+StrictLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+
+
+def _construct_int(loader: StrictLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node).replace("_", "")
+    sign = -1 if text.startswith("-") else 1
+    text = text.lstrip("+-")
+    if text.startswith("0b"):
+        return sign * int(text[2:], 2)
+    if text.startswith("0x"):
+        return sign * int(text[2:], 16)
+    if text.startswith("0o"):
+        return sign * int(text[2:], 8)
+    return sign * int(text)  # YAML 1.2: 010 is ten, not octal eight
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+def load_yaml(stream: str | IO[str]) -> object:
+    """Parse one YAML document with :class:`StrictLoader`."""
+    return yaml.load(stream, Loader=StrictLoader)  # noqa: S506 (StrictLoader is a SafeLoader)
