@@ -192,8 +192,7 @@ class Fabric:
             best = None
             for a in candidates:
                 plan = plan_collective(kind, group, nbytes, self.server_of, a)
-                for protocol in self.protocols(plan):
-                    t = self.estimate(plan, protocol)
+                for t, protocol in zip(self.estimates(plan), self.protocols(plan)):
                     if best is None or t < best[0]:
                         best = (t, a, protocol)
             choice = self._auto_cache[key] = (best[1], best[2])
@@ -203,22 +202,30 @@ class Fabric:
     def estimate(self, plan: Plan, protocol: str = "Simple") -> float:
         """Contention-free time of ``plan`` under ``protocol`` in seconds: NCCL's latency terms plus
         bytes over the shared bottleneck of every phase (link sharing inside a phase counted)."""
-        costs = self._costs(plan, protocol)
-        factor = BANDWIDTH_FACTOR[protocol]
-        total = costs[0] if plan.phases else 0.0
+        return self._estimates(plan, (protocol,))[0]
+
+    def estimates(self, plan: Plan) -> list[float]:
+        """:meth:`estimate` under each of :meth:`protocols`, routing the plan once."""
+        return self._estimates(plan, self.protocols(plan))
+
+    def _estimates(self, plan: Plan, protocols: tuple[str, ...]) -> list[float]:
+        costs = [self._costs(plan, p) for p in protocols]
+        factors = [BANDWIDTH_FACTOR[p] for p in protocols]
+        totals = [c[0] if plan.phases else 0.0 for c in costs]
         for phase in plan.phases:
             routed = [[self._hop(s, d, t.label) for s, d in t.hops] for t in phase]
             load = np.zeros(len(self.capacity))
             for hops in routed:
                 for links, _ in hops:
                     np.add.at(load, links, 1.0)
-            worst = 0.0
+            worst = [0.0] * len(protocols)
             for t, hops in zip(phase, routed):
-                links = np.concatenate([h[0] for h in hops])
+                links = hops[0][0] if len(hops) == 1 else np.concatenate([h[0] for h in hops])
                 per_byte = float((load[links] / self.usable_capacity[links]).max())
-                worst = max(worst, self._latency(t, costs) + t.nbytes / factor * per_byte)
-            total += worst
-        return total
+                for i, (c, f) in enumerate(zip(costs, factors)):
+                    worst[i] = max(worst[i], self._latency(t, c) + t.nbytes / f * per_byte)
+            totals = [x + w for x, w in zip(totals, worst)]
+        return totals
 
     # -------------------------------------------------------------- execution
     def phases(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str = "auto",

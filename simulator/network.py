@@ -56,6 +56,9 @@ from simpy.events import Event
 from .maxmin import max_min_rates, max_min_rates_small
 
 _LATE_PRIORITY = 2  # after every NORMAL (1) event of the same instant
+TINY_FLOW_S = 1e-6
+"""A flow that its bottleneck link alone moves in under 1 µs is latency-bound: it completes at its solo
+time and never enters max-min sharing (its effect on any rate is below that 1 µs)."""
 _REL_TIME_EPS = 1e-12
 _SMALL_COMPONENT = 64  # flows; below this the pure-Python solver beats numpy's per-call overhead
 _SOLVED_CACHE_FLOWS = 250_000  # flows over all component shapes remembered (cleared when full: ~100 MB at most)
@@ -290,7 +293,15 @@ class FlowNetwork(_NetworkBase):
         by_latency: dict[float, list[Flow]] = {}
         routes = self._routes
         for links, nbytes, latency_s, payload in specs:
-            flow = Flow(routes.get(links), nbytes, payload, traffic_class, join, now)
+            route = routes.get(links)
+            flow = Flow(route, nbytes, payload, traffic_class, join, now)
+            solo = nbytes / route.solo_rate
+            if solo <= TINY_FLOW_S:
+                # Latency-bound (a scalar all-reduce, an LL step): its bytes take under TINY_FLOW_S even at
+                # the bottleneck, so it cannot matter to anybody's rate; it finishes at its solo time
+                # without joining the max-min problem (and without gluing its links' components together).
+                env.timeout(latency_s + solo).callbacks.append(lambda _ev, f=flow: self._finish(f))
+                continue
             group = by_latency.get(latency_s)
             if group is None:
                 by_latency[latency_s] = [flow]
