@@ -9,6 +9,7 @@ the hardware's per-GPU link bandwidth whatever the number of ranks.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import pandas as pd
@@ -31,12 +32,20 @@ def bus_factor(op: str, n: int) -> float:
     return 1.0
 
 
+MAX_SIZES = 1000
+"""The most message sizes one ``clustersim collective`` sweep simulates."""
+
+
 def size_ladder(min_bytes: float, max_bytes: float, factor: float = 2.0) -> list[float]:
     """Sizes from ``min_bytes`` to ``max_bytes`` inclusive, multiplying by ``factor`` (nccl-tests ``-f``)."""
     if min_bytes <= 0 or max_bytes < min_bytes:
         raise ValueError(f"sizes: need 0 < min-size <= max-size, got {min_bytes:g} and {max_bytes:g}")
-    if factor <= 1:
-        raise ValueError(f"step factor: must be > 1, got {factor}")
+    if not factor > 1 or not math.isfinite(factor):
+        raise ValueError(f"--step-factor: must be a finite number > 1, got {factor}")
+    count = math.floor(math.log(max_bytes / min_bytes) / math.log(factor) + 1e-9) + 1
+    if count > MAX_SIZES:
+        raise ValueError(f"--step-factor: {factor} gives {count:,} sizes from {min_bytes:g} to {max_bytes:g} bytes; "
+                         f"the most is {MAX_SIZES} (use a larger factor)")
     sizes, s = [], float(min_bytes)
     while s <= max_bytes * (1 + 1e-12):
         sizes.append(s)

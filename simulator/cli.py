@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from topologies import build_cluster, format_bandwidth, format_bytes, format_time, load_cluster, parse_bytes
 from topologies.cluster import Cluster
+from topologies.loader import MAX_GPUS
 
 from .bench import BENCH_OPS, collective_sweep, size_ladder
 from .collectives import COLLECTIVE_ALGORITHMS
@@ -53,8 +54,8 @@ def _zero():
 
     def run(args: argparse.Namespace) -> int:
         from workloads.sharding import parse_count, zero_figures
-        if not 1 <= args.gpus <= 10**7:
-            raise ValueError(f"--gpus: must be an integer in 1..10000000, got {args.gpus}")
+        if not 1 <= args.gpus <= 10**9:
+            raise ValueError(f"--gpus: must be an integer in 1..1000000000, got {args.gpus}")
         rows = zero_figures(parse_count(args.params, "--params"), args.gpus, args.dtype_bytes)
         if args.json:
             print(json.dumps(rows))
@@ -88,14 +89,15 @@ def _collective():
             raise ValueError(f"--op: {args.op!r} unknown; valid: {', '.join(BENCH_OPS)}")
         if args.algo not in COLLECTIVE_ALGORITHMS:
             raise ValueError(f"--algo: {args.algo!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
-        if args.gpus < 2:
-            raise ValueError(f"--gpus: need at least 2, got {args.gpus}")
+        if not 2 <= args.gpus <= MAX_GPUS:
+            raise ValueError(f"--gpus: must be in 2..{MAX_GPUS:,}, got {args.gpus:,}")
         lo = parse_bytes(args.min_size, "--min-size", allow_zero=False)
         hi = parse_bytes(args.max_size, "--max-size", allow_zero=False)
+        sizes = size_ladder(lo, hi, args.step_factor)
         cluster = resolve_cluster(args.cluster, args.gpus)
         if args.gpus > cluster.num_gpus:
             raise ValueError(f"--gpus: {args.gpus} exceeds the {cluster.num_gpus} GPUs of cluster {cluster.name!r}")
-        table = collective_sweep(cluster, args.op, args.gpus, size_ladder(lo, hi, args.step_factor),
+        table = collective_sweep(cluster, args.op, args.gpus, sizes,
                                  args.algo, NetworkConfig(fidelity=args.fidelity))
         if args.json:
             print(json.dumps(table.to_dict(orient="records")))

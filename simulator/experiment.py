@@ -201,10 +201,12 @@ def experiment_from_dict(doc: Mapping) -> Experiment:
     training = training_from_dict(_section(doc, "training"))
     validate(model, parallel, training)  # impossible combinations fail at load time, with the file's name
     name = doc.get("name") or f"{model.name} on {cluster.name}"
-    return Experiment(str(name), cluster, model, parallel, training, _network_from_dict(_section(doc, "network")),
-                      _compute_from_dict(_section(doc, "compute")), _options_from_dict(_section(doc, "options")),
-                      raw=copy.deepcopy(dict(doc)), fidelity=_fidelity(doc.get("fidelity", "fast")),
-                      routing=routing_from_dict(_section(doc, "moe")))
+    exp = Experiment(str(name), cluster, model, parallel, training, _network_from_dict(_section(doc, "network")),
+                     _compute_from_dict(_section(doc, "compute")), _options_from_dict(_section(doc, "options")),
+                     raw=copy.deepcopy(dict(doc)), fidelity=_fidelity(doc.get("fidelity", "fast")),
+                     routing=routing_from_dict(_section(doc, "moe")))
+    exp.compute_model()  # compute knobs fail here, with the file's name, not after the step is built
+    return exp
 
 
 def read_experiment_file(path: str | os.PathLike) -> dict:

@@ -39,6 +39,9 @@ def test_table_output_has_one_row_per_size():
     (["--gpus", "64", "--cluster", "dgx-h100"], "--gpus"),
     (["--cluster", "dgx-h999"], "preset"),
     (["--algo", "butterfly"], "--algo"),
+    (["--gpus", "10000000"], "--gpus"),                       # refused before any cluster is built
+    (["--step-factor", "1.000000001"], "--step-factor"),      # billions of sizes: refused, not run
+    (["--step-factor", "nan"], "--step-factor"),
 ])
 def test_bad_inputs_exit_nonzero_with_one_line(args, needle):
     p = cli("collective", *args)

@@ -39,8 +39,13 @@ from topologies.cluster import Cluster, TopologyError
 from topologies.gpus import GPU_SPECS, get_gpu
 from topologies.presets import PRESETS, preset_names
 from topologies.units import parse_bandwidth, parse_time
+from topologies.yamlio import load_yaml
 
-from .yamlio import load_yaml
+MAX_GPUS = 262_144
+"""The largest cluster built (GPUs): twice a 16K-node, 131,072-GPU fabric. The graph and routes grow with it,
+so a larger value (``nodes: 10**18``) is refused before anything is allocated."""
+MAX_SWITCHES = 65_536
+"""The most switches (or nodes per leaf) of one tier."""
 
 __all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster"]
 
@@ -180,11 +185,18 @@ def build_cluster(section: Mapping[str, object] | str) -> Cluster:
     gpu = get_gpu(merged["gpu"], "cluster.gpu")  # type: ignore[arg-type]
     nodes = _int(merged["nodes"], "nodes")
     gpus_per_node = _int(merged["gpus_per_node"], "gpus_per_node")
+    if nodes * gpus_per_node > MAX_GPUS:
+        raise TopologyError(f"cluster.nodes: {nodes} nodes x {gpus_per_node} GPUs = {nodes * gpus_per_node:,} GPUs "
+                            f"exceeds the supported {MAX_GPUS:,}; use fewer nodes")
     fabric = _fabric(merged["fabric"])
     nodes_per_leaf = _int(merged["nodes_per_leaf"], "nodes_per_leaf")
     spines = _int(merged["spines"], "spines", optional=True)
     leaves_per_pod = _int(merged["leaves_per_pod"], "leaves_per_pod")
     cores = _int(merged["cores"], "cores", optional=True)
+    for field, value in (("nodes_per_leaf", nodes_per_leaf), ("spines", spines), ("leaves_per_pod", leaves_per_pod),
+                         ("cores", cores)):
+        if value is not None and value > MAX_SWITCHES:
+            raise TopologyError(f"cluster.{field}: {value:,} exceeds the supported {MAX_SWITCHES:,}")
     oversubscription = _ratio(merged["oversubscription"], "oversubscription")
     core_oversubscription = _ratio(merged["core_oversubscription"], "core_oversubscription")
     nvlink_bw = _bandwidth(merged["nvlink_bandwidth"], "nvlink_bandwidth")

@@ -244,6 +244,13 @@ _COUNT_FIELDS = ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "first_
 _BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "bias", "learned_positions")
 
 
+MODEL_LIMITS = {"layers": 4096, "hidden": 1 << 20, "heads": 1 << 16, "kv_heads": 1 << 16, "ffn_hidden": 1 << 22,
+                "moe_ffn_hidden": 1 << 22, "vocab": 1 << 24, "experts": 1 << 16, "shared_experts": 1 << 10,
+                "max_seq_len": 1 << 24}
+"""Upper limits per model field: far above any published model, low enough that the per-layer work the
+generator does (and the arithmetic on sizes) stays bounded for a mistyped value such as ``layers: 1e9``."""
+
+
 def _validate_model(m: ModelSpec) -> None:
     """Raise :class:`ConfigError` for the first impossible field of ``m``."""
     if not isinstance(m.name, str) or not m.name:
@@ -254,6 +261,9 @@ def _validate_model(m: ModelSpec) -> None:
         check_int(f"model.{f}", getattr(m, f), minimum=0)
     for f in _BOOL_FIELDS:
         check_bool(f"model.{f}", getattr(m, f))
+    for f, limit in MODEL_LIMITS.items():
+        if getattr(m, f) > limit:
+            raise ConfigError(f"model.{f}: {getattr(m, f):,} exceeds the supported {limit:,}")
     if m.hidden % m.heads:
         raise ConfigError(f"model.heads: {m.heads} does not divide model.hidden={m.hidden}")
     if m.heads % m.kv_heads:

@@ -348,6 +348,26 @@ def _check_experts(model: ModelSpec, parallel: ParallelConfig) -> None:
 _ZERO_STAGES_OF = {"megatron": (0, 1), "deepspeed": (0, 1, 2, 3), "fsdp": (2, 3), "fsdp2": (2, 3)}
 
 
+MAX_WORLD_SIZE = 262_144
+"""The most GPUs a configuration may span (the cluster builder's limit)."""
+MAX_MICRO_BATCHES = 65_536
+"""The most micro-batches per replica per step: the op graph grows with them (``global_batch: 1e15``)."""
+MAX_SEQ_LEN = 1 << 24
+"""The longest sequence (tokens) accepted."""
+
+
+def _check_limits(parallel: ParallelConfig, training: TrainingSpec) -> None:
+    if parallel.world_size > MAX_WORLD_SIZE:
+        raise ConfigError(f"parallel: tp*pp*dp = {parallel.world_size:,} GPUs exceeds the supported "
+                          f"{MAX_WORLD_SIZE:,}")
+    m = num_micro_batches(parallel)
+    if m > MAX_MICRO_BATCHES:
+        raise ConfigError(f"parallel.global_batch: {parallel.global_batch:,} makes {m:,} micro-batches per replica "
+                          f"(global_batch / (micro_batch * dp)); the supported maximum is {MAX_MICRO_BATCHES:,}")
+    if training.seq_len > MAX_SEQ_LEN:
+        raise ConfigError(f"training.seq_len: {training.seq_len:,} exceeds the supported {MAX_SEQ_LEN:,}")
+
+
 def _check_sync(parallel: ParallelConfig) -> None:
     if parallel.dp_sync == "parameter_server" and parallel.zero:
         raise ConfigError(f"parallel.zero: {parallel.zero} cannot shard state under dp_sync: parameter_server; "
@@ -394,6 +414,7 @@ def validate(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
             hint = (f"; dp={rest} would fit" if world_size % (parallel.tp * parallel.pp) == 0 else "")
             raise ConfigError(f"parallel: tp*pp*dp = {parallel.tp}*{parallel.pp}*{parallel.dp} = "
                               f"{parallel.world_size} does not equal the cluster's {world_size} GPUs{hint}")
+    _check_limits(parallel, training)
     _check_tp(model, parallel, training)
     _check_batch(parallel)
     _check_pipeline(model, parallel)
