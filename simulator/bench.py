@@ -32,14 +32,17 @@ def bus_factor(op: str, n: int) -> float:
     return 1.0
 
 
+MAX_BYTES = float(2**50)
+"""The largest message one ``clustersim collective`` sweep simulates (1 PiB)."""
 MAX_SIZES = 1000
 """The most message sizes one ``clustersim collective`` sweep simulates."""
 
 
 def size_ladder(min_bytes: float, max_bytes: float, factor: float = 2.0) -> list[float]:
     """Sizes from ``min_bytes`` to ``max_bytes`` inclusive, multiplying by ``factor`` (nccl-tests ``-f``)."""
-    if min_bytes <= 0 or max_bytes < min_bytes:
-        raise ValueError(f"sizes: need 0 < min-size <= max-size, got {min_bytes:g} and {max_bytes:g}")
+    if not 1 <= min_bytes <= max_bytes <= MAX_BYTES:
+        raise ValueError(f"--min-size/--max-size: need 1 B <= min-size <= max-size <= 1 PiB, got {min_bytes:g} "
+                         f"and {max_bytes:g} bytes")
     if not factor > 1 or not math.isfinite(factor):
         raise ValueError(f"--step-factor: must be a finite number > 1, got {factor}")
     count = math.floor(math.log(max_bytes / min_bytes) / math.log(factor) + 1e-9) + 1

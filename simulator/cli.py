@@ -316,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"clustersim: error: {exc}", file=sys.stderr)
         return 2
+    except (TypeError, ArithmeticError, LookupError, AttributeError, RecursionError) as exc:
+        # An input that got past validation without a clear message: still one line, never a traceback.
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"clustersim: internal error: {type(exc).__name__}: {msg} (please report this input)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -87,5 +87,11 @@ StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def load_yaml(stream: str | IO[str]) -> object:
-    """Parse one YAML document with :class:`StrictLoader`."""
-    return yaml.load(stream, Loader=StrictLoader)  # noqa: S506 (StrictLoader is a SafeLoader)
+    """Parse one YAML document with :class:`StrictLoader`.
+
+    Nesting deep enough to exhaust Python's recursion is reported as malformed YAML, not a crash.
+    """
+    try:
+        return yaml.load(stream, Loader=StrictLoader)  # noqa: S506 (StrictLoader is a SafeLoader)
+    except RecursionError:
+        raise ComposerError(None, None, "nesting is too deep (hundreds of levels)", None) from None

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, check_int, check_number
 
 ROUTING_KINDS = ("uniform", "zipf", "custom", "balanced")
 
@@ -62,16 +62,19 @@ class RoutingModel:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in ROUTING_KINDS:
+        if not isinstance(self.kind, str) or self.kind not in ROUTING_KINDS:
             raise ConfigError(f"moe.routing: {self.kind!r} unknown; valid: {', '.join(ROUTING_KINDS)}")
-        if self.zipf_s < 0:
-            raise ConfigError(f"moe.zipf_s: must be >= 0, got {self.zipf_s}")
-        if self.capacity_factor is not None and not self.capacity_factor > 0:
-            raise ConfigError(f"moe.capacity_factor: must be > 0 (or null for dropless), got {self.capacity_factor}")
+        check_number("moe.zipf_s", self.zipf_s, minimum=0.0, maximum=100.0)
+        if self.capacity_factor is not None:
+            check_number("moe.capacity_factor", self.capacity_factor, minimum=1e-6, maximum=1e6,
+                         unit="(null for dropless)")
+        check_int("moe.seed", self.seed, minimum=0)
         if self.kind == "custom":
             if not self.expert_load:
                 raise ConfigError("moe.expert_load: a list of per-expert loads is required with routing: custom")
-            if any(x < 0 for x in self.expert_load) or sum(self.expert_load) <= 0:
+            for x in self.expert_load:
+                check_number("moe.expert_load", x, minimum=0.0, maximum=1e30)
+            if sum(self.expert_load) <= 0:
                 raise ConfigError("moe.expert_load: loads must be >= 0 and not all zero")
 
     def probabilities(self, experts: int, layer: int = 0) -> np.ndarray:
@@ -207,8 +210,8 @@ def routing_from_dict(section: dict | None) -> RoutingModel:
     if unknown:
         raise ConfigError(f"moe.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
     load = section.get("expert_load")
-    if load is not None and not isinstance(load, Sequence):
+    if load is not None and (isinstance(load, str) or not isinstance(load, Sequence)):
         raise ConfigError(f"moe.expert_load: must be a list of numbers, got {load!r}")
-    return RoutingModel(kind=section.get("routing", "uniform"), zipf_s=float(section.get("zipf_s", 1.0)),
-                        expert_load=tuple(float(x) for x in load) if load is not None else None,
-                        capacity_factor=section.get("capacity_factor"), seed=int(section.get("seed", 0)))
+    return RoutingModel(kind=section.get("routing", "uniform"), zipf_s=section.get("zipf_s", 1.0),
+                        expert_load=tuple(load) if load is not None else None,
+                        capacity_factor=section.get("capacity_factor"), seed=section.get("seed", 0))

@@ -193,7 +193,7 @@ class ParallelConfig:
         if isinstance(self.placement, str) or not isinstance(self.placement, Sequence):
             raise ConfigError(f"parallel.placement: must be a list such as [tp, dp, pp], got {self.placement!r}")
         placement = tuple(self.placement)
-        if sorted(placement) != sorted(DIMS):
+        if not all(isinstance(d, str) for d in placement) or sorted(placement) != sorted(DIMS):
             raise ConfigError(f"parallel.placement: {list(placement)} must be a permutation of "
                               f"[tp, dp, pp], innermost first (ep lives inside dp)")
         object.__setattr__(self, "placement", placement)
