@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 
@@ -31,6 +32,19 @@ def command(name: str, help: str):
         COMMANDS[name] = (configure, run, help)
         return fn_pair
     return wrap
+
+
+def check_writable(path: str | None, flag: str) -> None:
+    """Refuse an output path whose folder does not exist or cannot be written, before any work is done."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(folder):
+        raise ValueError(f"{flag}: folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"{flag}: cannot write {path!r}")
+    if os.path.isdir(path):
+        raise ValueError(f"{flag}: {path!r} is a folder; give a file name")
 
 
 def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8) -> Cluster:
@@ -158,6 +172,7 @@ def _run():
 
     def run(args: argparse.Namespace) -> int:
         from .experiment import load_experiment, run_experiment
+        check_writable(args.trace, "--trace")
         result = run_experiment(load_experiment(args.file), force=args.force, fidelity=args.fidelity)
         if args.trace:
             result.to_chrome_trace(args.trace)
@@ -219,6 +234,7 @@ def _sweep():
         for flag, value, least in (("--jobs", args.jobs, 1), ("--top", args.top, 0), ("--max-tp", args.max_tp, 1)):
             if value is not None and value < least:
                 raise ValueError(f"{flag}: must be >= {least}, got {value}")
+        check_writable(args.output, "--output")
 
         def started(points: int, reused: int) -> None:
             print(f"# {points} points" + (f", {reused} already in {args.output}" if reused else ""), file=sys.stderr)

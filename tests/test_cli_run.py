@@ -221,3 +221,20 @@ def test_run_fidelity_overrides_the_file(capsys):
         main(["run", demo, "--fidelity", "medium"])
     assert exit_.value.code == 2
     assert "--fidelity" in capsys.readouterr().err
+
+
+DEMO_YAML = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "demo.yaml")
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["run", DEMO_YAML, "--trace", "/nonexistent/folder/t.json"], "--trace"),
+    (["sweep", DEMO_YAML, "-o", "/nonexistent/folder/x.csv", "--grid", "parallel.micro_batch=1,2",
+      "--no-progress"], "--output"),
+])
+def test_bad_output_paths_are_refused_before_any_work(capsys, argv, flag):
+    import time
+    t0 = time.perf_counter()
+    assert main(argv) == 2
+    assert time.perf_counter() - t0 < 1.0
+    line = one_line_error(capsys.readouterr().err)
+    assert flag in line and "does not exist" in line
