@@ -235,3 +235,68 @@ def test_example_acceptance_file_expands_to_all_layouts():
     points = sw.expand_grid(base, settings["grid"])
     assert len(points) == 3 * len(sw.layouts(1024, 8))
     assert settings["metric"] == "step_time_s"
+
+
+# ------------------------------------------------------------ a safe store
+def test_a_second_sweep_on_the_same_output_is_refused_while_the_first_runs(tmp_path):
+    from simulator.sweeps.store import output_lock
+    out = tmp_path / "x.csv"
+    with output_lock(out):                       # another sweep holds the file
+        with pytest.raises(ValueError, match="being written by another sweep"):
+            simulator.sweep(BASE, {"parallel.tp": [1, 2]}, jobs=1, progress=False, output=out)
+    assert len(simulator.sweep(BASE, {"parallel.tp": [1, 2]}, jobs=1, progress=False, output=out)) == 2
+
+
+def test_writes_leave_no_temporary_files_and_use_private_names(tmp_path):
+    out = tmp_path / "x.csv"
+    simulator.sweep(BASE, {"parallel.tp": [1, 2]}, jobs=1, progress=False, output=out)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == ["x.csv"]
+
+
+def test_a_truncated_row_is_simulated_again_not_trusted(tmp_path, monkeypatch):
+    out = tmp_path / "x.csv"
+    simulator.sweep(BASE, {"parallel.tp": [1, 2]}, jobs=1, progress=False, output=out)
+    lines = out.read_text().splitlines()
+    cut = lines[-1][: len(lines[-1]) // 3]         # a writer killed in the middle of the last line
+    out.write_text("\n".join(lines[:-1] + [cut]) + "\n")
+    calls = []
+    real = worker.run_experiment
+    monkeypatch.setattr(worker, "run_experiment", lambda *a, **k: calls.append(1) or real(*a, **k))
+    table = simulator.sweep(BASE, {"parallel.tp": [1, 2]}, jobs=1, progress=False, output=out)
+    assert len(calls) == 1 and set(table["status"]) == {"ok"} and len(table) == 2
+
+
+def test_an_unreadable_output_is_refused_with_one_line(tmp_path):
+    out = tmp_path / "x.parquet"
+    out.write_bytes(b"not parquet at all")
+    pytest.importorskip("pyarrow")
+    with pytest.raises(ValueError, match="cannot be read as a sweep table"):
+        simulator.sweep(BASE, {"parallel.tp": [1, 2]}, jobs=1, progress=False, output=out)
+
+
+def test_two_process_pool_sweeps_in_one_script_both_work():
+    # The first sweep's progress bar must not leave a thread behind that breaks the second pool.
+    for _ in range(2):
+        table = simulator.sweep(BASE, {"parallel.tp": [1, 2]}, jobs=2, progress=True)
+        assert set(table["status"]) == {"ok"}
+
+
+def test_sigterm_writes_the_finished_rows_and_stops(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({**BASE, "model": {"preset": "gpt2-small"}, "training": {"seq_len": 512}}))
+    out = tmp_path / "x.csv"
+    proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "sweep", str(base), "-o", str(out),
+                             "--grid", "parallel.micro_batch=1,2,4,8", "--grid", "cluster.nic_bandwidth="
+                             + ",".join(f"{100 + i}Gbps" for i in range(300)), "--jobs", "2", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    assert proc.poll() is None, "the sweep finished before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted after" in err
+    assert out.exists() and len(pd.read_csv(out)) >= 1

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -17,7 +20,7 @@ from .execute import executor
 from .grid import Grid, check_fields, derives_dp, merge_grids, normalise_grid, param_columns, sweep_settings
 from .paths import apply_overrides
 from .points import Point, expand_grid
-from .store import output_format, previous_rows, write_table
+from .store import output_format, output_lock, previous_rows, write_table
 from .table import build_table, cell, result_row
 
 __all__ = ["CHECKPOINT_S", "sweep"]
@@ -90,16 +93,17 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
     if output is not None:
         output_format(output)
     points = expand_grid(base_doc, full_grid, max_tp=max_tp or settings["max_tp"])
-    rows, foreign = previous_rows(output, {p.key for p in points})
-    for p in points:  # reused rows show this sweep's parameter values, not their CSV spelling
-        if p.key in rows:
-            rows[p.key].update({k: cell(v) for k, v in p.params.items()})
-    todo = [p for p in points if p.key not in rows]
-    if on_start is not None:
-        on_start(len(points), len(points) - len(todo))
-    recorder = _Recorder(points, param_columns(full_grid), metric, derives_dp(full_grid), output, rows, foreign)
-    _run(todo, base_doc, recorder, jobs, scheduler, progress)
-    return recorder.write()
+    with output_lock(output):
+        rows, foreign = previous_rows(output, {p.key for p in points})
+        for p in points:  # reused rows show this sweep's parameter values, not their CSV spelling
+            if p.key in rows:
+                rows[p.key].update({k: cell(v) for k, v in p.params.items()})
+        todo = [p for p in points if p.key not in rows]
+        if on_start is not None:
+            on_start(len(points), len(points) - len(todo))
+        recorder = _Recorder(points, param_columns(full_grid), metric, derives_dp(full_grid), output, rows, foreign)
+        _run(todo, base_doc, recorder, jobs, scheduler, progress)
+        return recorder.write()
 
 
 def _load_base(base: Mapping | str | os.PathLike) -> dict:
@@ -138,7 +142,27 @@ class _Recorder:
 
 def _progress(total: int, enabled: bool):
     from tqdm.auto import tqdm
+    # No monitor thread: a thread left running would make the next sweep's pool fork a threaded process
+    # (or fall back to forkserver, which cannot import a script's __main__).
+    tqdm.monitor_interval = 0
     return tqdm(total=total, disable=not enabled or total == 0, unit="pt", desc="sweep", dynamic_ncols=True)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (a job scheduler, ``kill``) stops a sweep like Ctrl-C: rows written, workers stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(_signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(todo: Sequence[Point], base: Mapping, recorder: _Recorder, jobs: int | None, scheduler: str | None,
@@ -149,7 +173,7 @@ def _run(todo: Sequence[Point], base: Mapping, recorder: _Recorder, jobs: int | 
     docs = [apply_overrides(base, p.overrides) for p in todo]
     bar = None
     try:
-        with executor(docs, jobs, scheduler) as results:
+        with _sigterm_as_interrupt(), executor(docs, jobs, scheduler) as results:
             bar = _progress(len(todo), progress)  # after the pool forked: tqdm starts a monitor thread
             for i, result in results:
                 recorder.add(todo[i], result)

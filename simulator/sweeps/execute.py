@@ -23,6 +23,8 @@ from .worker import run_point
 __all__ = ["executor"]
 
 Results = Iterator[tuple[int, dict]]
+DASK_CONNECT_S = 5
+"""Seconds to reach a Dask scheduler before giving up (a scheduler on the network answers in well under one)."""
 
 
 def executor(docs: Sequence[Mapping], jobs: int | None,
@@ -115,9 +117,10 @@ def _dask(docs: Sequence[Mapping], address: str) -> Iterator[Results]:
     except ImportError:
         raise ValueError("--scheduler needs dask.distributed: pip install 'clustersim[dask]'") from None
     try:
-        client = Client(address, timeout="30s")
-    except OSError as exc:
-        raise ValueError(f"--scheduler: cannot connect to {address}: {one_line(exc)}") from None
+        client = Client(address, timeout=f"{DASK_CONNECT_S}s")
+    except (OSError, TimeoutError) as exc:
+        raise ValueError(f"--scheduler: cannot connect to {address} within {DASK_CONNECT_S} s: "
+                         f"{one_line(exc)}") from None
     futures = client.map(run_point, list(docs), pure=False)
     index = {f.key: i for i, f in enumerate(futures)}
     finished = False

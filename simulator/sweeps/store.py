@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock
+    fcntl = None  # type: ignore[assignment]
 
 import pandas as pd
 
 from .columns import KEY_COLUMN
 
-__all__ = ["OUTPUT_FORMATS", "REUSABLE", "output_format", "read_table", "write_table", "previous_rows"]
+__all__ = ["OUTPUT_FORMATS", "REUSABLE", "output_format", "read_table", "write_table", "previous_rows",
+           "output_lock"]
 
 OUTPUT_FORMATS = (".csv", ".parquet")
 """Suffixes of the files a sweep can write."""
@@ -86,12 +95,42 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike) -> None:
     """
     fmt = output_format(path)
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    if fmt == ".parquet":
-        _parquet_safe(df).to_parquet(tmp, index=False)
-    else:
-        df.to_csv(tmp, index=False)
-    os.replace(tmp, path)
+    # A temporary name of this process's own: two writers never share (and clobber) one temporary file.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        if fmt == ".parquet":
+            _parquet_safe(df).to_parquet(tmp, index=False)
+        else:
+            df.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike | None) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` for a sweep's whole run (a ``.lock`` file beside it).
+
+    A second sweep writing the same output fails at once, naming the file,
+    instead of racing the first one and silently losing its rows. POSIX
+    ``flock``; released when the sweep ends or its process dies.
+    """
+    if path is None or fcntl is None:
+        yield
+        return
+    path = Path(path)
+    lock = path.with_name(f".{path.name}.lock")
+    fh = open(lock, "a+")  # noqa: SIM115 - held for the with-block
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ValueError(f"output: {os.fspath(path)!r} is being written by another sweep; wait for it or "
+                             f"choose another file") from None
+        yield
+    finally:
+        fh.close()
 
 
 def _isna(value: Any) -> bool:
@@ -123,10 +162,19 @@ def previous_rows(output: str | os.PathLike | None, keys: set[str]) -> tuple[dic
     """
     if output is None or not Path(output).exists():
         return {}, pd.DataFrame()
-    old = read_table(output)
+    try:
+        old = read_table(output)
+    except Exception as exc:  # noqa: BLE001 - a corrupt file of any kind
+        raise ValueError(f"output: {os.fspath(output)!r} exists but cannot be read as a sweep table "
+                         f"({type(exc).__name__}); move it away or choose another file") from None
     if KEY_COLUMN not in old.columns or "status" not in old.columns:
         raise ValueError(f"output: {os.fspath(output)!r} exists but is not a sweep table; choose another file")
+    # A row is only reused when it is whole: a key, a known status and, for ok rows, a step time. A line
+    # cut short by a killed writer (an old, non-atomic file) is simulated again rather than trusted.
+    whole = old[KEY_COLUMN].notna() & old["status"].isin(REUSABLE)
+    if "step_time_s" in old.columns:
+        whole &= (old["status"] != "ok") | pd.to_numeric(old["step_time_s"], errors="coerce").notna()
     mine = old[KEY_COLUMN].isin(keys)
-    reuse = old[mine & old["status"].isin(REUSABLE)].drop(columns=["rank"], errors="ignore")
+    reuse = old[mine & whole].drop(columns=["rank"], errors="ignore")
     rows = {r[KEY_COLUMN]: {k: v for k, v in r.items() if not _isna(v)} for r in reuse.to_dict("records")}
-    return rows, old[~mine]
+    return rows, old[~mine & old[KEY_COLUMN].notna()]
