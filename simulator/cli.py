@@ -135,6 +135,9 @@ def print_summary(result, file=None) -> None:
     print(f"{s.get('name', 'run')}", file=out)
     print(f"  step time            {format_time(s['step_time_s'])}"
           f"   ({s.get('tokens_per_s', 0):,.0f} tokens/s)", file=out)
+    if "fault_slowdown" in s:
+        print(f"  with {s['faults']} fault(s)       {s['fault_slowdown']:.3f}x the healthy fabric's "
+              f"{format_time(s['healthy_step_time_s'])}", file=out)
     if "mfu" in s:
         print(f"  MFU                  {s['mfu'] * 100:.1f} %   ({s['tflops_per_gpu']:.0f} TFLOP/s per GPU, "
               f"{s['hardware_tflops_per_gpu']:.0f} with recompute)", file=out)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -229,15 +229,20 @@ class Engine:
     compute : ComputeModel, optional
         Defaults to the cluster's GPU in bf16.
     network : NetworkConfig, optional
+    slowdown : Mapping[int, float], optional
+        Rank -> factor on every compute op of that rank (a straggler GPU). In a
+        graph of representatives a representative runs at the slowest factor of
+        the ranks it stands for (they proceed together).
     """
 
     def __init__(self, graph: OpGraph, cluster: Cluster, compute: ComputeModel | None = None,
-                 network: NetworkConfig | None = None) -> None:
+                 network: NetworkConfig | None = None, slowdown: Mapping[int, float] | None = None) -> None:
         if graph.world_size > cluster.num_gpus:
             raise ValueError(f"world size {graph.world_size} exceeds the cluster's {cluster.num_gpus} GPUs")
         self.graph = graph
         self.cluster = cluster
         self.compute = compute or ComputeModel(cluster.gpu)
+        self.slowdown = dict(slowdown or {})
         self.env = simpy.Environment()
         self.fabric = Fabric(self.env, cluster, network)
 
@@ -300,6 +305,13 @@ class Engine:
                     d = by_value[key] = compute.duration(op)
             duration[op.id] = d
         del by_parts, by_value
+        if self.slowdown:
+            factor = {r: max(self.slowdown.get(x, 1.0) for x in (replicas or {}).get(r, (r,)))
+                      for r in {op.rank for op in ops}}
+            for op in ops:
+                f = factor[op.rank]
+                if op.kind == "compute" and f != 1.0:
+                    duration[op.id] *= f
 
         issue_s: list[float] = [nan] * n
         start_s: list[float] = [nan] * n

@@ -32,6 +32,7 @@ import yaml
 
 from topologies import build_cluster, parse_time
 from topologies.cluster import Cluster
+from topologies.faults import apply_faults, check_fault
 from topologies.yamlio import load_yaml
 from workloads.errors import ConfigError
 from workloads.memory import MemoryBreakdown, memory_per_gpu
@@ -47,7 +48,7 @@ from .intervals import grouped_union_length
 from .result import Result
 
 SECTIONS = ("name", "cluster", "model", "parallel", "training", "moe", "network", "compute", "options", "sweep",
-            "fidelity")
+            "fidelity", "faults")
 FIDELITIES = ("fast", "full", "lockstep")
 """Simulation fidelity. ``full`` simulates every rank's program. ``fast`` (default) simulates one
 representative per TP group — the members of a TP group run identical programs in lockstep — while the
@@ -94,6 +95,10 @@ class Experiment:
     raw: dict = field(default_factory=dict)
     fidelity: str = "fast"
     routing: RoutingModel = field(default_factory=RoutingModel)
+    faults: list = field(default_factory=list)
+    """The ``faults:`` list (:mod:`topologies.faults`); ``cluster`` has them applied."""
+    healthy_cluster: Cluster | None = None
+    """The cluster before ``faults`` (None without faults)."""
 
     def memory(self) -> MemoryBreakdown:
         """Peak memory per GPU (most loaded pipeline stage)."""
@@ -103,6 +108,10 @@ class Experiment:
 
     def compute_model(self) -> ComputeModel:
         return ComputeModel(self.cluster.gpu, dtype=self.training.dtype, **self.compute)
+
+    def slowdown(self) -> dict[int, float]:
+        """Straggler GPUs of ``faults``: rank -> compute slowdown factor."""
+        return {f["gpu"]: float(f["factor"]) for f in self.faults if f.get("kind") == "straggler"}
 
 
 # -------------------------------------------------------------------- loading
@@ -200,13 +209,35 @@ def experiment_from_dict(doc: Mapping) -> Experiment:
                           f"{cluster.num_gpus / (parallel.tp * parallel.pp):g} or resize cluster.nodes")
     training = training_from_dict(_section(doc, "training"))
     validate(model, parallel, training)  # impossible combinations fail at load time, with the file's name
+    faults, healthy = _faults_from_list(doc.get("faults"), cluster), None
+    if faults:
+        healthy, cluster = cluster, apply_faults(cluster, faults)
     name = doc.get("name") or f"{model.name} on {cluster.name}"
     exp = Experiment(str(name), cluster, model, parallel, training, _network_from_dict(_section(doc, "network")),
                      _compute_from_dict(_section(doc, "compute")), _options_from_dict(_section(doc, "options")),
                      raw=copy.deepcopy(dict(doc)), fidelity=_fidelity(doc.get("fidelity", "fast")),
                      routing=routing_from_dict(_section(doc, "moe")))
+    exp.faults, exp.healthy_cluster = faults, healthy
     exp.compute_model()  # compute knobs fail here, with the file's name, not after the step is built
     return exp
+
+
+def _faults_from_list(value: object, cluster: Cluster) -> list[dict]:
+    """The ``faults:`` list, each entry checked (topology faults again when applied); stragglers here."""
+    if value is None:
+        return []
+    if isinstance(value, (str, Mapping)) or not isinstance(value, list):
+        raise ConfigError(f"faults: must be a list of faults such as [{{kind: switch_down, switch: spine:0}}], "
+                          f"got {value!r}")
+    faults = [check_fault(f, i) for i, f in enumerate(value)]
+    for i, f in enumerate(faults):
+        if f["kind"] == "straggler":
+            rank, factor = f["gpu"], f["factor"]
+            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < cluster.num_gpus:
+                raise ConfigError(f"faults[{i}].gpu: must be a rank in 0..{cluster.num_gpus - 1}, got {rank!r}")
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor <= 1000:
+                raise ConfigError(f"faults[{i}].factor: must be a compute slowdown in [1, 1000], got {factor!r}")
+    return faults
 
 
 def read_experiment_file(path: str | os.PathLike) -> dict:
@@ -269,9 +300,15 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
     with paused_gc():
         step = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing,
                              representatives=_REPRESENTATIVES[fidelity])
-        record = Engine(step.graph, exp.cluster, exp.compute_model(), exp.network).run()
+        healthy = None
+        if exp.faults:  # the same step on the healthy cluster, for the cost of the faults
+            healthy = Engine(step.graph, exp.healthy_cluster, exp.compute_model(), exp.network).run().step_time_s
+        record = Engine(step.graph, exp.cluster, exp.compute_model(), exp.network, exp.slowdown()).run()
     result = Result(record, sim_wall_s=time.perf_counter() - t0)
     attach_training_metrics(result, step, exp, memory)
+    if healthy is not None:
+        result.extra_summary.update({"faults": len(exp.faults), "healthy_step_time_s": healthy,
+                                     "fault_slowdown": result.step_time / healthy if healthy else float("nan")})
     return result
 
 

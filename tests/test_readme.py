@@ -27,3 +27,11 @@ def test_python_examples_run(tmp_path, monkeypatch):
     for code in python:
         namespace = {}
         exec(compile(code, "README.md", "exec"), namespace)
+
+
+def test_faults_example_applies_to_the_example_cluster():
+    doc = yaml.safe_load(blocks("yaml")[0])
+    doc["faults"] = yaml.safe_load(blocks("yaml")[1])["faults"]
+    exp = experiment_from_dict(doc)
+    assert len(exp.faults) == 6 and exp.slowdown() == {5: 1.3}
+    assert exp.cluster.graph.number_of_nodes() == exp.healthy_cluster.graph.number_of_nodes() - 2  # switch, NIC

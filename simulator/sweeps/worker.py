@@ -19,6 +19,9 @@ def _metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
     row.update({f"exposed_{cls}_s": v for cls, v in summary.get("exposed_comm_by_class_s", {}).items()})
     row.update({f"bytes_{tier}": v for tier, v in summary.get("bytes_by_tier", {}).items()})
     row["memory_per_gpu_bytes"] = summary.get("memory_per_gpu_bytes")
+    if "fault_slowdown" in summary:  # a point with faults: what they cost against the healthy fabric
+        row["healthy_step_time_s"] = summary["healthy_step_time_s"]
+        row["fault_slowdown"] = summary["fault_slowdown"]
     return row
 
 
