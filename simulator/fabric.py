@@ -191,12 +191,13 @@ class Fabric:
             candidates = AUTO_CANDIDATES[kind] if algorithm == "auto" else (algorithm,)
             best = None
             for a in candidates:
-                plan = plan_collective(kind, group, nbytes, self.server_of, a)
+                plan = plan_collective(kind, group, nbytes, self.server_of, a, stagger=self.config.nccl_latency)
                 for t, protocol in zip(self.estimates(plan), self.protocols(plan)):
                     if best is None or t < best[0]:
                         best = (t, a, protocol)
             choice = self._auto_cache[key] = (best[1], best[2])
-        plan = plan_collective(kind, group, nbytes, self.server_of, choice[0], self.config.fidelity)
+        plan = plan_collective(kind, group, nbytes, self.server_of, choice[0], self.config.fidelity,
+                               stagger=self.config.nccl_latency)
         return plan, choice[1]
 
     def estimate(self, plan: Plan, protocol: str = "Simple") -> float:
@@ -240,7 +241,8 @@ class Fabric:
         routed = self._phases_cache.get(key)
         if routed is None:
             if matrix is not None:
-                plan = plan_collective(kind, group, nbytes, self.server_of, "direct", self.config.fidelity, matrix)
+                plan = plan_collective(kind, group, nbytes, self.server_of, "direct", self.config.fidelity, matrix,
+                                       stagger=self.config.nccl_latency)
                 protocol = self.protocols(plan)[0]
             else:
                 plan, protocol = self.choose(kind, group, nbytes, algorithm)

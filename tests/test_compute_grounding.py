@@ -268,8 +268,10 @@ def test_nccl_small_messages_are_latency_bound_at_the_measured_floor():
     two = build_cluster({"preset": "dgx-a100", "nodes": 2})
     assert collective_time(two, "all_gather", 16, 1024) == pytest.approx(33.7e-6, rel=0.15)
     assert collective_time(two, "all_reduce", 16, 1024) == pytest.approx(35.9e-6, rel=0.15)
-    # ... and all-to-all 49.8 us: NCCL's grouped send/recv to 15 peers costs more than one step (documented gap)
-    assert collective_time(two, "all_to_all", 16, 1024) < 49.8e-6
+    # ... and all-to-all 49.8 us, more than either: NCCL progresses its grouped send/recv peer by peer, which the
+    # staggered sends of the model reproduce to within 25%
+    a2a = collective_time(two, "all_to_all", 16, 1024)
+    assert a2a == pytest.approx(49.8e-6, rel=0.25) and a2a > collective_time(two, "all_gather", 16, 1024)
 
 
 def test_nccl_picks_the_low_latency_protocol_for_small_and_simple_for_large():
