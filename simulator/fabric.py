@@ -121,6 +121,9 @@ class Fabric:
         self._auto_cache: dict[tuple, str] = {}
         self._route_latency: dict[tuple, tuple[np.ndarray, float]] = {}
         self._phases_cache: dict[tuple, tuple] = {}
+        # id(links array) -> (the array, the (src rank, dst rank) hops it carries, one equal payload each):
+        # how the traffic matrix attributes a route's payload to GPU pairs.
+        self._pairs: dict[int, tuple[np.ndarray, tuple[tuple[int, int], ...]]] = {}
         self.collectives_run = 0
 
     # ------------------------------------------------------------------ ranks
@@ -138,7 +141,16 @@ class Fabric:
         if hop is None:
             links = self.route(src, dst, label)
             hop = self._route_latency[key] = (links, float(self.latency[links].sum()))
+            self._pairs[id(links)] = (links, ((src, dst),))
         return hop
+
+    def pairs_of(self, links: np.ndarray) -> tuple[tuple[int, int], ...]:
+        """The ``(src rank, dst rank)`` hops a routed links array carries (each carries an equal share of
+        its payload: a pipelined ring's transfer is one array over every hop of the ring)."""
+        entry = self._pairs.get(id(links))
+        if entry is None or entry[0] is not links:
+            raise KeyError("links array was not routed by this fabric")
+        return entry[1]
 
     # ------------------------------------------------------------------ plans
     def _spans_servers(self, group: tuple[int, ...]) -> bool:
@@ -260,7 +272,11 @@ class Fabric:
             specs = []
             for t in phase:
                 hops = [self._hop(s, d, t.label) for s, d in t.hops]
-                links = hops[0][0] if len(hops) == 1 else np.concatenate([h[0] for h in hops])
+                if len(hops) == 1:
+                    links = hops[0][0]
+                else:
+                    links = np.concatenate([h[0] for h in hops])
+                    self._pairs[id(links)] = (links, tuple(t.hops))
                 latency = base + count * self._latency(t, costs)
                 specs.append((links, count * t.nbytes / factor, latency, count * t.nbytes * len(hops)))
             out.append(tuple(specs))

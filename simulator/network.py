@@ -40,13 +40,16 @@ the engine's fast path). Two backends stand behind it:
     Contention-free closed form: ``latency + nbytes / bottleneck``. Used as an
     independent reference in tests and for quick estimates.
 
-Both record bytes and busy time per directed link, and bytes per traffic
-class per link, so results can say where on the fabric every byte went.
+Both record bytes and busy time per directed link, bytes per traffic class
+per link, payload per route (for traffic matrices) and a log of every flow
+rate change (for exact link bandwidth over time, :mod:`simulator.traffic`),
+so results can say where on the fabric every byte went, and when.
 """
 
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -88,10 +91,11 @@ class _LateEvent(Event):
 class _Route:
     """Links of one route with their distinct ids and multiplicities (cached per links array)."""
 
-    __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of")
+    __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of", "idx")
 
-    def __init__(self, links: np.ndarray, capacity: list[float]) -> None:
+    def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0) -> None:
         self.links = links
+        self.idx = idx  # position in its network's route list (the rate log names routes by it)
         ids, counts = np.unique(links, return_counts=True)
         self.ulinks = tuple(ids.tolist())
         self.mults = tuple(counts.tolist())
@@ -139,11 +143,19 @@ class Flow:
 
 
 class LinkLedger:
-    """Per-link accounting shared by both backends: bytes, busy time, bytes per class.
+    """Per-link accounting shared by both backends: bytes, busy time, bytes per class, and a rate log.
 
     Records are accumulated per (route, class) in plain Python and folded into
     the numpy arrays when they are read (``bytes``, ``busy_s``,
     ``bytes_by_class``), so the hot path never touches numpy.
+
+    The *rate log* is what link bandwidth over time is rebuilt from, exactly:
+    one entry ``(time_s, route idx, delta rate in bytes/s)`` each time a
+    flow's rate changes (it starts, is re-rated, or ends). A link's rate at
+    any instant is the sum of the deltas logged before it on the routes that
+    cross it (times their crossings); it is piecewise constant and its
+    integral over the run is the link's ``bytes``. Three flat arrays, 24
+    bytes per entry.
     """
 
     def __init__(self, num_links: int) -> None:
@@ -153,19 +165,38 @@ class LinkLedger:
         self._bytes_by_class: dict[str, np.ndarray] = {}
         self._pending: dict[tuple, list] = {}
         self._busy_acc: list[float] = [0.0] * num_links  # busy seconds not yet folded into busy_s
+        self._payload_by_route: dict[tuple, list] = {}  # (route idx, class) -> [route, class, payload bytes]
         self.flows_completed = 0
         self.payload_bytes_by_class: dict[str, float] = {}
+        self.rate_t = array("d")
+        self.rate_route = array("q")
+        self.rate_delta = array("d")
+
+    def log_rate(self, t: float, route: _Route, delta: float) -> None:
+        """Log that the rate of one flow on ``route`` changed by ``delta`` bytes/s at time ``t`` (s)."""
+        self.rate_t.append(t)
+        self.rate_route.append(route.idx)
+        self.rate_delta.append(delta)
 
     def record_route(self, route: _Route, nbytes: float, traffic_class: str, payload_bytes: float) -> None:
-        key = (id(route), traffic_class)
+        key = (route.idx, traffic_class)
         entry = self._pending.get(key)
         if entry is None:
             self._pending[key] = [route, traffic_class, nbytes]
         else:
             entry[2] += nbytes
+        entry = self._payload_by_route.get(key)
+        if entry is None:
+            self._payload_by_route[key] = [route, traffic_class, payload_bytes]
+        else:
+            entry[2] += payload_bytes
         pb = self.payload_bytes_by_class
         pb[traffic_class] = pb.get(traffic_class, 0.0) + payload_bytes
         self.flows_completed += 1
+
+    def payload_by_route(self) -> list[tuple[np.ndarray, str, float]]:
+        """``(route links, traffic class, payload bytes)`` for every route and class that carried payload."""
+        return [(route.links, cls, payload) for route, cls, payload in self._payload_by_route.values()]
 
     def add_busy(self, link: int, seconds: float) -> None:
         self._busy_acc[link] += seconds
@@ -206,11 +237,13 @@ class _Routes:
     def __init__(self, capacity: list[float]) -> None:
         self._by_id: dict[int, _Route] = {}
         self._capacity = capacity
+        self.all: list[_Route] = []  # every route made, by ``idx``
 
     def get(self, links: np.ndarray) -> _Route:
         route = self._by_id.get(id(links))
         if route is None or route.links is not links:
-            route = self._by_id[id(links)] = _Route(links, self._capacity)
+            route = self._by_id[id(links)] = _Route(links, self._capacity, len(self.all))
+            self.all.append(route)
         return route
 
 
@@ -223,6 +256,11 @@ class _NetworkBase:
         self._cap = self.capacity.tolist()
         self.ledger = LinkLedger(len(self.capacity))
         self._routes = _Routes(self._cap)
+
+    @property
+    def routes(self) -> list[_Route]:
+        """Every route flows have used, indexed by ``route.idx`` (the rate log's route ids)."""
+        return self._routes.all
 
     def transfer(self, links: np.ndarray, nbytes: float, latency_s: float, traffic_class: str,
                  payload_bytes: float | None = None) -> Event:
@@ -300,6 +338,9 @@ class FlowNetwork(_NetworkBase):
                 # Latency-bound (a scalar all-reduce, an LL step): its bytes take under TINY_FLOW_S even at
                 # the bottleneck, so it cannot matter to anybody's rate; it finishes at its solo time
                 # without joining the max-min problem (and without gluing its links' components together).
+                log = self.ledger.log_rate
+                log(now + latency_s, route, route.solo_rate)
+                log(now + latency_s + solo, route, -route.solo_rate)
                 env.timeout(latency_s + solo).callbacks.append(lambda _ev, f=flow: self._finish(f))
                 continue
             group = by_latency.get(latency_s)
@@ -356,6 +397,8 @@ class FlowNetwork(_NetworkBase):
         demand = self._demand
         tight_at = self._tight_at
         limit = now * (1 + _REL_TIME_EPS) + 1e-18
+        ledger = self.ledger
+        log_t, log_route, log_delta = ledger.rate_t.append, ledger.rate_route.append, ledger.rate_delta.append
         while heap and heap[0][0] <= limit:
             _, seq, flow = heapq.heappop(heap)
             if seq != flow.seq:
@@ -363,6 +406,9 @@ class FlowNetwork(_NetworkBase):
             flow.seq = -2
             finished.append(flow)
             route = flow.route
+            log_t(now)
+            log_route(route.idx)
+            log_delta(-flow.rate)
             for link, d in zip(route.ulinks, route.demand):
                 flows = on_link[link]
                 del flows[flow]
@@ -520,6 +566,8 @@ class FlowNetwork(_NetworkBase):
         heap = self._heap
         seq = self._seq
         push = heapq.heappush
+        ledger = self.ledger
+        log_t, log_route, log_delta = ledger.rate_t.append, ledger.rate_route.append, ledger.rate_delta.append
         for i, flow in enumerate(flows):
             rate = flow.route.solo_rate if rates is None else rates[i]
             if rate == flow.rate and flow.seq > 0:
@@ -527,6 +575,9 @@ class FlowNetwork(_NetworkBase):
             if flow.t0 != now:
                 flow.remaining -= flow.rate * (now - flow.t0)
                 flow.t0 = now
+            log_t(now)
+            log_route(flow.route.idx)
+            log_delta(rate - flow.rate)
             flow.rate = rate
             seq += 1
             flow.seq = seq
@@ -605,6 +656,8 @@ class AnalyticNetwork(_NetworkBase):
                 duration += nbytes / rate
                 for link in route.ulinks:
                     self.ledger.add_busy(link, nbytes / rate)
+                self.ledger.log_rate(self.env.now + latency_s, route, rate)
+                self.ledger.log_rate(self.env.now + duration, route, -rate)
             self.env.timeout(duration, (route, nbytes, payload)).callbacks.append(
                 lambda ev, join=join, cls=traffic_class: self._finish(ev._value, cls, join))
 

@@ -27,6 +27,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
+from . import traffic as _traffic
 from .engine import RunRecord
 from .intervals import grouped_union_length as _grouped_union_length
 
@@ -113,7 +114,71 @@ class Result:
         df["busy_fraction"] = df["busy_s"] / step
         for cls, arr in sorted(ledger.bytes_by_class.items()):
             df[f"bytes_{cls}"] = arr
+        df.index.name = "link"
         return df
+
+    def busiest_links(self, n: int = 10, tier: str | None = None) -> pd.DataFrame:
+        """The ``n`` links that carried the most bytes (optionally of one ``tier``): rows of :attr:`links`,
+        busiest first (ties by link id)."""
+        df = self.links
+        if tier is not None:
+            df = df[df["tier"] == tier]
+        return df[df["bytes"] > 0].sort_values("bytes", ascending=False, kind="stable").head(n)
+
+    # ------------------------------------------------------------ traffic
+    @cached_property
+    def traffic(self) -> pd.DataFrame:
+        """Payload bytes per ``(src, dst, traffic_class)`` rank pair over the step (long form; only pairs
+        that exchanged bytes). Row sums per ``src`` are what each GPU sent."""
+        fabric = self.record.fabric
+        return _traffic.pair_bytes(fabric.network.ledger.payload_by_route(), fabric.pairs_of)
+
+    def traffic_matrix(self, level: str = "gpu", traffic_class: str | list[str] | None = None) -> pd.DataFrame:
+        """Payload bytes sent from each place to each place during the step: a square DataFrame, rows =
+        source, columns = destination.
+
+        ``level``: ``"gpu"`` (ranks), ``"node"`` (servers) or ``"leaf"`` (leaf switches; traffic is placed
+        by the leaf each GPU's NIC plugs into). ``traffic_class``: one class (``"dp"``, ``"tp"``, ...) or a
+        list; default all. Traffic inside a place (NVLink at node level) is on the diagonal.
+        """
+        labels = _traffic.rank_labels(self.record.fabric.cluster, level)
+        return _traffic.traffic_matrix(self.traffic, labels, traffic_class)
+
+    # --------------------------------------------------- bandwidth over time
+    def link_timeseries(self, links: list[int] | None = None, top: int = 10, tier: str | None = None
+                        ) -> pd.DataFrame:
+        """Exact bandwidth of links over time (wire bytes/s, piecewise constant).
+
+        ``links``: link ids (the index of :attr:`links`); default the ``top`` busiest (of ``tier``, if
+        given). Long form, one row per change point: ``link, src, dst, tier, time_s, rate_Bps,
+        utilization`` — the link carries ``rate_Bps`` from ``time_s`` until its next row; its last row
+        has rate 0. The integral of a link's series is its ``bytes`` in :attr:`links`.
+        """
+        table = self.links
+        ids = list(self.busiest_links(top, tier).index) if links is None else [int(x) for x in links]
+        bad = [x for x in ids if not 0 <= x < len(table)]
+        if bad:
+            raise ValueError(f"links: {bad[0]} is not a link id; valid: 0..{len(table) - 1}")
+        network = self.record.fabric.network
+        series = _traffic.link_series(network.ledger, network.routes, ids)
+        parts = []
+        for lid in ids:
+            times, rates = series[lid]
+            row = table.loc[lid]
+            parts.append(pd.DataFrame({"link": lid, "src": row["src"], "dst": row["dst"], "tier": row["tier"],
+                                       "time_s": times, "rate_Bps": rates,
+                                       "utilization": rates / row["bandwidth_Bps"]}))
+        if not parts:
+            return pd.DataFrame(columns=["link", "src", "dst", "tier", "time_s", "rate_Bps", "utilization"])
+        return pd.concat(parts, ignore_index=True)
+
+    @cached_property
+    def tier_timeseries(self) -> pd.DataFrame:
+        """Exact total bandwidth of each tier over time: ``time_s`` and one column per tier in wire bytes/s
+        (the sum over the tier's links), constant from one row's time to the next's."""
+        fabric = self.record.fabric
+        network = fabric.network
+        return _traffic.tier_series(network.ledger, network.routes, fabric.tier)
 
     # ------------------------------------------------------------ metrics
     @property
