@@ -91,6 +91,9 @@ from .sharding import (
 GRANULARITIES = ("chunk", "layer")
 P2P_MODES = ("async", "blocking")
 COMPUTE_STREAM = "compute"
+RECOMPUTE_PHASE = "R"
+"""First letter of a recompute op's name (``R3.c0.L5``: recomputed forward of micro-batch 3, chunk 0, from
+layer 5), as ``F`` and ``B`` start forward and backward ops."""
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,8 @@ class _Segment:
     parts: tuple[Kernel, ...] | None = None  # _kernels(kernels), built once and shared by every op
     moe: tuple[list[LayerOp], list[LayerOp], list[LayerOp]] | None = None  # (before, experts, after) dispatch
     phase: str = "F"  # the pipeline pass it belongs to: "F" or "B"
+    recompute: tuple[bool, ...] = ()  # per kernel: a forward kernel re-run in the backward (activation recompute)
+    recompute_parts: tuple[Kernel, ...] = ()  # the recomputed kernels, run as their own op before ``parts``
 
 
 def _scale_kernel(op: LayerOp, factor: float, tokens: int) -> Kernel:
@@ -227,6 +232,11 @@ def _scale_kernel(op: LayerOp, factor: float, tokens: int) -> Kernel:
 
 def _kernels(ops: Sequence[LayerOp]) -> tuple[Kernel, ...]:
     return tuple(o.kernel() for o in ops)
+
+
+def _leading(n: int, total: int) -> list[bool]:
+    """A mask of ``total`` kernels whose first ``n`` are recomputed."""
+    return [True] * n + [False] * (total - n)
 
 
 class _StepBuilder:
@@ -296,20 +306,21 @@ class _StepBuilder:
             self._end_params[stage] = dense_extra - dense_layers
         return self._end_params[stage]
 
-    def _layer_pass(self, layer: int, phase: str) -> list[LayerOp]:
+    def _layer_pass(self, layer: int, phase: str) -> tuple[list[LayerOp], int]:
+        """The kernels of one layer in one pass, and how many of them (at the front) are recomputed forward
+        kernels (activation recomputation: all of the forward for ``full``, the attention core for
+        ``selective``)."""
         ops = layer_ops(self.model, self.par.micro_batch, self.train.seq_len, self.t, layer=layer,
                         sequence_parallel=self.sp, dtype_bytes=self.dtype, causal=self.opt.causal,
                         flash_attention=self.opt.flash_attention)
         if phase == "F":
-            return ops.forward
+            return ops.forward, 0
         backward = accumulate_gradients(ops.backward, self.model.params_per_layer(layer, self.t, self.par.ep),
                                         self.grad_bytes, self.dtype, self.opt.grad_accumulation_fusion)
         recompute = self.par.recompute
-        if recompute == "full":
-            return ops.forward + backward
-        if recompute == "selective":
-            return [o for o in ops.forward if o.name.startswith("attention")] + backward
-        return backward
+        again = (ops.forward if recompute == "full" else
+                 [o for o in ops.forward if o.name.startswith("attention")] if recompute == "selective" else [])
+        return again + backward, len(again)
 
     def segments(self, stage: int, chunk: int, phase: str, per_layer: bool) -> list[_Segment]:
         """The compute segments of one forward/backward of one chunk (cached: identical for every micro-batch)."""
@@ -337,8 +348,12 @@ class _StepBuilder:
                      self.model.routed_expert_params(i, t, self.par.ep)) for i in layers}
         gb = self.grad_bytes
         if per_layer or self.expert_parallel:
-            segs = [_Segment(self._layer_pass(i, phase), self._tp_counts(1, phase, False, False), i,
-                             grads[i][0] * gb, grads[i][1] * gb, moe=self._moe_split(i, phase)) for i in order]
+            segs = []
+            for i in order:
+                kernels, again = self._layer_pass(i, phase)
+                segs.append(_Segment(kernels, self._tp_counts(1, phase, False, False), i, grads[i][0] * gb,
+                                     grads[i][1] * gb, moe=self._moe_split(i, phase),
+                                     recompute=tuple(_leading(again, len(kernels)))))
             if head:
                 segs.insert(0, _Segment(head, {}, order[0]))
             if tail:
@@ -350,12 +365,16 @@ class _StepBuilder:
             segs[-1].grad_bytes += emb_params * gb
         else:
             kernels = list(head)
+            again: list[bool] = [False] * len(head)
             for i in order:
-                kernels += self._layer_pass(i, phase)
+                layer_kernels, n = self._layer_pass(i, phase)
+                kernels += layer_kernels
+                again += _leading(n, len(layer_kernels))
             kernels += tail
+            again += [False] * len(tail)
             segs = [_Segment(kernels, self._tp_counts(len(layers), phase, first, last), order[0],
                              (sum(g[0] for g in grads.values()) + emb_params) * gb,
-                             sum(g[1] for g in grads.values()) * gb)]
+                             sum(g[1] for g in grads.values()) * gb, recompute=tuple(again))]
         for seg in segs:
             seg.phase = phase
         self._segments_cache[key] = segs
@@ -410,8 +429,10 @@ class _StepBuilder:
                           and any(k.name.startswith("final_norm") for k in seg.kernels) else 0)
             for i, (unit, use, ops) in enumerate(pieces):
                 extra = persistent and use == "B" and i == next(k for k, p in enumerate(pieces) if p[1] == "B")
+                whole = len(pieces) == 1 and len(ops) == len(seg.kernels)
+                again = seg.recompute if whole else (use == "R",) * len(ops)
                 sub = _Segment(list(ops), dict(seg.tp) if i == len(pieces) - 1 else {}, seg.layer,
-                               persistent * gb if extra else 0.0, moe=seg.moe, phase=phase)
+                               persistent * gb if extra else 0.0, moe=seg.moe, phase=phase, recompute=again)
                 out.append((sub, unit, use))
         # A unit's gradients are ready after its last backward use in the pass (a tied embedding is used twice).
         last_b = {unit.key: i for i, (_s, unit, use) in enumerate(out) if use == "B"}
@@ -469,11 +490,8 @@ class _StepBuilder:
         """A MoE layer's kernels cut at the two all-to-alls: (before dispatch, experts, after combine)."""
         if not (self.expert_parallel and self.model.is_moe_layer(layer)):
             return None
-        ops = self._layer_pass(layer, phase)
-        # Recomputed forward kernels (full recompute) run first and stay local to the rank.
-        n_backward = len(layer_ops(self.model, self.par.micro_batch, self.train.seq_len, self.t, layer=layer,
-                                   sequence_parallel=self.sp, flash_attention=self.opt.flash_attention).backward)
-        start = len(ops) - n_backward if phase == "B" else 0
+        ops, start = self._layer_pass(layer, phase)
+        # Recomputed forward kernels (the first ``start``) run first and stay local to the rank.
         idx = [i for i in range(start, len(ops)) if ops[i].name.startswith("experts")]
         return ops[:idx[0]], ops[idx[0]:idx[-1] + 1], ops[idx[-1] + 1:]
 
@@ -539,9 +557,17 @@ class _StepBuilder:
         if seg.moe is not None:
             return self.emit_moe(rank, seg, deps, name, mb, stage)
         if seg.parts is None:
-            seg.parts = _kernels(seg.kernels)
-        last = g.compute(rank, parts=seg.parts, name=name, deps=deps, stream=COMPUTE_STREAM,
-                         category="gemm", layer=seg.layer, micro_batch=mb, stage=stage)
+            again = seg.recompute or (False,) * len(seg.kernels)
+            seg.recompute_parts = _kernels([k for k, r in zip(seg.kernels, again) if r])
+            seg.parts = _kernels([k for k, r in zip(seg.kernels, again) if not r])
+        tags = {"stream": COMPUTE_STREAM, "category": "gemm", "layer": seg.layer, "micro_batch": mb, "stage": stage}
+        last = None
+        if seg.recompute_parts:
+            # Recomputed forward kernels first, as their own op ("R…"), so timelines can tell them apart.
+            last = g.compute(rank, parts=seg.recompute_parts, name=RECOMPUTE_PHASE + name[1:], deps=deps, **tags)
+            deps = [last]
+        if seg.parts or last is None:
+            last = g.compute(rank, parts=seg.parts, name=name, deps=deps, **tags)
         return self._emit_tp(rank, seg, name, last, mb, stage)
 
     def build_rank(self, rank: int) -> None:
