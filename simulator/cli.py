@@ -133,6 +133,9 @@ def print_summary(result, file=None) -> None:
     out = file or sys.stdout
     gb = 1e-9
     print(f"{s.get('name', 'run')}", file=out)
+    for key, line in s.get("setup", {}).items():
+        print(f"  {key:<20} {line}", file=out)
+    print(file=out)
     print(f"  step time            {format_time(s['step_time_s'])}"
           f"   ({s.get('tokens_per_s', 0):,.0f} tokens/s)", file=out)
     if "fault_slowdown" in s:
@@ -155,6 +158,29 @@ def print_summary(result, file=None) -> None:
           file=out)
     print(f"  simulated in         {s['sim_wall_s']:.2f} s wall ({s['events']:,} events, "
           f"{s['rate_solves']:,} rate solves, {s['flows']:,} flows)", file=out)
+    stages = getattr(result, "stages", None)
+    if stages is not None and len(stages):
+        print(file=out)
+        print(stage_time_table(stages), file=out)
+
+
+def stage_time_table(stages, max_rows: int = 32) -> str:
+    """Where the step time went on each pipeline stage (``result.stages``' partition columns), in ms."""
+    cols = [c for c in stages.columns if c.endswith("_s") and c != "busy_s"]
+    cols = [c for c in cols if c != "bubble_s"] + ["bubble_s"] * ("bubble_s" in cols)  # bubble, then idle
+    cols = [c for c in cols if c != "idle_s"] + ["idle_s"] * ("idle_s" in cols)
+    cols = [c for c in cols if stages[c].abs().max() > 0]
+    names = [c[:-2].replace("exposed_", "") for c in cols]
+    width = max(9, *(len(n) + 1 for n in names))
+    lines = ["  where the step went per pipeline stage (ms; mean over the stage's ranks; exposed comm by class):",
+             "  " + f"{'stage':>5}" + "".join(f"{n:>{width}}" for n in names)]
+    shown = stages.head(max_rows)
+    for row in shown.itertuples(index=False):
+        values = row._asdict()
+        lines.append("  " + f"{values['stage']:>5}" + "".join(f"{values[c] * 1e3:>{width}.3f}" for c in cols))
+    if len(stages) > max_rows:
+        lines.append(f"  ... {len(stages) - max_rows} more stages (result.stages has them all)")
+    return "\n".join(lines)
 
 
 _FIDELITIES = ("fast", "full", "lockstep")  # experiment.FIDELITIES, spelled out to keep pandas out of start-up (tested)
@@ -169,41 +195,93 @@ def _run():
     def configure(p: argparse.ArgumentParser) -> None:
         p.add_argument("file", help="experiment YAML (sections: cluster, model, parallel, training, ...)")
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
-        p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
+        p.add_argument("--trace", metavar="OUT.json[.gz]", help="write a Chrome/Perfetto trace (.gz: compressed)")
+        p.add_argument("--trace-ranks", metavar="R1,R2,...|stages|all", default="stages",
+                       help="ranks in the trace: a list, 'stages' (one per pipeline stage, default) or 'all'")
+        p.add_argument("--plots", metavar="DIR", help="write every figure as a PNG into DIR")
         p.add_argument("--force", action="store_true", help="simulate even if the config does not fit in memory")
         p.add_argument("--fidelity", choices=_FIDELITIES, help="override the file's fidelity (default: fast)")
 
     def run(args: argparse.Namespace) -> int:
         from .experiment import load_experiment, run_experiment
         check_writable(args.trace, "--trace")
-        result = run_experiment(load_experiment(args.file), force=args.force, fidelity=args.fidelity)
-        if args.trace:
-            result.to_chrome_trace(args.trace)
-        if args.json:
-            print(_json_summary(result))
-        else:
-            print_summary(result)
-            if args.trace:
-                print(f"  trace written to     {args.trace}")
+        trace_ranks = parse_trace_ranks(args.trace_ranks)
+        check_folder(args.plots, "--plots")
+        exp = load_experiment(args.file)
+        world = exp.parallel.world_size
+        bad = [r for r in trace_ranks if r >= world] if isinstance(trace_ranks, list) else []
+        if bad:
+            raise ValueError(f"--trace-ranks: {bad[0]} is not a rank of this run; valid: 0..{world - 1}")
+        result = run_experiment(exp, force=args.force, fidelity=args.fidelity)
+        write_outputs(result, args, trace_ranks)
         return 0
 
     return configure, run
+
+
+def parse_trace_ranks(text: str) -> list[int] | str:
+    """``--trace-ranks``: ``stages``, ``all`` or a comma-separated list of ranks."""
+    if text in ("stages", "all"):
+        return text
+    try:
+        ranks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--trace-ranks: {text!r} is not a list of ranks such as 0,8,16, nor 'stages' or "
+                         f"'all'") from None
+    if not ranks or any(r < 0 for r in ranks):
+        raise ValueError(f"--trace-ranks: need ranks >= 0 such as 0,8,16 (or 'stages', 'all'), got {text!r}")
+    return ranks
+
+
+def check_folder(path: str | None, flag: str) -> None:
+    """Refuse an output folder that cannot be created or written, before any work is done."""
+    if not path:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag}: {path!r} exists and is not a folder")
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(path) and not os.path.isdir(parent):
+        raise ValueError(f"{flag}: folder {parent!r} does not exist")
+    if not os.access(path if os.path.isdir(path) else parent, os.W_OK):
+        raise ValueError(f"{flag}: cannot write into {path!r}")
+
+
+def write_outputs(result, args: argparse.Namespace, trace_ranks: list[int] | str = "stages") -> None:
+    """The summary (or JSON) of ``clustersim run``/``demo``, and the trace and plots asked for."""
+    lines = []
+    if getattr(args, "trace", None):
+        ranks = None if trace_ranks == "stages" else (
+            list(range(result.record.graph.world_size)) if trace_ranks == "all" else trace_ranks)
+        n = result.to_chrome_trace(args.trace, ranks)
+        lines.append(f"  trace written to     {args.trace} ({n:,} events)")
+    if getattr(args, "plots", None):
+        import matplotlib
+        matplotlib.use("Agg")  # files only: no display needed
+        paths = result.save_plots(args.plots)
+        lines.append(f"  figures written to   {args.plots}/ ({', '.join(os.path.basename(p) for p in paths)})")
+    if args.json:
+        print(_json_summary(result))
+        return
+    print_summary(result)
+    for line in lines:
+        print(line)
 
 
 @command("demo", "simulate a small built-in 3D-parallel training step and print what happened")
 def _demo():
     def configure(p: argparse.ArgumentParser) -> None:
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+        p.add_argument("--trace", metavar="OUT.json[.gz]", help="write a Chrome/Perfetto trace (.gz: compressed)")
+        p.add_argument("--plots", metavar="DIR", help="write every figure as a PNG into DIR")
 
     def run(args: argparse.Namespace) -> int:
         from .experiment import DEMO_EXPERIMENT, experiment_from_dict, run_experiment
+        check_writable(args.trace, "--trace")
+        check_folder(args.plots, "--plots")
         result = run_experiment(experiment_from_dict(DEMO_EXPERIMENT))
+        write_outputs(result, args)
         if args.json:
-            print(_json_summary(result))
             return 0
-        print_summary(result)
-        print("\n  per pipeline stage:")
-        print(result.stages.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
         links = result.links
         top = links[links["bytes"] > 0].sort_values("utilization", ascending=False).head(5)
         print("\n  busiest links:")

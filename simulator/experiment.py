@@ -26,11 +26,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-import numpy as np
 import pandas as pd
 import yaml
 
-from topologies import build_cluster, parse_time
+from topologies import build_cluster, format_bandwidth, parse_time
+from topologies.builders import ratio_text
 from topologies.cluster import Cluster
 from topologies.faults import apply_faults, check_fault
 from topologies.yamlio import load_yaml
@@ -41,10 +41,10 @@ from workloads.moe import RoutingModel, routing_from_dict
 from workloads.parallel import ParallelConfig, TrainingSpec, parallel_from_dict, training_from_dict, validate
 from workloads.training import StepOptions, TrainingStep, training_step
 
+from .breakdown import pipeline_window, time_breakdown
 from .compute import ComputeModel
 from .engine import Engine, paused_gc
 from .fabric import NetworkConfig
-from .intervals import grouped_union_length
 from .result import Result
 
 SECTIONS = ("name", "cluster", "model", "parallel", "training", "moe", "network", "compute", "options", "sweep",
@@ -313,31 +313,76 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
 
 
 def pipeline_stages(result: Result, step: TrainingStep) -> pd.DataFrame:
-    """Busy and bubble time per pipeline stage.
+    """Where time went per pipeline stage: the mean over the stage's ranks of each rank's partition of the
+    step (:mod:`simulator.breakdown`: compute by phase, exposed communication by class, MoE and sync waits,
+    bubble, idle; seconds), plus the pipeline view.
 
-    The pipeline window runs from 0 to the end of the last forward/backward op
-    on any rank. A rank's busy time is the union of its compute-stream ops
-    that belong to a micro-batch (compute and the TP collectives between
-    them); its bubble is the rest of the window. Stages report the mean over
-    their ranks.
+    The pipeline window runs from 0 to the end of the last micro-batch op on any rank. ``busy_s`` is the
+    window minus the stage's ``bubble`` (the time the schedule leaves the GPU with nothing to do, nothing
+    in flight on its compute stream and no activation transfer in flight); ``bubble_fraction`` is
+    ``bubble / window``. Columns of the partition sum to the step time.
     """
     # With fidelity="fast" only representatives have rows; every rank a representative stands for
-    # has the same busy time, so the representatives' frame is enough (and much smaller).
+    # has the same timeline, so the representatives' frame is enough (and much smaller).
     df = result.rep_ops
     replicas = getattr(step.graph, "replicas", None) or {}
-    rep_of = {x: r for r, xs in replicas.items() for x in xs}
-    fb = df[(df["stream"] == "compute") & (df["micro_batch"] >= 0)]
-    window = float(fb["end_s"].max()) if len(fb) else 0.0
-    ranks_fb, idx = np.unique(fb["rank"].to_numpy(), return_inverse=True)
-    lengths = grouped_union_length(idx, fb["start_s"].to_numpy(), fb["end_s"].to_numpy(), len(ranks_fb))
-    busy = dict(zip(ranks_fb.tolist(), lengths.tolist()))
+    window = pipeline_window(df)
+    table = time_breakdown(df, window, result.step_time)
+    weight = pd.Series({r: len(replicas.get(r, (r,))) for r in table.index}, dtype=float)
+    stage = pd.Series({r: step.stage_of_rank[r] for r in table.index})
     rows = []
-    for stage in range(step.parallel.pp):
-        ranks = [r for r, s in enumerate(step.stage_of_rank) if s == stage]
-        b = sum(busy.get(rep_of.get(r, r), 0.0) for r in ranks) / len(ranks)
-        rows.append({"stage": stage, "ranks": len(ranks), "busy_s": b, "bubble_s": window - b,
-                     "bubble_fraction": (window - b) / window if window else 0.0})
+    for s in range(step.parallel.pp):
+        sel = stage[stage == s].index
+        w = weight[sel]
+        mean = (table.loc[sel].mul(w, axis=0).sum() / w.sum()) if len(sel) else table.iloc[:0].sum()
+        bubble = float(mean.get("bubble", 0.0))
+        rows.append({"stage": s, "ranks": int(w.sum()), "busy_s": window - bubble, "bubble_s": bubble,
+                     "bubble_fraction": bubble / window if window else 0.0,
+                     **{f"{c}_s": float(v) for c, v in mean.items()}})
     return pd.DataFrame(rows)
+
+
+def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[str, str]:
+    """What is simulated, resolved from presets and defaults, one line each: ``cluster``, ``fabric``,
+    ``model``, ``layout``, ``training`` (for summaries; the file's free-text ``name`` says none of it)."""
+    c, m, par, tr = exp.cluster, exp.model, exp.parallel, exp.training
+    p = c.params
+    nodes = c.num_gpus // c.gpus_per_server
+    cluster = f"{nodes} x {c.gpus_per_server} {c.gpu.name} = {c.num_gpus:,} GPUs"
+    if p.get("preset"):
+        cluster += f" ({p['preset']})"
+    fabric = str(p.get("fabric", "custom"))
+    switches = [f"{p[k]} {one if p[k] == 1 else k}" for k, one in (("leaves", "leaf"), ("spines", "spine"),
+                                                                    ("cores", "core")) if p.get(k)]
+    if switches:
+        fabric += f" ({', '.join(switches)})"
+    if "oversubscription" in p:
+        ratio = p["oversubscription"]
+        fabric += ", non-blocking" if ratio == 1 else f", {ratio_text(ratio)} oversubscribed"
+    if p.get("nic_bandwidth"):
+        fabric += f", NIC {format_bandwidth(p['nic_bandwidth'])} per GPU"
+    fabric += f", NVLink {format_bandwidth(p.get('nvlink_bandwidth') or c.gpu.nvlink_bandwidth)} per GPU"
+    if exp.faults:
+        fabric += f", {len(exp.faults)} fault(s)"
+    model = (f"{m.name}: {m.total_params() / 1e9:,.1f} B parameters, {m.layers} layers, hidden {m.hidden}, "
+             f"{m.heads} heads")
+    if m.is_moe:
+        model += f", {m.experts} experts top-{m.top_k}"
+    layout = f"TP {par.tp} x PP {par.pp} x DP {par.dp}"
+    if par.ep > 1:
+        layout += f" (EP {par.ep})"
+    layout += f", {par.schedule}"
+    if par.virtual_stages > 1:
+        layout += f" x{par.virtual_stages} virtual"
+    micro = step.num_micro_batches if step is not None else par.global_batch // (par.micro_batch * par.dp)
+    layout += f", micro-batch {par.micro_batch} x {micro} per pipeline (global batch {par.global_batch})"
+    extras = [x for x in ("SP" if par.sequence_parallel else "",
+                          f"recompute {par.recompute}" if par.recompute != "none" else "",
+                          f"ZeRO-{par.zero}" if par.zero else "") if x]
+    if extras:
+        layout += ", " + ", ".join(extras)
+    training = f"seq {tr.seq_len}, {tr.dtype}, fidelity {exp.fidelity}"
+    return {"cluster": cluster, "fabric": fabric, "model": model, "layout": layout, "training": training}
 
 
 def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment, memory: MemoryBreakdown) -> None:
@@ -350,6 +395,7 @@ def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment,
     tflops = step.model_flops / result.step_time / world
     result.extra_summary.update({
         "name": exp.name,
+        "setup": describe_setup(exp, step),
         "world_size": world,
         "num_micro_batches": step.num_micro_batches,
         "bubble_fraction": max(0.0, float(stages["bubble_s"].mean() / window)) if window else 0.0,

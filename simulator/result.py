@@ -21,12 +21,17 @@ exposed communication
 
 from __future__ import annotations
 
-import json
+import os
+from collections.abc import Callable
 from functools import cached_property
 
 import numpy as np
 import pandas as pd
 
+from . import breakdown as _breakdown
+from . import plotting as _plotting
+from . import timeline as _timeline
+from . import trace as _trace
 from . import traffic as _traffic
 from .engine import RunRecord
 from .intervals import grouped_union_length as _grouped_union_length
@@ -253,25 +258,102 @@ class Result:
         out.update(self.extra_summary)
         return out
 
+    # ----------------------------------------------------- time per rank
+    @cached_property
+    def pipeline_window_s(self) -> float:
+        """End of the last micro-batch op on any rank (s): the pipeline part of the step."""
+        return _breakdown.pipeline_window(self.rep_ops)
+
+    def time_breakdown(self) -> pd.DataFrame:
+        """Each simulated rank's step partitioned into compute by phase, exposed communication by class,
+        waits, bubble and idle (seconds; rows sum to the step time; :mod:`simulator.breakdown`). With
+        ``fidelity`` fast/lockstep the rows are the representatives (``replicas`` says how many ranks each
+        stands for)."""
+        table = _breakdown.time_breakdown(self.rep_ops, self.pipeline_window_s, self.step_time)
+        replicas = getattr(self.record.graph, "replicas", None) or {}
+        table.insert(0, "replicas", [len(replicas.get(r, (r,))) for r in table.index])
+        return table
+
+    def timeline(self, ranks: list[int] | None = None) -> pd.DataFrame:
+        """Bars of the timeline (:func:`simulator.timeline.timeline_bars`): by default one representative
+        rank per pipeline stage."""
+        return _timeline.timeline_bars(self.rep_ops, self.step_time, ranks)
+
+    def phases(self) -> list[tuple[str, float, float]]:
+        """The step's phases as ``(name, start_s, end_s)``: the pipeline of micro-batches, then gradient
+        synchronisation and the optimizer (when the step runs past the pipeline window)."""
+        w, end = self.pipeline_window_s, self.step_time
+        out = [("micro-batches", 0.0, w)] if w > 0 else []
+        if end > w:
+            out.append(("gradient sync + optimizer" if w > 0 else "step", w, end))
+        return out
+
+    # -------------------------------------------------------------- plots
+    def plot_timeline(self, ranks: list[int] | None = None, ax=None):
+        return _plotting.plot_timeline(self.timeline(ranks), ax=ax)
+
+    def plot_stages(self, ax=None):
+        return _plotting.plot_stages(self.stages, ax=ax)
+
+    def plot_tier_bandwidth(self, ax=None):
+        capacity = self.links.groupby("tier")["bandwidth_Bps"].sum().to_dict()
+        return _plotting.plot_tier_bandwidth(self.tier_timeseries, self.phases(), ax=ax, capacity=capacity)
+
+    def plot_link_heatmap(self, top: int = 20, tier: str | None = None, bins: int = 200, ax=None):
+        return _plotting.plot_link_heatmap(self.link_timeseries(top=top, tier=tier), bins=bins, ax=ax,
+                                           end_s=self.step_time)
+
+    def plot_traffic_matrix(self, level: str = "node", traffic_class: str | list[str] | None = None, ax=None):
+        title = f"payload bytes per step, {level} to {level}" + (f", {traffic_class}" if traffic_class else "")
+        return _plotting.plot_traffic_matrix(self.traffic_matrix(level, traffic_class), ax=ax, title=title)
+
+    def plot_link_utilization(self, ax=None):
+        return _plotting.plot_link_utilization(self.links, ax=ax)
+
+    def plot_bytes_by_class_and_tier(self, ax=None):
+        return _plotting.plot_bytes_by_class_and_tier(self.bytes_by_class_and_tier(), ax=ax)
+
+    def save_plots(self, folder: str, dpi: int = 120) -> list[str]:
+        """Write every figure as a PNG in ``folder`` (created if missing); return the paths written.
+
+        ``timeline``, ``stages`` (pipeline runs), ``tier_bandwidth``, ``link_heatmap`` (20 busiest links),
+        ``traffic_<level>`` for node and, on a fabric with leaves, leaf level, ``link_utilization``,
+        ``bytes_by_class_and_tier``.
+        """
+        import matplotlib.pyplot as plt
+
+        os.makedirs(folder, exist_ok=True)
+        figures: list[tuple[str, Callable]] = [("timeline", self.plot_timeline)]
+        if len(self.stages):
+            figures.append(("stages", self.plot_stages))
+        figures += [("tier_bandwidth", self.plot_tier_bandwidth), ("link_heatmap", self.plot_link_heatmap),
+                    ("traffic_node", lambda: self.plot_traffic_matrix("node"))]
+        try:
+            _traffic.rank_labels(self.record.fabric.cluster, "leaf")
+            figures.append(("traffic_leaf", lambda: self.plot_traffic_matrix("leaf")))
+        except ValueError:
+            pass  # no leaf switches: node level says it all
+        figures += [("link_utilization", self.plot_link_utilization),
+                    ("bytes_by_class_and_tier", self.plot_bytes_by_class_and_tier)]
+        written = []
+        for name, draw in figures:
+            if name in ("link_heatmap", "link_utilization", "bytes_by_class_and_tier") and not (
+                    self.links["bytes"] > 0).any():
+                continue  # nothing crossed a link
+            ax = draw()
+            path = os.path.join(folder, f"{name}.png")
+            ax.figure.savefig(path, dpi=dpi, bbox_inches="tight")
+            plt.close(ax.figure)
+            written.append(path)
+        return written
+
     # ------------------------------------------------------------- export
-    def to_chrome_trace(self, path: str) -> None:
-        """Write a Chrome / Perfetto trace: one process per rank, one thread per stream (µs)."""
-        df = self.ops
-        streams = {s: i for i, s in enumerate(sorted(df["stream"].unique()))}
-        events = []
-        for rank in sorted(df["rank"].unique()):
-            events.append({"ph": "M", "name": "process_name", "pid": int(rank), "args": {"name": f"rank {rank}"}})
-            for s, tid in streams.items():
-                events.append({"ph": "M", "name": "thread_name", "pid": int(rank), "tid": tid, "args": {"name": s}})
-        for row in df.itertuples(index=False):
-            events.append({
-                "ph": "X", "name": row.name, "cat": row.traffic_class, "pid": int(row.rank),
-                "tid": streams[row.stream], "ts": row.start_s * 1e6, "dur": max(row.duration_s, 0.0) * 1e6,
-                "args": {"kind": row.kind, "layer": int(row.layer), "micro_batch": int(row.micro_batch),
-                         "bytes": float(row.nbytes), "flops": float(row.flops)},
-            })
-        with open(path, "w") as fh:
-            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)
+    def to_chrome_trace(self, path: str, ranks: list[int] | None = None, *, counters: bool = True,
+                        flows: bool = True) -> int:
+        """Write a Chrome / Perfetto trace (:mod:`simulator.trace`): by default one rank per pipeline stage,
+        one thread per stream, flow arrows for point-to-point transfers and tier-bandwidth counters;
+        gzip-compressed when ``path`` ends in ``.gz``. Returns the number of events written."""
+        return _trace.write_trace(self, path, ranks, counters=counters, flows=flows)
 
 
 def _exposed_sum(per_rank: np.ndarray, mask: np.ndarray, weight: np.ndarray) -> float:

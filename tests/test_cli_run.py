@@ -164,12 +164,20 @@ def test_demo_json_and_trace(tmp_path):
                if e["ph"] == "M" and e["name"] == "thread_name"}
     procs = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     spans = [e for e in events if e["ph"] == "X"]
-    assert sorted(procs) == list(range(16))                      # one process per rank
+    from simulator.trace import FABRIC_PID
+    assert sorted(procs) == [0, 8, FABRIC_PID]                   # one rank per pipeline stage, and the fabric
     assert spans
     for e in spans:
         assert (e["pid"], e["tid"]) in threads                   # every span sits on a named track
         assert e["ts"] >= 0 and e["dur"] >= 0
         assert isinstance(e["name"], str) and "cat" in e
+    proc = cli("run", str(DEMO), "--trace", str(trace), "--trace-ranks", "all")
+    assert proc.returncode == 0, proc.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e["ph"] == "M" and e["name"] == "thread_name"}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == set(range(16))          # every rank when asked
     for rank in range(16):
         names = [n for (pid, _tid), n in threads.items() if pid == rank]
         assert len(names) == len(set(names))                     # one track per stream
