@@ -51,11 +51,11 @@ def plot_timeline(bars: pd.DataFrame, ranks: list[int] | None = None, ax=None, m
     y = {r: i for i, r in enumerate(rows)}
     ax = ax or plt.subplots(figsize=(13, 0.55 * len(rows) + 1.6))[1]
     main = bars[bars["lane"] == "main"]
-    order = [c for c in ("bubble", "idle") if c in set(main["category"])] + \
-        [c for c in dict.fromkeys(main["category"]) if c not in ("bubble", "idle")]
-    for cat in order:  # bubbles and idle first, compute spans next, partition bars over them
-        part = main[main["category"] == cat]
-        for r, rows_r in part.groupby("rank", sort=False):
+    spans = main["label"] != ""  # compute bars span a whole pass; the partition's other bars go over them
+    layers = [main[~spans & main["category"].isin(["bubble", "idle"])], main[spans],
+              main[~spans & ~main["category"].isin(["bubble", "idle"])]]
+    for layer in layers:
+        for (cat, r), rows_r in layer.groupby(["category", "rank"], sort=False):
             ax.broken_barh(list(zip(rows_r["start_s"], rows_r["end_s"] - rows_r["start_s"])), (y[r] - 0.36, 0.62),
                            facecolors=_color(cat), edgecolor="#9E9E9E" if cat == "bubble" else "none",
                            linewidth=0.3, hatch=_HATCH.get(cat, ""))
@@ -70,7 +70,7 @@ def plot_timeline(bars: pd.DataFrame, ranks: list[int] | None = None, ax=None, m
         if len(labelled) <= 600:
             for row in labelled.itertuples(index=False):
                 ax.text((row.start_s + row.end_s) / 2, y[row.rank] - 0.05, row.label, ha="center", va="center",
-                        fontsize=6, color="white" if row.category == "backward" else "black")
+                        fontsize=6, color="white" if row.category == "backward" else "black", clip_on=True)
     stage = dict(zip(bars["rank"], bars["stage"]))
     ax.set_yticks(range(len(rows)), [f"stage {stage[r]} (rank {r})" if stage.get(r, -1) >= 0 else f"rank {r}"
                                      for r in rows], fontsize=7)

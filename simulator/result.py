@@ -29,7 +29,6 @@ import numpy as np
 import pandas as pd
 
 from . import breakdown as _breakdown
-from . import plotting as _plotting
 from . import timeline as _timeline
 from . import trace as _trace
 from . import traffic as _traffic
@@ -289,29 +288,30 @@ class Result:
         return out
 
     # -------------------------------------------------------------- plots
+    # (matplotlib is imported on first use: ``import simulator`` and the CLI stay quick to start)
     def plot_timeline(self, ranks: list[int] | None = None, ax=None):
-        return _plotting.plot_timeline(self.timeline(ranks), ax=ax)
+        return _plotting().plot_timeline(self.timeline(ranks), ax=ax)
 
     def plot_stages(self, ax=None):
-        return _plotting.plot_stages(self.stages, ax=ax)
+        return _plotting().plot_stages(self.stages, ax=ax)
 
     def plot_tier_bandwidth(self, ax=None):
         capacity = self.links.groupby("tier")["bandwidth_Bps"].sum().to_dict()
-        return _plotting.plot_tier_bandwidth(self.tier_timeseries, self.phases(), ax=ax, capacity=capacity)
+        return _plotting().plot_tier_bandwidth(self.tier_timeseries, self.phases(), ax=ax, capacity=capacity)
 
     def plot_link_heatmap(self, top: int = 20, tier: str | None = None, bins: int = 200, ax=None):
-        return _plotting.plot_link_heatmap(self.link_timeseries(top=top, tier=tier), bins=bins, ax=ax,
+        return _plotting().plot_link_heatmap(self.link_timeseries(top=top, tier=tier), bins=bins, ax=ax,
                                            end_s=self.step_time)
 
     def plot_traffic_matrix(self, level: str = "node", traffic_class: str | list[str] | None = None, ax=None):
         title = f"payload bytes per step, {level} to {level}" + (f", {traffic_class}" if traffic_class else "")
-        return _plotting.plot_traffic_matrix(self.traffic_matrix(level, traffic_class), ax=ax, title=title)
+        return _plotting().plot_traffic_matrix(self.traffic_matrix(level, traffic_class), ax=ax, title=title)
 
     def plot_link_utilization(self, ax=None):
-        return _plotting.plot_link_utilization(self.links, ax=ax)
+        return _plotting().plot_link_utilization(self.links, ax=ax)
 
     def plot_bytes_by_class_and_tier(self, ax=None):
-        return _plotting.plot_bytes_by_class_and_tier(self.bytes_by_class_and_tier(), ax=ax)
+        return _plotting().plot_bytes_by_class_and_tier(self.bytes_by_class_and_tier(), ax=ax)
 
     def save_plots(self, folder: str, dpi: int = 120) -> list[str]:
         """Write every figure as a PNG in ``folder`` (created if missing); return the paths written.
@@ -354,6 +354,12 @@ class Result:
         one thread per stream, flow arrows for point-to-point transfers and tier-bandwidth counters;
         gzip-compressed when ``path`` ends in ``.gz``. Returns the number of events written."""
         return _trace.write_trace(self, path, ranks, counters=counters, flows=flows)
+
+
+def _plotting():
+    """:mod:`simulator.plotting`, imported when first needed (it imports matplotlib)."""
+    from . import plotting
+    return plotting
 
 
 def _exposed_sum(per_rank: np.ndarray, mask: np.ndarray, weight: np.ndarray) -> float:
