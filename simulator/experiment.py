@@ -400,6 +400,7 @@ def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment,
         "num_micro_batches": step.num_micro_batches,
         "bubble_fraction": max(0.0, float(stages["bubble_s"].mean() / window)) if window else 0.0,
         "bubble_fraction_by_stage": [float(x) for x in stages["bubble_fraction"]],
+        "time_breakdown_s": _mean_breakdown(stages),
         "model_flops_per_step": step.model_flops,
         "hardware_flops_per_step": step.hardware_flops,
         "executed_flops_per_step": step.executed_flops,
@@ -417,6 +418,15 @@ def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment,
         result.expert_load = expert_load_table(step)
         result.extra_summary["moe"] = moe_summary(step)
     result.step = step
+
+
+def _mean_breakdown(stages: pd.DataFrame) -> dict[str, float]:
+    """The partition of the step (:mod:`simulator.breakdown`) averaged over every rank: ``{category: s}``."""
+    if not len(stages):
+        return {}
+    w = stages["ranks"].to_numpy(dtype=float)
+    cols = [c for c in stages.columns if c.endswith("_s") and c not in ("busy_s",)]
+    return {c[:-2]: float((stages[c].to_numpy() * w).sum() / w.sum()) for c in cols}
 
 
 def expert_load_table(step: TrainingStep) -> pd.DataFrame:

@@ -74,6 +74,7 @@ def test_breakdown_partitions_every_rank_step(case, demo):
     stage_cols = [c for c in r.stages.columns if c.endswith("_s") and c != "busy_s"]
     np.testing.assert_allclose(r.stages[stage_cols].sum(axis=1).to_numpy(), r.step_time, rtol=1e-9)
     assert table["replicas"].sum() == r.record.graph.world_size
+    assert sum(r.summary["time_breakdown_s"].values()) == pytest.approx(r.step_time, rel=1e-9)
 
 
 def test_recompute_is_its_own_category_and_costs_one_forward():

@@ -18,6 +18,7 @@ def _metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
     row = {k: summary.get(k) for k in METRIC_COLUMNS}
     row.update({f"exposed_{cls}_s": v for cls, v in summary.get("exposed_comm_by_class_s", {}).items()})
     row.update({f"bytes_{tier}": v for tier, v in summary.get("bytes_by_tier", {}).items()})
+    row.update({f"time_{cat}_s": v for cat, v in summary.get("time_breakdown_s", {}).items()})
     row["memory_per_gpu_bytes"] = summary.get("memory_per_gpu_bytes")
     if "fault_slowdown" in summary:  # a point with faults: what they cost against the healthy fabric
         row["healthy_step_time_s"] = summary["healthy_step_time_s"]
