@@ -53,17 +53,17 @@ _COMPUTE_STREAM = "compute"
 def op_category(kind: np.ndarray, name: np.ndarray, micro_batch: np.ndarray, traffic_class: np.ndarray
                 ) -> np.ndarray:
     """The category of each op: a compute category, or ``exposed_<class>`` for communication."""
-    out = np.empty(len(kind), dtype=object)
-    for i, (k, n, mb, cls) in enumerate(zip(kind.tolist(), name.tolist(), micro_batch.tolist(),
-                                            traffic_class.tolist())):
-        if k != "compute":
-            out[i] = f"exposed_{cls}"
-        elif mb >= 0 and n[:1] in _PHASE:
-            out[i] = _PHASE[n[:1]]
-        elif n in _OPTIMIZER_OPS:
-            out[i] = "optimizer"
-        else:
-            out[i] = "other_compute"
+    kind = np.asarray(kind, dtype=object)
+    names = pd.Series(np.asarray(name, dtype=object), dtype=object)
+    first = names.str[:1].to_numpy(dtype=object)
+    out = np.full(len(kind), "other_compute", dtype=object)
+    compute = kind == "compute"
+    in_mb = np.asarray(micro_batch) >= 0
+    for letter, category in _PHASE.items():
+        out[compute & in_mb & (first == letter)] = category
+    out[compute & ~in_mb & names.isin(_OPTIMIZER_OPS).to_numpy()] = "optimizer"
+    comm = ~compute
+    out[comm] = "exposed_" + pd.Series(np.asarray(traffic_class, dtype=object)[comm], dtype=object)
     return out
 
 
@@ -76,23 +76,23 @@ def pipeline_window(ops: pd.DataFrame) -> float:
 def rank_segments(ops: pd.DataFrame, window: float, step_time: float) -> pd.DataFrame:
     """The partition of every rank in ``ops`` as intervals: ``rank, start_s, end_s, category`` with
     adjacent intervals of one category merged (so a bubble is one row)."""
-    parts = []
-    cat = op_category(ops["kind"].to_numpy(), ops["name"].to_numpy(), ops["micro_batch"].to_numpy(),
-                      ops["traffic_class"].to_numpy())
-    ops = ops.assign(category=cat)
-    for rank, part in ops.groupby("rank", sort=True):
-        starts, ends, names = _partition(part, window, step_time)
-        parts.append(pd.DataFrame({"rank": rank, "start_s": starts, "end_s": ends, "category": names}))
-    if not parts:
+    ranks, seg_rank, start, end, category = _partition(ops, window, step_time)
+    if len(seg_rank) == 0:
         return pd.DataFrame(columns=["rank", "start_s", "end_s", "category"])
-    return pd.concat(parts, ignore_index=True)
+    first = np.r_[True, (seg_rank[1:] != seg_rank[:-1]) | (category[1:] != category[:-1])]
+    idx = np.flatnonzero(first)
+    last = np.r_[idx[1:] - 1, len(seg_rank) - 1]
+    return pd.DataFrame({"rank": ranks[seg_rank[idx]], "start_s": start[idx], "end_s": end[last],
+                         "category": category[idx]})
 
 
 def time_breakdown(ops: pd.DataFrame, window: float, step_time: float) -> pd.DataFrame:
     """Seconds per category for every rank in ``ops`` (one row per rank; columns sum to ``step_time``)."""
-    seg = rank_segments(ops, window, step_time)
-    seg["seconds"] = seg["end_s"] - seg["start_s"]
-    table = seg.pivot_table(index="rank", columns="category", values="seconds", aggfunc="sum", fill_value=0.0)
+    ranks, seg_rank, start, end, category = _partition(ops, window, step_time)
+    names, code = np.unique(category, return_inverse=True)
+    sums = np.bincount(seg_rank * len(names) + code, weights=end - start,
+                       minlength=len(ranks) * len(names)).reshape(len(ranks), len(names))
+    table = pd.DataFrame(sums, index=pd.Index(ranks, name="rank"), columns=pd.Index(names, name="category"))
     return table[[c for c in category_order(table.columns) if c in table.columns]]
 
 
@@ -103,62 +103,84 @@ def category_order(names) -> list[str]:
     return [*COMPUTE_CATEGORIES, *comm, *WAITS, "bubble", "idle"]
 
 
-def _partition(ops: pd.DataFrame, window: float, step_time: float) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """One rank's partition (see the module docstring): interval starts, ends and category names."""
-    s, e = ops["start_s"].to_numpy(), ops["end_s"].to_numpy()
-    issue = ops["issue_s"].to_numpy()
-    cat = ops["category"].to_numpy()
-    is_compute = ops["kind"].to_numpy() == "compute"
+def _layers(ops: pd.DataFrame) -> list[tuple[str, np.ndarray | None, bool]]:
+    """The partition's layers in priority order: ``(category, selected ops or None for a whole-rank span,
+    whether the interval is the wait before the op starts)``."""
+    kind = ops["kind"].to_numpy()
+    cat = op_category(kind, ops["name"].to_numpy(), ops["micro_batch"].to_numpy(), ops["traffic_class"].to_numpy())
+    is_compute = kind == "compute"
     blocking = (ops["stream"].to_numpy() == _COMPUTE_STREAM) & ~is_compute
     in_mb = ops["micro_batch"].to_numpy() >= 0
     ep = ops["traffic_class"].to_numpy() == "ep"
-    waiting = blocking & (issue < s)
+    waiting = blocking & (ops["issue_s"].to_numpy() < ops["start_s"].to_numpy())
     comm_names = sorted(set(cat[~is_compute].tolist()))
-    layers: list[tuple[str, np.ndarray]] = []  # (category, selected ops) in priority order; "_" = fixed span
+    layers: list[tuple[str, np.ndarray | None, bool]] = []
 
     def comm(mask: np.ndarray) -> None:
-        for c in comm_names:
-            layers.append((c, mask & (cat == c)))
+        layers.extend((c, mask & (cat == c), False) for c in comm_names)
 
     # micro-batch work: what the pipeline schedule is made of
-    for c in ("forward", "backward", "recompute"):
-        layers.append((c, is_compute & (cat == c)))
+    layers.extend((c, is_compute & (cat == c), False) for c in ("forward", "backward", "recompute"))
     comm(blocking & in_mb)
-    layers.append(("moe_wait", waiting & in_mb & ep))
-    layers.append(("sync_wait", waiting & in_mb & ~ep))
+    layers.append(("moe_wait", waiting & in_mb & ep, True))
+    layers.append(("sync_wait", waiting & in_mb & ~ep, True))
     comm(~is_compute & ~blocking & in_mb)
-    layers.append(("bubble", None))
+    layers.append(("bubble", None, False))
     # the rest of the step: optimizer, gradient synchronisation, waiting for the others
-    for c in ("optimizer", "other_compute"):
-        layers.append((c, is_compute & (cat == c)))
+    layers.extend((c, is_compute & (cat == c), False) for c in ("optimizer", "other_compute"))
     comm(blocking & ~in_mb)
-    layers.append(("moe_wait", waiting & ~in_mb & ep))
-    layers.append(("sync_wait", waiting & ~in_mb & ~ep))
+    layers.append(("moe_wait", waiting & ~in_mb & ep, True))
+    layers.append(("sync_wait", waiting & ~in_mb & ~ep, True))
     comm(~is_compute & ~blocking)
-    layers.append(("idle", None))
+    layers.append(("idle", None, False))
+    return layers
 
-    bounds = np.unique(np.concatenate([np.array([0.0, window, step_time]), s, e, issue[waiting]]))
-    bounds = bounds[(bounds >= 0) & (bounds <= step_time)]
+
+def _partition(ops: pd.DataFrame, window: float, step_time: float
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every rank's partition at once (see the module docstring).
+
+    Returns ``(ranks, seg_rank, start, end, category)``: the distinct ranks, and per elementary segment
+    the index of its rank in ``ranks``, its start and end (s) and its category, ordered by rank and time.
+    Segments are cut at every op boundary of their rank; each belongs to the first layer of
+    :func:`_layers` covering it. All ranks are done together on exact integer keys
+    ``rank index · (number of distinct times) + time code``, so no float offset ever shifts a boundary.
+    """
+    ranks, ridx = np.unique(ops["rank"].to_numpy(), return_inverse=True)
+    nr = len(ranks)
+    s, e, issue = ops["start_s"].to_numpy(), ops["end_s"].to_numpy(), ops["issue_s"].to_numpy()
+    spans = []  # (layer index, rank index, start, end) arrays per layer
+    every = np.arange(nr)
+    layers = _layers(ops)
+    for li, (name, sel, wait) in enumerate(layers):
+        if sel is None:
+            end = window if name == "bubble" else step_time
+            a, b, r = np.zeros(nr), np.full(nr, end), every
+        else:
+            a, b, r = (issue[sel], s[sel], ridx[sel]) if wait else (s[sel], e[sel], ridx[sel])
+        keep = b > a
+        spans.append((li, r[keep], a[keep], b[keep]))
+    fixed = np.array([0.0, window, step_time])
+    times = np.unique(np.concatenate([fixed, *(x[2] for x in spans), *(x[3] for x in spans)]))
+    times = times[(times >= 0) & (times <= step_time)]
+    nt = len(times)
+
+    def key(r: np.ndarray, t: np.ndarray) -> np.ndarray:
+        return r.astype(np.int64) * nt + np.searchsorted(times, t)
+
+    bounds = np.unique(np.concatenate([key(np.repeat(every, 3), np.tile(fixed, nr)),
+                                       *(key(x[1], x[2]) for x in spans), *(key(x[1], x[3]) for x in spans)]))
     nseg = len(bounds) - 1
     owner = np.full(nseg, -1, dtype=np.int64)
-    for li, (name, sel) in enumerate(layers):
-        if sel is None:
-            ls, le = np.array([0.0]), np.array([window if name == "bubble" else step_time])
-        elif name in WAITS:
-            ls, le = issue[sel], s[sel]
-        else:
-            ls, le = s[sel], e[sel]
-        if len(ls) == 0:
+    for li, r, a, b in spans:
+        if len(r) == 0:
             continue
-        diff = np.zeros(nseg + 1, dtype=np.int64)
-        np.add.at(diff, np.searchsorted(bounds, ls), 1)
-        np.add.at(diff, np.searchsorted(bounds, le), -1)
+        diff = np.bincount(np.searchsorted(bounds, key(r, a)), minlength=nseg + 1) - \
+            np.bincount(np.searchsorted(bounds, key(r, b)), minlength=nseg + 1)
         covered = np.cumsum(diff[:-1]) > 0
         owner[(owner < 0) & covered] = li
-    # merge neighbouring segments of the same category
-    names = np.array([name for name, _ in layers], dtype=object)[owner] if nseg else np.zeros(0, dtype=object)
-    keep = np.r_[True, names[1:] != names[:-1]] if nseg else np.zeros(0, dtype=bool)
-    first = np.flatnonzero(keep)
-    starts = bounds[:-1][first]
-    ends = np.r_[starts[1:], bounds[-1]] if len(first) else starts
-    return starts, ends, names[first].tolist()
+    seg_rank = bounds[:-1] // nt
+    valid = seg_rank == bounds[1:] // nt  # the last boundary of a rank starts no segment
+    names = np.array([name for name, _, _ in layers], dtype=object)
+    return (ranks, seg_rank[valid], times[bounds[:-1][valid] % nt], times[bounds[1:][valid] % nt],
+            names[owner[valid]])
