@@ -31,10 +31,11 @@ def stage_representatives(ops: pd.DataFrame) -> dict[int, int]:
     return {int(s): int(r) for s, r in first.items()}
 
 
-def timeline_bars(ops: pd.DataFrame, step_time: float, ranks: list[int] | None = None,
+def timeline_bars(ops: pd.DataFrame, step_time: float | None, ranks: list[int] | None = None,
                   max_ranks: int = 16) -> pd.DataFrame:
     """Bars of the timeline of ``ranks`` (default: one representative per pipeline stage, else the first
-    ``max_ranks`` ranks), from a frame like ``result.rep_ops``.
+    ``max_ranks`` ranks), from a frame like ``result.rep_ops``; ``step_time`` (s) ends the last row (None:
+    the last op's end).
 
     Columns: ``rank, stage, lane`` (``"main"``: the partition; ``"comm"``: communication in flight off
     the compute stream), ``category, start_s, end_s, micro_batch, chunk`` and ``label`` (the micro-batch
