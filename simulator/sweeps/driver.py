@@ -141,7 +141,10 @@ class _Recorder:
 
 
 def _progress(total: int, enabled: bool):
-    from tqdm.auto import tqdm
+    if enabled:
+        from tqdm.auto import tqdm  # a notebook widget where there is one
+    else:
+        from tqdm import tqdm  # disabled: no notebook detection (it warns without ipywidgets)
     # No monitor thread: a thread left running would make the next sweep's pool fork a threaded process
     # (or fall back to forkserver, which cannot import a script's __main__).
     tqdm.monitor_interval = 0
