@@ -100,6 +100,7 @@ def plot_stages(stages: pd.DataFrame, ax=None):
     ax.set_xticks(stages["stage"].tolist())
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("seconds of the step")
+    ax.set_title("Where the step went, per pipeline stage (mean over its ranks)", fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
     return ax
 
@@ -121,6 +122,7 @@ def plot_tier_bandwidth(tiers: pd.DataFrame, phases: list[tuple[str, float, floa
                 fontsize=7)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("fraction of the tier's capacity" if capacity else "GB/s, all links of the tier")
+    ax.set_title("Bandwidth per fabric tier over the step", fontsize=9, loc="left")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
     return ax
 
@@ -145,6 +147,7 @@ def plot_link_heatmap(series: pd.DataFrame, bins: int = 200, ax=None, end_s: flo
                       cmap="magma", vmin=0, vmax=max(1.0, float(grid.max())))
     ax.set_yticks(range(len(links)), names, fontsize=6)
     ax.set_xlabel("time (s)")
+    ax.set_title("Busiest links over time (mean utilisation per time window)", fontsize=9)
     plt.colorbar(image, ax=ax, label="utilisation (of the link's rate)")
     return ax
 
@@ -179,7 +182,8 @@ def plot_link_utilization(links: pd.DataFrame, ax=None):
     tiers = [t for t in ("nvlink", "pcie", "leaf", "spine", "core") if t in set(used["tier"])]
     ax = ax or plt.subplots(figsize=(6, 3))[1]
     ax.boxplot([used.loc[used["tier"] == t, "utilization"] for t in tiers], tick_labels=tiers)
-    ax.set_ylabel("utilisation over the step")
+    ax.set_ylabel("utilisation over the step (bytes / rate / step)")
+    ax.set_title("Link utilisation per tier (links that carried bytes)", fontsize=9)
     return ax
 
 
@@ -189,4 +193,5 @@ def plot_bytes_by_class_and_tier(table: pd.DataFrame, ax=None):
     (table.T / 1e9).plot.bar(stacked=True, ax=ax,
                              color=[CLASS_COLORS.get(c, "#333333") for c in table.index])
     ax.set_ylabel("GB carried by links")
+    ax.set_title("Bytes carried per tier, by traffic class", fontsize=9)
     return ax
