@@ -219,6 +219,52 @@ def _run():
     return configure, run
 
 
+@command("jobs", "simulate several training jobs sharing one fabric: each job's slowdown and the shared links")
+def _jobs():
+    def configure(p: argparse.ArgumentParser) -> None:
+        p.add_argument("file", help="jobs YAML (sections: cluster, placement, jobs: [{name, nodes, model, ...}])")
+        p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+        p.add_argument("--force", action="store_true", help="simulate even if a job does not fit in memory")
+        p.add_argument("--links", type=int, default=10, metavar="N", help="shared links listed (default 10)")
+
+    def run(args: argparse.Namespace) -> int:
+        from .jobs import load_jobs, run_jobs
+        if args.links < 0:
+            raise ValueError(f"--links: must be >= 0, got {args.links}")
+        spec = load_jobs(args.file)
+        result = run_jobs(spec, force=args.force)
+        if args.json:
+            print(json.dumps(result.summary, default=float))
+            return 0
+        print(jobs_report(result, spec.cluster.name, args.links))
+        return 0
+
+    return configure, run
+
+
+def jobs_report(result, cluster_name: str, links: int = 10) -> str:
+    """``clustersim jobs``' text: one row per job, then the links most shared."""
+    lines = [f"{result.name}", f"  cluster: {cluster_name}",
+             f"  {'job':<16}{'nodes':>6}{'GPUs':>6}{'steps':>6}{'step together':>15}{'step alone':>12}"
+             f"{'slowdown':>10}{'bound':>8}{'shared links':>14}"]
+    for row in result.jobs.itertuples(index=False):
+        lines.append(f"  {row.job:<16}{row.nodes:>6}{row.gpus:>6}{row.steps:>6}{format_time(row.step_time_s):>15}"
+                     f"{format_time(row.alone_step_time_s):>12}{row.slowdown:>10.3f}{row.slowdown_bound:>8.2f}"
+                     f"{row.shared_links:>14}")
+    shared = result.shared_links
+    if len(shared) and links:
+        cols = [c for c in shared.columns if c.startswith("bytes_")]
+        top = shared.assign(total=shared[cols].sum(axis=1)).nlargest(links, "total")
+        lines.append(f"  links used by several jobs ({len(shared)}; busiest {len(top)}):")
+        for _, row in top.iterrows():
+            parts = ", ".join(f"{c[6:]} {format_bytes(row[c])}" for c in cols)
+            lines.append(f"    {str(row['src']):>14} -> {str(row['dst']):<14} {row['tier']:<7} {parts}")
+    elif not len(shared):
+        lines.append("  no link carried bytes of more than one job")
+    lines.append(f"  simulated in {result.together.sim_wall_s:.2f} s wall")
+    return "\n".join(lines)
+
+
 def parse_trace_ranks(text: str) -> list[int] | str:
     """``--trace-ranks``: ``stages``, ``all`` or a comma-separated list of ranks."""
     if text in ("stages", "all"):

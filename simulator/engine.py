@@ -233,16 +233,22 @@ class Engine:
         Rank -> factor on every compute op of that rank (a straggler GPU). In a
         graph of representatives a representative runs at the slowest factor of
         the ranks it stands for (they proceed together).
+    rank_compute : Mapping[int, ComputeModel], optional
+        Rank -> the compute model of that rank's ops, where it is not
+        ``compute`` (several jobs, each with its own dtype and knobs, sharing
+        one fabric: :mod:`simulator.jobs`).
     """
 
     def __init__(self, graph: OpGraph, cluster: Cluster, compute: ComputeModel | None = None,
-                 network: NetworkConfig | None = None, slowdown: Mapping[int, float] | None = None) -> None:
+                 network: NetworkConfig | None = None, slowdown: Mapping[int, float] | None = None,
+                 rank_compute: Mapping[int, ComputeModel] | None = None) -> None:
         if graph.world_size > cluster.num_gpus:
             raise ValueError(f"world size {graph.world_size} exceeds the cluster's {cluster.num_gpus} GPUs")
         self.graph = graph
         self.cluster = cluster
         self.compute = compute or ComputeModel(cluster.gpu)
         self.slowdown = dict(slowdown or {})
+        self.rank_compute = dict(rank_compute or {})
         self.env = simpy.Environment()
         self.fabric = Fabric(self.env, cluster, network)
 
@@ -284,25 +290,27 @@ class Engine:
         # Compute durations, cached per distinct op shape (coarsened ops often share their kernel tuple).
         nan = float("nan")
         duration: list[float] = [nan] * n
-        by_parts: dict[int, float] = {}
+        by_parts: dict[tuple[int, int], float] = {}
         by_value: dict[tuple, float] = {}
+        rank_compute = self.rank_compute
         for op in ops:
             if op.kind != "compute":
                 continue
+            model = rank_compute.get(op.rank, compute) if rank_compute else compute
             parts = op.parts
             if parts is not None:
-                d = by_parts.get(id(parts))
+                d = by_parts.get((id(parts), id(model)))
                 if d is None:
-                    key = (op.category, op.duration_s, parts)
+                    key = (id(model), op.category, op.duration_s, parts)
                     d = by_value.get(key)
                     if d is None:
-                        d = by_value[key] = compute.duration(op)
-                    by_parts[id(parts)] = d
+                        d = by_value[key] = model.duration(op)
+                    by_parts[(id(parts), id(model))] = d
             else:
-                key = (op.category, op.flops, op.nbytes, op.shape, op.duration_s)
+                key = (id(model), op.category, op.flops, op.nbytes, op.shape, op.duration_s)
                 d = by_value.get(key)
                 if d is None:
-                    d = by_value[key] = compute.duration(op)
+                    d = by_value[key] = model.duration(op)
             duration[op.id] = d
         del by_parts, by_value
         if self.slowdown:

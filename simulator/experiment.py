@@ -7,7 +7,7 @@ Sections (every section may name a ``preset`` and override its fields)::
     model:    {preset: gpt3-175b, ...}                # workloads.models.model_from_dict
     parallel: {tp: 8, pp: 8, ...}                     # workloads.parallel.parallel_from_dict
     training: {seq_len: 2048, dtype: bf16}
-    network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0}     # optional
+    network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0, routing: ecmp}  # optional
     fidelity: fast                                     # optional: fast | full | lockstep (see FIDELITIES)
     moe:      {routing: zipf, zipf_s: 1.2, capacity_factor: 1.25, seed: 0}  # optional, MoE token routing
     compute:  {matmul_efficiency: 0.75, attention_efficiency: 0.5, ...}     # optional
@@ -127,7 +127,7 @@ def _section(doc: Mapping, key: str) -> dict:
 
 
 def _network_from_dict(section: Mapping) -> NetworkConfig:
-    valid = ("model", "step_latency", "fidelity", "seed", "bandwidth_efficiency")
+    valid = ("model", "step_latency", "fidelity", "seed", "bandwidth_efficiency", "routing")
     unknown = sorted(set(section) - set(valid))
     if unknown:
         raise ConfigError(f"network.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
@@ -138,6 +138,8 @@ def _network_from_dict(section: Mapping) -> NetworkConfig:
         kwargs["step_latency_s"] = parse_time(section["step_latency"], "network.step_latency")
     if "fidelity" in section:
         kwargs["fidelity"] = section["fidelity"]
+    if "routing" in section:
+        kwargs["routing"] = section["routing"]
     if "bandwidth_efficiency" in section:
         eff = section["bandwidth_efficiency"]
         if isinstance(eff, Mapping):
@@ -181,18 +183,30 @@ def derived_dp(num_gpus: int, tp: int, pp: int) -> int | None:
     return None if num_gpus % (tp * pp) else num_gpus // (tp * pp)
 
 
-def experiment_from_dict(doc: Mapping) -> Experiment:
-    """Resolve an experiment document (already parsed YAML) into an :class:`Experiment`."""
+def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experiment:
+    """Resolve an experiment document (already parsed YAML) into an :class:`Experiment`.
+
+    ``cluster``, if given, is the cluster to run on instead of the document's ``cluster`` section (which must
+    then be absent): a job's GPUs on a shared fabric (:mod:`simulator.jobs`).
+    """
     if not isinstance(doc, Mapping):
         raise ConfigError(f"experiment: the file must hold a mapping of sections ({', '.join(SECTIONS)})")
+    if "jobs" in doc:
+        raise ConfigError("jobs: a file of several jobs sharing a fabric runs with `clustersim jobs FILE` "
+                          "(API: simulator.jobs.load_jobs / run_jobs)")
     unknown = sorted(set(doc) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown section; valid sections: {', '.join(SECTIONS)}")
-    for required, example in (("cluster", "cluster: {preset: dgx-h100, nodes: 2}"),
-                              ("model", "model: {preset: gpt3-175b}")):
-        if not doc.get(required):
-            raise ConfigError(f"{required}: required section is missing or empty; e.g. {example}")
-    cluster = build_cluster(_section(doc, "cluster"))
+    required = [("model", "model: {preset: gpt3-175b}")]
+    if cluster is None:
+        required.insert(0, ("cluster", "cluster: {preset: dgx-h100, nodes: 2}"))
+    elif "cluster" in doc:
+        raise ConfigError("cluster: not allowed here: the cluster is given (a job runs on the shared fabric)")
+    for key, example in required:
+        if not doc.get(key):
+            raise ConfigError(f"{key}: required section is missing or empty; e.g. {example}")
+    if cluster is None:
+        cluster = build_cluster(_section(doc, "cluster"))
     model = model_from_dict(_section(doc, "model"))
     par = _section(doc, "parallel")
     tp, pp = par.get("tp", 1), par.get("pp", 1)

@@ -23,6 +23,7 @@ from .network import AnalyticNetwork, FlowNetwork
 from .routing import Router
 
 NETWORK_MODELS = ("flow", "analytic")
+ROUTINGS = ("ecmp", "spray")
 
 
 TIER_NAMES = ("nvlink", "pcie", "leaf", "spine", "core")
@@ -49,6 +50,15 @@ class NetworkConfig:
         ``"fast"``: one pipelined transfer per ring; ``"full"``: every ring step.
     seed : int
         ECMP hash seed.
+    routing : str
+        How a flow uses equal-cost paths. ``"ecmp"`` (default): each flow
+        takes one path, picked by a deterministic hash of its endpoints and
+        connection label, so two flows may collide on one uplink while another
+        idles, as on a switch hashing 5-tuples. ``"spray"``: idealised packet
+        spraying / adaptive routing: every flow is split evenly over all its
+        equal-cost paths (each path carries 1/k of its bytes at 1/k of its
+        rate), so no hash collision ever happens; the gap between the two is
+        what hashing costs.
     bandwidth_efficiency : float, mapping or None
         Fraction of each link's rate that NCCL's Simple protocol reaches at
         large sizes. ``None`` (default): measured nccl-tests bus bandwidths —
@@ -64,10 +74,13 @@ class NetworkConfig:
     fidelity: str = "fast"
     seed: int = 0
     bandwidth_efficiency: float | Mapping[str, float] | None = None
+    routing: str = "ecmp"
 
     def __post_init__(self) -> None:
         if self.model not in NETWORK_MODELS:
             raise ValueError(f"network.model: {self.model!r} unknown; valid: {', '.join(NETWORK_MODELS)}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"network.routing: {self.routing!r} unknown; valid: {', '.join(ROUTINGS)}")
         if self.step_latency_s is not None and not (isinstance(self.step_latency_s, (int, float))
                                                     and 0 <= self.step_latency_s < 1):
             raise ValueError(f"network.step_latency: must be 'nccl' or a time in [0, 1 s), got {self.step_latency_s!r}")
@@ -124,6 +137,8 @@ class Fabric:
         # id(links array) -> (the array, the (src rank, dst rank) hops it carries, one equal payload each):
         # how the traffic matrix attributes a route's payload to GPU pairs.
         self._pairs: dict[int, tuple[np.ndarray, tuple[tuple[int, int], ...]]] = {}
+        self._spray = self.config.routing == "spray"
+        self._spread: dict[int, int] = {}  # id(links array) -> equal-cost paths it spreads a flow over
         self.collectives_run = 0
 
     # ------------------------------------------------------------------ ranks
@@ -131,18 +146,46 @@ class Fabric:
         return self._servers[rank]
 
     def route(self, src: int, dst: int, label: int = 0) -> np.ndarray:
-        """Link ids from rank ``src``'s GPU to rank ``dst``'s GPU for connection ``label``."""
+        """Link ids from rank ``src``'s GPU to rank ``dst``'s GPU for connection ``label`` (ECMP's pick)."""
         gpus = self.cluster.gpus
         return self.router.route(gpus[src], gpus[dst], label)
 
     def _hop(self, src: int, dst: int, label: int) -> tuple[np.ndarray, float]:
-        key = (src, dst, label)
+        """``(links, latency_s)`` of one hop. Under ``spray`` routing ``links`` concatenates all ``k``
+        equal-cost paths (a link on ``j`` of them appears ``j`` times) and :meth:`spread` is ``k``: a flow of
+        ``nbytes / k`` over that array loads each link exactly as ``nbytes`` split evenly over the paths."""
+        spray = self._spray
+        key = (src, dst, 0 if spray else label)
         hop = self._route_latency.get(key)
         if hop is None:
-            links = self.route(src, dst, label)
-            hop = self._route_latency[key] = (links, float(self.latency[links].sum()))
+            if spray:
+                gpus = self.cluster.gpus
+                paths = self.router.paths(gpus[src], gpus[dst])
+                links = paths[0] if len(paths) == 1 else np.concatenate(paths)
+                self._spread[id(links)] = len(paths)
+                latency = max(float(self.latency[p].sum()) for p in paths)
+            else:
+                links = self.route(src, dst, label)
+                latency = float(self.latency[links].sum())
+            hop = self._route_latency[key] = (links, latency)
             self._pairs[id(links)] = (links, ((src, dst),))
         return hop
+
+    def spread(self, links: np.ndarray) -> int:
+        """Equal-cost paths a routed links array spreads one flow over (1 under ECMP)."""
+        return self._spread.get(id(links), 1)
+
+    def _transfer_links(self, hops: list[tuple[np.ndarray, float]]) -> tuple[np.ndarray, int]:
+        """One transfer's links over all its ``hops`` (a pipelined ring is one flow over every hop) and their
+        common spread ``L``: each hop's array is repeated ``L / k`` times so one flow of ``nbytes / L`` loads
+        every hop as its own spread would (``L`` = lcm of the hops' spreads; 1 under ECMP)."""
+        if len(hops) == 1:
+            links = hops[0][0]
+            return links, self.spread(links)
+        spreads = [self.spread(h[0]) for h in hops]
+        common = int(np.lcm.reduce(spreads))
+        parts = [h[0] if common == k else np.tile(h[0], common // k) for h, k in zip(hops, spreads)]
+        return np.concatenate(parts), common
 
     def pairs_of(self, links: np.ndarray) -> tuple[tuple[int, int], ...]:
         """The ``(src rank, dst rank)`` hops a routed links array carries (each carries an equal share of
@@ -230,7 +273,7 @@ class Fabric:
             load = np.zeros(len(self.capacity))
             for hops in routed:
                 for links, _ in hops:
-                    np.add.at(load, links, 1.0)
+                    np.add.at(load, links, 1.0 / self.spread(links))
             worst = [0.0] * len(protocols)
             for t, hops in zip(phase, routed):
                 links = hops[0][0] if len(hops) == 1 else np.concatenate([h[0] for h in hops])
@@ -272,13 +315,11 @@ class Fabric:
             specs = []
             for t in phase:
                 hops = [self._hop(s, d, t.label) for s, d in t.hops]
-                if len(hops) == 1:
-                    links = hops[0][0]
-                else:
-                    links = np.concatenate([h[0] for h in hops])
+                links, spread = self._transfer_links(hops)
+                if len(hops) > 1:
                     self._pairs[id(links)] = (links, tuple(t.hops))
                 latency = base + count * self._latency(t, costs)
-                specs.append((links, count * t.nbytes / factor, latency, count * t.nbytes * len(hops)))
+                specs.append((links, count * t.nbytes / (factor * spread), latency, count * t.nbytes * len(hops)))
             out.append(tuple(specs))
         return tuple(out)
 
@@ -309,7 +350,7 @@ class Fabric:
         links, lat = self._hop(src, dst, label)
         sw, factor = self._p2p_latency(src, dst, nbytes)
         latency = max(sw, lat) if self.config.nccl_latency else sw + lat
-        return (links, nbytes / factor, latency, nbytes)
+        return (links, nbytes / (factor * self.spread(links)), latency, nbytes)
 
 
 class _PlanRun:

@@ -163,11 +163,12 @@ class LinkLedger:
         self._bytes = np.zeros(num_links)
         self._busy_s = np.zeros(num_links)
         self._bytes_by_class: dict[str, np.ndarray] = {}
-        self._pending: dict[tuple, list] = {}
+        # (route idx, class) -> [route, class, wire bytes not yet folded into the arrays, payload bytes,
+        # wire bytes in all]: one dict lookup per finished flow; kept for traffic matrices and per-job bytes.
+        self._by_route: dict[tuple, list] = {}
+        self._unfolded = False
         self._busy_acc: list[float] = [0.0] * num_links  # busy seconds not yet folded into busy_s
-        self._payload_by_route: dict[tuple, list] = {}  # (route idx, class) -> [route, class, payload bytes]
         self.flows_completed = 0
-        self.payload_bytes_by_class: dict[str, float] = {}
         self.rate_t = array("d")
         self.rate_route = array("q")
         self.rate_delta = array("d")
@@ -179,37 +180,51 @@ class LinkLedger:
         self.rate_delta.append(delta)
 
     def record_route(self, route: _Route, nbytes: float, traffic_class: str, payload_bytes: float) -> None:
+        """A flow of ``nbytes`` per crossing (``payload_bytes`` sent by GPUs) finished on ``route``."""
         key = (route.idx, traffic_class)
-        entry = self._pending.get(key)
+        entry = self._by_route.get(key)
         if entry is None:
-            self._pending[key] = [route, traffic_class, nbytes]
+            self._by_route[key] = [route, traffic_class, nbytes, payload_bytes, nbytes]
         else:
             entry[2] += nbytes
-        entry = self._payload_by_route.get(key)
-        if entry is None:
-            self._payload_by_route[key] = [route, traffic_class, payload_bytes]
-        else:
-            entry[2] += payload_bytes
-        pb = self.payload_bytes_by_class
-        pb[traffic_class] = pb.get(traffic_class, 0.0) + payload_bytes
+            entry[3] += payload_bytes
+            entry[4] += nbytes
+        self._unfolded = True
         self.flows_completed += 1
+
+    @property
+    def payload_bytes_by_class(self) -> dict[str, float]:
+        """Payload bytes GPUs sent, per traffic class (in order of first appearance)."""
+        out: dict[str, float] = {}
+        for _route, cls, _wire, payload, _total in self._by_route.values():
+            out[cls] = out.get(cls, 0.0) + payload
+        return out
 
     def payload_by_route(self) -> list[tuple[np.ndarray, str, float]]:
         """``(route links, traffic class, payload bytes)`` for every route and class that carried payload."""
-        return [(route.links, cls, payload) for route, cls, payload in self._payload_by_route.values()]
+        return [(route.links, cls, payload) for route, cls, _wire, payload, _total in self._by_route.values()]
+
+    def wire_by_route(self) -> list[tuple[np.ndarray, str, float]]:
+        """``(route links, traffic class, wire bytes per crossing)`` for every route and class used: each link
+        of ``links`` carried that many bytes once per appearance in it."""
+        return [(route.links, cls, total) for route, cls, _wire, _payload, total in self._by_route.values()]
 
     def add_busy(self, link: int, seconds: float) -> None:
         self._busy_acc[link] += seconds
 
     def _flush(self) -> None:
-        if self._pending:
-            for route, cls, nbytes in self._pending.values():
+        if self._unfolded:
+            for entry in self._by_route.values():
+                route, cls, nbytes = entry[0], entry[1], entry[2]
+                if not nbytes:
+                    continue
                 np.add.at(self._bytes, route.links, nbytes)
                 per_class = self._bytes_by_class.get(cls)
                 if per_class is None:
                     per_class = self._bytes_by_class[cls] = np.zeros(self.num_links)
                 np.add.at(per_class, route.links, nbytes)
-            self._pending = {}
+                entry[2] = 0.0
+            self._unfolded = False
         acc = np.array(self._busy_acc)
         if acc.any():
             self._busy_s += acc

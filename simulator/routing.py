@@ -148,6 +148,8 @@ class Router:
             return shortest_paths(self.graph, src, dst)
         if a[0] is not None and a[0] == b[0]:
             return [[src, a[0], dst]]
+        if a[0] is not None and b[0] is not None and self.graph.has_edge(a[0], b[0]):
+            return [[src, a[0], b[0], dst]]  # one NVLink domain over two racks' switches (NVL36x2)
         if a[1] is None or b[1] is None:
             return shortest_paths(self.graph, src, dst)
         key = (a[2], b[2])

@@ -120,6 +120,8 @@ def test_bytes_are_conserved_on_every_link(two_leaves):
     lambda: leaf_spine("H100-SXM", servers=6, gpus_per_server=4, servers_per_leaf=2, spines=3),
     lambda: rail_optimized("H100-SXM", servers=4, gpus_per_server=4, servers_per_leaf=2, spines=2),
     lambda: fat_tree("H100-SXM", servers=8, gpus_per_server=2, servers_per_leaf=2),
+    lambda: leaf_spine("GB200", servers=4, gpus_per_server=6, servers_per_leaf=2, spines=2, nvlink_racks=2),
+    lambda: single_server("GB200", 8, nvlink_racks=2),
 ])
 def test_structured_routes_equal_breadth_first_search(build):
     c = build()

@@ -276,13 +276,16 @@ def test_validate_cluster_gpu_list():
 def test_presets_build(preset):
     c = topo.build_cluster({"preset": preset})
     assert_contract(c)
-    assert c.num_gpus == 32 and c.gpus_per_server == 8
+    # DGX presets: 4 nodes of 8 GPUs; rack-scale NVLink presets: 2 domains of 72.
+    expected = (144, 72) if "nvl" in preset else (32, 8)
+    assert (c.num_gpus, c.gpus_per_server) == expected
     assert c.params["preset"] == preset
     assert c.gpu.name == topo.PRESETS[preset]["gpu"]
 
 
 def test_preset_names():
-    assert topo.preset_names() == ["dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200"]
+    assert topo.preset_names() == ["dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "gb300-nvl72",
+                                   "gb200-nvl36x2"]
 
 
 def test_build_cluster_overrides_and_params():

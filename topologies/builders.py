@@ -101,17 +101,42 @@ def _link(g: nx.DiGraph, u: Hashable, v: Hashable, bandwidth: float, latency: fl
     g.add_edge(v, u, bandwidth=bandwidth, latency=latency, kind=kind, tier=tier)
 
 
+def nvswitch_label(server: int, rack: int = 0) -> tuple:
+    """Label of the NVSwitch of ``rack`` in NVLink domain ``server``: ``("nvswitch", server)`` for the first
+    (every single-rack domain), ``("nvswitch", server, rack)`` for the others (NVL36x2)."""
+    return ("nvswitch", server) if rack == 0 else ("nvswitch", server, rack)
+
+
 def _add_server(g: nx.DiGraph, server: int, gpus_per_server: int, nvlink_bandwidth: float,
-                nvlink_latency: float) -> list[tuple]:
-    """One NVLink domain: GPUs in a star around the server's NVSwitch. Returns the GPU labels."""
-    switch = ("nvswitch", server)
+                nvlink_latency: float, racks: int = 1) -> list[tuple]:
+    """One NVLink domain: GPUs in a star around the server's NVSwitch. Returns the GPU labels.
+
+    ``racks`` > 1 splits the domain over that many racks (GB200 NVL36x2: two racks of 36 GPUs): GPU ``i``
+    hangs off rack ``i // (gpus_per_server / racks)``'s NVSwitch, and the racks' switches are joined pairwise
+    by NVLink cables carrying every GPU of a rack at full rate (NVL36x2 gives half of each switch tray's
+    ports to the other rack: non-blocking), one switch hop further.
+    """
+    per_rack = gpus_per_server // racks
+    switches = [nvswitch_label(server, k) for k in range(racks)]
     gpus = [("gpu", server, i) for i in range(gpus_per_server)]
     for gpu in gpus:
         g.add_node(gpu, kind="gpu", server=server)
-    g.add_node(switch, kind="nvswitch", server=server)
-    for gpu in gpus:
-        _link(g, gpu, switch, nvlink_bandwidth, nvlink_latency, "nvlink", "nvlink")
+    for switch in switches:
+        g.add_node(switch, kind="nvswitch", server=server)
+    for i, gpu in enumerate(gpus):
+        _link(g, gpu, switches[i // per_rack], nvlink_bandwidth, nvlink_latency, "nvlink", "nvlink")
+    for a in range(racks):
+        for b in range(a + 1, racks):
+            _link(g, switches[a], switches[b], per_rack * nvlink_bandwidth, nvlink_latency, "nvlink", "nvlink")
     return gpus
+
+
+def _nvlink_racks(value: object, gpus_per_server: int) -> int:
+    racks = _positive_int(value, "nvlink_racks")
+    if gpus_per_server % racks:
+        raise TopologyError(f"nvlink_racks: {racks} does not divide gpus_per_server ({gpus_per_server}); each rack "
+                            f"of an NVLink domain holds the same number of GPUs")
+    return racks
 
 
 def _add_nics(g: nx.DiGraph, server: int, gpus_per_server: int, pcie_bandwidth: float,
@@ -132,7 +157,7 @@ class _ScaleOut:
     def __init__(self, fabric: str, gpu: str | GPUSpec, servers: int, gpus_per_server: int, servers_per_leaf: int,
                  spines: int | None, nic_bandwidth: float | str | None, nvlink_bandwidth: float | str | None,
                  oversubscription: float, pcie_bandwidth: float | str | None, nvlink_latency: float | str,
-                 nic_latency: float | str, switch_latency: float | str) -> None:
+                 nic_latency: float | str, switch_latency: float | str, nvlink_racks: int = 1) -> None:
         self.fabric = fabric
         self.gpu = get_gpu(gpu)
         self.servers = _positive_int(servers, "servers")
@@ -151,6 +176,7 @@ class _ScaleOut:
         self.nvlink_latency = parse_time(nvlink_latency, "nvlink_latency")
         self.nic_latency = parse_time(nic_latency, "nic_latency")
         self.switch_latency = parse_time(switch_latency, "switch_latency")
+        self.nvlink_racks = _nvlink_racks(nvlink_racks, self.gpus_per_server)
 
     def servers_and_nics(self) -> tuple[nx.DiGraph, list[tuple], list[list[tuple]]]:
         """Graph with every server and its NICs; GPU labels in rank order; NICs per server."""
@@ -158,7 +184,8 @@ class _ScaleOut:
         gpus: list[tuple] = []
         nics: list[list[tuple]] = []
         for s in range(self.servers):
-            gpus += _add_server(g, s, self.gpus_per_server, self.nvlink_bandwidth, self.nvlink_latency)
+            gpus += _add_server(g, s, self.gpus_per_server, self.nvlink_bandwidth, self.nvlink_latency,
+                                self.nvlink_racks)
             nics.append(_add_nics(g, s, self.gpus_per_server, self.pcie_bandwidth, self.nic_latency))
         return g, gpus, nics
 
@@ -179,6 +206,7 @@ class _ScaleOut:
             "nvlink_latency": self.nvlink_latency,
             "nic_latency": self.nic_latency,
             "switch_latency": self.switch_latency,
+            "nvlink_racks": self.nvlink_racks,
             **derived,
         }
 
@@ -204,7 +232,7 @@ def _add_switches(g: nx.DiGraph, kind: str, count: int, start: int = 0) -> list[
 
 def single_server(gpu: str | GPUSpec = "H100-SXM", gpus_per_server: int = 8,
                   nvlink_bandwidth: float | str | None = None,
-                  nvlink_latency: float | str = DEFAULT_NVLINK_LATENCY) -> Cluster:
+                  nvlink_latency: float | str = DEFAULT_NVLINK_LATENCY, nvlink_racks: int = 1) -> Cluster:
     """One server: ``gpus_per_server`` GPUs around one NVSwitch, no NICs.
 
     There is no scale-out fabric, so there are no NIC nodes either: every GPU
@@ -221,6 +249,8 @@ def single_server(gpu: str | GPUSpec = "H100-SXM", gpus_per_server: int = 8,
         GPU spec's.
     nvlink_latency : float or str
         Seconds per GPU <-> NVSwitch hop.
+    nvlink_racks : int
+        Racks the NVLink domain spans (see :func:`leaf_spine`).
 
     Returns
     -------
@@ -240,9 +270,10 @@ def single_server(gpu: str | GPUSpec = "H100-SXM", gpus_per_server: int = 8,
                                                                                        "nvlink_bandwidth")
     nvlink_lat = parse_time(nvlink_latency, "nvlink_latency")
     g = nx.DiGraph()
-    gpus = _add_server(g, 0, gps, nvlink_bw, nvlink_lat)
+    racks = _nvlink_racks(nvlink_racks, gps)
+    gpus = _add_server(g, 0, gps, nvlink_bw, nvlink_lat, racks)
     params = {"fabric": "single_node", "gpu": spec.name, "servers": 1, "gpus_per_server": gps,
-              "nvlink_bandwidth": nvlink_bw, "nvlink_latency": nvlink_lat}
+              "nvlink_bandwidth": nvlink_bw, "nvlink_latency": nvlink_lat, "nvlink_racks": racks}
     return validate_cluster(Cluster(graph=g, gpu=spec, gpus=tuple(gpus), gpus_per_server=gps,
                                     name=f"1x {spec.name} server ({gps} GPUs), single_node", params=params))
 
@@ -253,7 +284,7 @@ def leaf_spine(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, serve
                pcie_bandwidth: float | str | None = None,
                nvlink_latency: float | str = DEFAULT_NVLINK_LATENCY,
                nic_latency: float | str = DEFAULT_NIC_LATENCY,
-               switch_latency: float | str = DEFAULT_SWITCH_LATENCY) -> Cluster:
+               switch_latency: float | str = DEFAULT_SWITCH_LATENCY, nvlink_racks: int = 1) -> Cluster:
     """Two-tier leaf-spine (folded Clos): all NICs of a server on one leaf.
 
     Server ``s`` hangs off leaf ``("leaf", s // servers_per_leaf)``; there are
@@ -289,6 +320,10 @@ def leaf_spine(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, serve
         32 GB/s, for A100), never below the NIC rate.
     nvlink_latency, nic_latency, switch_latency : float or str
         Seconds per hop; see the module docstring.
+    nvlink_racks : int
+        Racks one NVLink domain spans (1; 2 for GB200 NVL36x2): each rack's
+        GPUs hang off its own NVSwitch, the racks' switches are joined
+        non-blocking (:func:`_add_server`).
 
     Returns
     -------
@@ -304,7 +339,8 @@ def leaf_spine(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, serve
     (2, 4, 256)
     """
     p = _ScaleOut("leaf_spine", gpu, servers, gpus_per_server, servers_per_leaf, spines, nic_bandwidth,
-                  nvlink_bandwidth, oversubscription, pcie_bandwidth, nvlink_latency, nic_latency, switch_latency)
+                  nvlink_bandwidth, oversubscription, pcie_bandwidth, nvlink_latency, nic_latency, switch_latency,
+                  nvlink_racks)
     g, gpus, nics = p.servers_and_nics()
     n_leaves = math.ceil(p.servers / p.servers_per_leaf)
     leaves = _add_switches(g, "leaf", n_leaves)
@@ -328,7 +364,7 @@ def rail_optimized(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, s
                    pcie_bandwidth: float | str | None = None,
                    nvlink_latency: float | str = DEFAULT_NVLINK_LATENCY,
                    nic_latency: float | str = DEFAULT_NIC_LATENCY,
-                   switch_latency: float | str = DEFAULT_SWITCH_LATENCY) -> Cluster:
+                   switch_latency: float | str = DEFAULT_SWITCH_LATENCY, nvlink_racks: int = 1) -> Cluster:
     """Rail-optimized two-tier fabric (as in DGX SuperPOD): one leaf per rail per pod.
 
     Servers are grouped into pods of ``servers_per_leaf`` servers (the last
@@ -343,7 +379,7 @@ def rail_optimized(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, s
     Parameters
     ----------
     gpu, servers, gpus_per_server, nic_bandwidth, nvlink_bandwidth, oversubscription, pcie_bandwidth,
-    nvlink_latency, nic_latency, switch_latency
+    nvlink_latency, nic_latency, switch_latency, nvlink_racks
         As in :func:`leaf_spine`.
     servers_per_leaf : int
         Servers per pod (= NIC ports per rail leaf).
@@ -363,7 +399,8 @@ def rail_optimized(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, s
     (2, 16)
     """
     p = _ScaleOut("rail_optimized", gpu, servers, gpus_per_server, servers_per_leaf, spines, nic_bandwidth,
-                  nvlink_bandwidth, oversubscription, pcie_bandwidth, nvlink_latency, nic_latency, switch_latency)
+                  nvlink_bandwidth, oversubscription, pcie_bandwidth, nvlink_latency, nic_latency, switch_latency,
+                  nvlink_racks)
     g, gpus, nics = p.servers_and_nics()
     pods = math.ceil(p.servers / p.servers_per_leaf)
     leaves = _add_switches(g, "leaf", pods * p.gpus_per_server)
@@ -385,7 +422,7 @@ def fat_tree(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, servers
              pcie_bandwidth: float | str | None = None,
              nvlink_latency: float | str = DEFAULT_NVLINK_LATENCY,
              nic_latency: float | str = DEFAULT_NIC_LATENCY,
-             switch_latency: float | str = DEFAULT_SWITCH_LATENCY) -> Cluster:
+             switch_latency: float | str = DEFAULT_SWITCH_LATENCY, nvlink_racks: int = 1) -> Cluster:
     """Three-tier fat tree: leaf -> spine (per pod) -> core.
 
     Leaves are assigned servers as in :func:`leaf_spine` (leaf
@@ -405,7 +442,7 @@ def fat_tree(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, servers
     Parameters
     ----------
     gpu, servers, gpus_per_server, servers_per_leaf, nic_bandwidth, nvlink_bandwidth, pcie_bandwidth,
-    nvlink_latency, nic_latency, switch_latency
+    nvlink_latency, nic_latency, switch_latency, nvlink_racks
         As in :func:`leaf_spine`.
     leaves_per_pod : int
         Leaves per pod.
@@ -433,7 +470,8 @@ def fat_tree(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, servers
     (2, 4)
     """
     p = _ScaleOut("fat_tree", gpu, servers, gpus_per_server, servers_per_leaf, spines, nic_bandwidth,
-                  nvlink_bandwidth, oversubscription, pcie_bandwidth, nvlink_latency, nic_latency, switch_latency)
+                  nvlink_bandwidth, oversubscription, pcie_bandwidth, nvlink_latency, nic_latency, switch_latency,
+                  nvlink_racks)
     lpp = _positive_int(leaves_per_pod, "leaves_per_pod")
     core_ratio = _oversubscription(core_oversubscription, "core_oversubscription")
     n_cores = p.spines if cores is None else _positive_int(cores, "cores")

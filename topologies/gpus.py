@@ -131,6 +131,51 @@ GPU_SPECS: dict[str, GPUSpec] = {
         arch="sm100",
         source="NVIDIA HGX B200 and DGX B200 datasheets",
     ),
+    # NVIDIA GB200 NVL72 datasheet, rack totals / 72 GPUs: FP8 720 PF*, BF16/FP16
+    # 360 PF*, TF32 180 PF* (* sparse; dense is half: 5, 2.5 and 1.25 PF per
+    # GPU, the 1,200 W Grace-Blackwell part), HBM3e 13.4 TB (186 GB per GPU) at
+    # 576 TB/s (8 TB/s per GPU), NVLink 5 at 130 TB/s (1.8 TB/s bidirectional =
+    # 900 GB/s per direction per GPU) over one 72-GPU NVLink switch domain. Each
+    # compute tray (4 GPUs) has 4x ConnectX-7 400 Gb/s: one per GPU. FP32 80 TF
+    # as B200 (not in the rack datasheet). SMs, MAMF fraction and the critical
+    # GEMM intensity: B200's (same GPU die), as uncertain as there.
+    "GB200": GPUSpec(
+        name="GB200",
+        peak_flops=MappingProxyType(
+            {"fp32": 80 * _T, "tf32": 1250 * _T, "bf16": 2500 * _T, "fp16": 2500 * _T, "fp8": 5000 * _T}
+        ),
+        hbm_bytes=186 * _GB,
+        hbm_bandwidth=8000 * _GB,
+        nvlink_bandwidth=900 * _GB,
+        nic_bandwidth=400e9 / 8,
+        sm_count=148,
+        matmul_efficiency=0.70,
+        gemm_critical_intensity=85.3,
+        nvlink_efficiency=0.81,
+        arch="sm100",
+        source="NVIDIA GB200 NVL72 datasheet (rack totals / 72)",
+    ),
+    # NVIDIA GB300 NVL72 datasheet, rack totals / 72 GPUs: FP8 720 PF*, BF16/FP16
+    # 360 PF*, TF32 180 PF* (* sparse: dense 5, 2.5, 1.25 PF per GPU; Blackwell
+    # Ultra adds FP4 and attention-exponent throughput, not BF16/FP8 matmul
+    # rate), HBM3e 20.1 TB (279 GB per GPU) at 576 TB/s, NVLink 5 as GB200. Each
+    # GPU has a ConnectX-8 SuperNIC at 800 Gb/s. 160 SMs (Blackwell Ultra).
+    "GB300": GPUSpec(
+        name="GB300",
+        peak_flops=MappingProxyType(
+            {"fp32": 80 * _T, "tf32": 1250 * _T, "bf16": 2500 * _T, "fp16": 2500 * _T, "fp8": 5000 * _T}
+        ),
+        hbm_bytes=279 * _GB,
+        hbm_bandwidth=8000 * _GB,
+        nvlink_bandwidth=900 * _GB,
+        nic_bandwidth=800e9 / 8,
+        sm_count=160,
+        matmul_efficiency=0.70,
+        gemm_critical_intensity=85.3,
+        nvlink_efficiency=0.81,
+        arch="sm100",
+        source="NVIDIA GB300 NVL72 datasheet (rack totals / 72)",
+    ),
 }
 
 # GPU <-> NIC PCIe bandwidth per direction, bytes/s. A100 systems use PCIe Gen4
@@ -143,6 +188,8 @@ PCIE_BANDWIDTH: dict[str, float] = {
     "H100-SXM": 64 * _GB,
     "H200-SXM": 64 * _GB,
     "B200": 64 * _GB,
+    "GB200": 64 * _GB,  # ConnectX-7: PCIe Gen5 x16
+    "GB300": 128 * _GB,  # ConnectX-8: PCIe Gen6 x16
 }
 
 _ALIASES: dict[str, str] = {
@@ -161,6 +208,8 @@ _ALIASES: dict[str, str] = {
     "h200-141gb": "H200-SXM",
     "b200-sxm": "B200",
     "b200-180gb": "B200",
+    "gb200-nvl72": "GB200",
+    "gb300-nvl72": "GB300",
 }
 
 

@@ -20,6 +20,7 @@ Fields (all optional except that one of ``preset`` / ``gpu`` is needed)::
       leaves_per_pod: 8           # fat_tree only
       cores: 16                   # fat_tree only; multiple of spines
       core_oversubscription: 1    # fat_tree only
+      nvlink_racks: 1             # racks one NVLink domain spans (2: GB200 NVL36x2)
 
 Every invalid value raises :class:`TopologyError` with a one-line message that
 names ``cluster.<field>`` and what is valid.
@@ -69,6 +70,7 @@ _BASE: dict[str, object] = {
     "leaves_per_pod": 8,
     "cores": None,
     "core_oversubscription": 1.0,
+    "nvlink_racks": 1,
 }
 
 FIELDS: tuple[str, ...] = ("preset", *_BASE)
@@ -192,6 +194,10 @@ def build_cluster(section: Mapping[str, object] | str) -> Cluster:
     nodes_per_leaf = _int(merged["nodes_per_leaf"], "nodes_per_leaf")
     spines = _int(merged["spines"], "spines", optional=True)
     leaves_per_pod = _int(merged["leaves_per_pod"], "leaves_per_pod")
+    nvlink_racks = _int(merged["nvlink_racks"], "nvlink_racks")
+    if gpus_per_node % nvlink_racks:
+        raise TopologyError(f"cluster.nvlink_racks: {nvlink_racks} does not divide gpus_per_node ({gpus_per_node});"
+                            f" each rack of an NVLink domain holds the same number of GPUs")
     cores = _int(merged["cores"], "cores", optional=True)
     for field, value in (("nodes_per_leaf", nodes_per_leaf), ("spines", spines), ("leaves_per_pod", leaves_per_pod),
                          ("cores", cores)):
@@ -209,12 +215,12 @@ def build_cluster(section: Mapping[str, object] | str) -> Cluster:
     common = dict(gpu=gpu, servers=nodes, gpus_per_server=gpus_per_node, servers_per_leaf=nodes_per_leaf,
                   spines=spines, nic_bandwidth=nic_bw, nvlink_bandwidth=nvlink_bw,
                   oversubscription=oversubscription, pcie_bandwidth=pcie_bw, nvlink_latency=nvlink_lat,
-                  nic_latency=nic_lat, switch_latency=switch_lat)
+                  nic_latency=nic_lat, switch_latency=switch_lat, nvlink_racks=nvlink_racks)
     if fabric == "single_node":
         if nodes != 1:
             raise TopologyError(f"cluster.nodes: {nodes} with fabric single_node; single_node needs nodes: 1 "
                                 f"(or a scale-out fabric: {', '.join(FABRICS[:3])})")
-        cluster = builders.single_server(gpu, gpus_per_node, nvlink_bw, nvlink_lat)
+        cluster = builders.single_server(gpu, gpus_per_node, nvlink_bw, nvlink_lat, nvlink_racks)
     elif fabric == "leaf_spine":
         cluster = builders.leaf_spine(**common)  # type: ignore[arg-type]
     elif fabric == "rail_optimized":

@@ -26,7 +26,7 @@ Semantics the engine relies on
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 COLLECTIVE_KINDS = (
     "all_reduce",
@@ -338,3 +338,40 @@ class OpGraph:
     def program(self, rank: int) -> list[Op]:
         """The ops of ``rank`` in program order."""
         return [op for op in self.ops if op.rank == rank]
+
+
+def merge_graphs(parts: Sequence[tuple[OpGraph, int]], world_size: int | None = None) -> OpGraph:
+    """One graph running several graphs side by side: ``parts`` are ``(graph, rank offset)`` pairs.
+
+    Each part's ops are appended in order with their ids, deps, ranks, peers
+    and groups shifted (rank ``r`` of a part becomes ``r + offset``), so
+    parts on disjoint ranks run concurrently, as jobs sharing one fabric do.
+    The same graph listed twice at one offset runs twice in a row: its
+    second copy's ops follow the first's on every ``(rank, stream)`` and its
+    collectives match as the next ones on their groups (consecutive training
+    steps). ``replicas`` are shifted too; a part without them stands for
+    itself rank by rank. ``world_size`` defaults to the highest rank + 1.
+    """
+    size = max(off + g.world_size for g, off in parts) if world_size is None else world_size
+    out = OpGraph(size)
+    ops = out.ops
+    any_replicas = any(g.replicas is not None for g, _ in parts)
+    replicas: dict[int, tuple[int, ...]] = {}
+    for graph, off in parts:
+        if off < 0 or off + graph.world_size > size:
+            raise OpGraphError(f"offset: ranks {off}..{off + graph.world_size - 1} fall outside 0..{size - 1}")
+        base = len(ops)
+        for op in graph.ops:
+            changes: dict = {"id": op.id + base, "rank": op.rank + off, "deps": tuple(d + base for d in op.deps)}
+            if isinstance(op, Collective):
+                changes["group"] = tuple(r + off for r in op.group)
+            elif isinstance(op, (Send, Recv)):
+                changes["peer"] = op.peer + off
+            ops.append(replace(op, **changes))
+        if any_replicas:
+            if graph.replicas is None:
+                replicas.update({r + off: (r + off,) for r in {op.rank for op in graph.ops}})
+            else:
+                replicas.update({r + off: tuple(x + off for x in xs) for r, xs in graph.replicas.items()})
+    out.replicas = replicas if any_replicas else None
+    return out
