@@ -41,7 +41,6 @@ from workloads.moe import RoutingModel, routing_from_dict
 from workloads.parallel import ParallelConfig, TrainingSpec, parallel_from_dict, training_from_dict, validate
 from workloads.training import StepOptions, TrainingStep, training_step
 
-from .breakdown import pipeline_window, time_breakdown
 from .compute import ComputeModel
 from .engine import Engine, paused_gc
 from .fabric import NetworkConfig
@@ -337,12 +336,10 @@ def pipeline_stages(result: Result, step: TrainingStep) -> pd.DataFrame:
     ``bubble / window``. Columns of the partition sum to the step time.
     """
     # With fidelity="fast" only representatives have rows; every rank a representative stands for
-    # has the same timeline, so the representatives' frame is enough (and much smaller).
-    df = result.rep_ops
-    replicas = getattr(step.graph, "replicas", None) or {}
-    window = pipeline_window(df)
-    table = time_breakdown(df, window, result.step_time)
-    weight = pd.Series({r: len(replicas.get(r, (r,))) for r in table.index}, dtype=float)
+    # has the same timeline, so the representatives' partition, weighted by how many they stand for, is enough.
+    window = result.pipeline_window_s
+    table = result.time_breakdown()
+    weight = table.pop("replicas").astype(float)
     stage = pd.Series({r: step.stage_of_rank[r] for r in table.index})
     rows = []
     for s in range(step.parallel.pp):

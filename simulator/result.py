@@ -267,7 +267,11 @@ class Result:
         """Each simulated rank's step partitioned into compute by phase, exposed communication by class,
         waits, bubble and idle (seconds; rows sum to the step time; :mod:`simulator.breakdown`). With
         ``fidelity`` fast/lockstep the rows are the representatives (``replicas`` says how many ranks each
-        stands for)."""
+        stands for). A copy: computed once per result."""
+        return self._time_breakdown.copy()
+
+    @cached_property
+    def _time_breakdown(self) -> pd.DataFrame:
         table = _breakdown.time_breakdown(self.rep_ops, self.pipeline_window_s, self.step_time)
         replicas = getattr(self.record.graph, "replicas", None) or {}
         table.insert(0, "replicas", [len(replicas.get(r, (r,))) for r in table.index])

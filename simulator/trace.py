@@ -47,17 +47,19 @@ def trace_events(result, ranks: Sequence[int] | None = None, *, counters: bool =
     graph = result.record.graph
     replicas = getattr(graph, "replicas", None) or {}
     rep_of = {x: r for r, xs in replicas.items() for x in xs}
+    reps = stage_representatives(rep_ops)
     if ranks is None:
-        reps = stage_representatives(rep_ops)
         ranks = list(reps.values()) if reps else sorted(rep_ops["rank"].unique().tolist())
     ranks = [int(r) for r in ranks]
     bad = [r for r in ranks if not 0 <= r < graph.world_size]
     if bad:
         raise ValueError(f"trace ranks: {bad[0]} is not a rank; valid: 0..{graph.world_size - 1}")
-    stage = {r: s for s, r in stage_representatives(rep_ops).items()}
+    stage = {r: s for s, r in reps.items()}
     streams = {s: i for i, s in enumerate(sorted(rep_ops["stream"].unique()))}
     events: list[dict] = []
-    by_rank = {r: part for r, part in rep_ops.groupby("rank", sort=False)}
+    wanted = {rep_of.get(r, r) for r in ranks}
+    needed = rep_ops[rep_ops["rank"].isin(wanted)]
+    by_rank = {r: part for r, part in needed.groupby("rank", sort=False)}
     placed: dict[int, pd.DataFrame] = {}
     for rank in ranks:
         rep = rep_of.get(rank, rank)

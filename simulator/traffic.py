@@ -98,14 +98,22 @@ def traffic_matrix(pairs: pd.DataFrame, labels: list[str], traffic_class: str | 
 
 
 # ------------------------------------------------------------------ rate log
-def _route_entries(routes, keep: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """CSR of every route's distinct links (restricted to ``keep``, a boolean mask over link ids):
+def _rate_log(ledger) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ledger's rate log as arrays (no copy): ``(times_s, route idx, delta rate in bytes/s)``."""
+    if not len(ledger.rate_t):
+        return np.zeros(0), np.zeros(0, np.int64), np.zeros(0)
+    return (np.frombuffer(ledger.rate_t, dtype=float), np.frombuffer(ledger.rate_route, dtype=np.int64),
+            np.frombuffer(ledger.rate_delta, dtype=float))
+
+
+def _route_entries(routes, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR of every route's distinct links restricted to ``keep`` (a boolean mask over link ids):
     ``(ptr, link ids, crossings)``."""
     counts, links, mults = [], [], []
     for route in routes:
         n = 0
         for link, m in zip(route.ulinks, route.mults):
-            if keep is None or keep[link]:
+            if keep[link]:
                 links.append(link)
                 mults.append(m)
                 n += 1
@@ -126,9 +134,7 @@ def link_series(ledger, routes, link_ids: Sequence[int]) -> dict[int, tuple[np.n
     keep = np.zeros(ledger.num_links, dtype=bool)
     keep[link_ids] = True
     ptr, elinks, emults = _route_entries(routes, keep)
-    t = np.frombuffer(ledger.rate_t, dtype=float) if len(ledger.rate_t) else np.zeros(0)
-    r = np.frombuffer(ledger.rate_route, dtype=np.int64) if len(ledger.rate_route) else np.zeros(0, np.int64)
-    d = np.frombuffer(ledger.rate_delta, dtype=float) if len(ledger.rate_delta) else np.zeros(0)
+    t, r, d = _rate_log(ledger)
     per_event = ptr[r + 1] - ptr[r]
     sel = per_event > 0
     t, r, d, per_event = t[sel], r[sel], d[sel], per_event[sel]
@@ -156,19 +162,12 @@ def tier_series(ledger, routes, tiers: np.ndarray) -> pd.DataFrame:
     for route in routes:
         for link, m in zip(route.ulinks, route.mults):
             counts[route.idx, tier_id[link]] += m
-    t = np.frombuffer(ledger.rate_t, dtype=float) if len(ledger.rate_t) else np.zeros(0)
-    r = np.frombuffer(ledger.rate_route, dtype=np.int64) if len(ledger.rate_route) else np.zeros(0, np.int64)
-    d = np.frombuffer(ledger.rate_delta, dtype=float) if len(ledger.rate_delta) else np.zeros(0)
+    t, r, d = _rate_log(ledger)
     order = np.argsort(t, kind="stable")
     t, r, d = t[order], r[order], d[order]
-    columns = {}
-    times = None
-    for name, j in col.items():
-        times_j, rates = _step_function(t, d * counts[r, j])
-        times = times_j
-        columns[name] = rates
-    if times is None:
-        times = np.zeros(1)
+    # Every tier's step function changes at the same distinct times, so they share one time axis.
+    columns = {name: _step_function(t, d * counts[r, j])[1] for name, j in col.items()}
+    times = _step_function(t, np.zeros(len(t)))[0]
     return pd.DataFrame({"time_s": times, **columns})
 
 
