@@ -18,8 +18,8 @@ __all__ = ["configure", "run", "load_plan_inputs"]
 
 def configure(p: argparse.ArgumentParser) -> None:
     """Arguments of ``clustersim plan``."""
-    p.add_argument("cluster", help="a preset name (dgx-h100), a cluster YAML, or an experiment YAML (its cluster: "
-                                   "and plan: sections are read)")
+    p.add_argument("cluster", help="a preset name (dgx-h100), a cluster YAML or an experiment YAML; a plan: "
+                                   "section beside the cluster overrides port speed, cable media and prices")
     p.add_argument("--nodes", type=int, help="override the number of servers (NVLink domains)")
     p.add_argument("--json", action="store_true", help="print one JSON object (summary and bill of materials)")
     p.add_argument("--csv", metavar="OUT.csv", help="also write the bill of materials as CSV")
@@ -38,7 +38,8 @@ def load_plan_inputs(spec: str, nodes: int | None = None) -> tuple[object, objec
         from .experiment import read_experiment_file
         doc = read_experiment_file(spec)
         where = f"{spec}: "
-        section, plan = (doc["cluster"], doc.get("plan")) if "cluster" in doc else (doc, None)
+        plan = doc.get("plan")
+        section = doc["cluster"] if "cluster" in doc else {k: v for k, v in doc.items() if k != "plan"}
     if nodes is not None:
         if isinstance(section, str):  # ``cluster: dgx-h100`` is shorthand for a preset
             section = {"preset": section}

@@ -289,6 +289,11 @@ def test_nvswitch_chips_per_domain(gpu, gpus, chips):
     assert nvswitch_chips(gpus, get_gpu(gpu).arch)[1] == chips
 
 
+def test_an_nvl72_domain_shows_its_switch_trays():
+    bom = cap.bill_of_materials(single_server("B200", 72))
+    assert "(9 trays)" in bom.loc[bom["item"] == "NVSwitch chip", "spec"].item()
+
+
 @pytest.mark.parametrize("make", [
     lambda r: leaf_spine("H100", servers=16, servers_per_leaf=4, spines=4, oversubscription=r),
     lambda r: rail_optimized("H100", servers=16, servers_per_leaf=8, spines=2, oversubscription=r),
@@ -424,8 +429,8 @@ def test_cli_plan_reads_the_files_plan_section(capsys, tmp_path):
     assert main(["plan", str(bad)]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "plan.family" in err
-    good = tmp_path / "good.yaml"
-    good.write_text("cluster: {preset: dgx-h100, nodes: 2}\nplan: {components: {QM9700: {cost_usd: 0}}}\n")
+    good = tmp_path / "good.yaml"  # a cluster file: its fields at top level, beside plan:
+    good.write_text("preset: dgx-h100\nnodes: 2\nplan: {components: {QM9700: {cost_usd: 0}}}\n")
     assert main(["plan", str(good), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     switch = next(r for r in doc["bom"] if r["component"] == "QM9700")

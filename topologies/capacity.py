@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
@@ -201,10 +202,11 @@ def _bom(cluster: Cluster, opts: PlanOptions) -> tuple[pd.DataFrame, dict]:
             nics[_nic_model(g, n, cluster.gpu.nic_bandwidth)] += 1
         elif kind == "nvswitch":
             gpus = sum(1 for m in set(g.succ[n]) | set(g.pred[n]) if g.nodes[m]["kind"] == "gpu")
-            chips[nvswitch_chips(gpus, cluster.gpu.arch)] += 1
+            chips[(*nvswitch_chips(gpus, cluster.gpu.arch), gpus)] += 1
     rows += [_row("NIC", "nic", name, f"{gbps}G", n, opts) for (name, gbps), n in sorted(nics.items())]
-    rows += [_row("NVSwitch chip", "nvlink", name, f"{per} per NVLink domain", per * domains, opts)
-             for (name, per), domains in sorted(chips.items()) if per]
+    rows += [_row("NVSwitch chip", "nvlink", name, f"{per} per NVLink domain" + (
+        f" ({math.ceil(per / 2)} trays)" if gpus > 8 else ""), per * domains, opts)
+             for (name, per, gpus), domains in sorted(chips.items()) if per]
     rows += _cable_rows(cables, speed, opts)
     rows.append(_row("GPU", "gpu", cluster.gpu.name, f"{cluster.gpus_per_server} per NVLink domain",
                      cluster.num_gpus, opts, fabric=False))
@@ -241,6 +243,7 @@ def _summary(cluster: Cluster, bom: pd.DataFrame, extra: dict) -> dict:
 
 _CACHE: OrderedDict[tuple, CapacityPlan] = OrderedDict()
 _CACHE_SIZE = 32
+_CACHE_LOCK = threading.Lock()  # Dask workers run points in threads
 
 
 def _fingerprint(cluster: Cluster) -> tuple:
@@ -270,15 +273,17 @@ def capacity_plan(cluster: Cluster, plan: Mapping[str, object] | PlanOptions | N
     """
     opts = plan_options(plan)
     key = (_fingerprint(cluster), opts.key())
-    hit = _CACHE.get(key)
-    if hit is not None:
-        _CACHE.move_to_end(key)
-        return hit
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
     bom, extra = _bom(cluster, opts)
     result = CapacityPlan(bom, _summary(cluster, bom, extra))
-    _CACHE[key] = result
-    while len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    with _CACHE_LOCK:
+        _CACHE[key] = result
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
     return result
 
 

@@ -57,7 +57,8 @@ that generation's 8-GPU HGX baseboard; a one-GPU domain gets none.
 Generations by the GPU's ``arch``: sm80 (A100) NVSwitch gen 2, L 12, P 36, B 6;
 sm90 (H100, H200) gen 3, L 18, P 64, B 4; sm100 (B200, GB200) gen 4, L 18,
 P 72, B 2. That gives DGX A100 6, DGX H100 4, DGX B200 2 and a GB200 NVL72
-rack 18 (= its 9 switch trays x 2 chips), the published counts.
+rack 18 (= its 9 switch trays x 2 chips), the published counts. Domains of
+more than 8 GPUs also show the chips as switch trays of two.
 """
 
 from __future__ import annotations
