@@ -84,6 +84,13 @@ def _zero():
     return configure, run
 
 
+# ------------------------------------------------------------------------ plan
+@command("plan", "capacity planning: a cluster's bill of materials, power, cost and bisection bandwidth")
+def _plan():
+    from .plan_cli import configure, run
+    return configure, run
+
+
 # ------------------------------------------------------------------ collective
 @command("collective", "simulated nccl-tests: time one collective over a range of sizes")
 def _collective():
@@ -156,6 +163,10 @@ def print_summary(result, file=None) -> None:
           file=out)
     print("  link bytes by tier   " + ", ".join(f"{k} {format_bytes(v)}" for k, v in s["bytes_by_tier"].items()),
           file=out)
+    if "fabric_cost_usd" in s:
+        print(f"  fabric cost          ${s['fabric_cost_usd']:,.0f}, {s['fabric_power_kw']:,.1f} kW (every part but "
+              f"the GPUs; estimates, see clustersim plan), bisection {format_bandwidth(s['bisection_bytes_s'])}",
+              file=out)
     print(f"  simulated in         {s['sim_wall_s']:.2f} s wall ({s['events']:,} events, "
           f"{s['rate_solves']:,} rate solves, {s['flows']:,} flows)", file=out)
     stages = getattr(result, "stages", None)

@@ -13,6 +13,7 @@ Sections (every section may name a ``preset`` and override its fields)::
     compute:  {matmul_efficiency: 0.75, attention_efficiency: 0.5, ...}     # optional
     options:  {granularity: chunk, grad_dtype_bytes: 2, causal: false, flash_attention: true}  # optional
     sweep:    {...}                                    # read by ``clustersim sweep`` only
+    plan:     {port_speed: auto, components: {...}}    # optional: capacity planning (topologies.components)
 
 ``parallel.dp`` may be omitted (or ``auto``): it is then the cluster's GPU
 count divided by ``tp·pp``. The world size must equal the cluster's GPUs.
@@ -31,7 +32,9 @@ import yaml
 
 from topologies import build_cluster, format_bandwidth, parse_time
 from topologies.builders import ratio_text
+from topologies.capacity import plan_columns
 from topologies.cluster import Cluster
+from topologies.components import PlanOptions, plan_options
 from topologies.faults import apply_faults, check_fault
 from topologies.yamlio import load_yaml
 from workloads.errors import ConfigError
@@ -47,7 +50,7 @@ from .fabric import NetworkConfig
 from .result import Result
 
 SECTIONS = ("name", "cluster", "model", "parallel", "training", "moe", "network", "compute", "options", "sweep",
-            "fidelity", "faults")
+            "fidelity", "faults", "plan")
 FIDELITIES = ("fast", "full", "lockstep")
 """Simulation fidelity. ``full`` simulates every rank's program. ``fast`` (default) simulates one
 representative per TP group — the members of a TP group run identical programs in lockstep — while the
@@ -98,6 +101,8 @@ class Experiment:
     """The ``faults:`` list (:mod:`topologies.faults`); ``cluster`` has them applied."""
     healthy_cluster: Cluster | None = None
     """The cluster before ``faults`` (None without faults)."""
+    plan: PlanOptions = field(default_factory=PlanOptions)
+    """The ``plan:`` section: port speed, cable media and component prices for the capacity columns."""
 
     def memory(self) -> MemoryBreakdown:
         """Peak memory per GPU (most loaded pipeline stage)."""
@@ -231,6 +236,7 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
                      raw=copy.deepcopy(dict(doc)), fidelity=_fidelity(doc.get("fidelity", "fast")),
                      routing=routing_from_dict(_section(doc, "moe")))
     exp.faults, exp.healthy_cluster = faults, healthy
+    exp.plan = plan_options(doc.get("plan"))
     exp.compute_model()  # compute knobs fail here, with the file's name, not after the step is built
     return exp
 
@@ -319,6 +325,8 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
         record = Engine(step.graph, exp.cluster, exp.compute_model(), exp.network, exp.slowdown()).run()
     result = Result(record, sim_wall_s=time.perf_counter() - t0)
     attach_training_metrics(result, step, exp, memory)
+    # what the fabric costs and carries: of the hardware bought (the healthy cluster), cached per cluster
+    result.extra_summary.update(plan_columns(exp.healthy_cluster or exp.cluster, exp.plan))
     if healthy is not None:
         result.extra_summary.update({"faults": len(exp.faults), "healthy_step_time_s": healthy,
                                      "fault_slowdown": result.step_time / healthy if healthy else float("nan")})

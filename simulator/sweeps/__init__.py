@@ -36,6 +36,10 @@ Infeasible points are results, not errors: ``status`` is ``ok``, ``invalid``
 (anything else: a simulator bug, a deadlock, a lost worker), and ``reason``
 holds the one-line message. ``ok`` rows are ranked by ``metric`` (``rank``
 column, 1 = best; lower is better except for :data:`HIGHER_IS_BETTER`).
+``ok`` rows carry :data:`CAPACITY_COLUMNS` too (``fabric_cost_usd``,
+``fabric_power_kw``, ``bisection_bytes_s``; :mod:`topologies.capacity`),
+computed once per distinct cluster per worker, so step time can be traded
+against fabric cost.
 
 Resuming
 --------
@@ -78,7 +82,7 @@ driver     :func:`sweep`: load, expand, resume, run, checkpoint
 ========== ==================================================================
 """
 
-from .columns import HIGHER_IS_BETTER, KEY_COLUMN, LAYOUT_COLUMNS, METRIC_COLUMNS, STATUSES
+from .columns import CAPACITY_COLUMNS, HIGHER_IS_BETTER, KEY_COLUMN, LAYOUT_COLUMNS, METRIC_COLUMNS, STATUSES
 from .driver import CHECKPOINT_S, sweep
 from .errors import SweepInterrupted
 from .grid import AUTO, AUTO_KEYS, LAYOUT, SWEEP_FIELDS, Grid, check_fields, merge_grids, parse_grid_arg, sweep_settings
@@ -92,7 +96,7 @@ from .worker import run_point
 __all__ = [
     "sweep", "run_point", "expand_grid", "parse_grid_arg", "check_fields", "sweep_settings", "merge_grids",
     "rank_table", "status_counts", "counts_line", "top_table", "read_table", "write_table", "Point", "SweepInterrupted",
-    "STATUSES", "HIGHER_IS_BETTER", "METRIC_COLUMNS", "LAYOUT", "AUTO",
+    "STATUSES", "HIGHER_IS_BETTER", "METRIC_COLUMNS", "CAPACITY_COLUMNS", "LAYOUT", "AUTO",
     "point_key", "layouts", "get_path", "set_path", "apply_overrides", "Grid",
     "AUTO_KEYS", "LAYOUT_COLUMNS", "KEY_COLUMN", "CHECKPOINT_S", "SWEEP_FIELDS", "OUTPUT_FORMATS", "REUSABLE",
 ]

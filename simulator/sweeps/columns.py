@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-__all__ = ["STATUSES", "METRIC_COLUMNS", "HIGHER_IS_BETTER", "KEY_COLUMN", "LAYOUT_COLUMNS", "check_metric"]
+__all__ = ["STATUSES", "METRIC_COLUMNS", "CAPACITY_COLUMNS", "HIGHER_IS_BETTER", "KEY_COLUMN", "LAYOUT_COLUMNS",
+           "check_metric"]
 
 STATUSES = ("ok", "invalid", "oom", "failed")
 """Every row's ``status``, in reporting order."""
 METRIC_COLUMNS = ("step_time_s", "mfu", "tflops_per_gpu", "bubble_fraction", "exposed_comm_s", "tokens_per_s")
 """Headline numbers of an ``ok`` row (before the per-class and per-tier columns)."""
-HIGHER_IS_BETTER = frozenset({"mfu", "tflops_per_gpu", "tokens_per_s"})
+CAPACITY_COLUMNS = ("fabric_cost_usd", "fabric_power_kw", "bisection_bytes_s")
+"""What the point's fabric costs (USD, every part but the GPUs), draws (kW) and carries across its rank halves
+(bytes/s): :func:`topologies.capacity.plan_columns`, computed once per distinct cluster."""
+HIGHER_IS_BETTER = frozenset({"mfu", "tflops_per_gpu", "tokens_per_s", "bisection_bytes_s"})
 """Metrics ranked in decreasing order; every other metric ranks in increasing order."""
 KEY_COLUMN = "point"
 """Column holding each row's stable point key (see :func:`simulator.sweeps.points.point_key`)."""
@@ -22,7 +26,7 @@ def check_metric(metric: str) -> None:
     Parameters
     ----------
     metric : str
-        One of :data:`METRIC_COLUMNS`, ``memory_per_gpu_bytes`` (bytes),
+        One of :data:`METRIC_COLUMNS` or :data:`CAPACITY_COLUMNS`, ``memory_per_gpu_bytes`` (bytes),
         ``exposed_<class>_s`` (seconds) or ``bytes_<tier>`` (bytes).
 
     Raises
@@ -30,8 +34,9 @@ def check_metric(metric: str) -> None:
     ValueError
         One line naming the valid choices.
     """
-    if metric in METRIC_COLUMNS or metric == "memory_per_gpu_bytes" or metric.startswith("bytes_") or (
+    if metric in (*METRIC_COLUMNS, *CAPACITY_COLUMNS, "memory_per_gpu_bytes") or metric.startswith("bytes_") or (
             metric.startswith("exposed_") and metric.endswith("_s")):
         return
-    raise ValueError(f"metric: {metric!r} unknown; valid: {', '.join(METRIC_COLUMNS)}, memory_per_gpu_bytes, "
+    raise ValueError(f"metric: {metric!r} unknown; valid: {', '.join(METRIC_COLUMNS + CAPACITY_COLUMNS)}, "
+                     f"memory_per_gpu_bytes, "
                      f"exposed_<class>_s, bytes_<tier>")

@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from .columns import HIGHER_IS_BETTER, KEY_COLUMN, METRIC_COLUMNS
+from .columns import CAPACITY_COLUMNS, HIGHER_IS_BETTER, KEY_COLUMN, METRIC_COLUMNS
 from .points import Point
 
 __all__ = ["cell", "result_row", "build_table", "rank_table"]
@@ -107,7 +107,7 @@ def build_table(rows: Iterable[Mapping[str, Any]], param_columns: Sequence[str],
     df = pd.DataFrame(list(rows))
     if df.empty:
         df = pd.DataFrame(columns=[*param_columns, "status", "reason", KEY_COLUMN])
-    for col in ("reason", "sim_wall_s", "memory_per_gpu_bytes", *METRIC_COLUMNS, metric):
+    for col in ("reason", "sim_wall_s", "memory_per_gpu_bytes", *METRIC_COLUMNS, *CAPACITY_COLUMNS, metric):
         if col not in df.columns:
             df[col] = "" if col == "reason" else float("nan")
     ok = df["status"] == "ok"
@@ -122,7 +122,7 @@ def build_table(rows: Iterable[Mapping[str, Any]], param_columns: Sequence[str],
 
 
 def _ordered_columns(df: pd.DataFrame, param_columns: Sequence[str]) -> list[str]:
-    fixed = ["rank", "status", "reason", *METRIC_COLUMNS]
+    fixed = ["rank", "status", "reason", *METRIC_COLUMNS, *CAPACITY_COLUMNS]
     exposed = sorted(c for c in df.columns if c.startswith("exposed_") and c.endswith("_s") and c not in fixed)
     tiers = sorted(c for c in df.columns if c.startswith("bytes_"))
     tail = ["memory_per_gpu_bytes", "sim_wall_s", KEY_COLUMN]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..experiment import OutOfMemoryError, experiment_from_dict, run_experiment
-from .columns import METRIC_COLUMNS
+from .columns import CAPACITY_COLUMNS, METRIC_COLUMNS
 from .errors import failed_reason, one_line
 
 __all__ = ["run_point"]
@@ -15,7 +15,7 @@ __all__ = ["run_point"]
 
 def _metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
     """Flatten a run's summary into the numeric columns of a row."""
-    row = {k: summary.get(k) for k in METRIC_COLUMNS}
+    row = {k: summary.get(k) for k in (*METRIC_COLUMNS, *CAPACITY_COLUMNS)}
     row.update({f"exposed_{cls}_s": v for cls, v in summary.get("exposed_comm_by_class_s", {}).items()})
     row.update({f"bytes_{tier}": v for tier, v in summary.get("bytes_by_tier", {}).items()})
     row.update({f"time_{cat}_s": v for cat, v in summary.get("time_breakdown_s", {}).items()})
@@ -42,7 +42,8 @@ def run_point(doc: Mapping) -> dict[str, Any]:
         spent on the point), the resolved ``parallel.dp`` when the document
         resolved, ``memory_per_gpu_bytes`` (bytes) when it was computed, and
         the metric columns (``step_time_s`` ..., ``exposed_<class>_s``,
-        ``bytes_<tier>``) when ``status == "ok"``.
+        ``bytes_<tier>``) and the capacity columns (``fabric_cost_usd``,
+        ``fabric_power_kw``, ``bisection_bytes_s``) when ``status == "ok"``.
     """
     t0 = time.perf_counter()
     out: dict[str, Any] = {"status": "ok", "reason": ""}

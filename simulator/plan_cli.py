@@ -1,0 +1,115 @@
+"""``clustersim plan``: a cluster's bill of materials, power, cost and bisection bandwidth.
+
+Kept apart from :mod:`simulator.cli`, which only registers it; the heavy imports (pandas, the builders)
+happen when the command runs, not at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping
+
+__all__ = ["configure", "run", "load_plan_inputs"]
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``clustersim plan``."""
+    p.add_argument("cluster", help="a preset name (dgx-h100), a cluster YAML or an experiment YAML; a plan: "
+                                   "section beside the cluster overrides port speed, cable media and prices")
+    p.add_argument("--nodes", type=int, help="override the number of servers (NVLink domains)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (summary and bill of materials)")
+    p.add_argument("--csv", metavar="OUT.csv", help="also write the bill of materials as CSV")
+
+
+def load_plan_inputs(spec: str, nodes: int | None = None) -> tuple[object, object]:
+    """``(cluster, plan section)`` of a preset name or a YAML file; one-line ``ValueError`` naming the file."""
+    from topologies import build_cluster
+    from topologies.cluster import TopologyError
+    from topologies.components import plan_options
+
+    section: object = {"preset": spec}
+    plan: object = None
+    where = ""
+    if spec.endswith((".yaml", ".yml")):
+        from .experiment import read_experiment_file
+        doc = read_experiment_file(spec)
+        where = f"{spec}: "
+        plan = doc.get("plan")
+        section = doc["cluster"] if "cluster" in doc else {k: v for k, v in doc.items() if k != "plan"}
+    if nodes is not None:
+        if isinstance(section, str):  # ``cluster: dgx-h100`` is shorthand for a preset
+            section = {"preset": section}
+        if isinstance(section, Mapping):
+            section = {**section, "nodes": nodes}
+    try:
+        return build_cluster(section), plan_options(plan)  # type: ignore[arg-type]
+    except TopologyError as exc:
+        raise TopologyError(f"{where}{exc}") from None
+
+
+def _money(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"${x:,.0f}"
+
+
+def _print(cluster, bom, s, out=None) -> None:
+    out = out or sys.stdout
+    from topologies import format_bandwidth
+    from topologies.builders import ratio_text
+
+    print(f"# {cluster.name}: {s['switch_family']} fabric, {s['port_speed_Gbps']} Gb/s switch ports and cables",
+          file=out)
+    header = f"{'item':<15} {'tier':<7} {'component':<17} {'spec':<26} {'count':>8} {'unit W':>7} {'unit $':>9} " \
+             f"{'kW':>9} {'$':>13}"
+    print(header, file=out)
+    for r in bom.itertuples(index=False):
+        spec = r.spec if len(r.spec) <= 26 else r.spec[:23] + "..."
+        unit_w = "n/a" if math.isnan(r.unit_power_w) else f"{r.unit_power_w:,.0f}"
+        kw = "n/a" if math.isnan(r.power_w) else f"{r.power_w / 1e3:,.1f}"
+        print(f"{r.item:<15} {r.tier:<7} {r.component:<17} {spec:<26} {r.count:>8,} {unit_w:>7} "
+              f"{_money(r.unit_cost_usd):>9} {kw:>9} {_money(r.cost_usd):>13}", file=out)
+    print(file=out)
+    tiers = ", ".join(f"{n:,} {t}" for t, n in s["switches_by_tier"].items())
+    switches = f"{s['switches']:,} switch" + ("es" if s["switches"] != 1 else "")
+    print(f"fabric        {switches} ({tiers}), {s['nics']:,} NICs, {s['nvswitch_chips']:,} NVSwitch chips, "
+          f"{s['cables']:,} cables, {s['transceivers']:,} transceivers", file=out)
+    print(f"              {s['fabric_power_kw']:,.1f} kW, {_money(s['fabric_cost_usd'])} "
+          f"({_money(s['fabric_cost_per_gpu_usd'])} per GPU)", file=out)
+    gpu_kw = "n/a" if math.isnan(s["gpu_power_kw"]) else f"{s['gpu_power_kw']:,.1f} kW"
+    print(f"GPUs (apart)  {s['gpus']:,} {cluster.gpu.name}: {gpu_kw}, {_money(s['gpu_cost_usd'])}", file=out)
+    ratios = ", ".join(f"{t} {ratio_text(r)}" for t, r in s["oversubscription"].items()) or "none (one switch tier)"
+    print(f"bisection     {format_bandwidth(s['bisection_bytes_s'])} from the first half of the ranks to the second "
+          f"({format_bandwidth(s['bisection_per_gpu_bytes_s'])} per GPU); oversubscription {ratios}", file=out)
+    print("unit figures: datasheets for optics and GPU power, labelled estimates otherwise (topologies/components.py);"
+          " override them in the file's plan: section", file=out)
+
+
+def _records(bom) -> list[dict]:
+    rows = bom.to_dict(orient="records")
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in rows]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the plan of ``args.cluster``; 0 on success (errors are ``ValueError``: exit 2)."""
+    from topologies.capacity import bill_of_materials, plan_summary
+
+    from .cli import check_writable
+    check_writable(args.csv, "--csv")
+    if args.nodes is not None and args.nodes < 1:
+        raise ValueError(f"--nodes: must be >= 1, got {args.nodes}")
+    cluster, plan = load_plan_inputs(args.cluster, args.nodes)
+    bom = bill_of_materials(cluster, plan)
+    summary = plan_summary(cluster, plan)
+    if args.csv:
+        bom.to_csv(args.csv, index=False)
+    if args.json:
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+        print(json.dumps({"cluster": cluster.name, "summary": clean, "bom": _records(bom)}))
+    else:
+        _print(cluster, bom, summary)
+        if args.csv:
+            print(f"bill of materials written to {os.path.abspath(args.csv)}")
+    return 0

@@ -1,0 +1,348 @@
+"""Capacity planning: bill of materials, power and cost of a cluster's fabric, with its bisection bandwidth.
+
+Everything is read from the graph (the :class:`~topologies.cluster.Cluster`
+contract), so it works for any fabric a builder or a topology file
+produces; builder parameters are never needed.
+
+How the graph becomes parts
+---------------------------
+* **Port speed.** One switch port and one cable carry ``port_speed``
+  (``plan.port_speed``; default the fabric's most common NIC link rate,
+  rounded up to a speed the switch family offers: 200, 400 or 800 Gb/s).
+  A NIC link of bandwidth ``b`` takes ``ceil(b / port_speed)`` switch ports
+  and cables. A leaf-spine or spine-core edge of the graph stands for *all*
+  the cables between the two switches, so it takes
+  ``ceil(aggregate bandwidth / port_speed)`` ports at each end and as many
+  cables (rounded up per switch pair, as real ports are).
+* **Switches.** Each leaf, spine and core node is one logical switch whose
+  radix is the ports it uses. It becomes the smallest configuration of
+  :data:`~topologies.components.SWITCH_MODELS` (of the family, at the port
+  speed) with at least that many ports. A logical switch larger than every
+  model (the builders' default 16-server leaf has 256 ports) is priced as a
+  non-blocking two-tier Clos of the largest model, as director switches are
+  built inside: ``ceil(P / (k/2))`` lower boxes, enough upper boxes for their
+  ``k/2`` uplinks each, and those internal links counted as cables.
+* **NICs**: one per ``nic`` node, the slowest NIC model at least as fast as
+  its link to the fabric. **NVSwitch chips**: per ``nvswitch`` node, from the
+  number of GPUs around it (rule in :mod:`topologies.components`).
+* **Cables**: NIC-to-switch links are built as ``plan.nic_media``,
+  switch-to-switch links as ``plan.switch_media``: ``optics`` is a
+  transceiver at each end plus a fibre, ``aoc`` one active optical cable,
+  ``dac`` one passive copper cable. NVLink and PCIe are on the boards and are
+  not cabled here (nor are NVL72 NVLink spine cartridges, management or
+  storage networks).
+* **Power and cost**: count x the per-unit figures of
+  :data:`~topologies.components.COMPONENTS` (documented there, overridable
+  with ``plan.components``). The **fabric** is every part but the GPUs;
+  GPUs are listed apart (``fabric`` False) so the fabric can be traded
+  against step time on its own.
+
+Results are cached per cluster and plan (keyed by the cluster's name,
+parameters, rank order, node and edge counts and total link bandwidth), so
+a sweep that builds the same cluster for every point computes the max-flow
+and the parts once per worker process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+
+from topologies.bisection import SWITCH_LEVELS, bisection_bandwidth, oversubscription_by_tier
+from topologies.cluster import Cluster
+from topologies.components import (
+    NIC_MODELS,
+    SWITCH_MODELS,
+    PlanOptions,
+    SwitchModel,
+    nvswitch_chips,
+    plan_options,
+)
+
+__all__ = ["BOM_COLUMNS", "CapacityPlan", "capacity_plan", "bill_of_materials", "plan_summary", "plan_columns",
+           "PLAN_COLUMNS"]
+
+_G = 1e9 / 8  # one Gb/s in bytes/s
+_EPS = 1e-9
+BOM_COLUMNS = ("item", "tier", "component", "spec", "count", "ports_used", "unit_power_w", "unit_cost_usd",
+               "power_w", "cost_usd", "fabric", "source")
+"""Columns of :func:`bill_of_materials`."""
+PLAN_COLUMNS = ("fabric_cost_usd", "fabric_power_kw", "bisection_bytes_s")
+"""What :func:`plan_columns` adds to a run's summary and to every sweep row."""
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """A cluster's bill of materials (:data:`BOM_COLUMNS`) and headline numbers (see :func:`plan_summary`)."""
+
+    bom: pd.DataFrame
+    summary: dict
+
+
+def _units(bandwidth: float, port_Bps: float) -> int:
+    """Ports (and cables) a link of ``bandwidth`` takes: at least one, rounded up."""
+    return max(1, math.ceil(bandwidth / port_Bps - _EPS))
+
+
+def _family(g, opts: PlanOptions) -> str:
+    if opts.family != "auto":
+        return opts.family
+    kinds = Counter(d["kind"] for s in g if g.nodes[s]["kind"] in SWITCH_LEVELS for d in g.succ[s].values())
+    return "ethernet" if kinds.get("eth", 0) > kinds.get("ib", 0) else "infiniband"
+
+
+def _host_links(g) -> Counter:
+    """Bandwidth (bytes/s) of every host-to-switch link -> how many there are."""
+    return Counter(d["bandwidth"] for s in g if g.nodes[s]["kind"] in SWITCH_LEVELS
+                   for n, d in g.succ[s].items() if g.nodes[n]["kind"] not in SWITCH_LEVELS)
+
+
+def _port_speed(g, family: str, opts: PlanOptions) -> int:
+    """Gb/s of one port: the requested (or most common NIC link) rate rounded up to one the family offers."""
+    links = _host_links(g)
+    wanted = opts.port_speed_Bps or (links.most_common(1)[0][0] if links else 400 * _G)
+    speeds = sorted({m.port_Gbps for m in SWITCH_MODELS if m.family == family})
+    return next((s for s in speeds if s * _G >= wanted * (1 - _EPS)), speeds[-1])
+
+
+def _model(ports: int, family: str, speed: int) -> tuple[SwitchModel, int, int]:
+    """``(model, boxes, internal cables)`` of a logical switch of ``ports`` ports (see the module docstring)."""
+    fits = sorted((m for m in SWITCH_MODELS if m.family == family and m.port_Gbps == speed), key=lambda m: m.ports)
+    for m in fits:
+        if m.ports >= ports:
+            return m, 1, 0
+    big = fits[-1]
+    half = big.ports // 2
+    lower = math.ceil(ports / half)
+    upper = math.ceil(lower * half / big.ports)
+    return big, lower + upper, lower * half
+
+
+def _link_bandwidth(g, u: Hashable, v: Hashable) -> float:
+    there = g.succ[u].get(v)
+    back = g.succ[v].get(u)
+    return max(there["bandwidth"] if there else 0.0, back["bandwidth"] if back else 0.0)
+
+
+def _tier(g, u: Hashable, v: Hashable) -> str:
+    d = g.succ[u].get(v) or g.succ[v][u]
+    return d["tier"]
+
+
+def _nic_model(g, nic: Hashable, fallback_Bps: float) -> tuple[str, int]:
+    rates = [d["bandwidth"] for n, d in g.succ[nic].items() if g.nodes[n]["kind"] in SWITCH_LEVELS]
+    gbps = (max(rates) if rates else fallback_Bps) / _G
+    return next(((name, s) for s, name in NIC_MODELS if s >= gbps * (1 - _EPS)), NIC_MODELS[-1][::-1])
+
+
+def _row(item: str, tier: str, component: str, spec: str, count: int, opts: PlanOptions, *,
+         ports_used: float = math.nan, fabric: bool = True) -> dict:
+    part = opts.components.get(component)
+    power = part.power_w if part else math.nan
+    cost = part.cost_usd if part else math.nan
+    source = (f"power: {part.power_source}; cost: {part.cost_source}" if part else
+              "not in the component table: no power or cost")
+    return {"item": item, "tier": tier, "component": component, "spec": spec, "count": int(count),
+            "ports_used": ports_used, "unit_power_w": power, "unit_cost_usd": cost, "power_w": power * count,
+            "cost_usd": cost * count, "fabric": fabric, "source": source}
+
+
+def _cable_rows(cables: Counter, speed: int, opts: PlanOptions) -> list[dict]:
+    rows = []
+    for (tier, media), n in sorted(cables.items()):
+        if media == "optics":
+            rows.append(_row("transceiver", tier, f"transceiver-{speed}G", f"{speed}G, one per cable end",
+                             2 * n, opts))
+            rows.append(_row("fiber", tier, "fiber", f"{speed}G optical cable", n, opts))
+        else:
+            rows.append(_row(f"{media} cable", tier, f"{media}-{speed}G", f"{speed}G", n, opts))
+    return rows
+
+
+def _bom(cluster: Cluster, opts: PlanOptions) -> tuple[pd.DataFrame, dict]:
+    g = cluster.graph
+    family = _family(g, opts)
+    speed = _port_speed(g, family, opts)
+    port = speed * _G
+    order = {n: i for i, n in enumerate(g)}
+    switches: dict[tuple, list[int]] = {}  # (tier, model, built as a Clos) -> [boxes, ports used]
+    cables: Counter = Counter()  # (tier, media) -> cables
+    for s, kind in g.nodes(data="kind"):
+        if kind not in SWITCH_LEVELS:
+            continue
+        ports = 0
+        for n in set(g.succ[s]) | set(g.pred[s]):
+            k = _units(_link_bandwidth(g, s, n), port)
+            ports += k
+            if g.nodes[n]["kind"] not in SWITCH_LEVELS:
+                cables[_tier(g, s, n), opts.nic_media] += k
+            elif order[s] < order[n]:
+                cables[_tier(g, s, n), opts.switch_media] += k
+        model, boxes, internal = _model(ports, family, speed)
+        entry = switches.setdefault((kind, model, internal > 0), [0, 0])
+        entry[0] += boxes
+        entry[1] += ports
+        if internal:
+            cables[kind, opts.switch_media] += internal
+    rows = []
+    for (kind, model, clos), (boxes, ports) in sorted(switches.items(),
+                                                       key=lambda kv: (SWITCH_LEVELS[kv[0][0]], kv[0][2])):
+        spec = model.spec + (", in two-tier Clos" if clos else "")
+        rows.append(_row(f"{kind} switch", kind, model.component, spec, boxes, opts, ports_used=ports))
+    nics: Counter = Counter()
+    chips: Counter = Counter()
+    for n, kind in g.nodes(data="kind"):
+        if kind == "nic":
+            nics[_nic_model(g, n, cluster.gpu.nic_bandwidth)] += 1
+        elif kind == "nvswitch":
+            gpus = sum(1 for m in set(g.succ[n]) | set(g.pred[n]) if g.nodes[m]["kind"] == "gpu")
+            chips[(*nvswitch_chips(gpus, cluster.gpu.arch), gpus)] += 1
+    rows += [_row("NIC", "nic", name, f"{gbps}G", n, opts) for (name, gbps), n in sorted(nics.items())]
+    rows += [_row("NVSwitch chip", "nvlink", name, f"{per} per NVLink domain" + (
+        f" ({math.ceil(per / 2)} trays)" if gpus > 8 else ""), per * domains, opts)
+             for (name, per, gpus), domains in sorted(chips.items()) if per]
+    rows += _cable_rows(cables, speed, opts)
+    rows.append(_row("GPU", "gpu", cluster.gpu.name, f"{cluster.gpus_per_server} per NVLink domain",
+                     cluster.num_gpus, opts, fabric=False))
+    bom = pd.DataFrame(rows, columns=list(BOM_COLUMNS))
+    return bom, {"port_speed_Gbps": speed, "switch_family": family}
+
+
+def _summary(cluster: Cluster, bom: pd.DataFrame, extra: dict) -> dict:
+    fabric = bom[bom["fabric"]]
+    gpus = bom[~bom["fabric"]]
+    n = cluster.num_gpus
+    bisection = bisection_bandwidth(cluster)
+    per_tier = fabric[fabric["item"].str.endswith(" switch")].groupby("tier", sort=False)["count"].sum()
+    cost = float(fabric["cost_usd"].sum())
+    return {
+        "gpus": n,
+        **extra,
+        "switches": int(per_tier.sum()),
+        "switches_by_tier": {k: int(v) for k, v in per_tier.items()},
+        "nics": int(fabric.loc[fabric["item"] == "NIC", "count"].sum()),
+        "nvswitch_chips": int(fabric.loc[fabric["item"] == "NVSwitch chip", "count"].sum()),
+        "cables": int(fabric.loc[fabric["item"].isin(["fiber", "aoc cable", "dac cable"]), "count"].sum()),
+        "transceivers": int(fabric.loc[fabric["item"] == "transceiver", "count"].sum()),
+        "fabric_power_kw": float(fabric["power_w"].sum()) / 1e3,
+        "fabric_cost_usd": cost,
+        "fabric_cost_per_gpu_usd": cost / n if n else math.nan,
+        "gpu_power_kw": float(gpus["power_w"].sum()) / 1e3,
+        "gpu_cost_usd": float(gpus["cost_usd"].sum()),
+        "bisection_bytes_s": bisection,
+        "bisection_per_gpu_bytes_s": bisection / n if n else math.nan,
+        "oversubscription": oversubscription_by_tier(cluster),
+    }
+
+
+_CACHE: OrderedDict[tuple, CapacityPlan] = OrderedDict()
+_CACHE_SIZE = 32
+_CACHE_LOCK = threading.Lock()  # Dask workers run points in threads
+
+
+def _fingerprint(cluster: Cluster) -> tuple:
+    """What identifies a cluster for the cache, in one pass over the edges (faults change the edge set or
+    bandwidths, so they change the key)."""
+    g = cluster.graph
+    return (cluster.name, json.dumps(cluster.params, sort_keys=True, default=str), cluster.gpu.name,
+            cluster.gpu.arch, hash(cluster.gpus), g.number_of_nodes(), g.number_of_edges(),
+            sum(bw for _, _, bw in g.edges(data="bandwidth")))
+
+
+def capacity_plan(cluster: Cluster, plan: Mapping[str, object] | PlanOptions | None = None) -> CapacityPlan:
+    """The bill of materials and summary of ``cluster`` under ``plan`` (a ``plan:`` section, cached).
+
+    Parameters
+    ----------
+    cluster : Cluster
+    plan : Mapping or PlanOptions, optional
+        The ``plan:`` section (:func:`topologies.components.plan_options`):
+        port speed, cable media, switch family, component overrides.
+
+    Returns
+    -------
+    CapacityPlan
+        Do not modify its frame: it is shared by the cache (the public
+        helpers below return copies).
+    """
+    opts = plan_options(plan)
+    key = (_fingerprint(cluster), opts.key())
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
+    bom, extra = _bom(cluster, opts)
+    result = CapacityPlan(bom, _summary(cluster, bom, extra))
+    with _CACHE_LOCK:
+        _CACHE[key] = result
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return result
+
+
+def bill_of_materials(cluster: Cluster, plan: Mapping[str, object] | PlanOptions | None = None) -> pd.DataFrame:
+    """Parts list of ``cluster``: switches by tier and radix, NICs, NVSwitch chips, optics and cables, GPUs.
+
+    Parameters
+    ----------
+    cluster : Cluster
+    plan : Mapping or PlanOptions, optional
+        ``plan:`` section: ``port_speed``, ``nic_media``, ``switch_media``,
+        ``family``, ``components`` (see :mod:`topologies.components`).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per part and tier, columns :data:`BOM_COLUMNS`: ``item``,
+        ``tier``, ``component`` (a name of
+        :data:`~topologies.components.COMPONENTS`), ``spec`` (radix x port
+        speed for switches), ``count``, ``ports_used`` (switch rows: ports in
+        use over the tier), per-unit and total ``power_w`` (W) and
+        ``cost_usd`` (USD), ``fabric`` (False for the GPU row) and ``source``
+        of the unit figures.
+
+    Examples
+    --------
+    >>> from topologies import leaf_spine
+    >>> bom = bill_of_materials(leaf_spine("H100", servers=4, servers_per_leaf=2, spines=2))
+    >>> bom.set_index(["item", "tier"])["count"].to_dict()  # doctest: +NORMALIZE_WHITESPACE
+    {('leaf switch', 'leaf'): 2, ('spine switch', 'spine'): 2, ('NIC', 'nic'): 32,
+     ('NVSwitch chip', 'nvlink'): 16, ('transceiver', 'leaf'): 64, ('fiber', 'leaf'): 32,
+     ('transceiver', 'spine'): 64, ('fiber', 'spine'): 32, ('GPU', 'gpu'): 32}
+    """
+    return capacity_plan(cluster, plan).bom.copy()
+
+
+def plan_summary(cluster: Cluster, plan: Mapping[str, object] | PlanOptions | None = None) -> dict:
+    """Headline numbers of the plan.
+
+    Returns
+    -------
+    dict
+        ``gpus``; ``port_speed_Gbps`` and ``switch_family`` chosen;
+        ``switches`` (boxes) and ``switches_by_tier``; ``nics``,
+        ``nvswitch_chips``, ``cables``, ``transceivers``; ``fabric_power_kw``,
+        ``fabric_cost_usd`` and ``fabric_cost_per_gpu_usd`` (every part but
+        the GPUs); ``gpu_power_kw``, ``gpu_cost_usd`` (NaN for a GPU the table
+        lacks); ``bisection_bytes_s`` (:func:`topologies.bisection.bisection_bandwidth`,
+        one direction) and ``bisection_per_gpu_bytes_s``; ``oversubscription``
+        (``{tier: downlink:uplink}``).
+    """
+    out = dict(capacity_plan(cluster, plan).summary)
+    out["switches_by_tier"] = dict(out["switches_by_tier"])
+    out["oversubscription"] = dict(out["oversubscription"])
+    return out
+
+
+def plan_columns(cluster: Cluster, plan: Mapping[str, object] | PlanOptions | None = None) -> dict[str, float]:
+    """``fabric_cost_usd`` (USD), ``fabric_power_kw`` (kW), ``bisection_bytes_s`` (bytes/s): a run's and a sweep
+    row's capacity columns (:data:`PLAN_COLUMNS`), cached per cluster."""
+    summary = capacity_plan(cluster, plan).summary
+    return {k: summary[k] for k in PLAN_COLUMNS}
