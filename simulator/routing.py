@@ -107,7 +107,26 @@ class Router:
         self._pair_paths: dict[tuple, list[np.ndarray]] = {}
         self._switch_paths: dict[tuple, list[list[Hashable]]] = {}
         self._switch_graph: nx.DiGraph | None = None
-        self._attach = {n: self._attachment(n) for n, k in graph.nodes(data="kind") if k == "gpu"}
+        regular = self._regular()
+        self._attach = {n: self._attachment(n) if regular else None
+                        for n, k in graph.nodes(data="kind") if k == "gpu"}
+
+    def _regular(self) -> bool:
+        """Whether the fast path's shortcuts hold: NVSwitches link only GPUs, and a NIC links GPUs and at
+        most one fabric switch, so no route between two GPUs can transit an NVSwitch or a NIC.
+
+        A custom fabric may break this (NICs cabled back to back, NVSwitches linked to each other or to
+        a leaf); then every pair takes the breadth-first search, which finds every shortest path."""
+        g = self.graph
+        kind = g.nodes
+        for n, k in g.nodes(data="kind"):
+            if k == "nvswitch" and any(kind[w]["kind"] != "gpu" for w in g.successors(n)):
+                return False
+            if k == "nic":
+                others = [kind[w]["kind"] for w in g.successors(n) if kind[w]["kind"] != "gpu"]
+                if len(others) > 1 or any(x in ("nic", "nvswitch") for x in others):
+                    return False
+        return True
 
     def _attachment(self, gpu: Hashable) -> tuple | None:
         """(nvswitch, nic, first switch) of a GPU on a regular fabric, or None."""
