@@ -48,11 +48,12 @@ def check_writable(path: str | None, flag: str) -> None:
 
 
 def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8) -> Cluster:
-    """``spec`` is a preset name or a YAML file; with no spec, a DGX-H100 leaf-spine big enough for ``min_gpus``."""
+    """``spec`` is a preset name, a YAML file or a GraphML topology; with no spec, a DGX-H100 leaf-spine big
+    enough for ``min_gpus``."""
     if spec is None:
         nodes = max(1, math.ceil(min_gpus / gpus_per_node))
         return build_cluster({"preset": "dgx-h100", "nodes": nodes})
-    if spec.endswith((".yaml", ".yml")):
+    if spec.lower().endswith((".yaml", ".yml", ".graphml")):
         return load_cluster(spec)
     return build_cluster({"preset": spec})
 
@@ -436,6 +437,13 @@ def _validate():
                   f"sources in docs/VALIDATION.md and each file's header")
         return 0
 
+    return configure, run
+
+
+# -------------------------------------------------------------------- topology
+@command("topology", "describe and check a cluster's fabric; export it as a topology file (YAML) or GraphML")
+def _topology():
+    from .topology_cmd import configure, run
     return configure, run
 
 

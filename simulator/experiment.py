@@ -36,6 +36,7 @@ from topologies.capacity import plan_columns
 from topologies.cluster import Cluster
 from topologies.components import PlanOptions, plan_options
 from topologies.faults import apply_faults, check_fault
+from topologies.loader import resolve_topology_path
 from topologies.yamlio import load_yaml
 from workloads.errors import ConfigError
 from workloads.memory import MemoryBreakdown, memory_per_gpu
@@ -277,6 +278,8 @@ def read_experiment_file(path: str | os.PathLike) -> dict:
         raise ConfigError(f"{path}: the file is empty")
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: must hold a mapping of sections ({', '.join(SECTIONS)})")
+    if "cluster" in doc:  # a relative topology file is next to the experiment file
+        doc["cluster"] = resolve_topology_path(doc["cluster"], os.path.dirname(os.fspath(path)))
     return doc
 
 

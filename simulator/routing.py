@@ -107,7 +107,40 @@ class Router:
         self._pair_paths: dict[tuple, list[np.ndarray]] = {}
         self._switch_paths: dict[tuple, list[list[Hashable]]] = {}
         self._switch_graph: nx.DiGraph | None = None
-        self._attach = {n: self._attachment(n) for n, k in graph.nodes(data="kind") if k == "gpu"}
+        regular = self._regular()
+        self._attach = {n: self._attachment(n) if regular else None
+                        for n, k in graph.nodes(data="kind") if k == "gpu"}
+
+    def _regular(self) -> bool:
+        """Whether the fast path's shortcuts hold: NVSwitches link only GPUs (and, in a domain over several
+        racks, every other NVSwitch of their domain), and a NIC links GPUs and at most one fabric switch, so no
+        route between two GPUs of different domains can transit an NVSwitch or a NIC.
+
+        A custom fabric may break this (NICs cabled back to back, NVSwitches linked to each other or to
+        a leaf); then every pair takes the breadth-first search, which finds every shortest path."""
+        g = self.graph
+        kind = g.nodes
+        domain_switches: dict[int, list] = {}
+        for n, k in g.nodes(data="kind"):
+            if k == "nvswitch":
+                domain_switches.setdefault(kind[n]["server"], []).append(n)
+        for n, k in g.nodes(data="kind"):
+            if k == "nvswitch":
+                # An NVLink domain over several racks (NVL36x2) stays regular: its switches are linked
+                # pairwise and to nothing else but GPUs, so a GPU pair in it is one or two switches apart.
+                peers = domain_switches[kind[n]["server"]]
+                for w in g.successors(n):
+                    if kind[w]["kind"] == "gpu":
+                        continue
+                    if kind[w]["kind"] != "nvswitch" or kind[w]["server"] != kind[n]["server"]:
+                        return False
+                if len(peers) > 1 and any(p != n and not g.has_edge(n, p) for p in peers):
+                    return False
+            if k == "nic":
+                others = [kind[w]["kind"] for w in g.successors(n) if kind[w]["kind"] != "gpu"]
+                if len(others) > 1 or any(x in ("nic", "nvswitch") for x in others):
+                    return False
+        return True
 
     def _attachment(self, gpu: Hashable) -> tuple | None:
         """(nvswitch, nic, first switch) of a GPU on a regular fabric, or None."""

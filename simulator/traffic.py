@@ -48,7 +48,8 @@ def rank_labels(cluster: Cluster, level: str) -> list[str]:
             if not leaves:
                 raise ValueError(f"level: 'leaf' needs GPUs attached to leaf switches; {cluster.name} has none "
                                  f"for {gpu} (use 'gpu' or 'node')")
-            out.append(f"leaf{leaves[0][1]}")
+            leaf = leaves[0]  # ("leaf", i) from the builders; a custom fabric's id otherwise
+            out.append(f"leaf{leaf[1]}" if isinstance(leaf, tuple) and len(leaf) == 2 else f"leaf {leaf}")
         return out
     raise ValueError(f"level: {level!r} unknown; valid: {', '.join(LEVELS)}")
 

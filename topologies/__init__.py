@@ -1,4 +1,4 @@
-"""Hardware and fabric: GPU specs, networkx cluster builders, YAML loader.
+"""Hardware and fabric: GPU specs, networkx cluster builders, YAML loader, custom topology files and export.
 
 Knows nothing of SimPy, ``simulator`` or ``workloads``.
 
@@ -10,6 +10,8 @@ Knows nothing of SimPy, ``simulator`` or ``workloads``.
 
 from topologies.builders import fat_tree, leaf_spine, rail_optimized, single_server, validate_cluster
 from topologies.cluster import LINK_KINDS, NODE_KINDS, TIERS, Cluster, GPUSpec, TopologyError
+from topologies.custom import cluster_from_dict, load_topology
+from topologies.export import cluster_to_dict, cluster_to_graphml, cluster_to_yaml, write_topology
 from topologies.gpus import GPU_SPECS, get_gpu, gpu_names
 from topologies.loader import FABRICS, FIELDS, build_cluster, load_cluster
 from topologies.presets import PRESETS, preset_names
@@ -41,6 +43,12 @@ __all__ = [
     "FIELDS",
     "build_cluster",
     "load_cluster",
+    "cluster_from_dict",
+    "load_topology",
+    "cluster_to_dict",
+    "cluster_to_yaml",
+    "cluster_to_graphml",
+    "write_topology",
     "PRESETS",
     "preset_names",
     "parse_bytes",

@@ -37,6 +37,7 @@ from collections.abc import Hashable, Mapping, Sequence
 import networkx as nx
 
 from topologies.cluster import TIERS, Cluster, TopologyError
+from topologies.custom import node_label
 from topologies.units import parse_time
 
 __all__ = ["FAULT_KINDS", "TOPOLOGY_FAULTS", "apply_faults", "node_name", "parse_node"]
@@ -54,18 +55,14 @@ def node_name(node: Hashable) -> str:
 
 
 def parse_node(text: object, cluster: Cluster, field: str) -> Hashable:
-    """The graph node named ``kind:index`` or ``kind:server:local``; TopologyError naming ``field`` if none."""
-    parts = str(text).strip().split(":") if isinstance(text, str) else []
-    node: tuple | None = None
-    if len(parts) >= 2 and parts[0]:
-        try:
-            node = (parts[0], *(int(p) for p in parts[1:]))
-        except ValueError:
-            node = None
+    """The graph node named ``kind:index`` or ``kind:server:local`` (or a custom fabric's id, see
+    :func:`topologies.custom.node_label`); TopologyError naming ``field`` if none."""
+    node = node_label(text.strip() if isinstance(text, str) else text)
     if node is None or node not in cluster.graph:
         kinds = sorted({k for _n, k in cluster.graph.nodes(data="kind")})
         raise TopologyError(f"{field}: {text!r} is not a node of this cluster; name one as kind:index "
-                            f"(e.g. spine:0, leaf:1) or kind:server:local (nic:0:3); kinds here: {', '.join(kinds)}")
+                            f"(e.g. spine:0, leaf:1) or kind:server:local (nic:0:3), or by its topology file id; "
+                            f"kinds here: {', '.join(kinds)}")
     return node
 
 

@@ -22,6 +22,16 @@ Fields (all optional except that one of ``preset`` / ``gpu`` is needed)::
       core_oversubscription: 1    # fat_tree only
       nvlink_racks: 1             # racks one NVLink domain spans (2: GB200 NVL36x2)
 
+Any other fabric comes from a topology file (:mod:`topologies.custom`), named
+on its own or written inline::
+
+    cluster:
+      topology: fabrics/two-racks.yaml   # or .graphml; relative to the experiment file
+    cluster: {gpu: H100, nodes: [...], links: [...]}   # inline: a topology document
+
+(``fabric: <path>`` is read as ``topology: <path>``.) Nothing else may be set
+beside ``topology``: the file describes the whole cluster.
+
 Every invalid value raises :class:`TopologyError` with a one-line message that
 names ``cluster.<field>`` and what is valid.
 """
@@ -37,6 +47,7 @@ import yaml
 
 from topologies import builders
 from topologies.cluster import Cluster, TopologyError
+from topologies.custom import GRAPHML_SUFFIXES, cluster_from_dict, is_topology_document, load_topology
 from topologies.gpus import GPU_SPECS, get_gpu
 from topologies.presets import PRESETS, preset_names
 from topologies.units import parse_bandwidth, parse_time
@@ -48,7 +59,7 @@ so a larger value (``nodes: 10**18``) is refused before anything is allocated.""
 MAX_SWITCHES = 65_536
 """The most switches (or nodes per leaf) of one tier."""
 
-__all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster"]
+__all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster", "resolve_topology_path"]
 
 FABRICS = ("leaf_spine", "rail_optimized", "fat_tree", "single_node")
 
@@ -73,8 +84,9 @@ _BASE: dict[str, object] = {
     "nvlink_racks": 1,
 }
 
-FIELDS: tuple[str, ...] = ("preset", *_BASE)
-"""Every key a ``cluster:`` section may hold."""
+FIELDS: tuple[str, ...] = ("preset", *_BASE, "topology")
+"""Every key a ``cluster:`` section may hold (``topology`` only on its own)."""
+_TOPOLOGY_SUFFIXES = (".yaml", ".yml", *GRAPHML_SUFFIXES)
 
 _FABRIC_ALIASES = {"leaf-spine": "leaf_spine", "rail-optimized": "rail_optimized", "rail": "rail_optimized",
                    "fat-tree": "fat_tree", "single-node": "single_node", "single_server": "single_node",
@@ -116,7 +128,8 @@ def _fabric(value: object) -> str:
         name = _FABRIC_ALIASES.get(name, name)
         if name in FABRICS:
             return name
-    raise TopologyError(f"cluster.fabric: {value!r} is not a fabric; valid: {', '.join(FABRICS)}")
+    raise TopologyError(f"cluster.fabric: {value!r} is not a fabric; valid: {', '.join(FABRICS)}, or a topology "
+                        f"file (.yaml, .graphml)")
 
 
 def _describe(preset: str | None, nodes: int, gpus_per_node: int, gpu_name: str, fabric: str,
@@ -132,7 +145,50 @@ def _describe(preset: str | None, nodes: int, gpus_per_node: int, gpu_name: str,
     return f"{text}, {fabric} {builders.ratio_text(oversubscription)}"
 
 
-def build_cluster(section: Mapping[str, object] | str) -> Cluster:
+def _topology_key(section: Mapping[str, object]) -> str | None:
+    """``"topology"``, or ``"fabric"`` when it holds a file path, or ``None``."""
+    if "topology" in section:
+        return "topology"
+    fabric = section.get("fabric")
+    if isinstance(fabric, str) and fabric.strip().lower().endswith(_TOPOLOGY_SUFFIXES):
+        return "fabric"
+    return None
+
+
+def resolve_topology_path(section: Mapping[str, object], base_dir: str | os.PathLike[str]) -> Mapping[str, object]:
+    """``section`` with a relative topology file path taken relative to ``base_dir`` (an experiment file's folder).
+
+    Anything that is not a ``cluster:`` mapping naming a topology file by a
+    relative path is returned unchanged.
+    """
+    if not isinstance(section, Mapping):
+        return section
+    key = _topology_key(section)
+    value = section.get(key) if key else None
+    if not isinstance(value, str) or not value.strip():
+        return section
+    path = os.path.expanduser(value.strip())
+    if not os.path.isabs(path):
+        path = os.path.normpath(os.path.join(os.fspath(base_dir), path))
+    return {**section, key: path}
+
+
+def _from_topology_file(section: Mapping[str, object], key: str, base_dir: str | os.PathLike[str] | None) -> Cluster:
+    others = [k for k in section if k != key]
+    if others:
+        raise TopologyError(f"cluster.{others[0]}: cannot be combined with cluster.{key}: the topology file "
+                            f"describes the whole cluster")
+    value = section[key]
+    if not isinstance(value, str) or not value.strip():
+        raise TopologyError(f"cluster.{key}: {value!r} is not the path of a topology file (.yaml, .yml or .graphml)")
+    path = resolve_topology_path(section, base_dir)[key] if base_dir is not None else value.strip()
+    try:
+        return load_topology(path)  # type: ignore[arg-type]
+    except TopologyError as e:
+        raise TopologyError(f"cluster.{key}: {e}") from None
+
+
+def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLike[str] | None = None) -> Cluster:
     """Build the cluster an experiment file's ``cluster:`` section describes.
 
     Parameters
@@ -140,7 +196,13 @@ def build_cluster(section: Mapping[str, object] | str) -> Cluster:
     section : Mapping or str
         The section's fields (see the module docstring); values may carry
         units (``"400Gbps"``, ``"450GB/s"``, ``"1us"``). A bare string is
-        shorthand for ``{"preset": section}``.
+        shorthand for ``{"preset": section}``. A section with ``links``
+        (or a list of ``nodes``) is a topology document
+        (:func:`topologies.custom.cluster_from_dict`); ``topology: <path>``
+        loads a topology file (:func:`topologies.custom.load_topology`).
+    base_dir : str or os.PathLike, optional
+        Folder a relative ``topology`` path is taken from (default: the
+        current folder).
 
     Returns
     -------
@@ -167,6 +229,11 @@ def build_cluster(section: Mapping[str, object] | str) -> Cluster:
         section = {"preset": section}
     if not isinstance(section, Mapping):
         raise TopologyError(f"cluster: expected a mapping of fields or a preset name, got {type(section).__name__}")
+    if is_topology_document(section):
+        return cluster_from_dict(section, where="cluster.")
+    topology = _topology_key(section)
+    if topology is not None:
+        return _from_topology_file(section, topology, base_dir)
     for key in section:
         if key not in FIELDS:
             raise TopologyError(f"cluster.{key}: unknown field; valid fields: {', '.join(FIELDS)}")
@@ -244,8 +311,11 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
     Parameters
     ----------
     path : str or os.PathLike
-        Either an experiment file (a mapping with a ``cluster:`` key; other
-        sections are ignored) or a file holding the cluster fields at top level.
+        An experiment file (a mapping with a ``cluster:`` key; other
+        sections are ignored), a file holding the cluster fields at top
+        level, or a topology file (YAML with ``nodes`` and ``links``, or
+        ``.graphml``; :mod:`topologies.custom`). A relative ``topology``
+        path is taken relative to the file's folder.
 
     Returns
     -------
@@ -258,6 +328,8 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
         YAML, is not a mapping, or its cluster section is invalid.
     """
     where = os.fspath(path)
+    if where.lower().endswith(GRAPHML_SUFFIXES):
+        return load_topology(where)
     try:
         with open(where, encoding="utf-8") as f:
             data = load_yaml(f)
@@ -273,6 +345,8 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
                             f"level, got {type(data).__name__}")
     section = data["cluster"] if "cluster" in data else data
     try:
-        return build_cluster(section)  # type: ignore[arg-type]
+        if section is data and is_topology_document(data):
+            return cluster_from_dict(data, source=where)
+        return build_cluster(section, base_dir=os.path.dirname(where))  # type: ignore[arg-type]
     except TopologyError as e:
         raise TopologyError(f"{where}: {e}") from None

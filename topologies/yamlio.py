@@ -24,9 +24,9 @@ from typing import IO
 
 import yaml
 from yaml.composer import ComposerError
-from yaml.constructor import ConstructorError
+from yaml.constructor import ConstructorError, SafeConstructor
 
-__all__ = ["StrictLoader", "load_yaml"]
+__all__ = ["StrictLoader", "load_yaml", "load_large_yaml"]
 
 _INT = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o[0-7_]+|[-+]?[0-9][0-9_]*|[-+]?0x[0-9a-fA-F_]+)$")
 _FLOAT = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
@@ -58,7 +58,7 @@ class StrictLoader(yaml.SafeLoader):
                 seen[key] = key_node.start_mark.line + 1
             except TypeError:
                 pass
-        return super().construct_mapping(node, deep)
+        return SafeConstructor.construct_mapping(self, node, deep)  # not super(): shared with the libyaml loader
 
 
 StrictLoader.yaml_implicit_resolvers = {
@@ -95,3 +95,33 @@ def load_yaml(stream: str | IO[str]) -> object:
         return yaml.load(stream, Loader=StrictLoader)  # noqa: S506 (StrictLoader is a SafeLoader)
     except RecursionError:
         raise ComposerError(None, None, "nesting is too deep (hundreds of levels)", None) from None
+
+
+if getattr(yaml, "__with_libyaml__", False):
+
+    class _StrictCLoader(yaml.CSafeLoader):  # type: ignore[misc,name-defined]
+        """libyaml's parser with :class:`StrictLoader`'s resolvers and duplicate-key check (aliases are
+        refused beforehand, by :func:`load_large_yaml`)."""
+
+        construct_mapping = StrictLoader.construct_mapping
+
+    _StrictCLoader.yaml_implicit_resolvers = StrictLoader.yaml_implicit_resolvers
+    _StrictCLoader.yaml_constructors = StrictLoader.yaml_constructors
+else:  # pragma: no cover - PyYAML built without libyaml
+    _StrictCLoader = None  # type: ignore[assignment,misc]
+
+
+def load_large_yaml(text: str) -> object:
+    """:func:`load_yaml`, about four times faster on large documents (a topology file of thousands of links).
+
+    Parses with libyaml when PyYAML has it and the document is valid and alias-free, giving exactly what
+    :func:`load_yaml` gives; anything else (an alias, malformed YAML, no libyaml) is left to
+    :func:`load_yaml`, so errors read the same.
+    """
+    if _StrictCLoader is not None:
+        try:
+            if not any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, Loader=yaml.CSafeLoader)):
+                return yaml.load(text, Loader=_StrictCLoader)  # noqa: S506 (a SafeLoader)
+        except (yaml.YAMLError, RecursionError):
+            pass
+    return load_yaml(text)
