@@ -31,7 +31,8 @@ as transceivers)
 * NVSwitch chips (estimate, no public per-chip figure): 100 W each,
   including its share of the baseboard or switch tray.
 * GPUs (datasheets, maximum board power): A100 SXM 400 W, H100 SXM 700 W,
-  H200 SXM 700 W, B200 1,000 W. Counted apart from the fabric.
+  H200 SXM 700 W, B200 1,000 W, GB200 1,200 W, GB300 1,400 W (per-GPU TDPs
+  of the NVL72 parts). Counted apart from the fabric.
 
 Cost (US dollars per unit; all estimates, override with quotes)
 ---------------------------------------------------------------
@@ -45,7 +46,7 @@ Cost (US dollars per unit; all estimates, override with quotes)
   per optical cable $100 (MPO-12, tens of metres).
 * NVSwitch chip: $5,000 (no public price; a share of an HGX baseboard or
   NVL72 switch tray).
-* GPUs: A100 $15k, H100 $30k, H200 $35k, B200 $45k.
+* GPUs: A100 $15k, H100 $30k, H200 $35k, B200 $45k, GB200 $50k, GB300 $60k.
 
 NVSwitch chips per NVLink domain
 --------------------------------
@@ -147,6 +148,9 @@ COMPONENTS: Mapping[str, Component] = MappingProxyType({c.name: c for c in (
     _c("H100-SXM", 700, 30_000, "NVIDIA H100 datasheet: up to 700 W (SXM)"),
     _c("H200-SXM", 700, 35_000, "NVIDIA H200 datasheet: up to 700 W (SXM)"),
     _c("B200", 1_000, 45_000, "NVIDIA HGX B200 datasheet: ~1,000 W per GPU"),
+    _c("GB200", 1_200, 50_000, "GB200 NVL72: 1,200 W per GPU (Grace-Blackwell part); cost an estimate (a ~$3.5M "
+                               "rack over 72 GPUs, less switch trays, CPUs and NICs counted elsewhere)"),
+    _c("GB300", 1_400, 60_000, "GB300 NVL72: 1,400 W per GPU (Blackwell Ultra); cost an estimate"),
 )})
 """Every priced part by name; ``plan.components`` overrides these numbers by the same names."""
 
