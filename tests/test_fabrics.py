@@ -153,3 +153,29 @@ def test_spray_routing_keeps_bytes_and_payload_conserved_in_a_training_step():
     spine = a.links[a.links["tier"] == "spine"]["bytes"].to_numpy()
     spine_spray = b.links[b.links["tier"] == "spine"]["bytes"].to_numpy()
     assert np.std(spine_spray) <= np.std(spine) + 1e-6  # spraying evens out the uplinks
+
+
+# ------------------------------------------------------------------ rail-optimized vs leaf-spine
+def _tier_bytes(cluster, algorithm, n, size=2**28):
+    graph = OpGraph(n)
+    graph.collective("all_reduce", list(range(n)), size, algorithm=algorithm, traffic_class="dp")
+    record = Engine(graph, cluster, network=NetworkConfig(**IDEAL)).run()
+    fabric = record.fabric
+    moved = fabric.network.ledger.bytes
+    return {t: float(moved[fabric.tier == t].sum()) for t in ("nvlink", "pcie", "leaf", "spine")}
+
+
+def test_hierarchical_all_reduce_puts_no_byte_on_the_spine_of_a_rail_fabric():
+    from topologies import rail_optimized
+    # 4 servers x 4 GPUs in one pod: GPU i of every server hangs off rail leaf i. The hierarchical
+    # all-reduce's inter-node phase only joins GPU i to GPU i elsewhere: same rail, same leaf.
+    rail = rail_optimized("H100", servers=4, gpus_per_server=4, servers_per_leaf=4, spines=2)
+    # The same servers on a leaf-spine of two leaves: GPU i's peers on the other leaf are across the spine.
+    spine = leaf_spine("H100", servers=4, gpus_per_server=4, servers_per_leaf=2, spines=2)
+    on_rail = _tier_bytes(rail, "hierarchical", 16)
+    on_spine = _tier_bytes(spine, "hierarchical", 16)
+    assert on_rail["spine"] == 0.0 and on_rail["leaf"] > 0
+    assert on_spine["spine"] > 0
+    # Both move the same bytes through NICs and over NVLink (the same phases between the same GPUs).
+    assert on_rail["pcie"] == pytest.approx(on_spine["pcie"]) and on_rail["pcie"] > 0
+    assert on_rail["nvlink"] == pytest.approx(on_spine["nvlink"])
