@@ -17,6 +17,7 @@ from topologies import build_cluster, format_bandwidth, format_bytes, format_tim
 from topologies.cluster import Cluster
 from topologies.loader import MAX_GPUS
 
+from . import chakra_cli
 from .bench import BENCH_OPS, collective_sweep, size_ladder
 from .collectives import COLLECTIVE_ALGORITHMS
 from .engine import DeadlockError
@@ -144,8 +145,8 @@ def print_summary(result, file=None) -> None:
     for key, line in s.get("setup", {}).items():
         print(f"  {key:<20} {line}", file=out)
     print(file=out)
-    print(f"  step time            {format_time(s['step_time_s'])}"
-          f"   ({s.get('tokens_per_s', 0):,.0f} tokens/s)", file=out)
+    tokens = f"   ({s['tokens_per_s']:,.0f} tokens/s)" if "tokens_per_s" in s else ""
+    print(f"  step time            {format_time(s['step_time_s'])}{tokens}", file=out)
     if "fault_slowdown" in s:
         print(f"  with {s['faults']} fault(s)       {s['fault_slowdown']:.3f}x the healthy fabric's "
               f"{format_time(s['healthy_step_time_s'])}", file=out)
@@ -202,10 +203,10 @@ def _json_summary(result) -> str:
     return json.dumps(result.summary, default=float)
 
 
-@command("run", "simulate one training step described by an experiment YAML file")
+@command("run", "simulate one training step described by an experiment YAML file, or a Chakra trace")
 def _run():
     def configure(p: argparse.ArgumentParser) -> None:
-        p.add_argument("file", help="experiment YAML (sections: cluster, model, parallel, training, ...)")
+        p.add_argument("file", nargs="?", help="experiment YAML (sections: cluster, model, parallel, training, ...)")
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
         p.add_argument("--trace", metavar="OUT.json[.gz]", help="write a Chrome/Perfetto trace (.gz: compressed)")
         p.add_argument("--trace-ranks", metavar="R1,R2,...|stages|all", default="stages",
@@ -213,9 +214,13 @@ def _run():
         p.add_argument("--plots", metavar="DIR", help="write every figure as a PNG into DIR")
         p.add_argument("--force", action="store_true", help="simulate even if the config does not fit in memory")
         p.add_argument("--fidelity", choices=_FIDELITIES, help="override the file's fidelity (default: fast)")
+        chakra_cli.add_arguments(p)
 
     def run(args: argparse.Namespace) -> int:
         from .experiment import load_experiment, run_experiment
+        chakra_cli.check_arguments(args)
+        if args.chakra is not None:
+            return chakra_cli.run_trace(args)
         check_writable(args.trace, "--trace")
         trace_ranks = parse_trace_ranks(args.trace_ranks)
         check_folder(args.plots, "--plots")
@@ -225,7 +230,10 @@ def _run():
         if bad:
             raise ValueError(f"--trace-ranks: {bad[0]} is not a rank of this run; valid: 0..{world - 1}")
         result = run_experiment(exp, force=args.force, fidelity=args.fidelity)
+        exported = chakra_cli.export_experiment(exp, args.export_chakra)
         write_outputs(result, args, trace_ranks)
+        if exported and not args.json:
+            print(exported)
         return 0
 
     return configure, run

@@ -1,0 +1,148 @@
+"""``clustersim run --chakra DIR`` and ``clustersim run FILE --export-chakra DIR``: Chakra traces on the command line.
+
+``--chakra DIR`` simulates the trace in ``DIR`` (one ``<prefix>.<rank>.et`` per
+rank, read by :func:`workloads.chakra.read_chakra`) instead of generating a
+training step. The workload is the trace; the cluster is ``--cluster
+PRESET[:NODES]`` or ``--cluster FILE.yaml``, else the ``cluster:`` section of
+the experiment FILE if one is given, else DGX-H100 nodes enough for the
+trace's ranks. FILE's ``network``, ``compute``, ``faults`` and
+``training.dtype`` apply too; its model, parallel, moe and options sections
+describe a generated step and are not used.
+
+``--export-chakra DIR`` also writes the experiment's step as a Chakra trace
+(every rank's program, whatever the fidelity, with compute durations from the
+experiment's compute model) after simulating it as usual, so ASTRA-sim can
+run the same workload. With ``--chakra`` it re-exports the trace read.
+
+Kept out of :mod:`simulator.cli`, which only registers the options and calls in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+from topologies import build_cluster, load_cluster
+from topologies.cluster import Cluster
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The Chakra options of ``clustersim run``."""
+    p.add_argument("--chakra", metavar="DIR", help="simulate the Chakra trace in DIR (<prefix>.<rank>.et, one file "
+                   "per rank; or DIR/PREFIX) instead of generating a step; FILE is then optional and only its "
+                   "cluster, network, compute and faults sections apply")
+    p.add_argument("--cluster", metavar="PRESET[:NODES]|FILE.yaml",
+                   help="with --chakra: the cluster (default: FILE's, else DGX-H100 nodes for the trace's ranks)")
+    p.add_argument("--export-chakra", metavar="DIR", help="also write the step as a Chakra trace into DIR (every "
+                   "rank's program, one file per rank, for ASTRA-sim)")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse combinations that make no sense, before any work."""
+    from .cli import check_folder
+    if args.chakra is None:
+        if args.file is None:
+            raise ValueError("run: give an experiment FILE, or --chakra DIR to simulate a Chakra trace")
+        if args.cluster is not None:
+            raise ValueError("--cluster: only with --chakra (an experiment file has its own cluster section)")
+    elif args.fidelity is not None:
+        raise ValueError("--fidelity: a Chakra trace is always simulated in full (it holds every rank's program)")
+    if args.export_chakra is not None:
+        check_folder(args.export_chakra, "--export-chakra")
+
+
+def export_experiment(exp, folder: str | None) -> str | None:
+    """``--export-chakra``: write ``exp``'s full step (every rank's program) as a Chakra trace into ``folder``.
+
+    Returns the summary line to print after the run (None without ``folder``)."""
+    if folder is None:
+        return None
+    from workloads.chakra import write_chakra
+    from workloads.training import training_step
+
+    from .engine import paused_gc
+    with paused_gc():
+        step = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing, representatives=None)
+        write_chakra(step.graph, folder, compute=exp.compute_model())
+    return _export_line(folder, step.graph.world_size)
+
+
+def _export_line(folder: str, ranks: int) -> str:
+    return f"  Chakra trace in      {os.path.normpath(folder)}/ ({ranks} rank files; for ASTRA-sim)"
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    """``clustersim run [FILE] --chakra DIR``: simulate a Chakra trace and print what ``run`` prints."""
+    from topologies.faults import apply_faults
+    from workloads.chakra import read_chakra, write_chakra
+    from workloads.parallel import training_from_dict
+
+    from .cli import check_folder, check_writable, parse_trace_ranks, write_outputs
+    from .compute import ComputeModel
+    from .engine import Engine, paused_gc
+    from .experiment import _compute_from_dict, _faults_from_list, _network_from_dict, _section, read_experiment_file
+    from .result import Result
+
+    check_writable(args.trace, "--trace")
+    trace_ranks = parse_trace_ranks(args.trace_ranks)
+    check_folder(args.plots, "--plots")
+    t0 = time.perf_counter()
+    graph = read_chakra(args.chakra)
+    world = graph.world_size
+    bad = [r for r in trace_ranks if r >= world] if isinstance(trace_ranks, list) else []
+    if bad:
+        raise ValueError(f"--trace-ranks: {bad[0]} is not a rank of this trace; valid: 0..{world - 1}")
+    doc = read_experiment_file(args.file) if args.file else {}
+    if args.cluster is not None:
+        cluster = trace_cluster(args.cluster, world)
+    try:
+        if args.cluster is None:
+            cluster = build_cluster(_section(doc, "cluster")) if doc.get("cluster") else trace_cluster("dgx-h100",
+                                                                                                      world)
+        network = _network_from_dict(_section(doc, "network"))
+        dtype = training_from_dict(_section(doc, "training")).dtype
+        compute = ComputeModel(cluster.gpu, dtype=dtype, **_compute_from_dict(_section(doc, "compute")))
+        faults = _faults_from_list(doc.get("faults"), cluster)
+        if faults:
+            cluster = apply_faults(cluster, faults)
+    except ValueError as exc:
+        raise type(exc)(f"{args.file}: {exc}") from None
+    if world > cluster.num_gpus:
+        raise ValueError(f"cluster: the trace has {world} ranks but {cluster.name} has {cluster.num_gpus} GPUs")
+    if args.export_chakra is not None:
+        write_chakra(graph, args.export_chakra, compute=compute)
+    slowdown = {f["gpu"]: float(f["factor"]) for f in faults if f.get("kind") == "straggler"}
+    with paused_gc():
+        record = Engine(graph, cluster, compute, network, slowdown).run()
+    result = Result(record, sim_wall_s=time.perf_counter() - t0)
+    kinds: dict[str, int] = {}
+    for op in graph.ops:
+        kinds[op.kind] = kinds.get(op.kind, 0) + 1
+    result.extra_summary.update({
+        "name": doc.get("name") or f"Chakra trace {args.chakra}",
+        "setup": {"workload": f"Chakra trace {args.chakra}: {world} ranks, "
+                              + ", ".join(f"{n:,} {k}" for k, n in kinds.items()),
+                  "cluster": cluster.name},
+        "world_size": world})
+    write_outputs(result, args, trace_ranks)
+    if args.export_chakra is not None and not args.json:
+        print(_export_line(args.export_chakra, world))
+    return 0
+
+
+def trace_cluster(spec: str, ranks: int) -> Cluster:
+    """``--cluster``: a YAML file, ``PRESET:NODES``, or ``PRESET`` sized to ``ranks`` GPUs."""
+    preset, _, nodes = ("", "", "") if spec.endswith((".yaml", ".yml")) else spec.partition(":")
+    if nodes and not nodes.isdigit():
+        raise ValueError(f"--cluster: {spec!r}: NODES must be an integer, as in dgx-h100:4")
+    try:
+        if spec.endswith((".yaml", ".yml")):
+            return load_cluster(spec)
+        if nodes:
+            return build_cluster({"preset": preset, "nodes": int(nodes)})
+        per_node = build_cluster({"preset": preset, "nodes": 1}).gpus_per_server
+        return build_cluster({"preset": preset, "nodes": max(1, math.ceil(ranks / per_node))})
+    except ValueError as exc:
+        raise type(exc)(f"--cluster {spec}: {exc}") from None

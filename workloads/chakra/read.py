@@ -1,0 +1,507 @@
+"""Read a Chakra trace into a clustersim op graph (see :mod:`workloads.chakra` for the rules)."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..ops import Kernel, OpGraph, OpGraphError
+from .schema import (
+    COLLECTIVE_COMM_TYPES,
+    FORMAT,
+    FROM_COMM,
+    NODE_TYPES,
+    PER_RANK_INPUT,
+    PREFIX,
+    ChakraError,
+    attr_value,
+    classes,
+    iter_frames,
+    parse,
+    read_file_bytes,
+)
+
+_SKIPPED = ("INVALID_NODE", "METADATA_NODE")
+_MODELLED = ("COMP_NODE", "COMM_COLL_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE")
+_FILE_RE = re.compile(r"(?P<prefix>.+)\.(?P<rank>\d+)\.et")
+
+
+def trace_files(path: str | Path, prefix: str | None = None) -> tuple[str, list[Path]]:
+    """The rank files of the trace in folder ``path``: ``(prefix, [file of rank 0, 1, ...])``.
+
+    ``path`` may also be ``<folder>/<prefix>`` (ASTRA-sim's
+    ``--workload-configuration`` form). Raises :class:`ChakraError` when there
+    is no trace, several prefixes and none chosen, or a missing rank.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        parent = folder.parent
+        if prefix is None and parent.is_dir() and any(pre == folder.name for _, pre, _ in scan(parent)):
+            folder, prefix = parent, folder.name
+        else:
+            raise ChakraError(f"{path}: no such folder (give the folder of <prefix>.<rank>.et files, or "
+                              f"<folder>/<prefix>)")
+    found = scan(folder)
+    prefixes = sorted({pre for _, pre, _ in found})
+    if prefix is not None:
+        if prefix not in prefixes:
+            have = f"; it has {', '.join(prefixes)}" if prefixes else ""
+            raise ChakraError(f"{folder}: no trace files {prefix}.<rank>.et{have}")
+    elif len(prefixes) > 1:
+        raise ChakraError(f"{folder}: holds traces of several prefixes ({', '.join(prefixes)}); choose one "
+                          f"(prefix=..., or <folder>/<prefix> on the command line)")
+    elif not prefixes:
+        raise ChakraError(f"{folder}: no Chakra trace files (<prefix>.<rank>.et, one per rank)")
+    else:
+        prefix = prefixes[0]
+    by_rank: dict[int, Path] = {}
+    for p, pre, rank in found:
+        if pre != prefix:
+            continue
+        if rank in by_rank:
+            raise ChakraError(f"{folder}: {by_rank[rank].name} and {p.name} are both rank {rank}")
+        by_rank[rank] = p
+    missing = [r for r in range(max(by_rank) + 1) if r not in by_rank]
+    if missing:
+        names = ", ".join(f"{prefix}.{r}.et" for r in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        raise ChakraError(f"{folder}: missing rank file(s) {names}: a trace needs one file per rank 0..{max(by_rank)}")
+    return prefix, [by_rank[r] for r in range(len(by_rank))]
+
+
+def scan(folder: Path) -> list[tuple[Path, str, int]]:
+    """``(path, prefix, rank)`` of every ``<prefix>.<rank>.et`` file in ``folder``, sorted by name."""
+    out = []
+    for p in sorted(folder.iterdir()):
+        m = _FILE_RE.fullmatch(p.name)
+        if m and p.is_file():
+            out.append((p, m["prefix"], int(m["rank"])))
+    return out
+
+
+@dataclass
+class _Unit:
+    """One op to be: its node(s) (a coarsened collective has several), its rank and its order key."""
+
+    rank: int
+    nodes: list[Any]
+    attrs: dict[str, Any]
+    key: int
+    deps: list[int] = field(default_factory=list)  # units it waits for, explicitly (op.deps)
+    after: list[int] = field(default_factory=list)  # every unit it must follow (deps + stream order)
+
+
+@dataclass(slots=True)
+class _Spec:
+    """What is left of a unit once its rank file is read: how to build its op (no protobuf objects kept)."""
+
+    key: int
+    deps: list[int]  # positions in the rank's order
+    node_id: int
+    builder: str  # OpGraph method
+    args: tuple
+    kwargs: dict
+    pg: str | None = None  # collectives: the process group, resolved once every file has been read
+    per_rank_input: bool = False  # nbytes is each rank's input (Chakra's ALL_GATHER, GATHER): x group size
+
+
+def read_chakra(path: str | Path, *, prefix: str | None = None, clustersim_attrs: bool = True) -> OpGraph:
+    """Read the Chakra trace in folder ``path`` (one ``<prefix>.<rank>.et`` per rank) into an op graph.
+
+    Parameters
+    ----------
+    path : str or Path
+        The folder, or ``<folder>/<prefix>``.
+    prefix : str, optional
+        Which trace, when the folder holds several.
+    clustersim_attrs : bool
+        Read the ``clustersim.*`` attributes of a trace clustersim wrote
+        (default): the graph is the one written. False reads only what
+        ASTRA-sim reads, as for a foreign trace (see the module docstring).
+
+    Returns
+    -------
+    OpGraph
+        World size = number of rank files; ops in dependency order.
+
+    Raises
+    ------
+    ChakraError
+        A one-line message naming the file (and node) for a malformed file,
+        a missing rank, an unknown dependency, a dependency cycle, an
+        undefined process group or a node type clustersim does not model.
+    """
+    classes()  # a one-line ChakraError if protobuf is missing
+    prefix, files = trace_files(path, prefix)
+    world = len(files)
+    groups = _Groups(world)
+    groups.load_json(files[0].parent, prefix)
+    per_rank: list[list[_Spec]] = []
+    lossless = None
+    parts_cache: dict[tuple, tuple[Kernel, ...]] = {}
+    for rank, p in enumerate(files):  # one file at a time: only the specs of the ops are kept
+        meta, nodes = _parse_file(p)
+        fmt = _meta_attrs(meta).get(PREFIX + "format") if clustersim_attrs else None
+        if fmt is not None and fmt != FORMAT:
+            raise ChakraError(f"{p}: clustersim.format {fmt} is not the supported {FORMAT}; read it with "
+                              f"clustersim_attrs=False, or with the clustersim version that wrote it")
+        if lossless is None:
+            lossless = fmt is not None
+        elif lossless != (fmt is not None):
+            raise ChakraError(f"{p}: {'lacks' if lossless else 'has'} the clustersim.format that {files[0].name} "
+                              f"{'has' if lossless else 'lacks'}; are these files of one trace?")
+        units = _rank_units(rank, nodes, p, groups, lossless)
+        tables = _parts_tables(meta, p, parts_cache) if lossless else {}
+        specs = []
+        for u in units:
+            try:
+                specs.append(_spec(u, lossless, tables))
+            except OpGraphError as exc:
+                raise ChakraError(f"{p}: node {u.nodes[0].id} ({u.nodes[0].name!r}): {exc}") from None
+        per_rank.append(specs)
+        del meta, nodes, units
+    graph = OpGraph(world)
+    new_id: list[list[int]] = [[] for _ in range(world)]
+    for _key, rank, index in heapq.merge(*[[(sp.key, rank, i) for i, sp in enumerate(specs)]
+                                           for rank, specs in enumerate(per_rank)]):
+        sp = per_rank[rank][index]
+        ids = new_id[rank]
+        try:
+            args = sp.args
+            if sp.pg is not None:
+                group = groups.group(sp.pg, f"{files[rank]}: node {sp.node_id}")
+                if rank not in group:
+                    raise OpGraphError(f"process group {sp.pg!r} = {list(group)} does not include this rank ({rank})")
+                args = (rank, args[1], group, args[3] * len(group) if sp.per_rank_input else args[3])
+            ids.append(getattr(graph, sp.builder)(*args, deps=[ids[d] for d in sp.deps], **sp.kwargs))
+        except OpGraphError as exc:
+            raise ChakraError(f"{files[rank]}: node {sp.node_id} ({sp.kwargs.get('name')!r}): {exc}") from None
+        per_rank[rank][index] = None  # type: ignore[call-overload]  # built: let it go
+    return graph
+
+
+def _parse_file(path: Path) -> tuple[Any, list[Any]]:
+    """``(GlobalMetadata, [Node, ...])`` of one ET file."""
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    data = read_file_bytes(path)
+    if data.lstrip()[:1] in (b"{", b"[") and _is_json(data):
+        raise ChakraError(f"{path}: is JSON (a PyTorch execution trace or Chakra's JSON form?), not a Chakra "
+                          f"protobuf trace; convert it with chakra_converter first")
+    frames = iter_frames(data, path)
+    first = next(frames, None)
+    if first is None:
+        raise ChakraError(f"{path}: empty file (a Chakra trace starts with a GlobalMetadata message)")
+    meta = parse("GlobalMetadata", first[1], path, first[0])
+    if len(UnknownFieldSet(meta)):
+        raise ChakraError(f"{path}: the first message is not a Chakra GlobalMetadata (fields outside the schema); "
+                          f"is this a Chakra execution trace?")
+    return meta, [parse("Node", body, path, offset) for offset, body in frames]
+
+
+def _is_json(data: bytes) -> bool:
+    """Whether ``data`` is a JSON document (a binary trace never is, even one whose first length byte is '{')."""
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
+
+
+def _attrs(msg: Any) -> dict[str, Any]:
+    """``{name: value}`` of a message's attributes (:func:`~workloads.chakra.schema.attr_value`, inlined)."""
+    out = {}
+    for a in msg.attr:  # NOTE: inlined for performance (a trace of a 1,024-GPU step has millions of attributes)
+        f = a.WhichOneof("value")
+        if f is not None:
+            v = getattr(a, f)
+            out[a.name] = list(v.values) if f.endswith("_list") else v
+    return out
+
+
+def _meta_attrs(meta: Any) -> dict[str, Any]:
+    return {a.name: attr_value(a) for a in meta.attr}
+
+
+class _Groups:
+    """Process groups by name, from ``comm_group.json`` and METADATA nodes; ``""``/``"0"`` = all ranks."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.by_name: dict[str, tuple[int, ...]] = {}
+        self.source: dict[str, str] = {}
+
+    def define(self, name: str, ranks: Sequence[int], where: str) -> None:
+        if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            raise ChakraError(f"{where}: process group {name!r}: ranks must be a list of integers, got {ranks!r}")
+        group = tuple(ranks) if ranks else tuple(range(self.world))  # ASTRA-sim: no ranks = every rank
+        bad = [r for r in group if not 0 <= r < self.world]
+        if bad or len(set(group)) != len(group):
+            raise ChakraError(f"{where}: process group {name!r} = {list(group)}: ranks must be distinct and in "
+                              f"0..{self.world - 1} (one file per rank)")
+        old = self.by_name.get(name)
+        if old is not None and old != group:
+            raise ChakraError(f"{where}: process group {name!r} = {list(group)} contradicts {list(old)} in "
+                              f"{self.source[name]}")
+        self.by_name[name] = group
+        self.source[name] = where
+
+    def load_json(self, folder: Path, prefix: str) -> None:
+        """``<prefix>.comm_group.json`` or ``comm_group.json`` (ASTRA-sim's ``{"1": [0, 1], ...}``), if present."""
+        for name in (f"{prefix}.comm_group.json", "comm_group.json"):
+            p = folder / name
+            if not p.is_file():
+                continue
+            try:
+                doc = json.loads(p.read_text())
+            except (OSError, ValueError) as exc:
+                raise ChakraError(f"{p}: not a readable JSON file of process groups ({exc})") from None
+            if not isinstance(doc, dict):
+                raise ChakraError(f"{p}: must map group names to rank lists, e.g. {{\"1\": [0, 1]}}")
+            for name, ranks in doc.items():
+                self.define(str(name), ranks, str(p))
+            return
+
+    def load_metadata(self, node: Any, where: str) -> None:
+        """PyTorch's ``process_group:init`` node as ASTRA-sim parses it; other metadata nodes are ignored."""
+        text = node.inputs.values if node.HasField("inputs") else ""
+        if len(text) < 4:
+            return
+        if text[:2] in ("['", '["') and text[-2:] in ("']", '"]'):
+            text = text[2:-2]
+        try:
+            pgs = json.loads(text)
+        except ValueError:
+            return
+        if not isinstance(pgs, list):
+            return
+        for pg in pgs:
+            if isinstance(pg, dict) and "pg_name" in pg:
+                self.define(str(pg["pg_name"]), pg.get("ranks", []), where)
+
+    def group(self, name: str, where: str) -> tuple[int, ...]:
+        found = self.by_name.get(name)
+        if found is not None:
+            return found
+        if name in ("", "0"):
+            return tuple(range(self.world))
+        have = ", ".join(sorted(self.by_name, key=lambda s: (len(s), s))) or "none"
+        raise ChakraError(f"{where}: pg_name {name!r} is not a defined process group (defined: {have}); define it "
+                          f"in comm_group.json or a process_group:init METADATA_NODE")
+
+
+def _rank_units(rank: int, nodes: list[Any], path: Path, groups: _Groups, lossless: bool) -> list[_Unit]:
+    """The ops of one rank file, in a dependency order (ties: lowest order key first)."""
+    by_id: dict[int, Any] = {}
+    for node in nodes:
+        if node.id in by_id:
+            raise ChakraError(f"{path}: node id {node.id} appears twice")
+        by_id[node.id] = node
+        if not 0 <= node.type < len(NODE_TYPES):
+            raise ChakraError(f"{path}: node {node.id} ({node.name!r}) has unknown node type {node.type}; valid: "
+                              f"0..{len(NODE_TYPES) - 1} ({', '.join(NODE_TYPES)})")
+        type_name = NODE_TYPES[node.type]
+        if type_name == "METADATA_NODE":
+            groups.load_metadata(node, f"{path}: node {node.id}")
+        elif type_name not in _SKIPPED and type_name not in _MODELLED:
+            raise ChakraError(f"{path}: node {node.id} ({node.name!r}) is a {type_name}, which clustersim does not "
+                              f"model (remote memory); modelled: {', '.join(_MODELLED)}")
+
+    # Group nodes into units: one per node, or per clustersim op (the chained parts of a coarsened collective).
+    units: list[_Unit] = []
+    unit_of: dict[int, int] = {}
+    for node in nodes:
+        if NODE_TYPES[node.type] in _SKIPPED:
+            continue
+        attrs = _attrs(node)
+        if lossless:
+            op_id = attrs.get(PREFIX + "op")
+            if not isinstance(op_id, int):
+                raise ChakraError(f"{path}: node {node.id} ({node.name!r}) has no clustersim.op attribute, though "
+                                  f"the trace says clustersim wrote it; read it with clustersim_attrs=False")
+            if units and units[-1].key == op_id and PREFIX + "part" in attrs:
+                units[-1].nodes.append(node)
+                unit_of[node.id] = len(units) - 1
+                continue
+            key = op_id
+        else:
+            key = node.id
+        unit_of[node.id] = len(units)
+        units.append(_Unit(rank, [node], attrs, key))
+
+    # Dependencies: data_deps and ctrl_deps, passing through the skipped (metadata, invalid) nodes.
+    resolved: dict[int, list[int]] = {}
+    active: set[int] = set()
+
+    def through(node_id: int, child: Any) -> list[int]:
+        """Unit indices that a dependency on ``node_id`` stands for."""
+        if node_id not in by_id:
+            raise ChakraError(f"{path}: node {child.id} ({child.name!r}) depends on node {node_id}, which is not in "
+                              f"the file")
+        if node_id in unit_of:
+            return [unit_of[node_id]]
+        if node_id in resolved:
+            return resolved[node_id]
+        if node_id in active:
+            raise ChakraError(f"{path}: dependency cycle through node {node_id}")
+        active.add(node_id)
+        skipped = by_id[node_id]
+        out = [u for d in dict.fromkeys([*skipped.data_deps, *skipped.ctrl_deps]) for u in through(d, skipped)]
+        active.discard(node_id)
+        resolved[node_id] = out = list(dict.fromkeys(out))
+        return out
+
+    for index, unit in enumerate(units):
+        first = unit.nodes[0]
+        own = {n.id for n in unit.nodes}
+        explicit: list[int] = []
+        for node in unit.nodes:
+            for d in dict.fromkeys([*node.data_deps, *node.ctrl_deps]):
+                if d in own:  # the previous part of a coarsened collective
+                    continue
+                for u in through(d, node):
+                    if u == index:
+                        raise ChakraError(f"{path}: dependency cycle: node {node.id} ({node.name!r}) waits for "
+                                          f"itself through node {d}")
+                    unit.after.append(u)
+                    if node is first:
+                        explicit.append(u)
+        if lossless and unit.attrs.get(PREFIX + "stream_dep") and first.data_deps:
+            stream_prev = through(first.data_deps[-1], first)  # the stream order the writer made explicit
+            explicit = explicit[:-len(stream_prev)] if explicit[-len(stream_prev):] == stream_prev else explicit
+        unit.deps = list(dict.fromkeys(explicit))
+        unit.after = list(dict.fromkeys(unit.after))
+
+    # Kahn's algorithm, lowest key first among the ready units; what is left is on a cycle.
+    waiting = [len(u.after) for u in units]
+    children: list[list[int]] = [[] for _ in units]
+    for i, u in enumerate(units):
+        for d in u.after:
+            children[d].append(i)
+    ready = [(u.key, i) for i, u in enumerate(units) if not waiting[i]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(i)
+        for c in children[i]:
+            waiting[c] -= 1
+            if not waiting[c]:
+                heapq.heappush(ready, (units[c].key, c))
+    if len(order) < len(units):
+        stuck = sorted(units[i].nodes[0].id for i in range(len(units)) if waiting[i])
+        more = " ..." if len(stuck) > 5 else ""
+        raise ChakraError(f"{path}: dependency cycle: nodes {', '.join(map(str, stuck[:5]))}{more} wait for each "
+                          f"other")
+    position = {i: k for k, i in enumerate(order)}
+    out = []
+    for k, i in enumerate(order):
+        u = units[i]
+        u.deps = [position[d] for d in u.deps]
+        u.after = [position[d] for d in u.after]
+        if not lossless:
+            u.key = k  # ranks interleave by position
+        out.append(u)
+    return out
+
+
+def _parts_tables(meta: Any, path: Path, cache: dict[tuple, tuple[Kernel, ...]]) -> dict[int, tuple[Kernel, ...]]:
+    """The kernel tuples of fused compute ops that the writer put in the GlobalMetadata, by index."""
+    fields: dict[int, dict[str, list]] = {}
+    for a in meta.attr:
+        m = re.fullmatch(re.escape(PREFIX) + r"parts\.(\d+)\.(\w+)", a.name)
+        if m:
+            fields.setdefault(int(m[1]), {})[m[2]] = attr_value(a)
+    tables = {}
+    for k, f in fields.items():
+        try:
+            cats, flops, nbytes, shapes, batch = (f[x] for x in ("category", "flops", "nbytes", "shape", "batch"))
+        except KeyError as exc:
+            raise ChakraError(f"{path}: GlobalMetadata: kernel table {k} lacks clustersim.parts.{k}.{exc.args[0]}") \
+                from None
+        if not len(cats) == len(flops) == len(nbytes) == len(batch) == len(shapes) // 3:
+            raise ChakraError(f"{path}: GlobalMetadata: the lists of kernel table {k} differ in length")
+        parts = tuple(Kernel(c, f, b, None if shapes[3 * i] < 0 else tuple(shapes[3 * i:3 * i + 3]), n)
+                      for i, (c, f, b, n) in enumerate(zip(cats, flops, nbytes, batch)))
+        tables[k] = cache.setdefault(parts, parts)  # one tuple per distinct value across ranks, as generators do
+    return tables
+
+
+def _spec(unit: _Unit, lossless: bool, tables: dict[int, tuple[Kernel, ...]]) -> _Spec:
+    """How to build the op of ``unit``: the OpGraph builder and its arguments (collective groups come later)."""
+    node, a, rank = unit.nodes[0], unit.attrs, unit.rank
+    type_name = NODE_TYPES[node.type]
+
+    def spec(builder: str, args: tuple, pg: str | None = None, per_rank_input: bool = False, **kwargs: Any) -> _Spec:
+        return _Spec(unit.key, unit.deps, node.id, builder, args, {"name": node.name, **kwargs}, pg, per_rank_input)
+
+    def need(name: str) -> Any:
+        value = a.get(name)
+        if value is None:
+            raise OpGraphError(f"a {type_name} needs the attribute {name!r}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise OpGraphError(f"attribute {name!r} must be a non-negative number, got {value!r}")
+        return value
+
+    def number(name: str, default: float = 0.0) -> float:
+        return need(name) if a.get(name) is not None else default
+
+    tags: dict[str, Any] = {}
+    if lossless:
+        tags = {"stream": a.get(PREFIX + "stream", "compute"), "traffic_class": a.get(PREFIX + "traffic_class", ""),
+                **{k: a.get(PREFIX + k, -1) for k in ("layer", "micro_batch", "stage")}}
+    if type_name == "COMP_NODE":
+        if lossless:
+            parts = None
+            if PREFIX + "parts" in a:
+                parts = tables.get(a[PREFIX + "parts"])
+                if parts is None:
+                    raise OpGraphError(f"clustersim.parts {a[PREFIX + 'parts']} is not a kernel table of this file")
+            shape = a.get(PREFIX + "shape")
+            return spec("compute", (rank, number(PREFIX + "flops"), number(PREFIX + "nbytes")),
+                        category=a.get(PREFIX + "category", "gemm"), shape=tuple(shape) if shape else None,
+                        duration_s=a.get(PREFIX + "duration_s"), parts=parts, **tags)
+        stream = "cpu" if a.get("is_cpu_op") else "compute"
+        if node.duration_micros > 0:
+            return spec("compute", (rank,), stream=stream, category="fixed", duration_s=node.duration_micros * 1e-6)
+        flops = number("num_ops")
+        return spec("compute", (rank, flops, number("tensor_size")), stream=stream,
+                    category="gemm" if flops else "fixed", duration_s=None if flops else 0.0)
+    if type_name == "COMM_COLL_NODE":
+        comm_type = need("comm_type")
+        if not isinstance(comm_type, int) or not 0 <= comm_type < len(COLLECTIVE_COMM_TYPES):
+            raise OpGraphError(f"comm_type {comm_type!r} is not a CollectiveCommType "
+                               f"(0..{len(COLLECTIVE_COMM_TYPES) - 1})")
+        kind = FROM_COMM.get(COLLECTIVE_COMM_TYPES[comm_type])
+        if kind is None:
+            raise OpGraphError(f"collective {COLLECTIVE_COMM_TYPES[comm_type]} is not modelled by clustersim; "
+                               f"modelled: {', '.join(sorted(FROM_COMM))}")
+        pg = str(a.get("pg_name", ""))
+        if lossless:
+            count = a.get(PREFIX + "count", 1)
+            if count != len(unit.nodes):
+                raise OpGraphError(f"clustersim.count {count} but {len(unit.nodes)} chained nodes")
+            return spec("collective_op", (rank, kind, None, number(PREFIX + "nbytes")), pg,
+                        algorithm=a.get(PREFIX + "algorithm", "auto"), count=count, split=a.get(PREFIX + "split"),
+                        **tags)
+        size = 0.0 if COLLECTIVE_COMM_TYPES[comm_type] == "BARRIER" else need("comm_size")
+        return spec("collective_op", (rank, kind, None, size), pg, kind in PER_RANK_INPUT, stream="comm",
+                    traffic_class=kind)
+    # COMM_SEND_NODE / COMM_RECV_NODE
+    send = type_name == "COMM_SEND_NODE"
+    src = need("comm_src") if not send or "comm_src" in a else rank
+    dst = need("comm_dst") if send or "comm_dst" in a else rank
+    if (src if send else dst) != rank:
+        mine = "comm_src" if send else "comm_dst"
+        raise OpGraphError(f"{mine} {src if send else dst} of a {type_name} must be this file's rank ({rank})")
+    peer = int(dst if send else src)
+    nbytes = a.get(PREFIX + "nbytes") if lossless else None
+    if nbytes is None:
+        nbytes = need("comm_size")
+    if not lossless:
+        tags = {"stream": "comm" if send else f"recv{peer}", "traffic_class": "p2p"}
+    return spec("send" if send else "recv", (rank, peer, nbytes), tag=int(number("comm_tag", 0)), **tags)

@@ -1,0 +1,279 @@
+"""Write a clustersim op graph as a Chakra trace (see :mod:`workloads.chakra` for what goes where)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from ..ops import Collective, Compute, Op, OpGraph, Recv, Send
+from .read import scan
+from .schema import (
+    COLLECTIVE_COMM_TYPES,
+    FORMAT,
+    NODE_TYPES,
+    PER_RANK_INPUT,
+    PREFIX,
+    SCHEMA_VERSION,
+    TO_COMM,
+    ChakraError,
+    classes,
+    frame,
+)
+
+_INT32_MAX = 2**31 - 1
+
+
+class DurationModel(Protocol):
+    """Anything with ``duration(op) -> seconds`` for a compute op, e.g. :class:`simulator.compute.ComputeModel`."""
+
+    def duration(self, op: Compute) -> float: ...
+
+
+def write_chakra(graph: OpGraph, folder: str | Path, *, compute: DurationModel | None = None,
+                 prefix: str = "clustersim") -> list[Path]:
+    """Write ``graph`` as a Chakra trace: ``<folder>/<prefix>.<rank>.et`` for every rank, and
+    ``<prefix>.comm_group.json`` (the process groups) when it has collectives.
+
+    Parameters
+    ----------
+    graph : OpGraph
+        A full graph (every rank's program: ``representatives=None`` in
+        :func:`~workloads.training.training_step`); a graph of representatives
+        is refused, since a Chakra trace holds one program per rank.
+    folder : str or Path
+        Created if missing. Files of this prefix already there are
+        overwritten; ones for ranks the graph does not have are refused.
+    compute : DurationModel, optional
+        Gives every compute op a ``duration_micros`` (rounded to whole
+        microseconds, Chakra's unit) so that ASTRA-sim's replay mode runs
+        them for the time clustersim does. Without it only ops with a fixed
+        ``duration_s`` get one; ASTRA-sim's roofline mode uses ``num_ops`` and
+        ``tensor_size``.
+    prefix : str
+        File name prefix (ASTRA-sim's ``--workload-configuration=<folder>/<prefix>``).
+
+    Returns
+    -------
+    list of Path
+        The files written, rank files first.
+
+    Examples
+    --------
+    >>> g = OpGraph(2)
+    >>> a = g.compute(0, flops=1e12, name="fwd")
+    >>> _ = g.send(0, peer=1, nbytes=1e6, deps=[a])
+    >>> _ = g.recv(1, peer=0, nbytes=1e6)
+    >>> [p.name for p in write_chakra(g, tmp)]  # doctest: +SKIP
+    ['clustersim.0.et', 'clustersim.1.et']
+    """
+    classes()  # a one-line ChakraError if protobuf is missing
+    if getattr(graph, "replicas", None) is not None:
+        raise ChakraError("write_chakra: this graph has representatives (fidelity fast/lockstep) and a Chakra trace "
+                          "needs every rank's program; build it with representatives=None (fidelity full)")
+    if not prefix or "/" in prefix or "\\" in prefix or prefix.startswith("."):
+        raise ChakraError(f"prefix: must be a plain file name prefix such as 'clustersim', got {prefix!r}")
+    ops = graph.ops
+    for op in ops:  # everything that can be refused is refused before a file is written
+        for d in op.deps:
+            if ops[d].rank != op.rank:
+                raise ChakraError(f"rank {op.rank} op {op.id} {op.name!r} depends on op {d} of rank {ops[d].rank}; "
+                                  f"a Chakra trace holds one program per rank and cannot say that")
+        if isinstance(op, (Send, Recv)) and not 0 <= op.tag <= _INT32_MAX:
+            raise ChakraError(f"rank {op.rank} op {op.id} {op.name!r}: tag {op.tag} does not fit Chakra's comm_tag "
+                              f"(int32, 0..{_INT32_MAX})")
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ChakraError(f"{folder}: exists and is not a folder")
+    world = graph.world_size
+    if folder.is_dir():
+        stale = sorted(p.name for p, pre, r in scan(folder) if pre == prefix and r >= world)
+        if stale:
+            raise ChakraError(f"{folder}: already holds {', '.join(stale[:3])} from a larger trace of prefix "
+                              f"{prefix!r}; remove them or choose another folder")
+    folder.mkdir(parents=True, exist_ok=True)
+
+    groups: dict[tuple[int, ...], str] = {}
+    by_rank: list[list[Op]] = [[] for _ in range(world)]
+    for op in graph.ops:
+        by_rank[op.rank].append(op)
+        if isinstance(op, Collective) and op.group not in groups:
+            groups[op.group] = str(len(groups) + 1)  # ASTRA-sim reads "" and "0" as all ranks: start at 1
+    writer = _Writer(graph, groups, compute)
+    written = []
+    for rank, ops in enumerate(by_rank):
+        path = folder / f"{prefix}.{rank}.et"
+        with open(path, "wb") as fh:  # one rank at a time, message by message: memory stays flat
+            writer.write_rank(rank, ops, fh)
+        written.append(path)
+    if groups:
+        path = folder / f"{prefix}.comm_group.json"
+        path.write_text(json.dumps({name: list(g) for g, name in groups.items()}, indent=1) + "\n")
+        written.append(path)
+    return written
+
+
+class _Writer:
+    """Turns one rank's ops into Chakra nodes (ids count from 0 in each file) and writes them."""
+
+    def __init__(self, graph: OpGraph, groups: dict[tuple[int, ...], str], compute: DurationModel | None) -> None:
+        self.graph = graph
+        self.groups = groups
+        self.compute = compute
+        self.C = classes()
+        self.last_node: dict[int, int] = {}  # op id -> id of its (last) node
+        self.durations: dict[tuple, float] = {}
+
+    def write_rank(self, rank: int, ops: list[Op], fh: BinaryIO) -> None:
+        """The GlobalMetadata, the process groups ``rank`` is in (a METADATA_NODE), then one node per op."""
+        C = self.C
+        meta = C["GlobalMetadata"](version=SCHEMA_VERSION)
+        for name, value in (("format", FORMAT), ("world_size", self.graph.world_size), ("rank", rank)):
+            meta.attr.add(name=PREFIX + name, int64_val=value)
+        # The kernels of fused compute ops, once per distinct tuple (generators share a few among many ops).
+        self.parts_index: dict[int, int] = {}
+        by_value: dict[tuple, int] = {}
+        for op in ops:
+            if isinstance(op, Compute) and op.parts is not None and id(op.parts) not in self.parts_index:
+                k = by_value.get(op.parts)
+                if k is None:
+                    k = by_value[op.parts] = len(by_value)
+                    _parts_table(meta, k, op.parts)
+                self.parts_index[id(op.parts)] = k
+        fh.write(frame(meta))
+        self.fh = fh
+        self.next_id = 0
+        mine = sorted({op.group for op in ops if isinstance(op, Collective)}, key=lambda g: int(self.groups[g]))
+        if mine:  # first: ASTRA-sim issues the ready nodes lowest id first, so the groups exist before they are used
+            node = C["Node"](id=0, name="process_group:init", type=NODE_TYPES.index("METADATA_NODE"))
+            pgs = [{"pg_name": self.groups[g], "ranks": list(g)} for g in mine]
+            node.inputs.values = "['" + json.dumps(pgs, separators=(",", ":")) + "']"
+            self._emit(node)
+        last_on_stream: dict[str, int] = {}
+        for op in ops:
+            prev = last_on_stream.get(op.stream)
+            last_on_stream[op.stream] = op.id
+            self.add(op, prev)
+
+    def _node(self, op: Op, type_name: str) -> Any:
+        node = self.C["Node"](id=self.next_id, name=op.name, type=NODE_TYPES.index(type_name))
+        self.next_id += 1
+        return node
+
+    def _emit(self, node: Any) -> None:
+        self.fh.write(frame(node))
+        self.next_id = max(self.next_id, node.id + 1)
+
+    def add(self, op: Op, prev: int | None) -> None:
+        """Write the node(s) of ``op``; ``prev`` is the op before it on its stream."""
+        deps = [self.last_node[d] for d in op.deps]
+        stream_dep = prev is not None and prev not in op.deps
+        if stream_dep:
+            deps.append(self.last_node[prev])
+        if isinstance(op, Collective):
+            self._collective(op, deps, stream_dep)
+            return
+        node = self._node(op, "COMP_NODE" if isinstance(op, Compute) else
+                          "COMM_SEND_NODE" if isinstance(op, Send) else "COMM_RECV_NODE")
+        node.data_deps.extend(deps)
+        self._common(node, op, stream_dep)
+        if isinstance(op, Compute):
+            self._compute(op, node)
+        else:
+            src, dst = (op.rank, op.peer) if isinstance(op, Send) else (op.peer, op.rank)
+            add = node.attr.add
+            add(name="comm_src", int32_val=src)
+            add(name="comm_dst", int32_val=dst)
+            add(name="comm_size", int64_val=_whole(op.nbytes))
+            add(name="comm_tag", int32_val=op.tag)
+            add(name=PREFIX + "nbytes", double_val=op.nbytes)
+        self._emit(node)
+        self.last_node[op.id] = node.id
+
+    def _common(self, node: Any, op: Op, stream_dep: bool) -> None:
+        """``is_cpu_op`` and the clustersim fields every op has."""
+        add = node.attr.add
+        add(name="is_cpu_op", bool_val=False)
+        add(name=PREFIX + "op", int64_val=op.id)
+        add(name=PREFIX + "stream", string_val=op.stream)
+        add(name=PREFIX + "traffic_class", string_val=op.traffic_class)
+        for name in ("layer", "micro_batch", "stage"):
+            value = getattr(op, name)
+            if value != -1:
+                add(name=PREFIX + name, int64_val=value)
+        if stream_dep:
+            add(name=PREFIX + "stream_dep", bool_val=True)
+
+    def _compute(self, op: Compute, node: Any) -> None:
+        add = node.attr.add
+        add(name="num_ops", int64_val=_whole(op.flops))
+        add(name="tensor_size", uint64_val=_whole(op.nbytes))
+        add(name=PREFIX + "category", string_val=op.category)
+        add(name=PREFIX + "flops", double_val=op.flops)
+        add(name=PREFIX + "nbytes", double_val=op.nbytes)
+        if op.shape is not None:
+            add(name=PREFIX + "shape").int64_list.values.extend(op.shape)
+        if op.duration_s is not None:
+            add(name=PREFIX + "duration_s", double_val=op.duration_s)
+        if op.parts is not None:
+            add(name=PREFIX + "parts", int64_val=self.parts_index[id(op.parts)])
+        seconds = op.duration_s
+        if seconds is None and self.compute is not None:
+            key = (op.category, op.flops, op.nbytes, op.shape, op.parts)
+            seconds = self.durations.get(key)
+            if seconds is None:
+                seconds = self.durations[key] = self.compute.duration(op)
+        if seconds is not None:
+            node.duration_micros = _whole(seconds * 1e6)
+
+    def _collective(self, op: Collective, deps: list[int], stream_dep: bool) -> None:
+        n = len(op.group)
+        size = _whole(op.nbytes / n if op.collective in PER_RANK_INPUT else op.nbytes)
+        comm_type = COLLECTIVE_COMM_TYPES.index(TO_COMM[op.collective])
+        node = template = None
+        for k in range(op.count):  # a coarsened op: `count` collectives back to back
+            if template is not None:  # parts 2, 3, ...: part 1 with its id, dependency and index changed
+                node = self.C["Node"]()
+                node.CopyFrom(template)
+                node.id = self.next_id
+                self.next_id += 1
+                node.data_deps[0] = node.id - 1
+                node.attr[-1].int64_val = k  # clustersim.part
+                self._emit(node)
+                continue
+            node = self._node(op, "COMM_COLL_NODE")
+            node.data_deps.extend(deps if k == 0 else [node.id - 1])
+            self._common(node, op, stream_dep and k == 0)
+            add = node.attr.add
+            add(name="comm_type", int64_val=comm_type)
+            add(name="comm_size", int64_val=size)
+            add(name="pg_name", string_val=self.groups[op.group])
+            add(name=PREFIX + "nbytes", double_val=op.nbytes)
+            if op.algorithm != "auto":
+                add(name=PREFIX + "algorithm", string_val=op.algorithm)
+            if op.split is not None:
+                add(name=PREFIX + "split").double_list.values.extend(op.split)
+            if op.count > 1:
+                add(name=PREFIX + "count", int64_val=op.count)
+                add(name=PREFIX + "part", int64_val=k)
+            self._emit(node)
+            if k == 1:
+                template = node
+        self.last_node[op.id] = node.id
+
+
+def _parts_table(meta: Any, k: int, parts: tuple) -> None:
+    """Kernel tuple ``k`` as five list attributes of the GlobalMetadata, ``clustersim.parts.<k>.<field>``
+    (a kernel without a GEMM shape has shape -1, -1, -1)."""
+    add, name = meta.attr.add, f"{PREFIX}parts.{k}."
+    add(name=name + "category").string_list.values.extend([p.category for p in parts])
+    add(name=name + "flops").double_list.values.extend([p.flops for p in parts])
+    add(name=name + "nbytes").double_list.values.extend([p.nbytes for p in parts])
+    add(name=name + "shape").int64_list.values.extend([x for p in parts for x in (p.shape or (-1, -1, -1))])
+    add(name=name + "batch").int64_list.values.extend([p.batch for p in parts])
+
+
+def _whole(x: float) -> int:
+    """A non-negative float as Chakra's integer (bytes, FLOPs, µs), rounded to nearest."""
+    return int(round(x)) if math.isfinite(x) else 0
