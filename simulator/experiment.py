@@ -22,6 +22,7 @@ count divided by ``tp·pp``. The world size must equal the cluster's GPUs.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import time
 from collections.abc import Mapping
@@ -327,7 +328,8 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
             healthy = Engine(step.graph, exp.healthy_cluster, exp.compute_model(), exp.network).run().step_time_s
         record = Engine(step.graph, exp.cluster, exp.compute_model(), exp.network, exp.slowdown()).run()
     result = Result(record, sim_wall_s=time.perf_counter() - t0)
-    attach_training_metrics(result, step, exp, memory)
+    # The summary describes what ran: the fidelity override, not the file's.
+    attach_training_metrics(result, step, dataclasses.replace(exp, fidelity=fidelity), memory)
     # what the fabric costs and carries: of the hardware bought (the healthy cluster), cached per cluster
     result.extra_summary.update(plan_columns(exp.healthy_cluster or exp.cluster, exp.plan))
     if healthy is not None:

@@ -254,3 +254,12 @@ def test_version_is_reported():
     import simulator
     out = subprocess.run([sys.executable, "-m", "simulator.cli", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"clustersim {simulator.__version__}"
+
+
+def test_summary_names_the_fidelity_that_ran_not_the_files():
+    from simulator.experiment import DEMO_EXPERIMENT, experiment_from_dict, run_experiment
+    exp = experiment_from_dict(DEMO_EXPERIMENT)
+    assert exp.fidelity == "fast"
+    result = run_experiment(exp, fidelity="lockstep")
+    assert result.summary["setup"]["training"].endswith("fidelity lockstep")
+    assert exp.fidelity == "fast"  # the experiment itself is untouched
