@@ -395,14 +395,15 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
                           f"ZeRO-{par.zero}" if par.zero else "") if x]
     if extras:
         layout += ", " + ", ".join(extras)
-    training = f"seq {tr.seq_len}, {tr.dtype}, fidelity {exp.fidelity}"
+    dtype = tr.dtype + (" (FP8 parameter all-gather)" if tr.fp8_param_gather else "")
+    training = f"seq {tr.seq_len}, {dtype}, fidelity {exp.fidelity}"
     return {"cluster": cluster, "fabric": fabric, "model": model, "layout": layout, "training": training}
 
 
 def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment, memory: MemoryBreakdown) -> None:
     """Add MFU, TFLOP/s, bubble and memory to ``result.summary`` and fill ``result.stages``."""
     world = step.parallel.world_size
-    peak = exp.cluster.gpu.peak(exp.training.dtype)
+    peak = exp.cluster.gpu.peak(exp.training.base_dtype)  # FP8 training: MFU of the dense bf16 peak
     stages = pipeline_stages(result, step)
     result.stages = stages
     window = stages["busy_s"].iloc[0] + stages["bubble_s"].iloc[0] if len(stages) else 0.0

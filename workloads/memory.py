@@ -17,6 +17,15 @@ the parameters it has gathered at the peak of its step — the unit in use,
 the prefetched one, and what DeepSpeed keeps for reuse
 (:func:`~workloads.sharding.gather_schedule`).
 
+FP8 training (``training.dtype: fp8``, Transformer Engine): the weights, gradients
+and optimizer state are those of bf16 training; Transformer Engine also keeps,
+for the whole step, the FP8 copy and FP8 transpose of every FP8 GEMM weight it
+cast on the first micro-batch (:func:`~workloads.flops.fp8_weight_params`):
+``+2`` bytes per such weight. With ``training.fp8_param_gather`` the weights
+themselves are FP8 (1 byte) and only the transpose is added: the same 2 bytes
+as a bf16 weight. Activations are counted in bf16 as below (TE saves some GEMM
+inputs as FP8 copies instead, which this leaves out: an upper bound).
+
 Activations (Korthikanti et al. 2022, *Reducing Activation Recomputation in
 Large Transformer Models*, section 4 and Table 2), per layer and micro-batch,
 16-bit activations and 1-byte dropout masks, ``a`` heads, TP degree ``t``:
@@ -51,7 +60,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .flops import LOSS_BYTES
+from .flops import LOSS_BYTES, fp8_weight_params
 from .models import ModelSpec
 from .parallel import ParallelConfig, TrainingSpec, num_micro_batches, padded_vocab, stage_layers, validate
 from .sharding import gather_schedule, sharding_plan, stage_uses
@@ -244,6 +253,9 @@ def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: Training
     e = model_state_bytes(routed, dp=parallel.dp // parallel.ep, zero=z, dtype_bytes=d)
     grads = (a[1] + e[1]) * plan.grad_bytes / d  # the framework's gradient buffer (Megatron: fp32 for bf16)
     params = a[0] + e[0]
+    if training.fp8 and not training.fp8_param_gather:  # TE's cached FP8 weights and their transposes
+        params += 2 * sum(sum(fp8_weight_params(model, i, parallel.tp, parallel.ep))
+                          for i in stage_layers(model.layers, parallel, stage))
     if plan.gather is not None and parallel.dp > 1:  # gathered parameters live at the peak (prefetch included)
         params += gather_schedule(stage_uses(model, parallel, plan, stage)[1], plan).peak_live * d
     return MemoryBreakdown(params, grads, a[2] + e[2],

@@ -40,7 +40,10 @@ __all__ = [
     "padded_vocab", "stage_layers", "DTYPE_BYTES", "SCHEDULES", "RECOMPUTE", "DP_SYNC",
 ]
 
-DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+"""Bytes per element of the weights, activations and activation gradients the step keeps, per
+``training.dtype``. FP8 training (Transformer Engine) keeps all of them in bf16 and casts only the inputs of
+its FP8 GEMMs to 1-byte copies (:mod:`workloads.flops`), hence 2."""
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 DP_SYNC = ("allreduce", "parameter_server")
@@ -60,22 +63,46 @@ class TrainingSpec:
     ----------
     seq_len : int, default 2048
         Tokens per sequence ``s``.
-    dtype : {"bf16", "fp16", "fp32"}, default "bf16"
+    dtype : {"bf16", "fp16", "fp32", "fp8"}, default "bf16"
         Compute/activation dtype; 16-bit means mixed precision with fp32
-        master weights and Adam states.
+        master weights and Adam states. ``fp8``: Transformer Engine FP8 under
+        Megatron-Core (delayed scaling, the ``hybrid`` format): the GEMMs of
+        the linear layers run on FP8 inputs at the GPU's FP8 rate, everything
+        else (attention, softmax, norms, the output layer, the router) in bf16,
+        plus TE's casts, amax reductions and FP8 weight copies
+        (:mod:`workloads.flops`, :mod:`workloads.memory`).
+    fp8_param_gather : bool, default False
+        Megatron's ``--fp8-param-gather`` (TE ``fp8_model_init``): the model
+        keeps its GEMM weights in FP8 only (no bf16 copy); the distributed
+        optimizer casts the updated master weights straight to FP8 and
+        all-gathers them in FP8 (1 byte per weight). Needs ``dtype: fp8``.
     """
 
     seq_len: int = 2048
     dtype: str = "bf16"
+    fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
         check_int("training.seq_len", self.seq_len)
         check_choice("training.dtype", self.dtype, tuple(DTYPE_BYTES))
+        check_bool("training.fp8_param_gather", self.fp8_param_gather)
+        if self.fp8_param_gather and not self.fp8:
+            raise ConfigError(f"training.fp8_param_gather: needs training.dtype: fp8 (got {self.dtype})")
 
     @property
     def dtype_bytes(self) -> int:
-        """Bytes per element of :attr:`dtype`."""
+        """Bytes per element of the weights and activations the step keeps (:data:`DTYPE_BYTES`)."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def fp8(self) -> bool:
+        """FP8 training (Transformer Engine semantics)."""
+        return self.dtype == "fp8"
+
+    @property
+    def base_dtype(self) -> str:
+        """The dtype of everything that is not an FP8 GEMM: ``bf16`` under ``fp8``, else :attr:`dtype`."""
+        return "bf16" if self.fp8 else self.dtype
 
 
 @dataclass(frozen=True)
@@ -382,6 +409,19 @@ def _check_sync(parallel: ParallelConfig) -> None:
                           "(no_sync is not supported); valid: auto, micro_batch")
 
 
+def _check_fp8(parallel: ParallelConfig, training: TrainingSpec) -> None:
+    if not training.fp8:
+        return
+    impl = parallel.zero_impl if parallel.zero_impl != "auto" else ("megatron" if parallel.zero <= 1 else "deepspeed")
+    if impl != "megatron":
+        raise ConfigError(f"training.dtype: fp8 is modelled as Transformer Engine under Megatron-Core (DDP or the "
+                          f"distributed optimizer: parallel.zero 0 or 1, zero_impl auto or megatron); got zero: "
+                          f"{parallel.zero}, zero_impl: {parallel.zero_impl}")
+    if training.fp8_param_gather and parallel.zero != 1:
+        raise ConfigError(f"training.fp8_param_gather: Megatron gathers FP8 parameters in its distributed optimizer; "
+                          f"needs parallel.zero: 1 (got {parallel.zero})")
+
+
 def _check_positions(model: ModelSpec, training: TrainingSpec) -> None:
     if model.learned_positions and training.seq_len > model.max_seq_len:
         raise ConfigError(f"training.seq_len: {training.seq_len} exceeds model.max_seq_len={model.max_seq_len} "
@@ -405,7 +445,8 @@ def validate(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
         One message for the first impossible combination found: world size,
         TP vs heads / kv_heads / ffn (and SP vs seq_len), PP vs layers and
         schedule, batch divisibility, EP vs experts and dp, parameter-server vs
-        ZeRO, sequence length vs a learned position table.
+        ZeRO, FP8 vs the data-parallel implementation, sequence length vs a
+        learned position table.
     """
     if world_size is not None:
         check_int("cluster world size", world_size)
@@ -420,6 +461,7 @@ def validate(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
     _check_pipeline(model, parallel)
     _check_experts(model, parallel)
     _check_sync(parallel)
+    _check_fp8(parallel, training)
     _check_positions(model, training)
 
 

@@ -39,6 +39,20 @@ Data parallel
     ``zero``). Gradients are reduced once per step, at the last micro-batch
     (Megatron's behaviour; DeepSpeed's ZeRO-2/3 reduce every micro-batch).
     Pipeline stages holding the tied word embedding all-reduce its gradient.
+FP8 (``training.dtype: fp8``; Transformer Engine under Megatron-Core, delayed scaling)
+    The layers' kernels come with their FP8 GEMMs and casts
+    (:mod:`workloads.flops`). Before the first forward of each chunk in the
+    step, ``F….fp8_weight_cast`` casts its FP8 weights (read 2, write the FP8
+    copy and its transpose: 4 bytes per weight; 2 with
+    ``training.fp8_param_gather``, whose weights are already FP8: transpose
+    only); TE caches them for the other micro-batches. After every forward and
+    every backward of a chunk (TE's ``fp8_autocast`` exit and end of backward)
+    the amax buffer (fp32, history length 1, 3 forward and 2 backward entries
+    per FP8 GEMM: :func:`~workloads.flops.fp8_gemm_modules`) is all-reduced
+    (max) over the stage's TP x DP group, Megatron's default amax-reduction
+    group, on the compute stream (class ``sync``), then a small kernel updates
+    the scales. With ``fp8_param_gather`` the optimizer writes FP8 weights and
+    the ZeRO-1 parameter all-gather carries 1 byte per FP8 weight.
 Compute
     Kernels from :mod:`workloads.flops` (FLOPs, HBM bytes, GEMM shapes);
     recomputation adds the forward (``full``) or the attention core
@@ -61,9 +75,12 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 from .flops import (
+    FP8_CAST_BYTES,
     LayerOp,
     accumulate_gradients,
     embedding_ops,
+    fp8_gemm_modules,
+    fp8_weight_params,
     hardware_flops_per_step,
     layer_ops,
     logits_ops,
@@ -91,6 +108,12 @@ from .sharding import (
 GRANULARITIES = ("chunk", "layer")
 P2P_MODES = ("async", "blocking")
 COMPUTE_STREAM = "compute"
+FP8_AMAX_ENTRIES = (3, 2)
+"""Transformer Engine's delayed-scaling entries per FP8 GEMM: forward (input, weight, output), backward
+(output gradient, input gradient); one fp32 amax each (Megatron's ``fp8_amax_history_len`` default 1)."""
+FP8_SCALE_UPDATE_BYTES = 20
+"""HBM bytes per scaling entry of ``fused_amax_and_scale_update_after_reduction`` with history length 1:
+read the reduced amax, read and write the history, write scale and inverse scale (4 bytes each)."""
 RECOMPUTE_PHASE = "R"
 """First letter of a recompute op's name (``R3.c0.L5``: recomputed forward of micro-batch 3, chunk 0, from
 layer 5), as ``F`` and ``B`` start forward and backward ops."""
@@ -248,6 +271,9 @@ class _StepBuilder:
         self.p, self.v, self.t = parallel.pp, parallel.virtual_stages, parallel.tp
         self.sp = parallel.sp
         self.dtype = training.dtype_bytes
+        self.fp8 = training.fp8
+        self._stage_groups: dict[int, tuple[int, ...]] = {}
+        self._fp8_weights: dict[tuple[int, int], tuple[float, float]] = {}
         self.plan = sharding_plan(parallel, training.dtype, options.grad_dtype_bytes)
         self.grad_bytes = self.plan.grad_bytes
         b, s, h = parallel.micro_batch, training.seq_len, model.hidden
@@ -312,7 +338,7 @@ class _StepBuilder:
         ``selective``)."""
         ops = layer_ops(self.model, self.par.micro_batch, self.train.seq_len, self.t, layer=layer,
                         sequence_parallel=self.sp, dtype_bytes=self.dtype, causal=self.opt.causal,
-                        flash_attention=self.opt.flash_attention)
+                        flash_attention=self.opt.flash_attention, fp8=self.fp8)
         if phase == "F":
             return ops.forward, 0
         backward = accumulate_gradients(ops.backward, self.model.params_per_layer(layer, self.t, self.par.ep),
@@ -591,6 +617,7 @@ class _StepBuilder:
         pending = _Buckets(self, rank, dp_group)
         last_op = None
         blocking = self.opt.p2p == "blocking"
+        fp8_cast: set[int] = set()  # chunks whose FP8 weights this step has cast
         sent: list[int] = []  # sends of the previous action (blocking: the next action waits for them)
         for idx, a in enumerate(actions):
             j = a.chunk * self.p + stage
@@ -608,6 +635,9 @@ class _StepBuilder:
                 deps.append(self._gathered(rank, g.recv(
                     rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad", traffic_class="pp",
                     micro_batch=a.micro_batch, stage=stage, tag=1, deps=posted), name, a.micro_batch, stage))
+            if self.fp8 and a.phase == "F" and a.chunk not in fp8_cast:
+                fp8_cast.add(a.chunk)
+                deps = [self._fp8_weight_cast(rank, a, stage, deps)]
             reduce_now = a.phase == "B" and (every_mb or idx == last_b[a.chunk])
             if gathered:
                 per_action, uses, sched = trace
@@ -632,6 +662,8 @@ class _StepBuilder:
                     deps = []
                     if reduce_now:
                         pending.add(seg, last_op if overlap else None)
+            if self.fp8:
+                last_op = self._fp8_amax(rank, a, stage, last_op)
             if reduce_now and every_mb:
                 pending.flush(last_op)  # the end of every backward (DeepSpeed's epilogue, FSDP's last unit)
             if a.phase == "F" and j < nvs - 1:
@@ -650,7 +682,11 @@ class _StepBuilder:
         tied = self._tied_embedding_sync(rank, stage, last_op)
         dense, experts = stage_params(self.model, par, stage)
         shard = (dense / par.dp + experts / max(1, par.dp // par.ep)) if par.zero >= 1 else dense + experts
-        before, after = optimizer_step_ops(shard, dense + experts, self.grad_bytes, self.dtype)
+        fp8_shard = 0.0
+        if self.train.fp8_param_gather:
+            fp8_dense, fp8_routed = self.stage_fp8_weights(stage)
+            fp8_shard = fp8_dense / par.dp + fp8_routed / max(1, par.dp // par.ep)
+        before, after = optimizer_step_ops(shard, dense + experts, self.grad_bytes, self.dtype, fp8_shard)
         step_deps = [last_op] + dp_ops[-1:] + tied
         norm = g.compute(rank, parts=_kernels(before), name="grad_norm", deps=step_deps, stream=COMPUTE_STREAM,
                          category="optimizer", stage=stage)
@@ -659,6 +695,63 @@ class _StepBuilder:
                            category="optimizer", stage=stage)
         if plan.step_gather and par.dp > 1:
             pending.gather_params(opt_id)
+
+    # ----------------------------------------------------------------- FP8
+    def stage_fp8_weights(self, stage: int) -> tuple[float, float]:
+        """FP8 GEMM weights (one TP/EP rank) of every chunk of ``stage``: ``(dense, routed experts)``."""
+        pairs = [self.fp8_weights(stage, c) for c in range(self.v)]
+        return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+    def param_gather_bytes(self, stage: int) -> float:
+        """Bytes per dense parameter of the ZeRO-1 all-gather of updated parameters: the model dtype, or with
+        ``fp8_param_gather`` 1 for the FP8 weights and the dtype for the rest (their average on this stage)."""
+        if not self.train.fp8_param_gather:
+            return float(self.dtype)
+        dense, _ = stage_params(self.model, self.par, stage)
+        fp8_dense, _ = self.stage_fp8_weights(stage)
+        return (self.dtype * (dense - fp8_dense) + fp8_dense) / dense
+
+    def fp8_weights(self, stage: int, chunk: int) -> tuple[float, float]:
+        """FP8 GEMM weights (one TP/EP rank) of virtual stage ``(stage, chunk)``: ``(dense, routed experts)``."""
+        key = (stage, chunk)
+        if key not in self._fp8_weights:
+            pairs = [fp8_weight_params(self.model, i, self.t, self.par.ep) for i in self.chunk_layers(stage, chunk)]
+            self._fp8_weights[key] = (float(sum(p[0] for p in pairs)), float(sum(p[1] for p in pairs)))
+        return self._fp8_weights[key]
+
+    def _stage_group(self, rank: int) -> tuple[int, ...]:
+        """Every rank of ``rank``'s pipeline stage (TP x DP), DP-major: Megatron's FP8 amax-reduction group."""
+        stage = self.layout.coords(rank).pp
+        group = self._stage_groups.get(stage)
+        if group is None:
+            lay = self.layout
+            group = self._stage_groups[stage] = tuple(lay.rank(tp=t, dp=d, pp=stage)
+                                                      for d in range(self.par.dp) for t in range(self.t))
+        return group
+
+    def _fp8_weight_cast(self, rank: int, a: PipeAction, stage: int, deps: list[int]) -> int:
+        """The once-per-step cast of a chunk's FP8 weights (and transposes), before its first forward."""
+        dense, routed = self.fp8_weights(stage, a.chunk)
+        per_weight = 2 if self.train.fp8_param_gather else FP8_CAST_BYTES
+        return self.graph.compute(rank, parts=(Kernel("fp8_cast", 0.0, per_weight * (dense + routed)),),
+                                  name=f"F{a.micro_batch}.c{a.chunk}.fp8_weight_cast", deps=deps,
+                                  stream=COMPUTE_STREAM, category="elementwise", micro_batch=a.micro_batch,
+                                  stage=stage)
+
+    def _fp8_amax(self, rank: int, a: PipeAction, stage: int, after: int) -> int:
+        """The amax all-reduce of one chunk's forward or backward and the scale update after it."""
+        gemms = sum(fp8_gemm_modules(self.model, i, self.par.ep) for i in self.chunk_layers(stage, a.chunk))
+        entries = gemms * FP8_AMAX_ENTRIES[0 if a.phase == "F" else 1]
+        name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
+        last = after
+        group = self._stage_group(rank)
+        if len(group) > 1:
+            last = self.graph.collective_op(rank, "all_reduce", group, 4.0 * entries, name=f"{name}.fp8_amax",
+                                            stream=COMPUTE_STREAM, deps=[last], traffic_class="sync",
+                                            micro_batch=a.micro_batch, stage=stage)
+        return self.graph.compute(rank, parts=(Kernel("fp8_cast", 0.0, FP8_SCALE_UPDATE_BYTES * entries),),
+                                  name=f"{name}.fp8_scale_update", deps=[last], stream=COMPUTE_STREAM,
+                                  category="elementwise", micro_batch=a.micro_batch, stage=stage)
 
     def _norm_all_reduce(self, rank: int, after: int, stage: int) -> int:
         """The global gradient norm: an fp32 scalar all-reduced over the model-parallel group (TP x PP) and,
@@ -787,8 +880,9 @@ class _Buckets:
         self.expert_fill = 0.0
 
     def gather_params(self, after: int) -> None:
-        """ZeRO-1/2: all-gather the updated 16-bit parameters of every reduced bucket."""
-        ratio = self.b.dtype / self.b.grad_bytes
+        """ZeRO-1/2: all-gather the updated 16-bit (FP8, with ``fp8_param_gather``) parameters of every
+        reduced bucket."""
+        ratio = self.b.param_gather_bytes(self.b.layout.coords(self.rank).pp) / self.b.grad_bytes
         for nbytes, count in self.reduced.items():
             self.b.graph.collective_op(self.rank, "all_gather", self.group, nbytes * ratio, name="param_all_gather",
                                        stream="dp", deps=[after], count=count, traffic_class="zero")
