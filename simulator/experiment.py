@@ -38,7 +38,14 @@ from workloads.errors import ConfigError
 from workloads.memory import MemoryBreakdown, memory_per_gpu
 from workloads.models import ModelSpec, model_from_dict
 from workloads.moe import RoutingModel, routing_from_dict
-from workloads.parallel import ParallelConfig, TrainingSpec, parallel_from_dict, training_from_dict, validate
+from workloads.parallel import (
+    ParallelConfig,
+    TrainingSpec,
+    layers_per_stage,
+    parallel_from_dict,
+    training_from_dict,
+    validate,
+)
 from workloads.training import StepOptions, TrainingStep, training_step
 
 from .breakdown import pipeline_window, time_breakdown
@@ -388,6 +395,9 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
     layout += f", {par.schedule}"
     if par.virtual_stages > 1:
         layout += f" x{par.virtual_stages} virtual"
+    counts = layers_per_stage(m.layers, par)
+    if len(set(counts)) > 1:
+        layout += f", layers per stage {_runs(counts)}"
     micro = step.num_micro_batches if step is not None else par.global_batch // (par.micro_batch * par.dp)
     layout += f", micro-batch {par.micro_batch} x {micro} per pipeline (global batch {par.global_batch})"
     extras = [x for x in ("SP" if par.sequence_parallel else "",
@@ -398,6 +408,19 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
     dtype = tr.dtype + (" (FP8 parameter all-gather)" if tr.fp8_param_gather else "")
     training = f"seq {tr.seq_len}, {dtype}, fidelity {exp.fidelity}"
     return {"cluster": cluster, "fabric": fabric, "model": model, "layout": layout, "training": training}
+
+
+def _runs(counts: tuple[int, ...]) -> str:
+    """``(7, 8, 8, 8, 7)`` as ``[7, 8x3, 7]``."""
+    out: list[str] = []
+    i = 0
+    while i < len(counts):
+        j = i
+        while j < len(counts) and counts[j] == counts[i]:
+            j += 1
+        out.append(str(counts[i]) if j - i == 1 else f"{counts[i]}x{j - i}")
+        i = j
+    return "[" + ", ".join(out) + "]"
 
 
 def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment, memory: MemoryBreakdown) -> None:

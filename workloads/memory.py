@@ -53,7 +53,9 @@ interleaved 1F1B with ``v`` chunks per stage: Megatron-LM runs
 ``w = 2 (p - i - 1) + (v - 1) p`` warm-up chunk-forwards, so ``min(w + 1, m v)``
 chunks of ``1/v`` of the stage's layers are live: ``(p v + p - 1) / v`` stage
 equivalents on the first stage, ``1 + (p - 1)/(p v)`` times 1F1B's ``p``
-(Narayanan et al. 2021, section 2.2.2).
+(Narayanan et al. 2021, section 2.2.2). Uneven stages
+(``parallel.stage_layers``) hold their own layers; chunks of unequal size
+within a stage count as the stage's average chunk.
 """
 
 from __future__ import annotations

@@ -21,8 +21,18 @@ Decisions (Megatron-LM conventions unless said otherwise)
 * Expert parallelism lives inside data parallelism: ``dp % ep == 0``; the EP
   group is ``ep`` consecutive DP ranks and the expert-DP group is the DP ranks
   with the same EP index.
-* Layers must divide evenly over ``pp * virtual_stages`` (no uneven first/last
-  stages), so e.g. DeepSeek-V3's 61 layers allow only ``pp = 1`` or ``61``.
+* Layers divide evenly over ``pp * virtual_stages`` unless the stages are
+  given: ``stage_layers`` (one count per pipeline stage) or Megatron-Core's
+  ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``
+  (``first_stage_layers`` / ``last_stage_layers``: the other layers split
+  evenly over the middle stages). Each stage's count must divide by
+  ``virtual_stages``; chunk ``c`` of stage ``i`` holds ``n_i / v`` consecutive
+  layers, virtual stages ``j = c p + i`` taking the layers in order of ``j``
+  (Megatron-Core ``get_transformer_layer_offset``). E.g. Llama 3 405B's 126
+  layers on 16 stages: ``first_stage_layers: 7, last_stage_layers: 7``. A
+  stage may also list one count per chunk (``stage_layers: [[1, 2, 2, 2],
+  ...]``, as Megatron's ``pipeline_model_parallel_layout`` can), so 7 layers
+  interleave over 4 chunks.
 """
 
 from __future__ import annotations
@@ -37,7 +47,8 @@ from .models import ModelSpec
 __all__ = [
     "TrainingSpec", "ParallelConfig", "RankLayout", "RankCoords",
     "parallel_from_dict", "training_from_dict", "validate", "num_micro_batches",
-    "padded_vocab", "stage_layers", "DTYPE_BYTES", "SCHEDULES", "RECOMPUTE", "DP_SYNC",
+    "padded_vocab", "stage_layers", "chunk_layers", "layers_per_stage", "DTYPE_BYTES", "SCHEDULES", "RECOMPUTE",
+    "DP_SYNC",
 ]
 
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
@@ -137,6 +148,15 @@ class ParallelConfig:
     placement : tuple of str
         Order of the dimensions over the cluster's GPU order, innermost
         (fastest-varying) first; a permutation of ``("tp", "dp", "pp")``.
+    stage_layers : tuple or None
+        Transformer layers of each pipeline stage: ``pp`` entries summing to
+        ``model.layers``, each a count (a multiple of ``virtual_stages``,
+        split evenly over the stage's chunks) or a list of ``virtual_stages``
+        per-chunk counts (each >= 1); None: even.
+    first_stage_layers, last_stage_layers : int or None
+        Megatron-Core's ``num_layers_in_first_pipeline_stage`` /
+        ``num_layers_in_last_pipeline_stage``: layers of the first (last)
+        stage, the rest split evenly over the others. Not with ``stage_layers``.
     grad_bucket_bytes : int or None
         Gradient bucket size for DP reduction, bytes. ``None`` (default): the
         implementation's (:mod:`workloads.sharding`): Megatron-Core
@@ -182,6 +202,9 @@ class ParallelConfig:
     sequence_parallel: bool = False
     recompute: str = "none"
     placement: tuple[str, ...] = DIMS
+    stage_layers: tuple[int | tuple[int, ...], ...] | None = None
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
     grad_bucket_bytes: int | None = None
     overlap_grad_reduce: bool = True
     zero_impl: str = "auto"
@@ -224,6 +247,34 @@ class ParallelConfig:
             raise ConfigError(f"parallel.placement: {list(placement)} must be a permutation of "
                               f"[tp, dp, pp], innermost first (ep lives inside dp)")
         object.__setattr__(self, "placement", placement)
+        if self.stage_layers is not None:
+            if isinstance(self.stage_layers, (str, bytes)) or not isinstance(self.stage_layers, Sequence):
+                raise ConfigError(f"parallel.stage_layers: must be a list of layer counts, one per pipeline "
+                                  f"stage, got {self.stage_layers!r}")
+            counts: list[int | tuple[int, ...]] = []
+            for i, n in enumerate(self.stage_layers):
+                if isinstance(n, Sequence) and not isinstance(n, (str, bytes)):
+                    if len(n) != self.virtual_stages:
+                        raise ConfigError(f"parallel.stage_layers[{i}]: {len(n)} chunk counts for "
+                                          f"virtual_stages={self.virtual_stages}; give one per chunk")
+                    for c, x in enumerate(n):
+                        check_int(f"parallel.stage_layers[{i}][{c}]", x)
+                    counts.append(tuple(n))
+                else:
+                    check_int(f"parallel.stage_layers[{i}]", n)
+                    counts.append(n)
+            object.__setattr__(self, "stage_layers", tuple(counts))
+            if len(self.stage_layers) != self.pp:
+                raise ConfigError(f"parallel.stage_layers: {len(self.stage_layers)} counts for pp={self.pp} "
+                                  f"pipeline stages; give one per stage")
+            if self.first_stage_layers is not None or self.last_stage_layers is not None:
+                raise ConfigError("parallel.stage_layers: give either stage_layers or first_stage_layers / "
+                                  "last_stage_layers, not both")
+        for f in ("first_stage_layers", "last_stage_layers"):
+            if getattr(self, f) is not None:
+                check_int(f"parallel.{f}", getattr(self, f))
+                if self.pp < 2:
+                    raise ConfigError(f"parallel.{f}: needs pp >= 2 (got pp={self.pp})")
 
     @property
     def world_size(self) -> int:
@@ -265,18 +316,63 @@ def padded_vocab(vocab: int, tp: int, divisible_by: int = VOCAB_DIVISIBLE_BY) ->
     return -(-vocab // multiple) * multiple
 
 
-def stage_layers(num_layers: int, parallel: ParallelConfig, stage: int) -> list[int]:
-    """0-based indices of the layers pipeline stage ``stage`` holds.
+def layers_per_stage(num_layers: int, parallel: ParallelConfig) -> tuple[int, ...]:
+    """Transformer layers of each pipeline stage: ``parallel.stage_layers``, Megatron's first/last-stage
+    counts with the rest split evenly over the middle stages, or ``num_layers / pp`` each.
 
-    Without interleaving stage ``i`` holds a contiguous block of
-    ``num_layers / pp`` layers; with ``v`` virtual stages the model is cut into
-    ``pp * v`` chunks and stage ``i`` holds chunks ``i, i + pp, i + 2 pp, ...``.
+    Does not validate (:func:`validate` does): with counts that do not add up the result is what the
+    fields say.
+
+    Examples
+    --------
+    >>> layers_per_stage(126, ParallelConfig(pp=16, first_stage_layers=7, last_stage_layers=7))[:3]
+    (7, 8, 8)
+    """
+    p = parallel.pp
+    if parallel.stage_layers is not None:
+        return tuple(n if isinstance(n, int) else sum(n) for n in parallel.stage_layers)
+    first, last = parallel.first_stage_layers, parallel.last_stage_layers
+    middle = p - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    each = rest // middle if middle else 0
+    counts = [each] * p
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return tuple(counts)
+
+
+def chunk_layers(num_layers: int, parallel: ParallelConfig, stage: int, chunk: int = 0) -> list[int]:
+    """0-based indices of the layers of model chunk ``chunk`` of pipeline stage ``stage``.
+
+    Stage ``i`` holds ``n_i`` layers (:func:`layers_per_stage`), ``n_i / v`` in
+    each of its ``v`` chunks; virtual stage ``j = c p + i`` takes the next
+    layers in order of ``j`` (Megatron-Core's ``get_transformer_layer_offset``).
+    With even stages chunk ``c`` of stage ``i`` is the ``(c p + i)``-th block
+    of ``num_layers / (p v)`` layers.
     """
     p, v = parallel.pp, parallel.virtual_stages
     if not 0 <= stage < p:
         raise ConfigError(f"stage: {stage} is outside 0..{p - 1}")
-    per_chunk = num_layers // (p * v)
-    return [c * per_chunk + j for c in range(stage, p * v, p) for j in range(per_chunk)]
+    if not 0 <= chunk < v:
+        raise ConfigError(f"chunk: {chunk} is outside 0..{v - 1}")
+    given = parallel.stage_layers or ()
+    per = [given[i] if i < len(given) and not isinstance(given[i], int) else (n // v,) * v
+           for i, n in enumerate(layers_per_stage(num_layers, parallel))]  # per[stage][chunk]
+    j = chunk * p + stage
+    start = sum(per[k % p][k // p] for k in range(j))
+    return list(range(start, start + per[stage][chunk]))
+
+
+def stage_layers(num_layers: int, parallel: ParallelConfig, stage: int) -> list[int]:
+    """0-based indices of the layers pipeline stage ``stage`` holds, chunk after chunk (:func:`chunk_layers`).
+
+    Without interleaving stage ``i`` holds a contiguous block of layers; with
+    ``v`` virtual stages the model is cut into ``pp * v`` chunks and stage
+    ``i`` holds chunks ``i, i + pp, i + 2 pp, ...``.
+    """
+    return [i for c in range(parallel.virtual_stages) for i in chunk_layers(num_layers, parallel, stage, c)]
 
 
 # ------------------------------------------------------------------ loading
@@ -330,12 +426,46 @@ def _check_tp(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec
                           f"which sequence_parallel needs")
 
 
+def _check_stages(model: ModelSpec, parallel: ParallelConfig) -> None:
+    """Uneven stages: counts that add up to the model's layers, each a positive multiple of ``v``."""
+    p, v, n = parallel.pp, parallel.virtual_stages, model.layers
+    if parallel.stage_layers is not None:
+        counts = layers_per_stage(n, parallel)
+        if sum(counts) != n:
+            raise ConfigError(f"parallel.stage_layers: {list(counts)} layers per stage sum to {sum(counts)}, not "
+                              f"model.layers={n}")
+        for i, c in enumerate(counts):
+            if isinstance(parallel.stage_layers[i], int) and c % v:
+                raise ConfigError(f"parallel.stage_layers[{i}]: {c} layers cannot be split into "
+                                  f"virtual_stages={v} equal chunks")
+        return
+    given = [(f, getattr(parallel, f)) for f in ("first_stage_layers", "last_stage_layers")
+             if getattr(parallel, f) is not None]
+    for f, c in given:
+        if c % v:
+            raise ConfigError(f"parallel.{f}: {c} layers cannot be split into virtual_stages={v} equal chunks")
+    middle = p - len(given)
+    rest = n - sum(c for _, c in given)
+    if rest < 0 or (middle == 0 and rest) or (middle and rest < middle * v):
+        raise ConfigError(f"parallel.{given[0][0]}: leaves {rest} of model.layers={n} for {middle} middle "
+                          f"stage(s), which need at least virtual_stages={v} layers each"
+                          + (" (and none when there are no middle stages)" if middle == 0 else ""))
+    if middle and rest % (middle * v):
+        raise ConfigError(f"parallel.{given[0][0]}: the {rest} remaining layers cannot be split evenly over "
+                          f"{middle} middle stages x virtual_stages={v}")
+
+
 def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
     p, v, m = parallel.pp, parallel.virtual_stages, num_micro_batches(parallel)
-    if model.layers % (p * v):
+    uneven = (parallel.stage_layers is not None or parallel.first_stage_layers is not None
+              or parallel.last_stage_layers is not None)
+    if uneven:
+        _check_stages(model, parallel)
+    elif model.layers % (p * v):
         valid = [d for d in divisors(model.layers) if (model.layers // d) % v == 0]
         raise ConfigError(f"parallel.pp: model.layers={model.layers} cannot be split into pp*virtual_stages="
-                          f"{p}*{v} equal chunks; valid pp values for virtual_stages={v}: {_valid_list(valid)}")
+                          f"{p}*{v} equal chunks; valid pp values for virtual_stages={v}: {_valid_list(valid)} "
+                          f"(or give parallel.stage_layers)")
     if parallel.schedule == "interleaved":
         if v < 2:
             raise ConfigError("parallel.virtual_stages: the interleaved schedule needs virtual_stages >= 2, "

@@ -91,7 +91,16 @@ from .memory import stage_params
 from .models import ModelSpec
 from .moe import LayerRouting, RoutingModel, route_layer
 from .ops import Kernel, OpGraph
-from .parallel import ParallelConfig, RankLayout, TrainingSpec, num_micro_batches, padded_vocab, stage_layers, validate
+from .parallel import (
+    ParallelConfig,
+    RankLayout,
+    TrainingSpec,
+    chunk_layers,
+    num_micro_batches,
+    padded_vocab,
+    stage_layers,
+    validate,
+)
 from .schedules import PipeAction, pipeline_schedule
 from .sharding import (
     GatherSchedule,
@@ -273,6 +282,7 @@ class _StepBuilder:
         self.dtype = training.dtype_bytes
         self.fp8 = training.fp8
         self._stage_groups: dict[int, tuple[int, ...]] = {}
+        self._chunk_layers: dict[tuple[int, int], list[int]] = {}
         self._fp8_weights: dict[tuple[int, int], tuple[float, float]] = {}
         self.plan = sharding_plan(parallel, training.dtype, options.grad_dtype_bytes)
         self.grad_bytes = self.plan.grad_bytes
@@ -298,9 +308,11 @@ class _StepBuilder:
 
     # -------------------------------------------------------------- layers
     def chunk_layers(self, stage: int, chunk: int) -> list[int]:
-        layers = stage_layers(self.model.layers, self.par, stage)
-        per = len(layers) // self.v
-        return layers[chunk * per:(chunk + 1) * per]
+        key = (stage, chunk)
+        layers = self._chunk_layers.get(key)
+        if layers is None:
+            layers = self._chunk_layers[key] = chunk_layers(self.model.layers, self.par, stage, chunk)
+        return layers
 
     def _tp_counts(self, n: int, phase: str, first: bool, last: bool) -> dict[str, int]:
         """TP collectives of ``n`` layers (+ embedding/output layer) for one pass."""
