@@ -15,7 +15,7 @@ Sections (every section may name a ``preset`` and override its fields)::
     sweep:    {...}                                    # read by ``clustersim sweep`` only
 
 ``parallel.dp`` may be omitted (or ``auto``): it is then the cluster's GPU
-count divided by ``tp·pp``. The world size must equal the cluster's GPUs.
+count divided by ``tp·cp·pp``. The world size must equal the cluster's GPUs.
 """
 
 from __future__ import annotations
@@ -216,18 +216,21 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
         cluster = build_cluster(_section(doc, "cluster"))
     model = model_from_dict(_section(doc, "model"))
     par = _section(doc, "parallel")
-    tp, pp = par.get("tp", 1), par.get("pp", 1)
-    if par.get("dp", "auto") == "auto" and isinstance(tp, int) and isinstance(pp, int) and tp > 0 and pp > 0:
-        dp = derived_dp(cluster.num_gpus, tp, pp)
+    tp, pp, cp = par.get("tp", 1), par.get("pp", 1), par.get("cp", 1)
+    if par.get("dp", "auto") == "auto" and all(isinstance(x, int) and x > 0 for x in (tp, pp, cp)):
+        dp = derived_dp(cluster.num_gpus, tp * cp, pp)
         if dp is None:
-            raise ConfigError(f"parallel.dp: cannot derive dp: tp*pp = {tp * pp} does not divide the "
+            what = "tp*cp*pp" if cp > 1 else "tp*pp"
+            raise ConfigError(f"parallel.dp: cannot derive dp: {what} = {tp * cp * pp} does not divide the "
                               f"cluster's {cluster.num_gpus} GPUs")
         par["dp"] = dp
     parallel = parallel_from_dict(par)
     if parallel.world_size != cluster.num_gpus:
-        raise ConfigError(f"parallel: tp*pp*dp = {parallel.tp}*{parallel.pp}*{parallel.dp} = {parallel.world_size}"
-                          f" but the cluster has {cluster.num_gpus} GPUs; set dp to "
-                          f"{cluster.num_gpus / (parallel.tp * parallel.pp):g} or resize cluster.nodes")
+        cpw = ("cp*", f"{parallel.cp}*") if parallel.cp > 1 else ("", "")
+        raise ConfigError(f"parallel: tp*{cpw[0]}pp*dp = {parallel.tp}*{cpw[1]}{parallel.pp}*{parallel.dp} = "
+                          f"{parallel.world_size} but the cluster has {cluster.num_gpus} GPUs; set dp to "
+                          f"{cluster.num_gpus / (parallel.tp * parallel.cp * parallel.pp):g} or resize "
+                          f"cluster.nodes")
     training = training_from_dict(_section(doc, "training"))
     validate(model, parallel, training)  # impossible combinations fail at load time, with the file's name
     faults, healthy = _faults_from_list(doc.get("faults"), cluster), None
@@ -390,6 +393,8 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
     if m.is_moe:
         model += f", {m.experts} experts top-{m.top_k}"
     layout = f"TP {par.tp} x PP {par.pp} x DP {par.dp}"
+    if par.cp > 1:
+        layout = f"TP {par.tp} x CP {par.cp} ({par.cp_comm_type}) x PP {par.pp} x DP {par.dp}"
     if par.ep > 1:
         layout += f" (EP {par.ep})"
     layout += f", {par.schedule}"

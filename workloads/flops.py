@@ -29,6 +29,17 @@ Counting conventions
 * Sequence parallelism: norms, dropout and residual adds run on ``s / t``
   tokens per rank; without it they run on all ``s`` tokens on every TP rank.
   GEMMs and attention are the same either way.
+* Context parallelism (``cp > 1``, Megatron-Core / Transformer Engine): a
+  rank holds ``s / cp`` tokens of every sequence, so GEMMs and element-wise
+  kernels run on ``b s / cp`` rows, and its attention does ``1 / cp`` of the
+  sequence's attention FLOPs. Ring attention (``p2p``) with causal load
+  balancing (the sequence cut into ``2 cp`` chunks, rank ``i`` holding chunks
+  ``i`` and ``2 cp - 1 - i``) gives every one of its ``cp`` ring steps the same
+  work: a block of ``s / cp`` queries and keys, the shape its rate is looked
+  up at; K and V of the whole sequence stream through HBM. ``all_gather``:
+  one kernel of the local queries over the whole sequence's keys. All-to-all
+  (``a2a``, Ulysses) gives a rank ``heads / (t cp)`` heads over the whole
+  sequence. The communication is the generator's.
 * MoE layers assume balanced routing: an EP rank receives on average
   ``b s top_k`` token-expert pairs per micro-batch whatever ``ep`` is; the
   generator rescales ``experts_*`` ops for skewed routing.
@@ -286,17 +297,27 @@ def _unfused_attention(model: ModelSpec, b: int, s: int, t: int, d: int, causal:
 
 
 def _attention_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: int,
-                       causal: bool, flash_attention: bool = True, fp8: bool = False) -> list[LayerOp]:
+                       causal: bool, flash_attention: bool = True, fp8: bool = False, cp: int = 1,
+                       cp_comm_type: str = "p2p") -> list[LayerOp]:
     h, kv = model.hidden, model.kv_hidden
-    tokens = b * s
+    tokens = b * s // cp
     if flash_attention:
         # A causal FlashAttention kernel computes only the unmasked half of the scores.
         counted = 0.5 if causal else 1.0
-        core_flops = 4.0 * b * s * s * h / t * counted
-        core_bytes = d * tokens * (2 * h + 2 * kv) / t
-        core = [LayerOp("attention", "attention", core_flops, core_bytes, (s, s, model.head_dim),
-                        b * model.heads // t, 0.5 / counted)]
+        core_flops = 4.0 * b * s * s * h / t * counted / cp
+        if cp > 1 and cp_comm_type in ("p2p", "all_gather"):  # Q, O local, all of K, V
+            # ring steps of s/cp x s/cp blocks; all-gather: the local queries over the whole sequence
+            shape = (s // cp, s // cp if cp_comm_type == "p2p" else s, model.head_dim)
+            heads = b * model.heads // t
+            core_bytes = d * b * (2 * h * s // cp + 2 * kv * s) / t
+        else:  # the whole sequence for 1/cp of the heads (a2a), or no CP
+            shape, heads = (s, s, model.head_dim), b * model.heads // (t * cp)
+            core_bytes = d * b * s * (2 * h + 2 * kv) / (t * cp)
+        core = [LayerOp("attention", "attention", core_flops, core_bytes, shape, heads, 0.5 / counted)]
     else:
+        if cp > 1:
+            raise ConfigError("options.flash_attention: context parallelism runs fused attention only "
+                              "(Transformer Engine); set flash_attention: true")
         core = _unfused_attention(model, b, s, t, d, causal)
     return [
         _elementwise("input_norm", 2 * rows * h, d),
@@ -360,7 +381,7 @@ def fp8_weight_params(model: ModelSpec, layer: int, tp: int = 1, ep: int = 1) ->
 
 def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, layer: int = 0,
               sequence_parallel: bool = False, dtype_bytes: int = 2, causal: bool = False,
-              flash_attention: bool = True, fp8: bool = False) -> PassOps:
+              flash_attention: bool = True, fp8: bool = False, cp: int = 1, cp_comm_type: str = "p2p") -> PassOps:
     """Kernels of transformer layer ``layer`` on one TP rank for one micro-batch.
 
     Parameters
@@ -390,6 +411,13 @@ def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, 
         Transformer Engine FP8: the linear layers' GEMMs on FP8 operands with
         their casts (module docstring); ``dtype_bytes`` stays the bf16 of
         everything else.
+    cp : int, default 1
+        Context-parallel degree: this rank's ``seq_len / cp`` tokens and
+        ``1 / cp`` of the attention (module docstring); ``seq_len`` stays the
+        whole sequence.
+    cp_comm_type : {"p2p", "all_gather", "a2a"}
+        Ring attention, all-gather or all-to-all (the attention kernel's
+        shape and heads).
 
     Returns
     -------
@@ -407,10 +435,10 @@ def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, 
     True
     """
     b, s, t, d = micro_batch, seq_len, tp, dtype_bytes
-    tokens = b * s
+    tokens = b * s // cp
     rows = tokens // t if (sequence_parallel and t > 1) else tokens  # element-wise rows
     h = model.hidden
-    fwd = _attention_forward(model, b, s, t, rows, d, causal, flash_attention, fp8)
+    fwd = _attention_forward(model, b, s, t, rows, d, causal, flash_attention, fp8, cp, cp_comm_type)
     fwd.append(_elementwise("mlp_norm", 2 * rows * h, d))
     if model.is_moe_layer(layer):
         fwd += _moe_forward(model, tokens, rows, t, d, fp8)

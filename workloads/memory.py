@@ -26,6 +26,11 @@ themselves are FP8 (1 byte) and only the transpose is added: the same 2 bytes
 as a bf16 weight. Activations are counted in bf16 as below (TE saves some GEMM
 inputs as FP8 copies instead, which this leaves out: an upper bound).
 
+Context parallelism (``parallel.cp``): the distributed optimizer shards over
+the ``dp x cp`` ranks that hold the same weights, and a rank keeps the
+activations of its ``s / cp`` tokens (ring attention keeps only its own K and
+V block; Ulysses its heads over the whole sequence: the same bytes).
+
 Activations (Korthikanti et al. 2022, *Reducing Activation Recomputation in
 Large Transformer Models*, section 4 and Table 2), per layer and micro-batch,
 16-bit activations and 1-byte dropout masks, ``a`` heads, TP degree ``t``:
@@ -233,10 +238,11 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
 
 def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec, stage: int,
                        flash_attention: bool) -> float:
-    b, s, t, d = parallel.micro_batch, training.seq_len, parallel.tp, training.dtype_bytes
+    b, t, d = parallel.micro_batch, parallel.tp, training.dtype_bytes
+    s = training.seq_len // parallel.cp  # context parallelism: this rank's tokens (attention is always fused)
     per_mb = sum(activation_bytes_per_layer(model, i, b, s, t, sequence_parallel=parallel.sp,
                                             recompute=parallel.recompute, dtype_bytes=d,
-                                            flash_attention=flash_attention)
+                                            flash_attention=flash_attention or parallel.cp > 1)
                  for i in stage_layers(model.layers, parallel, stage))
     acts = micro_batches_in_flight(parallel, stage) * per_mb
     if stage == parallel.pp - 1:  # fp32 logits kept by the loss; 1 live except under GPipe
@@ -251,7 +257,7 @@ def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: Training
     dense, routed = stage_params(model, parallel, stage)
     d, z = training.dtype_bytes, parallel.zero
     plan = sharding_plan(parallel, training.dtype, grad_dtype_bytes)
-    a = model_state_bytes(dense, dp=parallel.dp, zero=z, dtype_bytes=d)
+    a = model_state_bytes(dense, dp=parallel.grad_dp, zero=z, dtype_bytes=d)  # CP ranks shard with DP
     e = model_state_bytes(routed, dp=parallel.dp // parallel.ep, zero=z, dtype_bytes=d)
     grads = (a[1] + e[1]) * plan.grad_bytes / d  # the framework's gradient buffer (Megatron: fp32 for bf16)
     params = a[0] + e[0]
