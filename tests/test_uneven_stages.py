@@ -90,6 +90,9 @@ def test_first_and_last_counts_that_fit_are_accepted():
 def test_first_stage_layers_need_a_pipeline():
     with pytest.raises(ConfigError, match="parallel.first_stage_layers: needs pp >= 2"):
         ParallelConfig(first_stage_layers=3)
+    with pytest.raises(ConfigError, match="leaves no middle stage for the other 6"):
+        validate(model_from_dict(UNIFORM), ParallelConfig(pp=2, first_stage_layers=3, last_stage_layers=3,
+                                                          global_batch=2), TrainingSpec())
 
 
 def test_memory_follows_the_layers_of_each_stage():

@@ -491,10 +491,12 @@ def _check_stages(model: ModelSpec, parallel: ParallelConfig) -> None:
             raise ConfigError(f"parallel.{f}: {c} layers cannot be split into virtual_stages={v} equal chunks")
     middle = p - len(given)
     rest = n - sum(c for _, c in given)
-    if rest < 0 or (middle == 0 and rest) or (middle and rest < middle * v):
+    if middle == 0 and rest:
+        raise ConfigError(f"parallel.first_stage_layers: first + last stage layers = {n - rest}, but "
+                          f"model.layers={n} and pp={p} leaves no middle stage for the other {rest}")
+    if rest < 0 or (middle and rest < middle * v):
         raise ConfigError(f"parallel.{given[0][0]}: leaves {rest} of model.layers={n} for {middle} middle "
-                          f"stage(s), which need at least virtual_stages={v} layers each"
-                          + (" (and none when there are no middle stages)" if middle == 0 else ""))
+                          f"stage(s), which need at least virtual_stages={v} layers each")
     if middle and rest % (middle * v):
         raise ConfigError(f"parallel.{given[0][0]}: the {rest} remaining layers cannot be split evenly over "
                           f"{middle} middle stages x virtual_stages={v}")
