@@ -165,3 +165,13 @@ def test_the_fp8_example_loads_and_fits():
     exp = load_experiment(Path(__file__).resolve().parents[1] / "examples" / "llama3-70b-fp8-h100.yaml")
     assert exp.training.fp8 and exp.training.fp8_param_gather and exp.cluster.num_gpus == 64
     assert exp.memory().fits(80e9)
+
+
+def test_the_mlperf_style_gpt3_example_loads_and_fits():
+    from pathlib import Path
+
+    from simulator.experiment import load_experiment
+    exp = load_experiment(Path(__file__).resolve().parents[1] / "examples" / "gpt3-175b-mlperf-fp8-h100.yaml")
+    par = exp.parallel
+    assert (par.tp, par.pp, par.virtual_stages, exp.training.dtype) == (4, 8, 4, "fp8")
+    assert exp.memory().fits(80e9)
