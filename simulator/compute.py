@@ -11,12 +11,22 @@ gemm
     matmul FLOP/s, :mod:`topologies.gpus`). A batched GEMM (the ``b·a/t``
     heads of unfused attention) is timed as ``batch`` GEMMs in one launch,
     never with the batch folded into a GEMM dimension.
+gemm_fp8
+    the same wave/tile model at the GPU's dense FP8 peak under its measured
+    FP8 ceiling (``GPUSpec.matmul_efficiency_fp8``, or
+    ``fp8_matmul_efficiency``), 1-byte operands. The FP8 rate is the 16-bit one
+    times ``r = peak(fp8) / peak(bf16)`` (2 on Hopper and Blackwell) with the
+    same SMs and L2, so a tile needs ``r`` times the FLOPs per operand byte to
+    stay fed (critical intensity ``× r``) and its fixed pipeline fill, a time,
+    is ``r`` times as many elements of ``k`` (``gemm_k_overhead × r``). Its
+    kernels may schedule stream-K (:mod:`simulator.gemm`), which the
+    published FP8 best shapes show cuBLASLt does.
 attention, attention_bwd
     :mod:`simulator.attention`: the published forward and backward rates of
     the fused kernel (FlashAttention-2/3, cuDNN) for the GPU generation, head
     dimension and sequence length; ``attention_efficiency`` overrides them with
     one flat fraction of peak for both passes.
-elementwise, optimizer
+elementwise, fp8_cast, optimizer
     memory-bound: ``nbytes / (hbm_bandwidth · memory_efficiency)``; default
     0.85, what STREAM-like kernels reach on HBM2e/HBM3.
 scores
@@ -59,9 +69,17 @@ class ComputeModel:
     ----------
     gpu : GPUSpec
     dtype : str
-        Datatype of the matrix units (``"bf16"``, ``"fp8"`` ...).
+        Training datatype (``"bf16"``, ``"fp16"``, ``"fp32"``, ``"fp8"``):
+        the peak of ``gemm`` and attention kernels. ``"fp8"`` is Transformer
+        Engine's mixed FP8: ``gemm_fp8`` kernels at the FP8 peak, every other
+        kernel at bf16 (:attr:`base_dtype`). ``gemm_fp8`` kernels always run at
+        the FP8 peak, whatever ``dtype``.
     matmul_efficiency : float or None
         Overrides ``gpu.matmul_efficiency`` (the best-shape GEMM ceiling).
+    fp8_matmul_efficiency : float or None
+        Overrides ``gpu.matmul_efficiency_fp8`` (the best-shape FP8 GEMM
+        ceiling, a fraction of the FP8 peak); needed for FP8 on a GPU without
+        a published FP8 measurement.
     attention_kernel : str or None
         Fused attention kernel whose published rates to use (``fa2``, ``fa3``,
         ``cudnn``; :func:`simulator.attention.kernels_for`); default the GPU
@@ -84,6 +102,7 @@ class ComputeModel:
     gpu: GPUSpec
     dtype: str = "bf16"
     matmul_efficiency: float | None = None
+    fp8_matmul_efficiency: float | None = None
     attention_kernel: str | None = None
     attention_efficiency: float | None = None
     memory_efficiency: float = 0.85
@@ -92,8 +111,11 @@ class ComputeModel:
     op_overhead_s: float = 1e-6
 
     def __post_init__(self) -> None:
-        self.gpu.peak(self.dtype)  # raises a clear ValueError for an unsupported dtype
-        for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency", "score_memory_efficiency"):
+        if self.dtype not in self.gpu.peak_flops:
+            raise ValueError(f"training.dtype: {self.dtype!r} is not supported by {self.gpu.name}; valid: "
+                             f"{', '.join(sorted(self.gpu.peak_flops))}")
+        for name in ("matmul_efficiency", "fp8_matmul_efficiency", "attention_efficiency", "memory_efficiency",
+                     "score_memory_efficiency"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and 0 < v <= 1):
                 raise ValueError(f"compute.{name}: must be a number in (0, 1], got {v!r}")
@@ -110,9 +132,18 @@ class ComputeModel:
                                  f"{self.gpu.name} ({self.gpu.arch}); valid: {valid} "
                                  f"(or set compute.attention_efficiency)")
 
+        if self.dtype == "fp8":
+            _ = self.fp8_gemm  # raises a clear ValueError without a measured (or given) FP8 ceiling
+
+    @property
+    def base_dtype(self) -> str:
+        """The dtype of every kernel but ``gemm_fp8``: ``bf16`` under FP8 training, else :attr:`dtype`."""
+        return "bf16" if self.dtype == "fp8" else self.dtype
+
     @property
     def peak_flops(self) -> float:
-        return self.gpu.peak(self.dtype)
+        """Dense peak FLOP/s of :attr:`base_dtype` (``gemm``, attention)."""
+        return self.gpu.peak(self.base_dtype)
 
     @property
     def fused_attention_kernel(self) -> str:
@@ -124,15 +155,31 @@ class ComputeModel:
         """The wave/tile GEMM model of this GPU and datatype."""
         eff = self.matmul_efficiency if self.matmul_efficiency is not None else self.gpu.matmul_efficiency
         return GemmModel(self.peak_flops, self.gpu.sm_count, eff, self.gpu.gemm_critical_intensity,
-                         self.gpu.hbm_bandwidth, _DTYPE_BYTES.get(self.dtype, 2), self.gemm_k_overhead)
+                         self.gpu.hbm_bandwidth, _DTYPE_BYTES.get(self.base_dtype, 2), self.gemm_k_overhead)
+
+    @cached_property
+    def fp8_gemm(self) -> GemmModel:
+        """The wave/tile GEMM model of FP8 operands (module docstring, ``gemm_fp8``)."""
+        if "fp8" not in self.gpu.peak_flops:
+            raise ValueError(f"training.dtype: fp8 needs FP8 tensor cores; {self.gpu.name} has none "
+                             f"(valid: {', '.join(sorted(self.gpu.peak_flops))})")
+        eff = self.fp8_matmul_efficiency if self.fp8_matmul_efficiency is not None \
+            else self.gpu.matmul_efficiency_fp8
+        if eff is None:
+            raise ValueError(f"compute.fp8_matmul_efficiency: {self.gpu.name} has no measured FP8 GEMM ceiling; "
+                             f"set it (a fraction of the FP8 peak in (0, 1])")
+        ratio = self.gpu.peak("fp8") / self.gpu.peak("bf16")
+        return GemmModel(self.gpu.peak("fp8"), self.gpu.sm_count, eff, self.gpu.gemm_critical_intensity * ratio,
+                         self.gpu.hbm_bandwidth, 1, round(self.gemm_k_overhead * ratio), stream_k=True)
 
     def achieved_flops(self, op: Compute | Kernel) -> float:
         """Sustained FLOP/s of ``op`` (before the memory roofline)."""
-        if op.category == "gemm":
+        if op.category in ("gemm", "gemm_fp8"):
+            gemm = self.gemm if op.category == "gemm" else self.fp8_gemm
             if op.shape is not None:
                 m, n, k = op.shape
-                return self.gemm.achieved_flops(m, n, k, getattr(op, "batch", 1))
-            return self.peak_flops * self.gemm.efficiency
+                return gemm.achieved_flops(m, n, k, getattr(op, "batch", 1))
+            return gemm.peak_flops * gemm.efficiency
         if op.category in ("attention", "attention_bwd"):
             if self.attention_efficiency is not None:
                 return self.peak_flops * self.attention_efficiency

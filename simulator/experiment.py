@@ -16,7 +16,7 @@ Sections (every section may name a ``preset`` and override its fields)::
     plan:     {port_speed: auto, components: {...}}    # optional: capacity planning (topologies.components)
 
 ``parallel.dp`` may be omitted (or ``auto``): it is then the cluster's GPU
-count divided by ``tp·pp``. The world size must equal the cluster's GPUs.
+count divided by ``tp·cp·pp``. The world size must equal the cluster's GPUs.
 """
 
 from __future__ import annotations
@@ -43,7 +43,14 @@ from workloads.errors import ConfigError
 from workloads.memory import MemoryBreakdown, memory_per_gpu
 from workloads.models import ModelSpec, model_from_dict
 from workloads.moe import RoutingModel, routing_from_dict
-from workloads.parallel import ParallelConfig, TrainingSpec, parallel_from_dict, training_from_dict, validate
+from workloads.parallel import (
+    ParallelConfig,
+    TrainingSpec,
+    layers_per_stage,
+    parallel_from_dict,
+    training_from_dict,
+    validate,
+)
 from workloads.training import StepOptions, TrainingStep, training_step
 
 from .compute import ComputeModel
@@ -215,18 +222,21 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
         cluster = build_cluster(_section(doc, "cluster"))
     model = model_from_dict(_section(doc, "model"))
     par = _section(doc, "parallel")
-    tp, pp = par.get("tp", 1), par.get("pp", 1)
-    if par.get("dp", "auto") == "auto" and isinstance(tp, int) and isinstance(pp, int) and tp > 0 and pp > 0:
-        dp = derived_dp(cluster.num_gpus, tp, pp)
+    tp, pp, cp = par.get("tp", 1), par.get("pp", 1), par.get("cp", 1)
+    if par.get("dp", "auto") == "auto" and all(isinstance(x, int) and x > 0 for x in (tp, pp, cp)):
+        dp = derived_dp(cluster.num_gpus, tp * cp, pp)
         if dp is None:
-            raise ConfigError(f"parallel.dp: cannot derive dp: tp*pp = {tp * pp} does not divide the "
+            what = "tp*cp*pp" if cp > 1 else "tp*pp"
+            raise ConfigError(f"parallel.dp: cannot derive dp: {what} = {tp * cp * pp} does not divide the "
                               f"cluster's {cluster.num_gpus} GPUs")
         par["dp"] = dp
     parallel = parallel_from_dict(par)
     if parallel.world_size != cluster.num_gpus:
-        raise ConfigError(f"parallel: tp*pp*dp = {parallel.tp}*{parallel.pp}*{parallel.dp} = {parallel.world_size}"
-                          f" but the cluster has {cluster.num_gpus} GPUs; set dp to "
-                          f"{cluster.num_gpus / (parallel.tp * parallel.pp):g} or resize cluster.nodes")
+        cpw = ("cp*", f"{parallel.cp}*") if parallel.cp > 1 else ("", "")
+        raise ConfigError(f"parallel: tp*{cpw[0]}pp*dp = {parallel.tp}*{cpw[1]}{parallel.pp}*{parallel.dp} = "
+                          f"{parallel.world_size} but the cluster has {cluster.num_gpus} GPUs; set dp to "
+                          f"{cluster.num_gpus / (parallel.tp * parallel.cp * parallel.pp):g} or resize "
+                          f"cluster.nodes")
     training = training_from_dict(_section(doc, "training"))
     validate(model, parallel, training)  # impossible combinations fail at load time, with the file's name
     faults, healthy = _faults_from_list(doc.get("faults"), cluster), None
@@ -393,11 +403,16 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
     if m.is_moe:
         model += f", {m.experts} experts top-{m.top_k}"
     layout = f"TP {par.tp} x PP {par.pp} x DP {par.dp}"
+    if par.cp > 1:
+        layout = f"TP {par.tp} x CP {par.cp} ({par.cp_comm_type}) x PP {par.pp} x DP {par.dp}"
     if par.ep > 1:
         layout += f" (EP {par.ep})"
     layout += f", {par.schedule}"
     if par.virtual_stages > 1:
         layout += f" x{par.virtual_stages} virtual"
+    counts = layers_per_stage(m.layers, par)
+    if len(set(counts)) > 1:
+        layout += f", layers per stage {_runs(counts)}"
     micro = step.num_micro_batches if step is not None else par.global_batch // (par.micro_batch * par.dp)
     layout += f", micro-batch {par.micro_batch} x {micro} per pipeline (global batch {par.global_batch})"
     extras = [x for x in ("SP" if par.sequence_parallel else "",
@@ -405,14 +420,28 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
                           f"ZeRO-{par.zero}" if par.zero else "") if x]
     if extras:
         layout += ", " + ", ".join(extras)
-    training = f"seq {tr.seq_len}, {tr.dtype}, fidelity {exp.fidelity}"
+    dtype = tr.dtype + (" (FP8 parameter all-gather)" if tr.fp8_param_gather else "")
+    training = f"seq {tr.seq_len}, {dtype}, fidelity {exp.fidelity}"
     return {"cluster": cluster, "fabric": fabric, "model": model, "layout": layout, "training": training}
+
+
+def _runs(counts: tuple[int, ...]) -> str:
+    """``(7, 8, 8, 8, 7)`` as ``[7, 8x3, 7]``."""
+    out: list[str] = []
+    i = 0
+    while i < len(counts):
+        j = i
+        while j < len(counts) and counts[j] == counts[i]:
+            j += 1
+        out.append(str(counts[i]) if j - i == 1 else f"{counts[i]}x{j - i}")
+        i = j
+    return "[" + ", ".join(out) + "]"
 
 
 def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment, memory: MemoryBreakdown) -> None:
     """Add MFU, TFLOP/s, bubble and memory to ``result.summary`` and fill ``result.stages``."""
     world = step.parallel.world_size
-    peak = exp.cluster.gpu.peak(exp.training.dtype)
+    peak = exp.cluster.gpu.peak(exp.training.base_dtype)  # FP8 training: MFU of the dense bf16 peak
     stages = pipeline_stages(result, step)
     result.stages = stages
     window = stages["busy_s"].iloc[0] + stages["bubble_s"].iloc[0] if len(stages) else 0.0

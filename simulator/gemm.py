@@ -36,6 +36,18 @@ terms, each with where it comes from:
 * **Split-K** — when ``m·n`` gives too few tiles, cuBLAS splits ``k`` over
   ``split`` tiles and reduces their fp32 partials; we try ``split`` in
   1, 2, 4, 8, 16 and charge the reduction as HBM traffic.
+* **Stream-K** (``stream_k``, FP8 GEMMs on Hopper and later) — a persistent
+  kernel deals every SM an equal share of all tiles' k-iterations, so there is
+  no partial last wave: ``t = 2·tm·tn·(tiles·k / sm_count + (ceil(tiles /
+  sm_count) + 1)·k_overhead) / rate`` (each SM fills its pipeline once per tile
+  segment it touches; the fp32 fix-up of the split tiles stays in L2 and is not
+  charged). Evidence that cuBLASLt's FP8 kernels schedule this way: the MAMF
+  search found FP8's best shapes at tile counts far from a multiple of the SMs
+  (1024×9216×14336 on H100: 288 tiles of 256×128 on 132 SMs, 2.2 waves of work;
+  1280×4096×12032 on H200: 160 tiles, 1.2 waves), which a wave-quantised
+  kernel could not reach (it would run 3 and 2 full waves, 73% and 61% of its
+  rate), while 16-bit's best shape (2048×2048×13312: 128 tiles) is one full
+  wave. 16-bit GEMMs keep the wave model, which their published timings fit.
 
 The operand traffic to HBM (the memory roofline) and the per-kernel launch
 cost are the caller's (:class:`simulator.compute.ComputeModel`).
@@ -78,6 +90,8 @@ class GemmModel:
         Bytes per operand element.
     k_overhead : int
         Per-tile pipeline fill and drain, elements of ``k``.
+    stream_k : bool
+        Also consider a stream-K schedule (no wave quantisation; module docstring).
     """
 
     peak_flops: float
@@ -87,6 +101,7 @@ class GemmModel:
     hbm_bandwidth: float
     dtype_bytes: int = 2
     k_overhead: int = K_OVERHEAD
+    stream_k: bool = False
 
     def tile_efficiency(self, tm: int, tn: int) -> float:
         """Rate of a ``tm × tn`` tile relative to a tile that is never short of operands."""
@@ -98,7 +113,7 @@ class GemmModel:
         return _best_time(self, int(m), int(n), int(k), int(batch))[0]
 
     def tile(self, m: int, n: int, k: int, batch: int = 1) -> tuple[int, int, int]:
-        """``(tm, tn, split)`` the model picks."""
+        """``(tm, tn, split)`` the model picks (``split`` 0: a stream-K schedule)."""
         return _best_time(self, int(m), int(n), int(k), int(batch))[1]
 
     def achieved_flops(self, m: int, n: int, k: int, batch: int = 1) -> float:
@@ -113,6 +128,11 @@ def _best_time(model: GemmModel, m: int, n: int, k: int, batch: int) -> tuple[fl
     for tm, tn in TILES:
         rate = per_sm * model.tile_efficiency(tm, tn)
         tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        if model.stream_k and tiles > model.sm_count:
+            segments = math.ceil(tiles / model.sm_count) + 1
+            t = 2.0 * tm * tn * (tiles * k / model.sm_count + segments * model.k_overhead) / rate
+            if t < best[0]:
+                best = (t, (tm, tn, 0))  # split 0: stream-K
         for split in SPLITS:
             if split > 1 and (k // split < 2 * model.k_overhead or tiles >= model.sm_count):
                 break

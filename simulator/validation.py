@@ -126,6 +126,9 @@ ENTRIES: tuple[Entry, ...] = (
           "128 layers instead of 126; v=4 assumed; leaf-spine instead of 3-layer Clos"),
     Entry("llama3-405b-16384", 16384, "mfu", 0.41, _LLAMA3,
           "128 layers instead of 126; v=4 assumed; leaf-spine instead of 3-layer Clos"),
+    # Llama 3 405B long-context pre-training: 131K tokens, context parallelism 16 (all-gather CP).
+    Entry("llama3-405b-131k-cp16", 16384, "mfu", 0.38, _LLAMA3,
+          "v=4 assumed; no document masking; leaf-spine instead of 3-layer Clos"),
 )
 """Every validation entry, smallest first within each source."""
 

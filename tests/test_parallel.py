@@ -28,7 +28,7 @@ def test_defaults():
     assert p.global_batch == 8                       # one micro-batch per replica
     assert p.grad_bucket_bytes is None               # the implementation's (workloads.sharding)
     assert p.zero_impl == "auto" and p.zero_overlap
-    assert p.placement == ("tp", "dp", "pp")         # Megatron: TP innermost
+    assert p.placement == ("tp", "dp", "pp")         # Megatron: TP innermost (CP follows TP)
     assert (TRAIN.seq_len, TRAIN.dtype, TRAIN.dtype_bytes) == (2048, "bf16", 2)
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from simulator.experiment import experiment_from_dict, read_experiment_file
 from simulator.validation import COLUMNS, ENTRIES, METRICS, VALIDATION_DIR, get_entry, validate_against_published
+from workloads.parallel import layers_per_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALLEST = min(ENTRIES, key=lambda e: e.gpus)
@@ -37,7 +38,7 @@ def test_entry_file_loads_and_matches_published_setup(entry):
     assert text.startswith("#") and "Source:" in text and "Published:" in text, "header cites source and number"
     exp = experiment_from_dict(read_experiment_file(entry.path))
     assert exp.cluster.num_gpus == entry.gpus == exp.parallel.world_size
-    assert exp.model.layers % (exp.parallel.pp * exp.parallel.virtual_stages) == 0
+    assert sum(layers_per_stage(exp.model.layers, exp.parallel)) == exp.model.layers
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)

@@ -68,7 +68,11 @@ class GPUSpec:
         Streaming multiprocessors (used for GEMM wave quantisation).
     matmul_efficiency : float
         Fraction of peak the best-shaped GEMMs reach (cuBLAS-class; the
-        maximum achievable matmul FLOP/s of a shape search).
+        maximum achievable matmul FLOP/s of a shape search), 16-bit operands.
+    matmul_efficiency_fp8 : float or None
+        The same for FP8 (E4M3) operands, as a fraction of the FP8 dense peak;
+        None where no measurement exists (FP8 GEMMs then need
+        ``compute.fp8_matmul_efficiency``).
     nvlink_efficiency : float
         Fraction of the NVLink rate NCCL's ring reaches at large sizes
         (nccl-tests bus bandwidth on one NVSwitch node / NVLink rate).
@@ -91,6 +95,7 @@ class GPUSpec:
     nic_bandwidth: float
     sm_count: int
     matmul_efficiency: float = 0.8
+    matmul_efficiency_fp8: float | None = None
     gemm_critical_intensity: float = 64.0
     nvlink_efficiency: float = 0.8
     arch: str = "sm90"

@@ -21,6 +21,21 @@ every other shape below it by waves, tiles and pipeline fill:
 * B200: no MAMF row was available; early reports of large BF16 GEMMs give
   ~1.5-1.7 PFLOP/s of 2.25, so 0.70, the least certain number here.
 
+``matmul_efficiency_fp8`` is the same search's FP8 table (``torch._scaled_mm``
+on ``float8_e4m3fn`` inputs, per-tensor scales, bf16 output, cuBLASLt; same
+README and commit, "FP8 (float8_e4m3fn)"), as a fraction of the dense FP8 peak:
+
+* H100-SXM: 1402.6 of 1979 TFLOP/s (1024×9216×14336, torch 2.7.0+cu126): 0.709.
+* H200-SXM: 1453.4 of 1979 (1280×4096×12032, torch 2.7.1+cu128): 0.734.
+* B200: 3432.5 of 4500 (15360×4096×3072, torch 2.7.1+cu128): 0.763.
+* GB200: 3615.6 of 5000 (19456×5120×1536, torch 2.10 nightly, cu130): 0.723.
+* GB300: no row; the B300 SXM row (the same Blackwell Ultra die), 3353.3 of
+  4500 (3072×6144×7168, torch 2.9.1+cu130): 0.745.
+
+``_scaled_mm`` runs without fast accumulation, as Transformer Engine's backward
+(``dgrad``, ``wgrad``) GEMMs do; TE's forward GEMMs use fast accumulation and
+may run somewhat faster. A100 has no FP8.
+
 ``nvlink_efficiency`` is nccl-tests' bus bandwidth at multi-GB sizes on one
 8-GPU NVSwitch node over the NVLink rate per direction: A100 all-reduce /
 all-gather / reduce-scatter 235 / 223 / 232 GB/s of 300 (0.77;
@@ -88,6 +103,7 @@ GPU_SPECS: dict[str, GPUSpec] = {
         nic_bandwidth=400e9 / 8,
         sm_count=132,
         matmul_efficiency=0.803,
+        matmul_efficiency_fp8=0.709,
         gemm_critical_intensity=85.3,
         nvlink_efficiency=0.81,
         source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM); DGX H100 User Guide",
@@ -106,6 +122,7 @@ GPU_SPECS: dict[str, GPUSpec] = {
         nic_bandwidth=400e9 / 8,
         sm_count=132,
         matmul_efficiency=0.803,
+        matmul_efficiency_fp8=0.734,
         gemm_critical_intensity=85.3,
         nvlink_efficiency=0.81,
         source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM); DGX H200 User Guide",
@@ -126,6 +143,7 @@ GPU_SPECS: dict[str, GPUSpec] = {
         nic_bandwidth=400e9 / 8,
         sm_count=148,
         matmul_efficiency=0.70,
+        matmul_efficiency_fp8=0.763,
         gemm_critical_intensity=85.3,
         nvlink_efficiency=0.81,
         arch="sm100",
@@ -150,6 +168,7 @@ GPU_SPECS: dict[str, GPUSpec] = {
         nic_bandwidth=400e9 / 8,
         sm_count=148,
         matmul_efficiency=0.70,
+        matmul_efficiency_fp8=0.723,
         gemm_critical_intensity=85.3,
         nvlink_efficiency=0.81,
         arch="sm100",
@@ -171,6 +190,7 @@ GPU_SPECS: dict[str, GPUSpec] = {
         nic_bandwidth=800e9 / 8,
         sm_count=160,
         matmul_efficiency=0.70,
+        matmul_efficiency_fp8=0.745,
         gemm_critical_intensity=85.3,
         nvlink_efficiency=0.81,
         arch="sm100",

@@ -29,9 +29,42 @@ Counting conventions
 * Sequence parallelism: norms, dropout and residual adds run on ``s / t``
   tokens per rank; without it they run on all ``s`` tokens on every TP rank.
   GEMMs and attention are the same either way.
+* Context parallelism (``cp > 1``, Megatron-Core / Transformer Engine): a
+  rank holds ``s / cp`` tokens of every sequence, so GEMMs and element-wise
+  kernels run on ``b s / cp`` rows, and its attention does ``1 / cp`` of the
+  sequence's attention FLOPs. Ring attention (``p2p``) with causal load
+  balancing (the sequence cut into ``2 cp`` chunks, rank ``i`` holding chunks
+  ``i`` and ``2 cp - 1 - i``) gives every one of its ``cp`` ring steps the same
+  work: a block of ``s / cp`` queries and keys, the shape its rate is looked
+  up at; K and V of the whole sequence stream through HBM. ``all_gather``:
+  one kernel of the local queries over the whole sequence's keys. All-to-all
+  (``a2a``, Ulysses) gives a rank ``heads / (t cp)`` heads over the whole
+  sequence. The communication is the generator's.
 * MoE layers assume balanced routing: an EP rank receives on average
   ``b s top_k`` token-expert pairs per micro-batch whatever ``ep`` is; the
   generator rescales ``experts_*`` ops for skewed routing.
+
+FP8 (``fp8=True``: Transformer Engine under Megatron-Core, delayed scaling)
+--------------------------------------------------------------------------
+The GEMMs of TE's linear modules -- QKV, attention output projection, MLP (or
+expert and shared-expert) up and down -- are FP8 GEMMs (category
+``gemm_fp8``: FP8 operands, bf16 output, timed at the GPU's FP8 rate). The
+attention core, softmax, norms, activations, the router and the output layer
+stay bf16 (Megatron's output layer is not a TE module; FP8 attention is off by
+default). Per FP8 GEMM ``Y[m,n] = X[m,k] W[k,n]``:
+
+* forward: ``*.fp8_cast`` casts ``X`` to FP8 and to its FP8 transpose
+  (Hopper's FP8 GEMMs take only the ``TN`` layout, so the weight-gradient GEMM
+  needs ``Xᵀ``): read 2, write 1 + 1 = :data:`FP8_CAST_BYTES` per element.
+  When the norm before QKV / MLP-up writes FP8 directly (TE's
+  ``LayerNormLinear``, no sequence parallelism) only the transpose remains,
+  less the byte the norm no longer writes: 1 byte per element;
+* GEMM bytes: ``m k + k n`` FP8 operands, ``2 m n`` bf16 output;
+* backward: ``*.fp8_cast_grad`` casts ``dY`` (``m n``, 4 bytes per element),
+  then the FP8 ``dgrad`` and ``wgrad`` GEMMs;
+* the weights are cast once per step, not per micro-batch (TE caches the FP8
+  weights from the first micro-batch): :func:`fp8_weight_params` and the
+  generator's ``fp8_weight_cast`` op; the amax reductions are the generator's.
 """
 
 from __future__ import annotations
@@ -48,10 +81,15 @@ __all__ = [
     "LayerOp", "PassOps", "layer_ops", "embedding_ops", "logits_ops", "optimizer_op", "optimizer_step_ops",
     "accumulate_gradients",
     "backward_of", "model_flops_per_step", "hardware_flops_per_step", "narayanan_flops_per_step",
-    "ADAM_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM",
+    "fp8_weight_params", "fp8_gemm_modules",
+    "ADAM_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM", "FP8_CAST_BYTES",
 ]
 
-OP_CATEGORIES = ("gemm", "attention", "attention_bwd", "elementwise", "scores", "optimizer")
+OP_CATEGORIES = ("gemm", "gemm_fp8", "attention", "attention_bwd", "elementwise", "fp8_cast", "scores", "optimizer")
+FP8_CAST_BYTES = 4
+"""HBM bytes per element of Transformer Engine's cast-transpose of a bf16 tensor to FP8: read 2, write the
+FP8 copy (1) and its FP8 transpose (1) (``fp8_cast_transpose_fused``; cuBLASLt's FP8 GEMMs on Hopper take
+only the ``TN`` layout, so the backward GEMMs need the transposed copies)."""
 ADAM_BYTES_PER_PARAM = 28
 """HBM bytes per parameter of one Adam step.
 
@@ -74,9 +112,10 @@ class LayerOp:
     ----------
     name : str
         Kernel name, e.g. ``"qkv"``, ``"qkv.wgrad"``, ``"attention.bwd"``.
-    category : {"gemm", "attention", "attention_bwd", "elementwise", "scores", "optimizer"}
+    category : {"gemm", "gemm_fp8", "attention", "attention_bwd", "elementwise", "fp8_cast", "scores", "optimizer"}
         Efficiency class for the hardware model (``scores``: element-wise
-        kernels over the ``s × s`` attention scores of unfused attention).
+        kernels over the ``s × s`` attention scores of unfused attention;
+        ``gemm_fp8``: a GEMM on FP8 operands; ``fp8_cast``: an FP8 cast).
     flops : float
         Floating-point operations (multiply and add counted separately).
     nbytes : float
@@ -133,6 +172,25 @@ def _gemm(name: str, m: int, n: int, k: int, dtype_bytes: int, batch: int = 1, c
                    (m, n, k), batch, 1.0 / counted)
 
 
+def _gemm_fp8(name: str, m: int, n: int, k: int, out_bytes: int) -> LayerOp:
+    """``Y[m,n] = X[m,k] W[k,n]`` on FP8 operands (1 byte each), ``out_bytes`` per output element."""
+    return LayerOp(name, "gemm_fp8", 2.0 * m * n * k, float(m * k + k * n + out_bytes * m * n), (m, n, k))
+
+
+def _linear(name: str, m: int, n: int, k: int, dtype_bytes: int, fp8: bool, norm_fused: bool = False
+            ) -> list[LayerOp]:
+    """A linear layer ``Y[m,n] = X[m,k] W[k,n]``: one GEMM, or under FP8 the cast of ``X`` and an FP8 GEMM.
+
+    ``norm_fused``: the norm before it writes FP8 directly (TE ``LayerNormLinear``), leaving the transpose
+    (read 1, write 1) less the byte per element the norm no longer writes: 1 byte per element of ``X``.
+    """
+    if not fp8:
+        return [_gemm(name, m, n, k, dtype_bytes)]
+    per_element = 1 if norm_fused else FP8_CAST_BYTES
+    return [LayerOp(f"{name}.fp8_cast", "fp8_cast", 0.0, float(per_element * m * k)),
+            _gemm_fp8(name, m, n, k, dtype_bytes)]
+
+
 def _elementwise(name: str, elements: float, dtype_bytes: int) -> LayerOp:
     """A memory-bound kernel touching ``elements`` values (reads plus writes)."""
     return LayerOp(name, "elementwise", 0.0, float(elements * dtype_bytes))
@@ -157,7 +215,8 @@ def accumulate_gradients(backward: list[LayerOp], params: float, main_grad_bytes
                                    params * (2 * main_grad_bytes + dtype_bytes))]
     out = []
     for op in backward:
-        if op.category == "gemm" and op.name.endswith(".wgrad") and op.batch == 1 and op.shape is not None:
+        if (op.category in ("gemm", "gemm_fp8") and op.name.endswith(".wgrad") and op.batch == 1
+                and op.shape is not None):
             k, n, _m = op.shape  # the output of a weight-gradient GEMM is the weight
             op = LayerOp(op.name, op.category, op.flops, op.nbytes + (2 * main_grad_bytes - dtype_bytes) * k * n,
                          op.shape, op.batch, op.executed)
@@ -180,11 +239,22 @@ def backward_of(forward: list[LayerOp]) -> list[LayerOp]:
     and batch: ``dX = dY Wᵀ`` (``(m, k, n)``, ``.dgrad``) and ``dW = Xᵀ dY``
     (``(k, n, m)``, ``.wgrad``). For a batched GEMM of two activations (``Q Kᵀ``,
     ``P V``) the two are the gradients of both operands, each still one GEMM per
-    head: the batch is never folded into a GEMM dimension.
+    head: the batch is never folded into a GEMM dimension. An FP8 GEMM's
+    backward first casts ``dY`` to FP8 (and its transpose), then runs both
+    GEMMs on FP8 operands with a bf16 output; an FP8 cast has no backward.
     """
     out: list[LayerOp] = []
     for op in reversed(forward):
-        if op.category == "gemm":
+        if op.category == "fp8_cast":
+            continue
+        if op.category == "gemm_fp8":
+            assert op.shape is not None
+            m, n, k = op.shape
+            d = (op.nbytes - m * k - k * n) / (m * n)  # bytes of the output element
+            out.append(LayerOp(f"{op.name}.fp8_cast_grad", "fp8_cast", 0.0, float(FP8_CAST_BYTES * m * n)))
+            out.append(LayerOp(f"{op.name}.dgrad", "gemm_fp8", op.flops, m * n + n * k + d * m * k, (m, k, n)))
+            out.append(LayerOp(f"{op.name}.wgrad", "gemm_fp8", op.flops, k * m + m * n + d * k * n, (k, n, m)))
+        elif op.category == "gemm":
             assert op.shape is not None
             m, n, k = op.shape
             d = op.nbytes / (op.batch * (m * k + k * n + m * n))
@@ -227,53 +297,91 @@ def _unfused_attention(model: ModelSpec, b: int, s: int, t: int, d: int, causal:
 
 
 def _attention_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: int,
-                       causal: bool, flash_attention: bool = True) -> list[LayerOp]:
+                       causal: bool, flash_attention: bool = True, fp8: bool = False, cp: int = 1,
+                       cp_comm_type: str = "p2p") -> list[LayerOp]:
     h, kv = model.hidden, model.kv_hidden
-    tokens = b * s
+    tokens = b * s // cp
     if flash_attention:
         # A causal FlashAttention kernel computes only the unmasked half of the scores.
         counted = 0.5 if causal else 1.0
-        core_flops = 4.0 * b * s * s * h / t * counted
-        core_bytes = d * tokens * (2 * h + 2 * kv) / t
-        core = [LayerOp("attention", "attention", core_flops, core_bytes, (s, s, model.head_dim),
-                        b * model.heads // t, 0.5 / counted)]
+        core_flops = 4.0 * b * s * s * h / t * counted / cp
+        if cp > 1 and cp_comm_type in ("p2p", "all_gather"):  # Q, O local, all of K, V
+            # ring steps of s/cp x s/cp blocks; all-gather: the local queries over the whole sequence
+            shape = (s // cp, s // cp if cp_comm_type == "p2p" else s, model.head_dim)
+            heads = b * model.heads // t
+            core_bytes = d * b * (2 * h * s // cp + 2 * kv * s) / t
+        else:  # the whole sequence for 1/cp of the heads (a2a), or no CP
+            shape, heads = (s, s, model.head_dim), b * model.heads // (t * cp)
+            core_bytes = d * b * s * (2 * h + 2 * kv) / (t * cp)
+        core = [LayerOp("attention", "attention", core_flops, core_bytes, shape, heads, 0.5 / counted)]
     else:
+        if cp > 1:
+            raise ConfigError("options.flash_attention: context parallelism runs fused attention only "
+                              "(Transformer Engine); set flash_attention: true")
         core = _unfused_attention(model, b, s, t, d, causal)
     return [
         _elementwise("input_norm", 2 * rows * h, d),
-        _gemm("qkv", tokens, (h + 2 * kv) // t, h, d),
+        *_linear("qkv", tokens, (h + 2 * kv) // t, h, d, fp8, norm_fused=rows == tokens),
         *core,
-        _gemm("attn_out", tokens, h, h // t, d),
+        *_linear("attn_out", tokens, h, h // t, d, fp8),
         _elementwise("attn_residual", 3 * rows * h, d),
     ]
 
 
-def _mlp_forward(prefix: str, model: ModelSpec, tokens: int, width: int, d: int) -> list[LayerOp]:
+def _mlp_forward(prefix: str, model: ModelSpec, tokens: int, width: int, d: int, fp8: bool = False,
+                 norm_fused: bool = False) -> list[LayerOp]:
     """Up (gate+up fused when gated), activation, down for ``tokens`` rows of a ``width``-wide MLP shard."""
     h, gates = model.hidden, model.mlp_matrices - 1
     act_elements = tokens * width * (gates + 1)  # read 1 (GeLU) or 2 (SwiGLU) inputs, write 1
     return [
-        _gemm(f"{prefix}_up", tokens, gates * width, h, d),
+        *_linear(f"{prefix}_up", tokens, gates * width, h, d, fp8, norm_fused),
         _elementwise(f"{prefix}_activation", act_elements, d),
-        _gemm(f"{prefix}_down", tokens, h, width, d),
+        *_linear(f"{prefix}_down", tokens, h, width, d, fp8),
     ]
 
 
-def _moe_forward(model: ModelSpec, tokens: int, rows: int, t: int, d: int) -> list[LayerOp]:
+def _moe_forward(model: ModelSpec, tokens: int, rows: int, t: int, d: int, fp8: bool = False) -> list[LayerOp]:
     h, k = model.hidden, model.top_k
     width = model.expert_ffn_hidden // t
     ops = [_gemm("router", rows, model.experts, h, d),
            _elementwise("moe_permute", 2 * rows * k * h, d)]
-    ops += _mlp_forward("experts", model, tokens * k, width, d)
+    ops += _mlp_forward("experts", model, tokens * k, width, d, fp8)
     ops.append(_elementwise("moe_unpermute", 2 * rows * k * h, d))
     if model.shared_experts:
-        ops += _mlp_forward("shared", model, tokens, model.shared_experts * width, d)
+        ops += _mlp_forward("shared", model, tokens, model.shared_experts * width, d, fp8)
     return ops
+
+
+def fp8_gemm_modules(model: ModelSpec, layer: int, ep: int = 1) -> int:
+    """FP8 GEMMs of layer ``layer`` on one EP rank, each with its own FP8 scaling state (amax history).
+
+    Dense: QKV, output projection, MLP up and down (4). MoE: the two attention GEMMs, up and down of each
+    of the ``experts / ep`` local experts (TE ``GroupedLinear`` keeps one state per expert GEMM) and of the
+    shared-expert MLP. Transformer Engine keeps 3 forward (input, weight, output) and 2 backward (output
+    gradient, input gradient) scaling entries per GEMM.
+    """
+    if not model.is_moe_layer(layer):
+        return 4
+    return 2 + 2 * (model.experts // ep) + (2 if model.shared_experts else 0)
+
+
+def fp8_weight_params(model: ModelSpec, layer: int, tp: int = 1, ep: int = 1) -> tuple[int, int]:
+    """Weights of the FP8 GEMMs of layer ``layer`` on one TP/EP rank: ``(dense, routed_experts)``.
+
+    The matrices of :func:`fp8_gemm_modules`: attention QKV and output projection, the MLP (dense, or the
+    local routed experts and the shared experts). Biases, norms and the router stay in bf16.
+    """
+    h, kv = model.hidden, model.kv_hidden
+    attention = (h * (h + 2 * kv) + h * h) // tp
+    if not model.is_moe_layer(layer):
+        return attention + model.mlp_matrices * h * model.ffn_hidden // tp, 0
+    one = model.mlp_matrices * h * model.expert_ffn_hidden // tp
+    return attention + model.shared_experts * one, model.experts // ep * one
 
 
 def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, layer: int = 0,
               sequence_parallel: bool = False, dtype_bytes: int = 2, causal: bool = False,
-              flash_attention: bool = True) -> PassOps:
+              flash_attention: bool = True, fp8: bool = False, cp: int = 1, cp_comm_type: str = "p2p") -> PassOps:
     """Kernels of transformer layer ``layer`` on one TP rank for one micro-batch.
 
     Parameters
@@ -299,6 +407,17 @@ def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, 
         One fused attention kernel (FlashAttention). False: the unfused
         kernels of 2021-22 Megatron-LM, whose ``s × s`` scores go through HBM
         (same FLOPs, far more bytes).
+    fp8 : bool, default False
+        Transformer Engine FP8: the linear layers' GEMMs on FP8 operands with
+        their casts (module docstring); ``dtype_bytes`` stays the bf16 of
+        everything else.
+    cp : int, default 1
+        Context-parallel degree: this rank's ``seq_len / cp`` tokens and
+        ``1 / cp`` of the attention (module docstring); ``seq_len`` stays the
+        whole sequence.
+    cp_comm_type : {"p2p", "all_gather", "a2a"}
+        Ring attention, all-gather or all-to-all (the attention kernel's
+        shape and heads).
 
     Returns
     -------
@@ -316,15 +435,15 @@ def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, 
     True
     """
     b, s, t, d = micro_batch, seq_len, tp, dtype_bytes
-    tokens = b * s
+    tokens = b * s // cp
     rows = tokens // t if (sequence_parallel and t > 1) else tokens  # element-wise rows
     h = model.hidden
-    fwd = _attention_forward(model, b, s, t, rows, d, causal, flash_attention)
+    fwd = _attention_forward(model, b, s, t, rows, d, causal, flash_attention, fp8, cp, cp_comm_type)
     fwd.append(_elementwise("mlp_norm", 2 * rows * h, d))
     if model.is_moe_layer(layer):
-        fwd += _moe_forward(model, tokens, rows, t, d)
+        fwd += _moe_forward(model, tokens, rows, t, d, fp8)
     else:
-        fwd += _mlp_forward("mlp", model, tokens, model.ffn_hidden // t, d)
+        fwd += _mlp_forward("mlp", model, tokens, model.ffn_hidden // t, d, fp8, norm_fused=rows == tokens)
     fwd.append(_elementwise("mlp_residual", 3 * rows * h, d))
     return PassOps(fwd, backward_of(fwd))
 
@@ -383,7 +502,7 @@ def optimizer_op(params_per_gpu: float) -> LayerOp:
 
 
 def optimizer_step_ops(shard_params: float, local_params: float, grad_bytes: int,
-                       dtype_bytes: int = 2) -> tuple[list[LayerOp], list[LayerOp]]:
+                       dtype_bytes: int = 2, fp8_shard_params: float = 0.0) -> tuple[list[LayerOp], list[LayerOp]]:
     """The memory-bound kernels of one optimizer step, as Megatron-LM runs them (``optimizer.step()``).
 
     Returns ``(before, after)`` the global gradient-norm all-reduce:
@@ -395,7 +514,10 @@ def optimizer_step_ops(shard_params: float, local_params: float, grad_bytes: int
       reads the gradient, master weight, momentum and variance, writes the last
       three (``grad_bytes + 24`` bytes; pure fp32 training: 28); ``param_copy``:
       the updated fp32 master weights cast to the 16-bit model weights (reads 4,
-      writes ``dtype_bytes``; not in pure fp32); ``zero_grad``: the memset of
+      writes ``dtype_bytes``; not in pure fp32; the ``fp8_shard_params`` FP8
+      weights of ``training.fp8_param_gather`` are cast straight to FP8: reads
+      4, writes 1, TE's ``cast_master_weights_to_fp8`` under delayed scaling);
+      ``zero_grad``: the memset of
       the gradient buffer of all ``local_params`` for the next step
       (``zero_grad_buffer``).
 
@@ -407,7 +529,8 @@ def optimizer_step_ops(shard_params: float, local_params: float, grad_bytes: int
     before = [LayerOp("grad_norm", "optimizer", 2.0 * shard_params, grad_bytes * shard_params)]
     after = [LayerOp("optimizer", "optimizer", ADAM_FLOPS_PER_PARAM * shard_params, adam * shard_params)]
     if mixed:
-        after.append(LayerOp("param_copy", "optimizer", 0.0, (4 + dtype_bytes) * shard_params))
+        after.append(LayerOp("param_copy", "optimizer", 0.0,
+                             (4 + dtype_bytes) * (shard_params - fp8_shard_params) + 5 * fp8_shard_params))
     after.append(LayerOp("zero_grad", "optimizer", 0.0, grad_bytes * local_params))
     return before, after
 

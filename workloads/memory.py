@@ -17,6 +17,20 @@ the parameters it has gathered at the peak of its step — the unit in use,
 the prefetched one, and what DeepSpeed keeps for reuse
 (:func:`~workloads.sharding.gather_schedule`).
 
+FP8 training (``training.dtype: fp8``, Transformer Engine): the weights, gradients
+and optimizer state are those of bf16 training; Transformer Engine also keeps,
+for the whole step, the FP8 copy and FP8 transpose of every FP8 GEMM weight it
+cast on the first micro-batch (:func:`~workloads.flops.fp8_weight_params`):
+``+2`` bytes per such weight. With ``training.fp8_param_gather`` the weights
+themselves are FP8 (1 byte) and only the transpose is added: the same 2 bytes
+as a bf16 weight. Activations are counted in bf16 as below (TE saves some GEMM
+inputs as FP8 copies instead, which this leaves out: an upper bound).
+
+Context parallelism (``parallel.cp``): the distributed optimizer shards over
+the ``dp x cp`` ranks that hold the same weights, and a rank keeps the
+activations of its ``s / cp`` tokens (ring attention keeps only its own K and
+V block; Ulysses its heads over the whole sequence: the same bytes).
+
 Activations (Korthikanti et al. 2022, *Reducing Activation Recomputation in
 Large Transformer Models*, section 4 and Table 2), per layer and micro-batch,
 16-bit activations and 1-byte dropout masks, ``a`` heads, TP degree ``t``:
@@ -44,14 +58,16 @@ interleaved 1F1B with ``v`` chunks per stage: Megatron-LM runs
 ``w = 2 (p - i - 1) + (v - 1) p`` warm-up chunk-forwards, so ``min(w + 1, m v)``
 chunks of ``1/v`` of the stage's layers are live: ``(p v + p - 1) / v`` stage
 equivalents on the first stage, ``1 + (p - 1)/(p v)`` times 1F1B's ``p``
-(Narayanan et al. 2021, section 2.2.2).
+(Narayanan et al. 2021, section 2.2.2). Uneven stages
+(``parallel.stage_layers``) hold their own layers; chunks of unequal size
+within a stage count as the stage's average chunk.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .flops import LOSS_BYTES
+from .flops import LOSS_BYTES, fp8_weight_params
 from .models import ModelSpec
 from .parallel import ParallelConfig, TrainingSpec, num_micro_batches, padded_vocab, stage_layers, validate
 from .sharding import gather_schedule, sharding_plan, stage_uses
@@ -222,10 +238,11 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
 
 def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec, stage: int,
                        flash_attention: bool) -> float:
-    b, s, t, d = parallel.micro_batch, training.seq_len, parallel.tp, training.dtype_bytes
+    b, t, d = parallel.micro_batch, parallel.tp, training.dtype_bytes
+    s = training.seq_len // parallel.cp  # context parallelism: this rank's tokens (attention is always fused)
     per_mb = sum(activation_bytes_per_layer(model, i, b, s, t, sequence_parallel=parallel.sp,
                                             recompute=parallel.recompute, dtype_bytes=d,
-                                            flash_attention=flash_attention)
+                                            flash_attention=flash_attention or parallel.cp > 1)
                  for i in stage_layers(model.layers, parallel, stage))
     acts = micro_batches_in_flight(parallel, stage) * per_mb
     if stage == parallel.pp - 1:  # fp32 logits kept by the loss; 1 live except under GPipe
@@ -240,10 +257,13 @@ def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: Training
     dense, routed = stage_params(model, parallel, stage)
     d, z = training.dtype_bytes, parallel.zero
     plan = sharding_plan(parallel, training.dtype, grad_dtype_bytes)
-    a = model_state_bytes(dense, dp=parallel.dp, zero=z, dtype_bytes=d)
+    a = model_state_bytes(dense, dp=parallel.grad_dp, zero=z, dtype_bytes=d)  # CP ranks shard with DP
     e = model_state_bytes(routed, dp=parallel.dp // parallel.ep, zero=z, dtype_bytes=d)
     grads = (a[1] + e[1]) * plan.grad_bytes / d  # the framework's gradient buffer (Megatron: fp32 for bf16)
     params = a[0] + e[0]
+    if training.fp8 and not training.fp8_param_gather:  # TE's cached FP8 weights and their transposes
+        params += 2 * sum(sum(fp8_weight_params(model, i, parallel.tp, parallel.ep))
+                          for i in stage_layers(model.layers, parallel, stage))
     if plan.gather is not None and parallel.dp > 1:  # gathered parameters live at the peak (prefetch included)
         params += gather_schedule(stage_uses(model, parallel, plan, stage)[1], plan).peak_live * d
     return MemoryBreakdown(params, grads, a[2] + e[2],

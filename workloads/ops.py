@@ -37,7 +37,10 @@ COLLECTIVE_KINDS = (
     "reduce",
     "gather",
 )
-COMPUTE_CATEGORIES = ("gemm", "attention", "attention_bwd", "elementwise", "scores", "optimizer", "fixed")
+COMPUTE_CATEGORIES = ("gemm", "gemm_fp8", "attention", "attention_bwd", "elementwise", "fp8_cast", "scores",
+                      "optimizer", "fixed")
+"""Kernel kinds the hardware model times (:class:`simulator.compute.ComputeModel`): ``gemm_fp8`` is a GEMM on
+FP8 operands (at the GPU's FP8 rate), ``fp8_cast`` a memory-bound FP8 cast / transpose / scale update."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,12 @@
 """Parallel and training configuration, their validation, and rank placement.
 
-:class:`ParallelConfig` says how one training step is split (TP, PP, DP, EP,
-ZeRO, schedule, recomputation, rank placement); :class:`TrainingSpec` says
+:class:`ParallelConfig` says how one training step is split (TP, CP, PP, DP,
+EP, ZeRO, schedule, recomputation, rank placement); :class:`TrainingSpec` says
 what is trained on (sequence length, dtype). Each dataclass checks its own
 fields on construction; :func:`validate` checks the combinations that a model
 and a cluster size make impossible, one clear :class:`ConfigError` each.
 
-:class:`RankLayout` maps global ranks to ``(tp, dp, pp)`` coordinates and
+:class:`RankLayout` maps global ranks to ``(tp, dp, pp, cp)`` coordinates and
 back, and lists the communication groups of every parallel dimension.
 
 Decisions (Megatron-LM conventions unless said otherwise)
@@ -21,8 +21,28 @@ Decisions (Megatron-LM conventions unless said otherwise)
 * Expert parallelism lives inside data parallelism: ``dp % ep == 0``; the EP
   group is ``ep`` consecutive DP ranks and the expert-DP group is the DP ranks
   with the same EP index.
-* Layers must divide evenly over ``pp * virtual_stages`` (no uneven first/last
-  stages), so e.g. DeepSeek-V3's 61 layers allow only ``pp = 1`` or ``61``.
+* Context parallelism (``cp``) splits every sequence over ``cp`` ranks that
+  hold the same weights; Megatron-Core's rank order is ``tp-cp-ep-dp-pp``, so
+  a placement that does not name ``cp`` gets it right after ``tp``. The CP
+  ranks of a model shard reduce gradients (and shard the distributed
+  optimizer) together with the DP ranks: the ``dp x cp`` group
+  (:meth:`RankLayout.grad_group`). Ring attention (``cp_comm_type: p2p``) and
+  ``all_gather`` need the sequence to divide into ``2 cp`` chunks (causal load balancing),
+  times ``tp`` with sequence parallelism; all-to-all (``a2a``, Ulysses) needs
+  ``cp`` to divide the query and key/value heads of a TP rank. Not modelled
+  with CP: MoE models, ZeRO-2/3, unfused attention, hierarchical ``a2a+p2p``.
+* Layers divide evenly over ``pp * virtual_stages`` unless the stages are
+  given: ``stage_layers`` (one count per pipeline stage) or Megatron-Core's
+  ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``
+  (``first_stage_layers`` / ``last_stage_layers``: the other layers split
+  evenly over the middle stages). Each stage's count must divide by
+  ``virtual_stages``; chunk ``c`` of stage ``i`` holds ``n_i / v`` consecutive
+  layers, virtual stages ``j = c p + i`` taking the layers in order of ``j``
+  (Megatron-Core ``get_transformer_layer_offset``). E.g. Llama 3 405B's 126
+  layers on 16 stages: ``first_stage_layers: 7, last_stage_layers: 7``. A
+  stage may also list one count per chunk (``stage_layers: [[1, 2, 2, 2],
+  ...]``, as Megatron's ``pipeline_model_parallel_layout`` can), so 7 layers
+  interleave over 4 chunks.
 """
 
 from __future__ import annotations
@@ -37,14 +57,23 @@ from .models import ModelSpec
 __all__ = [
     "TrainingSpec", "ParallelConfig", "RankLayout", "RankCoords",
     "parallel_from_dict", "training_from_dict", "validate", "num_micro_batches",
-    "padded_vocab", "stage_layers", "DTYPE_BYTES", "SCHEDULES", "RECOMPUTE", "DP_SYNC",
+    "padded_vocab", "stage_layers", "chunk_layers", "layers_per_stage", "DTYPE_BYTES", "SCHEDULES", "RECOMPUTE",
+    "DP_SYNC", "CP_COMM_TYPES",
 ]
 
-DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+"""Bytes per element of the weights, activations and activation gradients the step keeps, per
+``training.dtype``. FP8 training (Transformer Engine) keeps all of them in bf16 and casts only the inputs of
+its FP8 GEMMs to 1-byte copies (:mod:`workloads.flops`), hence 2."""
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 DP_SYNC = ("allreduce", "parameter_server")
 DIMS = ("tp", "dp", "pp")
+"""The default placement, innermost first (Megatron: TP in a server, PP outermost)."""
+COORDS = ("tp", "cp", "dp", "pp")
+"""Parallel dimensions of a rank's coordinates, in Megatron-Core's order (tp-cp-ep-dp-pp)."""
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
+"""Megatron-Core's ``cp_comm_type`` values that are modelled (not the hierarchical ``a2a+p2p``)."""
 VOCAB_DIVISIBLE_BY = 128
 DDP_BUCKET_BYTES = 25 * 2**20
 ZERO_IMPLS = ("auto", "megatron", "deepspeed", "fsdp", "fsdp2")
@@ -60,27 +89,51 @@ class TrainingSpec:
     ----------
     seq_len : int, default 2048
         Tokens per sequence ``s``.
-    dtype : {"bf16", "fp16", "fp32"}, default "bf16"
+    dtype : {"bf16", "fp16", "fp32", "fp8"}, default "bf16"
         Compute/activation dtype; 16-bit means mixed precision with fp32
-        master weights and Adam states.
+        master weights and Adam states. ``fp8``: Transformer Engine FP8 under
+        Megatron-Core (delayed scaling, the ``hybrid`` format): the GEMMs of
+        the linear layers run on FP8 inputs at the GPU's FP8 rate, everything
+        else (attention, softmax, norms, the output layer, the router) in bf16,
+        plus TE's casts, amax reductions and FP8 weight copies
+        (:mod:`workloads.flops`, :mod:`workloads.memory`).
+    fp8_param_gather : bool, default False
+        Megatron's ``--fp8-param-gather`` (TE ``fp8_model_init``): the model
+        keeps its GEMM weights in FP8 only (no bf16 copy); the distributed
+        optimizer casts the updated master weights straight to FP8 and
+        all-gathers them in FP8 (1 byte per weight). Needs ``dtype: fp8``.
     """
 
     seq_len: int = 2048
     dtype: str = "bf16"
+    fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
         check_int("training.seq_len", self.seq_len)
         check_choice("training.dtype", self.dtype, tuple(DTYPE_BYTES))
+        check_bool("training.fp8_param_gather", self.fp8_param_gather)
+        if self.fp8_param_gather and not self.fp8:
+            raise ConfigError(f"training.fp8_param_gather: needs training.dtype: fp8 (got {self.dtype})")
 
     @property
     def dtype_bytes(self) -> int:
-        """Bytes per element of :attr:`dtype`."""
+        """Bytes per element of the weights and activations the step keeps (:data:`DTYPE_BYTES`)."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def fp8(self) -> bool:
+        """FP8 training (Transformer Engine semantics)."""
+        return self.dtype == "fp8"
+
+    @property
+    def base_dtype(self) -> str:
+        """The dtype of everything that is not an FP8 GEMM: ``bf16`` under ``fp8``, else :attr:`dtype`."""
+        return "bf16" if self.fp8 else self.dtype
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """How one training step is split over ``tp * pp * dp`` GPUs.
+    """How one training step is split over ``tp * cp * pp * dp`` GPUs.
 
     Parameters
     ----------
@@ -88,6 +141,16 @@ class ParallelConfig:
         Tensor-, pipeline- and data-parallel degrees.
     ep : int, default 1
         Expert-parallel degree (inside DP: ``dp % ep == 0``).
+    cp : int, default 1
+        Context-parallel degree: each sequence is split over ``cp`` ranks
+        (Megatron-Core / Transformer Engine context parallelism).
+    cp_comm_type : {"p2p", "all_gather", "a2a"}
+        How CP attention sees the whole sequence: ``p2p`` (default, Megatron's)
+        ring attention, K and V passed around the CP ring and overlapped with
+        the attention blocks; ``all_gather``: K and V all-gathered before
+        attention, not overlapped (Llama 3's choice); ``a2a``
+        (DeepSpeed-Ulysses) all-to-alls that trade the sequence split for a
+        head split around attention.
     dp_sync : {"allreduce", "parameter_server"}
         How DP replicas synchronise gradients.
     micro_batch : int, default 1
@@ -109,7 +172,18 @@ class ParallelConfig:
         Activation recomputation (Korthikanti et al. 2022).
     placement : tuple of str
         Order of the dimensions over the cluster's GPU order, innermost
-        (fastest-varying) first; a permutation of ``("tp", "dp", "pp")``.
+        (fastest-varying) first; a permutation of ``("tp", "dp", "pp")`` or
+        of ``("tp", "cp", "dp", "pp")``; without ``cp``, CP ranks follow TP
+        (Megatron-Core's tp-cp-ep-dp-pp), see :attr:`rank_order`.
+    stage_layers : tuple or None
+        Transformer layers of each pipeline stage: ``pp`` entries summing to
+        ``model.layers``, each a count (a multiple of ``virtual_stages``,
+        split evenly over the stage's chunks) or a list of ``virtual_stages``
+        per-chunk counts (each >= 1); None: even.
+    first_stage_layers, last_stage_layers : int or None
+        Megatron-Core's ``num_layers_in_first_pipeline_stage`` /
+        ``num_layers_in_last_pipeline_stage``: layers of the first (last)
+        stage, the rest split evenly over the others. Not with ``stage_layers``.
     grad_bucket_bytes : int or None
         Gradient bucket size for DP reduction, bytes. ``None`` (default): the
         implementation's (:mod:`workloads.sharding`): Megatron-Core
@@ -146,6 +220,8 @@ class ParallelConfig:
     pp: int = 1
     dp: int = 1
     ep: int = 1
+    cp: int = 1
+    cp_comm_type: str = "p2p"
     dp_sync: str = "allreduce"
     micro_batch: int = 1
     global_batch: int | None = None
@@ -155,6 +231,9 @@ class ParallelConfig:
     sequence_parallel: bool = False
     recompute: str = "none"
     placement: tuple[str, ...] = DIMS
+    stage_layers: tuple[int | tuple[int, ...], ...] | None = None
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
     grad_bucket_bytes: int | None = None
     overlap_grad_reduce: bool = True
     zero_impl: str = "auto"
@@ -165,11 +244,12 @@ class ParallelConfig:
     zero_persistence: float = 1e5
 
     def __post_init__(self) -> None:
-        for f in ("tp", "pp", "dp", "ep", "micro_batch", "virtual_stages"):
+        for f in ("tp", "pp", "dp", "ep", "cp", "micro_batch", "virtual_stages"):
             check_int(f"parallel.{f}", getattr(self, f))
         if self.grad_bucket_bytes is not None:
             check_int("parallel.grad_bucket_bytes", self.grad_bucket_bytes)
         check_choice("parallel.zero_impl", self.zero_impl, ZERO_IMPLS)
+        check_choice("parallel.cp_comm_type", self.cp_comm_type, CP_COMM_TYPES)
         check_choice("parallel.zero_grad_sync", self.zero_grad_sync, ("auto", "micro_batch", "step"))
         check_bool("parallel.zero_overlap", self.zero_overlap)
         for f in ("zero_prefetch", "zero_reuse_distance", "zero_persistence"):
@@ -191,17 +271,60 @@ class ParallelConfig:
         check_bool("parallel.sequence_parallel", self.sequence_parallel)
         check_bool("parallel.overlap_grad_reduce", self.overlap_grad_reduce)
         if isinstance(self.placement, str) or not isinstance(self.placement, Sequence):
-            raise ConfigError(f"parallel.placement: must be a list such as [tp, dp, pp], got {self.placement!r}")
+            raise ConfigError(f"parallel.placement: must be a list such as [tp, cp, dp, pp], got {self.placement!r}")
         placement = tuple(self.placement)
-        if not all(isinstance(d, str) for d in placement) or sorted(placement) != sorted(DIMS):
-            raise ConfigError(f"parallel.placement: {list(placement)} must be a permutation of "
-                              f"[tp, dp, pp], innermost first (ep lives inside dp)")
+        if not all(isinstance(d, str) for d in placement) or sorted(placement) not in (sorted(DIMS),
+                                                                                        sorted(COORDS)):
+            raise ConfigError(f"parallel.placement: {list(placement)} must be a permutation of [tp, dp, pp] "
+                              f"(or [tp, cp, dp, pp]), innermost first (ep lives inside dp)")
         object.__setattr__(self, "placement", placement)
+        if self.stage_layers is not None:
+            if isinstance(self.stage_layers, (str, bytes)) or not isinstance(self.stage_layers, Sequence):
+                raise ConfigError(f"parallel.stage_layers: must be a list of layer counts, one per pipeline "
+                                  f"stage, got {self.stage_layers!r}")
+            counts: list[int | tuple[int, ...]] = []
+            for i, n in enumerate(self.stage_layers):
+                if isinstance(n, Sequence) and not isinstance(n, (str, bytes)):
+                    if len(n) != self.virtual_stages:
+                        raise ConfigError(f"parallel.stage_layers[{i}]: {len(n)} chunk counts for "
+                                          f"virtual_stages={self.virtual_stages}; give one per chunk")
+                    for c, x in enumerate(n):
+                        check_int(f"parallel.stage_layers[{i}][{c}]", x)
+                    counts.append(tuple(n))
+                else:
+                    check_int(f"parallel.stage_layers[{i}]", n)
+                    counts.append(n)
+            object.__setattr__(self, "stage_layers", tuple(counts))
+            if len(self.stage_layers) != self.pp:
+                raise ConfigError(f"parallel.stage_layers: {len(self.stage_layers)} counts for pp={self.pp} "
+                                  f"pipeline stages; give one per stage")
+            if self.first_stage_layers is not None or self.last_stage_layers is not None:
+                raise ConfigError("parallel.stage_layers: give either stage_layers or first_stage_layers / "
+                                  "last_stage_layers, not both")
+        for f in ("first_stage_layers", "last_stage_layers"):
+            if getattr(self, f) is not None:
+                check_int(f"parallel.{f}", getattr(self, f))
+                if self.pp < 2:
+                    raise ConfigError(f"parallel.{f}: needs pp >= 2 (got pp={self.pp})")
 
     @property
     def world_size(self) -> int:
-        """GPUs this configuration needs, ``tp * pp * dp``."""
-        return self.tp * self.pp * self.dp
+        """GPUs this configuration needs, ``tp * cp * pp * dp``."""
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def rank_order(self) -> tuple[str, ...]:
+        """:attr:`placement` with ``cp`` right after ``tp`` where it does not name ``cp``."""
+        if "cp" in self.placement:
+            return self.placement
+        i = self.placement.index("tp") + 1
+        return self.placement[:i] + ("cp",) + self.placement[i:]
+
+    @property
+    def grad_dp(self) -> int:
+        """Ranks that hold the same weights and reduce their gradients together: ``dp * cp`` (Megatron's
+        data-parallel group with context parallelism; also the distributed optimizer's shards)."""
+        return self.dp * self.cp
 
     @property
     def sp(self) -> bool:
@@ -214,10 +337,10 @@ class ParallelConfig:
         return num_micro_batches(self)
 
     def size(self, dim: str) -> int:
-        """Degree of dimension ``dim`` (``tp``, ``dp``, ``pp``, ``ep`` or ``expert_dp``)."""
+        """Degree of dimension ``dim`` (``tp``, ``cp``, ``dp``, ``pp``, ``ep`` or ``expert_dp``)."""
         if dim == "expert_dp":
             return self.dp // self.ep
-        check_choice("dim", dim, DIMS + ("ep", "expert_dp"))
+        check_choice("dim", dim, COORDS + ("ep", "expert_dp"))
         return getattr(self, dim)
 
 
@@ -238,18 +361,63 @@ def padded_vocab(vocab: int, tp: int, divisible_by: int = VOCAB_DIVISIBLE_BY) ->
     return -(-vocab // multiple) * multiple
 
 
-def stage_layers(num_layers: int, parallel: ParallelConfig, stage: int) -> list[int]:
-    """0-based indices of the layers pipeline stage ``stage`` holds.
+def layers_per_stage(num_layers: int, parallel: ParallelConfig) -> tuple[int, ...]:
+    """Transformer layers of each pipeline stage: ``parallel.stage_layers``, Megatron's first/last-stage
+    counts with the rest split evenly over the middle stages, or ``num_layers / pp`` each.
 
-    Without interleaving stage ``i`` holds a contiguous block of
-    ``num_layers / pp`` layers; with ``v`` virtual stages the model is cut into
-    ``pp * v`` chunks and stage ``i`` holds chunks ``i, i + pp, i + 2 pp, ...``.
+    Does not validate (:func:`validate` does): with counts that do not add up the result is what the
+    fields say.
+
+    Examples
+    --------
+    >>> layers_per_stage(126, ParallelConfig(pp=16, first_stage_layers=7, last_stage_layers=7))[:3]
+    (7, 8, 8)
+    """
+    p = parallel.pp
+    if parallel.stage_layers is not None:
+        return tuple(n if isinstance(n, int) else sum(n) for n in parallel.stage_layers)
+    first, last = parallel.first_stage_layers, parallel.last_stage_layers
+    middle = p - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    each = rest // middle if middle else 0
+    counts = [each] * p
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return tuple(counts)
+
+
+def chunk_layers(num_layers: int, parallel: ParallelConfig, stage: int, chunk: int = 0) -> list[int]:
+    """0-based indices of the layers of model chunk ``chunk`` of pipeline stage ``stage``.
+
+    Stage ``i`` holds ``n_i`` layers (:func:`layers_per_stage`), ``n_i / v`` in
+    each of its ``v`` chunks; virtual stage ``j = c p + i`` takes the next
+    layers in order of ``j`` (Megatron-Core's ``get_transformer_layer_offset``).
+    With even stages chunk ``c`` of stage ``i`` is the ``(c p + i)``-th block
+    of ``num_layers / (p v)`` layers.
     """
     p, v = parallel.pp, parallel.virtual_stages
     if not 0 <= stage < p:
         raise ConfigError(f"stage: {stage} is outside 0..{p - 1}")
-    per_chunk = num_layers // (p * v)
-    return [c * per_chunk + j for c in range(stage, p * v, p) for j in range(per_chunk)]
+    if not 0 <= chunk < v:
+        raise ConfigError(f"chunk: {chunk} is outside 0..{v - 1}")
+    given = parallel.stage_layers or ()
+    per = [given[i] if i < len(given) and not isinstance(given[i], int) else (n // v,) * v
+           for i, n in enumerate(layers_per_stage(num_layers, parallel))]  # per[stage][chunk]
+    j = chunk * p + stage
+    start = sum(per[k % p][k // p] for k in range(j))
+    return list(range(start, start + per[stage][chunk]))
+
+
+def stage_layers(num_layers: int, parallel: ParallelConfig, stage: int) -> list[int]:
+    """0-based indices of the layers pipeline stage ``stage`` holds, chunk after chunk (:func:`chunk_layers`).
+
+    Without interleaving stage ``i`` holds a contiguous block of layers; with
+    ``v`` virtual stages the model is cut into ``pp * v`` chunks and stage
+    ``i`` holds chunks ``i, i + pp, i + 2 pp, ...``.
+    """
+    return [i for c in range(parallel.virtual_stages) for i in chunk_layers(num_layers, parallel, stage, c)]
 
 
 # ------------------------------------------------------------------ loading
@@ -298,17 +466,53 @@ def _check_tp(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec
     if model.is_moe and model.expert_ffn_hidden % t:
         raise ConfigError(f"parallel.tp: {t} does not divide the expert width "
                           f"model.moe_ffn_hidden={model.expert_ffn_hidden}{hint}")
-    if parallel.sp and training.seq_len % t:
+    if parallel.sp and parallel.cp == 1 and training.seq_len % t:
         raise ConfigError(f"training.seq_len: {training.seq_len} is not a multiple of parallel.tp={t}, "
                           f"which sequence_parallel needs")
 
 
+def _check_stages(model: ModelSpec, parallel: ParallelConfig) -> None:
+    """Uneven stages: counts that add up to the model's layers, each a positive multiple of ``v``."""
+    p, v, n = parallel.pp, parallel.virtual_stages, model.layers
+    if parallel.stage_layers is not None:
+        counts = layers_per_stage(n, parallel)
+        if sum(counts) != n:
+            raise ConfigError(f"parallel.stage_layers: {list(counts)} layers per stage sum to {sum(counts)}, not "
+                              f"model.layers={n}")
+        for i, c in enumerate(counts):
+            if isinstance(parallel.stage_layers[i], int) and c % v:
+                raise ConfigError(f"parallel.stage_layers[{i}]: {c} layers cannot be split into "
+                                  f"virtual_stages={v} equal chunks")
+        return
+    given = [(f, getattr(parallel, f)) for f in ("first_stage_layers", "last_stage_layers")
+             if getattr(parallel, f) is not None]
+    for f, c in given:
+        if c % v:
+            raise ConfigError(f"parallel.{f}: {c} layers cannot be split into virtual_stages={v} equal chunks")
+    middle = p - len(given)
+    rest = n - sum(c for _, c in given)
+    if middle == 0 and rest:
+        raise ConfigError(f"parallel.first_stage_layers: first + last stage layers = {n - rest}, but "
+                          f"model.layers={n} and pp={p} leaves no middle stage for the other {rest}")
+    if rest < 0 or (middle and rest < middle * v):
+        raise ConfigError(f"parallel.{given[0][0]}: leaves {rest} of model.layers={n} for {middle} middle "
+                          f"stage(s), which need at least virtual_stages={v} layers each")
+    if middle and rest % (middle * v):
+        raise ConfigError(f"parallel.{given[0][0]}: the {rest} remaining layers cannot be split evenly over "
+                          f"{middle} middle stages x virtual_stages={v}")
+
+
 def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
     p, v, m = parallel.pp, parallel.virtual_stages, num_micro_batches(parallel)
-    if model.layers % (p * v):
+    uneven = (parallel.stage_layers is not None or parallel.first_stage_layers is not None
+              or parallel.last_stage_layers is not None)
+    if uneven:
+        _check_stages(model, parallel)
+    elif model.layers % (p * v):
         valid = [d for d in divisors(model.layers) if (model.layers // d) % v == 0]
         raise ConfigError(f"parallel.pp: model.layers={model.layers} cannot be split into pp*virtual_stages="
-                          f"{p}*{v} equal chunks; valid pp values for virtual_stages={v}: {_valid_list(valid)}")
+                          f"{p}*{v} equal chunks; valid pp values for virtual_stages={v}: {_valid_list(valid)} "
+                          f"(or give parallel.stage_layers)")
     if parallel.schedule == "interleaved":
         if v < 2:
             raise ConfigError("parallel.virtual_stages: the interleaved schedule needs virtual_stages >= 2, "
@@ -382,6 +586,45 @@ def _check_sync(parallel: ParallelConfig) -> None:
                           "(no_sync is not supported); valid: auto, micro_batch")
 
 
+def _check_fp8(parallel: ParallelConfig, training: TrainingSpec) -> None:
+    if not training.fp8:
+        return
+    impl = parallel.zero_impl if parallel.zero_impl != "auto" else ("megatron" if parallel.zero <= 1 else "deepspeed")
+    if impl != "megatron":
+        raise ConfigError(f"training.dtype: fp8 is modelled as Transformer Engine under Megatron-Core (DDP or the "
+                          f"distributed optimizer: parallel.zero 0 or 1, zero_impl auto or megatron); got zero: "
+                          f"{parallel.zero}, zero_impl: {parallel.zero_impl}")
+    if training.fp8_param_gather and parallel.zero != 1:
+        raise ConfigError(f"training.fp8_param_gather: Megatron gathers FP8 parameters in its distributed optimizer; "
+                          f"needs parallel.zero: 1 (got {parallel.zero})")
+
+
+def _check_context(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec) -> None:
+    c, t, s = parallel.cp, parallel.tp, training.seq_len
+    if c == 1:
+        return
+    if model.is_moe:
+        raise ConfigError(f"parallel.cp: context parallelism is not modelled for mixture-of-experts models "
+                          f"(model.experts={model.experts}); use cp: 1")
+    if parallel.zero >= 2:
+        raise ConfigError(f"parallel.cp: context parallelism is modelled with Megatron's DDP / distributed "
+                          f"optimizer (zero 0 or 1), not zero: {parallel.zero}")
+    if parallel.cp_comm_type != "a2a":
+        chunks = 2 * c * (t if parallel.sp else 1)
+        if s % chunks:
+            raise ConfigError(f"training.seq_len: {s} is not a multiple of 2*cp{'*tp' if parallel.sp else ''} = "
+                              f"{chunks}, which context parallelism's causal load balancing needs")
+    else:
+        if s % (c * (t if parallel.sp else 1)):
+            raise ConfigError(f"training.seq_len: {s} is not a multiple of cp{'*tp' if parallel.sp else ''} = "
+                              f"{c * (t if parallel.sp else 1)}")
+        for field, heads in (("heads", model.heads), ("kv_heads", model.kv_heads)):
+            if (heads // t) % c:
+                raise ConfigError(f"parallel.cp: {c} does not divide the {heads // t} model.{field} of a TP rank "
+                                  f"(model.{field}={heads}, tp={t}), which cp_comm_type: a2a splits over CP; "
+                                  f"use cp_comm_type: p2p")
+
+
 def _check_positions(model: ModelSpec, training: TrainingSpec) -> None:
     if model.learned_positions and training.seq_len > model.max_seq_len:
         raise ConfigError(f"training.seq_len: {training.seq_len} exceeds model.max_seq_len={model.max_seq_len} "
@@ -405,14 +648,18 @@ def validate(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
         One message for the first impossible combination found: world size,
         TP vs heads / kv_heads / ffn (and SP vs seq_len), PP vs layers and
         schedule, batch divisibility, EP vs experts and dp, parameter-server vs
-        ZeRO, sequence length vs a learned position table.
+        ZeRO, FP8 vs the data-parallel implementation, context parallelism vs
+        sequence length, heads and the rest of the layout, sequence length vs
+        a learned position table.
     """
     if world_size is not None:
         check_int("cluster world size", world_size)
         if parallel.world_size != world_size:
-            rest = world_size // (parallel.tp * parallel.pp)
-            hint = (f"; dp={rest} would fit" if world_size % (parallel.tp * parallel.pp) == 0 else "")
-            raise ConfigError(f"parallel: tp*pp*dp = {parallel.tp}*{parallel.pp}*{parallel.dp} = "
+            shard = parallel.tp * parallel.cp * parallel.pp
+            rest = world_size // shard
+            hint = (f"; dp={rest} would fit" if world_size % shard == 0 else "")
+            cp = ("cp*", f"{parallel.cp}*") if parallel.cp > 1 else ("", "")
+            raise ConfigError(f"parallel: tp*{cp[0]}pp*dp = {parallel.tp}*{cp[1]}{parallel.pp}*{parallel.dp} = "
                               f"{parallel.world_size} does not equal the cluster's {world_size} GPUs{hint}")
     _check_limits(parallel, training)
     _check_tp(model, parallel, training)
@@ -420,30 +667,35 @@ def validate(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
     _check_pipeline(model, parallel)
     _check_experts(model, parallel)
     _check_sync(parallel)
+    _check_fp8(parallel, training)
+    _check_context(model, parallel, training)
     _check_positions(model, training)
 
 
 # ----------------------------------------------------------------- placement
 class RankCoords(NamedTuple):
-    """Coordinates of one global rank."""
+    """Coordinates of one global rank (``cp`` last, so that ``(tp, dp, pp)`` unpacking of the first three
+    still reads as before context parallelism)."""
 
     tp: int
     dp: int
     pp: int
+    cp: int = 0
 
 
 class RankLayout:
-    """Global rank <-> ``(tp, dp, pp)`` coordinates, and the communication groups.
+    """Global rank <-> ``(tp, dp, pp, cp)`` coordinates, and the communication groups.
 
     Ranks enumerate the dimensions of ``parallel.placement`` innermost first:
-    with the default ``("tp", "dp", "pp")`` (Megatron-LM) consecutive ranks
-    form a TP group, TP groups then step through DP, and PP is outermost.
+    with the default ``("tp", "dp", "pp")`` (Megatron) consecutive ranks form
+    a TP group, TP groups then step through CP (:attr:`ParallelConfig.rank_order`),
+    then DP, and PP is outermost.
 
     Examples
     --------
     >>> lay = RankLayout(ParallelConfig(tp=2, dp=2, pp=2))
     >>> lay.coords(5)
-    RankCoords(tp=1, dp=0, pp=1)
+    RankCoords(tp=1, dp=0, pp=1, cp=0)
     >>> lay.tp_group(5), lay.dp_group(5), lay.pp_group(5)
     ((4, 5), (5, 7), (1, 5))
     """
@@ -453,7 +705,7 @@ class RankLayout:
         self.world_size = parallel.world_size
         self._stride: dict[str, int] = {}
         stride = 1
-        for dim in parallel.placement:
+        for dim in parallel.rank_order:
             self._stride[dim] = stride
             stride *= parallel.size(dim)
 
@@ -464,13 +716,13 @@ class RankLayout:
     def coords(self, rank: int) -> RankCoords:
         """The ``(tp, dp, pp)`` coordinates of global ``rank``."""
         self._check(rank)
-        c = {d: (rank // self._stride[d]) % self.parallel.size(d) for d in DIMS}
+        c = {d: (rank // self._stride[d]) % self.parallel.size(d) for d in COORDS}
         return RankCoords(**c)
 
-    def rank(self, tp: int = 0, dp: int = 0, pp: int = 0) -> int:
-        """The global rank at coordinates ``(tp, dp, pp)``."""
+    def rank(self, tp: int = 0, dp: int = 0, pp: int = 0, cp: int = 0) -> int:
+        """The global rank at coordinates ``(tp, dp, pp, cp)``."""
         r = 0
-        for dim, value in (("tp", tp), ("dp", dp), ("pp", pp)):
+        for dim, value in (("tp", tp), ("dp", dp), ("pp", pp), ("cp", cp)):
             if not 0 <= value < self.parallel.size(dim):
                 raise ConfigError(f"{dim}: {value} is outside 0..{self.parallel.size(dim) - 1}")
             r += value * self._stride[dim]
@@ -489,11 +741,22 @@ class RankLayout:
         return self._along(rank, "tp", range(self.parallel.tp))
 
     def dp_group(self, rank: int) -> tuple[int, ...]:
-        """Ranks sharing ``rank``'s TP and PP coordinates, by DP index."""
+        """Ranks sharing ``rank``'s TP, CP and PP coordinates, by DP index."""
         return self._along(rank, "dp", range(self.parallel.dp))
 
+    def cp_group(self, rank: int) -> tuple[int, ...]:
+        """Ranks sharing ``rank``'s TP, DP and PP coordinates, by CP index (the ring of ring attention)."""
+        return self._along(rank, "cp", range(self.parallel.cp))
+
+    def grad_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks that hold ``rank``'s weights: its DP x CP ranks, DP-major (Megatron's data-parallel group
+        with context parallelism); the DP group without CP."""
+        if self.parallel.cp == 1:
+            return self.dp_group(rank)
+        return tuple(x for d in self.dp_group(rank) for x in self.cp_group(d))
+
     def pp_group(self, rank: int) -> tuple[int, ...]:
-        """Ranks sharing ``rank``'s TP and DP coordinates, ordered by stage."""
+        """Ranks sharing ``rank``'s TP, CP and DP coordinates, ordered by stage."""
         return self._along(rank, "pp", range(self.parallel.pp))
 
     def ep_group(self, rank: int) -> tuple[int, ...]:
@@ -508,8 +771,9 @@ class RankLayout:
         return self._along(rank, "dp", range(self.coords(rank).dp % ep, self.parallel.dp, ep))
 
     def all_groups(self, dim: str) -> list[tuple[int, ...]]:
-        """Every group of ``dim`` (``tp``, ``dp``, ``pp``, ``ep``, ``expert_dp``), in order of first rank."""
-        check_choice("dim", dim, DIMS + ("ep", "expert_dp"))
+        """Every group of ``dim`` (``tp``, ``cp``, ``dp``, ``pp``, ``ep``, ``expert_dp``, ``grad``), in order of
+        first rank."""
+        check_choice("dim", dim, COORDS + ("ep", "expert_dp", "grad"))
         group_of = getattr(self, f"{dim}_group")
         seen: set[int] = set()
         groups = []

@@ -147,7 +147,7 @@ def sharding_plan(parallel: ParallelConfig, dtype: str = "bf16", grad_dtype_byte
     if parallel.grad_bucket_bytes is not None:
         bucket: float | None = float(parallel.grad_bucket_bytes)
     elif impl == "megatron":
-        bucket = (max(MEGATRON_BUCKET_PARAMS, 1_000_000 * parallel.dp) * grad_bytes
+        bucket = (max(MEGATRON_BUCKET_PARAMS, 1_000_000 * parallel.grad_dp) * grad_bytes
                   if parallel.overlap_grad_reduce else float("inf"))
     elif impl == "deepspeed":
         bucket = DEEPSPEED_REDUCE_BUCKET * grad_bytes

@@ -39,6 +39,39 @@ Data parallel
     ``zero``). Gradients are reduced once per step, at the last micro-batch
     (Megatron's behaviour; DeepSpeed's ZeRO-2/3 reduce every micro-batch).
     Pipeline stages holding the tied word embedding all-reduce its gradient.
+FP8 (``training.dtype: fp8``; Transformer Engine under Megatron-Core, delayed scaling)
+    The layers' kernels come with their FP8 GEMMs and casts
+    (:mod:`workloads.flops`). Before the first forward of each chunk in the
+    step, ``F….fp8_weight_cast`` casts its FP8 weights (read 2, write the FP8
+    copy and its transpose: 4 bytes per weight; 2 with
+    ``training.fp8_param_gather``, whose weights are already FP8: transpose
+    only); TE caches them for the other micro-batches. After every forward and
+    every backward of a chunk (TE's ``fp8_autocast`` exit and end of backward)
+    the amax buffer (fp32, history length 1, 3 forward and 2 backward entries
+    per FP8 GEMM: :func:`~workloads.flops.fp8_gemm_modules`) is all-reduced
+    (max) over the stage's TP x DP group, Megatron's default amax-reduction
+    group, on the compute stream (class ``sync``), then a small kernel updates
+    the scales. With ``fp8_param_gather`` the optimizer writes FP8 weights and
+    the ZeRO-1 parameter all-gather carries 1 byte per FP8 weight.
+Context parallel (``parallel.cp``; Megatron-Core / Transformer Engine)
+    Every rank works on ``s / cp`` tokens (kernels, TP collectives and pipeline
+    transfers shrink by ``cp``) and layers are emitted one by one, cut at their
+    attention. Ring attention (``cp_comm_type: p2p``) passes K and V around the
+    CP ring while the ``cp`` attention steps run: a ring all-gather (class
+    ``cp``, stream ``cp``) of the layer's K and V, ``2 b s kv / t`` elements,
+    starts when the QKV GEMM is done; the first attention step runs on the
+    local block, the middle ``cp - 2`` steps after it, and the last step (with
+    the rest of the layer) once the ring has delivered every block, so the
+    attention takes ``a + (cp - 1) max(a, c)`` for a step's compute ``a`` and a
+    block's transfer ``c``. Backward passes K, V and the partial dK, dV: the
+    ring carries twice the bytes; a recomputed attention core (selective or
+    full recomputation) makes its forward pass again. ``all_gather``: K and
+    V all-gathered over CP before attention, blocking (backward: gathered
+    again, then dK, dV reduce-scattered). ``a2a`` (Ulysses):
+    all-to-alls of Q, K, V before attention and of the output after it
+    (backward: of the output gradient and of dQ, dK, dV), blocking, on the
+    compute stream. Gradients are reduced (and the distributed optimizer
+    sharded) over DP x CP (:meth:`~workloads.parallel.RankLayout.grad_group`).
 Compute
     Kernels from :mod:`workloads.flops` (FLOPs, HBM bytes, GEMM shapes);
     recomputation adds the forward (``full``) or the attention core
@@ -61,9 +94,12 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 from .flops import (
+    FP8_CAST_BYTES,
     LayerOp,
     accumulate_gradients,
     embedding_ops,
+    fp8_gemm_modules,
+    fp8_weight_params,
     hardware_flops_per_step,
     layer_ops,
     logits_ops,
@@ -74,7 +110,16 @@ from .memory import stage_params
 from .models import ModelSpec
 from .moe import LayerRouting, RoutingModel, route_layer
 from .ops import Kernel, OpGraph
-from .parallel import ParallelConfig, RankLayout, TrainingSpec, num_micro_batches, padded_vocab, stage_layers, validate
+from .parallel import (
+    ParallelConfig,
+    RankLayout,
+    TrainingSpec,
+    chunk_layers,
+    num_micro_batches,
+    padded_vocab,
+    stage_layers,
+    validate,
+)
 from .schedules import PipeAction, pipeline_schedule
 from .sharding import (
     GatherSchedule,
@@ -91,6 +136,12 @@ from .sharding import (
 GRANULARITIES = ("chunk", "layer")
 P2P_MODES = ("async", "blocking")
 COMPUTE_STREAM = "compute"
+FP8_AMAX_ENTRIES = (3, 2)
+"""Transformer Engine's delayed-scaling entries per FP8 GEMM: forward (input, weight, output), backward
+(output gradient, input gradient); one fp32 amax each (Megatron's ``fp8_amax_history_len`` default 1)."""
+FP8_SCALE_UPDATE_BYTES = 20
+"""HBM bytes per scaling entry of ``fused_amax_and_scale_update_after_reduction`` with history length 1:
+read the reduced amax, read and write the history, write scale and inverse scale (4 bytes each)."""
 RECOMPUTE_PHASE = "R"
 """First letter of a recompute op's name (``R3.c0.L5``: recomputed forward of micro-batch 3, chunk 0, from
 layer 5), as ``F`` and ``B`` start forward and backward ops."""
@@ -248,10 +299,17 @@ class _StepBuilder:
         self.p, self.v, self.t = parallel.pp, parallel.virtual_stages, parallel.tp
         self.sp = parallel.sp
         self.dtype = training.dtype_bytes
+        self.fp8 = training.fp8
+        self._stage_groups: dict[int, tuple[int, ...]] = {}
+        self._chunk_layers: dict[tuple[int, int], list[int]] = {}
+        self._cp_groups: dict[int, tuple[int, ...]] = {}
+        self._fp8_weights: dict[tuple[int, int], tuple[float, float]] = {}
         self.plan = sharding_plan(parallel, training.dtype, options.grad_dtype_bytes)
         self.grad_bytes = self.plan.grad_bytes
         b, s, h = parallel.micro_batch, training.seq_len, model.hidden
-        self.act_elems = b * s * h
+        self.cp = parallel.cp
+        self.local_seq = s // self.cp  # tokens of each sequence on this rank (context parallelism)
+        self.act_elems = b * self.local_seq * h
         # With SP the activation between stages is already split over TP. Without it, Megatron's
         # scatter/gather optimisation (Narayanan et al. SC'21, section 4.1) sends 1/t per TP rank and
         # all-gathers it over NVLink on the receiving stage.
@@ -272,9 +330,11 @@ class _StepBuilder:
 
     # -------------------------------------------------------------- layers
     def chunk_layers(self, stage: int, chunk: int) -> list[int]:
-        layers = stage_layers(self.model.layers, self.par, stage)
-        per = len(layers) // self.v
-        return layers[chunk * per:(chunk + 1) * per]
+        key = (stage, chunk)
+        layers = self._chunk_layers.get(key)
+        if layers is None:
+            layers = self._chunk_layers[key] = chunk_layers(self.model.layers, self.par, stage, chunk)
+        return layers
 
     def _tp_counts(self, n: int, phase: str, first: bool, last: bool) -> dict[str, int]:
         """TP collectives of ``n`` layers (+ embedding/output layer) for one pass."""
@@ -312,7 +372,8 @@ class _StepBuilder:
         ``selective``)."""
         ops = layer_ops(self.model, self.par.micro_batch, self.train.seq_len, self.t, layer=layer,
                         sequence_parallel=self.sp, dtype_bytes=self.dtype, causal=self.opt.causal,
-                        flash_attention=self.opt.flash_attention)
+                        flash_attention=self.opt.flash_attention, fp8=self.fp8, cp=self.cp,
+                        cp_comm_type=self.par.cp_comm_type)
         if phase == "F":
             return ops.forward, 0
         backward = accumulate_gradients(ops.backward, self.model.params_per_layer(layer, self.t, self.par.ep),
@@ -330,7 +391,7 @@ class _StepBuilder:
         layers = self.chunk_layers(stage, chunk)
         j = chunk * self.p + stage
         first, last = j == 0, j == self.p * self.v - 1
-        mb, s, t = self.par.micro_batch, self.train.seq_len, self.t
+        mb, s, t = self.par.micro_batch, self.local_seq, self.t
         head: list[LayerOp] = []
         tail: list[LayerOp] = []
         ends = self.opt.embedding_and_loss
@@ -347,7 +408,7 @@ class _StepBuilder:
                      - self.model.routed_expert_params(i, t, self.par.ep),
                      self.model.routed_expert_params(i, t, self.par.ep)) for i in layers}
         gb = self.grad_bytes
-        if per_layer or self.expert_parallel:
+        if per_layer or self.expert_parallel or self.cp > 1:
             segs = []
             for i in order:
                 kernels, again = self._layer_pass(i, phase)
@@ -552,10 +613,94 @@ class _StepBuilder:
         return last
 
     # ---------------------------------------------------------------- emit
+    # ------------------------------------------------------------------ CP
+    def _cp_group(self, rank: int) -> tuple[int, ...]:
+        group = self._cp_groups.get(rank)
+        if group is None:
+            group = self._cp_groups[rank] = self.layout.cp_group(rank)
+        return group
+
+    def emit_cp(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
+        """One layer's pass under context parallelism: its kernels in order, cut at every attention kernel
+        (the forward's, a recomputed one, the backward's) by that kernel's CP communication."""
+        g, cp = self.graph, self.cp
+        group = self._cp_group(rank)
+        tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage}
+        b, s, h, kv, t, d = (self.par.micro_batch, self.train.seq_len, self.model.hidden, self.model.kv_hidden,
+                             self.t, self.dtype)
+        kv_bytes = 2.0 * b * s * kv / t * d  # K and V of the whole sequence, one TP rank's heads
+        again = seg.recompute or (False,) * len(seg.kernels)
+        buf: list[Kernel] = []
+        state = {"last": None, "pending": list(deps), "recompute": False, "n": 0}
+
+        def compute(parts: list[Kernel], recompute: bool, extra: Sequence[int] = ()) -> int:
+            op_name = (RECOMPUTE_PHASE + name[1:]) if recompute else name
+            state["n"] += 1
+            op = g.compute(rank, parts=tuple(parts), name=f"{op_name}.cp{state['n']}",
+                           deps=state["pending"] + list(extra), stream=COMPUTE_STREAM, category="gemm", **tags)
+            state["last"], state["pending"] = op, []
+            return op
+
+        def flush(extra: Sequence[int] = ()) -> None:
+            if buf:
+                compute(list(buf), state["recompute"], extra)
+                buf.clear()
+
+        for op, recomputed in zip(seg.kernels, again):
+            k = op.kernel()
+            if not buf:
+                state["recompute"] = recomputed
+            if op.category not in ("attention", "attention_bwd"):
+                buf.append(k)
+                continue
+            backward = op.category == "attention_bwd"
+            flush()
+            anchor = [state["last"]] if state["last"] is not None else list(state["pending"])
+            kind = self.par.cp_comm_type
+            if kind == "all_gather":
+                gather = g.collective_op(rank, "all_gather", group, kv_bytes, name=f"{name}.cp_all_gather",
+                                         deps=anchor, stream=COMPUTE_STREAM, traffic_class="cp", **tags)
+                state["pending"] = [gather]
+                att = compute([k], recomputed)
+                if backward:
+                    state["pending"] = [g.collective_op(rank, "reduce_scatter", group, kv_bytes,
+                                                        name=f"{name}.cp_reduce_scatter", deps=[att],
+                                                        stream=COMPUTE_STREAM, traffic_class="cp", **tags)]
+                    state["last"] = state["pending"][0]
+            elif kind == "p2p":
+                ring = g.collective_op(rank, "all_gather", group, kv_bytes * (2 if backward else 1),
+                                       name=f"{name}.cp_ring{'_bwd' if backward else ''}", stream="cp", deps=anchor,
+                                       traffic_class="cp", algorithm="ring", **tags)
+                step = Kernel(k.category, k.flops / cp, k.nbytes / cp, k.shape, k.batch)
+                compute([step], recomputed)
+                if cp > 2:
+                    compute([Kernel(k.category, k.flops * (cp - 2) / cp, k.nbytes * (cp - 2) / cp, k.shape,
+                                    k.batch)], recomputed)
+                buf.append(step)  # the last step waits for the ring, then the layer goes on
+                state["recompute"], state["pending"] = recomputed, [ring]
+            else:
+                q_kv = b * s / cp * (h + 2 * kv) / t * d  # this rank's Q, K, V (dQ, dK, dV) of its tokens
+                out = b * s / cp * h / t * d                 # its attention output (gradient)
+                first, then = (out, q_kv) if backward else (q_kv, out)
+                a2a = g.collective_op(rank, "all_to_all", group, first, name=f"{name}.cp_a2a", deps=anchor,
+                                      stream=COMPUTE_STREAM, traffic_class="cp", **tags)
+                state["pending"] = [a2a]
+                att = compute([k], recomputed)
+                state["pending"] = [g.collective_op(rank, "all_to_all", group, then, name=f"{name}.cp_a2a",
+                                                    deps=[att], stream=COMPUTE_STREAM, traffic_class="cp", **tags)]
+                state["last"] = state["pending"][0]
+        flush()
+        last = state["last"]
+        if state["pending"]:  # the layer ended at a communication op: nothing after it on this stream yet
+            last = state["pending"][-1]
+        return self._emit_tp(rank, seg, name, last, mb, stage)
+
     def emit_segment(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
         g = self.graph
         if seg.moe is not None:
             return self.emit_moe(rank, seg, deps, name, mb, stage)
+        if self.cp > 1 and any(k.category in ("attention", "attention_bwd") for k in seg.kernels):
+            return self.emit_cp(rank, seg, deps, name, mb, stage)
         if seg.parts is None:
             again = seg.recompute or (False,) * len(seg.kernels)
             seg.recompute_parts = _kernels([k for k, r in zip(seg.kernels, again) if r])
@@ -576,12 +721,12 @@ class _StepBuilder:
         stage = c.pp
         actions = self.schedules[stage]
         nvs = self.p * self.v
-        overlap = par.overlap_grad_reduce and par.dp > 1
+        overlap = par.overlap_grad_reduce and par.grad_dp > 1
         last_b = {}
         for idx, a in enumerate(actions):
             if a.phase == "B":
                 last_b[a.chunk] = idx
-        dp_group = lay.dp_group(rank)
+        dp_group = lay.grad_group(rank)  # DP x CP: the ranks that hold these weights
         plan = self.plan
         every_mb = plan.grad_sync == "micro_batch"
         gathered = plan.gather is not None and par.dp > 1
@@ -591,6 +736,7 @@ class _StepBuilder:
         pending = _Buckets(self, rank, dp_group)
         last_op = None
         blocking = self.opt.p2p == "blocking"
+        fp8_cast: set[int] = set()  # chunks whose FP8 weights this step has cast
         sent: list[int] = []  # sends of the previous action (blocking: the next action waits for them)
         for idx, a in enumerate(actions):
             j = a.chunk * self.p + stage
@@ -599,15 +745,18 @@ class _StepBuilder:
             sent = []
             name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
             if a.phase == "F" and j > 0:
-                src = lay.rank(tp=c.tp, dp=c.dp, pp=(j - 1) % self.p)
+                src = lay.rank(tp=c.tp, dp=c.dp, pp=(j - 1) % self.p, cp=c.cp)
                 deps.append(self._gathered(rank, g.recv(
                     rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream="pp_recv_act", traffic_class="pp",
                     micro_batch=a.micro_batch, stage=stage, tag=0, deps=posted), name, a.micro_batch, stage))
             if a.phase == "B" and j < nvs - 1:
-                src = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p)
+                src = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p, cp=c.cp)
                 deps.append(self._gathered(rank, g.recv(
                     rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad", traffic_class="pp",
                     micro_batch=a.micro_batch, stage=stage, tag=1, deps=posted), name, a.micro_batch, stage))
+            if self.fp8 and a.phase == "F" and a.chunk not in fp8_cast:
+                fp8_cast.add(a.chunk)
+                deps = [self._fp8_weight_cast(rank, a, stage, deps)]
             reduce_now = a.phase == "B" and (every_mb or idx == last_b[a.chunk])
             if gathered:
                 per_action, uses, sched = trace
@@ -632,15 +781,17 @@ class _StepBuilder:
                     deps = []
                     if reduce_now:
                         pending.add(seg, last_op if overlap else None)
+            if self.fp8:
+                last_op = self._fp8_amax(rank, a, stage, last_op)
             if reduce_now and every_mb:
                 pending.flush(last_op)  # the end of every backward (DeepSpeed's epilogue, FSDP's last unit)
             if a.phase == "F" and j < nvs - 1:
-                dst = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p)
+                dst = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p, cp=c.cp)
                 sent.append(g.send(rank, dst, self.p2p_bytes, name=f"send_act.{name}", stream="pp_send_act",
                                    deps=[last_op], traffic_class="pp", micro_batch=a.micro_batch, stage=stage,
                                    tag=0))
             if a.phase == "B" and j > 0:
-                dst = lay.rank(tp=c.tp, dp=c.dp, pp=(j - 1) % self.p)
+                dst = lay.rank(tp=c.tp, dp=c.dp, pp=(j - 1) % self.p, cp=c.cp)
                 sent.append(g.send(rank, dst, self.p2p_bytes, name=f"send_grad.{name}", stream="pp_send_grad",
                                    deps=[last_op], traffic_class="pp", micro_batch=a.micro_batch, stage=stage,
                                    tag=1))
@@ -649,16 +800,79 @@ class _StepBuilder:
         dp_ops = pending.emitted
         tied = self._tied_embedding_sync(rank, stage, last_op)
         dense, experts = stage_params(self.model, par, stage)
-        shard = (dense / par.dp + experts / max(1, par.dp // par.ep)) if par.zero >= 1 else dense + experts
-        before, after = optimizer_step_ops(shard, dense + experts, self.grad_bytes, self.dtype)
+        shard = (dense / par.grad_dp + experts / max(1, par.dp // par.ep)) if par.zero >= 1 else dense + experts
+        fp8_shard = 0.0
+        if self.train.fp8_param_gather:
+            fp8_dense, fp8_routed = self.stage_fp8_weights(stage)
+            fp8_shard = fp8_dense / par.grad_dp + fp8_routed / max(1, par.dp // par.ep)
+        before, after = optimizer_step_ops(shard, dense + experts, self.grad_bytes, self.dtype, fp8_shard)
         step_deps = [last_op] + dp_ops[-1:] + tied
         norm = g.compute(rank, parts=_kernels(before), name="grad_norm", deps=step_deps, stream=COMPUTE_STREAM,
                          category="optimizer", stage=stage)
         norm = self._norm_all_reduce(rank, norm, stage)
         opt_id = g.compute(rank, parts=_kernels(after), name="optimizer", deps=[norm], stream=COMPUTE_STREAM,
                            category="optimizer", stage=stage)
-        if plan.step_gather and par.dp > 1:
+        if plan.step_gather and par.grad_dp > 1:
             pending.gather_params(opt_id)
+
+    # ----------------------------------------------------------------- FP8
+    def stage_fp8_weights(self, stage: int) -> tuple[float, float]:
+        """FP8 GEMM weights (one TP/EP rank) of every chunk of ``stage``: ``(dense, routed experts)``."""
+        pairs = [self.fp8_weights(stage, c) for c in range(self.v)]
+        return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+    def param_gather_bytes(self, stage: int) -> float:
+        """Bytes per dense parameter of the ZeRO-1 all-gather of updated parameters: the model dtype, or with
+        ``fp8_param_gather`` 1 for the FP8 weights and the dtype for the rest (their average on this stage)."""
+        if not self.train.fp8_param_gather:
+            return float(self.dtype)
+        dense, _ = stage_params(self.model, self.par, stage)
+        fp8_dense, _ = self.stage_fp8_weights(stage)
+        return (self.dtype * (dense - fp8_dense) + fp8_dense) / dense
+
+    def fp8_weights(self, stage: int, chunk: int) -> tuple[float, float]:
+        """FP8 GEMM weights (one TP/EP rank) of virtual stage ``(stage, chunk)``: ``(dense, routed experts)``."""
+        key = (stage, chunk)
+        if key not in self._fp8_weights:
+            pairs = [fp8_weight_params(self.model, i, self.t, self.par.ep) for i in self.chunk_layers(stage, chunk)]
+            self._fp8_weights[key] = (float(sum(p[0] for p in pairs)), float(sum(p[1] for p in pairs)))
+        return self._fp8_weights[key]
+
+    def _stage_group(self, rank: int) -> tuple[int, ...]:
+        """Every rank of ``rank``'s pipeline stage (TP x CP x DP), DP-major: Megatron's FP8 amax-reduction
+        group."""
+        stage = self.layout.coords(rank).pp
+        group = self._stage_groups.get(stage)
+        if group is None:
+            lay = self.layout
+            group = self._stage_groups[stage] = tuple(lay.rank(tp=t, dp=d, pp=stage, cp=c)
+                                                      for d in range(self.par.dp) for c in range(self.cp)
+                                                      for t in range(self.t))
+        return group
+
+    def _fp8_weight_cast(self, rank: int, a: PipeAction, stage: int, deps: list[int]) -> int:
+        """The once-per-step cast of a chunk's FP8 weights (and transposes), before its first forward."""
+        dense, routed = self.fp8_weights(stage, a.chunk)
+        per_weight = 2 if self.train.fp8_param_gather else FP8_CAST_BYTES
+        return self.graph.compute(rank, parts=(Kernel("fp8_cast", 0.0, per_weight * (dense + routed)),),
+                                  name=f"F{a.micro_batch}.c{a.chunk}.fp8_weight_cast", deps=deps,
+                                  stream=COMPUTE_STREAM, category="elementwise", micro_batch=a.micro_batch,
+                                  stage=stage)
+
+    def _fp8_amax(self, rank: int, a: PipeAction, stage: int, after: int) -> int:
+        """The amax all-reduce of one chunk's forward or backward and the scale update after it."""
+        gemms = sum(fp8_gemm_modules(self.model, i, self.par.ep) for i in self.chunk_layers(stage, a.chunk))
+        entries = gemms * FP8_AMAX_ENTRIES[0 if a.phase == "F" else 1]
+        name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
+        last = after
+        group = self._stage_group(rank)
+        if len(group) > 1:
+            last = self.graph.collective_op(rank, "all_reduce", group, 4.0 * entries, name=f"{name}.fp8_amax",
+                                            stream=COMPUTE_STREAM, deps=[last], traffic_class="sync",
+                                            micro_batch=a.micro_batch, stage=stage)
+        return self.graph.compute(rank, parts=(Kernel("fp8_cast", 0.0, FP8_SCALE_UPDATE_BYTES * entries),),
+                                  name=f"{name}.fp8_scale_update", deps=[last], stream=COMPUTE_STREAM,
+                                  category="elementwise", micro_batch=a.micro_batch, stage=stage)
 
     def _norm_all_reduce(self, rank: int, after: int, stage: int) -> int:
         """The global gradient norm: an fp32 scalar all-reduced over the model-parallel group (TP x PP) and,
@@ -667,8 +881,8 @@ class _StepBuilder:
         optimizer step. Traffic class ``sync``."""
         par, lay, last = self.par, self.layout, after
         c = lay.coords(rank)
-        mp = tuple(lay.rank(tp=t, dp=c.dp, pp=p) for p in range(self.p) for t in range(self.t))
-        groups = [mp] + ([lay.dp_group(rank)] if par.zero >= 1 and par.dp > 1 else [])
+        mp = tuple(lay.rank(tp=t, dp=c.dp, pp=p, cp=c.cp) for p in range(self.p) for t in range(self.t))
+        groups = [mp] + ([lay.grad_group(rank)] if par.zero >= 1 and par.grad_dp > 1 else [])
         for group in groups:
             if len(group) > 1:
                 last = self.graph.collective_op(rank, "all_reduce", group, 4.0, name="grad_norm_all_reduce",
@@ -695,7 +909,8 @@ class _StepBuilder:
         if not self.model.tied_embeddings or self.p == 1 or stage not in (0, self.p - 1):
             return []
         c = self.layout.coords(rank)
-        group = (self.layout.rank(tp=c.tp, dp=c.dp, pp=0), self.layout.rank(tp=c.tp, dp=c.dp, pp=self.p - 1))
+        group = (self.layout.rank(tp=c.tp, dp=c.dp, pp=0, cp=c.cp),
+                 self.layout.rank(tp=c.tp, dp=c.dp, pp=self.p - 1, cp=c.cp))
         vocab = padded_vocab(self.model.vocab, self.t)  # the shard Megatron holds is of the padded vocabulary
         nbytes = self.model.word_embedding_params(self.t, vocab) * self.grad_bytes
         return [self.graph.collective_op(rank, "all_reduce", group, nbytes, name="embedding_grad_sync",
@@ -705,16 +920,16 @@ class _StepBuilder:
         ranks: Sequence[int] = range(self.par.world_size)
         lay = self.layout
         ep = self.par.ep
-        if representatives == "stage" and self.t * self.par.dp // ep > 1:
+        if representatives == "stage" and self.t * self.cp * self.par.dp // ep > 1:
             # Every rank of a pipeline stage runs the same program as the ranks with its EP index in the
             # other EP groups and their TP peers: same kernels, same TP collectives, the same all-to-all
             # rows (routing is drawn per layer, the same in every EP group); its DP, EP and PP peers are the
             # same coordinates with their own indices. So emit the tp = 0 ranks of the first EP group (for
             # dense models: the tp = 0, dp = 0 rank) of each stage; each stands for its expert-DP x TP
             # block, listed DP-major (TP and DP groups are rows and columns: see engine.lanes).
-            ranks = [r for r in ranks if lay.coords(r).tp == 0 and lay.coords(r).dp < ep]
-            self.graph.replicas = {r: tuple(x for d in lay.expert_dp_group(r) for x in lay.tp_group(d))
-                                   for r in ranks}
+            ranks = [r for r in ranks if lay.coords(r).tp == 0 and lay.coords(r).cp == 0 and lay.coords(r).dp < ep]
+            self.graph.replicas = {r: tuple(x for d in lay.expert_dp_group(r) for c in lay.cp_group(d)
+                                            for x in lay.tp_group(c)) for r in ranks}
         elif representatives and self.t > 1:
             ranks = [r for r in ranks if lay.coords(r).tp == 0]
             self.graph.replicas = {r: lay.tp_group(r) for r in ranks}
@@ -747,7 +962,7 @@ class _Buckets:
         self.expert_group = builder.layout.expert_dp_group(rank) if builder.model.is_moe else dp_group
 
     def add(self, seg: _Segment, ready_op: int | None) -> None:
-        if self.b.par.dp == 1 and len(self.expert_group) == 1:
+        if self.b.par.grad_dp == 1 and len(self.expert_group) == 1:
             return
         self.fill += seg.grad_bytes
         self.expert_fill += seg.expert_grad_bytes
@@ -787,8 +1002,9 @@ class _Buckets:
         self.expert_fill = 0.0
 
     def gather_params(self, after: int) -> None:
-        """ZeRO-1/2: all-gather the updated 16-bit parameters of every reduced bucket."""
-        ratio = self.b.dtype / self.b.grad_bytes
+        """ZeRO-1/2: all-gather the updated 16-bit (FP8, with ``fp8_param_gather``) parameters of every
+        reduced bucket."""
+        ratio = self.b.param_gather_bytes(self.b.layout.coords(self.rank).pp) / self.b.grad_bytes
         for nbytes, count in self.reduced.items():
             self.b.graph.collective_op(self.rank, "all_gather", self.group, nbytes * ratio, name="param_all_gather",
                                        stream="dp", deps=[after], count=count, traffic_class="zero")

@@ -116,11 +116,11 @@ def _point_dp(doc: Mapping, clusters: _ClusterCache) -> int | None:
     dp = get_path(doc, "parallel.dp", AUTO)
     if dp != AUTO:
         return dp if isinstance(dp, int) else None
-    tp, pp = get_path(doc, "parallel.tp", 1), get_path(doc, "parallel.pp", 1)
+    tp, pp, cp = (get_path(doc, f"parallel.{k}", 1) for k in ("tp", "pp", "cp"))
     sizes = clusters.sizes(doc)
-    if sizes is None or not all(isinstance(v, int) and v > 0 for v in (tp, pp)):
+    if sizes is None or not all(isinstance(v, int) and v > 0 for v in (tp, pp, cp)):
         return None
-    return derived_dp(sizes[0], tp, pp)
+    return derived_dp(sizes[0], tp * cp, pp)
 
 
 def _auto_micro_batches(doc: Mapping, clusters: _ClusterCache) -> list[dict[str, Any]]:
