@@ -18,8 +18,10 @@ every other shape below it by waves, tiles and pipeline fill:
 * A100-SXM: 271.2 of 312 TFLOP/s (1024×10240×5120, torch 2.6 / CUDA 12.6): 0.869.
 * H100-SXM: 794.5 of 989.4 (2048×2048×13312, torch 2.7 / CUDA 12.6): 0.803;
   the table notes that H200 measures the same.
-* B200: no MAMF row was available; early reports of large BF16 GEMMs give
-  ~1.5-1.7 PFLOP/s of 2.25, so 0.70, the least certain number here.
+* B200: 1745.0 of 2250 (1792×16128×3072, torch 2.7.1+cu128): 0.776.
+* GB200: 1822.0 of 2500 (4096×9728×2048, torch 2.10 nightly, cu130): 0.729.
+* GB300: no row; the B300 SXM row (the same Blackwell Ultra die), 1769.0 of
+  2250 (12288×18432×1024, torch 2.9.1+cu130): 0.786.
 
 ``matmul_efficiency_fp8`` is the same search's FP8 table (``torch._scaled_mm``
 on ``float8_e4m3fn`` inputs, per-tensor scales, bf16 output, cuBLASLt; same
@@ -142,7 +144,7 @@ GPU_SPECS: dict[str, GPUSpec] = {
         nvlink_bandwidth=900 * _GB,
         nic_bandwidth=400e9 / 8,
         sm_count=148,
-        matmul_efficiency=0.70,
+        matmul_efficiency=0.776,
         matmul_efficiency_fp8=0.763,
         gemm_critical_intensity=85.3,
         nvlink_efficiency=0.81,
@@ -155,8 +157,8 @@ GPU_SPECS: dict[str, GPUSpec] = {
     # 576 TB/s (8 TB/s per GPU), NVLink 5 at 130 TB/s (1.8 TB/s bidirectional =
     # 900 GB/s per direction per GPU) over one 72-GPU NVLink switch domain. Each
     # compute tray (4 GPUs) has 4x ConnectX-7 400 Gb/s: one per GPU. FP32 80 TF
-    # as B200 (not in the rack datasheet). SMs, MAMF fraction and the critical
-    # GEMM intensity: B200's (same GPU die), as uncertain as there.
+    # as B200 (not in the rack datasheet). SMs and the critical GEMM intensity:
+    # B200's (same GPU die); MAMF fractions in the module docstring.
     "GB200": GPUSpec(
         name="GB200",
         peak_flops=MappingProxyType(
@@ -167,7 +169,7 @@ GPU_SPECS: dict[str, GPUSpec] = {
         nvlink_bandwidth=900 * _GB,
         nic_bandwidth=400e9 / 8,
         sm_count=148,
-        matmul_efficiency=0.70,
+        matmul_efficiency=0.729,
         matmul_efficiency_fp8=0.723,
         gemm_critical_intensity=85.3,
         nvlink_efficiency=0.81,
@@ -189,7 +191,7 @@ GPU_SPECS: dict[str, GPUSpec] = {
         nvlink_bandwidth=900 * _GB,
         nic_bandwidth=800e9 / 8,
         sm_count=160,
-        matmul_efficiency=0.70,
+        matmul_efficiency=0.786,
         matmul_efficiency_fp8=0.745,
         gemm_critical_intensity=85.3,
         nvlink_efficiency=0.81,
