@@ -40,6 +40,11 @@ scores
 fixed
     ``duration_s`` as given.
 
+A GEMM kernel with ``sm_reserved`` SMs held by a communication kernel beside
+it (Transformer Engine's userbuffers reserve ``num_sm`` SMs for their
+pipelined and bulk overlaps and launch the GEMM on the rest) runs the same
+wave/tile model on ``sm_count - sm_reserved`` SMs, each at its usual rate.
+
 Every constant is a knob on :class:`ComputeModel` with its source in the
 module that uses it; none is fitted to end-to-end training throughput
 (``tests/test_compute_grounding.py`` checks each kernel model against
@@ -49,7 +54,7 @@ published microbenchmarks).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from topologies.cluster import GPUSpec
@@ -172,10 +177,21 @@ class ComputeModel:
         return GemmModel(self.gpu.peak("fp8"), self.gpu.sm_count, eff, self.gpu.gemm_critical_intensity * ratio,
                          self.gpu.hbm_bandwidth, 1, round(self.gemm_k_overhead * ratio), stream_k=True)
 
+    def reserved_gemm(self, gemm: GemmModel, sm_reserved: int) -> GemmModel:
+        """``gemm`` on the SMs that ``sm_reserved`` communication SMs leave: fewer SMs, the same rate each."""
+        sms = gemm.sm_count - sm_reserved
+        if sms < 1:
+            raise ValueError(f"options.tp_comm_overlap_sms: {sm_reserved} SMs for communication leave none of the "
+                             f"{gemm.sm_count} SMs of {self.gpu.name} for the GEMM")
+        return _with_sms(gemm, sms)
+
     def achieved_flops(self, op: Compute | Kernel) -> float:
         """Sustained FLOP/s of ``op`` (before the memory roofline)."""
         if op.category in ("gemm", "gemm_fp8"):
             gemm = self.gemm if op.category == "gemm" else self.fp8_gemm
+            reserved = getattr(op, "sm_reserved", 0)
+            if reserved:
+                gemm = self.reserved_gemm(gemm, reserved)
             if op.shape is not None:
                 m, n, k = op.shape
                 return gemm.achieved_flops(m, n, k, getattr(op, "batch", 1))
@@ -200,3 +216,15 @@ class ComputeModel:
         efficiency = self.score_memory_efficiency if scores else self.memory_efficiency
         t_mem = op.nbytes / (self.gpu.hbm_bandwidth * efficiency) if op.nbytes else 0.0
         return max(t_math, t_mem) + self.op_overhead_s
+
+
+_REDUCED: dict[tuple[GemmModel, int], GemmModel] = {}
+
+
+def _with_sms(gemm: GemmModel, sms: int) -> GemmModel:
+    """``gemm`` on ``sms`` of its SMs (peak in proportion), cached: GEMM times are cached per model."""
+    key = (gemm, sms)
+    out = _REDUCED.get(key)
+    if out is None:
+        out = _REDUCED[key] = replace(gemm, sm_count=sms, peak_flops=gemm.peak_flops * sms / gemm.sm_count)
+    return out

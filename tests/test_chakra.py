@@ -219,6 +219,16 @@ def _tiny_3d():
     return exp, training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing).graph
 
 
+def _tp_overlap():
+    """TP communication overlap: kernels beside userbuffer communication hold SMs (``Kernel.sm_reserved``)."""
+    exp = experiment_from_dict({
+        "cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "tiny"},
+        "parallel": {"tp": 4, "pp": 2, "micro_batch": 1, "global_batch": 4, "sequence_parallel": True,
+                     "tp_comm_overlap": True},
+        "training": {"seq_len": 128}})
+    return exp, training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing).graph
+
+
 def _small_moe():
     moe = {"name": "moe-small", "layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096,
            "vocab": 32000, "gated_mlp": True, "tied_embeddings": False, "experts": 8, "top_k": 2,
@@ -230,7 +240,8 @@ def _small_moe():
     return exp, training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing).graph
 
 
-@pytest.mark.parametrize("build", [_tiny_3d, _small_moe], ids=["tp2-pp2-dp4-2-nodes", "moe-ep8-alltoallv"])
+@pytest.mark.parametrize("build", [_tiny_3d, _small_moe, _tp_overlap],
+                         ids=["tp2-pp2-dp4-2-nodes", "moe-ep8-alltoallv", "tp4-pp2-tp-comm-overlap"])
 def test_round_trip_gives_the_same_graph_step_time_and_link_bytes(tmp_path, build):
     exp, graph = build()
     files = write_chakra(graph, tmp_path, compute=exp.compute_model())

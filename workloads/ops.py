@@ -51,6 +51,8 @@ class Kernel:
     kernel: the unmasked half). ``shape`` is a GEMM's ``(m, n, k)`` or a fused
     attention kernel's ``(s_q, s_kv, head_dim)``, run ``batch`` times in one
     launch (a batched GEMM; the heads of an attention kernel).
+    ``sm_reserved`` SMs are held by a communication kernel running beside it
+    (Transformer Engine's userbuffers); a GEMM then runs on the others.
     """
 
     category: str
@@ -58,6 +60,7 @@ class Kernel:
     nbytes: float
     shape: tuple[int, int, int] | None = None
     batch: int = 1
+    sm_reserved: int = 0
 
 
 @dataclass(slots=True, eq=False)

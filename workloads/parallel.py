@@ -191,6 +191,12 @@ class ParallelConfig:
         elements, FSDP one unit. PyTorch DDP's is 25 MiB.
     overlap_grad_reduce : bool
         Reduce gradient buckets during backward rather than after it.
+    tp_comm_overlap : bool
+        Megatron-Core's ``--tp-comm-overlap`` (default False): Transformer
+        Engine's userbuffers overlap the sequence-parallel all-gathers and
+        reduce-scatters of the linear layers with their GEMMs, by TE's default
+        method per GEMM (ring exchange, pipelined chunks, bulk); see
+        :mod:`workloads.training`. Needs sequence parallelism.
     zero_impl : {"auto", "megatron", "deepspeed", "fsdp", "fsdp2"}
         Which framework's sharded data parallelism runs the ZeRO stage, with
         its own gather granularity, prefetch, re-gathers and gradient
@@ -236,6 +242,7 @@ class ParallelConfig:
     last_stage_layers: int | None = None
     grad_bucket_bytes: int | None = None
     overlap_grad_reduce: bool = True
+    tp_comm_overlap: bool = False
     zero_impl: str = "auto"
     zero_grad_sync: str = "auto"
     zero_overlap: bool = True
@@ -269,7 +276,8 @@ class ParallelConfig:
         check_choice("parallel.schedule", self.schedule, SCHEDULES)
         check_choice("parallel.recompute", self.recompute, RECOMPUTE)
         check_bool("parallel.sequence_parallel", self.sequence_parallel)
-        check_bool("parallel.overlap_grad_reduce", self.overlap_grad_reduce)
+        for f in ("overlap_grad_reduce", "tp_comm_overlap"):
+            check_bool(f"parallel.{f}", getattr(self, f))
         if isinstance(self.placement, str) or not isinstance(self.placement, Sequence):
             raise ConfigError(f"parallel.placement: must be a list such as [tp, cp, dp, pp], got {self.placement!r}")
         placement = tuple(self.placement)
@@ -625,6 +633,22 @@ def _check_context(model: ModelSpec, parallel: ParallelConfig, training: Trainin
                                   f"use cp_comm_type: p2p")
 
 
+def _check_overlap(model: ModelSpec, parallel: ParallelConfig) -> None:
+    """Megatron-Core's communication overlaps: what they need, and what is not modelled with them."""
+    if parallel.tp_comm_overlap:
+        if not parallel.sp:
+            raise ConfigError(f"parallel.tp_comm_overlap: needs sequence_parallel with tp > 1 (Megatron asserts it); "
+                              f"got tp={parallel.tp}, sequence_parallel={parallel.sequence_parallel}")
+        if model.is_moe:
+            raise ConfigError("parallel.tp_comm_overlap: userbuffer overlap is modelled for dense models; "
+                              f"model.experts={model.experts}")
+        if parallel.cp > 1:
+            raise ConfigError(f"parallel.tp_comm_overlap: not modelled with context parallelism (cp={parallel.cp})")
+        if parallel.zero >= 2:
+            raise ConfigError(f"parallel.tp_comm_overlap: modelled with Megatron's DDP / distributed optimizer "
+                              f"(zero 0 or 1), not zero: {parallel.zero}")
+
+
 def _check_positions(model: ModelSpec, training: TrainingSpec) -> None:
     if model.learned_positions and training.seq_len > model.max_seq_len:
         raise ConfigError(f"training.seq_len: {training.seq_len} exceeds model.max_seq_len={model.max_seq_len} "
@@ -649,8 +673,9 @@ def validate(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
         TP vs heads / kv_heads / ffn (and SP vs seq_len), PP vs layers and
         schedule, batch divisibility, EP vs experts and dp, parameter-server vs
         ZeRO, FP8 vs the data-parallel implementation, context parallelism vs
-        sequence length, heads and the rest of the layout, sequence length vs
-        a learned position table.
+        sequence length, heads and the rest of the layout, communication
+        overlaps vs what they need, sequence length vs a learned position
+        table.
     """
     if world_size is not None:
         check_int("cluster world size", world_size)
@@ -669,6 +694,7 @@ def validate(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
     _check_sync(parallel)
     _check_fp8(parallel, training)
     _check_context(model, parallel, training)
+    _check_overlap(model, parallel)
     _check_positions(model, training)
 
 

@@ -23,7 +23,24 @@ Tensor parallel
     backward) on the first stage; the output layer on the last stage adds the
     all-reduce of its input gradient in backward (with SP: an all-gather
     before it in forward, a reduce-scatter in backward). TP collectives run
-    on the compute stream: Megatron does not overlap them with compute.
+    on the compute stream: Megatron does not overlap them with compute,
+    unless ``tp_comm_overlap``.
+TP communication overlap (``parallel.tp_comm_overlap``; Transformer Engine userbuffers, SP only)
+    The layers' SP collectives are overlapped with their GEMMs by TE's
+    default method per GEMM (:data:`UB_METHODS`): a ring exchange cuts the
+    GEMM into ``t`` chunks along its tokens, one per arriving block, so it
+    takes ``a + (t - 1) max(a, c)`` (chunk ``a``, block transfer ``c``); a
+    pipelined reduce-scatter cuts it into 4 chunks whose reduce-scatters run
+    beside the next chunk (``g + r + 3 max(g, r)``); the column-parallel
+    backward runs its data gradient beside the all-gather of the saved input
+    (which TE re-gathers for the weight gradient) and its weight gradient
+    beside the reduce-scatter of the data gradient. The overlapped
+    collectives run on stream ``tp_overlap``; GEMMs beside the pipelined and
+    bulk communication run on the SMs it leaves
+    (``options.tp_comm_overlap_sms``). Per layer and pass: forward 2
+    all-gathers and 2 reduce-scatters, backward 4 all-gathers and 2
+    reduce-scatters of ``b s h`` elements (the all-gathers in FP8 under
+    ``fp8``); the embedding and output-layer collectives stay blocking.
 Data parallel
     Gradients (``grad_dtype_bytes`` per element, default the training dtype)
     of the rank's parameters are cut into buckets of
@@ -142,6 +159,24 @@ FP8_AMAX_ENTRIES = (3, 2)
 FP8_SCALE_UPDATE_BYTES = 20
 """HBM bytes per scaling entry of ``fused_amax_and_scale_update_after_reduction`` with history length 1:
 read the reduced amax, read and write the history, write scale and inverse scale (4 bytes each)."""
+UB_METHODS = {
+    "qkv": "ring", "mlp_up": "ring",                      # qkv_fprop, fc1_fprop: all-gather of the input
+    "attn_out": "pipeline", "mlp_down": "pipeline",        # proj_fprop, fc2_fprop: reduce-scatter of the output
+    "attn_out.dgrad": "ring", "mlp_down.dgrad": "ring",    # proj_dgrad, fc2_dgrad: all-gather of dY
+    "qkv.dgrad": "bulk_ag", "mlp_up.dgrad": "bulk_ag",     # qkv_dgrad, fc1_dgrad: all-gather of the input
+    "qkv.wgrad": "bulk_rs", "mlp_up.wgrad": "bulk_rs",     # qkv_wgrad, fc1_wgrad: reduce-scatter of dX
+}
+"""Transformer Engine's default userbuffers overlap per GEMM (``initialize_ub`` in
+``transformer_engine/pytorch/module/base.py``): ``ring_exchange`` for the all-gather before the column-parallel
+forward GEMMs and the row-parallel data-gradient GEMMs (``num_splits = tp`` chunks, peer-to-peer copies on the
+copy engines, ``num_sm`` 1 and no SM margin); ``pipeline`` for the reduce-scatter after the row-parallel
+forward GEMMs (4 splits, 16 SMs, GEMM on the rest); ``bulk`` for the column-parallel backward: the all-gather of
+the saved input beside the data-gradient GEMM, the reduce-scatter of its result beside the weight-gradient GEMM
+(16 SMs). Row-parallel weight gradients reuse the gathered ``dY`` and communicate nothing."""
+UB_PIPELINE_SPLITS = 4
+"""TE's ``num_splits`` of the ``pipeline`` method."""
+UB_STREAM = "tp_overlap"
+"""The stream of overlapped TP communication."""
 RECOMPUTE_PHASE = "R"
 """First letter of a recompute op's name (``R3.c0.L5``: recomputed forward of micro-batch 3, chunk 0, from
 layer 5), as ``F`` and ``B`` start forward and backward ops."""
@@ -201,6 +236,11 @@ class StepOptions:
         synchronisation and memory are unchanged; the model FLOPs of the step
         (the MFU numerator) then leave out the output layer's ``6 h V`` per
         token, which no longer runs.
+    tp_comm_overlap_sms : int
+        SMs that Transformer Engine's userbuffers reserve for the
+        communication kernels of the ``pipeline`` and ``bulk`` overlaps
+        (``num_sm`` of ``initialize_ub``, default 16); the GEMM beside them
+        runs on the others. Used with ``parallel.tp_comm_overlap``.
     """
 
     p2p: str = "async"
@@ -211,6 +251,7 @@ class StepOptions:
     causal: bool = False
     flash_attention: bool = True
     embedding_and_loss: bool = True
+    tp_comm_overlap_sms: int = 16
 
     def __post_init__(self) -> None:
         if self.p2p not in P2P_MODES:
@@ -223,6 +264,9 @@ class StepOptions:
                      "grad_accumulation_fusion"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"options.{name}: must be true or false, got {getattr(self, name)!r}")
+        sms = self.tp_comm_overlap_sms
+        if isinstance(sms, bool) or not isinstance(sms, int) or not 0 <= sms <= 1024:
+            raise ConfigError(f"options.tp_comm_overlap_sms: must be an integer number of SMs in 0..1024, got {sms!r}")
 
 
 @dataclass
@@ -270,6 +314,10 @@ class _Segment:
     phase: str = "F"  # the pipeline pass it belongs to: "F" or "B"
     recompute: tuple[bool, ...] = ()  # per kernel: a forward kernel re-run in the backward (activation recompute)
     recompute_parts: tuple[Kernel, ...] = ()  # the recomputed kernels, run as their own op before ``parts``
+    # TP communication overlap (userbuffers): (head kernels, runs of identical layers as (kernels, recompute
+    # mask, count), tail kernels); ``tp`` then holds only the embedding / output-layer collectives
+    ub: tuple[list[LayerOp], list[tuple[list[LayerOp], tuple[bool, ...], int]], list[LayerOp]] | None = None
+    ub_parts: list[tuple[Kernel, ...]] = field(default_factory=list)  # the kernels of each emitted op, built once
 
 
 def _scale_kernel(op: LayerOp, factor: float, tokens: int) -> Kernel:
@@ -279,6 +327,17 @@ def _scale_kernel(op: LayerOp, factor: float, tokens: int) -> Kernel:
     if shape is not None:
         shape = tuple(max(1, round(d * factor)) if d == tokens else d for d in shape)
     return Kernel(k.category, k.flops * factor, k.nbytes * factor, shape, k.batch)
+
+
+def _ub_chunk(op: LayerOp, n: int, sm_reserved: int) -> Kernel:
+    """One of ``n`` chunks of GEMM ``op`` cut along its token rows (the first dimension of a forward or
+    data-gradient GEMM), beside a communication kernel holding ``sm_reserved`` SMs. Its bytes are ``1/n`` of
+    the GEMM's (the weight re-read by each chunk is not added: the GEMMs are compute-bound)."""
+    k = op.kernel()
+    shape = k.shape
+    if shape is not None and n > 1:
+        shape = (-(-shape[0] // n), shape[1], shape[2])
+    return Kernel(k.category, k.flops / n, k.nbytes / n, shape, k.batch, sm_reserved)
 
 
 def _kernels(ops: Sequence[LayerOp]) -> tuple[Kernel, ...]:
@@ -408,13 +467,15 @@ class _StepBuilder:
                      - self.model.routed_expert_params(i, t, self.par.ep),
                      self.model.routed_expert_params(i, t, self.par.ep)) for i in layers}
         gb = self.grad_bytes
+        ub = self.par.tp_comm_overlap
         if per_layer or self.expert_parallel or self.cp > 1:
             segs = []
             for i in order:
                 kernels, again = self._layer_pass(i, phase)
-                segs.append(_Segment(kernels, self._tp_counts(1, phase, False, False), i, grads[i][0] * gb,
-                                     grads[i][1] * gb, moe=self._moe_split(i, phase),
-                                     recompute=tuple(_leading(again, len(kernels)))))
+                mask = tuple(_leading(again, len(kernels)))
+                segs.append(_Segment(kernels, {} if ub else self._tp_counts(1, phase, False, False), i,
+                                     grads[i][0] * gb, grads[i][1] * gb, moe=self._moe_split(i, phase),
+                                     recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None))
             if head:
                 segs.insert(0, _Segment(head, {}, order[0]))
             if tail:
@@ -433,13 +494,26 @@ class _StepBuilder:
                 again += _leading(n, len(layer_kernels))
             kernels += tail
             again += [False] * len(tail)
-            segs = [_Segment(kernels, self._tp_counts(len(layers), phase, first, last), order[0],
+            segs = [_Segment(kernels, self._tp_counts(0 if ub else len(layers), phase, first, last), order[0],
                              (sum(g[0] for g in grads.values()) + emb_params) * gb,
-                             sum(g[1] for g in grads.values()) * gb, recompute=tuple(again))]
+                             sum(g[1] for g in grads.values()) * gb, recompute=tuple(again),
+                             ub=(head, self._layer_runs(order, phase), tail) if ub else None)]
         for seg in segs:
             seg.phase = phase
         self._segments_cache[key] = segs
         return segs
+
+    def _layer_runs(self, order: Sequence[int], phase: str) -> list[tuple[list[LayerOp], tuple[bool, ...], int]]:
+        """The layers of one pass as runs of consecutive identical layers: ``(kernels, recompute mask, count)``."""
+        runs: list[tuple[list[LayerOp], tuple[bool, ...], int]] = []
+        for i in order:
+            kernels, n = self._layer_pass(i, phase)
+            mask = tuple(_leading(n, len(kernels)))
+            if runs and runs[-1][0] == kernels and runs[-1][1] == mask:
+                runs[-1] = (runs[-1][0], mask, runs[-1][2] + 1)
+            else:
+                runs.append((kernels, mask, 1))
+        return runs
 
     # ------------------------------------------------------- sharded units
     def unit_segments(self, stage: int, chunk: int, phase: str) -> list[tuple[_Segment, Unit, str]]:
@@ -612,6 +686,118 @@ class _StepBuilder:
                                                 layer=seg.layer, micro_batch=mb, stage=stage)
         return last
 
+    # ------------------------------------------------------ TP comm overlap
+    def _ub_bytes(self, kind: str) -> float:
+        """Bytes of one userbuffers collective (nccl-tests convention): an all-gather of ``b s h`` elements,
+        FP8 under FP8 training (TE's ``fp8_buf`` for every all-gather overlap); a reduce-scatter in bf16."""
+        if kind == "all_gather" and self.fp8:
+            return float(self.act_elems)
+        return self.tp_bytes
+
+    def emit_tp_overlap(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
+        """One pass of ``seg`` with Transformer Engine's userbuffer overlaps (``parallel.tp_comm_overlap``).
+
+        The kernels run in order on the compute stream; at each linear layer whose sequence-parallel
+        communication TE overlaps (:data:`UB_METHODS`) the GEMM is cut as TE cuts it, the overlapped
+        communication runs on stream ``tp_overlap`` and the rest waits for it. A run of ``n`` identical
+        layers is emitted once with every kernel and collective ``n`` times (``count``): without contention
+        ``n`` times a layer's time, since ``max(n a, n c) = n max(a, c)``.
+        """
+        g, t = self.graph, self.t
+        group = self._tp_groups.get(rank)
+        if group is None:
+            group = self._tp_groups[rank] = self.layout.tp_group(rank)
+        sms = self.opt.tp_comm_overlap_sms
+        tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage, "traffic_class": "tp"}
+        cache, step = seg.ub_parts, [0]
+        state: dict = {"last": None, "pending": list(deps), "bulk_ag": None}
+        buf: list[Kernel] = []
+        flag = [False]  # whether the kernels in ``buf`` are recomputed forward kernels
+
+        def parts(build) -> tuple[Kernel, ...]:
+            """The kernels of the next compute op: built on the first micro-batch, reused after."""
+            i = step[0]
+            step[0] += 1
+            if i == len(cache):
+                cache.append(tuple(build()))
+            return cache[i]
+
+        def compute(kernels, recompute: bool, extra: Sequence[int] = ()) -> int:
+            op_name = (RECOMPUTE_PHASE + name[1:]) if recompute else name
+            op = g.compute(rank, parts=parts(lambda: kernels), name=f"{op_name}.ub{step[0]}",
+                           deps=state["pending"] + list(extra), stream=COMPUTE_STREAM, category="gemm",
+                           layer=seg.layer, micro_batch=mb, stage=stage)
+            state["last"], state["pending"] = op, []
+            return op
+
+        def flush() -> None:
+            if buf:
+                compute(list(buf), flag[0])
+                buf.clear()
+
+        def add(kernels: list[Kernel], recompute: bool) -> None:
+            if buf and flag[0] != recompute:
+                flush()
+            flag[0] = recompute
+            buf.extend(kernels)
+
+        def anchor() -> list[int]:
+            """What the communication of the next GEMM waits for: the op before it (or the segment's deps)."""
+            return [state["last"]] if state["last"] is not None else list(state["pending"])
+
+        def collective(kind: str, nbytes: float, count: int, stream: str, after: list[int], what: str) -> int:
+            return g.collective_op(rank, kind, group, nbytes, name=f"{name}.tp_{what}_{kind}", stream=stream,
+                                   deps=after, count=count, **tags)
+
+        head, runs, tail = seg.ub
+        add([k.kernel() for k in head], False)
+        for kernels, again, n in runs:
+            for op, rec in zip(kernels, again):
+                method = UB_METHODS.get(op.name) if op.category in ("gemm", "gemm_fp8") else None
+                if method is None:
+                    add([op.kernel()] * n, rec)
+                elif method == "ring":
+                    # ring exchange: t GEMM chunks, chunk i on the block that arrived at step i (copy engines,
+                    # no SMs reserved); the first runs on the local block while the rest travel
+                    flush()
+                    ring = collective("all_gather", self._ub_bytes("all_gather"), n, UB_STREAM, anchor(), op.name)
+                    chunk = _ub_chunk(op, t, 0)
+                    if t > 1:
+                        compute([chunk] * ((t - 1) * n), rec)
+                    add([chunk] * n, rec)  # the last chunk waits for the whole ring
+                    state["pending"] = state["pending"] + [ring]
+                elif method == "pipeline":
+                    # GEMM then reduce-scatter in UB_PIPELINE_SPLITS chunks on sm_reserved fewer SMs: the
+                    # reduce-scatter of chunk i runs beside the GEMM of chunk i + 1; the last one is exposed
+                    chunk = _ub_chunk(op, UB_PIPELINE_SPLITS, sms)
+                    add([chunk] * n, rec)
+                    flush()
+                    first = state["last"]
+                    rest = compute([chunk] * ((UB_PIPELINE_SPLITS - 1) * n), rec)
+                    nbytes = self._ub_bytes("reduce_scatter") / UB_PIPELINE_SPLITS
+                    before = collective("reduce_scatter", nbytes, (UB_PIPELINE_SPLITS - 1) * n, UB_STREAM, [first],
+                                        op.name)
+                    state["last"] = collective("reduce_scatter", nbytes, n, COMPUTE_STREAM, [rest, before], op.name)
+                elif method == "bulk_ag":
+                    # the data-gradient GEMM beside the all-gather of the layer's input (for the weight gradient)
+                    flush()
+                    state["bulk_ag"] = collective("all_gather", self._ub_bytes("all_gather"), n, UB_STREAM,
+                                                  anchor(), op.name)
+                    compute([_ub_chunk(op, 1, sms)] * n, rec)
+                else:  # "bulk_rs": the weight-gradient GEMM beside the reduce-scatter of the data gradient
+                    flush()
+                    rs = collective("reduce_scatter", self._ub_bytes("reduce_scatter"), n, UB_STREAM, anchor(),
+                                    op.name)
+                    gathered = [state.pop("bulk_ag")] if state.get("bulk_ag") is not None else []
+                    state["bulk_ag"] = None
+                    compute([_ub_chunk(op, 1, sms)] * n, rec, gathered)
+                    state["pending"] = [rs]
+        add([k.kernel() for k in tail], False)
+        flush()
+        if state["pending"] or state.get("bulk_ag") is not None:
+            raise AssertionError(f"{name}: a layer pass ended on overlapped communication")
+        return self._emit_tp(rank, seg, name, state["last"], mb, stage)
+
     # ---------------------------------------------------------------- emit
     # ------------------------------------------------------------------ CP
     def _cp_group(self, rank: int) -> tuple[int, ...]:
@@ -699,6 +885,8 @@ class _StepBuilder:
         g = self.graph
         if seg.moe is not None:
             return self.emit_moe(rank, seg, deps, name, mb, stage)
+        if seg.ub is not None:
+            return self.emit_tp_overlap(rank, seg, deps, name, mb, stage)
         if self.cp > 1 and any(k.category in ("attention", "attention_bwd") for k in seg.kernels):
             return self.emit_cp(rank, seg, deps, name, mb, stage)
         if seg.parts is None:

@@ -425,8 +425,11 @@ def _parts_tables(meta: Any, path: Path, cache: dict[tuple, tuple[Kernel, ...]])
                 from None
         if not len(cats) == len(flops) == len(nbytes) == len(batch) == len(shapes) // 3:
             raise ChakraError(f"{path}: GlobalMetadata: the lists of kernel table {k} differ in length")
-        parts = tuple(Kernel(c, f, b, None if shapes[3 * i] < 0 else tuple(shapes[3 * i:3 * i + 3]), n)
-                      for i, (c, f, b, n) in enumerate(zip(cats, flops, nbytes, batch)))
+        reserved = f.get("sm_reserved", [0] * len(cats))
+        if len(reserved) != len(cats):
+            raise ChakraError(f"{path}: GlobalMetadata: the lists of kernel table {k} differ in length")
+        parts = tuple(Kernel(c, f, b, None if shapes[3 * i] < 0 else tuple(shapes[3 * i:3 * i + 3]), n, int(r))
+                      for i, (c, f, b, n, r) in enumerate(zip(cats, flops, nbytes, batch, reserved)))
         tables[k] = cache.setdefault(parts, parts)  # one tuple per distinct value across ranks, as generators do
     return tables
 

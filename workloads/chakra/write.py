@@ -265,13 +265,16 @@ class _Writer:
 
 def _parts_table(meta: Any, k: int, parts: tuple) -> None:
     """Kernel tuple ``k`` as five list attributes of the GlobalMetadata, ``clustersim.parts.<k>.<field>``
-    (a kernel without a GEMM shape has shape -1, -1, -1)."""
+    (a kernel without a GEMM shape has shape -1, -1, -1), and a sixth, ``sm_reserved``, where a kernel runs
+    beside communication that holds SMs."""
     add, name = meta.attr.add, f"{PREFIX}parts.{k}."
     add(name=name + "category").string_list.values.extend([p.category for p in parts])
     add(name=name + "flops").double_list.values.extend([p.flops for p in parts])
     add(name=name + "nbytes").double_list.values.extend([p.nbytes for p in parts])
     add(name=name + "shape").int64_list.values.extend([x for p in parts for x in (p.shape or (-1, -1, -1))])
     add(name=name + "batch").int64_list.values.extend([p.batch for p in parts])
+    if any(p.sm_reserved for p in parts):  # only beside userbuffer communication (tp_comm_overlap)
+        add(name=name + "sm_reserved").int64_list.values.extend([p.sm_reserved for p in parts])
 
 
 def _whole(x: float) -> int:

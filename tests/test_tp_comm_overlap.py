@@ -1,0 +1,202 @@
+"""TP communication overlap (``parallel.tp_comm_overlap``: Transformer Engine userbuffers under Megatron-Core).
+
+Truths used (closed forms and hand counts, never the code's own numbers):
+
+* ring exchange (all-gather before a GEMM, ``t`` chunks): the GEMM's chunks of ``a`` seconds and the
+  ``t - 1`` block transfers of ``c`` seconds pipeline, so the GEMM ends ``a + (t - 1) max(a, c)`` after it
+  starts (the chunk on the local block runs while the first block travels);
+* pipelined reduce-scatter after a GEMM (TE's 4 splits): chunk ``i``'s reduce-scatter runs beside chunk
+  ``i + 1``'s GEMM: ``g + r + 3 max(g, r)``;
+* bulk overlap (column-parallel backward): the data-gradient GEMM runs beside the all-gather of the saved
+  input, the weight-gradient GEMM beside the reduce-scatter of the data gradient: ``max(d, ag) + max(w, rs)``;
+* TE's defaults: 16 SMs held by the pipelined and bulk communication (the GEMM beside it runs on the rest:
+  ``132 / 116`` the time of a many-wave GEMM on an H100), none by the ring exchange (copy engines);
+* bytes: per layer and micro-batch, forward 2 all-gathers + 2 reduce-scatters, backward 4 all-gathers (``dY``
+  of both row-parallel layers and the re-gathered inputs of both column-parallel ones) + 2 reduce-scatters,
+  each of ``b s h`` elements (all-gathers in FP8 under FP8 training); a ring over ``t`` ranks puts ``(t - 1)``
+  times the buffer on the wire per group.
+"""
+
+import pytest
+
+from simulator.compute import ComputeModel
+from simulator.experiment import experiment_from_dict, run_experiment
+from topologies.gpus import get_gpu
+from workloads.errors import ConfigError
+from workloads.models import model_from_dict
+from workloads.ops import Kernel
+from workloads.parallel import ParallelConfig, TrainingSpec, validate
+from workloads.training import StepOptions, training_step
+
+H, F, S = 4096, 16384, 4096
+MODEL = {"name": "ubm", "layers": 2, "hidden": H, "heads": 32, "kv_heads": 32, "ffn_hidden": F, "vocab": 32000,
+         "gated_mlp": False, "tied_embeddings": False, "max_seq_len": S}
+O = 1e-6  # the compute model's launch cost per kernel
+
+
+def _run(overlap=True, *, tp=8, dp=1, pp=1, m=1, dtype="bf16", cluster=None, options=None, fidelity="full",
+         **par):
+    gpus = tp * dp * pp
+    doc = {"cluster": cluster or {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": gpus}, "model": MODEL,
+           "parallel": {"tp": tp, "dp": dp, "pp": pp, "sequence_parallel": True, "global_batch": m * dp,
+                        "tp_comm_overlap": overlap, **par},
+           "training": {"seq_len": S, "dtype": dtype},
+           "options": {"granularity": "layer", "embedding_and_loss": False, **(options or {})}}
+    return run_experiment(experiment_from_dict(doc), fidelity=fidelity, force=True)
+
+
+def _rank0(result):
+    ops = result.ops
+    return ops[ops["rank"] == 0].set_index("name")
+
+
+# four servers of one GPU each at 25 GB/s: the TP collectives are far slower than the GEMMs
+SLOW = {"preset": "dgx-h100", "nodes": 4, "gpus_per_node": 1, "nic_bandwidth": "200Gb/s"}
+
+
+# ---------------------------------------------------------------- closed forms
+@pytest.mark.parametrize("comm_bound", [False, True])
+def test_ring_exchange_all_gather_pipelines_with_the_gemm_chunks(comm_bound):
+    tp = 4
+    ops = _rank0(_run(tp=tp, cluster=SLOW if comm_bound else None))
+    before, over, ring = ops.loc["F0.c0.L0.ub1"], ops.loc["F0.c0.L0.ub2"], ops.loc["F0.c0.L0.tp_qkv_all_gather"]
+    rest = ops.loc["F0.c0.L0.ub3"]                  # the last QKV chunk, then attention ...
+    a = over["duration_s"] / (tp - 1)               # one chunk of the QKV GEMM (kernel launch included)
+    c = ring["duration_s"] / (tp - 1)               # one block of the ring
+    assert ring["stream"] == "tp_overlap" and over["stream"] == "compute"
+    assert ring["start_s"] == pytest.approx(before["end_s"]) and over["start_s"] == pytest.approx(before["end_s"])
+    # the last chunk starts once the ring is done and the other chunks have run:
+    # the GEMM ends a + (t - 1) max(a, c) after it started
+    assert rest["start_s"] + a - over["start_s"] == pytest.approx(a + (tp - 1) * max(a, c), rel=1e-9)
+    assert (c > a) == comm_bound
+
+
+@pytest.mark.parametrize("comm_bound", [False, True])
+def test_pipelined_reduce_scatter_hides_all_but_one_chunk(comm_bound):
+    ops = _rank0(_run(tp=4, cluster=SLOW if comm_bound else None))
+    first = ops.loc["F0.c0.L0.ub7"]                 # ... the MLP activation, the first MLP-down chunk
+    rest = ops.loc["F0.c0.L0.ub8"]                  # the other 3 chunks
+    rs = ops[ops.index == "F0.c0.L0.tp_mlp_down_reduce_scatter"]
+    hidden, exposed = rs[rs["stream"] == "tp_overlap"].iloc[0], rs[rs["stream"] == "compute"].iloc[0]
+    g = rest["duration_s"] / 3
+    r = exposed["duration_s"]                       # one chunk's reduce-scatter
+    assert hidden["duration_s"] == pytest.approx(3 * r, rel=1e-9)
+    assert hidden["start_s"] == pytest.approx(first["end_s"]) and rest["start_s"] == pytest.approx(first["end_s"])
+    # g + r + 3 max(g, r) after the first chunk started
+    assert exposed["end_s"] - (first["end_s"] - g) == pytest.approx(g + r + 3 * max(g, r), rel=1e-9)
+    assert (r > g) == comm_bound
+
+
+@pytest.mark.parametrize("comm_bound", [False, True])
+def test_bulk_overlap_of_the_column_parallel_backward(comm_bound):
+    ops = _rank0(_run(tp=4, cluster=SLOW if comm_bound else None))
+    b = ops[ops.index.str.startswith("B0.c0.L1.")]
+    ag, rs = b.loc["B0.c0.L1.tp_qkv.dgrad_all_gather"], b.loc["B0.c0.L1.tp_qkv.wgrad_reduce_scatter"]
+    dgrad = b[(b["stream"] == "compute") & (b["start_s"] == ag["start_s"])].iloc[0]
+    wgrad = b[(b["stream"] == "compute") & (b["start_s"] == rs["start_s"])].iloc[0]
+    after = b[(b["stream"] == "compute") & (b["start_s"] > wgrad["start_s"])].sort_values("start_s").iloc[0]
+    # dX is reduce-scattered once computed (and the gather before it on the stream is done), dW needs the
+    # gathered input
+    assert rs["start_s"] == pytest.approx(max(dgrad["end_s"], ag["end_s"]))
+    assert wgrad["start_s"] == pytest.approx(max(dgrad["end_s"], ag["end_s"]))
+    assert after["start_s"] == pytest.approx(max(wgrad["end_s"], rs["end_s"]))  # the norm backward needs dX
+    total = after["start_s"] - dgrad["start_s"]
+    assert total == pytest.approx(max(dgrad["duration_s"], ag["duration_s"]) +
+                                  max(wgrad["duration_s"], rs["duration_s"]), rel=1e-9)
+    assert (ag["duration_s"] > dgrad["duration_s"]) == comm_bound
+
+
+def test_pipelined_and_bulk_gemms_run_on_the_sms_the_communication_leaves():
+    gpu = get_gpu("H100-SXM")
+    model = ComputeModel(gpu)
+    big = (16384, 4096, 16384)  # 64 waves of 256x128 tiles: time goes as 1 / SMs
+    flops = 2.0 * big[0] * big[1] * big[2]
+    full = model.duration(Kernel("gemm", flops, 0.0, big))
+    held = model.duration(Kernel("gemm", flops, 0.0, big, sm_reserved=16))
+    assert (held - O) / (full - O) == pytest.approx(gpu.sm_count / (gpu.sm_count - 16), rel=0.02)
+    # a run with no SMs held gives the pipelined chunks their full speed, the ring chunks never lose any
+    default, free = _rank0(_run(tp=4)), _rank0(_run(tp=4, options={"tp_comm_overlap_sms": 0}))
+    assert free.loc["F0.c0.L0.ub4", "duration_s"] < default.loc["F0.c0.L0.ub4", "duration_s"]
+    assert free.loc["F0.c0.L0.ub2", "duration_s"] == default.loc["F0.c0.L0.ub2", "duration_s"]
+
+
+# ------------------------------------------------------------------ invariants
+@pytest.mark.parametrize("dtype, recompute, per_buffer", [
+    ("bf16", "none", 10),       # forward 2 AG + 2 RS, backward 4 AG + 2 RS
+    ("fp8", "none", 7),         # the 6 all-gathers carry FP8: 6 / 2 + 4
+    ("bf16", "full", 14),       # the recomputed forward communicates again
+])
+def test_tp_bytes_by_hand(dtype, recompute, per_buffer):
+    tp, m = 4, 2
+    r = _run(tp=tp, m=m, dtype=dtype, recompute=recompute)
+    buffer = 1 * S * H * 2                          # b s h bf16 elements
+    assert r.bytes_by_class["tp"] == pytest.approx(MODEL["layers"] * m * per_buffer * (tp - 1) * buffer)
+
+
+def test_without_overlap_the_default_counts_are_unchanged():
+    tp, m = 4, 2
+    r = _run(False, tp=tp, m=m)
+    assert r.bytes_by_class["tp"] == pytest.approx(MODEL["layers"] * m * 8 * (tp - 1) * S * H * 2)
+
+
+def test_overlap_runs_the_same_flops_and_hides_tp_time():
+    on, off = _run(tp=8), _run(False, tp=8)
+    assert on.summary["executed_flops_per_step"] == pytest.approx(off.summary["executed_flops_per_step"])
+    exposed_on = on.time_breakdown()["exposed_tp"].mean()
+    exposed_off = off.time_breakdown()["exposed_tp"].mean()
+    assert exposed_on < 0.5 * exposed_off
+    assert on.step_time < off.step_time
+
+
+def test_identical_layers_are_emitted_once_with_counts():
+    # chunk granularity: one run of both layers, every op twice its single-layer size; same step time
+    coarse = _run(tp=4, options={"granularity": "chunk"})
+    fine = _run(tp=4)
+    assert coarse.step_time == pytest.approx(fine.step_time, rel=1e-9)
+    assert len(coarse.ops) < len(fine.ops)
+    assert coarse.bytes_by_class["tp"] == pytest.approx(fine.bytes_by_class["tp"])
+
+
+@pytest.mark.parametrize("fidelity", ["fast", "lockstep"])
+def test_representatives_agree_with_full(fidelity):
+    kw = {"tp": 4, "dp": 2, "pp": 2, "m": 4, "zero": 1, "cluster": {"preset": "dgx-h100", "nodes": 2}}
+    full, rep = _run(**kw), _run(fidelity=fidelity, **kw)
+    assert rep.step_time == pytest.approx(full.step_time, rel=0.02)
+    for cls, nbytes in full.bytes_by_class.items():
+        assert rep.bytes_by_class[cls] == pytest.approx(nbytes, rel=1e-9)
+
+
+# ---------------------------------------------------------------------- errors
+@pytest.mark.parametrize("par, match", [
+    ({"tp": 2}, "parallel.tp_comm_overlap: needs sequence_parallel with tp > 1"),
+    ({"tp": 1, "sequence_parallel": True}, "parallel.tp_comm_overlap: needs sequence_parallel"),
+    ({"tp": 2, "sequence_parallel": True, "dp": 2, "zero": 3}, "\\(zero 0 or 1\\), not zero: 3"),
+    ({"tp": 2, "sequence_parallel": True, "cp": 2}, "parallel.tp_comm_overlap: not modelled with context"),
+    ({"tp": 2, "sequence_parallel": True, "tp_comm_overlap": "yes"}, "parallel.tp_comm_overlap: must be true"),
+])
+def test_bad_configs_are_one_line_errors(par, match):
+    with pytest.raises(ConfigError, match=match):
+        validate(model_from_dict(MODEL), ParallelConfig(**{"tp_comm_overlap": True, **par}),
+                 TrainingSpec(seq_len=S))
+
+
+def test_moe_is_refused():
+    moe = {**MODEL, "experts": 8, "top_k": 2, "moe_ffn_hidden": 1024}
+    with pytest.raises(ConfigError, match="parallel.tp_comm_overlap: userbuffer overlap is modelled for dense"):
+        validate(model_from_dict(moe), ParallelConfig(tp=2, sequence_parallel=True, tp_comm_overlap=True),
+                 TrainingSpec(seq_len=S))
+
+
+@pytest.mark.parametrize("sms, match", [(132, "leave none of the 132 SMs"), (-1, "0..1024"), (True, "0..1024")])
+def test_bad_sm_counts_are_one_line_errors(sms, match):
+    with pytest.raises(ConfigError, match=f"options.tp_comm_overlap_sms: .*{match}"):
+        _run(tp=2, options={"tp_comm_overlap_sms": sms})
+
+
+def test_training_step_api():
+    step = training_step(model_from_dict(MODEL), ParallelConfig(tp=2, sequence_parallel=True, tp_comm_overlap=True),
+                         TrainingSpec(seq_len=S), StepOptions(tp_comm_overlap_sms=8))
+    held = {k.sm_reserved for op in step.graph.ops if op.kind == "compute" and op.parts for k in op.parts}
+    assert held == {0, 8}
+    streams = {op.stream for op in step.graph.ops if op.kind == "collective" and op.traffic_class == "tp"}
+    assert streams == {"compute", "tp_overlap"}
