@@ -191,6 +191,19 @@ class ParallelConfig:
         elements, FSDP one unit. PyTorch DDP's is 25 MiB.
     overlap_grad_reduce : bool
         Reduce gradient buckets during backward rather than after it.
+    overlap_param_gather : bool
+        Megatron-Core's ``--overlap-param-gather`` (default False): the
+        distributed optimizer's all-gather of updated parameters runs during
+        the next step's forward, bucket by bucket, each layer waiting for its
+        bucket, instead of after the optimizer step. Needs ``zero: 1`` and
+        ``overlap_grad_reduce`` (Megatron asserts both).
+    align_param_gather : bool
+        Megatron's ``align_param_gather`` (default True; ``--no-align-param-gather``
+        turns it off): with the interleaved schedule, every pipeline stage
+        dispatches all the parameter all-gathers of model chunks 0 and 1 at the
+        start and of chunk ``c >= 2`` at the same virtual micro-batch, instead
+        of each bucket prefetching the next. Megatron forces it off without
+        interleaving.
     tp_comm_overlap : bool
         Megatron-Core's ``--tp-comm-overlap`` (default False): Transformer
         Engine's userbuffers overlap the sequence-parallel all-gathers and
@@ -242,6 +255,8 @@ class ParallelConfig:
     last_stage_layers: int | None = None
     grad_bucket_bytes: int | None = None
     overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = False
+    align_param_gather: bool = True
     tp_comm_overlap: bool = False
     zero_impl: str = "auto"
     zero_grad_sync: str = "auto"
@@ -276,7 +291,7 @@ class ParallelConfig:
         check_choice("parallel.schedule", self.schedule, SCHEDULES)
         check_choice("parallel.recompute", self.recompute, RECOMPUTE)
         check_bool("parallel.sequence_parallel", self.sequence_parallel)
-        for f in ("overlap_grad_reduce", "tp_comm_overlap"):
+        for f in ("overlap_grad_reduce", "overlap_param_gather", "align_param_gather", "tp_comm_overlap"):
             check_bool(f"parallel.{f}", getattr(self, f))
         if isinstance(self.placement, str) or not isinstance(self.placement, Sequence):
             raise ConfigError(f"parallel.placement: must be a list such as [tp, cp, dp, pp], got {self.placement!r}")
@@ -647,6 +662,14 @@ def _check_overlap(model: ModelSpec, parallel: ParallelConfig) -> None:
         if parallel.zero >= 2:
             raise ConfigError(f"parallel.tp_comm_overlap: modelled with Megatron's DDP / distributed optimizer "
                               f"(zero 0 or 1), not zero: {parallel.zero}")
+    if parallel.overlap_param_gather:
+        impl = parallel.zero_impl
+        if parallel.zero != 1 or impl not in ("auto", "megatron"):
+            raise ConfigError(f"parallel.overlap_param_gather: overlaps the distributed optimizer's parameter "
+                              f"all-gather; needs zero: 1 (zero_impl auto or megatron), got zero: {parallel.zero}, "
+                              f"zero_impl: {impl}")
+        if not parallel.overlap_grad_reduce:
+            raise ConfigError("parallel.overlap_param_gather: needs overlap_grad_reduce: true (Megatron asserts it)")
 
 
 def _check_positions(model: ModelSpec, training: TrainingSpec) -> None:

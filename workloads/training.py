@@ -106,6 +106,7 @@ Tags
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -363,6 +364,7 @@ class _StepBuilder:
         self._chunk_layers: dict[tuple[int, int], list[int]] = {}
         self._cp_groups: dict[int, tuple[int, ...]] = {}
         self._fp8_weights: dict[tuple[int, int], tuple[float, float]] = {}
+        self._param_buckets: dict[tuple[int, int], tuple[list[float], list[int], list[int]]] = {}
         self.plan = sharding_plan(parallel, training.dtype, options.grad_dtype_bytes)
         self.grad_bytes = self.plan.grad_bytes
         b, s, h = parallel.micro_batch, training.seq_len, model.hidden
@@ -924,10 +926,24 @@ class _StepBuilder:
         pending = _Buckets(self, rank, dp_group)
         last_op = None
         blocking = self.opt.p2p == "blocking"
-        fp8_cast: set[int] = set()  # chunks whose FP8 weights this step has cast
+        started: set[int] = set()  # chunks whose first forward of the step has run (FP8 casts, param gathers)
         sent: list[int] = []  # sends of the previous action (blocking: the next action waits for them)
+        param_gather = par.overlap_param_gather and par.grad_dp > 1
+        aligned = param_gather and par.schedule == "interleaved" and par.align_param_gather
+        gathers: dict[int, list[int]] = {}  # chunk -> its parameter all-gathers in gather order (overlap_param_gather)
+        if aligned:  # Megatron dispatches chunks 0 and 1 before the first forward, the others on schedule
+            for chunk in range(min(2, self.v)):
+                gathers[chunk] = self._param_gathers(rank, stage, chunk, list(range(len(self.param_buckets(
+                    stage, chunk)[0]))), [])
+        forwards = 0
         for idx, a in enumerate(actions):
             j = a.chunk * self.p + stage
+            if aligned and a.phase == "F":
+                for chunk in range(2, self.v):
+                    if (chunk - 1) * self.p - stage == forwards:
+                        gathers[chunk] = self._param_gathers(rank, stage, chunk, list(range(len(
+                            self.param_buckets(stage, chunk)[0]))), [last_op] if last_op is not None else [])
+                forwards += 1
             deps: list[int] = list(sent) if blocking else []
             posted = [last_op] if blocking and last_op is not None else []  # recv posted on reaching the action
             sent = []
@@ -942,10 +958,15 @@ class _StepBuilder:
                 deps.append(self._gathered(rank, g.recv(
                     rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad", traffic_class="pp",
                     micro_batch=a.micro_batch, stage=stage, tag=1, deps=posted), name, a.micro_batch, stage))
-            if self.fp8 and a.phase == "F" and a.chunk not in fp8_cast:
-                fp8_cast.add(a.chunk)
-                deps = [self._fp8_weight_cast(rank, a, stage, deps)]
+            first_forward = a.phase == "F" and a.chunk not in started
+            if first_forward:
+                started.add(a.chunk)
+                if self.fp8 and not param_gather:
+                    deps = [self._fp8_weight_cast(rank, a, stage, deps)]
             reduce_now = a.phase == "B" and (every_mb or idx == last_b[a.chunk])
+            if param_gather and first_forward:
+                last_op = self._forward_after_gathers(rank, a, stage, deps, gathers, aligned)
+                deps = []
             if gathered:
                 per_action, uses, sched = trace
                 segs = self.unit_segments(stage, a.chunk, a.phase)
@@ -962,7 +983,7 @@ class _StepBuilder:
                     deps = []
                     if reduce_now:
                         pending.add(seg, last_op if overlap else None)
-            else:
+            elif not (param_gather and first_forward):
                 per_layer = self.opt.granularity == "layer" or (a.phase == "B" and overlap and reduce_now)
                 for seg in self.segments(stage, a.chunk, a.phase, per_layer):
                     last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
@@ -1000,8 +1021,87 @@ class _StepBuilder:
         norm = self._norm_all_reduce(rank, norm, stage)
         opt_id = g.compute(rank, parts=_kernels(after), name="optimizer", deps=[norm], stream=COMPUTE_STREAM,
                            category="optimizer", stage=stage)
-        if plan.step_gather and par.grad_dp > 1:
+        if plan.step_gather and par.grad_dp > 1 and not param_gather:
             pending.gather_params(opt_id)
+
+    # ------------------------------------------------- overlapped param gather
+    def param_buckets(self, stage: int, chunk: int) -> tuple[list[float], list[int], list[int]]:
+        """The distributed optimizer's parameter buckets of virtual stage ``(stage, chunk)`` in the order the
+        forward gathers them, against the pieces of its per-layer forward (:meth:`segments`).
+
+        Megatron-Core fills a model chunk's buckets of ``bucket`` parameters in backward order, so the first
+        bucket the forward needs (the first layers, the embedding) is the partial one. Returns ``(sizes,
+        first, need)``: each bucket's dense parameters (one TP rank), the first piece that touches each
+        bucket (whose forward pre-hook dispatches the next bucket), and for each piece the last bucket it
+        needs (-1: none).
+        """
+        key = (stage, chunk)
+        cached = self._param_buckets.get(key)
+        if cached is not None:
+            return cached
+        segs = self.segments(stage, chunk, "F", True)
+        pieces = [seg.grad_bytes / self.grad_bytes for seg in segs]
+        ends = self.end_params(stage, chunk)
+        if ends:  # segments() puts them on the last piece; the forward uses the embedding first
+            pieces[-1] -= ends
+            pieces[0 if chunk * self.p + stage == 0 else -1] += ends
+        edges = [0]
+        for x in pieces:
+            edges.append(edges[-1] + max(0, round(x)))
+        total, size = edges[-1], self.plan.bucket_bytes / self.grad_bytes
+        if not size < float("inf"):
+            size = max(total, 1)
+        n = math.ceil(total / size)
+        starts = [max(0, total - (n - g) * size) for g in range(n)]
+        sizes = [min(total, total - (n - 1 - g) * size) - starts[g] for g in range(n)]
+        first = [next(i for i in range(len(pieces)) if edges[i] <= st < edges[i + 1]) for st in starts]
+        need = [n - 1 - int((total - edges[i + 1]) // size) if edges[i + 1] > edges[i] else -1
+                for i in range(len(pieces))]
+        out = self._param_buckets[key] = (sizes, first, need)
+        return out
+
+    def _param_gathers(self, rank: int, stage: int, chunk: int, buckets: list[int], deps: list[int]) -> list[int]:
+        """The all-gathers of the updated parameters of ``buckets`` (gather indices) of a chunk, dispatched
+        together after ``deps`` on the DP stream (class ``zero``), one collective per bucket, tagged with the
+        chunk's first layer and first micro-batch."""
+        sizes = self.param_buckets(stage, chunk)[0]
+        nbytes = self.param_gather_bytes(stage)
+        mb = next(a.micro_batch for a in self.schedules[stage] if a.phase == "F" and a.chunk == chunk)
+        group = self.layout.grad_group(rank)
+        layer = self.chunk_layers(stage, chunk)[0]
+        return [self.graph.collective_op(rank, "all_gather", group, sizes[b] * nbytes, name="param_all_gather",
+                                         stream="dp", deps=deps, traffic_class="zero", micro_batch=mb, stage=stage,
+                                         layer=layer)
+                for b in buckets]
+
+    def _forward_after_gathers(self, rank: int, a: PipeAction, stage: int, deps: list[int],
+                               gathers: dict[int, list[int]], aligned: bool) -> int:
+        """The first forward of a chunk in the step under ``overlap_param_gather``: layer by layer, each
+        waiting for its parameter bucket. Unaligned, the pre-hook of the first piece of bucket ``g`` (having
+        waited for it) dispatches bucket ``g + 1``; bucket 0 is dispatched when the forward starts. Under
+        FP8 each layer casts its weights once gathered."""
+        sizes, first, need = self.param_buckets(stage, a.chunk)
+        name = f"F{a.micro_batch}.c{a.chunk}"
+        ops = gathers.setdefault(a.chunk, [])
+        last = None
+        for i, seg in enumerate(self.segments(stage, a.chunk, "F", True)):
+            if not aligned:
+                before = list(deps) if last is None else [last]
+                todo = ([0] if i == 0 and sizes else []) + [b + 1 for b, f in enumerate(first)
+                                                             if f == i and b + 1 < len(sizes)]
+                ops += self._param_gathers(rank, stage, a.chunk, todo, before)
+            wait = [ops[need[i]]] if need[i] >= 0 else []
+            if self.fp8 and seg.kernels and any(k.category == "gemm_fp8" for k in seg.kernels):
+                dense, routed = fp8_weight_params(self.model, seg.layer, self.t, self.par.ep)
+                per_weight = 2 if self.train.fp8_param_gather else FP8_CAST_BYTES
+                wait = [self.graph.compute(rank, parts=(Kernel("fp8_cast", 0.0, per_weight * (dense + routed)),),
+                                           name=f"{name}.L{seg.layer}.fp8_weight_cast", deps=deps + wait,
+                                           stream=COMPUTE_STREAM, category="elementwise",
+                                           micro_batch=a.micro_batch, stage=stage)]
+                deps = []
+            last = self.emit_segment(rank, seg, deps + wait, f"{name}.L{seg.layer}", a.micro_batch, stage)
+            deps = []
+        return last
 
     # ----------------------------------------------------------------- FP8
     def stage_fp8_weights(self, stage: int) -> tuple[float, float]:
