@@ -45,7 +45,7 @@ import pandas as pd
 
 COMPUTE_CATEGORIES = ("forward", "backward", "recompute", "optimizer", "other_compute")
 WAITS = ("moe_wait", "sync_wait")
-_PHASE = {"F": "forward", "B": "backward", "R": "recompute"}
+_PHASE = {"F": "forward", "B": "backward", "W": "backward", "R": "recompute"}  # W: a split backward's weight grads
 _OPTIMIZER_OPS = ("grad_norm", "optimizer")
 _COMPUTE_STREAM = "compute"
 

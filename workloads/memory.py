@@ -225,11 +225,17 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
     """Micro-batches' worth of stage ``stage``'s activations live at the peak.
 
     GPipe ``m``; 1F1B ``min(p - i, m)``; interleaved ``min(w + 1, m v) / v``
-    with ``w = 2 (p - i - 1) + (v - 1) p`` (Megatron-LM's warm-up count).
+    with ``w = 2 (p - i - 1) + (v - 1) p`` (Megatron-LM's warm-up count);
+    Zero Bubble H1 ``p`` on every stage (a micro-batch's inputs stay until its
+    weight gradient; :func:`~workloads.schedules.max_in_flight`), counted as
+    whole activations (an upper bound: after ``B`` only the linear layers'
+    inputs are still needed).
     """
     p, v, m, i = parallel.pp, parallel.virtual_stages, num_micro_batches(parallel), stage
     if parallel.schedule == "gpipe":
         return float(m)
+    if parallel.schedule == "zb-h1":
+        return float(min(p, m))
     if parallel.schedule == "interleaved":
         warmup = 2 * (p - i - 1) + (v - 1) * p
         return min(warmup + 1, m * v) / v

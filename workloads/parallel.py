@@ -65,7 +65,7 @@ DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 """Bytes per element of the weights, activations and activation gradients the step keeps, per
 ``training.dtype``. FP8 training (Transformer Engine) keeps all of them in bf16 and casts only the inputs of
 its FP8 GEMMs to 1-byte copies (:mod:`workloads.flops`), hence 2."""
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 RECOMPUTE = ("none", "selective", "full")
 DP_SYNC = ("allreduce", "parameter_server")
 DIMS = ("tp", "dp", "pp")
@@ -160,8 +160,9 @@ class ParallelConfig:
         (one micro-batch per replica). Resolved to an int on construction, so
         ``dataclasses.replace(cfg, dp=...)`` keeps the old value: pass
         ``global_batch`` explicitly when sweeping ``dp`` or ``micro_batch``.
-    schedule : {"1f1b", "gpipe", "interleaved"}
-        Pipeline schedule.
+    schedule : {"1f1b", "gpipe", "interleaved", "zb-h1"}
+        Pipeline schedule (:mod:`workloads.schedules`); ``zb-h1`` is Zero
+        Bubble H1 (the backward split into input and weight gradients).
     virtual_stages : int, default 1
         Model chunks per pipeline stage ``v`` (interleaved 1F1B only).
     zero : {0, 1, 2, 3}
@@ -548,6 +549,16 @@ def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
     elif v != 1:
         raise ConfigError(f"parallel.virtual_stages: {v} needs schedule: interleaved "
                           f"(schedule is {parallel.schedule}); use virtual_stages: 1")
+    if parallel.schedule == "zb-h1":
+        if m < p:
+            raise ConfigError(f"parallel.global_batch: the zb-h1 schedule needs at least pp={p} micro-batches, "
+                              f"got {m}")
+        if model.is_moe:
+            raise ConfigError(f"parallel.schedule: zb-h1 is modelled for dense models (model.experts="
+                              f"{model.experts})")
+        if parallel.zero >= 2:
+            raise ConfigError(f"parallel.schedule: zb-h1 is modelled with DDP / the distributed optimizer "
+                              f"(zero 0 or 1), not zero: {parallel.zero}")
 
 
 def _check_batch(parallel: ParallelConfig) -> None:
@@ -651,6 +662,9 @@ def _check_context(model: ModelSpec, parallel: ParallelConfig, training: Trainin
 def _check_overlap(model: ModelSpec, parallel: ParallelConfig) -> None:
     """Megatron-Core's communication overlaps: what they need, and what is not modelled with them."""
     if parallel.tp_comm_overlap:
+        if parallel.schedule == "zb-h1":
+            raise ConfigError("parallel.tp_comm_overlap: not modelled with schedule: zb-h1 (its bulk overlaps "
+                              "pair each data gradient with its weight gradient, which zb-h1 postpones)")
         if not parallel.sp:
             raise ConfigError(f"parallel.tp_comm_overlap: needs sequence_parallel with tp > 1 (Megatron asserts it); "
                               f"got tp={parallel.tp}, sequence_parallel={parallel.sequence_parallel}")

@@ -1,4 +1,4 @@
-"""Pipeline-parallel schedules: GPipe, 1F1B and interleaved 1F1B.
+"""Pipeline-parallel schedules: GPipe, 1F1B, interleaved 1F1B and Zero Bubble H1.
 
 This module answers one question: *in which order does each pipeline rank run
 the forward and backward passes of its micro-batches in one training step?*
@@ -27,6 +27,21 @@ Orderings reproduced
     PipeDream-Flush, Megatron-LM ``forward_backward_pipelining_without_
     interleaving``: ``min(p - r - 1, m)`` warm-up forwards, then alternating
     one-forward-one-backward, then the cool-down backwards.
+``"zb-h1"``
+    Zero Bubble H1 (Qi et al., *Zero Bubble Pipeline Parallelism*, ICLR
+    2024, the handcrafted schedule of section 3.1, as PaddlePaddle's
+    ``PipelineZeroBubblePipelinePass`` lists it): the backward is split into
+    ``B`` (the input gradient, on the critical path) and ``W`` (the weight
+    gradient, which nothing downstream waits for). Rank ``r`` runs ``p - r``
+    warm-up forwards, then ``r`` times ``B F`` (postponing their ``W``), then
+    ``B W F`` while forwards remain, then ``B W`` and finally the ``r``
+    postponed ``W``. At most ``p`` micro-batches are in flight (forward done,
+    ``W`` not), 1F1B's peak (its first rank's). With ``F``, ``B``, ``W`` of
+    ``T_F``, ``T_B``, ``T_W`` and free communication the step takes
+    ``m (T_F + T_B + T_W) + (p - 1) max(T_F, T_B, T_F + T_B - T_W)``: the
+    paper's bubble ``(p - 1)(T_F + T_B - T_W)`` when ``T_W`` is at most
+    ``T_F`` and ``T_B``, a third of 1F1B's ``(p - 1)(T_F + T_B + T_W)`` when
+    all three are equal. Needs ``m >= p``.
 ``"interleaved"``
     Megatron-LM ``forward_backward_pipelining_with_interleaving``
     (Narayanan et al., SC'21). The ``m * v`` forward "iterations" ``k`` of a
@@ -52,7 +67,7 @@ __all__ = [
 ]
 
 #: Valid values of ``parallel.schedule``.
-SCHEDULE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+SCHEDULE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +77,8 @@ class PipeAction:
     Attributes
     ----------
     phase : str
-        ``"F"`` (forward) or ``"B"`` (backward).
+        ``"F"`` (forward), ``"B"`` (backward; under ``zb-h1`` only the input
+        gradient) or ``"W"`` (``zb-h1``: the weight gradient).
     micro_batch : int
         Micro-batch index, ``0..m-1``.
     chunk : int
@@ -93,7 +109,8 @@ def pipeline_schedule(
     Parameters
     ----------
     kind : str
-        ``"gpipe"``, ``"1f1b"`` or ``"interleaved"`` (``parallel.schedule``).
+        ``"gpipe"``, ``"1f1b"``, ``"interleaved"`` or ``"zb-h1"``
+        (``parallel.schedule``).
     stages : int
         Pipeline ranks ``p`` (``parallel.pp``), >= 1.
     micro_batches : int
@@ -138,6 +155,11 @@ def pipeline_schedule(
         return [_gpipe(m) for _ in range(p)]
     if kind == "1f1b":
         return [_one_f_one_b(p, m, r) for r in range(p)]
+    if kind == "zb-h1":
+        if m < p:
+            raise ValueError(f"micro_batches = {m} must be at least stages (parallel.pp) = {p} for "
+                             f"parallel.schedule 'zb-h1'")
+        return [_zb_h1(p, m, r) for r in range(p)]
     if m % p != 0:
         raise ValueError(
             f"micro_batches = {m} must be a multiple of stages "
@@ -162,6 +184,24 @@ def _one_f_one_b(p: int, m: int, r: int) -> list[PipeAction]:
         out.append(PipeAction("F", warmup + i, 0))
         out.append(PipeAction("B", i, 0))
     out.extend(PipeAction("B", i, 0) for i in range(remaining, m))
+    return out
+
+
+def _zb_h1(p: int, m: int, r: int) -> list[PipeAction]:
+    """Zero Bubble H1 order for rank ``r`` (module docstring); needs ``m >= p``."""
+    out = [PipeAction("F", i, 0) for i in range(p - r)]
+    f = b = w = 0
+    f = p - r
+    for _ in range(r):                      # B F, their W postponed
+        out += [PipeAction("B", b, 0), PipeAction("F", f, 0)]
+        b, f = b + 1, f + 1
+    while f < m:                            # steady state
+        out += [PipeAction("B", b, 0), PipeAction("W", w, 0), PipeAction("F", f, 0)]
+        b, w, f = b + 1, w + 1, f + 1
+    while b < m:                            # cool-down
+        out += [PipeAction("B", b, 0), PipeAction("W", w, 0)]
+        b, w = b + 1, w + 1
+    out += [PipeAction("W", i, 0) for i in range(w, m)]  # the postponed weight gradients fill the tail
     return out
 
 
@@ -206,17 +246,21 @@ def max_in_flight(actions: Sequence[PipeAction]) -> int:
     -------
     int
         Maximum, over the action list, of the number of ``(micro_batch,
-        chunk)`` pairs whose forward has run and whose backward has not. This
-        is what drives a rank's stored activation memory (each unit holds one
-        micro-batch's activations of one chunk, i.e. ``1/v`` of the rank's
-        layers).
+        chunk)`` pairs whose forward has run and whose backward has not (under
+        a split backward, whose weight gradient ``W`` has not: it still reads
+        the stored inputs). This is what drives a rank's stored activation
+        memory (each unit holds one micro-batch's activations of one chunk,
+        i.e. ``1/v`` of the rank's layers).
 
     Raises
     ------
     ValueError
-        If a backward appears before its forward or a phase is unknown.
+        If a backward appears before its forward, a ``W`` before its ``B``,
+        or a phase is unknown.
     """
+    split = any(a.phase == "W" for a in actions)
     live: set[tuple[int, int]] = set()
+    done_b: set[tuple[int, int]] = set()
     peak = 0
     for a in actions:
         key = (a.micro_batch, a.chunk)
@@ -226,6 +270,12 @@ def max_in_flight(actions: Sequence[PipeAction]) -> int:
         elif a.phase == "B":
             if key not in live:
                 raise ValueError(f"backward {a} runs before its forward")
+            done_b.add(key)
+            if not split:
+                live.remove(key)
+        elif a.phase == "W":
+            if key not in done_b:
+                raise ValueError(f"weight gradient {a} runs before its backward")
             live.remove(key)
         else:
             raise ValueError(f"unknown phase {a.phase!r} in {a}")
@@ -247,6 +297,7 @@ def simulate_unit_times(
     t_fwd: float | Sequence[float] = 1.0,
     t_bwd: float | Sequence[float] = 2.0,
     comm: float = 0.0,
+    t_wgrad: float | Sequence[float] = 0.0,
 ) -> tuple[float, list[float]]:
     """Execute a schedule with data dependencies; reference list-scheduler.
 
@@ -257,7 +308,8 @@ def simulate_unit_times(
       rank), for virtual stage ``j = chunk * p + rank``;
     * ``B(mb, j)`` needs ``B(mb, j+1)`` finished (+ ``comm`` if on another
       rank), and ``F(mb, j)`` finished on this rank (for the last virtual
-      stage only the latter).
+      stage only the latter);
+    * ``W(mb, j)`` (a split backward's weight gradient) needs ``B(mb, j)``.
 
     Parameters
     ----------
@@ -270,6 +322,9 @@ def simulate_unit_times(
         stage ``0..p*v-1``.
     comm : float, optional
         Latency of every cross-rank activation / gradient transfer, >= 0.
+    t_wgrad : float or sequence of float, optional
+        Duration of a ``W`` action (``zb-h1``; ``t_bwd`` is then the input
+        gradient alone).
 
     Returns
     -------
@@ -297,6 +352,7 @@ def simulate_unit_times(
     n_vs = p * v
     tf = _per_vstage(t_fwd, n_vs, "t_fwd")
     tb = _per_vstage(t_bwd, n_vs, "t_bwd")
+    tw = _per_vstage(t_wgrad, n_vs, "t_wgrad")
 
     done: dict[tuple[str, int, int], float] = {}  # (phase, mb, vstage) -> finish
     free = [0.0] * p
@@ -306,6 +362,8 @@ def simulate_unit_times(
 
     def ready_time(r: int, a: PipeAction) -> float | None:
         j = a.chunk * p + r
+        if a.phase == "W":
+            return done.get(("B", a.micro_batch, j))
         if a.phase == "F":
             if j == 0:
                 return 0.0
@@ -333,7 +391,7 @@ def simulate_unit_times(
                 if t_ready is None:
                     break
                 j = a.chunk * p + r
-                dur = tf[j] if a.phase == "F" else tb[j]
+                dur = tf[j] if a.phase == "F" else tb[j] if a.phase == "B" else tw[j]
                 start = max(free[r], t_ready)
                 free[r] = start + dur
                 busy[r] += dur

@@ -7,13 +7,18 @@ what DP, TP, PP and ZeRO mean; the simulator just runs the ops.
 What each rank runs (Megatron-LM semantics)
 -------------------------------------------
 Pipeline
-    The actions of :func:`~workloads.schedules.pipeline_schedule` (GPipe, 1F1B
-    or interleaved 1F1B) in order. A forward of virtual stage ``j > 0`` waits
-    for the activation from stage ``j - 1`` (a send/recv of ``b·s·h``
+    The actions of :func:`~workloads.schedules.pipeline_schedule` (GPipe,
+    1F1B, interleaved 1F1B or Zero Bubble H1) in order. A forward of virtual
+    stage ``j > 0`` waits for the activation from stage ``j - 1`` (a send/recv of ``b·s·h``
     elements, ``/ tp`` with sequence parallelism); a backward of ``j < last``
     waits for the activation gradient from ``j + 1``. Activations and
     gradients travel on their own streams and tags, so they never block each
-    other; sends are asynchronous to compute.
+    other; sends are asynchronous to compute. Under ``zb-h1`` a backward
+    ``B`` computes the input gradient (data-gradient GEMMs, attention and norm
+    backward, the TP collectives, the gradient sent upstream) and a separate
+    ``W`` action the weight gradients (the linear layers' ``.wgrad`` GEMMs,
+    the gradient accumulation, the embedding's scatter-add); DP buckets are
+    ready after ``W``.
 Tensor parallel
     Megatron column/row split. Per layer, forward: two all-reduces of
     ``b·s·h`` elements (with sequence parallelism: two all-gathers and two
@@ -341,6 +346,13 @@ def _ub_chunk(op: LayerOp, n: int, sm_reserved: int) -> Kernel:
     return Kernel(k.category, k.flops / n, k.nbytes / n, shape, k.batch, sm_reserved)
 
 
+def _weight_gradient(op: LayerOp) -> bool:
+    """A weight-gradient kernel (``W`` of a split backward): a linear layer's ``dW = Xᵀ dY`` GEMM (not the
+    second operand gradient of a batched activation GEMM) or the accumulation of the weight gradients."""
+    return (op.category in ("gemm", "gemm_fp8") and op.name.endswith(".wgrad") and op.batch == 1) \
+        or op.name == "grad_accumulate"
+
+
 def _kernels(ops: Sequence[LayerOp]) -> tuple[Kernel, ...]:
     return tuple(o.kernel() for o in ops)
 
@@ -379,6 +391,7 @@ class _StepBuilder:
         self.tp_bytes = self.act_elems * self.dtype
         self.graph = OpGraph(parallel.world_size)
         self.schedules = pipeline_schedule(parallel.schedule, self.p, self.m, self.v)
+        self.split_backward = parallel.schedule == "zb-h1"
         self._segments_cache: dict[tuple, list[_Segment]] = {}
         self._tp_groups: dict[int, tuple[int, ...]] = {}
         self._end_params: dict[int, float] = {}
@@ -398,8 +411,9 @@ class _StepBuilder:
         return layers
 
     def _tp_counts(self, n: int, phase: str, first: bool, last: bool) -> dict[str, int]:
-        """TP collectives of ``n`` layers (+ embedding/output layer) for one pass."""
-        if self.t == 1:
+        """TP collectives of ``n`` layers (+ embedding/output layer) for one pass (none for a weight-gradient
+        pass: the backward's collectives carry input gradients)."""
+        if self.t == 1 or phase == "W":
             return {}
         full = self.par.recompute == "full" and phase == "B"
         if not self.sp:
@@ -439,6 +453,10 @@ class _StepBuilder:
             return ops.forward, 0
         backward = accumulate_gradients(ops.backward, self.model.params_per_layer(layer, self.t, self.par.ep),
                                         self.grad_bytes, self.dtype, self.opt.grad_accumulation_fusion)
+        if self.split_backward:  # zb-h1: "B" computes the input gradient, "W" the weight gradients
+            if phase == "W":
+                return [o for o in backward if _weight_gradient(o)], 0
+            backward = [o for o in backward if not _weight_gradient(o)]
         recompute = self.par.recompute
         again = (ops.forward if recompute == "full" else
                  [o for o in ops.forward if o.name.startswith("attention")] if recompute == "selective" else [])
@@ -458,10 +476,10 @@ class _StepBuilder:
         ends = self.opt.embedding_and_loss
         if first and ends:
             emb = embedding_ops(self.model, mb, s, t, dtype_bytes=self.dtype)
-            (head if phase == "F" else tail).extend(emb.forward if phase == "F" else emb.backward)
+            (head if phase == "F" else tail).extend(emb.forward if phase == "F" else self._split(emb.backward, phase))
         if last and ends:
             out = logits_ops(self.model, mb, s, t, sequence_parallel=self.sp, dtype_bytes=self.dtype)
-            (tail if phase == "F" else head).extend(out.forward if phase == "F" else out.backward)
+            (tail if phase == "F" else head).extend(out.forward if phase == "F" else self._split(out.backward, phase))
         order = layers if phase == "F" else list(reversed(layers))
         emb_params = self.end_params(stage, chunk)
         first, last = first and ends, last and ends  # no embedding / output-layer TP collectives without them
@@ -504,6 +522,14 @@ class _StepBuilder:
             seg.phase = phase
         self._segments_cache[key] = segs
         return segs
+
+    def _split(self, backward: list[LayerOp], phase: str) -> list[LayerOp]:
+        """The part of an embedding / output-layer backward that pass ``phase`` runs (all of it unless
+        zb-h1 splits the backward; the embedding's backward is its weight gradient)."""
+        if not self.split_backward:
+            return backward
+        wgrad = phase == "W"
+        return [o for o in backward if (_weight_gradient(o) or o.name == "embedding.bwd") == wgrad]
 
     def _layer_runs(self, order: Sequence[int], phase: str) -> list[tuple[list[LayerOp], tuple[bool, ...], int]]:
         """The layers of one pass as runs of consecutive identical layers: ``(kernels, recompute mask, count)``."""
@@ -912,9 +938,10 @@ class _StepBuilder:
         actions = self.schedules[stage]
         nvs = self.p * self.v
         overlap = par.overlap_grad_reduce and par.grad_dp > 1
+        grad_phase = "W" if self.split_backward else "B"  # the pass that produces the weight gradients
         last_b = {}
         for idx, a in enumerate(actions):
-            if a.phase == "B":
+            if a.phase == grad_phase:
                 last_b[a.chunk] = idx
         dp_group = lay.grad_group(rank)  # DP x CP: the ranks that hold these weights
         plan = self.plan
@@ -963,7 +990,7 @@ class _StepBuilder:
                 started.add(a.chunk)
                 if self.fp8 and not param_gather:
                     deps = [self._fp8_weight_cast(rank, a, stage, deps)]
-            reduce_now = a.phase == "B" and (every_mb or idx == last_b[a.chunk])
+            reduce_now = a.phase == grad_phase and (every_mb or idx == last_b[a.chunk])
             if param_gather and first_forward:
                 last_op = self._forward_after_gathers(rank, a, stage, deps, gathers, aligned)
                 deps = []
@@ -984,13 +1011,13 @@ class _StepBuilder:
                     if reduce_now:
                         pending.add(seg, last_op if overlap else None)
             elif not (param_gather and first_forward):
-                per_layer = self.opt.granularity == "layer" or (a.phase == "B" and overlap and reduce_now)
+                per_layer = self.opt.granularity == "layer" or (a.phase == grad_phase and overlap and reduce_now)
                 for seg in self.segments(stage, a.chunk, a.phase, per_layer):
                     last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
                     deps = []
                     if reduce_now:
                         pending.add(seg, last_op if overlap else None)
-            if self.fp8:
+            if self.fp8 and a.phase != "W":
                 last_op = self._fp8_amax(rank, a, stage, last_op)
             if reduce_now and every_mb:
                 pending.flush(last_op)  # the end of every backward (DeepSpeed's epilogue, FSDP's last unit)
@@ -1338,9 +1365,9 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     if representatives not in (None, False, "tp", "stage"):
         raise ConfigError(f"representatives: {representatives!r} unknown; valid: None, 'tp', 'stage'")
     options = options or StepOptions()
-    if options.p2p == "blocking" and parallel.schedule == "interleaved":
-        raise ConfigError("options.p2p: blocking send/recv is modelled for the gpipe and 1f1b schedules; "
-                          "use p2p: async with interleaved")
+    if options.p2p == "blocking" and parallel.schedule in ("interleaved", "zb-h1"):
+        raise ConfigError(f"options.p2p: blocking send/recv is modelled for the gpipe and 1f1b schedules; "
+                          f"use p2p: async with {parallel.schedule}")
     builder = _StepBuilder(model, parallel, training, options, routing)
     graph = builder.build(representatives)
     flops = model_flops_per_step(model, parallel.global_batch, training.seq_len, causal=options.causal)
