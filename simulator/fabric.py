@@ -24,7 +24,7 @@ from .routing import Router
 
 NETWORK_MODELS = ("flow", "analytic")
 ROUTINGS = ("ecmp", "spray")
-ALL_TO_ALL_FLOWS = ("grouped", "per_pair")
+ALL_TO_ALL_FLOWS = ("grouped", "proportional", "per_pair")
 
 
 TIER_NAMES = ("nvlink", "pcie", "leaf", "spine", "core")
@@ -61,20 +61,20 @@ class NetworkConfig:
         rate), so no hash collision ever happens; the gap between the two is
         what hashing costs.
     all_to_all : str
-        ``"grouped"`` (default): the flows of one all-to-all that start at the
-        same instant with the same bytes (a wave of NCCL's staggered
-        send/recv) run as one flow over all their links, so an all-to-all
-        over ``n`` GPUs is about ``8(n-1)`` flows instead of ``n(n-1)``; exact
-        when contention is symmetric, within a measured tolerance otherwise
-        (docs/DESIGN.md). ``"per_pair"``: one flow per GPU pair.
-    bandwidth_efficiency : float, mapping or None
-        Fraction of each link's rate that NCCL's Simple protocol reaches at
-        large sizes. ``None`` (default): measured nccl-tests bus bandwidths —
-        the GPU's ``nvlink_efficiency`` on NVLink (A100 0.77, H100 0.81) and
-        :data:`simulator.nccl.NIC_EFFICIENCY` (0.95) on PCIe and the fabric
-        tiers. A number applies to every tier (1: the α-β closed forms at link
-        rate); a mapping ``{tier: fraction}`` sets tiers one by one (the others
-        keep their defaults).
+        How many flows an all-to-all is. ``"grouped"`` (default): the
+        transfers of one all-to-all that start at the same instant and move
+        the same bytes (a *wave* of NCCL's staggered send/recv: every member
+        sends to the peer at the same offset), and the same transfer of
+        every replica a representative stands for, run as one flow over all
+        their links: a uniform all-to-all over ``n`` GPUs on ``s`` servers is
+        about ``8(n-1)`` flows instead of ``n(n-1)``. Exact where the members
+        see symmetric contention; otherwise every member runs at the rate of
+        the most constrained (measured: within 1% of ``per_pair``,
+        docs/DESIGN.md). ``"proportional"``: waves of an alltoallv share one
+        flow even when sizes differ, each member at a rate in proportion to
+        its bytes so that all finish together (measured: within 0.1% on
+        mildly skewed routing, up to 5% with strong skew on an oversubscribed
+        fabric). ``"per_pair"``: one flow per GPU pair (the reference).
     """
 
     model: str = "flow"
@@ -342,9 +342,12 @@ class Fabric:
                 latency = base + count * self._latency(t, costs)
                 specs.append((links, count * t.nbytes / (factor * spread), latency, count * t.nbytes * len(hops)))
             if grouped:
-                # A wave: the transfers that start at one instant (equal latency), NVLink and network apart.
+                # A wave: the transfers that start at one instant (equal latency), NVLink and network apart;
+                # "grouped" also needs equal sizes, "proportional" lets members of unequal sizes share.
                 servers = self._servers
-                specs = self.group(specs, [(s[2], servers[t.hops[0][0]] != servers[t.hops[0][1]])
+                equal = self.config.all_to_all == "grouped"
+                specs = self.group(specs, [((s[1], s[3]) if equal else None, s[2],
+                                            servers[t.hops[0][0]] != servers[t.hops[0][1]])
                                            for s, t in zip(specs, phase)])
             out.append(tuple(specs))
         return tuple(out)

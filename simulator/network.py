@@ -66,10 +66,12 @@ time and never enters max-min sharing (its effect on any rate is below that 1 µ
 _REL_TIME_EPS = 1e-12
 _SMALL_COMPONENT = 64  # flows; below this the pure-Python solver beats numpy's per-call overhead
 _SMALL_LINKS = 256  # tight links; above this (grouped all-to-all flows cross hundreds) numpy wins again
-_SOLVED_CACHE_FLOWS = 250_000  # flows over all component shapes remembered (cleared when full: ~100 MB at most)
+_SOLVED_CACHE_ENTRIES = 2_000_000  # flows, links and crossings over all component shapes remembered (then cleared:
+# ~150 MB at most)
 _LONG_ROUTE = 48  # distinct links; routes this long (grouped all-to-all flows) keep numpy copies of them
 _MEMO_SHAPES = 100_000  # call shapes remembered (then forgotten at once, with their trajectories)
-_MEMO_FLOWS = 2_000_000  # flows over all recorded trajectories (then forgotten at once)
+_MEMO_ENTRIES = 2_000_000  # flows and rate changes over all recorded trajectories (then forgotten: ~200 MB)
+_MEMO_RATE_CHANGES = 20_000  # a call whose flows change rate more often than this is not recorded
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
 
@@ -103,7 +105,7 @@ class _Route:
     """
 
     __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of", "idx", "weights", "arrays",
-                 "members")
+                 "members", "cpairs", "cepoch")
 
     def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0,
                  weights: np.ndarray | None = None, members: int = 1) -> None:
@@ -111,6 +113,8 @@ class _Route:
         self.idx = idx  # position in its network's route list (the rate log names routes by it)
         self.weights = weights
         self.members = members  # point-to-point transfers one flow on this route stands for
+        self.cpairs: tuple = ()  # (link, crossings) of the links that may be tight, as of network epoch cepoch
+        self.cepoch = -1
         if weights is None:
             ids, counts = np.unique(links, return_counts=True)
         else:
@@ -124,7 +128,7 @@ class _Route:
                           if self.ulinks else float("inf"))
         # What the flow can ever ask of each link: it never runs faster than ``solo_rate``.
         self.demand = tuple(m * self.solo_rate for m in self.mults)
-        self._mult_of = None if max(self.mults, default=1) == 1 else dict(zip(self.ulinks, self.mults))
+        self._mult_of = None if all(m == 1 for m in self.mults) else dict(zip(self.ulinks, self.mults))
 
     def mult(self, link: int) -> float:
         """How many times the route crosses ``link`` (one of its links; a sum of weights if weighted)."""
@@ -191,7 +195,8 @@ class _Session:
     state the trajectory says, and go on as any flow: :meth:`FlowNetwork._materialize`).
     """
 
-    __slots__ = ("key", "links", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done")
+    __slots__ = ("key", "links", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done",
+                 "budget")
 
     def __init__(self, key: tuple, links: tuple, t0: float) -> None:
         self.key = key
@@ -205,6 +210,7 @@ class _Session:
         self.traffic_class = ""
         self.join: _Join | None = None
         self.done = False
+        self.budget = _MEMO_RATE_CHANGES  # rate changes it may still record
 
 
 class LinkLedger:
@@ -416,7 +422,7 @@ class FlowNetwork(_NetworkBase):
         self._routes.on_new = self._dominance
         self.component_solves = 0  # max-min problems solved (not looked up in _solved)
         self._solved: dict[tuple, list[float]] = {}  # component shape -> its rates (see _solve)
-        self._solved_flows = 0
+        self._solved_flows = 0  # entries (flows, links, crossings) of the shapes in _solved
         self.shape_hits = 0  # components whose rates came from _solved
         self._heap: list[tuple[float, int, Flow]] = []
         self._seq = 0
@@ -430,14 +436,17 @@ class FlowNetwork(_NetworkBase):
         self.replay = replay
         self._owner: list[_Session | None] = [None] * len(self._cap)
         self._memo: dict[int, _Trajectory] = {}
-        self._memo_flows = 0
+        self._memo_flows = 0  # entries (flows, rate changes) of the recorded trajectories
         self._shape_ids: dict[tuple, int] = {}
         self._next_shape = 0
         self._keys: dict[int, tuple] = {}
         self._epoch = 0  # bumped whenever a link's tightness threshold changes (dominance): shapes include it
         self.flows_started = 0  # flows handed to the network (replayed ones included)
+        self.calls = 0  # start_flows calls with at least one flow
         self.replays = 0  # calls whose flows were replayed from a recorded trajectory
         self.materialized = 0  # replays cut short by another flow (their flows made real)
+        self._joins_done: list[_Join] = []  # calls completed by replays, told at the end of the update
+        self._replays_due: list[tuple[float, int, _Session]] = []  # (end, seq, replaying session)
 
     # ----------------------------------------------------------- interface
     def start_flows(self, specs: Sequence[FlowSpec], traffic_class: str, on_done: Callable[[], None]) -> None:
@@ -463,8 +472,9 @@ class FlowNetwork(_NetworkBase):
             env.timeout(0).callbacks.append(lambda _ev: on_done())
             return
         self.flows_started += len(specs)
+        self.calls += 1
         session = None
-        if self.replay:
+        if self.replay and len(specs) <= _MEMO_RATE_CHANGES:
             key, links = self._session_key(specs)
             on_link, owner = self._on_link, self._owner
             if all(owner[link] is None and not on_link[link] for link in links):
@@ -542,7 +552,7 @@ class FlowNetwork(_NetworkBase):
             if len(self._shape_ids) > _MEMO_SHAPES:
                 self._shape_ids.clear()
                 self._memo.clear()
-                self._memo_flows = 0
+                self._memo_flows = 0  # entries (flows, rate changes) of the recorded trajectories
             key = self._shape_ids[shape] = self._next_shape
             self._next_shape += 1
         if cacheable:
@@ -556,6 +566,14 @@ class FlowNetwork(_NetworkBase):
         for link in session.links:
             if owner[link] is session:
                 owner[link] = None
+
+    def _stop_recording(self, session: _Session) -> None:
+        """Give up recording a session (another flow came onto its links, or it changes rates too often to
+        be worth remembering): its flows go on as any, its links are free for other sessions."""
+        session.tainted = True
+        self._release(session)
+        for f in session.flows:
+            f.rec = None
 
     def _end_session(self, session: _Session) -> None:
         """The last flow of a recording session ended: keep its trajectory unless something intruded."""
@@ -586,10 +604,11 @@ class FlowNetwork(_NetworkBase):
                 else:
                     merged.append([a, b])
             busy.append(tuple((a, b) for a, b in merged))
-        self._memo_flows += len(flows)
-        if self._memo_flows > _MEMO_FLOWS:
+        size = len(flows) + sum(len(f[2]) for f in flows)
+        self._memo_flows += size
+        if self._memo_flows > _MEMO_ENTRIES:
             self._memo.clear()
-            self._memo_flows = len(flows)
+            self._memo_flows = size
         self._memo[session.key] = _Trajectory(flows, busy, duration)
 
     def _replay(self, session: _Session, traj: _Trajectory, specs: Sequence[FlowSpec], traffic_class: str,
@@ -607,10 +626,13 @@ class FlowNetwork(_NetworkBase):
             solo = nbytes / route.solo_rate
             if solo <= TINY_FLOW_S:
                 self._tiny(Flow(route, nbytes, payload, traffic_class, join, now), latency_s, solo)
-        _LateEvent(self.env, traj.duration, session).callbacks.append(self._replay_done)
+        self._pending_seq += 1
+        end = now + traj.duration
+        heapq.heappush(self._replays_due, (end, self._pending_seq, session))
+        self._wake(end)
 
-    def _replay_done(self, event: Event) -> None:
-        session = event._value
+    def _replay_done(self, session: _Session) -> None:
+        """Book a replay whose end has come (its call's ``on_done`` is told at the end of the update)."""
         if session.done:
             return  # made real before its end
         session.done = True
@@ -646,7 +668,7 @@ class FlowNetwork(_NetworkBase):
         join = session.join
         join.left -= i
         if join.left == 0:
-            join.on_done()
+            self._joins_done.append(join)
 
     def _materialize(self, session: _Session) -> list[Flow]:
         """Make a replaying session's flows real at the current instant, in the state its trajectory gives
@@ -731,6 +753,8 @@ class FlowNetwork(_NetworkBase):
             flow.seq = self._seq
             heapq.heappush(self._heap, (now + flow.remaining / flow.rate, self._seq, flow))
         self._active += len(active)
+        if join.left == 0:  # every flow had finished by now (the replay's own end is due this instant)
+            self._joins_done.append(join)
         return now_arrivals
 
     # ------------------------------------------------------------ internals
@@ -831,6 +855,9 @@ class FlowNetwork(_NetworkBase):
         limit = now * (1 + _REL_TIME_EPS) + 1e-18
         ledger = self.ledger
         log_t, log_route, log_delta = ledger.rate_t.append, ledger.rate_route.append, ledger.rate_delta.append
+        replays = self._replays_due
+        while replays and replays[0][0] <= limit:
+            self._replay_done(heapq.heappop(replays)[2])
         while heap and heap[0][0] <= limit:
             _, seq, flow = heapq.heappop(heap)
             if seq != flow.seq:
@@ -906,8 +933,14 @@ class FlowNetwork(_NetworkBase):
             self._wake(max(heap[0][0], now))
         if pending:
             self._wake(pending[0][0])
+        if replays:
+            self._wake(replays[0][0])
         for flow in finished:
             self._finish(flow)
+        if self._joins_done:
+            joins, self._joins_done = self._joins_done, []
+            for join in joins:
+                join.on_done()
 
     def _intrusions(self, arrivals: list[Flow]) -> list[Flow]:
         """Arrivals onto links another session holds end that session's isolation: a recording one is
@@ -920,10 +953,7 @@ class FlowNetwork(_NetworkBase):
                 other = owner[link]
                 if other is not None and other is not mine:
                     if other.traj is None:
-                        other.tainted = True
-                        self._release(other)
-                        for f in other.flows:
-                            f.rec = None
+                        self._stop_recording(other)
                     else:
                         extra += self._materialize(other)
         return extra
@@ -956,6 +986,8 @@ class FlowNetwork(_NetworkBase):
         starts = list(seed_flows)
         for link in seeds:
             starts.extend(f for f in on_link[link] if f.rate >= floor)
+        epoch = self._epoch
+        inf = float("inf")
         for first in starts:
             if first in seen:
                 continue
@@ -970,20 +1002,30 @@ class FlowNetwork(_NetworkBase):
                 flow = stack.pop()
                 flows.append(flow)
                 route = flow.route
+                if route.cepoch != epoch:  # its links that may be tight (not dominated), as (link, crossings)
+                    route.cpairs = tuple((x, m) for x, m in zip(route.ulinks, route.mults) if tight_at[x] != inf)
+                    route.cepoch = epoch
                 ls, ms = [], []
-                for link, m in zip(route.ulinks, route.mults):
+                for link, m in route.cpairs:
                     if demand[link] > tight_at[link]:
                         j = local.get(link)
                         if j is None:
                             j = local[link] = len(capacity)
-                            used = 0.0  # by fixed flows
-                            for other in on_link[link]:
-                                if other.rate < floor:
-                                    used += other.route.mult(link) * other.rate
-                                elif other not in seen:
-                                    seen.add(other)
-                                    stack.append(other)
-                            capacity.append(cap[link] - used)
+                            if floor > 0:
+                                used = 0.0  # by fixed flows
+                                for other in on_link[link]:
+                                    if other.rate < floor:
+                                        used += other.route.mult(link) * other.rate
+                                    elif other not in seen:
+                                        seen.add(other)
+                                        stack.append(other)
+                                capacity.append(cap[link] - used)
+                            else:  # arrivals: nobody is fixed
+                                for other in on_link[link]:
+                                    if other not in seen:
+                                        seen.add(other)
+                                        stack.append(other)
+                                capacity.append(cap[link] - 0.0)
                         ls.append(j)
                         ms.append(m)
                 flow_links.append(tuple(ls))
@@ -1031,6 +1073,10 @@ class FlowNetwork(_NetworkBase):
                 continue  # same rate: its heap entry (finish time) still holds
             if flow.rec is not None:
                 flow.rec[2].append((now, rate))
+                session = flow.session
+                session.budget -= 1
+                if session.budget < 0:
+                    self._stop_recording(session)
             if flow.t0 != now:
                 flow.remaining -= flow.rate * (now - flow.t0)
                 flow.t0 = now
@@ -1063,10 +1109,11 @@ class FlowNetwork(_NetworkBase):
                 rates = max_min_rates_small(flow_links, flow_mults, capacity, caps)
             else:
                 rates = _max_min_numpy(flow_links, flow_mults, capacity, caps)
-            self._solved_flows += len(flows)
-            if self._solved_flows > _SOLVED_CACHE_FLOWS:
+            size = len(flows) + len(capacity) + sum(map(len, flow_links))
+            self._solved_flows += size
+            if self._solved_flows > _SOLVED_CACHE_ENTRIES:
                 self._solved.clear()
-                self._solved_flows = len(flows)
+                self._solved_flows = size
             self._solved[key] = rates
         self._set_rates(now, flows, rates)
 
