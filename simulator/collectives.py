@@ -243,6 +243,24 @@ def _merge(parallel_plans: list[list[tuple[Transfer, ...]]]) -> list[tuple[Trans
     return [tuple(t for plan in parallel_plans for t in plan[i]) for i in range(len(parallel_plans[0]))]
 
 
+def _remote_prefix(group: Sequence[int], server_of: Callable[[int], int]) -> list[list[int]]:
+    """``out[i][k]``: how many of ``group[i+1], ..., group[i+k]`` (indices mod n) are on another server than
+    ``group[i]`` (``out[i][0] = 0``)."""
+    n = len(group)
+    servers = [server_of(r) for r in group]
+    out = []
+    for i in range(n):
+        mine = servers[i]
+        row = [0] * n
+        count = 0
+        for k in range(1, n):
+            if servers[(i + k) % n] != mine:
+                count += 1
+            row[k] = count
+        out.append(row)
+    return out
+
+
 def plan_direct(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
                 fidelity: str = "fast", matrix: Sequence[Sequence[float]] | None = None,
                 stagger: bool = False) -> list[tuple[Transfer, ...]]:
@@ -260,13 +278,15 @@ def plan_direct(kind: str, group: Sequence[int], nbytes: float, server_of: Calla
     """
     n = len(group)
     root = group[0]
-    remote = [[server_of(a) != server_of(b) for b in group] for a in group] if stagger else None
+    # net_before[i][k]: how many of member i's first k peers in offset order (i+1, ..., i+k) sit on other
+    # servers; per-row prefix sums, O(n^2) for the whole plan.
+    net_before = _remote_prefix(group, server_of) if stagger and kind == "all_to_all" else None
 
     def hop(a: int, b: int, size: float, i: int = 0, j: int = 0) -> Transfer:
-        if remote is None or kind != "all_to_all":
+        if net_before is None:
             return Transfer(((a, b),), size, 1, 0, int(server_of(a) != server_of(b)))
         k = (j - i) % n
-        return Transfer(((a, b),), size, k, 0, sum(remote[i][(i + d) % n] for d in range(1, k + 1)))
+        return Transfer(((a, b),), size, k, 0, net_before[i][k])
 
     if kind == "all_to_all":
         if matrix is not None:

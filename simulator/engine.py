@@ -391,12 +391,15 @@ class Engine:
                     fabric.run_phases(fabric.phases(op.collective, op.group, op.nbytes, op.algorithm, op.count,
                                                     matrix), op.traffic_class, done.tick)
                 else:
-                    plans = [fabric.phases(op.collective, g, op.nbytes, op.algorithm, op.count, matrix)
-                             for g in clones(op.group, shape[0])]
-                    if all(len(p) == 1 for p in plans):
+                    groups = clones(op.group, shape[0])
+                    together = fabric.replicated_phases(op.collective, groups, op.nbytes, op.algorithm, op.count,
+                                                        matrix)
+                    if together is not None:
                         # Single-phase plans (pipelined rings, direct): start every replica's flows at once.
-                        network.start_flows([s for p in plans for s in p[0]], op.traffic_class, done.tick)
+                        network.start_flows(together[0], op.traffic_class, done.tick)
                     else:
+                        plans = [fabric.phases(op.collective, g, op.nbytes, op.algorithm, op.count, matrix)
+                                 for g in groups]
                         done.left = len(plans)
                         for p in plans:
                             fabric.run_phases(p, op.traffic_class, done.tick)

@@ -7,7 +7,7 @@ Sections (every section may name a ``preset`` and override its fields)::
     model:    {preset: gpt3-175b, ...}                # workloads.models.model_from_dict
     parallel: {tp: 8, pp: 8, ...}                     # workloads.parallel.parallel_from_dict
     training: {seq_len: 2048, dtype: bf16}
-    network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0, routing: ecmp}  # optional
+    network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0, routing: ecmp, all_to_all: grouped}  # optional
     fidelity: fast                                     # optional: fast | full | lockstep (see FIDELITIES)
     moe:      {routing: zipf, zipf_s: 1.2, capacity_factor: 1.25, seed: 0}  # optional, MoE token routing
     compute:  {matmul_efficiency: 0.75, attention_efficiency: 0.5, ...}     # optional
@@ -140,7 +140,7 @@ def _section(doc: Mapping, key: str) -> dict:
 
 
 def _network_from_dict(section: Mapping) -> NetworkConfig:
-    valid = ("model", "step_latency", "fidelity", "seed", "bandwidth_efficiency", "routing")
+    valid = ("model", "step_latency", "fidelity", "seed", "bandwidth_efficiency", "routing", "all_to_all")
     unknown = sorted(set(section) - set(valid))
     if unknown:
         raise ConfigError(f"network.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
@@ -153,6 +153,8 @@ def _network_from_dict(section: Mapping) -> NetworkConfig:
         kwargs["fidelity"] = section["fidelity"]
     if "routing" in section:
         kwargs["routing"] = section["routing"]
+    if "all_to_all" in section:
+        kwargs["all_to_all"] = section["all_to_all"]
     if "bandwidth_efficiency" in section:
         eff = section["bandwidth_efficiency"]
         if isinstance(eff, Mapping):

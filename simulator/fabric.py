@@ -24,6 +24,7 @@ from .routing import Router
 
 NETWORK_MODELS = ("flow", "analytic")
 ROUTINGS = ("ecmp", "spray")
+ALL_TO_ALL_FLOWS = ("grouped", "proportional", "per_pair")
 
 
 TIER_NAMES = ("nvlink", "pcie", "leaf", "spine", "core")
@@ -59,14 +60,21 @@ class NetworkConfig:
         equal-cost paths (each path carries 1/k of its bytes at 1/k of its
         rate), so no hash collision ever happens; the gap between the two is
         what hashing costs.
-    bandwidth_efficiency : float, mapping or None
-        Fraction of each link's rate that NCCL's Simple protocol reaches at
-        large sizes. ``None`` (default): measured nccl-tests bus bandwidths —
-        the GPU's ``nvlink_efficiency`` on NVLink (A100 0.77, H100 0.81) and
-        :data:`simulator.nccl.NIC_EFFICIENCY` (0.95) on PCIe and the fabric
-        tiers. A number applies to every tier (1: the α-β closed forms at link
-        rate); a mapping ``{tier: fraction}`` sets tiers one by one (the others
-        keep their defaults).
+    all_to_all : str
+        How many flows an all-to-all is. ``"grouped"`` (default): the
+        transfers of one all-to-all that start at the same instant and move
+        the same bytes (a *wave* of NCCL's staggered send/recv: every member
+        sends to the peer at the same offset), and the same transfer of
+        every replica a representative stands for, run as one flow over all
+        their links: a uniform all-to-all over ``n`` GPUs on ``s`` servers is
+        about ``8(n-1)`` flows instead of ``n(n-1)``. Exact where the members
+        see symmetric contention; otherwise every member runs at the rate of
+        the most constrained (measured: within 1% of ``per_pair``,
+        docs/DESIGN.md). ``"proportional"``: waves of an alltoallv share one
+        flow even when sizes differ, each member at a rate in proportion to
+        its bytes so that all finish together (measured: within 0.1% on
+        mildly skewed routing, up to 5% with strong skew on an oversubscribed
+        fabric). ``"per_pair"``: one flow per GPU pair (the reference).
     """
 
     model: str = "flow"
@@ -75,12 +83,15 @@ class NetworkConfig:
     seed: int = 0
     bandwidth_efficiency: float | Mapping[str, float] | None = None
     routing: str = "ecmp"
+    all_to_all: str = "grouped"
 
     def __post_init__(self) -> None:
         if self.model not in NETWORK_MODELS:
             raise ValueError(f"network.model: {self.model!r} unknown; valid: {', '.join(NETWORK_MODELS)}")
         if self.routing not in ROUTINGS:
             raise ValueError(f"network.routing: {self.routing!r} unknown; valid: {', '.join(ROUTINGS)}")
+        if self.all_to_all not in ALL_TO_ALL_FLOWS:
+            raise ValueError(f"network.all_to_all: {self.all_to_all!r} unknown; valid: {', '.join(ALL_TO_ALL_FLOWS)}")
         if self.step_latency_s is not None and not (isinstance(self.step_latency_s, (int, float))
                                                     and 0 <= self.step_latency_s < 1):
             raise ValueError(f"network.step_latency: must be 'nccl' or a time in [0, 1 s), got {self.step_latency_s!r}")
@@ -189,11 +200,20 @@ class Fabric:
 
     def pairs_of(self, links: np.ndarray) -> tuple[tuple[int, int], ...]:
         """The ``(src rank, dst rank)`` hops a routed links array carries (each carries an equal share of
-        its payload: a pipelined ring's transfer is one array over every hop of the ring)."""
+        its payload, unless :meth:`shares_of` says otherwise: a pipelined ring's transfer is one array over
+        every hop of the ring)."""
         entry = self._pairs.get(id(links))
         if entry is None or entry[0] is not links:
             raise KeyError("links array was not routed by this fabric")
         return entry[1]
+
+    def shares_of(self, links: np.ndarray) -> tuple[float, ...] | None:
+        """The fraction of a routed links array's payload each of its hops (:meth:`pairs_of`) carries, or
+        None when they carry equal shares (a grouped alltoallv's members move their own sizes)."""
+        entry = self._pairs.get(id(links))
+        if entry is None or entry[0] is not links:
+            raise KeyError("links array was not routed by this fabric")
+        return entry[2] if len(entry) > 2 else None
 
     # ------------------------------------------------------------------ plans
     def _spans_servers(self, group: tuple[int, ...]) -> bool:
@@ -309,6 +329,7 @@ class Fabric:
         line carries 4 data bytes in 8); the base latency is paid once, by the first phase."""
         costs = self._costs(plan, protocol)
         factor = BANDWIDTH_FACTOR[protocol]
+        grouped = self.config.all_to_all != "per_pair" and plan.kind == "all_to_all"
         out = []
         for i, phase in enumerate(plan.phases):
             base = count * costs[0] if i == 0 else 0.0
@@ -320,8 +341,83 @@ class Fabric:
                     self._pairs[id(links)] = (links, tuple(t.hops))
                 latency = base + count * self._latency(t, costs)
                 specs.append((links, count * t.nbytes / (factor * spread), latency, count * t.nbytes * len(hops)))
+            if grouped:
+                # A wave: the transfers that start at one instant (equal latency), NVLink and network apart;
+                # "grouped" also needs equal sizes, "proportional" lets members of unequal sizes share.
+                servers = self._servers
+                equal = self.config.all_to_all == "grouped"
+                specs = self.group(specs, [((s[1], s[3]) if equal else None, s[2],
+                                            servers[t.hops[0][0]] != servers[t.hops[0][1]])
+                                           for s, t in zip(specs, phase)])
             out.append(tuple(specs))
         return tuple(out)
+
+    def group(self, specs: list[tuple], keys: list) -> list[tuple]:
+        """Flow specs with equal ``keys`` merged into one flow each (see :class:`NetworkConfig`
+        ``all_to_all``): over the concatenation of the members' links, moving the largest member's bytes,
+        each member's links weighted by its bytes over that largest (so every member moves its own bytes
+        and all finish together), after the latest member's latency, carrying the members' payload."""
+        groups: dict = {}
+        for spec, key in zip(specs, keys):
+            members = groups.get(key)
+            if members is None:
+                groups[key] = [spec]
+            else:
+                members.append(spec)
+        out = []
+        for members in groups.values():
+            if len(members) == 1:
+                out.append(members[0])
+                continue
+            wire = max(m[1] for m in members)
+            latency = max(m[2] for m in members)
+            payload = sum(m[3] for m in members)
+            links = np.concatenate([m[0] for m in members])
+            inner = [self.network.weights_of(m[0]) for m in members]
+            hops: list = []
+            shares: list = []
+            for m in members:
+                entry = self._pairs[id(m[0])]
+                member_hops = entry[1]
+                member_shares = entry[2] if len(entry) > 2 else None
+                hops.extend(member_hops)
+                part = m[3] / payload if payload > 0 else 1.0 / len(members)
+                if member_shares is None:
+                    shares.extend([part / len(member_hops)] * len(member_hops))
+                else:
+                    shares.extend(part * x for x in member_shares)
+            weights = None
+            if any(m[1] != wire for m in members) or any(w is not None for w in inner):
+                weights = np.concatenate([np.full(len(m[0]), m[1] / wire) if w is None else w * (m[1] / wire)
+                                          for m, w in zip(members, inner)])
+            self.network.declare(links, sum(self.network.members_of(m[0]) for m in members), weights)
+            self._pairs[id(links)] = (links, tuple(hops), tuple(shares))
+            out.append((links, wire, latency, payload))
+        return out
+
+    def replicated_phases(self, kind: str, groups: list[tuple[int, ...]], nbytes: float, algorithm: str = "auto",
+                          count: int = 1, matrix: tuple[tuple[float, ...], ...] | None = None
+                          ) -> tuple[tuple[tuple, ...], ...] | None:
+        """The flows of one collective run at once over every group of ``groups`` (the replicas of a
+        representative's collective): one phase of every replica's flows, or None when some replica's
+        plan has several phases (then each runs its own :meth:`phases`).
+
+        Grouped all-to-alls (``all_to_all: grouped``) also merge the replicas' corresponding flows (equal
+        position, bytes and latency: the same wave of every replica) into one flow each. Cached.
+        """
+        key = ("replicated", kind, tuple(groups), nbytes, algorithm, count, matrix)
+        if key in self._phases_cache:
+            return self._phases_cache[key]
+        plans = [self.phases(kind, g, nbytes, algorithm, count, matrix) for g in groups]
+        if not all(len(p) == 1 for p in plans):
+            routed = None
+        else:
+            specs = [s for p in plans for s in p[0]]
+            if kind == "all_to_all" and self.config.all_to_all != "per_pair" and len(plans) > 1:
+                specs = self.group(specs, [(i, s[1], s[2]) for p in plans for i, s in enumerate(p[0])])
+            routed = (tuple(specs),)
+        self._phases_cache[key] = routed
+        return routed
 
     def run_phases(self, phases: tuple[tuple[tuple, ...], ...], traffic_class: str,
                    on_done: Callable[[], None]) -> None:

@@ -20,7 +20,7 @@ _REL_EPS = 1e-12
 
 
 def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, capacity: np.ndarray,
-                  num_flows: int) -> np.ndarray:
+                  num_flows: int, entry_weight: np.ndarray | None = None) -> np.ndarray:
     """Max-min fair rates (bytes/s) of ``num_flows`` flows.
 
     Parameters
@@ -32,6 +32,10 @@ def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, capacity: np.n
         Capacity in bytes/s of every link id.
     num_flows : int
         Number of flows; a flow with no entries gets rate ``inf``.
+    entry_weight : numpy.ndarray of float, optional
+        How many crossings each entry stands for (default 1 each): entry ``i``
+        loads its link with ``entry_weight[i]`` times the flow's rate. Integer
+        weights give exactly the rates of repeating the entries.
 
     Returns
     -------
@@ -59,7 +63,10 @@ def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, capacity: np.n
     num_links = len(links)
     while unfrozen.any():
         live = unfrozen[entry_flow]
-        load = np.bincount(local_link[live], minlength=num_links).astype(float)
+        if entry_weight is None:
+            load = np.bincount(local_link[live], minlength=num_links).astype(float)
+        else:
+            load = np.bincount(local_link[live], weights=entry_weight[live], minlength=num_links)
         loaded = load > 0
         share = np.full(num_links, np.inf)
         share[loaded] = remaining[loaded] / load[loaded]
@@ -88,6 +95,7 @@ def max_min_rates_small(flow_links: list, flow_mults: list, capacity: list,
     n = len(flow_links)
     local: dict[int, int] = {}
     load: list[float] = []
+    users: list[int] = []  # unfrozen flows per link (fractional loads need not come back to exactly 0)
     remaining: list[float] = []
     on_link: list[list[int]] = []
     flow_local: list[list[int]] = []
@@ -97,6 +105,7 @@ def max_min_rates_small(flow_links: list, flow_mults: list, capacity: list,
         if flow_caps is not None:
             mine.append(len(load))
             load.append(1.0)
+            users.append(1)
             remaining.append(float(flow_caps[f]))
             on_link.append([f])
         for link, m in zip(flow_links[f], flow_mults[f]):
@@ -104,10 +113,12 @@ def max_min_rates_small(flow_links: list, flow_mults: list, capacity: list,
             if j is None:
                 j = local[link] = len(load)
                 load.append(float(m))
+                users.append(1)
                 remaining.append(float(capacity[link]))
                 on_link.append([f])
             else:
                 load[j] += m
+                users[j] += 1
                 on_link[j].append(f)
             mine.append(j)
         flow_local.append(mine)
@@ -139,5 +150,6 @@ def max_min_rates_small(flow_links: list, flow_mults: list, capacity: list,
                     left -= 1
                     for j2, m in zip(flow_local[f], local_mults[f]):
                         load[j2] -= m
-        active = [j for j in active if load[j] > 0]
+                        users[j2] -= 1
+        active = [j for j in active if users[j] > 0]
     return rates

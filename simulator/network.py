@@ -51,6 +51,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections.abc import Callable, Sequence
+from itertools import chain
 
 import numpy as np
 import simpy
@@ -64,7 +65,13 @@ TINY_FLOW_S = 1e-6
 time and never enters max-min sharing (its effect on any rate is below that 1 µs)."""
 _REL_TIME_EPS = 1e-12
 _SMALL_COMPONENT = 64  # flows; below this the pure-Python solver beats numpy's per-call overhead
-_SOLVED_CACHE_FLOWS = 250_000  # flows over all component shapes remembered (cleared when full: ~100 MB at most)
+_SMALL_LINKS = 256  # tight links; above this (grouped all-to-all flows cross hundreds) numpy wins again
+_SOLVED_CACHE_ENTRIES = 2_000_000  # flows, links and crossings over all component shapes remembered (then cleared:
+# ~150 MB at most)
+_LONG_ROUTE = 48  # distinct links; routes this long (grouped all-to-all flows) keep numpy copies of them
+_MEMO_SHAPES = 100_000  # call shapes remembered (then forgotten at once, with their trajectories)
+_MEMO_ENTRIES = 2_000_000  # flows and rate changes over all recorded trajectories (then forgotten: ~200 MB)
+_MEMO_RATE_CHANGES = 20_000  # a call whose flows change rate more often than this is not recorded
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
 
@@ -89,25 +96,42 @@ class _LateEvent(Event):
 
 
 class _Route:
-    """Links of one route with their distinct ids and multiplicities (cached per links array)."""
+    """Links of one route with their distinct ids and multiplicities (cached per links array).
 
-    __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of", "idx")
+    ``weights`` (optional, one per entry of ``links``): how much of the flow's rate each entry carries,
+    for a flow that stands for several transfers of unequal sizes moving at rates in proportion to their
+    bytes (a grouped alltoallv, :meth:`simulator.fabric.Fabric.phases`); a link's multiplicity is then the
+    sum of its entries' weights. ``None``: every entry carries the whole rate (an entry per crossing).
+    """
 
-    def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0) -> None:
+    __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of", "idx", "weights", "arrays",
+                 "members", "cpairs", "cepoch")
+
+    def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0,
+                 weights: np.ndarray | None = None, members: int = 1) -> None:
         self.links = links
         self.idx = idx  # position in its network's route list (the rate log names routes by it)
-        ids, counts = np.unique(links, return_counts=True)
+        self.weights = weights
+        self.members = members  # point-to-point transfers one flow on this route stands for
+        self.cpairs: tuple = ()  # (link, crossings) of the links that may be tight, as of network epoch cepoch
+        self.cepoch = -1
+        if weights is None:
+            ids, counts = np.unique(links, return_counts=True)
+        else:
+            ids, inverse = np.unique(links, return_inverse=True)
+            counts = np.bincount(inverse, weights=weights, minlength=len(ids))
         self.ulinks = tuple(ids.tolist())
         self.mults = tuple(counts.tolist())
+        self.arrays = (ids, np.asarray(counts, dtype=float)) if len(ids) >= _LONG_ROUTE else None
         # Max-min rate when the flow is alone on its links: progressive filling's first increment.
         self.solo_rate = (0.0 + min(capacity[l] / float(m) for l, m in zip(self.ulinks, self.mults))
                           if self.ulinks else float("inf"))
         # What the flow can ever ask of each link: it never runs faster than ``solo_rate``.
         self.demand = tuple(m * self.solo_rate for m in self.mults)
-        self._mult_of = None if max(self.mults, default=1) == 1 else dict(zip(self.ulinks, self.mults))
+        self._mult_of = None if all(m == 1 for m in self.mults) else dict(zip(self.ulinks, self.mults))
 
-    def mult(self, link: int) -> int:
-        """How many times the route crosses ``link`` (one of its links)."""
+    def mult(self, link: int) -> float:
+        """How many times the route crosses ``link`` (one of its links; a sum of weights if weighted)."""
         return 1 if self._mult_of is None else self._mult_of[link]
 
 
@@ -127,10 +151,13 @@ class Flow:
     ``seq`` is the id of its live heap entry (-1 before its first rate, -2 once finished).
     """
 
-    __slots__ = ("route", "nbytes", "payload", "traffic_class", "join", "remaining", "rate", "t0", "seq")
+    __slots__ = ("route", "nbytes", "payload", "traffic_class", "join", "remaining", "rate", "t0", "seq", "session",
+                 "rec")
 
     def __init__(self, route: _Route, nbytes: float, payload: float, traffic_class: str, join: _Join,
                  t0: float) -> None:
+        self.session: _Session | None = None  # the recording session it belongs to, if any
+        self.rec: list | None = None  # while recording: [admitted at, finished at, [(time, rate), ...]]
         self.route = route
         self.nbytes = nbytes
         self.payload = payload
@@ -140,6 +167,50 @@ class Flow:
         self.rate = 0.0
         self.t0 = t0
         self.seq = -1
+
+
+class _Trajectory:
+    """What the flows of one isolated :meth:`FlowNetwork.start_flows` call did, relative to its start.
+
+    ``flows[i] = (admitted, finished, ((t, rate), ...))`` (seconds after the start) for the ``i``-th flow
+    that joins max-min sharing; ``busy[j]`` the merged busy intervals of the ``j``-th link of the call
+    (in the order of :meth:`FlowNetwork._session_key`); ``duration`` the last finish.
+    """
+
+    __slots__ = ("flows", "busy", "duration")
+
+    def __init__(self, flows: list, busy: list, duration: float) -> None:
+        self.flows = flows
+        self.busy = busy
+        self.duration = duration
+
+
+class _Session:
+    """The flows of one :meth:`FlowNetwork.start_flows` call while they hold their links alone.
+
+    Recording (``traj`` None): real flows; if nothing else touched their links until the last one
+    finished, what they did is kept as a :class:`_Trajectory` under the call's shape ``key``.
+    Replaying: no flows exist; one late event at ``t0 + duration`` books everything the recorded flows
+    did, unless another flow comes onto one of the links first (then the flows are made real, in the
+    state the trajectory says, and go on as any flow: :meth:`FlowNetwork._materialize`).
+    """
+
+    __slots__ = ("key", "links", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done",
+                 "budget")
+
+    def __init__(self, key: tuple, links: tuple, t0: float) -> None:
+        self.key = key
+        self.links = links
+        self.t0 = t0
+        self.left = 0
+        self.tainted = False
+        self.flows: list[Flow] = []
+        self.traj: _Trajectory | None = None
+        self.specs: list = []
+        self.traffic_class = ""
+        self.join: _Join | None = None
+        self.done = False
+        self.budget = _MEMO_RATE_CHANGES  # rate changes it may still record
 
 
 class LinkLedger:
@@ -168,7 +239,7 @@ class LinkLedger:
         self._by_route: dict[tuple, list] = {}
         self._unfolded = False
         self._busy_acc: list[float] = [0.0] * num_links  # busy seconds not yet folded into busy_s
-        self.flows_completed = 0
+        self.flows_completed = 0  # point-to-point transfers finished (a grouped flow counts its members)
         self.rate_t = array("d")
         self.rate_route = array("q")
         self.rate_delta = array("d")
@@ -190,7 +261,7 @@ class LinkLedger:
             entry[3] += payload_bytes
             entry[4] += nbytes
         self._unfolded = True
-        self.flows_completed += 1
+        self.flows_completed += route.members
 
     @property
     def payload_bytes_by_class(self) -> dict[str, float]:
@@ -204,10 +275,12 @@ class LinkLedger:
         """``(route links, traffic class, payload bytes)`` for every route and class that carried payload."""
         return [(route.links, cls, payload) for route, cls, _wire, payload, _total in self._by_route.values()]
 
-    def wire_by_route(self) -> list[tuple[np.ndarray, str, float]]:
+    def wire_by_route(self) -> list[tuple[np.ndarray, str, float | np.ndarray]]:
         """``(route links, traffic class, wire bytes per crossing)`` for every route and class used: each link
-        of ``links`` carried that many bytes once per appearance in it."""
-        return [(route.links, cls, total) for route, cls, _wire, _payload, total in self._by_route.values()]
+        of ``links`` carried that many bytes once per appearance in it (for a weighted route, an array: the
+        bytes of each entry of ``links``)."""
+        return [(route.links, cls, total if route.weights is None else total * route.weights)
+                for route, cls, _wire, _payload, total in self._by_route.values()]
 
     def add_busy(self, link: int, seconds: float) -> None:
         self._busy_acc[link] += seconds
@@ -218,11 +291,12 @@ class LinkLedger:
                 route, cls, nbytes = entry[0], entry[1], entry[2]
                 if not nbytes:
                     continue
-                np.add.at(self._bytes, route.links, nbytes)
+                per_entry = nbytes if route.weights is None else nbytes * route.weights
+                np.add.at(self._bytes, route.links, per_entry)
                 per_class = self._bytes_by_class.get(cls)
                 if per_class is None:
                     per_class = self._bytes_by_class[cls] = np.zeros(self.num_links)
-                np.add.at(per_class, route.links, nbytes)
+                np.add.at(per_class, route.links, per_entry)
                 entry[2] = 0.0
             self._unfolded = False
         acc = np.array(self._busy_acc)
@@ -253,12 +327,19 @@ class _Routes:
         self._by_id: dict[int, _Route] = {}
         self._capacity = capacity
         self.all: list[_Route] = []  # every route made, by ``idx``
+        # id(links) -> (links, entry weights or None, transfers a flow stands for): see declare
+        self.declared: dict[int, tuple[np.ndarray, np.ndarray | None, int]] = {}
+        self.on_new: Callable[[_Route], None] | None = None  # told of every route made
 
     def get(self, links: np.ndarray) -> _Route:
         route = self._by_id.get(id(links))
         if route is None or route.links is not links:
-            route = self._by_id[id(links)] = _Route(links, self._capacity, len(self.all))
+            d = self.declared.get(id(links))
+            weights, members = (d[1], d[2]) if d is not None and d[0] is links else (None, 1)
+            route = self._by_id[id(links)] = _Route(links, self._capacity, len(self.all), weights, members)
             self.all.append(route)
+            if self.on_new is not None:
+                self.on_new(route)
         return route
 
 
@@ -276,6 +357,24 @@ class _NetworkBase:
     def routes(self) -> list[_Route]:
         """Every route flows have used, indexed by ``route.idx`` (the rate log's route ids)."""
         return self._routes.all
+
+    def weights_of(self, links: np.ndarray) -> np.ndarray | None:
+        """The entry weights declared for ``links`` (:meth:`declare`), or None."""
+        d = self._routes.declared.get(id(links))
+        return d[1] if d is not None and d[0] is links else None
+
+    def members_of(self, links: np.ndarray) -> int:
+        """The point-to-point transfers a flow over ``links`` stands for (:meth:`declare`; default 1)."""
+        d = self._routes.declared.get(id(links))
+        return d[2] if d is not None and d[0] is links else 1
+
+    def declare(self, links: np.ndarray, members: int, weights: np.ndarray | None = None) -> None:
+        """Declare that a flow over ``links`` stands for ``members`` point-to-point transfers (counted in
+        ``ledger.flows_completed``) and, if ``weights`` is given, loads entry ``i`` of ``links`` with
+        ``weights[i]`` times its rate (moving ``weights[i]`` times its bytes there). Must precede the
+        first flow over this very array."""
+        self._routes.declared[id(links)] = (links, None if weights is None else np.asarray(weights, dtype=float),
+                                            int(members))
 
     def transfer(self, links: np.ndarray, nbytes: float, latency_s: float, traffic_class: str,
                  payload_bytes: float | None = None) -> Event:
@@ -306,7 +405,7 @@ class FlowNetwork(_NetworkBase):
         Bytes/s of every directed link id.
     """
 
-    def __init__(self, env: simpy.Environment, capacity: np.ndarray) -> None:
+    def __init__(self, env: simpy.Environment, capacity: np.ndarray, replay: bool = True) -> None:
         _NetworkBase.__init__(self, env, capacity)
         # Active flows per link id, insertion-ordered (one persistent dict per link: no allocation per flow).
         self._on_link: list[dict[Flow, None]] = [{} for _ in self._cap]
@@ -318,9 +417,12 @@ class FlowNetwork(_NetworkBase):
         # Tolerance: a link is slack while its demand is within 1e-9 of its capacity (so a flow alone on
         # its bottleneck is never "tight" through rounding); it can then be overloaded by at most 1e-9.
         self._tight_at: list[float] = [c * (1 + 1e-9) for c in self._cap]
+        # Dominated links (see _dominance): -1 no route seen yet, -2 not dominated, else the dominating link.
+        self._dominator: list[int] = [-1] * len(self._cap)
+        self._routes.on_new = self._dominance
         self.component_solves = 0  # max-min problems solved (not looked up in _solved)
         self._solved: dict[tuple, list[float]] = {}  # component shape -> its rates (see _solve)
-        self._solved_flows = 0
+        self._solved_flows = 0  # entries (flows, links, crossings) of the shapes in _solved
         self.shape_hits = 0  # components whose rates came from _solved
         self._heap: list[tuple[float, int, Flow]] = []
         self._seq = 0
@@ -329,6 +431,22 @@ class FlowNetwork(_NetworkBase):
         self._pending_seq = 0
         self._wakes: list[float] = []  # instants with a late wake-up event pending (min-heap)
         self.rate_solves = 0  # instants at which some components were re-rated
+        # Replays of isolated calls (see _Session): which session holds each link, the trajectories recorded
+        # per call shape, and the shape of each cached spec tuple.
+        self.replay = replay
+        self._owner: list[_Session | None] = [None] * len(self._cap)
+        self._memo: dict[int, _Trajectory] = {}
+        self._memo_flows = 0  # entries (flows, rate changes) of the recorded trajectories
+        self._shape_ids: dict[tuple, int] = {}
+        self._next_shape = 0
+        self._keys: dict[int, tuple] = {}
+        self._epoch = 0  # bumped whenever a link's tightness threshold changes (dominance): shapes include it
+        self.flows_started = 0  # flows handed to the network (replayed ones included)
+        self.calls = 0  # start_flows calls with at least one flow
+        self.replays = 0  # calls whose flows were replayed from a recorded trajectory
+        self.materialized = 0  # replays cut short by another flow (their flows made real)
+        self._joins_done: list[_Join] = []  # calls completed by replays, told at the end of the update
+        self._replays_due: list[tuple[float, int, _Session]] = []  # (end, seq, replaying session)
 
     # ----------------------------------------------------------- interface
     def start_flows(self, specs: Sequence[FlowSpec], traffic_class: str, on_done: Callable[[], None]) -> None:
@@ -336,6 +454,16 @@ class FlowNetwork(_NetworkBase):
 
         ``on_done`` runs inside the network's update at the instant the last
         byte arrives (never synchronously inside this call).
+
+        When every link of the call is idle and no other call holds it, the call holds its links (a
+        :class:`_Session`) until its last flow ends; if nothing else came onto them meanwhile, what its
+        flows did is recorded per call *shape* (its links relabelled, their capacities, bytes and
+        latencies). A later call of a recorded shape that finds its links idle is *replayed*: one event
+        books the recorded trajectory, shifted in time, instead of simulating it again; if another
+        flow comes onto one of its links first, its flows are made real in the recorded state at that
+        instant and go on as if they had been simulated all along (:meth:`_materialize`). Exact: an
+        isolated call's flows follow the same trajectory whenever it starts (up to the rounding of the
+        time shift, ~1e-16 s).
         """
         env = self.env
         now = env.now
@@ -343,6 +471,20 @@ class FlowNetwork(_NetworkBase):
         if not specs:
             env.timeout(0).callbacks.append(lambda _ev: on_done())
             return
+        self.flows_started += len(specs)
+        self.calls += 1
+        session = None
+        if self.replay and len(specs) <= _MEMO_RATE_CHANGES:
+            key, links = self._session_key(specs)
+            on_link, owner = self._on_link, self._owner
+            if all(owner[link] is None and not on_link[link] for link in links):
+                session = _Session(key, links, now)
+                for link in links:
+                    owner[link] = session
+                traj = self._memo.get(key)
+                if traj is not None:
+                    self._replay(session, traj, specs, traffic_class, join)
+                    return
         by_latency: dict[float, list[Flow]] = {}
         routes = self._routes
         for links, nbytes, latency_s, payload in specs:
@@ -350,27 +492,326 @@ class FlowNetwork(_NetworkBase):
             flow = Flow(route, nbytes, payload, traffic_class, join, now)
             solo = nbytes / route.solo_rate
             if solo <= TINY_FLOW_S:
-                # Latency-bound (a scalar all-reduce, an LL step): its bytes take under TINY_FLOW_S even at
-                # the bottleneck, so it cannot matter to anybody's rate; it finishes at its solo time
-                # without joining the max-min problem (and without gluing its links' components together).
-                log = self.ledger.log_rate
-                log(now + latency_s, route, route.solo_rate)
-                log(now + latency_s + solo, route, -route.solo_rate)
-                env.timeout(latency_s + solo).callbacks.append(lambda _ev, f=flow: self._finish(f))
+                self._tiny(flow, latency_s, solo)
                 continue
+            if session is not None:
+                flow.session = session
+                flow.rec = [now, now, []]
+                session.flows.append(flow)
             group = by_latency.get(latency_s)
             if group is None:
                 by_latency[latency_s] = [flow]
             else:
                 group.append(flow)
+        if session is not None:
+            session.left = len(session.flows)
+            if not session.flows:
+                self._release(session)
         pending = self._pending
         for latency_s, flows in by_latency.items():
             self._pending_seq += 1
             heapq.heappush(pending, (now + latency_s, self._pending_seq, flows))
             self._wake(now + latency_s)
 
+    def _tiny(self, flow: Flow, latency_s: float, solo: float) -> None:
+        """A latency-bound flow (a scalar all-reduce, an LL step): its bytes take under TINY_FLOW_S even at
+        the bottleneck, so it cannot matter to anybody's rate; it finishes at its solo time without joining
+        the max-min problem (and without gluing its links' components together)."""
+        now = self.env.now
+        route = flow.route
+        log = self.ledger.log_rate
+        log(now + latency_s, route, route.solo_rate)
+        log(now + latency_s + solo, route, -route.solo_rate)
+        self.env.timeout(latency_s + solo).callbacks.append(lambda _ev, f=flow: self._finish(f))
+
+    # ------------------------------------------------------------ replays
+    def _session_key(self, specs: Sequence[FlowSpec]) -> tuple[int, tuple[int, ...]]:
+        """The shape of a call (an id: equal ids, equal dynamics when alone) and the links it crosses.
+
+        The shape is every flow's distinct links relabelled in order of first appearance, their
+        crossings, bytes and latency, with the capacity and tightness threshold of every relabelled link.
+        Cached per spec tuple (the fabric hands out the same tuple for the same collective).
+        """
+        cacheable = isinstance(specs, tuple)
+        if cacheable:
+            hit = self._keys.get(id(specs))
+            if hit is not None and hit[0] is specs and hit[3] == self._epoch:
+                return hit[1], hit[2]
+        routes = self._routes
+        relabel: dict[int, int] = {}
+        parts = []
+        for links, nbytes, latency_s, _payload in specs:
+            route = routes.get(links)
+            parts.append((tuple([relabel.setdefault(link, len(relabel)) for link in route.ulinks]), route.mults,
+                          nbytes, latency_s))
+        ids = tuple(relabel)
+        cap, tight_at = self._cap, self._tight_at
+        shape = (tuple(parts), tuple([cap[link] for link in ids]), tuple([tight_at[link] for link in ids]))
+        key = self._shape_ids.get(shape)
+        if key is None:
+            if len(self._shape_ids) > _MEMO_SHAPES:
+                self._shape_ids.clear()
+                self._memo.clear()
+                self._memo_flows = 0  # entries (flows, rate changes) of the recorded trajectories
+            key = self._shape_ids[shape] = self._next_shape
+            self._next_shape += 1
+        if cacheable:
+            if len(self._keys) > _MEMO_SHAPES:
+                self._keys.clear()
+            self._keys[id(specs)] = (specs, key, ids, self._epoch)
+        return key, ids
+
+    def _release(self, session: _Session) -> None:
+        owner = self._owner
+        for link in session.links:
+            if owner[link] is session:
+                owner[link] = None
+
+    def _stop_recording(self, session: _Session) -> None:
+        """Give up recording a session (another flow came onto its links, or it changes rates too often to
+        be worth remembering): its flows go on as any, its links are free for other sessions."""
+        session.tainted = True
+        self._release(session)
+        for f in session.flows:
+            f.rec = None
+
+    def _end_session(self, session: _Session) -> None:
+        """The last flow of a recording session ended: keep its trajectory unless something intruded."""
+        self._release(session)
+        if session.tainted or session.done:
+            return
+        session.done = True
+        t0 = session.t0
+        flows = []
+        by_link: dict[int, list[tuple[float, float]]] = {}
+        duration = 0.0
+        for flow in session.flows:
+            admitted, finished, rates = flow.rec
+            flows.append((admitted - t0, finished - t0, tuple([(t - t0, r) for t, r in rates])))
+            if finished - t0 > duration:
+                duration = finished - t0
+            if rates:
+                for link in flow.route.ulinks:
+                    by_link.setdefault(link, []).append((admitted - t0, finished - t0))
+            flow.rec = None
+        busy = []
+        for link in session.links:
+            merged: list[list[float]] = []
+            for a, b in sorted(by_link.get(link, ())):
+                if merged and a <= merged[-1][1]:
+                    if b > merged[-1][1]:
+                        merged[-1][1] = b
+                else:
+                    merged.append([a, b])
+            busy.append(tuple((a, b) for a, b in merged))
+        size = len(flows) + sum(len(f[2]) for f in flows)
+        self._memo_flows += size
+        if self._memo_flows > _MEMO_ENTRIES:
+            self._memo.clear()
+            self._memo_flows = size
+        self._memo[session.key] = _Trajectory(flows, busy, duration)
+
+    def _replay(self, session: _Session, traj: _Trajectory, specs: Sequence[FlowSpec], traffic_class: str,
+                join: _Join) -> None:
+        """Book ``traj`` for this call at ``t0 + duration`` unless another flow comes first."""
+        session.traj = traj
+        session.specs = specs
+        session.traffic_class = traffic_class
+        session.join = join
+        self.replays += 1
+        routes = self._routes
+        now = self.env.now
+        for links, nbytes, latency_s, payload in specs:
+            route = routes.get(links)
+            solo = nbytes / route.solo_rate
+            if solo <= TINY_FLOW_S:
+                self._tiny(Flow(route, nbytes, payload, traffic_class, join, now), latency_s, solo)
+        self._pending_seq += 1
+        end = now + traj.duration
+        heapq.heappush(self._replays_due, (end, self._pending_seq, session))
+        self._wake(end)
+
+    def _replay_done(self, session: _Session) -> None:
+        """Book a replay whose end has come (its call's ``on_done`` is told at the end of the update)."""
+        if session.done:
+            return  # made real before its end
+        session.done = True
+        traj = session.traj
+        t0 = session.t0
+        ledger = self.ledger
+        log_t, log_route, log_delta = ledger.rate_t.append, ledger.rate_route.append, ledger.rate_delta.append
+        routes = self._routes
+        cls = session.traffic_class
+        i = 0
+        for links, nbytes, _latency_s, payload in session.specs:
+            route = routes.get(links)
+            if nbytes / route.solo_rate <= TINY_FLOW_S:
+                continue
+            _admitted, finished, rates = traj.flows[i]
+            i += 1
+            prev = 0.0
+            for off, r in rates:
+                log_t(t0 + off)
+                log_route(route.idx)
+                log_delta(r - prev)
+                prev = r
+            if rates:
+                log_t(t0 + finished)
+                log_route(route.idx)
+                log_delta(-prev)
+            ledger.record_route(route, nbytes, cls, payload)
+        busy = ledger._busy_acc
+        for link, intervals in zip(session.links, traj.busy):
+            for a, b in intervals:
+                busy[link] += b - a
+        self._release(session)
+        join = session.join
+        join.left -= i
+        if join.left == 0:
+            self._joins_done.append(join)
+
+    def _materialize(self, session: _Session) -> list[Flow]:
+        """Make a replaying session's flows real at the current instant, in the state its trajectory gives
+        them (admitted or not, finished or not, rate and bytes left); book what happened before. Returns
+        the flows the trajectory admits at this very instant (they join the current update's arrivals)."""
+        session.done = True
+        self.materialized += 1
+        self._release(session)
+        env = self.env
+        now = env.now
+        limit = now * (1 + _REL_TIME_EPS) + 1e-18
+        before = now * (1 - _REL_TIME_EPS) - 1e-18
+        traj = session.traj
+        t0 = session.t0
+        ledger = self.ledger
+        log_t, log_route, log_delta = ledger.rate_t.append, ledger.rate_route.append, ledger.rate_delta.append
+        routes = self._routes
+        cls = session.traffic_class
+        join = session.join
+        on_link, demand, busy_since = self._on_link, self._demand, self._busy_since
+        now_arrivals: list[Flow] = []
+        active: list[Flow] = []
+        i = 0
+        for links, nbytes, latency_s, payload in session.specs:
+            route = routes.get(links)
+            if nbytes / route.solo_rate <= TINY_FLOW_S:
+                continue
+            admitted, finished, rates = traj.flows[i]
+            i += 1
+            flow = Flow(route, nbytes, payload, cls, join, now)
+            t_in = t0 + admitted
+            if t_in > limit:  # not admitted yet
+                self._pending_seq += 1
+                at = t0 + latency_s
+                heapq.heappush(self._pending, (at, self._pending_seq, [flow]))
+                self._wake(at)
+                continue
+            if t_in >= before:  # admitted at this very instant
+                now_arrivals.append(flow)
+                continue
+            prev = 0.0
+            remaining = nbytes
+            t_prev = t_in
+            for off, r in rates:
+                t = t0 + off
+                if t > limit:
+                    break
+                remaining -= prev * (t - t_prev)
+                log_t(t)
+                log_route(route.idx)
+                log_delta(r - prev)
+                prev, t_prev = r, t
+            if t0 + finished <= limit:  # done by now
+                if rates:
+                    log_t(t0 + finished)
+                    log_route(route.idx)
+                    log_delta(-prev)
+                flow.seq = -2
+                ledger.record_route(route, nbytes, cls, payload)
+                join.left -= 1
+                continue
+            flow.remaining = remaining - prev * (now - t_prev)
+            flow.rate = prev
+            flow.t0 = now
+            active.append(flow)
+        busy = ledger._busy_acc
+        for link, intervals in zip(session.links, traj.busy):
+            for a, b in intervals:
+                if t0 + a >= limit:
+                    break
+                busy[link] += min(t0 + b, now) - (t0 + a)
+        for flow in active:
+            for link, d in zip(flow.route.ulinks, flow.route.demand):
+                flows = on_link[link]
+                if flows:
+                    demand[link] += d
+                else:
+                    busy_since[link] = now
+                    demand[link] = d
+                flows[flow] = None
+            self._seq += 1
+            flow.seq = self._seq
+            heapq.heappush(self._heap, (now + flow.remaining / flow.rate, self._seq, flow))
+        self._active += len(active)
+        if join.left == 0:  # every flow had finished by now (the replay's own end is due this instant)
+            self._joins_done.append(join)
+        return now_arrivals
+
     # ------------------------------------------------------------ internals
+    def _dominance(self, route: _Route) -> None:
+        """Keep track of links whose constraint another link implies, and leave them out of max-min.
+
+        Link ``l`` is *dominated* by link ``d`` when every route seen so far that crosses ``l`` also
+        crosses ``d``, at least ``cap(d) / cap(l)`` times as often: then ``sum rate·crossings <= cap(d)``
+        on ``d`` implies it on ``l``, so ``l`` can never be a bottleneck and never couples flows that
+        ``d`` does not (exact). A GPU's PCIe link to its NIC is dominated by the NIC's port (every flow
+        that enters the NIC leaves through it, and the port is slower). The candidate ``d`` is the
+        slower neighbour of ``l`` on the first route that crosses it; a later route that crosses ``l``
+        without ``d`` undoes it for good. A dominated link is never *tight* (its ``_tight_at`` is
+        infinite); demand, busy time and bytes are kept for it as for any link.
+        """
+        dominator = self._dominator
+        cap = self._cap
+        ulinks, mults = route.ulinks, route.mults
+        where: dict[int, float] | None = None
+        entries: list[int] | None = None
+        first: dict[int, int] = {}
+        for link, m in zip(ulinks, mults):
+            d = dominator[link]
+            if d == -2:
+                continue
+            if where is None:
+                where = dict(zip(ulinks, mults))
+            if d == -1:
+                if entries is None:
+                    entries = route.links.tolist()
+                    for i, x in enumerate(entries):
+                        first.setdefault(x, i)
+                i = first[link]
+                best = -2
+                for j in (i - 1, i + 1):
+                    if 0 <= j < len(entries):
+                        c = entries[j]
+                        if c != link and cap[c] < cap[link] and where[c] * cap[link] >= m * cap[c]:
+                            best = c
+                            break
+                dominator[link] = best
+                if best >= 0:
+                    self._tight_at[link] = float("inf")
+                    self._epoch += 1
+                continue
+            md = where.get(d)
+            if md is None or md * cap[link] < m * cap[d]:
+                dominator[link] = -2
+                self._tight_at[link] = cap[link] * (1 + 1e-9)
+                self._epoch += 1
+
     def _finish(self, flow: Flow) -> None:
+        session = flow.session
+        if session is not None:
+            session.left -= 1
+            if session.left == 0:
+                self._end_session(session)
         self.ledger.record_route(flow.route, flow.nbytes, flow.traffic_class, flow.payload)
         join = flow.join
         join.left -= 1
@@ -414,12 +855,17 @@ class FlowNetwork(_NetworkBase):
         limit = now * (1 + _REL_TIME_EPS) + 1e-18
         ledger = self.ledger
         log_t, log_route, log_delta = ledger.rate_t.append, ledger.rate_route.append, ledger.rate_delta.append
+        replays = self._replays_due
+        while replays and replays[0][0] <= limit:
+            self._replay_done(heapq.heappop(replays)[2])
         while heap and heap[0][0] <= limit:
             _, seq, flow = heapq.heappop(heap)
             if seq != flow.seq:
                 continue  # stale entry: the flow was re-rated since
             flow.seq = -2
             finished.append(flow)
+            if flow.rec is not None:
+                flow.rec[1] = now
             route = flow.route
             log_t(now)
             log_route(route.idx)
@@ -448,10 +894,14 @@ class FlowNetwork(_NetworkBase):
                     finished.append(flow)  # nothing to move: done on arrival
                 else:
                     arrivals.append(flow)
+        if arrivals and self.replay:
+            arrivals += self._intrusions(arrivals)
         lonely: list[Flow] = []  # arrivals on slack links only: alone in their component (unless joined)
         if arrivals:
             for flow in arrivals:
                 flow.t0 = now
+                if flow.rec is not None:
+                    flow.rec[0] = now
                 route = flow.route
                 coupled = False
                 for link, d in zip(route.ulinks, route.demand):
@@ -483,8 +933,30 @@ class FlowNetwork(_NetworkBase):
             self._wake(max(heap[0][0], now))
         if pending:
             self._wake(pending[0][0])
+        if replays:
+            self._wake(replays[0][0])
         for flow in finished:
             self._finish(flow)
+        if self._joins_done:
+            joins, self._joins_done = self._joins_done, []
+            for join in joins:
+                join.on_done()
+
+    def _intrusions(self, arrivals: list[Flow]) -> list[Flow]:
+        """Arrivals onto links another session holds end that session's isolation: a recording one is
+        not kept, a replaying one is made real now. Returns flows the replays admit at this instant."""
+        owner = self._owner
+        extra: list[Flow] = []
+        for flow in arrivals:
+            mine = flow.session
+            for link in flow.route.ulinks:
+                other = owner[link]
+                if other is not None and other is not mine:
+                    if other.traj is None:
+                        self._stop_recording(other)
+                    else:
+                        extra += self._materialize(other)
+        return extra
 
     def _components(self, seeds: dict[int, None], seed_flows: list[Flow], level: float
                     ) -> tuple[list[tuple[list[Flow], list[tuple], list[tuple], list[float]]], set[Flow]]:
@@ -514,6 +986,8 @@ class FlowNetwork(_NetworkBase):
         starts = list(seed_flows)
         for link in seeds:
             starts.extend(f for f in on_link[link] if f.rate >= floor)
+        epoch = self._epoch
+        inf = float("inf")
         for first in starts:
             if first in seen:
                 continue
@@ -528,20 +1002,30 @@ class FlowNetwork(_NetworkBase):
                 flow = stack.pop()
                 flows.append(flow)
                 route = flow.route
+                if route.cepoch != epoch:  # its links that may be tight (not dominated), as (link, crossings)
+                    route.cpairs = tuple((x, m) for x, m in zip(route.ulinks, route.mults) if tight_at[x] != inf)
+                    route.cepoch = epoch
                 ls, ms = [], []
-                for link, m in zip(route.ulinks, route.mults):
+                for link, m in route.cpairs:
                     if demand[link] > tight_at[link]:
                         j = local.get(link)
                         if j is None:
                             j = local[link] = len(capacity)
-                            used = 0.0  # by fixed flows
-                            for other in on_link[link]:
-                                if other.rate < floor:
-                                    used += other.route.mult(link) * other.rate
-                                elif other not in seen:
-                                    seen.add(other)
-                                    stack.append(other)
-                            capacity.append(cap[link] - used)
+                            if floor > 0:
+                                used = 0.0  # by fixed flows
+                                for other in on_link[link]:
+                                    if other.rate < floor:
+                                        used += other.route.mult(link) * other.rate
+                                    elif other not in seen:
+                                        seen.add(other)
+                                        stack.append(other)
+                                capacity.append(cap[link] - used)
+                            else:  # arrivals: nobody is fixed
+                                for other in on_link[link]:
+                                    if other not in seen:
+                                        seen.add(other)
+                                        stack.append(other)
+                                capacity.append(cap[link] - 0.0)
                         ls.append(j)
                         ms.append(m)
                 flow_links.append(tuple(ls))
@@ -587,6 +1071,12 @@ class FlowNetwork(_NetworkBase):
             rate = flow.route.solo_rate if rates is None else rates[i]
             if rate == flow.rate and flow.seq > 0:
                 continue  # same rate: its heap entry (finish time) still holds
+            if flow.rec is not None:
+                flow.rec[2].append((now, rate))
+                session = flow.session
+                session.budget -= 1
+                if session.budget < 0:
+                    self._stop_recording(session)
             if flow.t0 != now:
                 flow.remaining -= flow.rate * (now - flow.t0)
                 flow.t0 = now
@@ -615,35 +1105,35 @@ class FlowNetwork(_NetworkBase):
             self.shape_hits += 1
         else:
             self.component_solves += 1
-            if len(flows) <= _SMALL_COMPONENT:
+            if len(flows) <= _SMALL_COMPONENT and len(capacity) <= _SMALL_LINKS:
                 rates = max_min_rates_small(flow_links, flow_mults, capacity, caps)
             else:
                 rates = _max_min_numpy(flow_links, flow_mults, capacity, caps)
-            self._solved_flows += len(flows)
-            if self._solved_flows > _SOLVED_CACHE_FLOWS:
+            size = len(flows) + len(capacity) + sum(map(len, flow_links))
+            self._solved_flows += size
+            if self._solved_flows > _SOLVED_CACHE_ENTRIES:
                 self._solved.clear()
-                self._solved_flows = len(flows)
+                self._solved_flows = size
             self._solved[key] = rates
         self._set_rates(now, flows, rates)
 
 
 def _max_min_numpy(flow_links: list, flow_mults: list, capacity: list, caps: list) -> list[float]:
-    """:func:`max_min_rates` on local link ids, with one private link per flow for its cap."""
-    local: dict[int, int] = {}
-    entry_flow: list[int] = []
-    entry_link: list[int] = []
+    """:func:`max_min_rates` on local link ids, with one private link per flow for its cap.
+
+    Entries carry their crossings as weights (one entry per distinct link), which gives exactly the
+    rates of one entry per crossing (sums of whole numbers are exact).
+    """
     n = len(flow_links)
-    for f, (ls, ms) in enumerate(zip(flow_links, flow_mults)):
-        entry_flow.append(f)
-        entry_link.append(f)
-        for link, m in zip(ls, ms):
-            j = local.get(link)
-            if j is None:
-                j = local[link] = n + len(local)
-            entry_flow.extend([f] * m)
-            entry_link.extend([j] * m)
-    cap = np.array([*caps, *(capacity[link] for link in local)], dtype=float)
-    return max_min_rates(np.array(entry_flow), np.array(entry_link), cap, n).tolist()
+    sizes = np.fromiter(map(len, flow_links), dtype=np.int64, count=n)
+    total = int(sizes.sum())
+    links = np.fromiter(chain.from_iterable(flow_links), dtype=np.int64, count=total)
+    mults = np.fromiter(chain.from_iterable(flow_mults), dtype=float, count=total)
+    entry_flow = np.concatenate([np.arange(n), np.repeat(np.arange(n), sizes)])
+    entry_link = np.concatenate([np.arange(n), links + n])
+    weight = np.concatenate([np.ones(n), mults])
+    cap = np.concatenate([np.asarray(caps, dtype=float), np.asarray(capacity, dtype=float)])
+    return max_min_rates(entry_flow, entry_link, cap, n, weight).tolist()
 
 
 class AnalyticNetwork(_NetworkBase):

@@ -135,7 +135,7 @@ class Result:
         """Payload bytes per ``(src, dst, traffic_class)`` rank pair over the step (long form; only pairs
         that exchanged bytes). Row sums per ``src`` are what each GPU sent."""
         fabric = self.record.fabric
-        return _traffic.pair_bytes(fabric.network.ledger.payload_by_route(), fabric.pairs_of)
+        return _traffic.pair_bytes(fabric.network.ledger.payload_by_route(), fabric.pairs_of, fabric.shares_of)
 
     def traffic_matrix(self, level: str = "gpu", traffic_class: str | list[str] | None = None) -> pd.DataFrame:
         """Payload bytes sent from each place to each place during the step: a square DataFrame, rows =

@@ -54,11 +54,12 @@ def rank_labels(cluster: Cluster, level: str) -> list[str]:
     raise ValueError(f"level: {level!r} unknown; valid: {', '.join(LEVELS)}")
 
 
-def pair_bytes(payload_by_route: Sequence[tuple[np.ndarray, str, float]], pairs_of) -> pd.DataFrame:
+def pair_bytes(payload_by_route: Sequence[tuple[np.ndarray, str, float]], pairs_of, shares_of=None) -> pd.DataFrame:
     """Payload bytes per ``(src rank, dst rank, traffic class)`` from the ledger's per-route totals.
 
     ``pairs_of(links)`` gives the hops a route carries; its payload is split
-    equally among them (every hop of a transfer carries the same bytes).
+    equally among them (every hop of a transfer carries the same bytes), or
+    by ``shares_of(links)`` where that gives fractions (a grouped alltoallv).
     """
     src: list[int] = []
     dst: list[int] = []
@@ -68,12 +69,13 @@ def pair_bytes(payload_by_route: Sequence[tuple[np.ndarray, str, float]], pairs_
         if payload <= 0:
             continue
         hops = pairs_of(links)
+        fractions = shares_of(links) if shares_of is not None else None
         share = payload / len(hops)
-        for s, d in hops:
+        for k, (s, d) in enumerate(hops):
             src.append(s)
             dst.append(d)
             cls.append(traffic_class)
-            nbytes.append(share)
+            nbytes.append(share if fractions is None else payload * fractions[k])
     df = pd.DataFrame({"src": np.array(src, dtype=np.int64), "dst": np.array(dst, dtype=np.int64),
                        "traffic_class": cls, "bytes": np.array(nbytes, dtype=float)})
     return df.groupby(["src", "dst", "traffic_class"], as_index=False, sort=True)["bytes"].sum()

@@ -17,8 +17,9 @@ from simulator.maxmin import max_min_rates
 from simulator.network import FlowNetwork
 
 
-def reference_finish_times(flows, capacity):
-    """Finish time of every ``(start_s, links, nbytes)`` flow under global max-min sharing."""
+def reference_finish_times(flows, capacity, weights=None):
+    """Finish time of every ``(start_s, links, nbytes)`` flow under global max-min sharing (``weights[i]``:
+    what flow ``i`` asks of each of its entries per unit of rate; default 1 each)."""
     n = len(flows)
     remaining = [float(b) for _, _, b in flows]
     finish = [None] * n
@@ -29,7 +30,9 @@ def reference_finish_times(flows, capacity):
         if active:
             entry_flow = np.array([i for i in active for _ in flows[i][1]])
             entry_link = np.array([link for i in active for link in flows[i][1]])
-            rates = max_min_rates(np.searchsorted(active, entry_flow), entry_link, capacity, len(active))
+            entry_weight = None if weights is None else np.array([w for i in active for w in weights[i]])
+            rates = max_min_rates(np.searchsorted(active, entry_flow), entry_link, capacity, len(active),
+                                  entry_weight)
             soonest = min(remaining[i] / r for i, r in zip(active, rates))
         else:
             rates, soonest = [], float("inf")
@@ -48,14 +51,17 @@ def reference_finish_times(flows, capacity):
     return finish
 
 
-def network_finish_times(flows, capacity):
+def network_finish_times(flows, capacity, weights=None):
     env = simpy.Environment()
     net = FlowNetwork(env, capacity)
     finish = [None] * len(flows)
 
     def launch(i, start, links, nbytes):
         yield env.timeout(start)
-        done = net.transfer(np.array(links), nbytes, 0.0, "x")
+        links = np.array(links)
+        if weights is not None:
+            net.declare(links, 1, weights[i])
+        done = net.transfer(links, nbytes, 0.0, "x")
         yield done
         finish[i] = env.now
 
@@ -86,6 +92,42 @@ def test_incremental_rates_give_the_finish_times_of_a_global_resolve(seed, simul
     expected = reference_finish_times(flows, capacity)
     got = network_finish_times(flows, capacity)
     assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_weighted_flows_give_the_finish_times_of_a_global_resolve(seed):
+    # Flows that load each of their links with a weight of their rate (a grouped alltoallv: members of
+    # unequal sizes), against the global weighted re-solve at every event.
+    rng = np.random.default_rng(50 + seed)
+    num_links = 10
+    capacity = rng.choice([5.0, 10.0, 20.0], size=num_links)
+    flows = random_flows(rng, num_links, 40, simultaneous=bool(seed % 2))
+    weights = [[1.0 if k == 0 else float(rng.choice([0.25, 0.5, 1.0])) for k in range(len(links))]
+               for _, links, _ in flows]
+    expected = reference_finish_times(flows, capacity, weights)
+    got = network_finish_times(flows, capacity, weights)
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+def test_a_weighted_flow_by_hand():
+    # Link 0 (4 B/s) carries A at weight 1; link 1 (10 B/s) carries A at weight 0.5 and B. Filling: A stops
+    # at 4 B/s (link 0), B takes 10 - 0.5 * 4 = 8 B/s; A's 8 B end at 2 s, when B has 16 of its 24 B; B then
+    # runs alone at 10 B/s: 0.8 s more. Link 1 carries 0.5 * 8 + 24 = 28 B.
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array([4.0, 10.0]))
+    a = np.array([0, 1])
+    net.declare(a, 1, [1.0, 0.5])
+    ends = {}
+
+    def go(name, links, nbytes):
+        yield net.transfer(links, nbytes, 0.0, "x")
+        ends[name] = env.now
+
+    env.process(go("a", a, 8.0))
+    env.process(go("b", np.array([1]), 24.0))
+    env.run()
+    assert ends == pytest.approx({"a": 2.0, "b": 2.8})
+    assert net.ledger.bytes == pytest.approx([8.0, 28.0])
 
 
 def test_many_flows_in_one_component_use_the_vectorised_solver():
@@ -123,3 +165,47 @@ def test_components_of_the_same_shape_share_one_solve_and_keep_their_finish_time
     assert finish == pytest.approx(expected, rel=1e-9, abs=1e-9)
     assert finish[:30] == finish[30:]
     assert net.shape_hits > 0 and net.component_solves > 0
+
+
+def _calls_finish_times(calls, capacity, replay):
+    """Finish time of every ``(start_s, specs)`` call of :meth:`FlowNetwork.start_flows`, and the network."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, capacity, replay=replay)
+    finish = [None] * len(calls)
+
+    def launch(i, start, specs):
+        yield env.timeout(start)
+        done = env.event()
+        net.start_flows(specs, "x", done.succeed)
+        yield done
+        finish[i] = env.now
+
+    for i, (start, specs) in enumerate(calls):
+        env.process(launch(i, start, specs))
+    env.run()
+    return finish, net
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_replayed_calls_finish_as_simulated_ones_even_when_cut_short(seed):
+    # One call of six flows (with latencies) repeated every 100 s: alone, it follows one trajectory, so the
+    # network records it once and replays it after. Single flows thrown in at random instants of some of
+    # the repeats cut those replays short (their flows are made real mid-way). Every finish time, every
+    # link's bytes and busy time must be those of the network that simulates every flow.
+    rng = np.random.default_rng(100 + seed)
+    num_links = 8
+    capacity = rng.choice([5.0, 10.0, 20.0], size=num_links)
+    call = tuple((rng.choice(num_links, size=rng.integers(1, 4), replace=False), float(rng.integers(1, 6)) * 10.0,
+                  float(rng.choice([0.0, 0.5, 1.5])), 1.0) for _ in range(6))
+    calls = [(100.0 * k, call) for k in range(10)]
+    for k in rng.choice(10, size=4, replace=False):
+        for _ in range(int(rng.integers(1, 3))):
+            links = rng.choice(num_links, size=rng.integers(1, 3), replace=False)
+            spec = (links, float(rng.integers(1, 4)) * 10.0, 0.0, 1.0)
+            calls.append((100.0 * k + float(rng.uniform(0, 12)), (spec,)))
+    got, net = _calls_finish_times(calls, capacity, replay=True)
+    expected, ref = _calls_finish_times(calls, capacity, replay=False)
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    assert net.ledger.bytes == pytest.approx(ref.ledger.bytes, rel=1e-9)
+    assert net.ledger.busy_s == pytest.approx(ref.ledger.busy_s, rel=1e-9, abs=1e-9)
+    assert net.replays >= 5 and net.materialized >= 1 and ref.replays == 0

@@ -176,6 +176,8 @@ class OpGraph:
         self.world_size = world_size
         self.ops: list[Op] = []
         self._valid_groups: set[tuple[int, ...]] = set()  # groups already checked (distinct, in range)
+        # id(split tuple given) -> (that tuple, as floats, its sum): alltoallv rows already checked
+        self._valid_splits: dict[int, tuple[tuple, tuple[float, ...], float]] = {}
         # Totals of kernel tuples already seen, by identity (generators share one tuple across many ops);
         # the tuple is kept in the value so that its id cannot be reused while cached.
         self._part_totals: dict[int, tuple[tuple[Kernel, ...], float, float]] = {}
@@ -281,10 +283,18 @@ class OpGraph:
         if split is not None:
             if collective != "all_to_all":
                 raise OpGraphError(f"split: only an all_to_all can have per-peer sizes, not {collective}")
-            split = tuple(float(x) for x in split)
-            if len(split) != len(grp) or any(x < 0 for x in split):
-                raise OpGraphError(f"split: need {len(grp)} non-negative sizes (one per group member), got {split}")
-            nbytes = sum(split)
+            checked = self._valid_splits.get(id(split))
+            if checked is not None and checked[0] is split and len(split) == len(grp):
+                split, nbytes = checked[1], checked[2]  # the same tuple again (a generator's cached row)
+            else:
+                given = split
+                split = tuple(float(x) for x in split)
+                if len(split) != len(grp) or any(x < 0 for x in split):
+                    raise OpGraphError(f"split: need {len(grp)} non-negative sizes (one per group member), "
+                                       f"got {split}")
+                nbytes = sum(split)
+                if isinstance(given, tuple):
+                    self._valid_splits[id(given)] = (given, split, nbytes)
         op = Collective(len(self.ops), rank, stream, self._deps(deps), name or collective,
                         **self._tags(traffic_class, layer, micro_batch, stage),
                         collective=collective, group=grp, nbytes=float(nbytes), algorithm=algorithm,

@@ -394,6 +394,9 @@ class _StepBuilder:
         self.split_backward = parallel.schedule == "zb-h1"
         self._segments_cache: dict[tuple, list[_Segment]] = {}
         self._tp_groups: dict[int, tuple[int, ...]] = {}
+        self._ep_groups: dict[int, tuple[int, ...]] = {}
+        self._moe_rows: dict[tuple[int, int], tuple[tuple[float, ...], tuple[float, ...]]] = {}
+        self._moe_kernels: dict[int, tuple] = {}  # id(segment's MoE split) -> (split, kernels before, after)
         self._end_params: dict[int, float] = {}
         self.routing = routing or RoutingModel()
         self.expert_parallel = model.is_moe and parallel.ep > 1
@@ -685,14 +688,23 @@ class _StepBuilder:
         """
         g = self.graph
         before, experts, after = seg.moe
-        group = self.layout.ep_group(rank)
+        group = self._ep_groups.get(rank)
+        if group is None:
+            group = self._ep_groups[rank] = self.layout.ep_group(rank)
         e = group.index(rank)
-        tokens = self.route(seg.layer).rank_matrix()
-        per_token = self.model.hidden * self.dtype / self.t  # each TP rank ships its 1/t of the tokens
-        out_row = tuple(float(x) * per_token for x in tokens[e, :])   # owner → experts
-        back_row = tuple(float(x) * per_token for x in tokens[:, e])  # experts → owners
+        rows = self._moe_rows.get((seg.layer, e))  # the same for every micro-batch and EP group
+        if rows is None:
+            tokens = self.route(seg.layer).rank_matrix()
+            per_token = self.model.hidden * self.dtype / self.t  # each TP rank ships its 1/t of the tokens
+            rows = self._moe_rows[(seg.layer, e)] = (
+                tuple(float(x) * per_token for x in tokens[e, :]),   # owner → experts
+                tuple(float(x) * per_token for x in tokens[:, e]))  # experts → owners
+        out_row, back_row = rows
+        kernels = self._moe_kernels.get(id(seg.moe))
+        if kernels is None or kernels[0] is not seg.moe:
+            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after))
         tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage, "stream": COMPUTE_STREAM}
-        last = g.compute(rank, parts=_kernels(before), name=f"{name}.pre", deps=deps, category="gemm", **tags)
+        last = g.compute(rank, parts=kernels[1], name=f"{name}.pre", deps=deps, category="gemm", **tags)
         last = self._emit_tp(rank, seg, name, last, mb, stage)
         g.collective_op(rank, "all_to_all", group, 0, split=out_row, traffic_class="ep",
                         name=f"{name}.ep_{'dispatch' if seg.phase == 'F' else 'combine_grad'}", **tags)
@@ -700,7 +712,7 @@ class _StepBuilder:
                   category="gemm", **tags)
         g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
                         name=f"{name}.ep_{'combine' if seg.phase == 'F' else 'dispatch_grad'}", **tags)
-        return g.compute(rank, parts=_kernels(after), name=f"{name}.post", category="gemm", **tags)
+        return g.compute(rank, parts=kernels[2], name=f"{name}.post", category="gemm", **tags)
 
     def _emit_tp(self, rank: int, seg: _Segment, name: str, last: int, mb: int, stage: int) -> int:
         group = self._tp_groups.get(rank)
