@@ -474,12 +474,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SIGPIPE_EXIT = 141
+"""Exit status when the reader of our output went away (``clustersim ... | head``): 128 + SIGPIPE, as a
+Unix tool killed by the signal reports it."""
+
+
+def _stdout_closed() -> int:
+    """Quietly give up writing when stdout's reader has closed the pipe.
+
+    Python ignores SIGPIPE, so a write to a closed pipe raises :class:`BrokenPipeError`; the output left
+    in the buffer would raise again when the interpreter flushes at exit. Pointing stdout at
+    ``os.devnull`` drops it (the recipe in Python's ``signal`` documentation).
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # stdout replaced by an object without a file descriptor
+        pass
+    return SIGPIPE_EXIT
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``clustersim`` console script."""
     args = build_parser().parse_args(argv)
     _configure, run, _help = COMMANDS[args.command]
     try:
-        return run(args)
+        status = run(args)
+        sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        return _stdout_closed()
     except DeadlockError as exc:
         print(f"clustersim: {exc}", file=sys.stderr)
         return 3
