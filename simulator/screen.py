@@ -1,0 +1,398 @@
+"""``screen``: a closed-form, tier-level estimate of one training step, for ranking layouts in sweeps.
+
+``fidelity: fast`` simulates every flow of the step (seconds per 1,024-GPU
+layout); a sweep over hundreds of layouts wants a ranking first and flows for
+the winners only. This module prices one layout in milliseconds from the
+same parts the simulator uses, without an op graph, an event loop or a flow
+network:
+
+compute
+    The generator's own segments (``workloads.training``): the kernels of
+    each (stage, chunk, pass), timed by :class:`~simulator.compute.ComputeModel`
+    (GEMM waves, attention rates, memory-bound kernels) exactly as the engine
+    times a coarsened op.
+collectives
+    The fabric's NCCL plans (:meth:`~simulator.fabric.Fabric.phases`: algorithm
+    and protocol as NCCL's tuner picks them, routed over the real ECMP or
+    sprayed paths, NCCL's latencies), priced in closed form: every flow that
+    runs *at the same time* (every TP group, every DP replica, every pipeline
+    boundary) is routed, each link's load is the number of flows crossing it,
+    and a flow moves its wire bytes at ``min over its links of usable
+    capacity / load``. Oversubscription, ECMP collisions and leaf-crossing rings
+    are therefore priced per link; what is not is max-min's redistribution of
+    the rate a flow bottlenecked elsewhere leaves (pessimistic) and sharing
+    between collectives of different kinds.
+pipeline
+    The schedule itself (``workloads.schedules.pipeline_schedule``), run by
+    the reference list scheduler :func:`~workloads.schedules.simulate_unit_times`
+    with per-virtual-stage forward/backward times (compute + blocking TP
+    communication) and the contended activation transfer as ``comm``.
+data parallelism
+    The last backward's gradient buckets, filled layer by layer as the
+    generator fills them, reduced back to back on the DP stream: what is left
+    after the backward ends is exposed. Then the gradient-norm all-reduces
+    (every stage waits for the slowest), the optimizer kernels and the ZeRO-1
+    parameter all-gather.
+memory
+    :func:`workloads.memory.memory_per_gpu`, as ``run`` checks it.
+
+The agreement with ``fast`` is measured, not assumed: ``tests/test_screen.py``
+(a 64-GPU sweep, Spearman and top-k) and ``benchmarks/screen_benchmark.py``
+(the 1,024-GPU GPT-3 layout sweep). Configurations the closed form does not
+cover (MoE, context parallelism, TP communication overlap, ZeRO-3 / FSDP
+gathers, per-micro-batch gradient reduction, overlapped parameter gathers,
+blocking p2p, faults, a parameter server) raise :class:`ScreenUnsupported`,
+a ``ValueError`` naming what is not modelled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import simpy
+
+from topologies.capacity import plan_columns
+from workloads.errors import ConfigError
+from workloads.flops import model_flops_per_step, optimizer_step_ops
+from workloads.memory import stage_params
+from workloads.parallel import padded_vocab
+from workloads.schedules import simulate_unit_times
+from workloads.training import _StepBuilder
+
+from .compute import ComputeModel
+from .experiment import Experiment, OutOfMemoryError
+from .fabric import Fabric
+
+__all__ = ["SCREEN", "ScreenUnsupported", "screen_experiment", "unsupported_reason"]
+
+SCREEN = "screen"
+"""The sweep fidelity this module implements."""
+
+
+class ScreenUnsupported(ConfigError):
+    """The configuration uses something the closed-form screen does not model (sweep it with ``fast``)."""
+
+
+def unsupported_reason(exp: Experiment) -> str | None:
+    """What in ``exp`` the screen does not model (one phrase), or None when it can price it.
+
+    Parameters
+    ----------
+    exp : Experiment
+        A resolved experiment.
+
+    Returns
+    -------
+    str or None
+    """
+    par, opt = exp.parallel, exp.options
+    checks = (
+        (exp.model.is_moe, "mixture-of-experts layers"),
+        (par.cp > 1, "context parallelism (parallel.cp > 1)"),
+        (par.tp_comm_overlap, "parallel.tp_comm_overlap"),
+        (par.overlap_param_gather, "parallel.overlap_param_gather"),
+        (par.dp_sync == "parameter_server", "parallel.dp_sync: parameter_server"),
+        (opt.p2p != "async", "options.p2p: blocking"),
+        (bool(exp.faults), "faults"),
+        (opt.granularity != "chunk", "options.granularity: layer"),
+    )
+    for bad, what in checks:
+        if bad:
+            return what
+    return None
+
+
+# ------------------------------------------------------------------ fabrics
+_FABRICS: dict[tuple[int, str], tuple[Any, Fabric]] = {}
+_MAX_FABRICS = 8
+
+
+def _fabric(exp: Experiment) -> Fabric:
+    """The fabric of ``exp``'s cluster and network settings, kept per process (its routes and plans are
+    cached inside it, so a sweep over one cluster routes each pair once)."""
+    key = (id(exp.cluster), repr(exp.network))
+    hit = _FABRICS.get(key)
+    if hit is not None and hit[0] is exp.cluster:
+        return hit[1]
+    if len(_FABRICS) >= _MAX_FABRICS:
+        _FABRICS.pop(next(iter(_FABRICS)))
+    fabric = Fabric(simpy.Environment(), exp.cluster, exp.network)
+    _FABRICS[key] = (exp.cluster, fabric)
+    return fabric
+
+
+def concurrent_time(fabric: Fabric, flows: Sequence[tuple]) -> float:
+    """Seconds until the last of ``flows`` ends when they all start together.
+
+    Parameters
+    ----------
+    fabric : Fabric
+        Where the flows were routed (its ``usable_capacity``, bytes/s per link).
+    flows : sequence of tuple
+        ``(links, wire_bytes, latency_s, ...)`` specs as :meth:`Fabric.phases` and :meth:`Fabric.send_spec`
+        give them.
+
+    Returns
+    -------
+    float
+        ``max over flows of latency + wire_bytes · max over its links of load / usable capacity``, where a
+        link's load is how many times the flows cross it: each flow at its equal share of its most loaded
+        link.
+    """
+    if not flows:
+        return 0.0
+    cap = fabric.usable_capacity
+    load = np.bincount(np.concatenate([f[0] for f in flows]), minlength=len(cap)).astype(float)
+    per_byte = load / cap
+    return max(f[2] + f[1] * float(per_byte[f[0]].max()) for f in flows)
+
+
+def collective_time(fabric: Fabric, kind: str, groups: Iterable[tuple[int, ...]], nbytes: float,
+                    count: int = 1, algorithm: str = "auto") -> float:
+    """Seconds of one collective run at once over every group of ``groups`` (NCCL's plan per group).
+
+    Phase ``i`` of every group runs together (:func:`concurrent_time`); phases follow one another.
+    """
+    plans = [fabric.phases(kind, g, nbytes, algorithm, count) for g in groups if len(g) > 1]
+    if not plans or nbytes <= 0 or count < 1:
+        return 0.0
+    phases = max(len(p) for p in plans)
+    return sum(concurrent_time(fabric, [f for p in plans if i < len(p) for f in p[i]]) for i in range(phases))
+
+
+# ------------------------------------------------------------------ compute
+class _Timer:
+    """Kernel durations under one compute model, cached per kernel."""
+
+    def __init__(self, model: ComputeModel) -> None:
+        self.model = model
+        self.cache: dict[Any, float] = {}
+
+    def __call__(self, ops: Iterable) -> float:
+        total = 0.0
+        for op in ops:
+            k = op.kernel()
+            t = self.cache.get(k)
+            if t is None:
+                t = self.cache[k] = self.model.duration(k)
+            total += t
+        return total
+
+
+def _stage_chain(finish_last: float, tb: Sequence[float], comm: float, p: int) -> list[float]:
+    """When each pipeline rank's last backward ends: rank 0's at ``finish_last`` (the pipeline's end), rank ``r``
+    one backward and one transfer earlier than rank ``r - 1``'s (the cool-down chain of GPipe, 1F1B and
+    interleaved schedules)."""
+    out = [finish_last]
+    for r in range(1, p):
+        out.append(out[-1] - tb[r - 1] - comm)
+    return out
+
+
+# ------------------------------------------------------------------ the estimate
+def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]:
+    """Estimate one training step of ``exp`` in closed form (see the module docstring).
+
+    Parameters
+    ----------
+    exp : Experiment
+        A resolved experiment (its ``fidelity`` is ignored).
+    force : bool, default False
+        Estimate even when the configuration does not fit in GPU memory.
+
+    Returns
+    -------
+    dict
+        Summary fields named as :attr:`simulator.result.Result.summary` names them: ``step_time_s``,
+        ``mfu``, ``tflops_per_gpu``, ``bubble_fraction``, ``exposed_comm_s``, ``tokens_per_s`` (seconds,
+        fractions, TFLOP/s, tokens/s), ``exposed_comm_by_class_s`` (``tp``, ``pp``, ``dp``, ``zero``,
+        ``sync``), ``time_breakdown_s`` (``forward``, ``backward``, ``bubble``, ``optimizer``; mean
+        over ranks), ``memory_per_gpu_bytes``, the capacity columns, ``fidelity: "screen"`` and
+        ``sim_wall_s``.
+
+    Raises
+    ------
+    OutOfMemoryError
+        The configuration does not fit (unless ``force``).
+    ScreenUnsupported
+        The configuration uses something the screen does not model.
+    """
+    t0 = time.perf_counter()
+    memory = exp.memory()
+    hbm = exp.cluster.gpu.hbm_bytes
+    if not memory.fits(hbm) and not force:
+        raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of "
+                               f"{exp.cluster.gpu.name} (use --force to simulate anyway)")
+    why = unsupported_reason(exp)
+    if why is not None:
+        raise ScreenUnsupported(f"fidelity: screen does not model {why}; sweep with --fidelity fast")
+    b = _StepBuilder(exp.model, exp.parallel, exp.training, exp.options, exp.routing)
+    if b.plan.gather is not None or b.plan.grad_sync == "micro_batch" or b.plan.bucket_bytes is None:
+        raise ScreenUnsupported(f"fidelity: screen does not model ZeRO-{exp.parallel.zero} with "
+                                f"zero_impl {b.plan.impl} (per-layer gathers or per-micro-batch reduction); "
+                                f"sweep with --fidelity fast")
+    par, lay = exp.parallel, b.layout
+    p, v, m, t = b.p, b.v, b.m, b.t
+    nvs = p * v
+    fabric = _fabric(exp)
+    timer = _Timer(exp.compute_model())
+    tp_group = lay.tp_group(lay.rank(tp=0, dp=0, pp=0))
+    tp_cost = {kind: collective_time(fabric, kind, [tp_group], b.tp_bytes)
+               for kind in ("all_reduce", "all_gather", "reduce_scatter")}
+
+    def tp_time(segs) -> float:
+        return sum(n * tp_cost[kind] for s in segs for kind, n in s.tp.items())
+
+    # Per virtual stage j = chunk·p + stage: compute, blocking TP communication, per micro-batch.
+    split = par.schedule == "zb-h1"
+    grad_phase = "W" if split else "B"
+    tf, tb, tw = [0.0] * nvs, [0.0] * nvs, [0.0] * nvs
+    comp_f, comp_b, tp_mb = [0.0] * p, [0.0] * p, [0.0] * p
+    for stage in range(p):
+        for chunk in range(v):
+            j = chunk * p + stage
+            fwd, bwd = b.segments(stage, chunk, "F", False), b.segments(stage, chunk, "B", False)
+            cf, cb = timer(k for s in fwd for k in s.kernels), timer(k for s in bwd for k in s.kernels)
+            xf, xb = tp_time(fwd), tp_time(bwd)
+            if b.pp_gather:  # Megatron's scatter/gather: the received 1/t all-gathered over TP
+                xf += tp_cost["all_gather"] if j > 0 else 0.0
+                xb += tp_cost["all_gather"] if j < nvs - 1 else 0.0
+            tf[j], tb[j] = cf + xf, cb + xb
+            comp_f[stage] += cf
+            comp_b[stage] += cb
+            tp_mb[stage] += xf + xb
+            if split:
+                wgt = b.segments(stage, chunk, "W", False)
+                tw[j] = timer(k for s in wgt for k in s.kernels)
+                comp_b[stage] += tw[j]
+
+    # Activation transfers: every boundary's transfer of every DP x TP replica at once, each direction.
+    comm = 0.0
+    if nvs > 1:
+        for step in (1, -1):
+            flows = []
+            for j in range(nvs - 1):
+                src_stage, dst_stage = (j % p, (j + 1) % p) if step == 1 else ((j + 1) % p, j % p)
+                if src_stage == dst_stage:
+                    continue
+                for d in range(par.dp):
+                    for r in range(t):
+                        flows.append(fabric.send_spec(lay.rank(tp=r, dp=d, pp=src_stage),
+                                                      lay.rank(tp=r, dp=d, pp=dst_stage), b.p2p_bytes))
+            comm = max(comm, concurrent_time(fabric, flows))
+    pipe, busy = simulate_unit_times(b.schedules, tf, tb, comm, tw)
+    pipe_free = simulate_unit_times(b.schedules, tf, tb, 0.0, tw)[0] if comm > 0 else pipe
+    finish = [pipe] * p if split else _stage_chain(pipe, [tb[s] for s in range(p)], comm, p)
+    finish = [max(f, bz) for f, bz in zip(finish, busy)]
+
+    # Gradient reduction: buckets of the last backward, back to back on the DP stream.
+    grad_dp = par.grad_dp
+    kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
+    overlap = par.overlap_grad_reduce and grad_dp > 1
+    size = b.plan.bucket_bytes
+    dp_end = list(finish)
+    reduced: list[dict[float, int]] = [{} for _ in range(p)]
+    bucket_cost: dict[tuple[int, float, int], float] = {}
+
+    def dp_groups(stage: int) -> list[tuple[int, ...]]:
+        return [lay.grad_group(lay.rank(tp=r, dp=0, pp=stage)) for r in range(t)]
+
+    def reduce_time(stage: int, nbytes: float, count: int) -> float:
+        key = (stage, nbytes, count)
+        if key not in bucket_cost:
+            bucket_cost[key] = collective_time(fabric, kind, dp_groups(stage), nbytes, count)
+        return bucket_cost[key]
+
+    if grad_dp > 1:
+        for stage in range(p):
+            ready: list[tuple[float, float, int]] = []  # (ready time, bucket bytes, count)
+            fill = 0.0
+            chunks = range(v) if not overlap else [0]
+            if overlap:  # chunk 0's backward is the stage's last; the other chunks' buckets were hidden before
+                segs = b.segments(stage, 0, grad_phase, True)
+                at = finish[stage] - timer(k for s in segs for k in s.kernels)
+                for s in segs:
+                    at += timer(s.kernels)
+                    fill += s.grad_bytes
+                    if fill >= size:
+                        full = int(fill // size)
+                        ready.append((at, size, full))
+                        fill -= full * size
+            else:
+                fill = sum(s.grad_bytes for c in chunks for s in b.segments(stage, c, grad_phase, False))
+            if size == float("inf"):
+                ready.append((finish[stage], fill, 1))
+            else:
+                full = int(fill // size)
+                ready += [(finish[stage], size, full), (finish[stage], fill - full * size, 1)]
+            end = 0.0  # the DP stream is idle until the first bucket
+            for at, nbytes, count in ready:
+                if nbytes > 0 and count > 0:
+                    end = max(end, at) + reduce_time(stage, nbytes, count)
+                    reduced[stage][nbytes] = reduced[stage].get(nbytes, 0) + count
+            dp_end[stage] = max(end, finish[stage])
+    # Tied embeddings: the first and last stage all-reduce the word-embedding gradient on the DP stream.
+    if exp.model.tied_embeddings and p > 1:
+        groups = [(lay.rank(tp=r, dp=d, pp=0), lay.rank(tp=r, dp=d, pp=p - 1)) for d in range(par.dp)
+                  for r in range(t)]
+        nbytes = exp.model.word_embedding_params(t, padded_vocab(exp.model.vocab, t)) * b.grad_bytes
+        tied = collective_time(fabric, "all_reduce", groups, nbytes)
+        for s in (0, p - 1):
+            dp_end[s] = max(dp_end[s], finish[s]) + tied
+
+    # Optimizer: the gradient norm (kernels, then all-reduces every stage joins), Adam, the ZeRO-1 gather.
+    norm_c, opt_c, gather = [0.0] * p, [0.0] * p, [0.0] * p
+    for stage in range(p):
+        dense, experts = stage_params(exp.model, par, stage)
+        shard = dense / grad_dp + experts if par.zero >= 1 else dense + experts
+        fp8_shard = 0.0
+        if exp.training.fp8_param_gather:
+            fp8_dense, _ = b.stage_fp8_weights(stage)
+            fp8_shard = fp8_dense / grad_dp
+        before, after = optimizer_step_ops(shard, dense + experts, b.grad_bytes, b.dtype, fp8_shard)
+        norm_c[stage], opt_c[stage] = timer(before), timer(after)
+        if b.plan.step_gather and grad_dp > 1:
+            ratio = b.param_gather_bytes(stage) / b.grad_bytes
+            gather[stage] = sum(collective_time(fabric, "all_gather", dp_groups(stage), nbytes * ratio, count)
+                                for nbytes, count in reduced[stage].items())
+    rank0 = lay.rank()
+    mp = tuple(lay.rank(tp=r, dp=0, pp=s) for s in range(p) for r in range(t))
+    sync = collective_time(fabric, "all_reduce", [mp], 4.0)
+    if par.zero >= 1 and grad_dp > 1:
+        sync += collective_time(fabric, "all_reduce", [lay.grad_group(rank0)], 4.0)
+    synced = max(max(f, e) + n for f, e, n in zip(finish, dp_end, norm_c)) + sync
+    step = synced + max(o + g for o, g in zip(opt_c, gather))
+
+    # Summary, as a run reports it.
+    world = par.world_size
+    flops = model_flops_per_step(exp.model, par.global_batch, exp.training.seq_len, causal=exp.options.causal)
+    if not exp.options.embedding_and_loss:
+        flops -= 6.0 * exp.model.hidden * exp.model.vocab * par.global_batch * exp.training.seq_len
+    peak = exp.cluster.gpu.peak(exp.training.base_dtype)
+    bubble = [max(0.0, pipe - bz) for bz in busy]
+    exposed = {"tp": m * sum(tp_mb) / p,
+               "pp": pipe - pipe_free,
+               "dp": sum(max(0.0, e - f) for e, f in zip(dp_end, finish)) / p,
+               "zero": sum(gather) / p,
+               "sync": sync}
+    out: dict[str, Any] = {
+        "fidelity": SCREEN,
+        "step_time_s": step,
+        "mfu": flops / step / world / peak,
+        "tflops_per_gpu": flops / step / world / 1e12,
+        "bubble_fraction": sum(bubble) / p / pipe if pipe else 0.0,
+        "exposed_comm_s": sum(exposed.values()),
+        "tokens_per_s": par.global_batch * exp.training.seq_len / step,
+        "exposed_comm_by_class_s": exposed,
+        "time_breakdown_s": {"forward": m * sum(comp_f) / p, "backward": m * sum(comp_b) / p,
+                             "bubble": sum(bubble) / p, "optimizer": sum(n + o for n, o in zip(norm_c, opt_c)) / p},
+        "memory_per_gpu_bytes": memory.total,
+        "pipeline_s": pipe,
+        "pp_transfer_s": comm,
+    }
+    out.update(plan_columns(exp.healthy_cluster or exp.cluster, exp.plan))
+    out["sim_wall_s"] = time.perf_counter() - t0
+    return out
