@@ -152,15 +152,20 @@ def concurrent_time(fabric: Fabric, flows: Sequence[tuple]) -> float:
 
 def collective_time(fabric: Fabric, kind: str, groups: Iterable[tuple[int, ...]], nbytes: float,
                     count: int = 1, algorithm: str = "auto") -> float:
-    """Seconds of one collective run at once over every group of ``groups`` (NCCL's plan per group).
+    """Seconds of ``count`` back-to-back collectives run at once over every group of ``groups`` (NCCL's plan
+    per group).
 
-    Phase ``i`` of every group runs together (:func:`concurrent_time`); phases follow one another.
+    Phase ``i`` of every group runs together (:func:`concurrent_time`); phases follow one another. ``count``
+    identical calls take ``count`` times one (their bytes and latencies add; the loads do not change).
     """
-    plans = [fabric.phases(kind, g, nbytes, algorithm, count) for g in groups if len(g) > 1]
-    if not plans or nbytes <= 0 or count < 1:
+    if nbytes <= 0 or count < 1:
+        return 0.0
+    plans = [fabric.phases(kind, g, nbytes, algorithm) for g in groups if len(g) > 1]
+    if not plans:
         return 0.0
     phases = max(len(p) for p in plans)
-    return sum(concurrent_time(fabric, [f for p in plans if i < len(p) for f in p[i]]) for i in range(phases))
+    return count * sum(concurrent_time(fabric, [f for p in plans if i < len(p) for f in p[i]])
+                       for i in range(phases))
 
 
 # ------------------------------------------------------------------ compute
@@ -270,21 +275,17 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
                 comp_b[stage] += tw[j]
 
     # Activation transfers: every boundary's transfer of every DP x TP replica at once, each direction.
+    block = [[lay.rank(tp=r, dp=d, pp=stage) for d in range(par.dp) for r in range(t)] for stage in range(p)]
     comm = 0.0
     if nvs > 1:
         for step in (1, -1):
             flows = []
             for j in range(nvs - 1):
-                src_stage, dst_stage = (j % p, (j + 1) % p) if step == 1 else ((j + 1) % p, j % p)
-                if src_stage == dst_stage:
-                    continue
-                for d in range(par.dp):
-                    for r in range(t):
-                        flows.append(fabric.send_spec(lay.rank(tp=r, dp=d, pp=src_stage),
-                                                      lay.rank(tp=r, dp=d, pp=dst_stage), b.p2p_bytes))
+                src, dst = (j % p, (j + 1) % p) if step == 1 else ((j + 1) % p, j % p)
+                if src != dst:
+                    flows += [fabric.send_spec(a, z, b.p2p_bytes) for a, z in zip(block[src], block[dst])]
             comm = max(comm, concurrent_time(fabric, flows))
     pipe, busy = simulate_unit_times(b.schedules, tf, tb, comm, tw)
-    pipe_free = simulate_unit_times(b.schedules, tf, tb, 0.0, tw)[0] if comm > 0 else pipe
     finish = [pipe] * p if split else _stage_chain(pipe, [tb[s] for s in range(p)], comm, p)
     finish = [max(f, bz) for f, bz in zip(finish, busy)]
 
@@ -295,16 +296,20 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     size = b.plan.bucket_bytes
     dp_end = list(finish)
     reduced: list[dict[float, int]] = [{} for _ in range(p)]
-    bucket_cost: dict[tuple[int, float, int], float] = {}
+    bucket_cost: dict[tuple[int, float], float] = {}
+
+    grad_groups: dict[int, list[tuple[int, ...]]] = {}
 
     def dp_groups(stage: int) -> list[tuple[int, ...]]:
-        return [lay.grad_group(lay.rank(tp=r, dp=0, pp=stage)) for r in range(t)]
+        if stage not in grad_groups:
+            grad_groups[stage] = [lay.grad_group(block[stage][r]) for r in range(t)]
+        return grad_groups[stage]
 
     def reduce_time(stage: int, nbytes: float, count: int) -> float:
-        key = (stage, nbytes, count)
+        key = (stage, nbytes)
         if key not in bucket_cost:
-            bucket_cost[key] = collective_time(fabric, kind, dp_groups(stage), nbytes, count)
-        return bucket_cost[key]
+            bucket_cost[key] = collective_time(fabric, kind, dp_groups(stage), nbytes)
+        return count * bucket_cost[key]
 
     if grad_dp > 1:
         for stage in range(p):
@@ -336,10 +341,9 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
             dp_end[stage] = max(end, finish[stage])
     # Tied embeddings: the first and last stage all-reduce the word-embedding gradient on the DP stream.
     if exp.model.tied_embeddings and p > 1:
-        groups = [(lay.rank(tp=r, dp=d, pp=0), lay.rank(tp=r, dp=d, pp=p - 1)) for d in range(par.dp)
-                  for r in range(t)]
+        pairs = list(zip(block[0], block[p - 1]))
         nbytes = exp.model.word_embedding_params(t, padded_vocab(exp.model.vocab, t)) * b.grad_bytes
-        tied = collective_time(fabric, "all_reduce", groups, nbytes)
+        tied = collective_time(fabric, "all_reduce", pairs, nbytes)
         for s in (0, p - 1):
             dp_end[s] = max(dp_end[s], finish[s]) + tied
 
@@ -374,7 +378,7 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     peak = exp.cluster.gpu.peak(exp.training.base_dtype)
     bubble = [max(0.0, pipe - bz) for bz in busy]
     exposed = {"tp": m * sum(tp_mb) / p,
-               "pp": pipe - pipe_free,
+               "pp": 2 * (nvs - 1) * comm,  # the transfers on the fill and drain chains
                "dp": sum(max(0.0, e - f) for e, f in zip(dp_end, finish)) / p,
                "zero": sum(gather) / p,
                "sync": sync}

@@ -111,6 +111,16 @@ def build_table(rows: Iterable[Mapping[str, Any]], param_columns: Sequence[str],
     for col in ("reason", "sim_wall_s", "memory_per_gpu_bytes", *METRIC_COLUMNS, *CAPACITY_COLUMNS, metric):
         if col not in df.columns:
             df[col] = "" if col == "reason" else float("nan")
+    _zero_fill(df)
+    df["reason"] = df["reason"].fillna("").astype(str)
+    _integer_columns(df, param_columns)
+    df = rank_table(df, metric)
+    return df[_ordered_columns(df, param_columns)]
+
+
+def _zero_fill(df: pd.DataFrame) -> None:
+    """Class and tier columns of ``ok`` rows that lack them become 0.0 in place (tier columns not on ``screen``
+    rows: the screen counts no bytes)."""
     ok = df["status"] == "ok"
     screened = df[FIDELITY_COLUMN] == SCREEN if FIDELITY_COLUMN in df.columns else False
     for col in df.columns:
@@ -118,10 +128,6 @@ def build_table(rows: Iterable[Mapping[str, Any]], param_columns: Sequence[str],
             df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
             fill = ok & ~screened if col.startswith("bytes_") else ok
             df.loc[fill & df[col].isna(), col] = 0.0
-    df["reason"] = df["reason"].fillna("").astype(str)
-    _integer_columns(df, param_columns)
-    df = rank_table(df, metric)
-    return df[_ordered_columns(df, param_columns)]
 
 
 def _ordered_columns(df: pd.DataFrame, param_columns: Sequence[str]) -> list[str]:
@@ -186,5 +192,6 @@ def merge_refined(screened: pd.DataFrame, refined: pd.DataFrame, fast_keys: Mapp
     out = pd.concat([r_ok, s_ok, rest], ignore_index=True)
     n_ok = len(r_ok) + len(s_ok)
     out["rank"] = pd.array([*range(1, n_ok + 1), *[pd.NA] * (len(out) - n_ok)], dtype="Int64")
+    _zero_fill(out)
     first = [c for c in screened.columns if c in out.columns]
     return out[first + [c for c in out.columns if c not in first]]
