@@ -150,6 +150,29 @@ def concurrent_time(fabric: Fabric, flows: Sequence[tuple]) -> float:
     return max(f[2] + f[1] * float(per_byte[f[0]].max()) for f in flows)
 
 
+def _share_tuning(fabric: Fabric, kind: str, groups: Sequence[tuple[int, ...]], nbytes: float,
+                  algorithm: str) -> None:
+    """Let every group of ``groups`` take the algorithm and protocol NCCL's tuner picks for the first.
+
+    The groups one collective runs over at once (the DP groups of a stage, one per TP rank) are translates
+    of each other on identical hardware, so their contention-free estimates, and the tuner's pick, are the
+    same; estimating each (routing every candidate) was half of the screen's time. Only the fabric's cache
+    of picks is seeded; planning and routing stay the fabric's.
+    """
+    cache = getattr(fabric, "_auto_cache", None)
+    if algorithm != "auto" or len(groups) < 2 or not isinstance(cache, dict):
+        return
+    first = (kind, groups[0], nbytes, algorithm)
+    if first not in cache:
+        fabric.choose(kind, groups[0], nbytes, algorithm)
+    pick = cache.get(first)
+    if pick is None:
+        return
+    for g in groups[1:]:
+        if len(g) == len(groups[0]):
+            cache.setdefault((kind, g, nbytes, algorithm), pick)
+
+
 def collective_time(fabric: Fabric, kind: str, groups: Iterable[tuple[int, ...]], nbytes: float,
                     count: int = 1, algorithm: str = "auto") -> float:
     """Seconds of ``count`` back-to-back collectives run at once over every group of ``groups`` (NCCL's plan
@@ -160,7 +183,9 @@ def collective_time(fabric: Fabric, kind: str, groups: Iterable[tuple[int, ...]]
     """
     if nbytes <= 0 or count < 1:
         return 0.0
-    plans = [fabric.phases(kind, g, nbytes, algorithm) for g in groups if len(g) > 1]
+    groups = [g for g in groups if len(g) > 1]
+    _share_tuning(fabric, kind, groups, nbytes, algorithm)
+    plans = [fabric.phases(kind, g, nbytes, algorithm) for g in groups]
     if not plans:
         return 0.0
     phases = max(len(p) for p in plans)
