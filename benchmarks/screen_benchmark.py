@@ -49,6 +49,11 @@ def spearman(a: pd.Series, b: pd.Series) -> float:
     return float(a.rank().corr(b.rank()))
 
 
+def _plain(key: tuple) -> tuple:
+    """A layout key with plain ints (numpy scalars print as ``np.int64(4)``)."""
+    return tuple(int(x) for x in key)
+
+
 def compare(screened: pd.DataFrame, fast: pd.DataFrame, k: int = 5) -> dict:
     """Agreement of a screened table with the ``fast`` one over the layouts feasible in both."""
     s = screened[screened["status"] == "ok"].set_index(KEYS)["step_time_s"]
@@ -59,7 +64,8 @@ def compare(screened: pd.DataFrame, fast: pd.DataFrame, k: int = 5) -> dict:
     top_s, top_f = list(s.sort_values(kind="stable").index[:k]), list(f.sort_values(kind="stable").index[:k])
     return {"layouts": len(both), "spearman": spearman(s, f), "top_overlap": len(set(top_s) & set(top_f)),
             "top_same_order": top_s == top_f, "max_rel_err": float(err.max()), "mean_rel_err": float(err.mean()),
-            "worst": err.idxmax(), "top_screen": top_s, "top_fast": top_f}
+            "worst": _plain(err.idxmax()), "top_screen": [_plain(x) for x in top_s],
+            "top_fast": [_plain(x) for x in top_f]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
 
     t0, c0 = time.perf_counter(), _cpu_s()
     fast = sweep(args.sweep, fidelity="fast", jobs=args.jobs, progress=False, output=args.fast_table)
+    lock = os.path.join(os.path.dirname(os.path.abspath(args.fast_table)), f".{os.path.basename(args.fast_table)}.lock")
+    if os.path.exists(lock):  # the sweep's output lock; nothing holds it now
+        os.unlink(lock)
     print(f"fast:   {len(fast)} points in {time.perf_counter() - t0:.1f} s wall, {_cpu_s() - c0:.1f} s CPU "
           f"(rows already in {args.fast_table} are reused; per-point simulation: "
           f"{fast.loc[fast['status'] == 'ok', 'sim_wall_s'].sum():.0f} s wall in all)")
