@@ -48,7 +48,7 @@ a ``ValueError`` naming what is not modelled.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -124,7 +124,7 @@ def _fabric(exp: Experiment) -> Fabric:
     return fabric
 
 
-def concurrent_time(fabric: Fabric, flows: Sequence[tuple]) -> float:
+def concurrent_time(fabric: Fabric, flows: Sequence[tuple], background: Sequence[tuple] = ()) -> float:
     """Seconds until the last of ``flows`` ends when they all start together.
 
     Parameters
@@ -134,18 +134,25 @@ def concurrent_time(fabric: Fabric, flows: Sequence[tuple]) -> float:
     flows : sequence of tuple
         ``(links, wire_bytes, latency_s, ...)`` specs as :meth:`Fabric.phases` and :meth:`Fabric.send_spec`
         give them.
+    background : sequence of (links, weight)
+        Other traffic on the fabric meanwhile: a flow over ``links`` present ``weight`` of the time (a
+        time average).
 
     Returns
     -------
     float
         ``max over flows of latency + wire_bytes · max over its links of load / usable capacity``, where a
-        link's load is how many times the flows cross it: each flow at its equal share of its most loaded
-        link.
+        link's load is how many flows cross it (background flows by their weight): each flow at its equal
+        share of its most loaded link, as :meth:`Fabric.estimate` prices a plan's own transfers.
     """
     if not flows:
         return 0.0
     cap = fabric.usable_capacity
     load = np.bincount(np.concatenate([f[0] for f in flows]), minlength=len(cap)).astype(float)
+    if background:
+        links = np.concatenate([b[0] for b in background])
+        weights = np.concatenate([np.full(len(b[0]), float(b[1])) for b in background])
+        load += np.bincount(links, weights=weights, minlength=len(cap))
     per_byte = load / cap
     return max(f[2] + f[1] * float(per_byte[f[0]].max()) for f in flows)
 
@@ -173,24 +180,31 @@ def _share_tuning(fabric: Fabric, kind: str, groups: Sequence[tuple[int, ...]], 
             cache.setdefault((kind, g, nbytes, algorithm), pick)
 
 
-def collective_time(fabric: Fabric, kind: str, groups: Iterable[tuple[int, ...]], nbytes: float,
-                    count: int = 1, algorithm: str = "auto") -> float:
-    """Seconds of ``count`` back-to-back collectives run at once over every group of ``groups`` (NCCL's plan
-    per group).
-
-    Phase ``i`` of every group runs together (:func:`concurrent_time`); phases follow one another. ``count``
-    identical calls take ``count`` times one (their bytes and latencies add; the loads do not change).
-    """
-    if nbytes <= 0 or count < 1:
-        return 0.0
+def collective_flows(fabric: Fabric, kind: str, groups: Iterable[tuple[int, ...]], nbytes: float,
+                     algorithm: str = "auto") -> list[list[tuple]]:
+    """Per phase, the routed flows of one collective over every group of ``groups`` (NCCL's plan per group)."""
+    if nbytes <= 0:
+        return []
     groups = [g for g in groups if len(g) > 1]
     _share_tuning(fabric, kind, groups, nbytes, algorithm)
     plans = [fabric.phases(kind, g, nbytes, algorithm) for g in groups]
-    if not plans:
+    phases = max((len(p) for p in plans), default=0)
+    return [[f for p in plans if i < len(p) for f in p[i]] for i in range(phases)]
+
+
+def collective_time(fabric: Fabric, kind: str, groups: Iterable[tuple[int, ...]], nbytes: float,
+                    count: int = 1, algorithm: str = "auto", background: Sequence[tuple] = ()) -> float:
+    """Seconds of ``count`` back-to-back collectives run at once over every group of ``groups`` (NCCL's plan
+    per group).
+
+    Phase ``i`` of every group runs together (:func:`concurrent_time`, over ``background``); phases follow
+    one another. ``count`` identical calls take ``count`` times one (their bytes and latencies add; the loads
+    do not change).
+    """
+    if count < 1:
         return 0.0
-    phases = max(len(p) for p in plans)
-    return count * sum(concurrent_time(fabric, [f for p in plans if i < len(p) for f in p[i]])
-                       for i in range(phases))
+    return count * sum(concurrent_time(fabric, flows, background)
+                       for flows in collective_flows(fabric, kind, groups, nbytes, algorithm))
 
 
 # ------------------------------------------------------------------ compute
@@ -220,6 +234,40 @@ def _stage_chain(finish_last: float, tb: Sequence[float], comm: float, p: int) -
     for r in range(1, p):
         out.append(out[-1] - tb[r - 1] - comm)
     return out
+
+
+def _contend(windows: list[tuple[float, float]], rings: list[list[np.ndarray]],
+             rerun: Callable[[int, Sequence[tuple]], tuple[float, float]],
+             rounds: int = 2) -> list[tuple[float, float]]:
+    """Windows ``(start, end)`` of every stage's DP collectives once they share links with each other's.
+
+    ``windows`` are each stage's alone; stage ``s`` is then re-priced by ``rerun(s, background)`` over every
+    other stage's ring flows, each weighted by the fraction of ``s``'s window it overlaps (a time average),
+    ``rounds`` times (the windows stretch under the extra load).
+    """
+    p = len(windows)
+    # Only the flows of other stages that cross one of this stage's links can slow it (directly).
+    own = [np.unique(np.concatenate(r)) if r else np.zeros(0, dtype=np.int64) for r in rings]
+    if np.bincount(np.concatenate(own)).max(initial=0) <= 1:  # no link carries two stages' rings
+        return windows
+    shared = [[[links for links in rings[o] if o != s and np.isin(links, own[s]).any()] for o in range(p)]
+              for s in range(p)]
+    if not any(shared[s][o] for s in range(p) for o in range(p)):
+        return windows
+    for _ in range(rounds):
+        updated = []
+        for stage in range(p):
+            a, e = windows[stage]
+            bg: list[tuple] = []
+            for other in range(p):
+                if not shared[stage][other] or e <= a:
+                    continue
+                share = max(0.0, min(e, windows[other][1]) - max(a, windows[other][0])) / (e - a)
+                if share > 0:
+                    bg += [(links, share) for links in shared[stage][other]]
+            updated.append(rerun(stage, bg) if bg else windows[stage])
+        windows = updated
+    return windows
 
 
 # ------------------------------------------------------------------ the estimate
@@ -330,40 +378,65 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
             grad_groups[stage] = [lay.grad_group(block[stage][r]) for r in range(t)]
         return grad_groups[stage]
 
-    def reduce_time(stage: int, nbytes: float, count: int) -> float:
+    def reduce_time(stage: int, nbytes: float, count: int, background: Sequence[tuple]) -> float:
         key = (stage, nbytes)
-        if key not in bucket_cost:
-            bucket_cost[key] = collective_time(fabric, kind, dp_groups(stage), nbytes)
+        if background or key not in bucket_cost:
+            cost = collective_time(fabric, kind, dp_groups(stage), nbytes, background=background)
+            if background:
+                return count * cost
+            bucket_cost[key] = cost
         return count * bucket_cost[key]
 
+    def buckets(stage: int) -> list[tuple[float, float, int]]:
+        """``(ready time, bucket bytes, count)`` of the stage's gradient buckets, as ``_Buckets`` fills them."""
+        ready: list[tuple[float, float, int]] = []
+        fill = 0.0
+        if overlap:  # chunk 0's backward is the stage's last; the other chunks' buckets were hidden before
+            segs = b.segments(stage, 0, grad_phase, True)
+            at = finish[stage] - timer(k for s in segs for k in s.kernels)
+            for s in segs:
+                at += timer(s.kernels)
+                fill += s.grad_bytes
+                if fill >= size:
+                    full = int(fill // size)
+                    ready.append((at, size, full))
+                    fill -= full * size
+        else:
+            fill = sum(s.grad_bytes for c in range(v) for s in b.segments(stage, c, grad_phase, False))
+        if size == float("inf"):
+            ready.append((finish[stage], fill, 1))
+        else:
+            full = int(fill // size)
+            ready += [(finish[stage], size, full), (finish[stage], fill - full * size, 1)]
+        return [(at, nbytes, count) for at, nbytes, count in ready if nbytes > 0 and count > 0]
+
+    def reduce_stage(stage: int, background: Sequence[tuple]) -> tuple[float, float]:
+        """When the stage's DP stream starts and ends reducing, buckets back to back from their ready times."""
+        end, first = 0.0, None  # the DP stream is idle until the first bucket
+        for at, nbytes, count in ready_of[stage]:
+            start = max(end, at)
+            first = start if first is None else first
+            end = start + reduce_time(stage, nbytes, count, background)
+        return (finish[stage] if first is None else first), end
+
+    windows: list[tuple[float, float]] = []
+    rings: list[list[np.ndarray]] = [[] for _ in range(p)]  # each stage's DP ring flows (their links)
     if grad_dp > 1:
+        ready_of = [buckets(stage) for stage in range(p)]
         for stage in range(p):
-            ready: list[tuple[float, float, int]] = []  # (ready time, bucket bytes, count)
-            fill = 0.0
-            chunks = range(v) if not overlap else [0]
-            if overlap:  # chunk 0's backward is the stage's last; the other chunks' buckets were hidden before
-                segs = b.segments(stage, 0, grad_phase, True)
-                at = finish[stage] - timer(k for s in segs for k in s.kernels)
-                for s in segs:
-                    at += timer(s.kernels)
-                    fill += s.grad_bytes
-                    if fill >= size:
-                        full = int(fill // size)
-                        ready.append((at, size, full))
-                        fill -= full * size
-            else:
-                fill = sum(s.grad_bytes for c in chunks for s in b.segments(stage, c, grad_phase, False))
-            if size == float("inf"):
-                ready.append((finish[stage], fill, 1))
-            else:
-                full = int(fill // size)
-                ready += [(finish[stage], size, full), (finish[stage], fill - full * size, 1)]
-            end = 0.0  # the DP stream is idle until the first bucket
-            for at, nbytes, count in ready:
-                if nbytes > 0 and count > 0:
-                    end = max(end, at) + reduce_time(stage, nbytes, count)
-                    reduced[stage][nbytes] = reduced[stage].get(nbytes, 0) + count
-            dp_end[stage] = max(end, finish[stage])
+            for _at, nbytes, count in ready_of[stage]:
+                reduced[stage][nbytes] = reduced[stage].get(nbytes, 0) + count
+        windows = [reduce_stage(stage, ()) for stage in range(p)]
+        # Stages whose reductions overlap in time share links: each stage's buckets run over the others'
+        # rings weighted by the fraction of its window they overlap (a time average), twice (the windows
+        # stretch under the extra load).
+        if p > 1:
+            rings = [[f[0] for ph in collective_flows(fabric, kind, dp_groups(stage),
+                                                      max(ready_of[stage], key=lambda r: r[1])[1]) for f in ph]
+                     if ready_of[stage] else [] for stage in range(p)]
+            windows = _contend(windows, rings, reduce_stage)
+        for stage in range(p):
+            dp_end[stage] = max(windows[stage][1], finish[stage])
     # Tied embeddings: the first and last stage all-reduce the word-embedding gradient on the DP stream.
     if exp.model.tied_embeddings and p > 1:
         pairs = list(zip(block[0], block[p - 1]))
@@ -383,16 +456,24 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
             fp8_shard = fp8_dense / grad_dp
         before, after = optimizer_step_ops(shard, dense + experts, b.grad_bytes, b.dtype, fp8_shard)
         norm_c[stage], opt_c[stage] = timer(before), timer(after)
-        if b.plan.step_gather and grad_dp > 1:
-            ratio = b.param_gather_bytes(stage) / b.grad_bytes
-            gather[stage] = sum(collective_time(fabric, "all_gather", dp_groups(stage), nbytes * ratio, count)
-                                for nbytes, count in reduced[stage].items())
     rank0 = lay.rank()
     mp = tuple(lay.rank(tp=r, dp=0, pp=s) for s in range(p) for r in range(t))
     sync = collective_time(fabric, "all_reduce", [mp], 4.0)
     if par.zero >= 1 and grad_dp > 1:
         sync += collective_time(fabric, "all_reduce", [lay.grad_group(rank0)], 4.0)
     synced = max(max(f, e) + n for f, e, n in zip(finish, dp_end, norm_c)) + sync
+    if b.plan.step_gather and grad_dp > 1:
+        # Every stage gathers right after its optimizer (all start from the synchronised norm), over the
+        # rings of the stages gathering at the same time.
+        def gather_stage(stage: int, background: Sequence[tuple]) -> tuple[float, float]:
+            ratio = b.param_gather_bytes(stage) / b.grad_bytes
+            start = synced + opt_c[stage]
+            return start, start + sum(collective_time(fabric, "all_gather", dp_groups(stage), nbytes * ratio, count,
+                                                      background=background)
+                                      for nbytes, count in reduced[stage].items())
+
+        spans = _contend([gather_stage(stage, ()) for stage in range(p)], rings, gather_stage)
+        gather = [e - a for a, e in spans]
     step = synced + max(o + g for o, g in zip(opt_c, gather))
 
     # Summary, as a run reports it.
@@ -421,6 +502,9 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
         "memory_per_gpu_bytes": memory.total,
         "pipeline_s": pipe,
         "pp_transfer_s": comm,
+        "stages": [{"finish_s": f, "dp_start_s": w[0] if windows else f, "dp_end_s": e, "gather_s": g,
+                    "optimizer_s": n + o} for f, w, e, g, n, o in zip(finish, windows or finish, dp_end, gather,
+                                                                     norm_c, opt_c)],
     }
     out.update(plan_columns(exp.healthy_cluster or exp.cluster, exp.plan))
     out["sim_wall_s"] = time.perf_counter() - t0
