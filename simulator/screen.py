@@ -19,9 +19,11 @@ collectives
     boundary) is routed, each link's load is the number of flows crossing it,
     and a flow moves its wire bytes at ``min over its links of usable
     capacity / load``. Oversubscription, ECMP collisions and leaf-crossing rings
-    are therefore priced per link; what is not is max-min's redistribution of
-    the rate a flow bottlenecked elsewhere leaves (pessimistic) and sharing
-    between collectives of different kinds.
+    are therefore priced per link. Stages whose DP rings share links are priced
+    again over each other's rings, weighted by how much their windows overlap
+    in time. What is not priced is max-min's redistribution of the rate a flow
+    bottlenecked elsewhere leaves (pessimistic) and sharing between different
+    kinds of traffic (activation transfers with DP rings).
 pipeline
     The schedule itself (``workloads.schedules.pipeline_schedule``), run by
     the reference list scheduler :func:`~workloads.schedules.simulate_unit_times`
