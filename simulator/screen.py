@@ -355,8 +355,9 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     if nvs > 1:
         for step in (1, -1):
             flows = []
-            for j in range(nvs - 1):
-                src, dst = (j % p, (j + 1) % p) if step == 1 else ((j + 1) % p, j % p)
+            # each pair of neighbouring ranks once: the chunks of an interleaved schedule take turns
+            pairs = {((j % p, (j + 1) % p) if step == 1 else ((j + 1) % p, j % p)) for j in range(nvs - 1)}
+            for src, dst in sorted(pairs):
                 if src != dst:
                     flows += [fabric.send_spec(a, z, b.p2p_bytes) for a, z in zip(block[src], block[dst])]
             comm = max(comm, concurrent_time(fabric, flows))
@@ -394,6 +395,12 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
         ready: list[tuple[float, float, int]] = []
         fill = 0.0
         if overlap:  # chunk 0's backward is the stage's last; the other chunks' buckets were hidden before
+            # (reduced during the backwards of the later chunks: counted for the gather, not timed here)
+            fill = sum(s.grad_bytes for c in range(1, v) for s in b.segments(stage, c, grad_phase, False))
+            if fill >= size:
+                full = int(fill // size)
+                hidden[stage][size] = hidden[stage].get(size, 0) + full
+                fill -= full * size
             segs = b.segments(stage, 0, grad_phase, True)
             at = finish[stage] - timer(k for s in segs for k in s.kernels)
             for s in segs:
@@ -424,8 +431,10 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     windows: list[tuple[float, float]] = []
     rings: list[list[np.ndarray]] = [[] for _ in range(p)]  # each stage's DP ring flows (their links)
     if grad_dp > 1:
+        hidden: list[dict[float, int]] = [{} for _ in range(p)]
         ready_of = [buckets(stage) for stage in range(p)]
         for stage in range(p):
+            reduced[stage] = dict(hidden[stage])
             for _at, nbytes, count in ready_of[stage]:
                 reduced[stage][nbytes] = reduced[stage].get(nbytes, 0) + count
         windows = [reduce_stage(stage, ()) for stage in range(p)]
