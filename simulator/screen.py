@@ -58,11 +58,12 @@ import simpy
 
 from topologies.capacity import plan_columns
 from workloads.errors import ConfigError
-from workloads.flops import model_flops_per_step, optimizer_step_ops
+from workloads.flops import FP8_CAST_BYTES, fp8_gemm_modules, model_flops_per_step, optimizer_step_ops
 from workloads.memory import stage_params
+from workloads.ops import Kernel
 from workloads.parallel import padded_vocab
 from workloads.schedules import simulate_unit_times
-from workloads.training import _StepBuilder
+from workloads.training import FP8_AMAX_ENTRIES, FP8_SCALE_UPDATE_BYTES, _StepBuilder
 
 from .compute import ComputeModel
 from .experiment import Experiment, OutOfMemoryError
@@ -218,14 +219,15 @@ class _Timer:
         self.cache: dict[Any, float] = {}
 
     def __call__(self, ops: Iterable) -> float:
-        total = 0.0
-        for op in ops:
-            k = op.kernel()
-            t = self.cache.get(k)
-            if t is None:
-                t = self.cache[k] = self.model.duration(k)
-            total += t
-        return total
+        """Seconds of the generator's kernels (``LayerOp``) run back to back."""
+        return sum(self.kernel(op.kernel()) for op in ops)
+
+    def kernel(self, k: Kernel) -> float:
+        """Seconds of one kernel."""
+        t = self.cache.get(k)
+        if t is None:
+            t = self.cache[k] = self.model.duration(k)
+        return t
 
 
 def _stage_chain(finish_last: float, tb: Sequence[float], comm: float, p: int) -> list[float]:
@@ -326,6 +328,17 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     def tp_time(segs) -> float:
         return sum(n * tp_cost[kind] for s in segs for kind, n in s.tp.items())
 
+    stage_groups: dict[int, tuple[int, ...]] = {}
+
+    def fp8_amax(stage: int, chunk: int, phase: int) -> float:
+        """The generator's per-pass FP8 amax reduction (stage group, DP-major) and scale update, seconds."""
+        entries = FP8_AMAX_ENTRIES[phase] * sum(fp8_gemm_modules(exp.model, i, par.ep)
+                                                for i in b.chunk_layers(stage, chunk))
+        if stage not in stage_groups:
+            stage_groups[stage] = tuple(lay.rank(tp=r, dp=d, pp=stage) for d in range(par.dp) for r in range(t))
+        reduce = collective_time(fabric, "all_reduce", [stage_groups[stage]], 4.0 * entries)
+        return reduce + timer.kernel(Kernel("fp8_cast", 0.0, FP8_SCALE_UPDATE_BYTES * entries))
+
     # Per virtual stage j = chunk·p + stage: compute, blocking TP communication, per micro-batch.
     split = par.schedule == "zb-h1"
     grad_phase = "W" if split else "B"
@@ -340,6 +353,9 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
             if b.pp_gather:  # Megatron's scatter/gather: the received 1/t all-gathered over TP
                 xf += tp_cost["all_gather"] if j > 0 else 0.0
                 xb += tp_cost["all_gather"] if j < nvs - 1 else 0.0
+            if b.fp8:  # after every pass: the amax all-reduce over the stage, then the scale update
+                xf += fp8_amax(stage, chunk, 0)
+                xb += fp8_amax(stage, chunk, 1)
             tf[j], tb[j] = cf + xf, cb + xb
             comp_f[stage] += cf
             comp_b[stage] += cb
@@ -362,6 +378,13 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
                     flows += [fabric.send_spec(a, z, b.p2p_bytes) for a, z in zip(block[src], block[dst])]
             comm = max(comm, concurrent_time(fabric, flows))
     pipe, busy = simulate_unit_times(b.schedules, tf, tb, comm, tw)
+    if b.fp8 and not par.overlap_param_gather:
+        # FP8 weights cast once per step before each chunk's first forward: on the pipeline's fill chain.
+        per_weight = 2 if exp.training.fp8_param_gather else FP8_CAST_BYTES
+        cast = sum(timer.kernel(Kernel("fp8_cast", 0.0, per_weight * sum(b.fp8_weights(st, c))))
+                   for st in range(p) for c in range(v))
+        pipe += cast
+        busy = [bz + cast / p for bz in busy]
     finish = [pipe] * p if split else _stage_chain(pipe, [tb[s] for s in range(p)], comm, p)
     finish = [max(f, bz) for f, bz in zip(finish, busy)]
 
