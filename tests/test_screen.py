@@ -195,3 +195,14 @@ def test_cli_bad_values_exit_2_with_one_line(tmp_path, capsys, args, message):
     assert main(["sweep", str(base), "--no-progress", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_fidelity_can_be_swept_beside_the_layout():
+    """``--grid fidelity=screen,fast``: one table, one column saying which is which; without a pipeline the two
+    agree to rounding."""
+    table = simulator.sweep(SMALL, {"parallel.tp": [1, 2], "fidelity": ["screen", "fast"]}, progress=False, jobs=1)
+    assert list(table.columns).count("fidelity") == 1 and sorted(table["fidelity"]) == ["fast", "fast", "screen",
+                                                                                        "screen"]
+    by = table.set_index(["parallel.tp", "fidelity"])["step_time_s"]
+    for tp in (1, 2):
+        assert by[(tp, "screen")] == pytest.approx(by[(tp, "fast")], rel=1e-9)

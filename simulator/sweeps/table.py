@@ -132,7 +132,7 @@ def _zero_fill(df: pd.DataFrame) -> None:
 
 def _ordered_columns(df: pd.DataFrame, param_columns: Sequence[str]) -> list[str]:
     fixed = ["rank", "status", "reason", *METRIC_COLUMNS, *CAPACITY_COLUMNS]
-    if FIDELITY_COLUMN in df.columns:
+    if FIDELITY_COLUMN in df.columns and FIDELITY_COLUMN not in param_columns:  # a grid may sweep it too
         fixed.insert(2, FIDELITY_COLUMN)
     exposed = sorted(c for c in df.columns if c.startswith("exposed_") and c.endswith("_s") and c not in fixed)
     tiers = sorted(c for c in df.columns if c.startswith("bytes_"))
