@@ -375,21 +375,38 @@ def _sweep():
         p.add_argument("--metric", help="ranking column (default: the file's sweep.metric, else step_time_s)")
         p.add_argument("--max-tp", type=int, help="largest tp of layout=auto (default: GPUs per node)")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
+        p.add_argument("--fidelity", metavar="{fast,full,lockstep,screen}",
+                       help="every point's fidelity (default: the file's, else fast); screen: a closed-form "
+                            "estimate in milliseconds per layout, for ranking (docs/DESIGN.md)")
+        p.add_argument("--refine", type=int, metavar="K",
+                       help="with --fidelity screen: simulate the best K screened points again in fast; they "
+                            "come first, with the screened value beside them")
 
     def run(args: argparse.Namespace) -> int:
-        from .sweeps import SweepInterrupted, counts_line, parse_grid_arg, sweep, top_table
-        for flag, value, least in (("--jobs", args.jobs, 1), ("--top", args.top, 0), ("--max-tp", args.max_tp, 1)):
+        from .sweeps import FIDELITIES, SCREEN, SweepInterrupted, counts_line, parse_grid_arg, sweep, top_table
+        for flag, value, least in (("--jobs", args.jobs, 1), ("--top", args.top, 0), ("--max-tp", args.max_tp, 1),
+                                   ("--refine", args.refine, 1)):
             if value is not None and value < least:
                 raise ValueError(f"{flag}: must be >= {least}, got {value}")
+        if args.fidelity is not None and args.fidelity not in FIDELITIES:
+            raise ValueError(f"--fidelity: {args.fidelity!r} unknown; valid: {', '.join(FIDELITIES)}")
+        if args.refine is not None and args.fidelity not in (None, SCREEN):
+            raise ValueError(f"--refine: re-simulates the best screened points; use it with --fidelity screen, "
+                             f"not {args.fidelity}")
         check_writable(args.output, "--output")
 
         def started(points: int, reused: int) -> None:
             print(f"# {points} points" + (f", {reused} already in {args.output}" if reused else ""), file=sys.stderr)
 
+        def refining(points: int, reused: int) -> None:
+            print(f"# refining the best {points} in fast" + (f", {reused} already in {args.output}" if reused
+                                                                else ""), file=sys.stderr)
+
         try:
             table = sweep(args.file, dict(parse_grid_arg(g) for g in args.grid), metric=args.metric, jobs=args.jobs,
                           scheduler=args.scheduler, output=args.output, progress=not args.no_progress,
-                          max_tp=args.max_tp, on_start=started)
+                          max_tp=args.max_tp, on_start=started, fidelity=args.fidelity, refine=args.refine,
+                          on_refine=refining)
         except SweepInterrupted as exc:
             where = f"; kept in {args.output}, rerun the same command to resume" if args.output else ""
             print(f"interrupted after {counts_line(exc.table)}{where}", file=sys.stderr)

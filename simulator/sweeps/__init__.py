@@ -52,6 +52,15 @@ rewritten atomically every :data:`CHECKPOINT_S` seconds and when the sweep
 ends or is interrupted (Ctrl-C raises :class:`SweepInterrupted`, which
 carries the partial table).
 
+Fidelity
+--------
+Points run at the file's ``fidelity`` (default ``fast``) or at the sweep's
+``fidelity`` argument (``--fidelity``), which is part of each point's key.
+``screen`` prices a layout in closed form (:mod:`simulator.screen`,
+milliseconds instead of seconds; no ``bytes_<tier>`` columns) for ranking;
+``refine=K`` then simulates the best ``K`` in ``fast`` and puts them first.
+Every row says in ``fidelity`` which fidelity produced it.
+
 Execution
 ---------
 ``jobs=1`` runs in this process; otherwise a process pool of ``jobs`` workers
@@ -82,7 +91,17 @@ driver     :func:`sweep`: load, expand, resume, run, checkpoint
 ========== ==================================================================
 """
 
-from .columns import CAPACITY_COLUMNS, HIGHER_IS_BETTER, KEY_COLUMN, LAYOUT_COLUMNS, METRIC_COLUMNS, STATUSES
+from .columns import (
+    CAPACITY_COLUMNS,
+    FIDELITIES,
+    FIDELITY_COLUMN,
+    HIGHER_IS_BETTER,
+    KEY_COLUMN,
+    LAYOUT_COLUMNS,
+    METRIC_COLUMNS,
+    SCREEN,
+    STATUSES,
+)
 from .driver import CHECKPOINT_S, sweep
 from .errors import SweepInterrupted
 from .grid import AUTO, AUTO_KEYS, LAYOUT, SWEEP_FIELDS, Grid, check_fields, merge_grids, parse_grid_arg, sweep_settings
@@ -99,4 +118,5 @@ __all__ = [
     "STATUSES", "HIGHER_IS_BETTER", "METRIC_COLUMNS", "CAPACITY_COLUMNS", "LAYOUT", "AUTO",
     "point_key", "layouts", "get_path", "set_path", "apply_overrides", "Grid",
     "AUTO_KEYS", "LAYOUT_COLUMNS", "KEY_COLUMN", "CHECKPOINT_S", "SWEEP_FIELDS", "OUTPUT_FORMATS", "REUSABLE",
+    "FIDELITIES", "FIDELITY_COLUMN", "SCREEN",
 ]

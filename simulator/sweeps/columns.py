@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["STATUSES", "METRIC_COLUMNS", "CAPACITY_COLUMNS", "HIGHER_IS_BETTER", "KEY_COLUMN", "LAYOUT_COLUMNS",
-           "check_metric"]
+           "FIDELITY_COLUMN", "FIDELITIES", "SCREEN", "check_metric", "check_fidelity"]
 
 STATUSES = ("ok", "invalid", "oom", "failed")
 """Every row's ``status``, in reporting order."""
@@ -18,6 +18,19 @@ KEY_COLUMN = "point"
 """Column holding each row's stable point key (see :func:`simulator.sweeps.points.point_key`)."""
 LAYOUT_COLUMNS = ("parallel.tp", "parallel.pp", "parallel.dp")
 """Columns written by a ``layout`` grid entry, in ``TPxPPxDP`` order."""
+FIDELITY_COLUMN = "fidelity"
+"""Column saying which fidelity produced a row (``fast``, ``full``, ``lockstep`` or ``screen``)."""
+SCREEN = "screen"
+"""The closed-form screening fidelity (:mod:`simulator.screen`); sweeps only."""
+FIDELITIES = ("fast", "full", "lockstep", SCREEN)
+"""Fidelities a sweep can run its points at: the simulator's (:data:`simulator.experiment.FIDELITIES`) and
+``screen``."""
+
+
+def check_fidelity(fidelity: str) -> None:
+    """Raise ``ValueError`` (one line) unless ``fidelity`` is one of :data:`FIDELITIES`."""
+    if fidelity not in FIDELITIES:
+        raise ValueError(f"fidelity: {fidelity!r} unknown; valid: {', '.join(FIDELITIES)}")
 
 
 def check_metric(metric: str) -> None:

@@ -14,14 +14,14 @@ from typing import Any
 import pandas as pd
 
 from ..experiment import read_experiment_file
-from .columns import check_metric
+from .columns import SCREEN, check_fidelity, check_metric
 from .errors import SweepInterrupted
 from .execute import executor
 from .grid import Grid, check_fields, derives_dp, merge_grids, normalise_grid, param_columns, sweep_settings
 from .paths import apply_overrides
-from .points import Point, expand_grid
+from .points import Point, expand_grid, point_key
 from .store import output_format, output_lock, previous_rows, write_table
-from .table import build_table, cell, result_row
+from .table import build_table, cell, merge_refined, result_row
 
 __all__ = ["CHECKPOINT_S", "sweep"]
 
@@ -32,7 +32,8 @@ CHECKPOINT_S = 30.0
 def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric: str | None = None,
           jobs: int | None = None, scheduler: str | None = None, output: str | os.PathLike | None = None,
           progress: bool = True, max_tp: int | None = None,
-          on_start: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+          on_start: Callable[[int, int], None] | None = None, fidelity: str | None = None,
+          refine: int | None = None, on_refine: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Simulate every point of a grid over a base experiment and rank the feasible ones.
 
     Parameters
@@ -62,6 +63,20 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
         Largest tp of ``layout: auto`` (default: GPUs per server).
     on_start : callable, optional
         Called as ``on_start(points, reused)`` before the first point runs.
+    fidelity : str, optional
+        Every point's fidelity: ``fast``, ``full``, ``lockstep`` (the
+        simulator's) or ``screen`` (:mod:`simulator.screen`: a closed-form
+        estimate in milliseconds, for ranking). Default: the file's
+        ``fidelity`` field, else ``fast``. Part of each point's key, so a
+        screened row is never reused as a simulated one.
+    refine : int, optional
+        With ``fidelity="screen"``: simulate the best ``refine`` feasible
+        points again in ``fast``. Their rows then hold the ``fast`` results
+        (``fidelity`` column ``fast``) and come first, ranked by ``fast``;
+        the other rows follow in screened order. Every ``ok`` row also carries
+        ``screen_<metric>`` and ``screen_rank``, the screen's value and rank.
+    on_refine : callable, optional
+        Called as ``on_refine(points, reused)`` before the refined points run.
 
     Returns
     -------
@@ -76,6 +91,8 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
     SweepInterrupted
         On Ctrl-C, after writing the finished rows; ``.table`` holds them.
 
+    Every row carries ``fidelity``, the fidelity that produced it.
+
     Examples
     --------
     >>> df = sweep("examples/demo.yaml", {"parallel.tp": [1, 2, 4]}, jobs=1, progress=False)  # doctest: +SKIP
@@ -84,26 +101,59 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
     doc = _load_base(base)
     settings = sweep_settings(doc)
     base_doc = {k: v for k, v in doc.items() if k != "sweep"}
+    if fidelity is not None:
+        check_fidelity(fidelity)
+        if fidelity != base_doc.get("fidelity", "fast"):  # the file's own fidelity keeps the keys it had
+            base_doc["fidelity"] = fidelity
+    screening = base_doc.get("fidelity") == SCREEN
+    if refine is not None:
+        if isinstance(refine, bool) or not isinstance(refine, int) or refine < 1:
+            raise ValueError(f"refine: must be an integer >= 1 (points to simulate again in fast), got {refine!r}")
+        if not screening:
+            raise ValueError("refine: re-simulates the best screened points; it needs fidelity screen "
+                             "(--fidelity screen)")
+    # The refined points: the same overrides on the base without a fidelity (``fast``, the default).
+    fast_base = {k: v for k, v in base_doc.items() if k != "fidelity"}
     full_grid = normalise_grid(merge_grids(settings["grid"], grid))
     if not full_grid:
         raise ValueError("grid: nothing to sweep; give --grid PATH=V1,V2 or a sweep: {grid: {...}} section")
-    check_fields(base_doc, full_grid)
+    check_fields(fast_base if screening else base_doc, full_grid)  # the loader refuses fidelity: screen
     metric = metric or settings["metric"] or "step_time_s"
     check_metric(metric)
     if output is not None:
         output_format(output)
     points = expand_grid(base_doc, full_grid, max_tp=max_tp or settings["max_tp"])
+    fast_points = {p.key: Point(p.params, p.overrides, point_key(fast_base, p.overrides)) for p in points} \
+        if refine else {}
     with output_lock(output):
-        rows, foreign = previous_rows(output, {p.key for p in points})
-        for p in points:  # reused rows show this sweep's parameter values, not their CSV spelling
+        keys = {p.key for p in points} | {p.key for p in fast_points.values()}
+        rows, foreign = previous_rows(output, keys)
+        for p in [*points, *fast_points.values()]:  # reused rows show this sweep's parameter values
             if p.key in rows:
                 rows[p.key].update({k: cell(v) for k, v in p.params.items()})
         todo = [p for p in points if p.key not in rows]
         if on_start is not None:
             on_start(len(points), len(points) - len(todo))
-        recorder = _Recorder(points, param_columns(full_grid), metric, derives_dp(full_grid), output, rows, foreign)
+        columns, derived = param_columns(full_grid), derives_dp(full_grid)
+        recorder = _Recorder(points, columns, metric, derived, output, rows, foreign)
         _run(todo, base_doc, recorder, jobs, scheduler, progress)
-        return recorder.write()
+        table = recorder.write()
+        if not refine:
+            return table
+        winners = [fast_points[k] for k in table.loc[table["status"] == "ok", "point"].head(refine)]
+        todo = [p for p in winners if p.key not in rows]
+        if on_refine is not None:
+            on_refine(len(winners), len(winners) - len(todo))
+        # Checkpoints of the refinement keep the screened rows in the file (as rows of their own keys).
+        keep = table if foreign.empty else pd.concat([table, foreign], ignore_index=True)
+        fast = _Recorder(winners, columns, metric, derived, output, rows, keep)
+        _run(todo, fast_base, fast, jobs, scheduler, progress)
+        refined = build_table([rows[p.key] for p in winners if p.key in rows], columns, metric)
+        final = merge_refined(table, refined, {p.key: fast_points[p.key].key for p in points}, metric)
+        final.attrs["metric"] = metric
+        if output is not None:
+            write_table(final if foreign.empty else pd.concat([final, foreign], ignore_index=True), output)
+        return final
 
 
 def _load_base(base: Mapping | str | os.PathLike) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .columns import KEY_COLUMN, METRIC_COLUMNS, STATUSES
+from .columns import FIDELITY_COLUMN, KEY_COLUMN, METRIC_COLUMNS, STATUSES
 
 __all__ = ["status_counts", "counts_line", "top_table"]
 
@@ -59,16 +59,20 @@ def top_table(df: pd.DataFrame, k: int, metric: str | None = None) -> str:
     Returns
     -------
     str
-        The table (memory per GPU in ``memory_GB``, 1e9 bytes), or ``"no feasible point"``.
+        The table (memory per GPU in ``memory_GB``, 1e9 bytes), or ``"no feasible point"``. A refined
+        screen (:func:`~simulator.sweeps.sweep` with ``refine``) also shows ``fidelity``,
+        ``screen_<metric>`` and ``screen_rank``.
     """
     metric = metric or df.attrs.get("metric", "step_time_s")
     ok = df[df["status"] == "ok"].head(k)
     if ok.empty:
         return "no feasible point"
-    skip = {"rank", "status", "reason", KEY_COLUMN, "sim_wall_s", "memory_per_gpu_bytes"}
+    skip = {"rank", "status", "reason", KEY_COLUMN, "sim_wall_s", "memory_per_gpu_bytes", FIDELITY_COLUMN}
     first = list(df.columns).index("rank")
     params = [c for c in df.columns[:first] if c not in skip]
-    shown = ["rank", *params, *dict.fromkeys([metric, *METRIC_COLUMNS[:5]])]
+    screened = [c for c in (f"screen_{metric}", "screen_rank") if c in df.columns]
+    fidelity = [FIDELITY_COLUMN] if FIDELITY_COLUMN in df.columns and df[FIDELITY_COLUMN].nunique() > 1 else []
+    shown = ["rank", *params, *fidelity, *dict.fromkeys([metric, *screened, *METRIC_COLUMNS[:5]])]
     table = ok[shown].copy()
     table["memory_GB"] = ok["memory_per_gpu_bytes"] / 1e9
     return table.to_string(index=False, float_format=lambda x: f"{x:.4g}")

@@ -8,10 +8,10 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from .columns import CAPACITY_COLUMNS, HIGHER_IS_BETTER, KEY_COLUMN, METRIC_COLUMNS
+from .columns import CAPACITY_COLUMNS, FIDELITY_COLUMN, HIGHER_IS_BETTER, KEY_COLUMN, METRIC_COLUMNS, SCREEN
 from .points import Point
 
-__all__ = ["cell", "result_row", "build_table", "rank_table"]
+__all__ = ["cell", "result_row", "build_table", "rank_table", "merge_refined"]
 
 
 def cell(value: Any) -> Any:
@@ -102,7 +102,8 @@ def build_table(rows: Iterable[Mapping[str, Any]], param_columns: Sequence[str],
     Returns
     -------
     pandas.DataFrame
-        One row per point; class and tier columns are 0.0 for ``ok`` rows that lack them.
+        One row per point; class and tier columns are 0.0 for ``ok`` rows that lack them (tier columns stay
+        missing on ``screen`` rows, which count no bytes).
     """
     df = pd.DataFrame(list(rows))
     if df.empty:
@@ -110,19 +111,29 @@ def build_table(rows: Iterable[Mapping[str, Any]], param_columns: Sequence[str],
     for col in ("reason", "sim_wall_s", "memory_per_gpu_bytes", *METRIC_COLUMNS, *CAPACITY_COLUMNS, metric):
         if col not in df.columns:
             df[col] = "" if col == "reason" else float("nan")
-    ok = df["status"] == "ok"
-    for col in df.columns:
-        if col.startswith(("bytes_", "exposed_")):
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
-            df.loc[ok & df[col].isna(), col] = 0.0
+    _zero_fill(df)
     df["reason"] = df["reason"].fillna("").astype(str)
     _integer_columns(df, param_columns)
     df = rank_table(df, metric)
     return df[_ordered_columns(df, param_columns)]
 
 
+def _zero_fill(df: pd.DataFrame) -> None:
+    """Class and tier columns of ``ok`` rows that lack them become 0.0 in place (tier columns not on ``screen``
+    rows: the screen counts no bytes)."""
+    ok = df["status"] == "ok"
+    screened = df[FIDELITY_COLUMN] == SCREEN if FIDELITY_COLUMN in df.columns else False
+    for col in df.columns:
+        if col.startswith(("bytes_", "exposed_")):
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+            fill = ok & ~screened if col.startswith("bytes_") else ok
+            df.loc[fill & df[col].isna(), col] = 0.0
+
+
 def _ordered_columns(df: pd.DataFrame, param_columns: Sequence[str]) -> list[str]:
     fixed = ["rank", "status", "reason", *METRIC_COLUMNS, *CAPACITY_COLUMNS]
+    if FIDELITY_COLUMN in df.columns and FIDELITY_COLUMN not in param_columns:  # a grid may sweep it too
+        fixed.insert(2, FIDELITY_COLUMN)
     exposed = sorted(c for c in df.columns if c.startswith("exposed_") and c.endswith("_s") and c not in fixed)
     tiers = sorted(c for c in df.columns if c.startswith("bytes_"))
     tail = ["memory_per_gpu_bytes", "sim_wall_s", KEY_COLUMN]
@@ -138,3 +149,49 @@ def _integer_columns(df: pd.DataFrame, columns: Iterable[str]) -> None:
         values = df[col].dropna()
         if len(values) < len(df) and len(values) and (values == values.round()).all():
             df[col] = df[col].astype("Int64")
+
+
+def merge_refined(screened: pd.DataFrame, refined: pd.DataFrame, fast_keys: Mapping[str, str],
+                  metric: str) -> pd.DataFrame:
+    """A screened sweep with its best points simulated again: one row per point, the simulated ones first.
+
+    Parameters
+    ----------
+    screened : pandas.DataFrame
+        The ranked table of the ``screen`` sweep.
+    refined : pandas.DataFrame
+        The table of the refined points (``fast`` rows, keyed by their own point keys).
+    fast_keys : Mapping
+        Screened point key -> the key of the same point in ``fast``.
+    metric : str
+        Ranking column.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Refined rows replace their screened rows; ``ok`` refined rows rank first (by their simulated
+        ``metric``), then the other ``ok`` rows in screened order, then the rest. Every ``ok`` row carries
+        ``screen_<metric>`` and ``screen_rank`` (``Int64``): what the screen said.
+    """
+    col = f"screen_{metric}"
+    s = screened.copy()
+    ok = s["status"] == "ok"
+    s[col] = s[metric].where(ok)
+    s["screen_rank"] = s["rank"]
+    back = {fast: key for key, fast in fast_keys.items()}
+    by_key = s.set_index(KEY_COLUMN)
+    r = refined.copy()
+    screen_keys = [back.get(k) for k in r[KEY_COLUMN]]
+    r[col] = [by_key[col].get(k, float("nan")) if k is not None else float("nan") for k in screen_keys]
+    r["screen_rank"] = pd.array([by_key["screen_rank"].get(k, pd.NA) if k is not None else pd.NA
+                                 for k in screen_keys], dtype="Int64")
+    s = s[~s[KEY_COLUMN].isin([k for k in screen_keys if k is not None])]
+    r_ok, s_ok = r[r["status"] == "ok"], s[s["status"] == "ok"]
+    r_ok = r_ok.sort_values(metric, ascending=metric not in HIGHER_IS_BETTER, kind="stable", na_position="last")
+    rest = pd.concat([r[r["status"] != "ok"], s[s["status"] != "ok"]])
+    out = pd.concat([r_ok, s_ok, rest], ignore_index=True)
+    n_ok = len(r_ok) + len(s_ok)
+    out["rank"] = pd.array([*range(1, n_ok + 1), *[pd.NA] * (len(out) - n_ok)], dtype="Int64")
+    _zero_fill(out)
+    first = [c for c in screened.columns if c in out.columns]
+    return out[first + [c for c in out.columns if c not in first]]

@@ -1,16 +1,47 @@
-"""Run one sweep point: resolve and simulate an experiment document into a result dict (never raises)."""
+"""Run one sweep point: resolve and simulate (or screen) an experiment document into a result dict (never raises)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from topologies import build_cluster
+from topologies.cluster import Cluster
+
 from ..experiment import OutOfMemoryError, experiment_from_dict, run_experiment
-from .columns import CAPACITY_COLUMNS, METRIC_COLUMNS
+from .columns import CAPACITY_COLUMNS, FIDELITY_COLUMN, METRIC_COLUMNS, SCREEN
 from .errors import failed_reason, one_line
 
-__all__ = ["run_point"]
+__all__ = ["run_point", "point_fidelity"]
+
+_CLUSTERS: dict[str, Cluster] = {}
+_MAX_CLUSTERS = 16
+"""Clusters built by screened points of this process, per ``cluster:`` section: building a 1,024-GPU fabric
+costs about as much as screening a layout, and a layout sweep screens many layouts on one cluster."""
+
+
+def point_fidelity(doc: Mapping) -> str:
+    """The fidelity a point document runs at: its ``fidelity`` field, default ``fast``."""
+    value = doc.get("fidelity")
+    return "fast" if value is None else str(value)
+
+
+def _screen_experiment(doc: Mapping):
+    """Resolve a ``fidelity: screen`` document (the field removed) on a cluster built once per process."""
+    doc = {k: v for k, v in doc.items() if k != "fidelity"}
+    section = doc.get("cluster")
+    key = json.dumps(section, sort_keys=True, default=str)
+    cluster = _CLUSTERS.get(key)
+    if cluster is None and section:
+        cluster = build_cluster(section if isinstance(section, Mapping) else {"preset": section})
+        if len(_CLUSTERS) >= _MAX_CLUSTERS:
+            _CLUSTERS.pop(next(iter(_CLUSTERS)))
+        _CLUSTERS[key] = cluster
+    if cluster is None:
+        return experiment_from_dict(doc)  # the loader's own message for a missing cluster
+    return experiment_from_dict({k: v for k, v in doc.items() if k != "cluster"}, cluster=cluster)
 
 
 def _metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,15 +74,26 @@ def run_point(doc: Mapping) -> dict[str, Any]:
         resolved, ``memory_per_gpu_bytes`` (bytes) when it was computed, and
         the metric columns (``step_time_s`` ..., ``exposed_<class>_s``,
         ``bytes_<tier>``) and the capacity columns (``fabric_cost_usd``,
-        ``fabric_power_kw``, ``bisection_bytes_s``) when ``status == "ok"``.
+        ``fabric_power_kw``, ``bisection_bytes_s``) when ``status == "ok"``,
+        and ``fidelity``: the document's (default ``fast``). A document with
+        ``fidelity: screen`` is priced by :func:`simulator.screen.screen_experiment`
+        (no ``bytes_<tier>`` columns) instead of simulated.
     """
     t0 = time.perf_counter()
-    out: dict[str, Any] = {"status": "ok", "reason": ""}
+    fidelity = point_fidelity(doc)
+    out: dict[str, Any] = {"status": "ok", "reason": "", FIDELITY_COLUMN: fidelity}
     try:
-        exp = experiment_from_dict(doc)
-        out["parallel.dp"] = exp.parallel.dp
-        out["memory_per_gpu_bytes"] = float(exp.memory().total)
-        out.update(_metrics(run_experiment(exp).summary))
+        if fidelity == SCREEN:
+            from ..screen import screen_experiment  # imported on use: run-only sweeps never load it
+            exp = _screen_experiment(doc)
+            out["parallel.dp"] = exp.parallel.dp
+            out["memory_per_gpu_bytes"] = float(exp.memory().total)
+            out.update(_metrics(screen_experiment(exp)))
+        else:
+            exp = experiment_from_dict(doc)
+            out["parallel.dp"] = exp.parallel.dp
+            out["memory_per_gpu_bytes"] = float(exp.memory().total)
+            out.update(_metrics(run_experiment(exp).summary))
     except OutOfMemoryError as exc:
         out.update(status="oom", reason=one_line(exc))
     except ValueError as exc:

@@ -1,0 +1,545 @@
+"""``screen``: a closed-form, tier-level estimate of one training step, for ranking layouts in sweeps.
+
+``fidelity: fast`` simulates every flow of the step (seconds per 1,024-GPU
+layout); a sweep over hundreds of layouts wants a ranking first and flows for
+the winners only. This module prices one layout in milliseconds from the
+same parts the simulator uses, without an op graph, an event loop or a flow
+network:
+
+compute
+    The generator's own segments (``workloads.training``): the kernels of
+    each (stage, chunk, pass), timed by :class:`~simulator.compute.ComputeModel`
+    (GEMM waves, attention rates, memory-bound kernels) exactly as the engine
+    times a coarsened op.
+collectives
+    The fabric's NCCL plans (:meth:`~simulator.fabric.Fabric.phases`: algorithm
+    and protocol as NCCL's tuner picks them, routed over the real ECMP or
+    sprayed paths, NCCL's latencies), priced in closed form: every flow that
+    runs *at the same time* (every TP group, every DP replica, every pipeline
+    boundary) is routed, each link's load is the number of flows crossing it,
+    and a flow moves its wire bytes at ``min over its links of usable
+    capacity / load``. Oversubscription, ECMP collisions and leaf-crossing rings
+    are therefore priced per link. Stages whose DP rings share links are priced
+    again over each other's rings, weighted by how much their windows overlap
+    in time. What is not priced is max-min's redistribution of the rate a flow
+    bottlenecked elsewhere leaves (pessimistic) and sharing between different
+    kinds of traffic (activation transfers with DP rings).
+pipeline
+    The schedule itself (``workloads.schedules.pipeline_schedule``), run by
+    the reference list scheduler :func:`~workloads.schedules.simulate_unit_times`
+    with per-virtual-stage forward/backward times (compute + blocking TP
+    communication) and the contended activation transfer as ``comm``.
+data parallelism
+    The last backward's gradient buckets, filled layer by layer as the
+    generator fills them, reduced back to back on the DP stream: what is left
+    after the backward ends is exposed. Then the gradient-norm all-reduces
+    (every stage waits for the slowest), the optimizer kernels and the ZeRO-1
+    parameter all-gather.
+memory
+    :func:`workloads.memory.memory_per_gpu`, as ``run`` checks it.
+
+The agreement with ``fast`` is measured, not assumed: ``tests/test_screen.py``
+(a 64-GPU sweep, Spearman and top-k) and ``benchmarks/screen_benchmark.py``
+(the 1,024-GPU GPT-3 layout sweep). Configurations the closed form does not
+cover (MoE, context parallelism, TP communication overlap, ZeRO-3 / FSDP
+gathers, per-micro-batch gradient reduction, overlapped parameter gathers,
+blocking p2p, faults, a parameter server) raise :class:`ScreenUnsupported`,
+a ``ValueError`` naming what is not modelled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import simpy
+
+from topologies.capacity import plan_columns
+from workloads.errors import ConfigError
+from workloads.flops import FP8_CAST_BYTES, fp8_gemm_modules, model_flops_per_step, optimizer_step_ops
+from workloads.memory import stage_params
+from workloads.ops import Kernel
+from workloads.parallel import padded_vocab
+from workloads.schedules import simulate_unit_times
+from workloads.training import FP8_AMAX_ENTRIES, FP8_SCALE_UPDATE_BYTES, _StepBuilder
+
+from .compute import ComputeModel
+from .experiment import Experiment, OutOfMemoryError
+from .fabric import Fabric
+
+__all__ = ["SCREEN", "ScreenUnsupported", "screen_experiment", "unsupported_reason"]
+
+SCREEN = "screen"
+"""The sweep fidelity this module implements."""
+
+
+class ScreenUnsupported(ConfigError):
+    """The configuration uses something the closed-form screen does not model (sweep it with ``fast``)."""
+
+
+def unsupported_reason(exp: Experiment) -> str | None:
+    """What in ``exp`` the screen does not model (one phrase), or None when it can price it.
+
+    Parameters
+    ----------
+    exp : Experiment
+        A resolved experiment.
+
+    Returns
+    -------
+    str or None
+    """
+    par, opt = exp.parallel, exp.options
+    checks = (
+        (exp.model.is_moe, "mixture-of-experts layers"),
+        (par.cp > 1, "context parallelism (parallel.cp > 1)"),
+        (par.tp_comm_overlap, "parallel.tp_comm_overlap"),
+        (par.overlap_param_gather, "parallel.overlap_param_gather"),
+        (par.dp_sync == "parameter_server", "parallel.dp_sync: parameter_server"),
+        (opt.p2p != "async", "options.p2p: blocking"),
+        (bool(exp.faults), "faults"),
+        (opt.granularity != "chunk", "options.granularity: layer"),
+    )
+    for bad, what in checks:
+        if bad:
+            return what
+    return None
+
+
+# ------------------------------------------------------------------ fabrics
+_FABRICS: dict[tuple[int, str], tuple[Any, Fabric]] = {}
+_MAX_FABRICS = 8
+
+
+def _fabric(exp: Experiment) -> Fabric:
+    """The fabric of ``exp``'s cluster and network settings, kept per process (its routes and plans are
+    cached inside it, so a sweep over one cluster routes each pair once)."""
+    key = (id(exp.cluster), repr(exp.network))
+    hit = _FABRICS.get(key)
+    if hit is not None and hit[0] is exp.cluster:
+        return hit[1]
+    if len(_FABRICS) >= _MAX_FABRICS:
+        _FABRICS.pop(next(iter(_FABRICS)))
+    fabric = Fabric(simpy.Environment(), exp.cluster, exp.network)
+    _FABRICS[key] = (exp.cluster, fabric)
+    return fabric
+
+
+def concurrent_time(fabric: Fabric, flows: Sequence[tuple], background: Sequence[tuple] = ()) -> float:
+    """Seconds until the last of ``flows`` ends when they all start together.
+
+    Parameters
+    ----------
+    fabric : Fabric
+        Where the flows were routed (its ``usable_capacity``, bytes/s per link).
+    flows : sequence of tuple
+        ``(links, wire_bytes, latency_s, ...)`` specs as :meth:`Fabric.phases` and :meth:`Fabric.send_spec`
+        give them.
+    background : sequence of (links, weight)
+        Other traffic on the fabric meanwhile: a flow over ``links`` present ``weight`` of the time (a
+        time average).
+
+    Returns
+    -------
+    float
+        ``max over flows of latency + wire_bytes · max over its links of load / usable capacity``, where a
+        link's load is how many flows cross it (background flows by their weight): each flow at its equal
+        share of its most loaded link, as :meth:`Fabric.estimate` prices a plan's own transfers.
+    """
+    if not flows:
+        return 0.0
+    cap = fabric.usable_capacity
+    load = np.bincount(np.concatenate([f[0] for f in flows]), minlength=len(cap)).astype(float)
+    if background:
+        links = np.concatenate([b[0] for b in background])
+        weights = np.concatenate([np.full(len(b[0]), float(b[1])) for b in background])
+        load += np.bincount(links, weights=weights, minlength=len(cap))
+    per_byte = load / cap
+    return max(f[2] + f[1] * float(per_byte[f[0]].max()) for f in flows)
+
+
+def _share_tuning(fabric: Fabric, kind: str, groups: Sequence[tuple[int, ...]], nbytes: float,
+                  algorithm: str) -> None:
+    """Let every group of ``groups`` take the algorithm and protocol NCCL's tuner picks for the first.
+
+    The groups one collective runs over at once (the DP groups of a stage, one per TP rank) are translates
+    of each other on identical hardware, so their contention-free estimates, and the tuner's pick, are the
+    same; estimating each (routing every candidate) was half of the screen's time. Only the fabric's cache
+    of picks is seeded; planning and routing stay the fabric's.
+    """
+    cache = getattr(fabric, "_auto_cache", None)
+    if algorithm != "auto" or len(groups) < 2 or not isinstance(cache, dict):
+        return
+    first = (kind, groups[0], nbytes, algorithm)
+    if first not in cache:
+        fabric.choose(kind, groups[0], nbytes, algorithm)
+    pick = cache.get(first)
+    if pick is None:
+        return
+    for g in groups[1:]:
+        if len(g) == len(groups[0]):
+            cache.setdefault((kind, g, nbytes, algorithm), pick)
+
+
+def collective_flows(fabric: Fabric, kind: str, groups: Iterable[tuple[int, ...]], nbytes: float,
+                     algorithm: str = "auto") -> list[list[tuple]]:
+    """Per phase, the routed flows of one collective over every group of ``groups`` (NCCL's plan per group)."""
+    if nbytes <= 0:
+        return []
+    groups = [g for g in groups if len(g) > 1]
+    _share_tuning(fabric, kind, groups, nbytes, algorithm)
+    plans = [fabric.phases(kind, g, nbytes, algorithm) for g in groups]
+    phases = max((len(p) for p in plans), default=0)
+    return [[f for p in plans if i < len(p) for f in p[i]] for i in range(phases)]
+
+
+def collective_time(fabric: Fabric, kind: str, groups: Iterable[tuple[int, ...]], nbytes: float,
+                    count: int = 1, algorithm: str = "auto", background: Sequence[tuple] = ()) -> float:
+    """Seconds of ``count`` back-to-back collectives run at once over every group of ``groups`` (NCCL's plan
+    per group).
+
+    Phase ``i`` of every group runs together (:func:`concurrent_time`, over ``background``); phases follow
+    one another. ``count`` identical calls take ``count`` times one (their bytes and latencies add; the loads
+    do not change).
+    """
+    if count < 1:
+        return 0.0
+    return count * sum(concurrent_time(fabric, flows, background)
+                       for flows in collective_flows(fabric, kind, groups, nbytes, algorithm))
+
+
+# ------------------------------------------------------------------ compute
+class _Timer:
+    """Kernel durations under one compute model, cached per kernel."""
+
+    def __init__(self, model: ComputeModel) -> None:
+        self.model = model
+        self.cache: dict[Any, float] = {}
+
+    def __call__(self, ops: Iterable) -> float:
+        """Seconds of the generator's kernels (``LayerOp``) run back to back."""
+        return sum(self.kernel(op.kernel()) for op in ops)
+
+    def kernel(self, k: Kernel) -> float:
+        """Seconds of one kernel."""
+        t = self.cache.get(k)
+        if t is None:
+            t = self.cache[k] = self.model.duration(k)
+        return t
+
+
+def _stage_chain(finish_last: float, tb: Sequence[float], comm: float, p: int) -> list[float]:
+    """When each pipeline rank's last backward ends: rank 0's at ``finish_last`` (the pipeline's end), rank ``r``
+    one backward and one transfer earlier than rank ``r - 1``'s (the cool-down chain of GPipe, 1F1B and
+    interleaved schedules)."""
+    out = [finish_last]
+    for r in range(1, p):
+        out.append(out[-1] - tb[r - 1] - comm)
+    return out
+
+
+def _contend(windows: list[tuple[float, float]], rings: list[list[np.ndarray]],
+             rerun: Callable[[int, Sequence[tuple]], tuple[float, float]],
+             rounds: int = 2) -> list[tuple[float, float]]:
+    """Windows ``(start, end)`` of every stage's DP collectives once they share links with each other's.
+
+    ``windows`` are each stage's alone; stage ``s`` is then re-priced by ``rerun(s, background)`` over every
+    other stage's ring flows, each weighted by the fraction of ``s``'s window it overlaps (a time average),
+    ``rounds`` times (the windows stretch under the extra load).
+    """
+    p = len(windows)
+    # Only the flows of other stages that cross one of this stage's links can slow it (directly).
+    own = [np.unique(np.concatenate(r)) if r else np.zeros(0, dtype=np.int64) for r in rings]
+    if np.bincount(np.concatenate(own)).max(initial=0) <= 1:  # no link carries two stages' rings
+        return windows
+    shared = [[[links for links in rings[o] if o != s and np.isin(links, own[s]).any()] for o in range(p)]
+              for s in range(p)]
+    if not any(shared[s][o] for s in range(p) for o in range(p)):
+        return windows
+    for _ in range(rounds):
+        updated = []
+        for stage in range(p):
+            a, e = windows[stage]
+            bg: list[tuple] = []
+            for other in range(p):
+                if not shared[stage][other] or e <= a:
+                    continue
+                share = max(0.0, min(e, windows[other][1]) - max(a, windows[other][0])) / (e - a)
+                if share > 0:
+                    bg += [(links, share) for links in shared[stage][other]]
+            updated.append(rerun(stage, bg) if bg else windows[stage])
+        windows = updated
+    return windows
+
+
+# ------------------------------------------------------------------ the estimate
+def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]:
+    """Estimate one training step of ``exp`` in closed form (see the module docstring).
+
+    Parameters
+    ----------
+    exp : Experiment
+        A resolved experiment (its ``fidelity`` is ignored).
+    force : bool, default False
+        Estimate even when the configuration does not fit in GPU memory.
+
+    Returns
+    -------
+    dict
+        Summary fields named as :attr:`simulator.result.Result.summary` names them: ``step_time_s``,
+        ``mfu``, ``tflops_per_gpu``, ``bubble_fraction``, ``exposed_comm_s``, ``tokens_per_s`` (seconds,
+        fractions, TFLOP/s, tokens/s), ``exposed_comm_by_class_s`` (``tp``, ``pp``, ``dp``, ``zero``,
+        ``sync``), ``time_breakdown_s`` (``forward``, ``backward``, ``bubble``, ``optimizer``; mean
+        over ranks), ``memory_per_gpu_bytes``, the capacity columns, ``fidelity: "screen"`` and
+        ``sim_wall_s``.
+
+    Raises
+    ------
+    OutOfMemoryError
+        The configuration does not fit (unless ``force``).
+    ScreenUnsupported
+        The configuration uses something the screen does not model.
+    """
+    t0 = time.perf_counter()
+    memory = exp.memory()
+    hbm = exp.cluster.gpu.hbm_bytes
+    if not memory.fits(hbm) and not force:
+        raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of "
+                               f"{exp.cluster.gpu.name} (use --force to simulate anyway)")
+    why = unsupported_reason(exp)
+    if why is not None:
+        raise ScreenUnsupported(f"fidelity: screen does not model {why}; sweep with --fidelity fast")
+    b = _StepBuilder(exp.model, exp.parallel, exp.training, exp.options, exp.routing)
+    if b.plan.gather is not None or b.plan.grad_sync == "micro_batch" or b.plan.bucket_bytes is None:
+        raise ScreenUnsupported(f"fidelity: screen does not model ZeRO-{exp.parallel.zero} with "
+                                f"zero_impl {b.plan.impl} (per-layer gathers or per-micro-batch reduction); "
+                                f"sweep with --fidelity fast")
+    par, lay = exp.parallel, b.layout
+    p, v, m, t = b.p, b.v, b.m, b.t
+    nvs = p * v
+    fabric = _fabric(exp)
+    timer = _Timer(exp.compute_model())
+    tp_group = lay.tp_group(lay.rank(tp=0, dp=0, pp=0))
+    tp_cost = {kind: collective_time(fabric, kind, [tp_group], b.tp_bytes)
+               for kind in ("all_reduce", "all_gather", "reduce_scatter")}
+
+    def tp_time(segs) -> float:
+        return sum(n * tp_cost[kind] for s in segs for kind, n in s.tp.items())
+
+    stage_groups: dict[int, tuple[int, ...]] = {}
+
+    def fp8_amax(stage: int, chunk: int, phase: int) -> float:
+        """The generator's per-pass FP8 amax reduction (stage group, DP-major) and scale update, seconds."""
+        entries = FP8_AMAX_ENTRIES[phase] * sum(fp8_gemm_modules(exp.model, i, par.ep)
+                                                for i in b.chunk_layers(stage, chunk))
+        if stage not in stage_groups:
+            stage_groups[stage] = tuple(lay.rank(tp=r, dp=d, pp=stage) for d in range(par.dp) for r in range(t))
+        reduce = collective_time(fabric, "all_reduce", [stage_groups[stage]], 4.0 * entries)
+        return reduce + timer.kernel(Kernel("fp8_cast", 0.0, FP8_SCALE_UPDATE_BYTES * entries))
+
+    # Per virtual stage j = chunk·p + stage: compute, blocking TP communication, per micro-batch.
+    split = par.schedule == "zb-h1"
+    grad_phase = "W" if split else "B"
+    tf, tb, tw = [0.0] * nvs, [0.0] * nvs, [0.0] * nvs
+    comp_f, comp_b, tp_mb = [0.0] * p, [0.0] * p, [0.0] * p
+    for stage in range(p):
+        for chunk in range(v):
+            j = chunk * p + stage
+            fwd, bwd = b.segments(stage, chunk, "F", False), b.segments(stage, chunk, "B", False)
+            cf, cb = timer(k for s in fwd for k in s.kernels), timer(k for s in bwd for k in s.kernels)
+            xf, xb = tp_time(fwd), tp_time(bwd)
+            if b.pp_gather:  # Megatron's scatter/gather: the received 1/t all-gathered over TP
+                xf += tp_cost["all_gather"] if j > 0 else 0.0
+                xb += tp_cost["all_gather"] if j < nvs - 1 else 0.0
+            if b.fp8:  # after every pass: the amax all-reduce over the stage, then the scale update
+                xf += fp8_amax(stage, chunk, 0)
+                xb += fp8_amax(stage, chunk, 1)
+            tf[j], tb[j] = cf + xf, cb + xb
+            comp_f[stage] += cf
+            comp_b[stage] += cb
+            tp_mb[stage] += xf + xb
+            if split:
+                wgt = b.segments(stage, chunk, "W", False)
+                tw[j] = timer(k for s in wgt for k in s.kernels)
+                comp_b[stage] += tw[j]
+
+    # Activation transfers: every boundary's transfer of every DP x TP replica at once, each direction.
+    block = [[lay.rank(tp=r, dp=d, pp=stage) for d in range(par.dp) for r in range(t)] for stage in range(p)]
+    comm = 0.0
+    if nvs > 1:
+        for step in (1, -1):
+            flows = []
+            # each pair of neighbouring ranks once: the chunks of an interleaved schedule take turns
+            pairs = {((j % p, (j + 1) % p) if step == 1 else ((j + 1) % p, j % p)) for j in range(nvs - 1)}
+            for src, dst in sorted(pairs):
+                if src != dst:
+                    flows += [fabric.send_spec(a, z, b.p2p_bytes) for a, z in zip(block[src], block[dst])]
+            comm = max(comm, concurrent_time(fabric, flows))
+    pipe, busy = simulate_unit_times(b.schedules, tf, tb, comm, tw)
+    if b.fp8 and not par.overlap_param_gather:
+        # FP8 weights cast once per step before each chunk's first forward: on the pipeline's fill chain.
+        per_weight = 2 if exp.training.fp8_param_gather else FP8_CAST_BYTES
+        cast = sum(timer.kernel(Kernel("fp8_cast", 0.0, per_weight * sum(b.fp8_weights(st, c))))
+                   for st in range(p) for c in range(v))
+        pipe += cast
+        busy = [bz + cast / p for bz in busy]
+    finish = [pipe] * p if split else _stage_chain(pipe, [tb[s] for s in range(p)], comm, p)
+    finish = [max(f, bz) for f, bz in zip(finish, busy)]
+
+    # Gradient reduction: buckets of the last backward, back to back on the DP stream.
+    grad_dp = par.grad_dp
+    kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
+    overlap = par.overlap_grad_reduce and grad_dp > 1
+    size = b.plan.bucket_bytes
+    dp_end = list(finish)
+    reduced: list[dict[float, int]] = [{} for _ in range(p)]
+    bucket_cost: dict[tuple[int, float], float] = {}
+
+    grad_groups: dict[int, list[tuple[int, ...]]] = {}
+
+    def dp_groups(stage: int) -> list[tuple[int, ...]]:
+        if stage not in grad_groups:
+            grad_groups[stage] = [lay.grad_group(block[stage][r]) for r in range(t)]
+        return grad_groups[stage]
+
+    def reduce_time(stage: int, nbytes: float, count: int, background: Sequence[tuple]) -> float:
+        key = (stage, nbytes)
+        if background or key not in bucket_cost:
+            cost = collective_time(fabric, kind, dp_groups(stage), nbytes, background=background)
+            if background:
+                return count * cost
+            bucket_cost[key] = cost
+        return count * bucket_cost[key]
+
+    def buckets(stage: int) -> list[tuple[float, float, int]]:
+        """``(ready time, bucket bytes, count)`` of the stage's gradient buckets, as ``_Buckets`` fills them."""
+        ready: list[tuple[float, float, int]] = []
+        fill = 0.0
+        if overlap:  # chunk 0's backward is the stage's last; the other chunks' buckets were hidden before
+            # (reduced during the backwards of the later chunks: counted for the gather, not timed here)
+            fill = sum(s.grad_bytes for c in range(1, v) for s in b.segments(stage, c, grad_phase, False))
+            if fill >= size:
+                full = int(fill // size)
+                hidden[stage][size] = hidden[stage].get(size, 0) + full
+                fill -= full * size
+            segs = b.segments(stage, 0, grad_phase, True)
+            at = finish[stage] - timer(k for s in segs for k in s.kernels)
+            for s in segs:
+                at += timer(s.kernels)
+                fill += s.grad_bytes
+                if fill >= size:
+                    full = int(fill // size)
+                    ready.append((at, size, full))
+                    fill -= full * size
+        else:
+            fill = sum(s.grad_bytes for c in range(v) for s in b.segments(stage, c, grad_phase, False))
+        if size == float("inf"):
+            ready.append((finish[stage], fill, 1))
+        else:
+            full = int(fill // size)
+            ready += [(finish[stage], size, full), (finish[stage], fill - full * size, 1)]
+        return [(at, nbytes, count) for at, nbytes, count in ready if nbytes > 0 and count > 0]
+
+    def reduce_stage(stage: int, background: Sequence[tuple]) -> tuple[float, float]:
+        """When the stage's DP stream starts and ends reducing, buckets back to back from their ready times."""
+        end, first = 0.0, None  # the DP stream is idle until the first bucket
+        for at, nbytes, count in ready_of[stage]:
+            start = max(end, at)
+            first = start if first is None else first
+            end = start + reduce_time(stage, nbytes, count, background)
+        return (finish[stage] if first is None else first), end
+
+    windows: list[tuple[float, float]] = []
+    rings: list[list[np.ndarray]] = [[] for _ in range(p)]  # each stage's DP ring flows (their links)
+    if grad_dp > 1:
+        hidden: list[dict[float, int]] = [{} for _ in range(p)]
+        ready_of = [buckets(stage) for stage in range(p)]
+        for stage in range(p):
+            reduced[stage] = dict(hidden[stage])
+            for _at, nbytes, count in ready_of[stage]:
+                reduced[stage][nbytes] = reduced[stage].get(nbytes, 0) + count
+        windows = [reduce_stage(stage, ()) for stage in range(p)]
+        # Stages whose reductions overlap in time share links: each stage's buckets run over the others'
+        # rings weighted by the fraction of its window they overlap (a time average), twice (the windows
+        # stretch under the extra load).
+        if p > 1:
+            rings = [[f[0] for ph in collective_flows(fabric, kind, dp_groups(stage),
+                                                      max(ready_of[stage], key=lambda r: r[1])[1]) for f in ph]
+                     if ready_of[stage] else [] for stage in range(p)]
+            windows = _contend(windows, rings, reduce_stage)
+        for stage in range(p):
+            dp_end[stage] = max(windows[stage][1], finish[stage])
+    # Tied embeddings: the first and last stage all-reduce the word-embedding gradient on the DP stream.
+    if exp.model.tied_embeddings and p > 1:
+        pairs = list(zip(block[0], block[p - 1]))
+        nbytes = exp.model.word_embedding_params(t, padded_vocab(exp.model.vocab, t)) * b.grad_bytes
+        tied = collective_time(fabric, "all_reduce", pairs, nbytes)
+        for s in (0, p - 1):
+            dp_end[s] = max(dp_end[s], finish[s]) + tied
+
+    # Optimizer: the gradient norm (kernels, then all-reduces every stage joins), Adam, the ZeRO-1 gather.
+    norm_c, opt_c, gather = [0.0] * p, [0.0] * p, [0.0] * p
+    for stage in range(p):
+        dense, experts = stage_params(exp.model, par, stage)
+        shard = dense / grad_dp + experts if par.zero >= 1 else dense + experts
+        fp8_shard = 0.0
+        if exp.training.fp8_param_gather:
+            fp8_dense, _ = b.stage_fp8_weights(stage)
+            fp8_shard = fp8_dense / grad_dp
+        before, after = optimizer_step_ops(shard, dense + experts, b.grad_bytes, b.dtype, fp8_shard)
+        norm_c[stage], opt_c[stage] = timer(before), timer(after)
+    rank0 = lay.rank()
+    mp = tuple(lay.rank(tp=r, dp=0, pp=s) for s in range(p) for r in range(t))
+    sync = collective_time(fabric, "all_reduce", [mp], 4.0)
+    if par.zero >= 1 and grad_dp > 1:
+        sync += collective_time(fabric, "all_reduce", [lay.grad_group(rank0)], 4.0)
+    synced = max(max(f, e) + n for f, e, n in zip(finish, dp_end, norm_c)) + sync
+    if b.plan.step_gather and grad_dp > 1:
+        # Every stage gathers right after its optimizer (all start from the synchronised norm), over the
+        # rings of the stages gathering at the same time.
+        def gather_stage(stage: int, background: Sequence[tuple]) -> tuple[float, float]:
+            ratio = b.param_gather_bytes(stage) / b.grad_bytes
+            start = synced + opt_c[stage]
+            return start, start + sum(collective_time(fabric, "all_gather", dp_groups(stage), nbytes * ratio, count,
+                                                      background=background)
+                                      for nbytes, count in reduced[stage].items())
+
+        spans = _contend([gather_stage(stage, ()) for stage in range(p)], rings, gather_stage)
+        gather = [e - a for a, e in spans]
+    step = synced + max(o + g for o, g in zip(opt_c, gather))
+
+    # Summary, as a run reports it.
+    world = par.world_size
+    flops = model_flops_per_step(exp.model, par.global_batch, exp.training.seq_len, causal=exp.options.causal)
+    if not exp.options.embedding_and_loss:
+        flops -= 6.0 * exp.model.hidden * exp.model.vocab * par.global_batch * exp.training.seq_len
+    peak = exp.cluster.gpu.peak(exp.training.base_dtype)
+    bubble = [max(0.0, pipe - bz) for bz in busy]
+    exposed = {"tp": m * sum(tp_mb) / p,
+               "pp": 2 * (nvs - 1) * comm,  # the transfers on the fill and drain chains
+               "dp": sum(max(0.0, e - f) for e, f in zip(dp_end, finish)) / p,
+               "zero": sum(gather) / p,
+               "sync": sync}
+    out: dict[str, Any] = {
+        "fidelity": SCREEN,
+        "step_time_s": step,
+        "mfu": flops / step / world / peak,
+        "tflops_per_gpu": flops / step / world / 1e12,
+        "bubble_fraction": sum(bubble) / p / pipe if pipe else 0.0,
+        "exposed_comm_s": sum(exposed.values()),
+        "tokens_per_s": par.global_batch * exp.training.seq_len / step,
+        "exposed_comm_by_class_s": exposed,
+        "time_breakdown_s": {"forward": m * sum(comp_f) / p, "backward": m * sum(comp_b) / p,
+                             "bubble": sum(bubble) / p, "optimizer": sum(n + o for n, o in zip(norm_c, opt_c)) / p},
+        "memory_per_gpu_bytes": memory.total,
+        "pipeline_s": pipe,
+        "pp_transfer_s": comm,
+        "stages": [{"finish_s": f, "dp_start_s": w[0] if windows else f, "dp_end_s": e, "gather_s": g,
+                    "optimizer_s": n + o} for f, w, e, g, n, o in zip(finish, windows or finish, dp_end, gather,
+                                                                     norm_c, opt_c)],
+    }
+    out.update(plan_columns(exp.healthy_cluster or exp.cluster, exp.plan))
+    out["sim_wall_s"] = time.perf_counter() - t0
+    return out

@@ -1,0 +1,208 @@
+"""The ``screen`` sweep fidelity (simulator.screen): agreement with ``fast``, closed forms, refine, errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pandas as pd
+import pytest
+import yaml
+
+import simulator
+from simulator.cli import main
+from simulator.experiment import experiment_from_dict, run_experiment
+from simulator.screen import ScreenUnsupported, screen_experiment
+
+AGREEMENT = {
+    "name": "screen agreement, 64 GPUs",
+    "cluster": {"preset": "dgx-h100", "nodes": 8, "nodes_per_leaf": 2, "spines": 2, "oversubscription": 1},
+    "model": {"preset": "gpt2-small", "heads": 16, "kv_heads": 16, "hidden": 2048, "layers": 8},
+    "parallel": {"tp": 2, "pp": 2, "dp": 16, "micro_batch": 1, "global_batch": 64, "schedule": "1f1b", "zero": 1,
+                 "sequence_parallel": True, "placement": ["tp", "dp", "pp"]},
+    "training": {"seq_len": 1024, "dtype": "bf16"},
+}
+"""64 GPUs on 4 leaves of 2 servers: rings and pipelines cross 2 spines, 1:1 and 4:1 oversubscribed."""
+GRID = {"layout": ["1x1x64", "2x1x32", "1x2x32", "2x2x16", "1x4x16", "2x4x8", "4x1x16", "4x2x8", "8x1x8", "8x2x4",
+                   "1x8x8", "4x4x4"],
+        "cluster.oversubscription": [1, 4]}
+"""24 points: every kind of layout (data, tensor, pipeline parallel and mixes) on both fabrics."""
+
+SMALL = {
+    "cluster": {"preset": "dgx-h100", "nodes": 1},
+    "model": {"preset": "gpt2-small", "layers": 4},
+    "parallel": {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 1, "global_batch": 16, "zero": 1,
+                 "sequence_parallel": True},
+    "training": {"seq_len": 512},
+}
+"""8 GPUs, a 4-layer model: simulates in a fraction of a second."""
+
+
+def _spearman(a: pd.Series, b: pd.Series) -> float:
+    """Spearman's rank correlation: Pearson's on the ranks (no scipy needed)."""
+    return float(a.rank().corr(b.rank()))
+
+
+def _layout(df: pd.DataFrame) -> pd.Series:
+    """Each row's swept values as one label, e.g. ``4x2x2x16`` (oversubscription, tp, pp, dp)."""
+    cols = [c for c in ("cluster.oversubscription", "parallel.tp", "parallel.pp", "parallel.dp") if c in df]
+    return df[cols].astype(str).agg("x".join, axis=1)
+
+
+@pytest.fixture(scope="module")
+def both_ways():
+    """The agreement sweep in ``screen`` and in ``fast`` (the reference: every flow simulated)."""
+    screened = simulator.sweep(AGREEMENT, GRID, fidelity="screen", jobs=1, progress=False)
+    fast = simulator.sweep(AGREEMENT, GRID, fidelity="fast", jobs=1, progress=False)
+    return screened, fast
+
+
+def test_screen_ranks_layouts_as_fast_does(both_ways):
+    screened, fast = both_ways
+    assert set(screened["status"]) == set(fast["status"]) == {"ok"}
+    assert set(screened["fidelity"]) == {"screen"} and set(fast["fidelity"]) == {"fast"}
+    s = screened.set_index(_layout(screened))["step_time_s"]
+    f = fast.set_index(_layout(fast))["step_time_s"].reindex(s.index)
+    assert _spearman(s, f) >= 0.98
+    # The tables come ranked: the five best layouts are the same five, in the same order.
+    assert list(_layout(screened).head(5)) == list(_layout(fast).head(5))
+    assert ((s / f - 1).abs() < 0.05).all(), (s / f - 1).abs().max()
+
+
+def test_screen_ranks_stages_that_share_leaves():
+    """Placement [tp, pp, dp] puts every pipeline stage on every leaf: the stages' DP rings share the 4:1
+    uplinks, and the screen prices their overlap in time (priced alone: Spearman 0.76, top 3 wrong, -33%)."""
+    doc = copy.deepcopy(AGREEMENT)
+    doc["parallel"]["placement"] = ["tp", "pp", "dp"]
+    doc["cluster"]["oversubscription"] = 4
+    grid = {"layout": ["1x2x32", "2x2x16", "1x4x16", "2x4x8", "4x2x8", "1x8x8", "4x4x4", "8x2x4"]}
+    screened = simulator.sweep(doc, grid, fidelity="screen", jobs=1, progress=False)
+    fast = simulator.sweep(doc, grid, fidelity="fast", jobs=1, progress=False)
+    s = screened.set_index(_layout(screened))["step_time_s"]
+    f = fast.set_index(_layout(fast))["step_time_s"].reindex(s.index)
+    assert _spearman(s, f) >= 0.95
+    assert list(_layout(screened).head(3)) == list(_layout(fast).head(3))
+    assert ((s / f - 1).abs() < 0.15).all(), (s / f - 1).abs().max()
+
+
+@pytest.mark.parametrize("schedule, chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4),
+                                              ("zb-h1", 1)])
+def test_every_schedule_agrees_with_fast(schedule, chunks):
+    """Each schedule's own order through the list scheduler, the interleaved chunks' buckets and transfers
+    (each neighbour pair once), Zero Bubble's W passes: within 1% of the simulated step on 32 GPUs, 2:1."""
+    doc = copy.deepcopy(AGREEMENT)
+    doc["cluster"].update(nodes=4, oversubscription=2)
+    doc["parallel"].update(dp=8, global_batch=32, schedule=schedule, virtual_stages=chunks)
+    exp = experiment_from_dict(doc)
+    assert screen_experiment(exp)["step_time_s"] == pytest.approx(run_experiment(exp).step_time, rel=0.01)
+
+
+def test_screen_is_exact_without_a_pipeline():
+    """Without pipeline stages nothing is shared but NVLink inside a server, and the screen's parts (compute
+    segments, bucketed DP reduction, optimizer, parameter all-gather) are the engine's ops in the same order:
+    the two agree to rounding, whatever tp and ZeRO stage."""
+    for tp, zero in ((1, 0), (2, 1), (4, 1)):
+        doc = copy.deepcopy(SMALL)
+        doc["parallel"].update(tp=tp, dp=8 // tp, zero=zero)
+        exp = experiment_from_dict(doc)
+        assert screen_experiment(exp)["step_time_s"] == pytest.approx(run_experiment(exp).step_time, rel=1e-9)
+
+
+def test_uniform_pipeline_is_the_1f1b_closed_form():
+    """Uniform stages (no embedding or loss) and transfers made nearly free (NVLink at 1 PB/s, no step
+    latency): the pipeline takes 1F1B's (m + p - 1)(F + B), with F and B the engine's own compute per
+    micro-batch; and the step is the engine's."""
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1, "nvlink_bandwidth": "1000TB/s"},
+           "model": {"preset": "gpt2-small", "layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 16},
+           "parallel": {"tp": 1, "pp": 8, "dp": 1, "micro_batch": 4, "global_batch": 96, "zero": 1},
+           "training": {"seq_len": 1024}, "options": {"embedding_and_loss": False},
+           "network": {"step_latency": "0s"}}
+    exp = experiment_from_dict(doc)
+    out, run = screen_experiment(exp), run_experiment(exp).summary
+    p, m = 8, 24
+    per_mb = (run["time_breakdown_s"]["forward"] + run["time_breakdown_s"]["backward"]) / m
+    assert out["pipeline_s"] == pytest.approx((m + p - 1) * per_mb, rel=1e-3)
+    assert out["step_time_s"] == pytest.approx(run["step_time_s"], rel=1e-9)
+
+
+def test_refine_simulates_the_winners_in_fast(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({**SMALL, "sweep": {"grid": {"layout": "auto"}}}))
+    out = tmp_path / "sweep.csv"
+    args = ["sweep", str(base), "--fidelity", "screen", "--refine", "2", "-o", str(out), "--no-progress"]
+    assert main(args) == 0
+    table = pd.read_csv(out)
+    ok = table[table["status"] == "ok"]
+    assert list(ok["rank"]) == list(range(1, len(ok) + 1))
+    assert list(ok["fidelity"].head(2)) == ["fast", "fast"] and set(ok["fidelity"].iloc[2:]) == {"screen"}
+    assert set(table.loc[table["status"] != "ok", "fidelity"]) == {"screen"}
+    # Both columns: the refined rows keep what the screen said, and the screen ranked them first and second.
+    assert ok["screen_step_time_s"].notna().all() and sorted(ok["screen_rank"].head(2)) == [1, 2]
+    assert (ok["step_time_s"].head(2) <= ok["step_time_s"].iloc[2:].min() * 1.05).all()
+    # Tier byte counts only on simulated rows.
+    assert ok.loc[ok["fidelity"] == "fast", "bytes_nvlink"].gt(0).all()
+    assert ok.loc[ok["fidelity"] == "screen", "bytes_nvlink"].isna().all()
+    # Rerun: every row, screened and simulated, is reused.
+    started = []
+    simulator.sweep(str(base), fidelity="screen", refine=2, output=out, progress=False, jobs=1,
+                    on_start=lambda n, reused: started.append((n, reused)),
+                    on_refine=lambda n, reused: started.append((n, reused)))
+    assert started[1] == (2, 2) and started[0][1] == started[0][0] - 2  # the 2 refined are re-screened
+
+
+def test_fidelity_is_part_of_the_point_key(tmp_path):
+    out = tmp_path / "sweep.csv"
+    grid = {"parallel.tp": [1, 2]}
+    fast = simulator.sweep(SMALL, grid, output=out, progress=False, jobs=1)
+    screened = simulator.sweep(SMALL, grid, fidelity="screen", output=out, progress=False, jobs=1)
+    assert set(fast["point"]).isdisjoint(screened["point"])
+    table = pd.read_csv(out)
+    assert sorted(table["fidelity"]) == ["fast", "fast", "screen", "screen"]
+    # The file's own fidelity (default fast) given again keeps the keys of a sweep that did not name it.
+    again = simulator.sweep(SMALL, grid, fidelity="fast", progress=False, jobs=1)
+    assert list(again["point"]) == list(fast["point"])
+
+
+def test_unmodelled_configurations_are_invalid_rows_naming_what():
+    doc = copy.deepcopy(SMALL)
+    doc["parallel"]["tp_comm_overlap"] = True
+    table = simulator.sweep(doc, {"parallel.tp": [2]}, fidelity="screen", progress=False, jobs=1)
+    assert list(table["status"]) == ["invalid"]
+    assert "screen does not model parallel.tp_comm_overlap" in table["reason"][0]
+    with pytest.raises(ScreenUnsupported):
+        screen_experiment(experiment_from_dict(doc))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"fidelity": "screen", "refine": 0}, "refine: must be an integer >= 1"),
+    ({"fidelity": "screen", "refine": True}, "refine: must be an integer >= 1"),
+    ({"fidelity": "fast", "refine": 2}, "refine: re-simulates the best screened points"),
+    ({"fidelity": "exact"}, "fidelity: 'exact' unknown; valid: fast, full, lockstep, screen"),
+])
+def test_bad_fidelity_or_refine_is_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message) as info:
+        simulator.sweep(SMALL, {"parallel.tp": [1]}, progress=False, jobs=1, **kwargs)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--refine", "0", "--fidelity", "screen"], "--refine: must be >= 1, got 0"),
+    (["--refine", "2", "--fidelity", "lockstep"], "--refine: re-simulates the best screened points"),
+    (["--fidelity", "exact"], "--fidelity: 'exact' unknown"),
+])
+def test_cli_bad_values_exit_2_with_one_line(tmp_path, capsys, args, message):
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({**SMALL, "sweep": {"grid": {"parallel.tp": [1]}}}))
+    assert main(["sweep", str(base), "--no-progress", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_fidelity_can_be_swept_beside_the_layout():
+    """``--grid fidelity=screen,fast``: one table, one column saying which is which; without a pipeline the two
+    agree to rounding."""
+    table = simulator.sweep(SMALL, {"parallel.tp": [1, 2], "fidelity": ["screen", "fast"]}, progress=False, jobs=1)
+    assert list(table.columns).count("fidelity") == 1 and sorted(table["fidelity"]) == ["fast", "fast", "screen",
+                                                                                        "screen"]
+    by = table.set_index(["parallel.tp", "fidelity"])["step_time_s"]
+    for tp in (1, 2):
+        assert by[(tp, "screen")] == pytest.approx(by[(tp, "fast")], rel=1e-9)
