@@ -489,8 +489,9 @@ def _mean_breakdown(stages: pd.DataFrame) -> dict[str, float]:
 
 
 def expert_load_table(step: TrainingStep) -> pd.DataFrame:
-    """One row per (MoE layer, expert): tokens routed to it and kept under capacity, per micro-batch,
-    summed over the EP group, and the EP rank (within the group) that holds it."""
+    """One row per (MoE layer, expert): tokens routed to it and kept under capacity, summed over the EP group
+    and over one replica's micro-batches (``moe.draw: micro_batch``; one micro-batch with ``draw: layer``),
+    and the EP rank (within the group) that holds it."""
     rows = []
     for layer, r in step.routes.items():
         experts = r.choices.shape[1]
@@ -502,11 +503,12 @@ def expert_load_table(step: TrainingStep) -> pd.DataFrame:
 
 
 def moe_summary(step: TrainingStep) -> dict:
-    """Routing statistics: load imbalance (max/mean tokens per EP rank) and dropped-token fraction."""
+    """Routing statistics: load imbalance (max/mean token slots per EP rank, per draw: one layer in one
+    micro-batch, or one layer with ``moe.draw: layer``) and dropped-token fraction."""
     routes = list(step.routes.values())
     choices = sum(float(r.choices.sum()) for r in routes)
     dropped = sum(r.dropped for r in routes)
-    imbalance = [r.imbalance for r in routes]
-    return {"layers": len(routes), "imbalance_mean": float(sum(imbalance) / len(imbalance)),
+    imbalance = list(step.draw_imbalance.values()) or [r.imbalance for r in routes]
+    return {"layers": len(routes), "draws": len(imbalance), "imbalance_mean": float(sum(imbalance) / len(imbalance)),
             "imbalance_max": float(max(imbalance)), "dropped_fraction": dropped / choices if choices else 0.0,
             "rank_load_tokens": [int(x) for x in sum(r.rank_load for r in routes)]}

@@ -206,7 +206,7 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
     if recompute == "full":
         return d * sbh / sp
     replicated = (4 * d + 2 * MASK_BYTES) * sbh  # 2 norm inputs, QKV and MLP inputs, 2 masks
-    split = d * s * b * (2 * h + 2 * model.kv_hidden)  # Q, K, V, projection input
+    split = d * s * b * (2 * model.q_hidden + 2 * model.kv_hidden)  # Q, K, V, projection input
     gates = model.mlp_matrices - 1
     if model.is_moe_layer(layer):
         k = model.top_k

@@ -289,7 +289,10 @@ class TrainingStep:
     """Model FLOPs of the whole step over all GPUs (MFU numerator; recompute not counted)."""
     stage_of_rank: list[int] = field(default_factory=list)
     routes: dict[int, LayerRouting] = field(default_factory=dict)
-    """MoE layer index → its token routing over an EP group (empty without expert parallelism)."""
+    """MoE layer index → its token routing over an EP group, summed over the micro-batches of one replica's
+    step (``moe.draw: micro_batch``) or the layer's one draw (``moe.draw: layer``); empty without EP."""
+    draw_imbalance: dict[tuple[int, int | None], float] = field(default_factory=dict)
+    """(MoE layer, micro-batch or None for ``draw: layer``) → that draw's max/mean token slots per EP rank."""
 
     hardware_flops: float = 0.0
     """Model FLOPs plus the recomputed forward FLOPs, by the same counting convention (Narayanan et
@@ -316,7 +319,7 @@ class _Segment:
     grad_bytes: float = 0.0  # DP gradient bytes that become ready when this segment ends
     expert_grad_bytes: float = 0.0
     parts: tuple[Kernel, ...] | None = None  # _kernels(kernels), built once and shared by every op
-    moe: tuple[list[LayerOp], list[LayerOp], list[LayerOp]] | None = None  # (before, experts, after) dispatch
+    moe: tuple[list[LayerOp], ...] | None = None  # (before, experts, after) dispatch[, shared 1, shared 2]
     phase: str = "F"  # the pipeline pass it belongs to: "F" or "B"
     recompute: tuple[bool, ...] = ()  # per kernel: a forward kernel re-run in the backward (activation recompute)
     recompute_parts: tuple[Kernel, ...] = ()  # the recomputed kernels, run as their own op before ``parts``
@@ -395,12 +398,14 @@ class _StepBuilder:
         self._segments_cache: dict[tuple, list[_Segment]] = {}
         self._tp_groups: dict[int, tuple[int, ...]] = {}
         self._ep_groups: dict[int, tuple[int, ...]] = {}
-        self._moe_rows: dict[tuple[int, int], tuple[tuple[float, ...], tuple[float, ...]]] = {}
+        self._moe_rows: dict[tuple, tuple[tuple[float, ...], tuple[float, ...], int]] = {}
         self._moe_kernels: dict[int, tuple] = {}  # id(segment's MoE split) -> (split, kernels before, after)
         self._end_params: dict[int, float] = {}
         self.routing = routing or RoutingModel()
         self.expert_parallel = model.is_moe and parallel.ep > 1
         self.routes: dict[int, LayerRouting] = {}
+        self._draws: dict[tuple[int, int | None], LayerRouting] = {}
+        self.draw_imbalance: dict[tuple[int, int | None], float] = {}
         self._moe_parts: dict[tuple, tuple] = {}
         self._unit_segments: dict[tuple, list[tuple[_Segment, Unit, str]]] = {}
         self._traces: dict[int, tuple[list[list[int]], list[Use], GatherSchedule]] = {}
@@ -652,67 +657,99 @@ class _StepBuilder:
         return last
 
     # ----------------------------------------------------------------- MoE
-    def _moe_split(self, layer: int, phase: str) -> tuple[list[LayerOp], list[LayerOp], list[LayerOp]] | None:
-        """A MoE layer's kernels cut at the two all-to-alls: (before dispatch, experts, after combine)."""
+    def _moe_split(self, layer: int, phase: str) -> tuple[list[LayerOp], ...] | None:
+        """A MoE layer's kernels cut at the two all-to-alls: (before dispatch, experts, after combine), and with
+        ``moe.shared_expert_overlap`` two more: the shared-expert kernels run beside the first and the second
+        all-to-all (taken out of before / after)."""
         if not (self.expert_parallel and self.model.is_moe_layer(layer)):
             return None
         ops, start = self._layer_pass(layer, phase)
         # Recomputed forward kernels (the first ``start``) run first and stay local to the rank.
         idx = [i for i in range(start, len(ops)) if ops[i].name.startswith("experts")]
-        return ops[:idx[0]], ops[idx[0]:idx[-1] + 1], ops[idx[-1] + 1:]
+        before, experts, after = ops[:idx[0]], ops[idx[0]:idx[-1] + 1], ops[idx[-1] + 1:]
+        if not (self.routing.shared_expert_overlap and self.model.shared_experts):
+            return before, experts, after
+        shared = [o for o in ops[start:] if o.name.startswith("shared")]
+        base = shared[0].name.split(".")[0]  # shared_up in the forward, shared_down in the backward
+        cut = max(i for i, o in enumerate(shared) if o.name.split(".")[0] == base) + 1
+        ids = {id(o) for o in shared}
+        return ([o for i, o in enumerate(before) if i < start or id(o) not in ids], experts,
+                [o for o in after if id(o) not in ids], shared[:cut], shared[cut:])
 
-    def route(self, layer: int) -> LayerRouting:
-        """Token routing of MoE layer ``layer`` over one EP group (drawn once per layer, seeded)."""
-        r = self.routes.get(layer)
+    def route(self, layer: int, mb: int = 0) -> LayerRouting:
+        """Token routing of MoE layer ``layer`` in micro-batch ``mb`` over one EP group: drawn per (layer,
+        micro-batch), or once per layer with ``moe.draw: layer``; seeded, the same in every EP group.
+        :attr:`routes` accumulates the draws per layer (their sum over micro-batches)."""
+        key = (layer, mb if self.routing.draw == "micro_batch" else None)
+        r = self._draws.get(key)
         if r is None:
-            r = self.routes[layer] = route_layer(self.model.experts, self.model.top_k,
-                                                 self.par.micro_batch * self.train.seq_len, self.par.ep,
-                                                 self.routing, layer)
+            r = self._draws[key] = route_layer(self.model.experts, self.model.top_k,
+                                               self.par.micro_batch * self.train.seq_len, self.par.ep,
+                                               self.routing, layer, key[1])
+            self.draw_imbalance[key] = r.imbalance
+            seen = self.routes.get(layer)
+            self.routes[layer] = r if seen is None else LayerRouting(seen.choices + r.choices, seen.kept + r.kept,
+                                                                     r.capacity)
         return r
 
-    def _expert_parts(self, layer: int, phase: str, ep_index: int, experts: list[LayerOp]) -> tuple[Kernel, ...]:
-        """Expert kernels of one EP rank, scaled from balanced routing to the tokens it really receives."""
-        key = (layer, phase, ep_index)
+    def _expert_parts(self, layer: int, phase: str, load: int, experts: list[LayerOp]) -> tuple[Kernel, ...]:
+        """Expert kernels of an EP rank that receives ``load`` token slots, scaled from balanced routing
+        (cached by the drawn count: draws that give a rank the same load share the kernels)."""
+        key = (layer, phase, load)
         parts = self._moe_parts.get(key)
         if parts is None:
             balanced = self.par.micro_batch * self.train.seq_len * self.model.top_k
-            f = float(self.route(layer).rank_load[ep_index]) / balanced
-            parts = self._moe_parts[key] = tuple(_scale_kernel(k, f, balanced) for k in experts)
+            parts = self._moe_parts[key] = tuple(_scale_kernel(k, load / balanced, balanced) for k in experts)
         return parts
 
     def emit_moe(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
         """Before-dispatch kernels (+ TP collectives) → dispatch all-to-all → this rank's experts → combine → rest.
 
         Backward runs the same shape in reverse: the gradient of the combine travels like the
-        dispatch (token owner → expert), the gradient of the dispatch like the combine.
+        dispatch (token owner → expert), the gradient of the dispatch like the combine. With
+        ``moe.shared_expert_overlap`` the all-to-alls go on their own stream (``ep``) and the shared
+        expert's halves run on the compute stream meanwhile: the layer takes ``pre + max(a2a, shared_1) +
+        experts + max(a2a, shared_2) + post`` instead of the sum.
         """
         g = self.graph
-        before, experts, after = seg.moe
+        before, experts, after, *shared = seg.moe
         group = self._ep_groups.get(rank)
         if group is None:
             group = self._ep_groups[rank] = self.layout.ep_group(rank)
         e = group.index(rank)
-        rows = self._moe_rows.get((seg.layer, e))  # the same for every micro-batch and EP group
+        draw = (seg.layer, mb if self.routing.draw == "micro_batch" else None)
+        rows = self._moe_rows.get((draw, e))  # the same for every EP group (and every micro-batch: draw: layer)
         if rows is None:
-            tokens = self.route(seg.layer).rank_matrix()
+            r = self.route(seg.layer, mb)
+            tokens = r.rank_matrix()
             per_token = self.model.hidden * self.dtype / self.t  # each TP rank ships its 1/t of the tokens
-            rows = self._moe_rows[(seg.layer, e)] = (
+            rows = self._moe_rows[(draw, e)] = (
                 tuple(float(x) * per_token for x in tokens[e, :]),   # owner → experts
-                tuple(float(x) * per_token for x in tokens[:, e]))  # experts → owners
-        out_row, back_row = rows
+                tuple(float(x) * per_token for x in tokens[:, e]),   # experts → owners
+                int(tokens[:, e].sum()))                             # token slots this rank's experts compute
+        out_row, back_row, load = rows
         kernels = self._moe_kernels.get(id(seg.moe))
         if kernels is None or kernels[0] is not seg.moe:
-            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after))
+            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after),
+                                                        *(_kernels(k) for k in shared))
         tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage, "stream": COMPUTE_STREAM}
+        a2a = dict(tags, stream="ep") if shared else tags
         last = g.compute(rank, parts=kernels[1], name=f"{name}.pre", deps=deps, category="gemm", **tags)
         last = self._emit_tp(rank, seg, name, last, mb, stage)
-        g.collective_op(rank, "all_to_all", group, 0, split=out_row, traffic_class="ep",
-                        name=f"{name}.ep_{'dispatch' if seg.phase == 'F' else 'combine_grad'}", **tags)
-        g.compute(rank, parts=self._expert_parts(seg.layer, seg.phase, e, experts), name=f"{name}.experts",
-                  category="gemm", **tags)
-        g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
-                        name=f"{name}.ep_{'combine' if seg.phase == 'F' else 'dispatch_grad'}", **tags)
-        return g.compute(rank, parts=kernels[2], name=f"{name}.post", category="gemm", **tags)
+        first = g.collective_op(rank, "all_to_all", group, 0, split=out_row, traffic_class="ep",
+                                name=f"{name}.ep_{'dispatch' if seg.phase == 'F' else 'combine_grad'}",
+                                deps=[last] if shared else (), **a2a)
+        if shared:
+            g.compute(rank, parts=kernels[3], name=f"{name}.shared_1", category="gemm", **tags)
+        done = g.compute(rank, parts=self._expert_parts(seg.layer, seg.phase, load, experts), name=f"{name}.experts",
+                         category="gemm", deps=[first] if shared else (), **tags)
+        second = g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
+                                 name=f"{name}.ep_{'combine' if seg.phase == 'F' else 'dispatch_grad'}",
+                                 deps=[done] if shared else (), **a2a)
+        if shared:
+            g.compute(rank, parts=kernels[4], name=f"{name}.shared_2", category="gemm", **tags)
+        return g.compute(rank, parts=kernels[2], name=f"{name}.post", category="gemm",
+                         deps=[second] if shared else (), **tags)
 
     def _emit_tp(self, rank: int, seg: _Segment, name: str, last: int, mb: int, stage: int) -> int:
         group = self._tp_groups.get(rank)
@@ -1391,7 +1428,9 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
         hw_flops -= output_layer
     stages = [builder.layout.coords(r).pp for r in range(parallel.world_size)]
     return TrainingStep(graph, model, parallel, training, builder.layout, builder.m, flops, stages,
-                        routes=dict(sorted(builder.routes.items())), hardware_flops=hw_flops)
+                        routes=dict(sorted(builder.routes.items())), hardware_flops=hw_flops,
+                        draw_imbalance=dict(sorted(builder.draw_imbalance.items(), key=lambda kv: (kv[0][0],
+                                                                                               kv[0][1] or 0))))
 
 
 __all__ = ["StepOptions", "TrainingStep", "training_step", "GRANULARITIES", "PipeAction"]

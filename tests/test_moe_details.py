@@ -1,0 +1,109 @@
+"""MoE details (issue 14, item 5): routing drawn per micro-batch, dropping / padding per micro-batch, shared
+experts overlapped with the all-to-alls, expert tensor parallelism, DeepEP-style dispatch."""
+
+import math
+
+import numpy as np
+import pytest
+
+from simulator.compute import ComputeModel
+from simulator.experiment import experiment_from_dict, run_experiment
+from topologies import get_gpu
+from workloads.moe import RoutingModel
+from workloads.training import training_step
+
+MOE = {"name": "moe-small", "layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096,
+       "vocab": 32000, "gated_mlp": True, "tied_embeddings": False, "experts": 8, "top_k": 2,
+       "moe_ffn_hidden": 1024, "max_seq_len": 4096}
+S, H, K, D = 1024, 1024, 2, 2
+
+
+def doc(ep=4, dp=4, tp=1, nodes=1, m=1, moe=None, model=None, parallel=None):
+    par = {"tp": tp, "pp": 1, "dp": dp, "ep": ep, "micro_batch": 1, "global_batch": dp * m,
+           "sequence_parallel": tp > 1, "placement": ["tp", "dp", "pp"]}
+    par.update(parallel or {})
+    return {"cluster": {"preset": "dgx-h100", "nodes": nodes, "gpus_per_node": tp * dp // nodes}, "model": dict(MOE, **(model or {})),
+            "parallel": par, "training": {"seq_len": S}, "moe": moe or {"routing": "uniform"},
+            "options": {"embedding_and_loss": False}}
+
+
+def step_of(d):
+    exp = experiment_from_dict(d)
+    return training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing)
+
+
+def dispatches(step, rank=0):
+    """{(layer, micro_batch): bytes row} of the forward dispatch all-to-alls of ``rank``."""
+    return {(op.layer, op.micro_batch): op.split for op in step.graph.ops
+            if op.rank == rank and op.kind == "collective" and op.name.endswith("ep_dispatch")}
+
+
+# ------------------------------------------------------------------ draws per micro-batch
+def test_dispatch_bytes_per_micro_batch_are_the_drawn_counts():
+    # Each micro-batch's dispatch row of EP rank e is (tokens rank e routes to each EP rank) x hidden x bytes,
+    # from that micro-batch's own draw; micro-batches differ, and the backward reuses the forward's draw.
+    st = step_of(doc(m=4))
+    rows = dispatches(st)
+    assert len(rows) == 2 * 4
+    builder_draws = {}
+    from workloads.moe import route_layer
+    for (layer, mb), row in rows.items():
+        r = route_layer(8, K, S, 4, RoutingModel("uniform"), layer, mb)
+        builder_draws[(layer, mb)] = r
+        assert row == pytest.approx(tuple(float(x) * H * D for x in r.rank_matrix()[0]), rel=0, abs=0)
+    assert len({rows[(0, mb)] for mb in range(4)}) == 4, "every micro-batch draws afresh"
+    grads = {(op.layer, op.micro_batch): op.split for op in st.graph.ops
+             if op.rank == 0 and op.kind == "collective" and op.name.endswith("ep_combine_grad")}
+    assert grads == rows  # the combine's gradient travels like the dispatch of the same micro-batch
+    # The step's routing record is the sum of the draws.
+    total = sum(r.choices for (layer, _mb), r in builder_draws.items() if layer == 0)
+    assert (st.routes[0].choices == total).all()
+    assert len(st.draw_imbalance) == 8
+
+
+def test_draw_layer_restores_one_routing_for_every_micro_batch():
+    st = step_of(doc(m=4, moe={"routing": "uniform", "draw": "layer"}))
+    rows = dispatches(st)
+    assert len({rows[(0, mb)] for mb in range(4)}) == 1
+    assert set(st.draw_imbalance) == {(0, None), (1, None)}
+
+
+def test_mean_dispatch_over_micro_batches_converges_to_the_expectation():
+    # Uniform routing: what EP rank 0 sends to EP rank j in one micro-batch is Binomial(T k, 1/ep) tokens.
+    # The mean over m micro-batches has standard deviation sqrt(T k p (1-p) / m); it must land within 5 of them
+    # of T k / ep, and the spread across micro-batches must be the binomial one (not zero: fresh draws).
+    m, ep = 32, 4
+    rows = dispatches(step_of(doc(m=m, ep=ep, moe={"routing": "uniform", "seed": 11})))
+    tokens = np.array([[x / (H * D) for x in rows[(0, mb)]] for mb in range(m)])
+    n, p = S * K, 1 / ep
+    sd = math.sqrt(n * p * (1 - p))
+    assert np.abs(tokens.mean(axis=0) - n * p).max() < 5 * sd / math.sqrt(m)
+    assert 0.5 * sd < tokens.std(axis=0).mean() < 1.5 * sd
+
+
+def test_dropped_tokens_neither_travel_nor_compute_and_padding_fixes_the_size():
+    skew = {"routing": "custom", "expert_load": [8, 1, 1, 1, 1, 1, 1, 1], "capacity_factor": 1.0}
+    st = step_of(doc(m=2, moe=skew))
+    cap = math.ceil(S * K / 8 * 1.0)
+    experts_per_rank = 2
+    for (_layer, _mb), row in dispatches(st).items():
+        # at most cap slots per (source, expert): at most 2 cap tokens to any EP rank
+        assert max(row) <= experts_per_rank * cap * H * D
+    padded = step_of(doc(m=2, moe=dict(skew, pad_to_capacity=True)))
+    for row in dispatches(padded).values():
+        assert row == tuple([experts_per_rank * cap * H * D * 1.0] * 4)
+    # Expert GEMM FLOPs of EP rank 0 = its received slots x 2 x 3 h f (gated MLP), per micro-batch.
+    received = 4 * experts_per_rank * cap
+    for step, slots in ((padded, lambda mb: received), (st, lambda mb: sum(
+            min(cap, c) for c in st_draw(mb)))):
+        for mb in range(2):
+            op = next(o for o in step.graph.ops if o.rank == 0 and o.name == f"F{mb}.c0.L0.experts")
+            gemms = sum(k.flops for k in op.parts if k.category == "gemm")
+            assert gemms == pytest.approx(slots(mb) * 2 * 3 * H * MOE["moe_ffn_hidden"], rel=1e-9)
+
+
+def st_draw(mb):
+    """Choices of EP rank 0..3 for the experts 0, 1 of EP rank 0 (layer 0, micro-batch mb) under the skew."""
+    from workloads.moe import route_layer
+    rm = RoutingModel("custom", expert_load=(8, 1, 1, 1, 1, 1, 1, 1), capacity_factor=1.0)
+    return route_layer(8, K, S, 4, rm, 0, mb).choices[:, :2].ravel()
