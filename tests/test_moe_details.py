@@ -22,7 +22,8 @@ def doc(ep=4, dp=4, tp=1, nodes=1, m=1, moe=None, model=None, parallel=None):
     par = {"tp": tp, "pp": 1, "dp": dp, "ep": ep, "micro_batch": 1, "global_batch": dp * m,
            "sequence_parallel": tp > 1, "placement": ["tp", "dp", "pp"]}
     par.update(parallel or {})
-    return {"cluster": {"preset": "dgx-h100", "nodes": nodes, "gpus_per_node": tp * dp // nodes}, "model": dict(MOE, **(model or {})),
+    cluster = {"preset": "dgx-h100", "nodes": nodes, "gpus_per_node": tp * dp // nodes}
+    return {"cluster": cluster, "model": dict(MOE, **(model or {})),
             "parallel": par, "training": {"seq_len": S}, "moe": moe or {"routing": "uniform"},
             "options": {"embedding_and_loss": False}}
 
@@ -107,3 +108,46 @@ def st_draw(mb):
     from workloads.moe import route_layer
     rm = RoutingModel("custom", expert_load=(8, 1, 1, 1, 1, 1, 1, 1), capacity_factor=1.0)
     return route_layer(8, K, S, 4, rm, 0, mb).choices[:, :2].ravel()
+
+
+# ------------------------------------------------------------------ shared experts beside the all-to-alls
+def _layer_ops(result, layer=0, mb=0, phase="F"):
+    df = result.rep_ops
+    df = df[(df["rank"] == 0) & (df["layer"] == layer) & (df["micro_batch"] == mb)]
+    return {n.split(".")[-1]: row for n, row in zip(df["name"], df.itertuples()) if n.startswith(f"{phase}{mb}.")}
+
+
+@pytest.mark.parametrize("phase", ["F", "B"])
+def test_shared_expert_overlap_is_the_max_form(phase):
+    # Megatron --moe-shared-expert-overlap: the shared expert's first GEMM runs while the first all-to-all is in
+    # flight and the rest while the second is. Per layer: pre + max(a2a_1, s_1) + experts + max(a2a_2, s_2)
+    # + post, against pre + a2a_1 + experts + a2a_2 + post(+ s_1 + s_2) without. The terms come from the run
+    # without overlap (the same kernels and bytes); the shared halves from the compute model.
+    model = {"shared_experts": 2, "moe_ffn_hidden": 2048}
+    moe = {"routing": "balanced"}
+    plain = run_experiment(experiment_from_dict(doc(ep=2, dp=2, model=model, moe=moe)))
+    over = run_experiment(experiment_from_dict(doc(ep=2, dp=2, model=model, moe=dict(moe, shared_expert_overlap=True))))
+    a2a = ("ep_dispatch", "ep_combine") if phase == "F" else ("ep_combine_grad", "ep_dispatch_grad")
+    p, o = _layer_ops(plain, phase=phase), _layer_ops(over, phase=phase)
+    dur = {k: v.end_s - v.start_s for k, v in p.items()}
+    s1, s2 = o["shared_1"].end_s - o["shared_1"].start_s, o["shared_2"].end_s - o["shared_2"].start_s
+    cm = ComputeModel(get_gpu("H100-SXM"))
+    exp = experiment_from_dict(doc(ep=2, dp=2, model=model, moe=dict(moe, shared_expert_overlap=True)))
+    st = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing)
+    ops = {op.name.split(".")[-1]: op for op in st.graph.ops if op.rank == 0 and op.name.startswith(f"{phase}0.c0.L0.")}
+    assert s1 == pytest.approx(sum(cm.duration(k) for k in ops["shared_1"].parts), rel=1e-9)
+    assert s2 == pytest.approx(sum(cm.duration(k) for k in ops["shared_2"].parts), rel=1e-9)
+    assert s1 > 0 and s2 > 0
+    # Without overlap the shared expert is inside pre / post: those shrink by s_1 + s_2 with overlap.
+    shared_in = dur["post"] if phase == "F" else dur["pre"]
+    shared_out = (o["post"].end_s - o["post"].start_s) if phase == "F" else (o["pre"].end_s - o["pre"].start_s)
+    assert shared_in - shared_out == pytest.approx(s1 + s2, rel=1e-6)
+    span_plain = p["post"].end_s - p["pre"].start_s
+    assert span_plain == pytest.approx(dur["pre"] + dur[a2a[0]] + dur["experts"] + dur[a2a[1]] + dur["post"],
+                                       rel=1e-9)
+    pre = o["pre"].end_s - o["pre"].start_s
+    post = o["post"].end_s - o["post"].start_s
+    span_over = o["post"].end_s - o["pre"].start_s
+    expected = pre + max(dur[a2a[0]], s1) + dur["experts"] + max(dur[a2a[1]], s2) + post
+    assert span_over == pytest.approx(expected, rel=1e-6)
+    assert span_over < span_plain

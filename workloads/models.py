@@ -256,7 +256,8 @@ _BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "bias", "learned_positions")
 
 
 MODEL_LIMITS = {"layers": 4096, "hidden": 1 << 20, "heads": 1 << 16, "kv_heads": 1 << 16, "ffn_hidden": 1 << 22,
-                "moe_ffn_hidden": 1 << 22, "vocab": 1 << 24, "experts": 1 << 16, "shared_experts": 1 << 10, "kv_channels": 1 << 16,
+                "moe_ffn_hidden": 1 << 22, "vocab": 1 << 24, "experts": 1 << 16, "shared_experts": 1 << 10,
+                "kv_channels": 1 << 16,
                 "max_seq_len": 1 << 24}
 """Upper limits per model field: far above any published model, low enough that the per-layer work the
 generator does (and the arithmetic on sizes) stays bounded for a mistyped value such as ``layers: 1e9``."""
