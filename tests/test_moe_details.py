@@ -151,3 +151,79 @@ def test_shared_expert_overlap_is_the_max_form(phase):
     expected = pre + max(dur[a2a[0]], s1) + dur["experts"] + max(dur[a2a[1]], s2) + post
     assert span_over == pytest.approx(expected, rel=1e-6)
     assert span_over < span_plain
+
+
+# ------------------------------------------------------------------ expert tensor parallelism
+def test_expert_grid_groups_follow_megatron_core():
+    from workloads.parallel import ParallelConfig, RankLayout
+    # tp 2, etp 1, ep 2, dp 4: 8 ranks per stage; expert grid etp innermost, then ep, then edp = 8 / (1 * 2) = 4.
+    lay = RankLayout(ParallelConfig(tp=2, dp=4, ep=2, etp=1, sequence_parallel=True))
+    assert lay.parallel.size("expert_dp") == 4
+    assert lay.ep_group(0) == (0, 1)              # the EP group crosses the TP group (0, 1)
+    assert lay.expert_dp_group(0) == (0, 2, 4, 6)
+    assert lay.etp_group(0) == (0,)
+    # tp 1, etp 2, ep 2, dp 4: etp pairs (0,1), (2,3); EP groups stride etp.
+    lay = RankLayout(ParallelConfig(tp=1, dp=4, ep=2, etp=2))
+    assert lay.etp_group(2) == (2, 3) and lay.ep_group(1) == (1, 3) and lay.expert_dp_group(0) == (0,)
+    # etp = tp: the groups of before (EP inside DP).
+    lay = RankLayout(ParallelConfig(tp=2, dp=4, ep=2, etp=2))
+    assert lay.ep_group(0) == (0, 2) and lay.expert_dp_group(0) == (0, 4) and lay.etp_group(1) == (0, 1)
+
+
+def _experts_op(step, rank=0):
+    return next(o for o in step.graph.ops if o.rank == rank and o.name == "F0.c0.L0.experts")
+
+
+@pytest.mark.parametrize("tp,etp,ep,dp", [(2, 1, 4, 2), (1, 2, 2, 4), (2, 2, 2, 2), (2, 4, 2, 4)])
+def test_expert_gemm_flops_per_rank_closed_form(tp, etp, ep, dp):
+    # Balanced routing. Each rank routes its b s / tp local tokens (sequence parallel); its experts receive
+    # (b s / tp) k token slots from the EP group, the expert-TP all-gather makes them etp times that, each run
+    # through a width-f/etp shard: gated-MLP GEMM FLOPs 2 * rows * 3 h f / etp = 6 (b s / tp) k h f, whatever etp.
+    st = step_of(doc(tp=tp, dp=dp, ep=ep, moe={"routing": "balanced"}, parallel={"etp": etp}))
+    f = MOE["moe_ffn_hidden"]
+    gemm = sum(k.flops for k in _experts_op(st).parts if k.category == "gemm")
+    assert gemm == pytest.approx(6 * (S / tp) * K * H * f, rel=1e-12)
+    ag = [o for o in st.graph.ops if o.rank == 0 and o.name == "F0.c0.L0.etp_gather"]
+    if etp != tp and etp > 1:
+        # all-gathered bytes (the whole gathered buffer): etp x the slots received x h x bytes
+        assert ag[0].nbytes == pytest.approx(etp * (S / tp) * K * H * D) and len(ag[0].group) == etp
+    else:
+        assert not ag
+
+
+def test_expert_grad_reduction_group_and_bytes():
+    # tp 2, etp 1, ep 2, dp 4 (ZeRO-0): the expert gradients (E/ep experts, unsplit: 3 h f each) are all-reduced
+    # over the expert-DP group of tp*dp/(etp*ep) = 4 ranks; etp = tp would give dp/ep = 2 ranks and half the bytes.
+    f, e = MOE["moe_ffn_hidden"], MOE["experts"]
+    sizes = {}
+    for etp in (1, 2):
+        st = step_of(doc(tp=2, dp=4, ep=2, nodes=1, moe={"routing": "balanced"}, parallel={"etp": etp}))
+        edp = [o for o in st.graph.ops if o.rank == 0 and o.traffic_class == "edp"]
+        grad_bytes = 4  # Megatron's fp32 gradient buffer for bf16 training
+        per_layer = e // 2 * 3 * H * f // etp * grad_bytes
+        assert sum(o.nbytes * o.count for o in edp) == pytest.approx(MOE["layers"] * per_layer)
+        sizes[etp] = {len(o.group) for o in edp}
+    assert sizes == {1: {4}, 2: {2}}
+
+
+@pytest.mark.parametrize("parallel,needle", [
+    ({"etp": 3}, "parallel.etp"),                                  # does not divide the expert width
+    ({"etp": 4, "ep": 4}, "parallel.etp"),                         # etp*ep = 16 > the 8 ranks
+    ({"etp": 1, "ep": 1}, "parallel.etp"),                         # etp != tp without EP
+    ({"etp": 1, "sequence_parallel": False}, "sequence_parallel"),
+])
+def test_bad_expert_tp_is_one_clear_error(parallel, needle):
+    from workloads.errors import ConfigError
+    par = {"ep": 2}
+    par.update(parallel)
+    with pytest.raises(ConfigError, match=needle) as err:
+        step_of(doc(tp=2, dp=4, parallel=par))
+    assert "\n" not in str(err.value)
+
+
+def test_expert_grid_step_runs_end_to_end():
+    # tp 2 with etp 1 (EP groups across TP groups) and tp 1 with etp 2 (gather / scatter over expert TP) simulate
+    # to completion, every EP byte on NVLink inside the node.
+    for tp, etp, ep, dp in ((2, 1, 4, 2), (1, 2, 2, 4)):
+        r = run_experiment(experiment_from_dict(doc(tp=tp, dp=dp, ep=ep, m=2, parallel={"etp": etp})))
+        assert r.step_time > 0 and r.bytes_by_class["ep"] > 0

@@ -365,8 +365,10 @@ def fp8_gemm_modules(model: ModelSpec, layer: int, ep: int = 1) -> int:
     return 2 + 2 * (model.experts // ep) + (2 if model.shared_experts else 0)
 
 
-def fp8_weight_params(model: ModelSpec, layer: int, tp: int = 1, ep: int = 1) -> tuple[int, int]:
-    """Weights of the FP8 GEMMs of layer ``layer`` on one TP/EP rank: ``(dense, routed_experts)``.
+def fp8_weight_params(model: ModelSpec, layer: int, tp: int = 1, ep: int = 1,
+                      etp: int | None = None) -> tuple[int, int]:
+    """Weights of the FP8 GEMMs of layer ``layer`` on one TP/EP rank: ``(dense, routed_experts)`` (routed
+    experts split over ``etp``, default ``tp``).
 
     The matrices of :func:`fp8_gemm_modules`: attention QKV and output projection, the MLP (dense, or the
     local routed experts and the shared experts). Biases, norms and the router stay in bf16.
@@ -376,7 +378,8 @@ def fp8_weight_params(model: ModelSpec, layer: int, tp: int = 1, ep: int = 1) ->
     if not model.is_moe_layer(layer):
         return attention + model.mlp_matrices * h * model.ffn_hidden // tp, 0
     one = model.mlp_matrices * h * model.expert_ffn_hidden // tp
-    return attention + model.shared_experts * one, model.experts // ep * one
+    routed = model.mlp_matrices * h * model.expert_ffn_hidden // (etp or tp)
+    return attention + model.shared_experts * one, model.experts // ep * routed
 
 
 def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, layer: int = 0,

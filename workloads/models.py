@@ -171,34 +171,37 @@ class ModelSpec:
         """Parameters of the two norms of one layer (replicated over TP)."""
         return 2 * self._norm_size()
 
-    def mlp_params(self, index: int = 0, tp: int = 1, ep: int = 1) -> int:
+    def mlp_params(self, index: int = 0, tp: int = 1, ep: int = 1, etp: int | None = None) -> int:
         """MLP (or MoE block) parameters of layer ``index`` held by one TP/EP rank.
 
         Dense: ``mats * h * f / tp`` (+ biases). MoE: the replicated router
-        ``h * experts``, ``experts / ep`` local routed experts and all shared
-        experts, each split over ``tp`` (Megatron's default expert TP = TP).
+        ``h * experts``, all shared experts split over ``tp``, and ``experts / ep``
+        local routed experts split over the expert TP ``etp`` (Megatron-Core's
+        default ``etp = tp``).
         """
         if not self.is_moe_layer(index):
             return self._one_mlp(self.ffn_hidden, tp)
-        local = self.experts // ep + self.shared_experts
-        return self.hidden * self.experts + local * self._one_mlp(self.expert_ffn_hidden, tp)
+        return (self.hidden * self.experts + self.shared_experts * self._one_mlp(self.expert_ffn_hidden, tp)
+                + self.routed_expert_params(index, tp, ep, etp))
 
-    def routed_expert_params(self, index: int = 0, tp: int = 1, ep: int = 1) -> int:
-        """Parameters of the ``experts / ep`` routed experts of layer ``index`` on one TP/EP rank.
+    def routed_expert_params(self, index: int = 0, tp: int = 1, ep: int = 1, etp: int | None = None) -> int:
+        """Parameters of the ``experts / ep`` routed experts of layer ``index`` on one expert-TP/EP rank
+        (split over ``etp``, default ``tp``).
 
         These are the parameters sharded over the expert-data-parallel group
         rather than the full DP group; 0 for a dense layer.
         """
         if not self.is_moe_layer(index):
             return 0
-        return self.experts // ep * self._one_mlp(self.expert_ffn_hidden, tp)
+        return self.experts // ep * self._one_mlp(self.expert_ffn_hidden, etp or tp)
 
-    def params_per_layer(self, index: int = 0, tp: int = 1, ep: int = 1) -> int:
-        """Parameters of layer ``index`` (0-based) held by one TP/EP rank.
+    def params_per_layer(self, index: int = 0, tp: int = 1, ep: int = 1, etp: int | None = None) -> int:
+        """Parameters of layer ``index`` (0-based) held by one TP/EP rank (routed experts split over ``etp``,
+        default ``tp``).
 
         With ``tp = ep = 1`` this is the layer's full parameter count.
         """
-        return self.attention_params(tp) + self.norm_params() + self.mlp_params(index, tp, ep)
+        return self.attention_params(tp) + self.norm_params() + self.mlp_params(index, tp, ep, etp)
 
     def active_params_per_layer(self, index: int = 0) -> int:
         """Parameters of layer ``index`` that one token uses (top-k + shared experts)."""

@@ -398,11 +398,14 @@ class _StepBuilder:
         self._segments_cache: dict[tuple, list[_Segment]] = {}
         self._tp_groups: dict[int, tuple[int, ...]] = {}
         self._ep_groups: dict[int, tuple[int, ...]] = {}
+        self._etp_groups: dict[int, tuple[int, ...]] = {}
         self._moe_rows: dict[tuple, tuple[tuple[float, ...], tuple[float, ...], int]] = {}
         self._moe_kernels: dict[int, tuple] = {}  # id(segment's MoE split) -> (split, kernels before, after)
         self._end_params: dict[int, float] = {}
         self.routing = routing or RoutingModel()
         self.expert_parallel = model.is_moe and parallel.ep > 1
+        self.etp = parallel.expert_tp
+        self.expert_grid = parallel.expert_grid  # etp != tp: experts on Megatron-Core's own expert grid
         self.routes: dict[int, LayerRouting] = {}
         self._draws: dict[tuple[int, int | None], LayerRouting] = {}
         self.draw_imbalance: dict[tuple[int, int | None], float] = {}
@@ -433,6 +436,15 @@ class _StepBuilder:
         rs = 2 * n * (2 if full else 1) + ((1 if first else 0) if phase == "F" else (1 if last else 0))
         return {"all_gather": ag, "reduce_scatter": rs}
 
+    def _layer_tp_counts(self, layer: int, phase: str) -> dict[str, int]:
+        """TP collectives of one layer's pass: :meth:`_tp_counts`, except that on the expert grid (``etp !=
+        tp``) an MoE layer without shared experts keeps only the attention's pair: Megatron-Core routes the
+        sequence-parallel tokens as they are and gathers over the expert TP group after the dispatch."""
+        counts = self._tp_counts(1, phase, False, False)
+        if self.expert_grid and self.model.is_moe_layer(layer) and not self.model.shared_experts:
+            counts = {k: v // 2 for k, v in counts.items()}
+        return counts
+
     def end_params(self, stage: int, chunk: int) -> float:
         """Embedding / output-layer parameters (one TP rank) that virtual stage ``(stage, chunk)`` holds.
 
@@ -444,22 +456,24 @@ class _StepBuilder:
         if stage not in self._end_params:
             t, ep = self.t, self.par.ep
             dense_extra, _ = stage_params(self.model, self.par, stage)
-            dense_layers = sum(self.model.params_per_layer(i, t, ep) - self.model.routed_expert_params(i, t, ep)
+            dense_layers = sum(self.model.params_per_layer(i, t, ep, self.etp)
+                               - self.model.routed_expert_params(i, t, ep, self.etp)
                                for i in stage_layers(self.model.layers, self.par, stage))
             self._end_params[stage] = dense_extra - dense_layers
         return self._end_params[stage]
 
-    def _layer_pass(self, layer: int, phase: str) -> tuple[list[LayerOp], int]:
+    def _layer_pass(self, layer: int, phase: str, tp: int | None = None) -> tuple[list[LayerOp], int]:
         """The kernels of one layer in one pass, and how many of them (at the front) are recomputed forward
         kernels (activation recomputation: all of the forward for ``full``, the attention core for
-        ``selective``)."""
-        ops = layer_ops(self.model, self.par.micro_batch, self.train.seq_len, self.t, layer=layer,
+        ``selective``). ``tp``: build it for another TP degree (the routed experts' ``etp``)."""
+        ops = layer_ops(self.model, self.par.micro_batch, self.train.seq_len, tp or self.t, layer=layer,
                         sequence_parallel=self.sp, dtype_bytes=self.dtype, causal=self.opt.causal,
                         flash_attention=self.opt.flash_attention, fp8=self.fp8, cp=self.cp,
                         cp_comm_type=self.par.cp_comm_type)
         if phase == "F":
             return ops.forward, 0
-        backward = accumulate_gradients(ops.backward, self.model.params_per_layer(layer, self.t, self.par.ep),
+        backward = accumulate_gradients(ops.backward, self.model.params_per_layer(layer, self.t, self.par.ep,
+                                                                                  self.etp),
                                         self.grad_bytes, self.dtype, self.opt.grad_accumulation_fusion)
         if self.split_backward:  # zb-h1: "B" computes the input gradient, "W" the weight gradients
             if phase == "W":
@@ -491,9 +505,9 @@ class _StepBuilder:
         order = layers if phase == "F" else list(reversed(layers))
         emb_params = self.end_params(stage, chunk)
         first, last = first and ends, last and ends  # no embedding / output-layer TP collectives without them
-        grads = {i: (self.model.params_per_layer(i, t, self.par.ep)
-                     - self.model.routed_expert_params(i, t, self.par.ep),
-                     self.model.routed_expert_params(i, t, self.par.ep)) for i in layers}
+        grads = {i: (self.model.params_per_layer(i, t, self.par.ep, self.etp)
+                     - self.model.routed_expert_params(i, t, self.par.ep, self.etp),
+                     self.model.routed_expert_params(i, t, self.par.ep, self.etp)) for i in layers}
         gb = self.grad_bytes
         ub = self.par.tp_comm_overlap
         if per_layer or self.expert_parallel or self.cp > 1:
@@ -501,7 +515,7 @@ class _StepBuilder:
             for i in order:
                 kernels, again = self._layer_pass(i, phase)
                 mask = tuple(_leading(again, len(kernels)))
-                segs.append(_Segment(kernels, {} if ub else self._tp_counts(1, phase, False, False), i,
+                segs.append(_Segment(kernels, {} if ub else self._layer_tp_counts(i, phase), i,
                                      grads[i][0] * gb, grads[i][1] * gb, moe=self._moe_split(i, phase),
                                      recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None))
             if head:
@@ -667,6 +681,9 @@ class _StepBuilder:
         # Recomputed forward kernels (the first ``start``) run first and stay local to the rank.
         idx = [i for i in range(start, len(ops)) if ops[i].name.startswith("experts")]
         before, experts, after = ops[:idx[0]], ops[idx[0]:idx[-1] + 1], ops[idx[-1] + 1:]
+        if self.expert_grid:  # the routed experts' GEMMs are split over etp, not tp
+            eops, estart = self._layer_pass(layer, phase, self.etp)
+            experts = [o for o in eops[estart:] if o.name.startswith("experts")]
         if not (self.routing.shared_expert_overlap and self.model.shared_experts):
             return before, experts, after
         shared = [o for o in ops[start:] if o.name.startswith("shared")]
@@ -683,8 +700,8 @@ class _StepBuilder:
         key = (layer, mb if self.routing.draw == "micro_batch" else None)
         r = self._draws.get(key)
         if r is None:
-            r = self._draws[key] = route_layer(self.model.experts, self.model.top_k,
-                                               self.par.micro_batch * self.train.seq_len, self.par.ep,
+            tokens = self.par.micro_batch * self.train.seq_len // (self.t if self.expert_grid else 1)
+            r = self._draws[key] = route_layer(self.model.experts, self.model.top_k, tokens, self.par.ep,
                                                self.routing, layer, key[1])
             self.draw_imbalance[key] = r.imbalance
             seen = self.routes.get(layer)
@@ -722,12 +739,23 @@ class _StepBuilder:
         if rows is None:
             r = self.route(seg.layer, mb)
             tokens = r.rank_matrix()
-            per_token = self.model.hidden * self.dtype / self.t  # each TP rank ships its 1/t of the tokens
+            # etp = tp: the layer's tokens are routed once per TP group, each TP rank ships its 1/t of them.
+            # Expert grid: every rank routes its own sequence-parallel tokens (drawn as b s / t per rank).
+            per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
             rows = self._moe_rows[(draw, e)] = (
                 tuple(float(x) * per_token for x in tokens[e, :]),   # owner → experts
                 tuple(float(x) * per_token for x in tokens[:, e]),   # experts → owners
                 int(tokens[:, e].sum()))                             # token slots this rank's experts compute
         out_row, back_row, load = rows
+        gather = None
+        if self.expert_grid:
+            # Megatron-Core's alltoall dispatcher with etp > 1: all-gather the dispatched tokens over the expert
+            # TP group, run the experts on all of them (etp x load rows, width f / etp), reduce-scatter back.
+            if self.etp > 1:
+                gather = self._etp_groups.get(rank)
+                if gather is None:
+                    gather = self._etp_groups[rank] = self.layout.etp_group(rank)
+            load *= self.etp
         kernels = self._moe_kernels.get(id(seg.moe))
         if kernels is None or kernels[0] is not seg.moe:
             kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after),
@@ -741,8 +769,14 @@ class _StepBuilder:
                                 deps=[last] if shared else (), **a2a)
         if shared:
             g.compute(rank, parts=kernels[3], name=f"{name}.shared_1", category="gemm", **tags)
+        if gather is not None:
+            first = g.collective_op(rank, "all_gather", gather, load * self.model.hidden * self.dtype,
+                                    name=f"{name}.etp_gather", traffic_class="tp", deps=[first], **a2a)
         done = g.compute(rank, parts=self._expert_parts(seg.layer, seg.phase, load, experts), name=f"{name}.experts",
                          category="gemm", deps=[first] if shared else (), **tags)
+        if gather is not None:
+            done = g.collective_op(rank, "reduce_scatter", gather, load * self.model.hidden * self.dtype,
+                                   name=f"{name}.etp_scatter", traffic_class="tp", deps=[done], **a2a)
         second = g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
                                  name=f"{name}.ep_{'combine' if seg.phase == 'F' else 'dispatch_grad'}",
                                  deps=[done] if shared else (), **a2a)
@@ -1085,11 +1119,11 @@ class _StepBuilder:
         dp_ops = pending.emitted
         tied = self._tied_embedding_sync(rank, stage, last_op)
         dense, experts = stage_params(self.model, par, stage)
-        shard = (dense / par.grad_dp + experts / max(1, par.dp // par.ep)) if par.zero >= 1 else dense + experts
+        shard = (dense / par.grad_dp + experts / max(1, par.size("expert_dp"))) if par.zero >= 1 else dense + experts
         fp8_shard = 0.0
         if self.train.fp8_param_gather:
             fp8_dense, fp8_routed = self.stage_fp8_weights(stage)
-            fp8_shard = fp8_dense / par.grad_dp + fp8_routed / max(1, par.dp // par.ep)
+            fp8_shard = fp8_dense / par.grad_dp + fp8_routed / max(1, par.size("expert_dp"))
         before, after = optimizer_step_ops(shard, dense + experts, self.grad_bytes, self.dtype, fp8_shard)
         step_deps = [last_op] + dp_ops[-1:] + tied
         norm = g.compute(rank, parts=_kernels(before), name="grad_norm", deps=step_deps, stream=COMPUTE_STREAM,
@@ -1168,7 +1202,7 @@ class _StepBuilder:
                 ops += self._param_gathers(rank, stage, a.chunk, todo, before)
             wait = [ops[need[i]]] if need[i] >= 0 else []
             if self.fp8 and seg.kernels and any(k.category == "gemm_fp8" for k in seg.kernels):
-                dense, routed = fp8_weight_params(self.model, seg.layer, self.t, self.par.ep)
+                dense, routed = fp8_weight_params(self.model, seg.layer, self.t, self.par.ep, self.etp)
                 per_weight = 2 if self.train.fp8_param_gather else FP8_CAST_BYTES
                 wait = [self.graph.compute(rank, parts=(Kernel("fp8_cast", 0.0, per_weight * (dense + routed)),),
                                            name=f"{name}.L{seg.layer}.fp8_weight_cast", deps=deps + wait,
@@ -1198,7 +1232,8 @@ class _StepBuilder:
         """FP8 GEMM weights (one TP/EP rank) of virtual stage ``(stage, chunk)``: ``(dense, routed experts)``."""
         key = (stage, chunk)
         if key not in self._fp8_weights:
-            pairs = [fp8_weight_params(self.model, i, self.t, self.par.ep) for i in self.chunk_layers(stage, chunk)]
+            pairs = [fp8_weight_params(self.model, i, self.t, self.par.ep, self.etp)
+                     for i in self.chunk_layers(stage, chunk)]
             self._fp8_weights[key] = (float(sum(p[0] for p in pairs)), float(sum(p[1] for p in pairs)))
         return self._fp8_weights[key]
 
@@ -1284,6 +1319,8 @@ class _StepBuilder:
         ranks: Sequence[int] = range(self.par.world_size)
         lay = self.layout
         ep = self.par.ep
+        if self.expert_grid:  # EP groups cross TP groups: TP peers run different programs, emit every rank
+            representatives = None
         if representatives == "stage" and self.t * self.cp * self.par.dp // ep > 1:
             # Every rank of a pipeline stage runs the same program as the ranks with its EP index in the
             # other EP groups and their TP peers: same kernels, same TP collectives, the same all-to-all
