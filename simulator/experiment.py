@@ -248,7 +248,8 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     exp = Experiment(str(name), cluster, model, parallel, training, _network_from_dict(_section(doc, "network")),
                      _compute_from_dict(_section(doc, "compute")), _options_from_dict(_section(doc, "options")),
                      raw=copy.deepcopy(dict(doc)), fidelity=_fidelity(doc.get("fidelity", "fast")),
-                     routing=routing_from_dict(_section(doc, "moe")))
+                     routing=dataclasses.replace(routing_from_dict(_section(doc, "moe")),
+                                                 node_gpus=cluster.gpus_per_server))
     exp.faults, exp.healthy_cluster = faults, healthy
     sms = exp.options.tp_comm_overlap_sms
     if parallel.tp_comm_overlap and sms >= cluster.gpu.sm_count:

@@ -87,6 +87,9 @@ class RoutingModel:
     shared_expert_overlap : bool
         Run the shared experts beside the dispatch / combine (Megatron
         ``--moe-shared-expert-overlap``) instead of after the routed experts.
+    node_gpus : int
+        GPUs per NVLink domain (rank ``r`` on node ``r // node_gpus``); the experiment sets it from the
+        cluster. Only ``dispatch: deepep`` reads it.
     """
 
     kind: str = "uniform"
@@ -98,6 +101,7 @@ class RoutingModel:
     pad_to_capacity: bool = False
     dispatch: str = "all_to_all"
     shared_expert_overlap: bool = False
+    node_gpus: int = 8
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in ROUTING_KINDS:
@@ -113,6 +117,10 @@ class RoutingModel:
         for name in ("pad_to_capacity", "shared_expert_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"moe.{name}: must be true or false, got {getattr(self, name)!r}")
+        check_int("moe.node_gpus", self.node_gpus)
+        if self.dispatch == "deepep" and self.pad_to_capacity:
+            raise ConfigError("moe.dispatch: deepep sends each token once per destination node and GPU; it is not "
+                              "modelled with pad_to_capacity (fixed-size all-to-alls)")
         if self.pad_to_capacity and self.capacity_factor is None:
             raise ConfigError("moe.pad_to_capacity: needs moe.capacity_factor (a dropless MoE has no capacity "
                               "to pad to)")
@@ -254,6 +262,79 @@ def route_layer(model_experts: int, top_k: int, tokens_per_rank: int, ep: int, r
     if routing.capacity_factor is not None:
         capacity = capacity_slots(tokens_per_rank, top_k, model_experts, routing.capacity_factor)
     return LayerRouting(choices, _apply_capacity(choices, capacity), capacity, routing.pad_to_capacity)
+
+
+def deepep_matrices(slots: np.ndarray, rank_probs: np.ndarray, top_k: int,
+                    node_of: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of DeepEP's node-aggregated dispatch over one EP group: ``(first hop, NVLink forward)``.
+
+    DeepEP's normal kernels (DeepSeek-V3 report section 3.2.2; github.com/deepseek-ai/DeepEP) send a
+    token once to every *GPU* that holds one of its experts (not once per expert), and across nodes once
+    to every destination *node*: over RDMA to the GPU with the sender's local index on that node, which
+    forwards it over NVLink to the GPUs there that need it. Combine is the reverse (NVLink reduce into the
+    forwarder, then RDMA back).
+
+    Counts are expectations given the drawn choices: the ``slots[i, j]`` choices rank ``i`` sends to EP rank
+    ``j`` stand for ``slots[i, j] * r_j`` distinct tokens with ``r_j = (1 - (1 - p_j)^k) / (k p_j)`` (a token
+    picks ``j`` at least once out of ``k`` independent choices, ``p_j`` the probability that one choice lands
+    on ``j``); likewise per node with ``p_n = sum of p_j on node n``.
+
+    Parameters
+    ----------
+    slots : numpy.ndarray, shape (ep, ep)
+        Token choices (slots) EP rank ``i`` sends to EP rank ``j`` (:meth:`LayerRouting.rank_matrix`).
+    rank_probs : numpy.ndarray, shape (ep,)
+        Probability that one choice goes to each EP rank.
+    top_k : int
+    node_of : sequence of int
+        Node of each EP member; every node must hold the same number of members.
+
+    Returns
+    -------
+    (first, forward) : numpy.ndarray, shape (ep, ep)
+        ``first[i, j]``: tokens ``i`` sends to ``j`` directly (NVLink inside its node, RDMA to its
+        same-index peer on another node); ``forward[f, g]``: tokens forwarder ``f`` relays to ``g`` on its node.
+
+    Examples
+    --------
+    >>> first, fwd = deepep_matrices(np.full((4, 4), 4.0), np.full(4, 0.25), 2, [0, 0, 1, 1])
+    >>> first[0].tolist()   # itself and its node-mate: 4 choices x r = (1 - 0.75^2)/0.5 = 0.875; node 1: 8 x 0.75
+    [3.5, 3.5, 6.0, 0.0]
+    >>> fwd[2].tolist()     # rank 2 relays rank 0's tokens for rank 3
+    [0.0, 0.0, 0.0, 3.5]
+    """
+    ep = len(node_of)
+    nodes = sorted(set(node_of))
+    members = {n: [j for j in range(ep) if node_of[j] == n] for n in nodes}
+    if len({len(m) for m in members.values()}) != 1:
+        raise ConfigError("moe.dispatch: deepep needs the same number of EP ranks on every node of an EP group "
+                          f"(got {', '.join(str(len(members[n])) for n in nodes)} per node)")
+    local = {j: members[node_of[j]].index(j) for j in range(ep)}
+
+    def ratio(p: np.ndarray) -> np.ndarray:
+        p = np.asarray(p, dtype=float)
+        out = np.ones_like(p)
+        nz = p > 0
+        out[nz] = (1.0 - (1.0 - p[nz]) ** top_k) / (top_k * p[nz])
+        return out
+
+    slots = np.asarray(slots, dtype=float)
+    per_rank = slots * ratio(rank_probs)[None, :]           # distinct tokens i -> j
+    node_p = np.array([rank_probs[members[n]].sum() for n in nodes])
+    node_tokens = np.stack([slots[:, members[n]].sum(axis=1) for n in nodes], axis=1) * ratio(node_p)[None, :]
+    first = np.zeros((ep, ep))
+    forward = np.zeros((ep, ep))
+    for i in range(ep):
+        for k, n in enumerate(nodes):
+            if n == node_of[i]:
+                first[i, members[n]] = per_rank[i, members[n]]
+                continue
+            f = members[n][local[i]]
+            first[i, f] = node_tokens[i, k]
+            for g in members[n]:
+                if g != f:
+                    forward[f, g] += per_rank[i, g]
+    return first, forward
 
 
 def routing_from_dict(section: dict | None) -> RoutingModel:

@@ -131,7 +131,7 @@ from .flops import (
 )
 from .memory import stage_params
 from .models import ModelSpec
-from .moe import LayerRouting, RoutingModel, route_layer
+from .moe import LayerRouting, RoutingModel, deepep_matrices, route_layer
 from .ops import Kernel, OpGraph
 from .parallel import (
     ParallelConfig,
@@ -736,6 +736,8 @@ class _StepBuilder:
         e = group.index(rank)
         draw = (seg.layer, mb if self.routing.draw == "micro_batch" else None)
         rows = self._moe_rows.get((draw, e))  # the same for every EP group (and every micro-batch: draw: layer)
+        if rows is None and self.routing.dispatch == "deepep":
+            rows = self._deepep_rows(seg.layer, mb, group, e)
         if rows is None:
             r = self.route(seg.layer, mb)
             tokens = r.rank_matrix()
@@ -746,7 +748,7 @@ class _StepBuilder:
                 tuple(float(x) * per_token for x in tokens[e, :]),   # owner → experts
                 tuple(float(x) * per_token for x in tokens[:, e]),   # experts → owners
                 int(tokens[:, e].sum()))                             # token slots this rank's experts compute
-        out_row, back_row, load = rows
+        out_row, back_row, load, *forward = rows
         gather = None
         if self.expert_grid:
             # Megatron-Core's alltoall dispatcher with etp > 1: all-gather the dispatched tokens over the expert
@@ -767,23 +769,50 @@ class _StepBuilder:
         first = g.collective_op(rank, "all_to_all", group, 0, split=out_row, traffic_class="ep",
                                 name=f"{name}.ep_{'dispatch' if seg.phase == 'F' else 'combine_grad'}",
                                 deps=[last] if shared else (), **a2a)
+        wait: list[int] = [first] if shared else []
+        if forward:  # DeepEP: the NVLink forwarding runs beside the RDMA hop (pipelined in chunks)
+            wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[0], traffic_class="ep",
+                                        name=f"{name}.ep_forward", deps=[last], **dict(tags, stream="ep_forward")))
         if shared:
             g.compute(rank, parts=kernels[3], name=f"{name}.shared_1", category="gemm", **tags)
         if gather is not None:
             first = g.collective_op(rank, "all_gather", gather, load * self.model.hidden * self.dtype,
-                                    name=f"{name}.etp_gather", traffic_class="tp", deps=[first], **a2a)
+                                    name=f"{name}.etp_gather", traffic_class="tp", deps=wait + [first], **a2a)
+            wait = [first] if shared else []
         done = g.compute(rank, parts=self._expert_parts(seg.layer, seg.phase, load, experts), name=f"{name}.experts",
-                         category="gemm", deps=[first] if shared else (), **tags)
+                         category="gemm", deps=wait, **tags)
         if gather is not None:
             done = g.collective_op(rank, "reduce_scatter", gather, load * self.model.hidden * self.dtype,
                                    name=f"{name}.etp_scatter", traffic_class="tp", deps=[done], **a2a)
         second = g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
                                  name=f"{name}.ep_{'combine' if seg.phase == 'F' else 'dispatch_grad'}",
                                  deps=[done] if shared else (), **a2a)
+        wait = [second] if shared else []
+        if forward:
+            wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[1], traffic_class="ep",
+                                        name=f"{name}.ep_forward_back", deps=[done],
+                                        **dict(tags, stream="ep_forward")))
         if shared:
             g.compute(rank, parts=kernels[4], name=f"{name}.shared_2", category="gemm", **tags)
-        return g.compute(rank, parts=kernels[2], name=f"{name}.post", category="gemm",
-                         deps=[second] if shared else (), **tags)
+        return g.compute(rank, parts=kernels[2], name=f"{name}.post", category="gemm", deps=wait, **tags)
+
+    def _deepep_rows(self, layer: int, mb: int, group: tuple[int, ...], e: int) -> tuple:
+        """EP rank ``e``'s rows under ``moe.dispatch: deepep`` (:func:`~workloads.moe.deepep_matrices`): first hop
+        out, first hop back (its transpose), expert slots, NVLink forward out, forward back."""
+        r = self.route(layer, mb)
+        ep, experts = self.par.ep, self.model.experts
+        probs = self.routing.probabilities(experts, layer).reshape(ep, experts // ep).sum(axis=1)
+        nodes = [x // self.routing.node_gpus for x in group]
+        first, forward = deepep_matrices(r.rank_matrix(), probs, self.model.top_k, nodes)
+        per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
+        draw = (layer, mb if self.routing.draw == "micro_batch" else None)
+        rows = (tuple(float(x) * per_token for x in first[e, :]), tuple(float(x) * per_token for x in first[:, e]),
+                int(r.rank_matrix()[:, e].sum()))
+        if forward.any():  # an EP group inside one node has nothing to forward
+            rows += (tuple(float(x) * per_token for x in forward[e, :]),
+                     tuple(float(x) * per_token for x in forward[:, e]))
+        self._moe_rows[(draw, e)] = rows
+        return rows
 
     def _emit_tp(self, rank: int, seg: _Segment, name: str, last: int, mb: int, stage: int) -> int:
         group = self._tp_groups.get(rank)
