@@ -305,3 +305,41 @@ def test_deepep_bottleneck_bandwidth_against_the_published_table(ep):
     # per token), which is not modelled here: 25% either way.
     bandwidth = deepep_dispatch_bandwidth(ep)
     assert bandwidth == pytest.approx(DEEPEP_V1[ep], rel=0.25)
+
+
+# ------------------------------------------------------------------ presets and the DeepSeek-V3 entry
+def test_qwen3_preset_counts_by_hand():
+    from workloads.flops import layer_ops
+    from workloads.models import get_preset
+    m = get_preset("qwen3-235b-a22b")
+    h, q, kv, f, e, v = 4096, 64 * 128, 4 * 128, 1536, 128, 151936
+    attention = h * (q + 2 * kv) + q * h                 # Q is 8192 wide on a 4096-wide model
+    assert m.q_hidden == q and m.attention_params() == attention
+    layer = attention + 2 * h + h * e + e * 3 * h * f     # + 2 RMSNorms, router, 128 SwiGLU experts
+    total = 94 * layer + 2 * v * h + h                   # untied embedding and output, final norm
+    assert m.total_params() == total
+    assert total / 1e9 == pytest.approx(235, rel=0.005)  # "235B total parameters" (Qwen3 report, Table 2)
+    active = 94 * (attention + 2 * h + h * e + 8 * 3 * h * f) + 2 * v * h + h
+    assert m.active_params() == active and active / 1e9 == pytest.approx(22, rel=0.02)   # "22B activated"
+    # Forward FLOPs of the attention of one 4096-token sequence: QKV + output GEMMs + the (unmasked) scores.
+    fwd = layer_ops(m, 1, 4096, 1, layer=0, causal=True).forward
+    gemm = sum(o.flops for o in fwd if o.name in ("qkv", "attn_out"))
+    assert gemm == pytest.approx(2 * 4096 * attention)
+    core = next(o for o in fwd if o.name == "attention")
+    assert core.flops == pytest.approx(4 * 4096 ** 2 * q * 0.5)     # causal: half of 4 s^2 q
+
+
+def test_h800_and_the_deepseek_v3_entry():
+    from simulator.experiment import load_experiment
+    from simulator.validation import get_entry
+    from topologies import get_gpu
+    h800, h100 = get_gpu("h800"), get_gpu("H100-SXM")
+    assert h800.peak_flops == h100.peak_flops and h800.hbm_bandwidth == h100.hbm_bandwidth
+    assert h800.nvlink_bandwidth == 200e9 and h800.nic_bandwidth == 50e9      # 400 GB/s bidirectional; 400 Gb/s
+    e = get_entry("deepseek-v3-2048-h800")
+    assert e.published == pytest.approx(1e12 / (180e3 * 3600)) == pytest.approx(1543.2, abs=0.05)
+    exp = load_experiment(e.path)
+    p = exp.parallel
+    assert (p.tp, p.pp, p.ep, p.dp, p.zero, exp.training.dtype) == (1, 16, 64, 128, 1, "fp8")
+    assert (p.global_batch, exp.training.seq_len, exp.model.layers) == (15360, 4096, 61)
+    assert exp.cluster.gpu.name == "H800-SXM" and exp.cluster.num_gpus == 2048
