@@ -343,3 +343,17 @@ def test_h800_and_the_deepseek_v3_entry():
     assert (p.tp, p.pp, p.ep, p.dp, p.zero, exp.training.dtype) == (1, 16, 64, 128, 1, "fp8")
     assert (p.global_batch, exp.training.seq_len, exp.model.layers) == (15360, 4096, 61)
     assert exp.cluster.gpu.name == "H800-SXM" and exp.cluster.num_gpus == 2048
+
+
+def test_deepep_dispatches_fp8_and_combines_bf16_under_fp8_training():
+    # DeepEP's FP8 dispatch (DeepSeek-V3 section 3.3.4): owner -> experts in FP8 plus one fp32 scale per 128
+    # elements, h (1 + 4/128) bytes per token; both combines in bf16, 2 h bytes. Same 2-node layout as above.
+    d = doc(ep=16, dp=16, nodes=2, moe={"routing": "balanced", "dispatch": "deepep"}, model={"experts": 16})
+    d["training"]["dtype"] = "fp8"
+    st = step_of(d)
+    ops = {o.name: o for o in st.graph.ops if o.rank == 0 and ".L0." in o.name and o.micro_batch == 0}
+    fp8, bf16 = H * (1 + 4 / 128), 2 * H
+    assert ops["F0.c0.L0.ep_dispatch"].split[8] == pytest.approx(768 * fp8)
+    assert ops["F0.c0.L0.ep_combine"].split[8] == pytest.approx(768 * bf16)
+    assert ops["B0.c0.L0.ep_combine_grad"].split[8] == pytest.approx(768 * fp8)
+    assert ops["B0.c0.L0.ep_dispatch_grad"].split[8] == pytest.approx(768 * bf16)

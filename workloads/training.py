@@ -805,11 +805,15 @@ class _StepBuilder:
         nodes = [x // self.routing.node_gpus for x in group]
         first, forward = deepep_matrices(r.rank_matrix(), probs, self.model.top_k, nodes)
         per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
+        # FP8 training: tokens travel owner -> experts in FP8 with one fp32 scale per 128 elements (DeepEP's
+        # FP8 dispatch; DeepSeek-V3 section 3.3.4 quantizes the activations before the up-projections and the
+        # gradients before the down-projections), back in bf16 (both combines).
+        out_token = per_token * (1 + 4 / 128) / self.dtype if self.fp8 else per_token
         draw = (layer, mb if self.routing.draw == "micro_batch" else None)
-        rows = (tuple(float(x) * per_token for x in first[e, :]), tuple(float(x) * per_token for x in first[:, e]),
+        rows = (tuple(float(x) * out_token for x in first[e, :]), tuple(float(x) * per_token for x in first[:, e]),
                 int(r.rank_matrix()[:, e].sum()))
         if forward.any():  # an EP group inside one node has nothing to forward
-            rows += (tuple(float(x) * per_token for x in forward[e, :]),
+            rows += (tuple(float(x) * out_token for x in forward[e, :]),
                      tuple(float(x) * per_token for x in forward[:, e]))
         self._moe_rows[(draw, e)] = rows
         return rows
