@@ -1357,7 +1357,7 @@ class _StepBuilder:
         if representatives == "stage" and self.t * self.cp * self.par.dp // ep > 1:
             # Every rank of a pipeline stage runs the same program as the ranks with its EP index in the
             # other EP groups and their TP peers: same kernels, same TP collectives, the same all-to-all
-            # rows (routing is drawn per layer, the same in every EP group); its DP, EP and PP peers are the
+            # rows (each draw, per layer and micro-batch, is the same in every EP group); its DP, EP, PP peers are the
             # same coordinates with their own indices. So emit the tp = 0 ranks of the first EP group (for
             # dense models: the tp = 0, dp = 0 rank) of each stage; each stands for its expert-DP x TP
             # block, listed DP-major (TP and DP groups are rows and columns: see engine.lanes).
