@@ -248,7 +248,8 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     exp = Experiment(str(name), cluster, model, parallel, training, _network_from_dict(_section(doc, "network")),
                      _compute_from_dict(_section(doc, "compute")), _options_from_dict(_section(doc, "options")),
                      raw=copy.deepcopy(dict(doc)), fidelity=_fidelity(doc.get("fidelity", "fast")),
-                     routing=routing_from_dict(_section(doc, "moe")))
+                     routing=dataclasses.replace(routing_from_dict(_section(doc, "moe")),
+                                                 node_gpus=cluster.gpus_per_server))
     exp.faults, exp.healthy_cluster = faults, healthy
     sms = exp.options.tp_comm_overlap_sms
     if parallel.tp_comm_overlap and sms >= cluster.gpu.sm_count:
@@ -412,7 +413,7 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
     if par.cp > 1:
         layout = f"TP {par.tp} x CP {par.cp} ({par.cp_comm_type}) x PP {par.pp} x DP {par.dp}"
     if par.ep > 1:
-        layout += f" (EP {par.ep})"
+        layout += f" (EP {par.ep}, expert TP {par.expert_tp})" if par.expert_grid else f" (EP {par.ep})"
     layout += f", {par.schedule}"
     if par.virtual_stages > 1:
         layout += f" x{par.virtual_stages} virtual"
@@ -489,8 +490,9 @@ def _mean_breakdown(stages: pd.DataFrame) -> dict[str, float]:
 
 
 def expert_load_table(step: TrainingStep) -> pd.DataFrame:
-    """One row per (MoE layer, expert): tokens routed to it and kept under capacity, per micro-batch,
-    summed over the EP group, and the EP rank (within the group) that holds it."""
+    """One row per (MoE layer, expert): tokens routed to it and kept under capacity, summed over the EP group
+    and over one replica's micro-batches (``moe.draw: micro_batch``; one micro-batch with ``draw: layer``),
+    and the EP rank (within the group) that holds it."""
     rows = []
     for layer, r in step.routes.items():
         experts = r.choices.shape[1]
@@ -502,11 +504,12 @@ def expert_load_table(step: TrainingStep) -> pd.DataFrame:
 
 
 def moe_summary(step: TrainingStep) -> dict:
-    """Routing statistics: load imbalance (max/mean tokens per EP rank) and dropped-token fraction."""
+    """Routing statistics: load imbalance (max/mean token slots per EP rank, per draw: one layer in one
+    micro-batch, or one layer with ``moe.draw: layer``) and dropped-token fraction."""
     routes = list(step.routes.values())
     choices = sum(float(r.choices.sum()) for r in routes)
     dropped = sum(r.dropped for r in routes)
-    imbalance = [r.imbalance for r in routes]
-    return {"layers": len(routes), "imbalance_mean": float(sum(imbalance) / len(imbalance)),
+    imbalance = list(step.draw_imbalance.values()) or [r.imbalance for r in routes]
+    return {"layers": len(routes), "draws": len(imbalance), "imbalance_mean": float(sum(imbalance) / len(imbalance)),
             "imbalance_max": float(max(imbalance)), "dropped_fraction": dropped / choices if choices else 0.0,
             "rank_load_tokens": [int(x) for x in sum(r.rank_load for r in routes)]}

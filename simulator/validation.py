@@ -25,6 +25,11 @@ Metrics (the paper's FLOP convention decides which of ours is comparable):
 ``tflops_per_gpu``
     Model TFLOP/s per GPU, recomputation excluded. Ours:
     ``summary["tflops_per_gpu"]``.
+``tokens_per_gpu_s``
+    Training tokens per second per GPU, for reports that give throughput as
+    GPU-hours per token count (DeepSeek-V3: 180K H800 GPU-hours per trillion
+    tokens = 1e12 / (180e3 * 3600) = 1543.2 tokens/s per GPU). Ours:
+    ``summary["tokens_per_s"] / summary["world_size"]``.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ __all__ = ["Entry", "ENTRIES", "METRICS", "VALIDATION_DIR", "entry_names", "get_
 VALIDATION_DIR = Path(__file__).resolve().parent / "validation_runs"
 """Where the experiment files live: package data, installed with the package."""
 
-METRICS = ("mfu", "tflops_per_gpu", "hardware_tflops_per_gpu")
+METRICS = ("mfu", "tflops_per_gpu", "hardware_tflops_per_gpu", "tokens_per_gpu_s")
 """Summary keys an entry may be compared on (see the module docstring)."""
 
 _KORTHIKANTI = ("Korthikanti et al., Reducing Activation Recomputation in Large Transformer Models, "
@@ -52,6 +57,8 @@ _SC21_T1 = ("Narayanan et al., Efficient Large-Scale Language Model Training on 
 _SC21_T2 = ("Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters Using "
             "Megatron-LM, SC'21 (arXiv:2104.04473), Table 2 (PTD-P)")
 _LLAMA3 = "Llama Team, AI @ Meta, The Llama 3 Herd of Models, arXiv:2407.21783, Table 4"
+_DEEPSEEK_V3 = ("DeepSeek-AI, DeepSeek-V3 Technical Report, arXiv:2412.19437, abstract and section 1 (180K H800 "
+                "GPU hours per trillion tokens), sections 3.1-3.3 and 4.2")
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,8 @@ class Entry:
     metric : str
         One of :data:`METRICS`.
     published : float
-        The published value in the metric's unit (a fraction for ``mfu``, TFLOP/s otherwise).
+        The published value in the metric's unit (a fraction for ``mfu``, tokens/s per GPU for
+        ``tokens_per_gpu_s``, TFLOP/s otherwise).
     source : str
         Paper and table.
     note : str
@@ -129,6 +137,9 @@ ENTRIES: tuple[Entry, ...] = (
     # Llama 3 405B long-context pre-training: 131K tokens, context parallelism 16 (all-gather CP).
     Entry("llama3-405b-131k-cp16", 16384, "mfu", 0.38, _LLAMA3,
           "v=4 assumed; no document masking; leaf-spine instead of 3-layer Clos"),
+    # DeepSeek-V3 on 2,048 H800: GPU-hours per trillion tokens as tokens/s per GPU.
+    Entry("deepseek-v3-2048-h800", 2048, "tokens_per_gpu_s", 1e12 / (180e3 * 3600), _DEEPSEEK_V3,
+          "1F1B instead of DualPipe (TODO dualpipe); MLA as MHA; no MTP module; stage split assumed"),
 )
 """Every validation entry, smallest first within each source."""
 
@@ -163,7 +174,9 @@ def _run_entry(name: str, fidelity: str) -> dict:
     exp = load_entry(e)
     fits = bool(exp.memory().fits(exp.cluster.gpu.hbm_bytes))
     result = run_experiment(exp, force=True, fidelity=fidelity)
-    simulated = float(result.summary[e.metric])
+    summary = result.summary
+    simulated = float(summary["tokens_per_s"] / summary["world_size"] if e.metric == "tokens_per_gpu_s"
+                      else summary[e.metric])
     ratio = simulated / e.published
     return {"name": e.name, "gpus": e.gpus, "published": e.published, "simulated": simulated,
             "metric": e.metric, "ratio": ratio, "error_pct": 100.0 * (ratio - 1.0), "fits": fits,
@@ -195,7 +208,7 @@ def validate_against_published(names: Iterable[str] | None = None, fidelity: str
         (simulated / published), ``error_pct`` (100 (ratio - 1)), ``fits`` (False
         when our memory model says the layout does not fit in GPU memory; it is
         then simulated anyway, with ``force``), ``sim_wall_s``, ``source``.
-        ``mfu`` values are fractions; TFLOP/s metrics are in TFLOP/s.
+        ``mfu`` values are fractions; TFLOP/s metrics are in TFLOP/s; ``tokens_per_gpu_s`` in tokens/s.
     """
     from .experiment import _fidelity
     fidelity = _fidelity(fidelity)

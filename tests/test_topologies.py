@@ -284,8 +284,8 @@ def test_presets_build(preset):
 
 
 def test_preset_names():
-    assert topo.preset_names() == ["dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "gb300-nvl72",
-                                   "gb200-nvl36x2"]
+    assert topo.preset_names() == ["dgx-a100", "dgx-h100", "dgx-h800", "dgx-h200", "dgx-b200", "gb200-nvl72",
+                                   "gb300-nvl72", "gb200-nvl36x2"]
 
 
 def test_build_cluster_overrides_and_params():

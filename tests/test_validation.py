@@ -47,6 +47,8 @@ def test_published_numbers_well_formed(entry):
     assert isinstance(entry.published, float) and math.isfinite(entry.published) and entry.published > 0
     if entry.metric == "mfu":
         assert entry.published < 1, "MFU is a fraction of peak"
+    elif entry.metric == "tokens_per_gpu_s":
+        assert 10 < entry.published < 1e6, "tokens/s per GPU"
     else:
         assert 10 < entry.published < 5000, "TFLOP/s per GPU"
     assert entry.source and any(y in entry.source for y in ("2021", "2022", "2023", "2024", "SC'21", "arXiv"))

@@ -53,6 +53,7 @@ def _nvl(gpu: str, racks: int = 1) -> Mapping[str, object]:
 PRESETS: Mapping[str, Mapping[str, object]] = MappingProxyType({
     "dgx-a100": _dgx("A100-80GB-SXM"),  # DGX A100 640GB: 8x A100 80GB, 8x ConnectX-6 200 Gb/s
     "dgx-h100": _dgx("H100-SXM"),  # DGX H100: 8x H100 SXM, 8x ConnectX-7 400 Gb/s
+    "dgx-h800": _dgx("H800-SXM"),  # HGX H800 (DeepSeek-V3's nodes): 8x H800 SXM, 8x 400 Gb/s InfiniBand
     "dgx-h200": _dgx("H200-SXM"),  # DGX H200: 8x H200 SXM, 8x ConnectX-7 400 Gb/s
     "dgx-b200": _dgx("B200"),  # DGX B200: 8x B200, 8x ConnectX-7 400 Gb/s
     "gb200-nvl72": _nvl("GB200"),

@@ -280,7 +280,7 @@ def _unfused_attention(model: ModelSpec, b: int, s: int, t: int, d: int, causal:
     of ``s × d_h × s``, reads the scores). Every score is computed, masked or
     not; ``causal`` only halves what is counted.
     """
-    h, kv, hd = model.hidden, model.kv_hidden, model.head_dim
+    h, kv, hd = model.q_hidden, model.kv_hidden, model.head_dim
     heads = model.heads // t
     batch = b * heads
     scores = batch * s * s
@@ -299,20 +299,20 @@ def _unfused_attention(model: ModelSpec, b: int, s: int, t: int, d: int, causal:
 def _attention_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: int,
                        causal: bool, flash_attention: bool = True, fp8: bool = False, cp: int = 1,
                        cp_comm_type: str = "p2p") -> list[LayerOp]:
-    h, kv = model.hidden, model.kv_hidden
+    h, kv, q = model.hidden, model.kv_hidden, model.q_hidden
     tokens = b * s // cp
     if flash_attention:
         # A causal FlashAttention kernel computes only the unmasked half of the scores.
         counted = 0.5 if causal else 1.0
-        core_flops = 4.0 * b * s * s * h / t * counted / cp
+        core_flops = 4.0 * b * s * s * q / t * counted / cp
         if cp > 1 and cp_comm_type in ("p2p", "all_gather"):  # Q, O local, all of K, V
             # ring steps of s/cp x s/cp blocks; all-gather: the local queries over the whole sequence
             shape = (s // cp, s // cp if cp_comm_type == "p2p" else s, model.head_dim)
             heads = b * model.heads // t
-            core_bytes = d * b * (2 * h * s // cp + 2 * kv * s) / t
+            core_bytes = d * b * (2 * q * s // cp + 2 * kv * s) / t
         else:  # the whole sequence for 1/cp of the heads (a2a), or no CP
             shape, heads = (s, s, model.head_dim), b * model.heads // (t * cp)
-            core_bytes = d * b * s * (2 * h + 2 * kv) / (t * cp)
+            core_bytes = d * b * s * (2 * q + 2 * kv) / (t * cp)
         core = [LayerOp("attention", "attention", core_flops, core_bytes, shape, heads, 0.5 / counted)]
     else:
         if cp > 1:
@@ -321,9 +321,9 @@ def _attention_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: i
         core = _unfused_attention(model, b, s, t, d, causal)
     return [
         _elementwise("input_norm", 2 * rows * h, d),
-        *_linear("qkv", tokens, (h + 2 * kv) // t, h, d, fp8, norm_fused=rows == tokens),
+        *_linear("qkv", tokens, (q + 2 * kv) // t, h, d, fp8, norm_fused=rows == tokens),
         *core,
-        *_linear("attn_out", tokens, h, h // t, d, fp8),
+        *_linear("attn_out", tokens, h, q // t, d, fp8),
         _elementwise("attn_residual", 3 * rows * h, d),
     ]
 
@@ -365,18 +365,21 @@ def fp8_gemm_modules(model: ModelSpec, layer: int, ep: int = 1) -> int:
     return 2 + 2 * (model.experts // ep) + (2 if model.shared_experts else 0)
 
 
-def fp8_weight_params(model: ModelSpec, layer: int, tp: int = 1, ep: int = 1) -> tuple[int, int]:
-    """Weights of the FP8 GEMMs of layer ``layer`` on one TP/EP rank: ``(dense, routed_experts)``.
+def fp8_weight_params(model: ModelSpec, layer: int, tp: int = 1, ep: int = 1,
+                      etp: int | None = None) -> tuple[int, int]:
+    """Weights of the FP8 GEMMs of layer ``layer`` on one TP/EP rank: ``(dense, routed_experts)`` (routed
+    experts split over ``etp``, default ``tp``).
 
     The matrices of :func:`fp8_gemm_modules`: attention QKV and output projection, the MLP (dense, or the
     local routed experts and the shared experts). Biases, norms and the router stay in bf16.
     """
-    h, kv = model.hidden, model.kv_hidden
-    attention = (h * (h + 2 * kv) + h * h) // tp
+    h, kv, q = model.hidden, model.kv_hidden, model.q_hidden
+    attention = (h * (q + 2 * kv) + q * h) // tp
     if not model.is_moe_layer(layer):
         return attention + model.mlp_matrices * h * model.ffn_hidden // tp, 0
     one = model.mlp_matrices * h * model.expert_ffn_hidden // tp
-    return attention + model.shared_experts * one, model.experts // ep * one
+    routed = model.mlp_matrices * h * model.expert_ffn_hidden // (etp or tp)
+    return attention + model.shared_experts * one, model.experts // ep * routed
 
 
 def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, layer: int = 0,
@@ -553,8 +556,8 @@ def narayanan_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int,
 
 def _matmul_params_per_token(model: ModelSpec, index: int) -> int:
     """Weights of layer ``index`` one token multiplies by (MoE: router, top-k and shared experts)."""
-    h, kv = model.hidden, model.kv_hidden
-    attn = h * (h + 2 * kv) + h * h
+    h, kv, q = model.hidden, model.kv_hidden, model.q_hidden
+    attn = h * (q + 2 * kv) + q * h
     if not model.is_moe_layer(index):
         return attn + model.mlp_matrices * h * model.ffn_hidden
     experts = (model.top_k + model.shared_experts) * model.mlp_matrices * h * model.expert_ffn_hidden
@@ -562,9 +565,10 @@ def _matmul_params_per_token(model: ModelSpec, index: int) -> int:
 
 
 def _layer_forward_flops(model: ModelSpec, tokens: int, seq_len: int, causal: bool) -> float:
-    """Forward FLOPs of all layers: ``2 N_layer T`` plus the attention ``4 s h T`` per layer."""
+    """Forward FLOPs of all layers: ``2 N_layer T`` plus the attention ``4 s q T`` per layer (``q`` the
+    query width, ``h`` unless ``kv_channels`` says otherwise)."""
     weights = sum(_matmul_params_per_token(model, i) for i in range(model.layers))
-    attention = 4.0 * seq_len * model.hidden * model.layers * (0.5 if causal else 1.0)
+    attention = 4.0 * seq_len * model.q_hidden * model.layers * (0.5 if causal else 1.0)
     return (2.0 * weights + attention) * tokens
 
 
@@ -597,7 +601,7 @@ def hardware_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, *
     if recompute == "full":
         flops += _layer_forward_flops(model, tokens, seq_len, causal)
     elif recompute == "selective":
-        flops += 4.0 * seq_len * model.hidden * model.layers * tokens * (0.5 if causal else 1.0)
+        flops += 4.0 * seq_len * model.q_hidden * model.layers * tokens * (0.5 if causal else 1.0)
     elif recompute != "none":
         raise ConfigError(f"parallel.recompute: {recompute!r} is not valid; valid: none, selective, full")
     return flops

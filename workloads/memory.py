@@ -164,12 +164,12 @@ def stage_params(model: ModelSpec, parallel: ParallelConfig, stage: int) -> tupl
     is a separate copy when untied or when ``pp > 1`` (Megatron keeps a tied
     copy on the last stage and syncs its gradient with the first).
     """
-    t, ep = parallel.tp, parallel.ep
+    t, ep, etp = parallel.tp, parallel.ep, parallel.expert_tp
     dense = experts = 0
     for i in stage_layers(model.layers, parallel, stage):
-        routed = model.routed_expert_params(i, t, ep)
+        routed = model.routed_expert_params(i, t, ep, etp)
         experts += routed
-        dense += model.params_per_layer(i, t, ep) - routed
+        dense += model.params_per_layer(i, t, ep, etp) - routed
     word = model.word_embedding_params(t, padded_vocab(model.vocab, t))
     if stage == 0:
         dense += word + model.position_embedding_params()
@@ -206,7 +206,7 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
     if recompute == "full":
         return d * sbh / sp
     replicated = (4 * d + 2 * MASK_BYTES) * sbh  # 2 norm inputs, QKV and MLP inputs, 2 masks
-    split = d * s * b * (2 * h + 2 * model.kv_hidden)  # Q, K, V, projection input
+    split = d * s * b * (2 * model.q_hidden + 2 * model.kv_hidden)  # Q, K, V, projection input
     gates = model.mlp_matrices - 1
     if model.is_moe_layer(layer):
         k = model.top_k
@@ -264,11 +264,11 @@ def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: Training
     d, z = training.dtype_bytes, parallel.zero
     plan = sharding_plan(parallel, training.dtype, grad_dtype_bytes)
     a = model_state_bytes(dense, dp=parallel.grad_dp, zero=z, dtype_bytes=d)  # CP ranks shard with DP
-    e = model_state_bytes(routed, dp=parallel.dp // parallel.ep, zero=z, dtype_bytes=d)
+    e = model_state_bytes(routed, dp=parallel.size("expert_dp"), zero=z, dtype_bytes=d)
     grads = (a[1] + e[1]) * plan.grad_bytes / d  # the framework's gradient buffer (Megatron: fp32 for bf16)
     params = a[0] + e[0]
     if training.fp8 and not training.fp8_param_gather:  # TE's cached FP8 weights and their transposes
-        params += 2 * sum(sum(fp8_weight_params(model, i, parallel.tp, parallel.ep))
+        params += 2 * sum(sum(fp8_weight_params(model, i, parallel.tp, parallel.ep, parallel.expert_tp))
                           for i in stage_layers(model.layers, parallel, stage))
     if plan.gather is not None and parallel.dp > 1:  # gathered parameters live at the peak (prefetch included)
         params += gather_schedule(stage_uses(model, parallel, plan, stage)[1], plan).peak_live * d

@@ -80,6 +80,11 @@ class ModelSpec:
         bias-free linears and RMSNorm as in Llama.
     learned_positions : bool, default False
         Learned absolute position embeddings (GPT); otherwise rotary (no params).
+    kv_channels : int, default 0
+        Width of one attention head (Megatron's ``--kv-channels``, HF ``head_dim``);
+        0 means ``hidden / heads``. Set it when the query width ``heads * kv_channels``
+        differs from ``hidden`` (Qwen3-235B-A22B: 64 heads of 128 on a 4,096-wide
+        model, so 8,192-wide Q and output projections).
 
     Examples
     --------
@@ -108,6 +113,7 @@ class ModelSpec:
     first_dense_layers: int = 0
     bias: bool = False
     learned_positions: bool = False
+    kv_channels: int = 0
 
     def __post_init__(self) -> None:
         _validate_model(self)
@@ -115,8 +121,13 @@ class ModelSpec:
     # ------------------------------------------------------------ shapes
     @property
     def head_dim(self) -> int:
-        """Width of one attention head, ``hidden / heads``."""
-        return self.hidden // self.heads
+        """Width of one attention head: ``kv_channels``, or ``hidden / heads`` when that is 0."""
+        return self.kv_channels or self.hidden // self.heads
+
+    @property
+    def q_hidden(self) -> int:
+        """Width of the Q projection (and of the output projection's input), ``heads * head_dim``."""
+        return self.heads * self.head_dim
 
     @property
     def kv_hidden(self) -> int:
@@ -150,44 +161,47 @@ class ModelSpec:
         QKV is column-split and the output projection row-split (Megatron), so
         weights and the QKV bias divide by ``tp``; the output bias is replicated.
         """
-        h, kv = self.hidden, self.kv_hidden
-        n = (h * (h + 2 * kv) + h * h) // tp
+        h, kv, q = self.hidden, self.kv_hidden, self.q_hidden
+        n = (h * (q + 2 * kv) + q * h) // tp
         if self.bias:
-            n += (h + 2 * kv) // tp + h
+            n += (q + 2 * kv) // tp + h
         return n
 
     def norm_params(self) -> int:
         """Parameters of the two norms of one layer (replicated over TP)."""
         return 2 * self._norm_size()
 
-    def mlp_params(self, index: int = 0, tp: int = 1, ep: int = 1) -> int:
+    def mlp_params(self, index: int = 0, tp: int = 1, ep: int = 1, etp: int | None = None) -> int:
         """MLP (or MoE block) parameters of layer ``index`` held by one TP/EP rank.
 
         Dense: ``mats * h * f / tp`` (+ biases). MoE: the replicated router
-        ``h * experts``, ``experts / ep`` local routed experts and all shared
-        experts, each split over ``tp`` (Megatron's default expert TP = TP).
+        ``h * experts``, all shared experts split over ``tp``, and ``experts / ep``
+        local routed experts split over the expert TP ``etp`` (Megatron-Core's
+        default ``etp = tp``).
         """
         if not self.is_moe_layer(index):
             return self._one_mlp(self.ffn_hidden, tp)
-        local = self.experts // ep + self.shared_experts
-        return self.hidden * self.experts + local * self._one_mlp(self.expert_ffn_hidden, tp)
+        return (self.hidden * self.experts + self.shared_experts * self._one_mlp(self.expert_ffn_hidden, tp)
+                + self.routed_expert_params(index, tp, ep, etp))
 
-    def routed_expert_params(self, index: int = 0, tp: int = 1, ep: int = 1) -> int:
-        """Parameters of the ``experts / ep`` routed experts of layer ``index`` on one TP/EP rank.
+    def routed_expert_params(self, index: int = 0, tp: int = 1, ep: int = 1, etp: int | None = None) -> int:
+        """Parameters of the ``experts / ep`` routed experts of layer ``index`` on one expert-TP/EP rank
+        (split over ``etp``, default ``tp``).
 
         These are the parameters sharded over the expert-data-parallel group
         rather than the full DP group; 0 for a dense layer.
         """
         if not self.is_moe_layer(index):
             return 0
-        return self.experts // ep * self._one_mlp(self.expert_ffn_hidden, tp)
+        return self.experts // ep * self._one_mlp(self.expert_ffn_hidden, etp or tp)
 
-    def params_per_layer(self, index: int = 0, tp: int = 1, ep: int = 1) -> int:
-        """Parameters of layer ``index`` (0-based) held by one TP/EP rank.
+    def params_per_layer(self, index: int = 0, tp: int = 1, ep: int = 1, etp: int | None = None) -> int:
+        """Parameters of layer ``index`` (0-based) held by one TP/EP rank (routed experts split over ``etp``,
+        default ``tp``).
 
         With ``tp = ep = 1`` this is the layer's full parameter count.
         """
-        return self.attention_params(tp) + self.norm_params() + self.mlp_params(index, tp, ep)
+        return self.attention_params(tp) + self.norm_params() + self.mlp_params(index, tp, ep, etp)
 
     def active_params_per_layer(self, index: int = 0) -> int:
         """Parameters of layer ``index`` that one token uses (top-k + shared experts)."""
@@ -240,12 +254,13 @@ class ModelSpec:
 
 _INT_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq_len",
                "moe_layer_freq")
-_COUNT_FIELDS = ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "first_dense_layers")
+_COUNT_FIELDS = ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "first_dense_layers", "kv_channels")
 _BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "bias", "learned_positions")
 
 
 MODEL_LIMITS = {"layers": 4096, "hidden": 1 << 20, "heads": 1 << 16, "kv_heads": 1 << 16, "ffn_hidden": 1 << 22,
                 "moe_ffn_hidden": 1 << 22, "vocab": 1 << 24, "experts": 1 << 16, "shared_experts": 1 << 10,
+                "kv_channels": 1 << 16,
                 "max_seq_len": 1 << 24}
 """Upper limits per model field: far above any published model, low enough that the per-layer work the
 generator does (and the arithmetic on sizes) stays bounded for a mistyped value such as ``layers: 1e9``."""
@@ -264,7 +279,7 @@ def _validate_model(m: ModelSpec) -> None:
     for f, limit in MODEL_LIMITS.items():
         if getattr(m, f) > limit:
             raise ConfigError(f"model.{f}: {getattr(m, f):,} exceeds the supported {limit:,}")
-    if m.hidden % m.heads:
+    if m.hidden % m.heads and not m.kv_channels:
         raise ConfigError(f"model.heads: {m.heads} does not divide model.hidden={m.hidden}")
     if m.heads % m.kv_heads:
         raise ConfigError(f"model.kv_heads: {m.kv_heads} does not divide model.heads={m.heads}")
@@ -314,6 +329,13 @@ PRESETS: dict[str, ModelSpec] = {
     "deepseek-v3": ModelSpec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, gated_mlp=True,
                              tied_embeddings=False, experts=256, top_k=8, moe_ffn_hidden=2048,
                              shared_experts=1, max_seq_len=163840, first_dense_layers=3),
+    # Qwen Team 2025 (arXiv:2505.09388, Table 2); HF Qwen/Qwen3-235B-A22B config.json: 94 layers,
+    # hidden 4096, 64 query heads / 4 KV heads of head_dim 128 (Q width 8192 > hidden), 128 experts,
+    # top-8, moe_intermediate_size 1536, no shared experts, vocab 151936, untied embeddings,
+    # max_position_embeddings 40960. QK-norm (2 x 128 weights per layer) is left out.
+    "qwen3-235b-a22b": ModelSpec("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, gated_mlp=True,
+                                 tied_embeddings=False, experts=128, top_k=8, moe_ffn_hidden=1536,
+                                 max_seq_len=40960, kv_channels=128),
 }
 
 

@@ -1,11 +1,30 @@
 """Token routing for mixture-of-experts layers: who sends how many tokens to whom.
 
-A routing model draws, for one MoE layer, how many of each EP rank's token
-choices go to each expert (``top_k`` choices per token), applies the expert
-capacity (GShard / Switch Transformer: ``capacity = c · T·k / E`` token slots
-per expert, overflow dropped), and folds experts onto EP ranks (expert ``e``
+A routing model draws, for one MoE layer and one micro-batch, how many of
+each EP rank's token choices go to each expert (``top_k`` choices per token),
+applies the expert capacity, and folds experts onto EP ranks (expert ``e``
 lives on EP rank ``e // (E / ep)``). The result is the token matrix of the
 dispatch all-to-all; the combine all-to-all is its transpose.
+
+Capacity and dropping (Megatron-Core ``--moe-expert-capacity-factor``)
+----------------------------------------------------------------------
+Megatron-Core drops in the router, on each rank's own tokens before the
+dispatch (``apply_router_token_dropping`` in ``moe_utils.py``): every source
+rank keeps at most ``capacity = ceil(c · T·k / E)`` of its ``T·k`` choices
+per expert (``get_capacity``), so an expert receives at most ``ep ·
+capacity``. Dropped choices neither travel nor compute. With
+``pad_to_capacity`` (``--moe-pad-expert-input-to-capacity``) every source
+rank sends exactly ``capacity`` slots to every expert, real or padding, so
+the all-to-alls and the expert GEMMs have a fixed size. ``capacity_factor:
+null`` is dropless (Megatron-Core's default).
+
+Draws
+-----
+``draw: micro_batch`` (default) draws every (layer, micro-batch) afresh, as a
+router sees new tokens each micro-batch; ``draw: layer`` draws once per layer
+and reuses it for every micro-batch (the behaviour before; far fewer
+distinct all-to-alls, so it simulates faster and keeps less in memory on
+very large runs). Either way every EP group sees the same draw.
 
 Routing distributions
 ---------------------
@@ -28,6 +47,7 @@ aggregate counts that drive traffic).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,6 +56,8 @@ import numpy as np
 from .errors import ConfigError, check_int, check_number
 
 ROUTING_KINDS = ("uniform", "zipf", "custom", "balanced")
+DRAWS = ("micro_batch", "layer")
+DISPATCHERS = ("all_to_all", "deepep")
 
 
 @dataclass(frozen=True)
@@ -50,9 +72,24 @@ class RoutingModel:
     expert_load : sequence of float, optional
         Relative load per expert (``kind="custom"``), length = experts.
     capacity_factor : float or None
-        Expert capacity as a multiple of the balanced load; ``None`` = no
-        dropping (dropless MoE, as Megatron-core's default).
+        Expert capacity as a multiple of the balanced load, per source rank
+        (Megatron-Core); ``None`` = no dropping (dropless MoE, Megatron-Core's default).
     seed : int
+    draw : {"micro_batch", "layer"}
+        Draw the routing per (layer, micro-batch) (default) or once per layer.
+    pad_to_capacity : bool
+        Pad every (source rank, expert) to the capacity (needs ``capacity_factor``).
+    dispatch : {"all_to_all", "deepep"}
+        How tokens reach the experts: one all-to-all over the EP group (Megatron's
+        ``alltoall`` dispatcher), or DeepEP's node-aggregated dispatch (each token
+        crosses the network once per destination node, then NVLink forwarding);
+        see :func:`deepep_tier_bytes`.
+    shared_expert_overlap : bool
+        Run the shared experts beside the dispatch / combine (Megatron
+        ``--moe-shared-expert-overlap``) instead of after the routed experts.
+    node_gpus : int
+        GPUs per NVLink domain (rank ``r`` on node ``r // node_gpus``); the experiment sets it from the
+        cluster. Only ``dispatch: deepep`` reads it.
     """
 
     kind: str = "uniform"
@@ -60,6 +97,11 @@ class RoutingModel:
     expert_load: tuple[float, ...] | None = None
     capacity_factor: float | None = None
     seed: int = 0
+    draw: str = "micro_batch"
+    pad_to_capacity: bool = False
+    dispatch: str = "all_to_all"
+    shared_expert_overlap: bool = False
+    node_gpus: int = 8
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in ROUTING_KINDS:
@@ -69,6 +111,19 @@ class RoutingModel:
             check_number("moe.capacity_factor", self.capacity_factor, minimum=1e-6, maximum=1e6,
                          unit="(null for dropless)")
         check_int("moe.seed", self.seed, minimum=0)
+        for name, value, valid in (("draw", self.draw, DRAWS), ("dispatch", self.dispatch, DISPATCHERS)):
+            if not isinstance(value, str) or value not in valid:
+                raise ConfigError(f"moe.{name}: {value!r} unknown; valid: {', '.join(valid)}")
+        for name in ("pad_to_capacity", "shared_expert_overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"moe.{name}: must be true or false, got {getattr(self, name)!r}")
+        check_int("moe.node_gpus", self.node_gpus)
+        if self.dispatch == "deepep" and self.pad_to_capacity:
+            raise ConfigError("moe.dispatch: deepep sends each token once per destination node and GPU; it is not "
+                              "modelled with pad_to_capacity (fixed-size all-to-alls)")
+        if self.pad_to_capacity and self.capacity_factor is None:
+            raise ConfigError("moe.pad_to_capacity: needs moe.capacity_factor (a dropless MoE has no capacity "
+                              "to pad to)")
         if self.kind == "custom":
             if not self.expert_load:
                 raise ConfigError("moe.expert_load: a list of per-expert loads is required with routing: custom")
@@ -95,26 +150,34 @@ class RoutingModel:
 
 @dataclass(frozen=True)
 class LayerRouting:
-    """Routing of one MoE layer over one EP group.
+    """Routing of one MoE layer (one micro-batch, or a sum of them) over one EP group.
 
     Attributes
     ----------
     choices : numpy.ndarray, shape (ep, experts)
         Token choices each EP rank routes to each expert, before capacity.
     kept : numpy.ndarray, shape (ep, experts)
-        After dropping tokens over capacity.
+        After dropping the choices over capacity.
     capacity : float or None
-        Token slots per expert.
+        Token slots per (source EP rank, expert) in one micro-batch.
+    padded : bool
+        Every (source, expert) pair sends ``capacity`` slots (pad to capacity).
     """
 
     choices: np.ndarray
     kept: np.ndarray
     capacity: float | None
+    padded: bool = False
+
+    @property
+    def slots(self) -> np.ndarray:
+        """What travels and computes per (source EP rank, expert): the kept choices, or the capacity when padded."""
+        return np.full_like(self.kept, int(self.capacity)) if self.padded else self.kept
 
     @property
     def expert_load(self) -> np.ndarray:
-        """Tokens each expert processes (after capacity)."""
-        return self.kept.sum(axis=0)
+        """Token slots each expert processes (after capacity; padding included)."""
+        return self.slots.sum(axis=0)
 
     @property
     def dropped(self) -> int:
@@ -129,7 +192,7 @@ class LayerRouting:
         """Tokens EP rank ``i`` sends to EP rank ``j`` (dispatch), shape (ep, ep)."""
         ep, experts = self.kept.shape
         per_rank = experts // ep
-        return self.kept.reshape(ep, ep, per_rank).sum(axis=2)
+        return self.slots.reshape(ep, ep, per_rank).sum(axis=2)
 
     @property
     def rank_load(self) -> np.ndarray:
@@ -143,26 +206,21 @@ class LayerRouting:
         return float(load.max() / load.mean()) if load.mean() else 1.0
 
 
-def _apply_capacity(choices: np.ndarray, capacity: float | None) -> np.ndarray:
-    """Drop each expert's overflow, taking it from the senders in proportion (largest remainder)."""
+def _apply_capacity(choices: np.ndarray, capacity: int | None) -> np.ndarray:
+    """Megatron-Core's router dropping: each source rank keeps at most ``capacity`` choices per expert."""
     if capacity is None:
-        return choices.copy()
-    cap = int(np.floor(capacity))
-    kept = choices.copy()
-    for e in np.flatnonzero(choices.sum(axis=0) > cap):
-        col = choices[:, e].astype(float)
-        share = col * cap / col.sum()
-        base = np.floor(share).astype(np.int64)
-        short = cap - base.sum()
-        order = np.lexsort((np.arange(len(col)), -(share - base)))  # ties → lower rank first
-        base[order[:short]] += 1
-        kept[:, e] = base
-    return kept
+        return choices
+    return np.minimum(choices, capacity)
+
+
+def capacity_slots(tokens_per_rank: int, top_k: int, experts: int, capacity_factor: float) -> int:
+    """Megatron-Core's ``get_capacity(T·k, E, c)``: ``ceil(T·k / E · c)`` slots per expert and source rank."""
+    return int(math.ceil(tokens_per_rank * top_k / experts * capacity_factor))
 
 
 def route_layer(model_experts: int, top_k: int, tokens_per_rank: int, ep: int, routing: RoutingModel,
-                layer: int = 0) -> LayerRouting:
-    """Draw the routing of one MoE layer.
+                layer: int = 0, micro_batch: int | None = None) -> LayerRouting:
+    """Draw the routing of one MoE layer (for one micro-batch).
 
     Parameters
     ----------
@@ -177,6 +235,9 @@ def route_layer(model_experts: int, top_k: int, tokens_per_rank: int, ep: int, r
     routing : RoutingModel
     layer : int
         Layer index, mixed into the seed so layers differ.
+    micro_batch : int, optional
+        Micro-batch index, mixed into the seed too (``draw: micro_batch``); ``None`` draws the
+        layer's one routing (``draw: layer``, the same stream as before per-micro-batch draws).
 
     Examples
     --------
@@ -193,19 +254,94 @@ def route_layer(model_experts: int, top_k: int, tokens_per_rank: int, ep: int, r
                               f"({model_experts})")
         choices = np.full((ep, model_experts), n_choices // model_experts, dtype=np.int64)
     else:
-        rng = np.random.default_rng([routing.seed, layer, 0])
+        seed = [routing.seed, layer, 0] if micro_batch is None else [routing.seed, layer, 2, micro_batch]
+        rng = np.random.default_rng(seed)
         probs = routing.probabilities(model_experts, layer)
         choices = rng.multinomial(n_choices, probs, size=ep).astype(np.int64)
     capacity = None
     if routing.capacity_factor is not None:
-        capacity = routing.capacity_factor * ep * n_choices / model_experts
-    return LayerRouting(choices, _apply_capacity(choices, capacity), capacity)
+        capacity = capacity_slots(tokens_per_rank, top_k, model_experts, routing.capacity_factor)
+    return LayerRouting(choices, _apply_capacity(choices, capacity), capacity, routing.pad_to_capacity)
+
+
+def deepep_matrices(slots: np.ndarray, rank_probs: np.ndarray, top_k: int,
+                    node_of: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of DeepEP's node-aggregated dispatch over one EP group: ``(first hop, NVLink forward)``.
+
+    DeepEP's normal kernels (DeepSeek-V3 report section 3.2.2; github.com/deepseek-ai/DeepEP) send a
+    token once to every *GPU* that holds one of its experts (not once per expert), and across nodes once
+    to every destination *node*: over RDMA to the GPU with the sender's local index on that node, which
+    forwards it over NVLink to the GPUs there that need it. Combine is the reverse (NVLink reduce into the
+    forwarder, then RDMA back).
+
+    Counts are expectations given the drawn choices: the ``slots[i, j]`` choices rank ``i`` sends to EP rank
+    ``j`` stand for ``slots[i, j] * r_j`` distinct tokens with ``r_j = (1 - (1 - p_j)^k) / (k p_j)`` (a token
+    picks ``j`` at least once out of ``k`` independent choices, ``p_j`` the probability that one choice lands
+    on ``j``); likewise per node with ``p_n = sum of p_j on node n``.
+
+    Parameters
+    ----------
+    slots : numpy.ndarray, shape (ep, ep)
+        Token choices (slots) EP rank ``i`` sends to EP rank ``j`` (:meth:`LayerRouting.rank_matrix`).
+    rank_probs : numpy.ndarray, shape (ep,)
+        Probability that one choice goes to each EP rank.
+    top_k : int
+    node_of : sequence of int
+        Node of each EP member; every node must hold the same number of members.
+
+    Returns
+    -------
+    (first, forward) : numpy.ndarray, shape (ep, ep)
+        ``first[i, j]``: tokens ``i`` sends to ``j`` directly (NVLink inside its node, RDMA to its
+        same-index peer on another node); ``forward[f, g]``: tokens forwarder ``f`` relays to ``g`` on its node.
+
+    Examples
+    --------
+    >>> first, fwd = deepep_matrices(np.full((4, 4), 4.0), np.full(4, 0.25), 2, [0, 0, 1, 1])
+    >>> first[0].tolist()   # itself and its node-mate: 4 choices x r = (1 - 0.75^2)/0.5 = 0.875; node 1: 8 x 0.75
+    [3.5, 3.5, 6.0, 0.0]
+    >>> fwd[2].tolist()     # rank 2 relays rank 0's tokens for rank 3
+    [0.0, 0.0, 0.0, 3.5]
+    """
+    ep = len(node_of)
+    nodes = sorted(set(node_of))
+    members = {n: [j for j in range(ep) if node_of[j] == n] for n in nodes}
+    if len({len(m) for m in members.values()}) != 1:
+        raise ConfigError("moe.dispatch: deepep needs the same number of EP ranks on every node of an EP group "
+                          f"(got {', '.join(str(len(members[n])) for n in nodes)} per node)")
+    local = {j: members[node_of[j]].index(j) for j in range(ep)}
+
+    def ratio(p: np.ndarray) -> np.ndarray:
+        p = np.asarray(p, dtype=float)
+        out = np.ones_like(p)
+        nz = p > 0
+        out[nz] = (1.0 - (1.0 - p[nz]) ** top_k) / (top_k * p[nz])
+        return out
+
+    slots = np.asarray(slots, dtype=float)
+    per_rank = slots * ratio(rank_probs)[None, :]           # distinct tokens i -> j
+    node_p = np.array([rank_probs[members[n]].sum() for n in nodes])
+    node_tokens = np.stack([slots[:, members[n]].sum(axis=1) for n in nodes], axis=1) * ratio(node_p)[None, :]
+    first = np.zeros((ep, ep))
+    forward = np.zeros((ep, ep))
+    for i in range(ep):
+        for k, n in enumerate(nodes):
+            if n == node_of[i]:
+                first[i, members[n]] = per_rank[i, members[n]]
+                continue
+            f = members[n][local[i]]
+            first[i, f] = node_tokens[i, k]
+            for g in members[n]:
+                if g != f:
+                    forward[f, g] += per_rank[i, g]
+    return first, forward
 
 
 def routing_from_dict(section: dict | None) -> RoutingModel:
     """Build a :class:`RoutingModel` from the experiment file's ``moe:`` section (strict keys)."""
     section = dict(section or {})
-    valid = ("routing", "zipf_s", "expert_load", "capacity_factor", "seed")
+    valid = ("routing", "zipf_s", "expert_load", "capacity_factor", "seed", "draw", "pad_to_capacity", "dispatch",
+             "shared_expert_overlap")
     unknown = sorted(set(section) - set(valid))
     if unknown:
         raise ConfigError(f"moe.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
@@ -214,4 +350,8 @@ def routing_from_dict(section: dict | None) -> RoutingModel:
         raise ConfigError(f"moe.expert_load: must be a list of numbers, got {load!r}")
     return RoutingModel(kind=section.get("routing", "uniform"), zipf_s=section.get("zipf_s", 1.0),
                         expert_load=tuple(load) if load is not None else None,
-                        capacity_factor=section.get("capacity_factor"), seed=section.get("seed", 0))
+                        capacity_factor=section.get("capacity_factor"), seed=section.get("seed", 0),
+                        draw=section.get("draw", "micro_batch"),
+                        pad_to_capacity=section.get("pad_to_capacity", False),
+                        dispatch=section.get("dispatch", "all_to_all"),
+                        shared_expert_overlap=section.get("shared_expert_overlap", False))

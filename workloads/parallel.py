@@ -140,7 +140,15 @@ class ParallelConfig:
     tp, pp, dp : int, default 1
         Tensor-, pipeline- and data-parallel degrees.
     ep : int, default 1
-        Expert-parallel degree (inside DP: ``dp % ep == 0``).
+        Expert-parallel degree (inside DP: ``dp % ep == 0``, unless ``etp`` differs from ``tp``).
+    etp : int or None, default None
+        Expert tensor-parallel degree (Megatron-Core ``--expert-tensor-parallel-size``): the routed
+        experts' MLPs are split over ``etp`` ranks, independently of the attention's ``tp``. ``None``
+        means ``tp`` (Megatron-Core's default, ``arguments.py``: ``expert_tensor_parallel_size =
+        tensor_model_parallel_size`` when unset). Megatron-Core lays the experts out on their own grid
+        of each pipeline stage's ``tp * cp * dp`` ranks, ``etp`` innermost, then ``ep``, then the
+        expert-data-parallel ``edp = tp * cp * dp / (etp * ep)`` (``parallel_state``'s expert
+        ``RankGenerator(tp=etp, ep=ep, dp=edp, order=...)``); see :class:`RankLayout`.
     cp : int, default 1
         Context-parallel degree: each sequence is split over ``cp`` ranks
         (Megatron-Core / Transformer Engine context parallelism).
@@ -240,6 +248,7 @@ class ParallelConfig:
     pp: int = 1
     dp: int = 1
     ep: int = 1
+    etp: int | None = None
     cp: int = 1
     cp_comm_type: str = "p2p"
     dp_sync: str = "allreduce"
@@ -269,6 +278,8 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "ep", "cp", "micro_batch", "virtual_stages"):
             check_int(f"parallel.{f}", getattr(self, f))
+        if self.etp is not None:
+            check_int("parallel.etp", self.etp)
         if self.grad_bucket_bytes is not None:
             check_int("parallel.grad_bucket_bytes", self.grad_bucket_bytes)
         check_choice("parallel.zero_impl", self.zero_impl, ZERO_IMPLS)
@@ -360,9 +371,21 @@ class ParallelConfig:
         """Micro-batches per replica per step, ``global_batch / (micro_batch * dp)``."""
         return num_micro_batches(self)
 
+    @property
+    def expert_tp(self) -> int:
+        """The routed experts' tensor-parallel degree: ``etp``, or ``tp`` when unset."""
+        return self.etp or self.tp
+
+    @property
+    def expert_grid(self) -> bool:
+        """The experts have their own grid (``etp`` differs from ``tp``): EP groups may cross TP groups."""
+        return self.expert_tp != self.tp
+
     def size(self, dim: str) -> int:
         """Degree of dimension ``dim`` (``tp``, ``cp``, ``dp``, ``pp``, ``ep`` or ``expert_dp``)."""
         if dim == "expert_dp":
+            if self.expert_grid:
+                return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
             return self.dp // self.ep
         check_choice("dim", dim, COORDS + ("ep", "expert_dp"))
         return getattr(self, dim)
@@ -568,8 +591,33 @@ def _check_batch(parallel: ParallelConfig) -> None:
                           f"micro_batch*dp={parallel.micro_batch}*{parallel.dp}={per_step}")
 
 
+def _check_expert_tp(model: ModelSpec, parallel: ParallelConfig) -> None:
+    etp = parallel.etp
+    if etp is None or etp == parallel.tp:
+        return
+    if not model.is_moe:
+        raise ConfigError(f"parallel.etp: {etp} needs a mixture-of-experts model (model.experts > 0); leave it unset")
+    if parallel.ep == 1:
+        raise ConfigError(f"parallel.etp: {etp} differs from tp={parallel.tp}; that is modelled with expert "
+                          f"parallelism (ep > 1)")
+    if model.expert_ffn_hidden % etp:
+        raise ConfigError(f"parallel.etp: {etp} does not divide the expert width "
+                          f"model.moe_ffn_hidden={model.expert_ffn_hidden}")
+    ranks = parallel.tp * parallel.cp * parallel.dp
+    if ranks % (etp * parallel.ep):
+        raise ConfigError(f"parallel.etp: etp*ep = {etp}*{parallel.ep} does not divide the {ranks} ranks of a pipeline "
+                          f"stage (tp*cp*dp); Megatron-Core's expert-data-parallel size is tp*cp*dp/(etp*ep)")
+    if parallel.tp > 1 and not parallel.sequence_parallel:
+        raise ConfigError("parallel.sequence_parallel: Megatron-Core needs sequence parallelism for MoE with tp > 1 "
+                          "and a separate etp; set sequence_parallel: true")
+    if parallel.zero >= 2:
+        raise ConfigError(f"parallel.etp: a separate expert TP is modelled with zero 0 or 1 (Megatron's "
+                          f"distributed optimizer), got zero: {parallel.zero}")
+
+
 def _check_experts(model: ModelSpec, parallel: ParallelConfig) -> None:
     ep = parallel.ep
+    _check_expert_tp(model, parallel)
     if ep == 1:
         return
     if not model.is_moe:
@@ -578,7 +626,7 @@ def _check_experts(model: ModelSpec, parallel: ParallelConfig) -> None:
     if model.experts % ep:
         raise ConfigError(f"parallel.ep: {ep} does not divide model.experts={model.experts}; "
                           f"valid ep values: {valid}")
-    if parallel.dp % ep:
+    if parallel.dp % ep and not parallel.expert_grid:
         raise ConfigError(f"parallel.ep: {ep} does not divide parallel.dp={parallel.dp} (expert parallelism "
                           f"lives inside data parallelism); valid ep values: {valid}")
 
@@ -823,20 +871,53 @@ class RankLayout:
         return self._along(rank, "pp", range(self.parallel.pp))
 
     def ep_group(self, rank: int) -> tuple[int, ...]:
-        """The ``ep`` consecutive DP ranks of ``rank``'s expert-parallel block."""
+        """The ``ep`` consecutive DP ranks of ``rank``'s expert-parallel block (expert grid: the ranks with
+        ``rank``'s expert-TP and expert-DP indices, by EP index)."""
         ep = self.parallel.ep
+        if self.parallel.expert_grid:
+            etp_i, _ep_i, edp_i = self.expert_coords(rank)
+            return self._expert_ranks(rank, [etp_i + self.parallel.expert_tp * (j + ep * edp_i) for j in range(ep)])
         start = self.coords(rank).dp // ep * ep
         return self._along(rank, "dp", range(start, start + ep))
 
     def expert_dp_group(self, rank: int) -> tuple[int, ...]:
-        """DP ranks holding the same experts as ``rank`` (same EP index), by DP index."""
+        """DP ranks holding the same experts as ``rank`` (same EP index), by DP index (expert grid: the ranks
+        with ``rank``'s expert-TP and EP indices, by expert-DP index)."""
         ep = self.parallel.ep
+        if self.parallel.expert_grid:
+            etp, (etp_i, ep_i, _edp_i) = self.parallel.expert_tp, self.expert_coords(rank)
+            return self._expert_ranks(rank, [etp_i + etp * (ep_i + ep * j)
+                                             for j in range(self.parallel.size("expert_dp"))])
         return self._along(rank, "dp", range(self.coords(rank).dp % ep, self.parallel.dp, ep))
 
+    def etp_group(self, rank: int) -> tuple[int, ...]:
+        """The expert-tensor-parallel group of ``rank``: its TP group when ``etp = tp``; on the expert grid the
+        ``etp`` ranks with ``rank``'s EP and expert-DP indices."""
+        if not self.parallel.expert_grid:
+            return self.tp_group(rank)
+        etp, (_etp_i, ep_i, edp_i) = self.parallel.expert_tp, self.expert_coords(rank)
+        base = etp * (ep_i + self.parallel.ep * edp_i)
+        return self._expert_ranks(rank, [base + i for i in range(etp)])
+
+    def expert_coords(self, rank: int) -> tuple[int, int, int]:
+        """``(etp, ep, edp)`` indices of ``rank`` on Megatron-Core's expert grid: its index in the pipeline stage
+        in Megatron order (``tp`` innermost, then ``cp``, then ``dp``) read as ``etp`` innermost, then ``ep``, then
+        the expert-data-parallel index."""
+        c, par = self.coords(rank), self.parallel
+        local = c.tp + par.tp * (c.cp + par.cp * c.dp)
+        etp = par.expert_tp
+        return local % etp, local // etp % par.ep, local // (etp * par.ep)
+
+    def _expert_ranks(self, rank: int, locals_: Sequence[int]) -> tuple[int, ...]:
+        """Global ranks of the stage-local Megatron-order indices ``locals_`` on ``rank``'s pipeline stage."""
+        par, pp = self.parallel, self.coords(rank).pp
+        return tuple(self.rank(tp=i % par.tp, cp=i // par.tp % par.cp, dp=i // (par.tp * par.cp), pp=pp)
+                     for i in locals_)
+
     def all_groups(self, dim: str) -> list[tuple[int, ...]]:
-        """Every group of ``dim`` (``tp``, ``cp``, ``dp``, ``pp``, ``ep``, ``expert_dp``, ``grad``), in order of
-        first rank."""
-        check_choice("dim", dim, COORDS + ("ep", "expert_dp", "grad"))
+        """Every group of ``dim`` (``tp``, ``cp``, ``dp``, ``pp``, ``ep``, ``expert_dp``, ``etp``, ``grad``), in
+        order of first rank."""
+        check_choice("dim", dim, COORDS + ("ep", "expert_dp", "etp", "grad"))
         group_of = getattr(self, f"{dim}_group")
         seen: set[int] = set()
         groups = []

@@ -215,9 +215,10 @@ def layer_units(model: ModelSpec, layer: int, tp: int, ep: int, granularity: str
         return {"layer": Unit((layer, "layer"), total - routed, routed,
                               tensors=model.mlp_matrices + 4 + (4 if model.bias else 0))}
     bias = model.bias
-    units = {"qkv": Unit((layer, "qkv"), h * (h + 2 * kv) // t + ((h + 2 * kv) // t if bias else 0), 0.0,
+    q = model.q_hidden
+    units = {"qkv": Unit((layer, "qkv"), h * (q + 2 * kv) // t + ((q + 2 * kv) // t if bias else 0), 0.0,
                          2 if bias else 1),
-             "out": Unit((layer, "out"), h * h // t + (h if bias else 0), 0.0, 2 if bias else 1)}
+             "out": Unit((layer, "out"), q * h // t + (h if bias else 0), 0.0, 2 if bias else 1)}
     if model.is_moe_layer(layer):
         units["moe"] = Unit((layer, "moe"), model.mlp_params(layer, t, ep) - routed, routed,
                             tensors=1 + model.mlp_matrices * (model.experts // ep + model.shared_experts))

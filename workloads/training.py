@@ -131,7 +131,7 @@ from .flops import (
 )
 from .memory import stage_params
 from .models import ModelSpec
-from .moe import LayerRouting, RoutingModel, route_layer
+from .moe import LayerRouting, RoutingModel, deepep_matrices, route_layer
 from .ops import Kernel, OpGraph
 from .parallel import (
     ParallelConfig,
@@ -289,7 +289,10 @@ class TrainingStep:
     """Model FLOPs of the whole step over all GPUs (MFU numerator; recompute not counted)."""
     stage_of_rank: list[int] = field(default_factory=list)
     routes: dict[int, LayerRouting] = field(default_factory=dict)
-    """MoE layer index → its token routing over an EP group (empty without expert parallelism)."""
+    """MoE layer index → its token routing over an EP group, summed over the micro-batches of one replica's
+    step (``moe.draw: micro_batch``) or the layer's one draw (``moe.draw: layer``); empty without EP."""
+    draw_imbalance: dict[tuple[int, int | None], float] = field(default_factory=dict)
+    """(MoE layer, micro-batch or None for ``draw: layer``) → that draw's max/mean token slots per EP rank."""
 
     hardware_flops: float = 0.0
     """Model FLOPs plus the recomputed forward FLOPs, by the same counting convention (Narayanan et
@@ -316,7 +319,7 @@ class _Segment:
     grad_bytes: float = 0.0  # DP gradient bytes that become ready when this segment ends
     expert_grad_bytes: float = 0.0
     parts: tuple[Kernel, ...] | None = None  # _kernels(kernels), built once and shared by every op
-    moe: tuple[list[LayerOp], list[LayerOp], list[LayerOp]] | None = None  # (before, experts, after) dispatch
+    moe: tuple[list[LayerOp], ...] | None = None  # (before, experts, after) dispatch[, shared 1, shared 2]
     phase: str = "F"  # the pipeline pass it belongs to: "F" or "B"
     recompute: tuple[bool, ...] = ()  # per kernel: a forward kernel re-run in the backward (activation recompute)
     recompute_parts: tuple[Kernel, ...] = ()  # the recomputed kernels, run as their own op before ``parts``
@@ -395,12 +398,17 @@ class _StepBuilder:
         self._segments_cache: dict[tuple, list[_Segment]] = {}
         self._tp_groups: dict[int, tuple[int, ...]] = {}
         self._ep_groups: dict[int, tuple[int, ...]] = {}
-        self._moe_rows: dict[tuple[int, int], tuple[tuple[float, ...], tuple[float, ...]]] = {}
+        self._etp_groups: dict[int, tuple[int, ...]] = {}
+        self._moe_rows: dict[tuple, tuple[tuple[float, ...], tuple[float, ...], int]] = {}
         self._moe_kernels: dict[int, tuple] = {}  # id(segment's MoE split) -> (split, kernels before, after)
         self._end_params: dict[int, float] = {}
         self.routing = routing or RoutingModel()
         self.expert_parallel = model.is_moe and parallel.ep > 1
+        self.etp = parallel.expert_tp
+        self.expert_grid = parallel.expert_grid  # etp != tp: experts on Megatron-Core's own expert grid
         self.routes: dict[int, LayerRouting] = {}
+        self._draws: dict[tuple[int, int | None], LayerRouting] = {}
+        self.draw_imbalance: dict[tuple[int, int | None], float] = {}
         self._moe_parts: dict[tuple, tuple] = {}
         self._unit_segments: dict[tuple, list[tuple[_Segment, Unit, str]]] = {}
         self._traces: dict[int, tuple[list[list[int]], list[Use], GatherSchedule]] = {}
@@ -428,6 +436,15 @@ class _StepBuilder:
         rs = 2 * n * (2 if full else 1) + ((1 if first else 0) if phase == "F" else (1 if last else 0))
         return {"all_gather": ag, "reduce_scatter": rs}
 
+    def _layer_tp_counts(self, layer: int, phase: str) -> dict[str, int]:
+        """TP collectives of one layer's pass: :meth:`_tp_counts`, except that on the expert grid (``etp !=
+        tp``) an MoE layer without shared experts keeps only the attention's pair: Megatron-Core routes the
+        sequence-parallel tokens as they are and gathers over the expert TP group after the dispatch."""
+        counts = self._tp_counts(1, phase, False, False)
+        if self.expert_grid and self.model.is_moe_layer(layer) and not self.model.shared_experts:
+            counts = {k: v // 2 for k, v in counts.items()}
+        return counts
+
     def end_params(self, stage: int, chunk: int) -> float:
         """Embedding / output-layer parameters (one TP rank) that virtual stage ``(stage, chunk)`` holds.
 
@@ -439,22 +456,24 @@ class _StepBuilder:
         if stage not in self._end_params:
             t, ep = self.t, self.par.ep
             dense_extra, _ = stage_params(self.model, self.par, stage)
-            dense_layers = sum(self.model.params_per_layer(i, t, ep) - self.model.routed_expert_params(i, t, ep)
+            dense_layers = sum(self.model.params_per_layer(i, t, ep, self.etp)
+                               - self.model.routed_expert_params(i, t, ep, self.etp)
                                for i in stage_layers(self.model.layers, self.par, stage))
             self._end_params[stage] = dense_extra - dense_layers
         return self._end_params[stage]
 
-    def _layer_pass(self, layer: int, phase: str) -> tuple[list[LayerOp], int]:
+    def _layer_pass(self, layer: int, phase: str, tp: int | None = None) -> tuple[list[LayerOp], int]:
         """The kernels of one layer in one pass, and how many of them (at the front) are recomputed forward
         kernels (activation recomputation: all of the forward for ``full``, the attention core for
-        ``selective``)."""
-        ops = layer_ops(self.model, self.par.micro_batch, self.train.seq_len, self.t, layer=layer,
+        ``selective``). ``tp``: build it for another TP degree (the routed experts' ``etp``)."""
+        ops = layer_ops(self.model, self.par.micro_batch, self.train.seq_len, tp or self.t, layer=layer,
                         sequence_parallel=self.sp, dtype_bytes=self.dtype, causal=self.opt.causal,
                         flash_attention=self.opt.flash_attention, fp8=self.fp8, cp=self.cp,
                         cp_comm_type=self.par.cp_comm_type)
         if phase == "F":
             return ops.forward, 0
-        backward = accumulate_gradients(ops.backward, self.model.params_per_layer(layer, self.t, self.par.ep),
+        backward = accumulate_gradients(ops.backward, self.model.params_per_layer(layer, self.t, self.par.ep,
+                                                                                  self.etp),
                                         self.grad_bytes, self.dtype, self.opt.grad_accumulation_fusion)
         if self.split_backward:  # zb-h1: "B" computes the input gradient, "W" the weight gradients
             if phase == "W":
@@ -486,9 +505,9 @@ class _StepBuilder:
         order = layers if phase == "F" else list(reversed(layers))
         emb_params = self.end_params(stage, chunk)
         first, last = first and ends, last and ends  # no embedding / output-layer TP collectives without them
-        grads = {i: (self.model.params_per_layer(i, t, self.par.ep)
-                     - self.model.routed_expert_params(i, t, self.par.ep),
-                     self.model.routed_expert_params(i, t, self.par.ep)) for i in layers}
+        grads = {i: (self.model.params_per_layer(i, t, self.par.ep, self.etp)
+                     - self.model.routed_expert_params(i, t, self.par.ep, self.etp),
+                     self.model.routed_expert_params(i, t, self.par.ep, self.etp)) for i in layers}
         gb = self.grad_bytes
         ub = self.par.tp_comm_overlap
         if per_layer or self.expert_parallel or self.cp > 1:
@@ -496,7 +515,7 @@ class _StepBuilder:
             for i in order:
                 kernels, again = self._layer_pass(i, phase)
                 mask = tuple(_leading(again, len(kernels)))
-                segs.append(_Segment(kernels, {} if ub else self._tp_counts(1, phase, False, False), i,
+                segs.append(_Segment(kernels, {} if ub else self._layer_tp_counts(i, phase), i,
                                      grads[i][0] * gb, grads[i][1] * gb, moe=self._moe_split(i, phase),
                                      recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None))
             if head:
@@ -652,67 +671,152 @@ class _StepBuilder:
         return last
 
     # ----------------------------------------------------------------- MoE
-    def _moe_split(self, layer: int, phase: str) -> tuple[list[LayerOp], list[LayerOp], list[LayerOp]] | None:
-        """A MoE layer's kernels cut at the two all-to-alls: (before dispatch, experts, after combine)."""
+    def _moe_split(self, layer: int, phase: str) -> tuple[list[LayerOp], ...] | None:
+        """A MoE layer's kernels cut at the two all-to-alls: (before dispatch, experts, after combine), and with
+        ``moe.shared_expert_overlap`` two more: the shared-expert kernels run beside the first and the second
+        all-to-all (taken out of before / after)."""
         if not (self.expert_parallel and self.model.is_moe_layer(layer)):
             return None
         ops, start = self._layer_pass(layer, phase)
         # Recomputed forward kernels (the first ``start``) run first and stay local to the rank.
         idx = [i for i in range(start, len(ops)) if ops[i].name.startswith("experts")]
-        return ops[:idx[0]], ops[idx[0]:idx[-1] + 1], ops[idx[-1] + 1:]
+        before, experts, after = ops[:idx[0]], ops[idx[0]:idx[-1] + 1], ops[idx[-1] + 1:]
+        if self.expert_grid:  # the routed experts' GEMMs are split over etp, not tp
+            eops, estart = self._layer_pass(layer, phase, self.etp)
+            experts = [o for o in eops[estart:] if o.name.startswith("experts")]
+        if not (self.routing.shared_expert_overlap and self.model.shared_experts):
+            return before, experts, after
+        shared = [o for o in ops[start:] if o.name.startswith("shared")]
+        base = shared[0].name.split(".")[0]  # shared_up in the forward, shared_down in the backward
+        cut = max(i for i, o in enumerate(shared) if o.name.split(".")[0] == base) + 1
+        ids = {id(o) for o in shared}
+        return ([o for i, o in enumerate(before) if i < start or id(o) not in ids], experts,
+                [o for o in after if id(o) not in ids], shared[:cut], shared[cut:])
 
-    def route(self, layer: int) -> LayerRouting:
-        """Token routing of MoE layer ``layer`` over one EP group (drawn once per layer, seeded)."""
-        r = self.routes.get(layer)
+    def route(self, layer: int, mb: int = 0) -> LayerRouting:
+        """Token routing of MoE layer ``layer`` in micro-batch ``mb`` over one EP group: drawn per (layer,
+        micro-batch), or once per layer with ``moe.draw: layer``; seeded, the same in every EP group.
+        :attr:`routes` accumulates the draws per layer (their sum over micro-batches)."""
+        key = (layer, mb if self.routing.draw == "micro_batch" else None)
+        r = self._draws.get(key)
         if r is None:
-            r = self.routes[layer] = route_layer(self.model.experts, self.model.top_k,
-                                                 self.par.micro_batch * self.train.seq_len, self.par.ep,
-                                                 self.routing, layer)
+            tokens = self.par.micro_batch * self.train.seq_len // (self.t if self.expert_grid else 1)
+            r = self._draws[key] = route_layer(self.model.experts, self.model.top_k, tokens, self.par.ep,
+                                               self.routing, layer, key[1])
+            self.draw_imbalance[key] = r.imbalance
+            seen = self.routes.get(layer)
+            self.routes[layer] = r if seen is None else LayerRouting(seen.choices + r.choices, seen.kept + r.kept,
+                                                                     r.capacity)
         return r
 
-    def _expert_parts(self, layer: int, phase: str, ep_index: int, experts: list[LayerOp]) -> tuple[Kernel, ...]:
-        """Expert kernels of one EP rank, scaled from balanced routing to the tokens it really receives."""
-        key = (layer, phase, ep_index)
+    def _expert_parts(self, layer: int, phase: str, load: int, experts: list[LayerOp]) -> tuple[Kernel, ...]:
+        """Expert kernels of an EP rank that receives ``load`` token slots, scaled from balanced routing
+        (cached by the drawn count: draws that give a rank the same load share the kernels)."""
+        key = (layer, phase, load)
         parts = self._moe_parts.get(key)
         if parts is None:
             balanced = self.par.micro_batch * self.train.seq_len * self.model.top_k
-            f = float(self.route(layer).rank_load[ep_index]) / balanced
-            parts = self._moe_parts[key] = tuple(_scale_kernel(k, f, balanced) for k in experts)
+            parts = self._moe_parts[key] = tuple(_scale_kernel(k, load / balanced, balanced) for k in experts)
         return parts
 
     def emit_moe(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
         """Before-dispatch kernels (+ TP collectives) → dispatch all-to-all → this rank's experts → combine → rest.
 
         Backward runs the same shape in reverse: the gradient of the combine travels like the
-        dispatch (token owner → expert), the gradient of the dispatch like the combine.
+        dispatch (token owner → expert), the gradient of the dispatch like the combine. With
+        ``moe.shared_expert_overlap`` the all-to-alls go on their own stream (``ep``) and the shared
+        expert's halves run on the compute stream meanwhile: the layer takes ``pre + max(a2a, shared_1) +
+        experts + max(a2a, shared_2) + post`` instead of the sum.
         """
         g = self.graph
-        before, experts, after = seg.moe
+        before, experts, after, *shared = seg.moe
         group = self._ep_groups.get(rank)
         if group is None:
             group = self._ep_groups[rank] = self.layout.ep_group(rank)
         e = group.index(rank)
-        rows = self._moe_rows.get((seg.layer, e))  # the same for every micro-batch and EP group
+        draw = (seg.layer, mb if self.routing.draw == "micro_batch" else None)
+        rows = self._moe_rows.get((draw, e))  # the same for every EP group (and every micro-batch: draw: layer)
+        if rows is None and self.routing.dispatch == "deepep":
+            rows = self._deepep_rows(seg.layer, mb, group, e)
         if rows is None:
-            tokens = self.route(seg.layer).rank_matrix()
-            per_token = self.model.hidden * self.dtype / self.t  # each TP rank ships its 1/t of the tokens
-            rows = self._moe_rows[(seg.layer, e)] = (
+            r = self.route(seg.layer, mb)
+            tokens = r.rank_matrix()
+            # etp = tp: the layer's tokens are routed once per TP group, each TP rank ships its 1/t of them.
+            # Expert grid: every rank routes its own sequence-parallel tokens (drawn as b s / t per rank).
+            per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
+            rows = self._moe_rows[(draw, e)] = (
                 tuple(float(x) * per_token for x in tokens[e, :]),   # owner → experts
-                tuple(float(x) * per_token for x in tokens[:, e]))  # experts → owners
-        out_row, back_row = rows
+                tuple(float(x) * per_token for x in tokens[:, e]),   # experts → owners
+                int(tokens[:, e].sum()))                             # token slots this rank's experts compute
+        out_row, back_row, load, *forward = rows
+        gather = None
+        if self.expert_grid:
+            # Megatron-Core's alltoall dispatcher with etp > 1: all-gather the dispatched tokens over the expert
+            # TP group, run the experts on all of them (etp x load rows, width f / etp), reduce-scatter back.
+            if self.etp > 1:
+                gather = self._etp_groups.get(rank)
+                if gather is None:
+                    gather = self._etp_groups[rank] = self.layout.etp_group(rank)
+            load *= self.etp
         kernels = self._moe_kernels.get(id(seg.moe))
         if kernels is None or kernels[0] is not seg.moe:
-            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after))
+            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after),
+                                                        *(_kernels(k) for k in shared))
         tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage, "stream": COMPUTE_STREAM}
+        a2a = dict(tags, stream="ep") if shared else tags
         last = g.compute(rank, parts=kernels[1], name=f"{name}.pre", deps=deps, category="gemm", **tags)
         last = self._emit_tp(rank, seg, name, last, mb, stage)
-        g.collective_op(rank, "all_to_all", group, 0, split=out_row, traffic_class="ep",
-                        name=f"{name}.ep_{'dispatch' if seg.phase == 'F' else 'combine_grad'}", **tags)
-        g.compute(rank, parts=self._expert_parts(seg.layer, seg.phase, e, experts), name=f"{name}.experts",
-                  category="gemm", **tags)
-        g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
-                        name=f"{name}.ep_{'combine' if seg.phase == 'F' else 'dispatch_grad'}", **tags)
-        return g.compute(rank, parts=kernels[2], name=f"{name}.post", category="gemm", **tags)
+        first = g.collective_op(rank, "all_to_all", group, 0, split=out_row, traffic_class="ep",
+                                name=f"{name}.ep_{'dispatch' if seg.phase == 'F' else 'combine_grad'}",
+                                deps=[last] if shared else (), **a2a)
+        wait: list[int] = [first] if shared else []
+        if forward:  # DeepEP: the NVLink forwarding runs beside the RDMA hop (pipelined in chunks)
+            wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[0], traffic_class="ep",
+                                        name=f"{name}.ep_forward", deps=[last], **dict(tags, stream="ep_forward")))
+        if shared:
+            g.compute(rank, parts=kernels[3], name=f"{name}.shared_1", category="gemm", **tags)
+        if gather is not None:
+            first = g.collective_op(rank, "all_gather", gather, load * self.model.hidden * self.dtype,
+                                    name=f"{name}.etp_gather", traffic_class="tp", deps=wait + [first], **a2a)
+            wait = [first] if shared else []
+        done = g.compute(rank, parts=self._expert_parts(seg.layer, seg.phase, load, experts), name=f"{name}.experts",
+                         category="gemm", deps=wait, **tags)
+        if gather is not None:
+            done = g.collective_op(rank, "reduce_scatter", gather, load * self.model.hidden * self.dtype,
+                                   name=f"{name}.etp_scatter", traffic_class="tp", deps=[done], **a2a)
+        second = g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
+                                 name=f"{name}.ep_{'combine' if seg.phase == 'F' else 'dispatch_grad'}",
+                                 deps=[done] if shared else (), **a2a)
+        wait = [second] if shared else []
+        if forward:
+            wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[1], traffic_class="ep",
+                                        name=f"{name}.ep_forward_back", deps=[done],
+                                        **dict(tags, stream="ep_forward")))
+        if shared:
+            g.compute(rank, parts=kernels[4], name=f"{name}.shared_2", category="gemm", **tags)
+        return g.compute(rank, parts=kernels[2], name=f"{name}.post", category="gemm", deps=wait, **tags)
+
+    def _deepep_rows(self, layer: int, mb: int, group: tuple[int, ...], e: int) -> tuple:
+        """EP rank ``e``'s rows under ``moe.dispatch: deepep`` (:func:`~workloads.moe.deepep_matrices`): first hop
+        out, first hop back (its transpose), expert slots, NVLink forward out, forward back."""
+        r = self.route(layer, mb)
+        ep, experts = self.par.ep, self.model.experts
+        probs = self.routing.probabilities(experts, layer).reshape(ep, experts // ep).sum(axis=1)
+        nodes = [x // self.routing.node_gpus for x in group]
+        first, forward = deepep_matrices(r.rank_matrix(), probs, self.model.top_k, nodes)
+        per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
+        # FP8 training: tokens travel owner -> experts in FP8 with one fp32 scale per 128 elements (DeepEP's
+        # FP8 dispatch; DeepSeek-V3 section 3.3.4 quantizes the activations before the up-projections and the
+        # gradients before the down-projections), back in bf16 (both combines).
+        out_token = per_token * (1 + 4 / 128) / self.dtype if self.fp8 else per_token
+        draw = (layer, mb if self.routing.draw == "micro_batch" else None)
+        rows = (tuple(float(x) * out_token for x in first[e, :]), tuple(float(x) * per_token for x in first[:, e]),
+                int(r.rank_matrix()[:, e].sum()))
+        if forward.any():  # an EP group inside one node has nothing to forward
+            rows += (tuple(float(x) * out_token for x in forward[e, :]),
+                     tuple(float(x) * per_token for x in forward[:, e]))
+        self._moe_rows[(draw, e)] = rows
+        return rows
 
     def _emit_tp(self, rank: int, seg: _Segment, name: str, last: int, mb: int, stage: int) -> int:
         group = self._tp_groups.get(rank)
@@ -1048,11 +1152,11 @@ class _StepBuilder:
         dp_ops = pending.emitted
         tied = self._tied_embedding_sync(rank, stage, last_op)
         dense, experts = stage_params(self.model, par, stage)
-        shard = (dense / par.grad_dp + experts / max(1, par.dp // par.ep)) if par.zero >= 1 else dense + experts
+        shard = (dense / par.grad_dp + experts / max(1, par.size("expert_dp"))) if par.zero >= 1 else dense + experts
         fp8_shard = 0.0
         if self.train.fp8_param_gather:
             fp8_dense, fp8_routed = self.stage_fp8_weights(stage)
-            fp8_shard = fp8_dense / par.grad_dp + fp8_routed / max(1, par.dp // par.ep)
+            fp8_shard = fp8_dense / par.grad_dp + fp8_routed / max(1, par.size("expert_dp"))
         before, after = optimizer_step_ops(shard, dense + experts, self.grad_bytes, self.dtype, fp8_shard)
         step_deps = [last_op] + dp_ops[-1:] + tied
         norm = g.compute(rank, parts=_kernels(before), name="grad_norm", deps=step_deps, stream=COMPUTE_STREAM,
@@ -1131,7 +1235,7 @@ class _StepBuilder:
                 ops += self._param_gathers(rank, stage, a.chunk, todo, before)
             wait = [ops[need[i]]] if need[i] >= 0 else []
             if self.fp8 and seg.kernels and any(k.category == "gemm_fp8" for k in seg.kernels):
-                dense, routed = fp8_weight_params(self.model, seg.layer, self.t, self.par.ep)
+                dense, routed = fp8_weight_params(self.model, seg.layer, self.t, self.par.ep, self.etp)
                 per_weight = 2 if self.train.fp8_param_gather else FP8_CAST_BYTES
                 wait = [self.graph.compute(rank, parts=(Kernel("fp8_cast", 0.0, per_weight * (dense + routed)),),
                                            name=f"{name}.L{seg.layer}.fp8_weight_cast", deps=deps + wait,
@@ -1161,7 +1265,8 @@ class _StepBuilder:
         """FP8 GEMM weights (one TP/EP rank) of virtual stage ``(stage, chunk)``: ``(dense, routed experts)``."""
         key = (stage, chunk)
         if key not in self._fp8_weights:
-            pairs = [fp8_weight_params(self.model, i, self.t, self.par.ep) for i in self.chunk_layers(stage, chunk)]
+            pairs = [fp8_weight_params(self.model, i, self.t, self.par.ep, self.etp)
+                     for i in self.chunk_layers(stage, chunk)]
             self._fp8_weights[key] = (float(sum(p[0] for p in pairs)), float(sum(p[1] for p in pairs)))
         return self._fp8_weights[key]
 
@@ -1247,10 +1352,12 @@ class _StepBuilder:
         ranks: Sequence[int] = range(self.par.world_size)
         lay = self.layout
         ep = self.par.ep
+        if self.expert_grid:  # EP groups cross TP groups: TP peers run different programs, emit every rank
+            representatives = None
         if representatives == "stage" and self.t * self.cp * self.par.dp // ep > 1:
             # Every rank of a pipeline stage runs the same program as the ranks with its EP index in the
             # other EP groups and their TP peers: same kernels, same TP collectives, the same all-to-all
-            # rows (routing is drawn per layer, the same in every EP group); its DP, EP and PP peers are the
+            # rows (each draw, per layer and micro-batch, is the same in every EP group); its DP, EP, PP peers are the
             # same coordinates with their own indices. So emit the tp = 0 ranks of the first EP group (for
             # dense models: the tp = 0, dp = 0 rank) of each stage; each stands for its expert-DP x TP
             # block, listed DP-major (TP and DP groups are rows and columns: see engine.lanes).
@@ -1391,7 +1498,9 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
         hw_flops -= output_layer
     stages = [builder.layout.coords(r).pp for r in range(parallel.world_size)]
     return TrainingStep(graph, model, parallel, training, builder.layout, builder.m, flops, stages,
-                        routes=dict(sorted(builder.routes.items())), hardware_flops=hw_flops)
+                        routes=dict(sorted(builder.routes.items())), hardware_flops=hw_flops,
+                        draw_imbalance=dict(sorted(builder.draw_imbalance.items(), key=lambda kv: (kv[0][0],
+                                                                                               kv[0][1] or 0))))
 
 
 __all__ = ["StepOptions", "TrainingStep", "training_step", "GRANULARITIES", "PipeAction"]
