@@ -291,9 +291,13 @@ def test_sigterm_writes_the_finished_rows_and_stops(tmp_path):
     out = tmp_path / "x.csv"
     proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "sweep", str(base), "-o", str(out),
                              "--grid", "parallel.micro_batch=1,2,4,8", "--grid", "cluster.nic_bandwidth="
-                             + ",".join(f"{100 + i}Gbps" for i in range(300)), "--jobs", "2", "--no-progress"],
+                             + ",".join(f"{100 + i}Gbps" for i in range(1000)), "--jobs", "2", "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
+    # Interrupt once rows have certainly finished: the first checkpoint (every 30 s) writes the file. A fixed
+    # sleep raced the start-up on a loaded machine.
+    deadline = time.monotonic() + 240
+    while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert proc.poll() is None, "the sweep finished before it could be interrupted"
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=30)
