@@ -227,18 +227,22 @@ class Fabric:
         NCCL's figure and the route's own link latencies (which only a slower-than-usual fabric exceeds).
         The uniform model (``step_latency_s`` set) adds the link latencies to its software α.
         """
+        return self._step_latency(t, costs, max(self._hop(s, d, t.label)[1] for s, d in t.hops))
+
+    def _step_latency(self, t: Transfer, costs: tuple[float, float, float], phys: float) -> float:
+        """:meth:`_latency` given ``phys``, the largest route latency of ``t``'s hops (seconds)."""
         _base, intra, inter = costs
-        phys = max(self._hop(s, d, t.label)[1] for s, d in t.hops)
         if self.config.nccl_latency:
             return (t.steps - t.net_steps) * max(intra, phys) + t.net_steps * max(inter, phys)
         return t.steps * (intra + phys)
 
-    def _costs(self, plan: Plan, protocol: str) -> tuple[float, float, float]:
-        """``(base, intra-server step, inter-server step)`` latencies of ``plan`` under ``protocol``."""
+    def _costs(self, plan: Plan, protocol: str, spans: bool | None = None) -> tuple[float, float, float]:
+        """``(base, intra-server step, inter-server step)`` latencies of ``plan`` under ``protocol``
+        (``spans``: whether its group spans servers, if already known)."""
         if not self.config.nccl_latency:
             alpha = self.config.step_latency_s
             return 0.0, alpha, alpha
-        return step_latencies(plan.algorithm, protocol, self._spans_servers(plan.group))
+        return step_latencies(plan.algorithm, protocol, self._spans_servers(plan.group) if spans is None else spans)
 
     def protocols(self, plan: Plan) -> tuple[str, ...]:
         """Protocols the plan may run: NCCL's three for collectives; point-to-point patterns
@@ -285,21 +289,37 @@ class Fabric:
         return self._estimates(plan, self.protocols(plan))
 
     def _estimates(self, plan: Plan, protocols: tuple[str, ...]) -> list[float]:
-        costs = [self._costs(plan, p) for p in protocols]
+        """:meth:`estimate` under each of ``protocols``, one array pass per phase: the load of every link
+        (hops crossing it, each counted once per crossing, ``1 / spread`` of a hop under spray) and each
+        transfer's largest load over usable capacity (its bottleneck seconds per byte)."""
+        spans = self._spans_servers(plan.group) if self.config.nccl_latency else None
+        costs = [self._costs(plan, p, spans) for p in protocols]
         factors = [BANDWIDTH_FACTOR[p] for p in protocols]
         totals = [c[0] if plan.phases else 0.0 for c in costs]
+        hop = self._hop
+        spray = self._spray
+        usable = self.usable_capacity
         for phase in plan.phases:
-            routed = [[self._hop(s, d, t.label) for s, d in t.hops] for t in phase]
-            load = np.zeros(len(self.capacity))
-            for hops in routed:
-                for links, _ in hops:
-                    np.add.at(load, links, 1.0 / self.spread(links))
+            if not phase:
+                continue
+            routed = [[hop(s, d, t.label) for s, d in t.hops] for t in phase]
+            arrays = [h[0] for hops in routed for h in hops]
+            entries = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+            ids, local = np.unique(entries, return_inverse=True)
+            if spray:
+                weights = np.concatenate([np.full(len(a), 1.0 / self.spread(a)) for a in arrays])
+                load = np.bincount(local, weights, minlength=len(ids))
+            else:
+                load = np.bincount(local, minlength=len(ids)).astype(float)
+            ratio = load[local] / usable[entries]
+            sizes = [sum(len(h[0]) for h in hops) for hops in routed]
+            starts = np.cumsum([0] + sizes[:-1])
+            per_bytes = np.maximum.reduceat(ratio, starts).tolist() if len(sizes) > 1 else [float(ratio.max())]
             worst = [0.0] * len(protocols)
-            for t, hops in zip(phase, routed):
-                links = hops[0][0] if len(hops) == 1 else np.concatenate([h[0] for h in hops])
-                per_byte = float((load[links] / self.usable_capacity[links]).max())
+            for t, hops, per_byte in zip(phase, routed, per_bytes):
+                phys = max(h[1] for h in hops)
                 for i, (c, f) in enumerate(zip(costs, factors)):
-                    worst[i] = max(worst[i], self._latency(t, c) + t.nbytes / f * per_byte)
+                    worst[i] = max(worst[i], self._step_latency(t, c, phys) + t.nbytes / f * per_byte)
             totals = [x + w for x, w in zip(totals, worst)]
         return totals
 
@@ -447,6 +467,29 @@ class Fabric:
         sw, factor = self._p2p_latency(src, dst, nbytes)
         latency = max(sw, lat) if self.config.nccl_latency else sw + lat
         return (links, nbytes / (factor * self.spread(links)), latency, nbytes)
+
+    def send_specs(self, srcs: tuple[int, ...], dsts: tuple[int, ...], nbytes: float, label: int = 0
+                   ) -> tuple[tuple, ...]:
+        """:meth:`send_spec` of every pair ``(srcs[i], dsts[i])`` (the replicas of one send), as a tuple.
+
+        The software latency and protocol of a send depend only on its size and whether it leaves its
+        server, so they are looked up twice at most, not once per pair."""
+        servers = self._servers
+        hop = self._hop
+        nccl = self.config.nccl_latency
+        spray = self._spray
+        costs: dict[bool, tuple[float, float]] = {}
+        out = []
+        for src, dst in zip(srcs, dsts):
+            links, lat = hop(src, dst, label)
+            cross = servers[src] != servers[dst]
+            cost = costs.get(cross)
+            if cost is None:
+                cost = costs[cross] = self._p2p_latency(src, dst, nbytes)
+            sw, factor = cost
+            latency = (sw if sw >= lat else lat) if nccl else sw + lat
+            out.append((links, nbytes / (factor * (self.spread(links) if spray else 1)), latency, nbytes))
+        return tuple(out)
 
 
 class _PlanRun:
