@@ -28,6 +28,7 @@ ALL_TO_ALL_FLOWS = ("grouped", "proportional", "per_pair")
 
 
 TIER_NAMES = ("nvlink", "pcie", "leaf", "spine", "core")
+_SHAPE_HOPS = 64  # plans with at most this many hops have their estimates cached per shape (Fabric._plan_shape)
 
 
 @dataclass(frozen=True)
@@ -129,11 +130,19 @@ class Fabric:
         self.cluster = cluster
         self.config = config or NetworkConfig()
         graph = cluster.graph
-        self.links: list[tuple] = list(graph.edges)
+        self.links: list[tuple] = []
+        bandwidth: list[float] = []
+        latency: list[float] = []
+        tier: list[str] = []
+        for u, v, data in graph.edges(data=True):  # one pass (131,072 GPUs: ~10^6 links)
+            self.links.append((u, v))
+            bandwidth.append(data["bandwidth"])
+            latency.append(data["latency"])
+            tier.append(data["tier"])
         self.link_index = {e: i for i, e in enumerate(self.links)}
-        self.capacity = np.array([graph.edges[e]["bandwidth"] for e in self.links], dtype=float)
-        self.latency = np.array([graph.edges[e]["latency"] for e in self.links], dtype=float)
-        self.tier = np.array([graph.edges[e]["tier"] for e in self.links])
+        self.capacity = np.array(bandwidth, dtype=float)
+        self.latency = np.array(latency, dtype=float)
+        self.tier = np.array(tier)
         self.router = Router(graph, self.link_index, self.config.seed)
         backend = FlowNetwork if self.config.model == "flow" else AnalyticNetwork
         # What transfers can use; ``capacity`` stays the physical rate that results report against.
@@ -143,6 +152,7 @@ class Fabric:
         self.network = backend(env, self.usable_capacity)
         self._servers = [graph.nodes[g]["server"] for g in cluster.gpus]
         self._auto_cache: dict[tuple, str] = {}
+        self._estimate_cache: dict[tuple, list[float]] = {}  # plan shape (see _plan_shape) -> estimates
         self._route_latency: dict[tuple, tuple[np.ndarray, float]] = {}
         self._phases_cache: dict[tuple, tuple] = {}
         # id(links array) -> (the array, the (src rank, dst rank) hops it carries, one equal payload each):
@@ -271,13 +281,47 @@ class Fabric:
             best = None
             for a in candidates:
                 plan = plan_collective(kind, group, nbytes, self.server_of, a, stagger=self.config.nccl_latency)
-                for t, protocol in zip(self.estimates(plan), self.protocols(plan)):
+                estimates = None
+                if sum(len(t.hops) for p in plan.phases for t in p) <= _SHAPE_HOPS:
+                    shape = self._plan_shape(plan)
+                    estimates = self._estimate_cache.get(shape)
+                    if estimates is None:
+                        estimates = self._estimate_cache[shape] = self.estimates(plan)
+                else:  # a large group's shape costs about what its estimate does, and rarely recurs (ECMP)
+                    estimates = self.estimates(plan)
+                for t, protocol in zip(estimates, self.protocols(plan)):
                     if best is None or t < best[0]:
                         best = (t, a, protocol)
             choice = self._auto_cache[key] = (best[1], best[2])
         plan = plan_collective(kind, group, nbytes, self.server_of, choice[0], self.config.fidelity,
                                stagger=self.config.nccl_latency)
         return plan, choice[1]
+
+    def _plan_shape(self, plan: Plan) -> tuple:
+        """Everything :meth:`estimates` reads of ``plan``, with link ids relabelled in order of first
+        appearance: equal shapes, equal estimates (bit for bit: the same numbers in the same order).
+
+        The same collective on isomorphic positions — a TP group's all-gather in every server, whose
+        routes cross the same number of equally fast links — has one shape, so the tuner's choice is
+        estimated once per shape, not once per group. A degraded or faulted link changes the capacities
+        or routes and so the shape."""
+        relabel: dict[int, int] = {}
+        hop = self._hop
+        spread = self.spread
+        phases = []
+        for phase in plan.phases:
+            transfers = []
+            for t in phase:
+                hops = []
+                for s, d in t.hops:
+                    links, lat = hop(s, d, t.label)
+                    hops.append((tuple([relabel.setdefault(x, len(relabel)) for x in links.tolist()]), lat,
+                                 spread(links)))
+                transfers.append((t.nbytes, t.steps, t.net_steps, tuple(hops)))
+            phases.append(tuple(transfers))
+        usable = self.usable_capacity[list(relabel)].tolist() if relabel else []
+        spans = self._spans_servers(plan.group) if self.config.nccl_latency else None
+        return (plan.algorithm, spans, self.protocols(plan), tuple(phases), tuple(usable))
 
     def estimate(self, plan: Plan, protocol: str = "Simple") -> float:
         """Contention-free time of ``plan`` under ``protocol`` in seconds: NCCL's latency terms plus

@@ -177,9 +177,11 @@ class Router:
         self._up: dict[Hashable, list[int]] = {}
         self._down: dict[Hashable, list[int]] = {}
         self._mid_links: dict[tuple, list[list[int]]] = {}
+        # Plain dicts of the graph (one pass each): the checks below touch every GPU, NIC and NVSwitch.
+        self._kind = dict(graph.nodes(data="kind"))
+        self._succ = dict(graph.adjacency())
         regular = self._regular()
-        self._attach = {n: self._attachment(n) if regular else None
-                        for n, k in graph.nodes(data="kind") if k == "gpu"}
+        self._attach = {n: self._attachment(n) if regular else None for n, k in self._kind.items() if k == "gpu"}
 
     def _regular(self) -> bool:
         """Whether the fast path's shortcuts hold: NVSwitches link only GPUs (and, in a domain over several
@@ -188,35 +190,36 @@ class Router:
 
         A custom fabric may break this (NICs cabled back to back, NVSwitches linked to each other or to
         a leaf); then every pair takes the breadth-first search, which finds every shortest path."""
-        g = self.graph
-        kind = g.nodes
+        kind, succ = self._kind, self._succ
+        server = dict(self.graph.nodes(data="server"))
         domain_switches: dict[int, list] = {}
-        for n, k in g.nodes(data="kind"):
+        for n, k in kind.items():
             if k == "nvswitch":
-                domain_switches.setdefault(kind[n]["server"], []).append(n)
-        for n, k in g.nodes(data="kind"):
+                domain_switches.setdefault(server[n], []).append(n)
+        for n, k in kind.items():
             if k == "nvswitch":
                 # An NVLink domain over several racks (NVL36x2) stays regular: its switches are linked
                 # pairwise and to nothing else but GPUs, so a GPU pair in it is one or two switches apart.
-                peers = domain_switches[kind[n]["server"]]
-                for w in g.successors(n):
-                    if kind[w]["kind"] == "gpu":
+                peers = domain_switches[server[n]]
+                for w in succ[n]:
+                    if kind[w] == "gpu":
                         continue
-                    if kind[w]["kind"] != "nvswitch" or kind[w]["server"] != kind[n]["server"]:
+                    if kind[w] != "nvswitch" or server[w] != server[n]:
                         return False
-                if len(peers) > 1 and any(p != n and not g.has_edge(n, p) for p in peers):
+                if len(peers) > 1 and any(p != n and p not in succ[n] for p in peers):
                     return False
-            if k == "nic":
-                others = [kind[w]["kind"] for w in g.successors(n) if kind[w]["kind"] != "gpu"]
+            elif k == "nic":
+                others = [kind[w] for w in succ[n] if kind[w] != "gpu"]
                 if len(others) > 1 or any(x in ("nic", "nvswitch") for x in others):
                     return False
         return True
 
     def _attachment(self, gpu: Hashable) -> tuple | None:
         """(nvswitch, nic, first switch) of a GPU on a regular fabric, or None."""
+        kinds, succ = self._kind, self._succ
         nvswitch = nic = None
-        for w in self.graph.successors(gpu):
-            kind = self.graph.nodes[w]["kind"]
+        for w in succ[gpu]:
+            kind = kinds[w]
             if kind == "nvswitch":
                 nvswitch = w
             elif kind == "nic":
@@ -227,8 +230,8 @@ class Router:
                 return None
         if nic is None:
             return (nvswitch, None, None)
-        switches = [w for w in self.graph.successors(nic) if w != gpu]
-        if len(switches) != 1 or self.graph.nodes[switches[0]]["kind"] == "gpu":
+        switches = [w for w in succ[nic] if w != gpu]
+        if len(switches) != 1 or kinds[switches[0]] == "gpu":
             return None
         return (nvswitch, nic, switches[0])
 
