@@ -142,6 +142,8 @@ class Fabric:
         self.link_index = {e: i for i, e in enumerate(self.links)}
         self.capacity = np.array(bandwidth, dtype=float)
         self.latency = np.array(latency, dtype=float)
+        self._latency_of = self.latency.tolist()
+        self._latency_sums: dict[tuple[float, ...], float] = {}  # a route's link latencies -> their sum (s)
         self.tier = np.array(tier)
         self.router = Router(graph, self.link_index, self.config.seed)
         backend = FlowNetwork if self.config.model == "flow" else AnalyticNetwork
@@ -187,7 +189,12 @@ class Fabric:
                 latency = max(float(self.latency[p].sum()) for p in paths)
             else:
                 links = self.route(src, dst, label)
-                latency = float(self.latency[links].sum())
+                # Routes of one kind cross links of the same latencies: sum each sequence once (the same numpy
+                # sum of the same values, so the same float)
+                values = tuple([self._latency_of[x] for x in links.tolist()])
+                latency = self._latency_sums.get(values)
+                if latency is None:
+                    latency = self._latency_sums[values] = float(self.latency[links].sum())
             hop = self._route_latency[key] = (links, latency)
             self._pairs[id(links)] = (links, ((src, dst),))
         return hop

@@ -278,7 +278,7 @@ class Router:
         a, b = self._attach.get(src), self._attach.get(dst)
         if a is None or b is None or a[1] is None or b[1] is None:
             return None
-        if a[0] is not None and (a[0] == b[0] or (b[0] is not None and self.graph.has_edge(a[0], b[0]))):
+        if a[0] is not None and (a[0] == b[0] or (b[0] is not None and b[0] in self._succ[a[0]])):
             return None
         up = self._up.get(src)
         if up is None:
