@@ -8,13 +8,15 @@ Usage::
 
 Rungs: GPT-3 175B in 3D parallelism (TP 8, PP 8, DP = GPUs/64, 96 micro-batches per pipeline) on 64,
 256, 1,024 and 4,096 GPUs, and Llama-3 405B on 16,384 GPUs (TP 8, PP 16, DP 128, seq 8192, global batch
-2048; see ``llama3-405b-16384.yaml`` for its documented deviations).
+2048; see ``llama3-405b-16384.yaml`` for its documented deviations), then the same layout with DP 1,024 on
+131,072 GPUs of a three-tier fat tree (``llama3-405b-131072.yaml``; ``--fidelity lockstep`` only),
 
 and a Mixtral-8x7B MoE with expert parallelism on 1,024 GPUs (TP 2, PP 4, DP 128, EP 8; variable-size
 all-to-all dispatch/combine per MoE layer).
 
 Per rung it prints the simulated step time, wall time (generation + simulation + metrics), engine events,
-rate solves, flows, events per second of wall time and the peak resident memory of the rung's process,
+rate solves, flows, events per second of wall time, CPU seconds (user + sys, whole process: the figure to
+compare on a shared machine) and the peak resident memory of the rung's process,
 then the growth exponent ``k`` of wall time ~ GPUs^k fitted over the GPT-3 ladder. Results go to
 ``benchmarks/results.csv``.
 """
@@ -41,9 +43,13 @@ RUNGS = [
     ("gpt3-175b-4096", 4096, "gpt3-175b-4096.yaml"),
     ("llama3-405b-16384", 16384, "llama3-405b-16384.yaml"),
     ("mixtral-8x7b-1024", 1024, "mixtral-8x7b-1024.yaml"),
+    ("llama3-405b-131072", 131072, "llama3-405b-131072.yaml"),
 ]
-FIELDS = ["rung", "gpus", "fidelity", "step_time_s", "mfu", "wall_s", "repeats", "events", "rate_solves", "flows",
-          "events_per_s", "peak_rss_mb", "fits_in_memory"]
+LOCKSTEP_ONLY = {"llama3-405b-131072"}
+"""Rungs run only with ``--fidelity lockstep`` (or when named with ``--only``): 131,072 GPUs in ``fast`` is
+one simulated rank per TP group, 16,384 of them."""
+FIELDS = ["rung", "gpus", "fidelity", "step_time_s", "mfu", "wall_s", "cpu_s", "repeats", "events", "rate_solves",
+          "flows", "events_per_s", "peak_rss_mb", "fits_in_memory"]
 
 
 def run_rung(path: str, fidelity: str) -> dict:
@@ -56,8 +62,11 @@ def run_rung(path: str, fidelity: str) -> dict:
     result = run_experiment(exp, force=True, fidelity=fidelity)
     s = result.summary  # builds the metrics (exposed communication, bubbles) as a user would
     wall = time.perf_counter() - t0
-    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"step_time_s": s["step_time_s"], "mfu": s["mfu"], "wall_s": wall, "events": s["events"],
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    rss_kb = usage.ru_maxrss
+    # CPU seconds (user + sys) of the whole process: on a shared machine, what the rung cost whatever the load
+    return {"step_time_s": s["step_time_s"], "mfu": s["mfu"], "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "events": s["events"],
             "rate_solves": s["rate_solves"], "flows": s["flows"], "events_per_s": s["events"] / wall,
             "peak_rss_mb": rss_kb / 1024, "fits_in_memory": s["fits_in_memory"]}
 
@@ -89,12 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_rung(args._child, args.fidelity)))
         return 0
     rows = []
-    print(f"{'rung':22s} {'gpus':>6s} {'step_s':>9s} {'wall_s':>8s} {'events':>10s} {'solves':>9s} "
+    print(f"{'rung':22s} {'gpus':>6s} {'step_s':>9s} {'wall_s':>8s} {'cpu_s':>7s} {'events':>10s} {'solves':>9s} "
           f"{'flows':>9s} {'events/s':>9s} {'peak_MB':>8s}")
     for name, gpus, yaml in RUNGS:
         if args.max_gpus is not None and gpus > args.max_gpus:
             continue
         if args.only and name not in args.only:
+            continue
+        if name in LOCKSTEP_ONLY and args.fidelity != "lockstep" and not args.only:
             continue
         cmd = [sys.executable, os.path.abspath(__file__), "--fidelity", args.fidelity,
                "--_child", os.path.join(HERE, yaml)]
@@ -114,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         fastest = min(runs, key=lambda r: r["wall_s"])  # every run simulates the same thing (deterministic)
         row = {"rung": name, "gpus": gpus, "fidelity": args.fidelity, "repeats": len(runs), **fastest}
         rows.append(row)
-        print(f"{name:22s} {gpus:6d} {row['step_time_s']:9.4f} {row['wall_s']:8.2f} {row['events']:10,d} "
-              f"{row['rate_solves']:9,d} {row['flows']:9,d} {row['events_per_s']:9,.0f} {row['peak_rss_mb']:8.0f}",
+        print(f"{name:22s} {gpus:6d} {row['step_time_s']:9.4f} {row['wall_s']:8.2f} {row['cpu_s']:7.1f} "
+              f"{row['events']:10,d} {row['rate_solves']:9,d} {row['flows']:9,d} {row['events_per_s']:9,.0f} "
+              f"{row['peak_rss_mb']:8.0f}",
               flush=True)
     ladder = [r for r in rows if r["rung"].startswith("gpt3")]
     dense = [r for r in rows if not r["rung"].startswith("mixtral")]

@@ -327,6 +327,7 @@ class Engine:
         arrived: dict[tuple, list[Op]] = {}
         expected: dict[tuple, tuple[str, int, list]] = {}
         clone_groups: dict[tuple, list[tuple[int, ...]]] = {}
+        p2p_specs: dict[tuple, tuple] = {}  # (src, dst, bytes) -> the flow specs of that send (all replicas)
         completed = 0
         timeout = env.timeout
 
@@ -411,11 +412,17 @@ class Engine:
             for j in ids:
                 start_s[j] = now
             send = group[0] if group[0].kind == "send" else group[1]
-            if replicas is None:
-                specs = [fabric.send_spec(send.rank, send.peer, send.nbytes)]
-            else:
-                specs = [fabric.send_spec(s, d, send.nbytes)
-                         for s, d in zip(replicas[send.rank], replicas[send.peer])]
+            # The same send (every micro-batch's activations between two stages) recurs: its flows, one per
+            # replica pair, are built once; handing the network the same tuple lets it find the call's shape
+            # by identity too.
+            p2p_key = (send.rank, send.peer, send.nbytes)
+            specs = p2p_specs.get(p2p_key)
+            if specs is None:
+                if replicas is None:
+                    specs = (fabric.send_spec(send.rank, send.peer, send.nbytes),)
+                else:
+                    specs = fabric.send_specs(replicas[send.rank], replicas[send.peer], send.nbytes)
+                p2p_specs[p2p_key] = specs
             network.start_flows(specs, send.traffic_class, _Countdown(1, finish, ids).tick)
 
         for op in ops:

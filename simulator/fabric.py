@@ -28,6 +28,7 @@ ALL_TO_ALL_FLOWS = ("grouped", "proportional", "per_pair")
 
 
 TIER_NAMES = ("nvlink", "pcie", "leaf", "spine", "core")
+_SHAPE_HOPS = 64  # plans with at most this many hops have their estimates cached per shape (Fabric._plan_shape)
 
 
 @dataclass(frozen=True)
@@ -129,11 +130,21 @@ class Fabric:
         self.cluster = cluster
         self.config = config or NetworkConfig()
         graph = cluster.graph
-        self.links: list[tuple] = list(graph.edges)
+        self.links: list[tuple] = []
+        bandwidth: list[float] = []
+        latency: list[float] = []
+        tier: list[str] = []
+        for u, v, data in graph.edges(data=True):  # one pass (131,072 GPUs: ~10^6 links)
+            self.links.append((u, v))
+            bandwidth.append(data["bandwidth"])
+            latency.append(data["latency"])
+            tier.append(data["tier"])
         self.link_index = {e: i for i, e in enumerate(self.links)}
-        self.capacity = np.array([graph.edges[e]["bandwidth"] for e in self.links], dtype=float)
-        self.latency = np.array([graph.edges[e]["latency"] for e in self.links], dtype=float)
-        self.tier = np.array([graph.edges[e]["tier"] for e in self.links])
+        self.capacity = np.array(bandwidth, dtype=float)
+        self.latency = np.array(latency, dtype=float)
+        self._latency_of = self.latency.tolist()
+        self._latency_sums: dict[tuple[float, ...], float] = {}  # a route's link latencies -> their sum (s)
+        self.tier = np.array(tier)
         self.router = Router(graph, self.link_index, self.config.seed)
         backend = FlowNetwork if self.config.model == "flow" else AnalyticNetwork
         # What transfers can use; ``capacity`` stays the physical rate that results report against.
@@ -143,6 +154,7 @@ class Fabric:
         self.network = backend(env, self.usable_capacity)
         self._servers = [graph.nodes[g]["server"] for g in cluster.gpus]
         self._auto_cache: dict[tuple, str] = {}
+        self._estimate_cache: dict[tuple, list[float]] = {}  # plan shape (see _plan_shape) -> estimates
         self._route_latency: dict[tuple, tuple[np.ndarray, float]] = {}
         self._phases_cache: dict[tuple, tuple] = {}
         # id(links array) -> (the array, the (src rank, dst rank) hops it carries, one equal payload each):
@@ -177,7 +189,12 @@ class Fabric:
                 latency = max(float(self.latency[p].sum()) for p in paths)
             else:
                 links = self.route(src, dst, label)
-                latency = float(self.latency[links].sum())
+                # Routes of one kind cross links of the same latencies: sum each sequence once (the same numpy
+                # sum of the same values, so the same float)
+                values = tuple([self._latency_of[x] for x in links.tolist()])
+                latency = self._latency_sums.get(values)
+                if latency is None:
+                    latency = self._latency_sums[values] = float(self.latency[links].sum())
             hop = self._route_latency[key] = (links, latency)
             self._pairs[id(links)] = (links, ((src, dst),))
         return hop
@@ -227,18 +244,22 @@ class Fabric:
         NCCL's figure and the route's own link latencies (which only a slower-than-usual fabric exceeds).
         The uniform model (``step_latency_s`` set) adds the link latencies to its software α.
         """
+        return self._step_latency(t, costs, max(self._hop(s, d, t.label)[1] for s, d in t.hops))
+
+    def _step_latency(self, t: Transfer, costs: tuple[float, float, float], phys: float) -> float:
+        """:meth:`_latency` given ``phys``, the largest route latency of ``t``'s hops (seconds)."""
         _base, intra, inter = costs
-        phys = max(self._hop(s, d, t.label)[1] for s, d in t.hops)
         if self.config.nccl_latency:
             return (t.steps - t.net_steps) * max(intra, phys) + t.net_steps * max(inter, phys)
         return t.steps * (intra + phys)
 
-    def _costs(self, plan: Plan, protocol: str) -> tuple[float, float, float]:
-        """``(base, intra-server step, inter-server step)`` latencies of ``plan`` under ``protocol``."""
+    def _costs(self, plan: Plan, protocol: str, spans: bool | None = None) -> tuple[float, float, float]:
+        """``(base, intra-server step, inter-server step)`` latencies of ``plan`` under ``protocol``
+        (``spans``: whether its group spans servers, if already known)."""
         if not self.config.nccl_latency:
             alpha = self.config.step_latency_s
             return 0.0, alpha, alpha
-        return step_latencies(plan.algorithm, protocol, self._spans_servers(plan.group))
+        return step_latencies(plan.algorithm, protocol, self._spans_servers(plan.group) if spans is None else spans)
 
     def protocols(self, plan: Plan) -> tuple[str, ...]:
         """Protocols the plan may run: NCCL's three for collectives; point-to-point patterns
@@ -267,13 +288,47 @@ class Fabric:
             best = None
             for a in candidates:
                 plan = plan_collective(kind, group, nbytes, self.server_of, a, stagger=self.config.nccl_latency)
-                for t, protocol in zip(self.estimates(plan), self.protocols(plan)):
+                estimates = None
+                if sum(len(t.hops) for p in plan.phases for t in p) <= _SHAPE_HOPS:
+                    shape = self._plan_shape(plan)
+                    estimates = self._estimate_cache.get(shape)
+                    if estimates is None:
+                        estimates = self._estimate_cache[shape] = self.estimates(plan)
+                else:  # a large group's shape costs about what its estimate does, and rarely recurs (ECMP)
+                    estimates = self.estimates(plan)
+                for t, protocol in zip(estimates, self.protocols(plan)):
                     if best is None or t < best[0]:
                         best = (t, a, protocol)
             choice = self._auto_cache[key] = (best[1], best[2])
         plan = plan_collective(kind, group, nbytes, self.server_of, choice[0], self.config.fidelity,
                                stagger=self.config.nccl_latency)
         return plan, choice[1]
+
+    def _plan_shape(self, plan: Plan) -> tuple:
+        """Everything :meth:`estimates` reads of ``plan``, with link ids relabelled in order of first
+        appearance: equal shapes, equal estimates (bit for bit: the same numbers in the same order).
+
+        The same collective on isomorphic positions — a TP group's all-gather in every server, whose
+        routes cross the same number of equally fast links — has one shape, so the tuner's choice is
+        estimated once per shape, not once per group. A degraded or faulted link changes the capacities
+        or routes and so the shape."""
+        relabel: dict[int, int] = {}
+        hop = self._hop
+        spread = self.spread
+        phases = []
+        for phase in plan.phases:
+            transfers = []
+            for t in phase:
+                hops = []
+                for s, d in t.hops:
+                    links, lat = hop(s, d, t.label)
+                    hops.append((tuple([relabel.setdefault(x, len(relabel)) for x in links.tolist()]), lat,
+                                 spread(links)))
+                transfers.append((t.nbytes, t.steps, t.net_steps, tuple(hops)))
+            phases.append(tuple(transfers))
+        usable = self.usable_capacity[list(relabel)].tolist() if relabel else []
+        spans = self._spans_servers(plan.group) if self.config.nccl_latency else None
+        return (plan.algorithm, spans, self.protocols(plan), tuple(phases), tuple(usable))
 
     def estimate(self, plan: Plan, protocol: str = "Simple") -> float:
         """Contention-free time of ``plan`` under ``protocol`` in seconds: NCCL's latency terms plus
@@ -285,21 +340,37 @@ class Fabric:
         return self._estimates(plan, self.protocols(plan))
 
     def _estimates(self, plan: Plan, protocols: tuple[str, ...]) -> list[float]:
-        costs = [self._costs(plan, p) for p in protocols]
+        """:meth:`estimate` under each of ``protocols``, one array pass per phase: the load of every link
+        (hops crossing it, each counted once per crossing, ``1 / spread`` of a hop under spray) and each
+        transfer's largest load over usable capacity (its bottleneck seconds per byte)."""
+        spans = self._spans_servers(plan.group) if self.config.nccl_latency else None
+        costs = [self._costs(plan, p, spans) for p in protocols]
         factors = [BANDWIDTH_FACTOR[p] for p in protocols]
         totals = [c[0] if plan.phases else 0.0 for c in costs]
+        hop = self._hop
+        spray = self._spray
+        usable = self.usable_capacity
         for phase in plan.phases:
-            routed = [[self._hop(s, d, t.label) for s, d in t.hops] for t in phase]
-            load = np.zeros(len(self.capacity))
-            for hops in routed:
-                for links, _ in hops:
-                    np.add.at(load, links, 1.0 / self.spread(links))
+            if not phase:
+                continue
+            routed = [[hop(s, d, t.label) for s, d in t.hops] for t in phase]
+            arrays = [h[0] for hops in routed for h in hops]
+            entries = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+            ids, local = np.unique(entries, return_inverse=True)
+            if spray:
+                weights = np.concatenate([np.full(len(a), 1.0 / self.spread(a)) for a in arrays])
+                load = np.bincount(local, weights, minlength=len(ids))
+            else:
+                load = np.bincount(local, minlength=len(ids)).astype(float)
+            ratio = load[local] / usable[entries]
+            sizes = [sum(len(h[0]) for h in hops) for hops in routed]
+            starts = np.cumsum([0] + sizes[:-1])
+            per_bytes = np.maximum.reduceat(ratio, starts).tolist() if len(sizes) > 1 else [float(ratio.max())]
             worst = [0.0] * len(protocols)
-            for t, hops in zip(phase, routed):
-                links = hops[0][0] if len(hops) == 1 else np.concatenate([h[0] for h in hops])
-                per_byte = float((load[links] / self.usable_capacity[links]).max())
+            for t, hops, per_byte in zip(phase, routed, per_bytes):
+                phys = max(h[1] for h in hops)
                 for i, (c, f) in enumerate(zip(costs, factors)):
-                    worst[i] = max(worst[i], self._latency(t, c) + t.nbytes / f * per_byte)
+                    worst[i] = max(worst[i], self._step_latency(t, c, phys) + t.nbytes / f * per_byte)
             totals = [x + w for x, w in zip(totals, worst)]
         return totals
 
@@ -447,6 +518,29 @@ class Fabric:
         sw, factor = self._p2p_latency(src, dst, nbytes)
         latency = max(sw, lat) if self.config.nccl_latency else sw + lat
         return (links, nbytes / (factor * self.spread(links)), latency, nbytes)
+
+    def send_specs(self, srcs: tuple[int, ...], dsts: tuple[int, ...], nbytes: float, label: int = 0
+                   ) -> tuple[tuple, ...]:
+        """:meth:`send_spec` of every pair ``(srcs[i], dsts[i])`` (the replicas of one send), as a tuple.
+
+        The software latency and protocol of a send depend only on its size and whether it leaves its
+        server, so they are looked up twice at most, not once per pair."""
+        servers = self._servers
+        hop = self._hop
+        nccl = self.config.nccl_latency
+        spray = self._spray
+        costs: dict[bool, tuple[float, float]] = {}
+        out = []
+        for src, dst in zip(srcs, dsts):
+            links, lat = hop(src, dst, label)
+            cross = servers[src] != servers[dst]
+            cost = costs.get(cross)
+            if cost is None:
+                cost = costs[cross] = self._p2p_latency(src, dst, nbytes)
+            sw, factor = cost
+            latency = (sw if sw >= lat else lat) if nccl else sw + lat
+            out.append((links, nbytes / (factor * (self.spread(links) if spray else 1)), latency, nbytes))
+        return tuple(out)
 
 
 class _PlanRun:

@@ -134,3 +134,55 @@ def test_structured_routes_equal_breadth_first_search(build):
             ref = sorted(tuple(link_index[(p[j], p[j + 1])] for j in range(len(p) - 1))
                          for p in shortest_paths(c.graph, s, t))
             assert fast == ref
+
+
+def _faulted_fat_tree():
+    from topologies.faults import apply_faults
+    c = fat_tree("H100-SXM", servers=8, gpus_per_server=2, servers_per_leaf=2, leaves_per_pod=2, spines=2, cores=4)
+    return apply_faults(c, [{"kind": "link_down", "link": ["leaf:0", "spine:1"]},
+                            {"kind": "switch_down", "switch": "core:2"},
+                            {"kind": "degraded_link", "link": ["spine:3", "core:1"], "fraction": 0.5},
+                            {"kind": "nic_down", "gpu": 5}])
+
+
+@pytest.mark.parametrize("build", [
+    lambda: leaf_spine("H100-SXM", servers=6, gpus_per_server=4, servers_per_leaf=2, spines=3),
+    lambda: fat_tree("H100-SXM", servers=8, gpus_per_server=2, servers_per_leaf=2, leaves_per_pod=2, spines=2,
+                     cores=4),
+    lambda: leaf_spine("GB200", servers=4, gpus_per_server=6, servers_per_leaf=2, spines=2, nvlink_racks=2),
+    _faulted_fat_tree,
+])
+def test_route_is_the_ecmp_pick_among_breadth_first_paths(build):
+    """The route built leg by leg (only the picked one) is path ``hash % k`` of the whole-graph search's
+    sorted equal-cost paths, for every GPU pair and a few labels, faulted fabrics included."""
+    from simulator.routing import ecmp_hash
+    c = build()
+    link_index = {e: i for i, e in enumerate(c.graph.edges)}
+    router = Router(c.graph, link_index, seed=3)
+    node_id = {n: i for i, n in enumerate(c.graph.nodes)}
+    for s in c.gpus:
+        for t in c.gpus:
+            if s == t:
+                continue
+            ref = [[link_index[(p[j], p[j + 1])] for j in range(len(p) - 1)] for p in shortest_paths(c.graph, s, t)]
+            assert [list(p) for p in router.paths(s, t)] == ref  # same order: ECMP indices agree
+            for label in (0, 1, 7):
+                want = ref[ecmp_hash(node_id[s], node_id[t], label, 3) % len(ref)]
+                assert router.route(s, t, label).tolist() == want
+
+
+@pytest.mark.parametrize("build", [
+    lambda: leaf_spine("H100-SXM", servers=6, gpus_per_server=4, servers_per_leaf=2, spines=3),
+    lambda: rail_optimized("H100-SXM", servers=4, gpus_per_server=4, servers_per_leaf=2, spines=2),
+    lambda: fat_tree("H100-SXM", servers=16, gpus_per_server=1, servers_per_leaf=2, leaves_per_pod=2, spines=2,
+                     cores=4),
+    _faulted_fat_tree,
+])
+def test_bidirectional_switch_paths_equal_breadth_first_search(build):
+    """Every switch pair: the bidirectional search gives the one-sided search's paths, in its order."""
+    from simulator.routing import switch_paths
+    g = build().graph
+    switches = g.subgraph([n for n, k in g.nodes(data="kind") if k not in ("gpu", "nic", "nvswitch")]).copy()
+    for a in switches:
+        for b in switches:
+            assert switch_paths(switches, a, b) == shortest_paths(switches, a, b)

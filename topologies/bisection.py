@@ -65,17 +65,22 @@ def _contract(graph: nx.DiGraph, side: Mapping[Hashable, Hashable]) -> tuple[dic
     """Capacities ``succ[u][v]`` (bytes/s, integers) with the halves merged into source and sink."""
     succ: dict[Hashable, dict[Hashable, int]] = {_SOURCE: {}, _SINK: {}}
     pred: dict[Hashable, dict[Hashable, int]] = {_SOURCE: {}, _SINK: {}}
-    for u, v, bw in graph.edges(data="bandwidth"):
-        mu, mv = side.get(u, u), side.get(v, v)
-        if mu == mv or mv == _SOURCE or mu == _SINK or not bw:
+    for u, nbrs in graph.adjacency():  # plain dicts: one pass over ~10^6 edges at 131,072 GPUs
+        mu = side.get(u, u)
+        if mu == _SINK:
             continue
-        cap = round(bw)  # whole bytes/s: max-flow on integers is exact
-        out = succ.setdefault(mu, {})
-        out[mv] = out.get(mv, 0) + cap
-        into = pred.setdefault(mv, {})
-        into[mu] = into.get(mu, 0) + cap
-        succ.setdefault(mv, {})
-        pred.setdefault(mu, {})
+        for v, data in nbrs.items():
+            bw = data.get("bandwidth")
+            mv = side.get(v, v)
+            if mu == mv or mv == _SOURCE or not bw:
+                continue
+            cap = round(bw)  # whole bytes/s: max-flow on integers is exact
+            out = succ.setdefault(mu, {})
+            out[mv] = out.get(mv, 0) + cap
+            into = pred.setdefault(mv, {})
+            into[mu] = into.get(mu, 0) + cap
+            succ.setdefault(mv, {})
+            pred.setdefault(mu, {})
     return succ, pred
 
 

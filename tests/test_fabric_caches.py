@@ -1,0 +1,67 @@
+"""The fabric's caches (issue 15: 131,072 GPUs) give what a fresh computation gives, faults included."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from simulator.collectives import plan_collective
+from simulator.fabric import Fabric, NetworkConfig
+from topologies import fat_tree, leaf_spine
+from topologies.faults import apply_faults
+
+KINDS = [("all_gather", 2**28), ("all_reduce", 2**30), ("all_reduce", 4096), ("reduce_scatter", 2**20)]
+
+
+def _sick_cluster():
+    """4 servers x 4 GPUs on 2 leaves; server 1's GPU 2 has a half-rate NVLink, one spine uplink is degraded."""
+    c = leaf_spine("H100-SXM", servers=4, gpus_per_server=4, servers_per_leaf=2, spines=2)
+    return apply_faults(c, [{"kind": "degraded_link", "link": ["gpu:1:2", "nvswitch:1"], "fraction": 0.5},
+                            {"kind": "degraded_link", "link": ["leaf:1", "spine:0"], "fraction": 0.25}])
+
+
+def _groups(c):
+    per = c.gpus_per_server
+    servers = c.num_gpus // per
+    inside = [tuple(range(s * per, (s + 1) * per)) for s in range(servers)]  # TP-like groups, one per server
+    across = [tuple(range(i, c.num_gpus, per)) for i in range(per)]  # DP-like groups, one per local index
+    return inside + across
+
+
+@pytest.mark.parametrize("build", [_sick_cluster, lambda: fat_tree("H100-SXM", servers=8, gpus_per_server=2,
+                                                                      servers_per_leaf=2, leaves_per_pod=2,
+                                                                      spines=2, cores=4)])
+@pytest.mark.parametrize("config", [NetworkConfig(), NetworkConfig(routing="spray"),
+                                    NetworkConfig(step_latency_s=5e-6)])
+def test_cached_choices_equal_fresh_estimates(build, config):
+    """Every group's choice through the shape cache equals the best of estimates computed from scratch on
+    a fabric that has never seen another group; and isomorphic groups share one cache entry."""
+    c = build()
+    cached = Fabric(simpy.Environment(), c, config)
+    for kind, nbytes in KINDS:
+        for group in _groups(c):
+            plan, protocol = cached.choose(kind, group, nbytes)
+            fresh = Fabric(simpy.Environment(), c, config)
+            best = None
+            for a in ("ring", "tree") if kind == "all_reduce" else ("ring",):
+                p = plan_collective(kind, group, nbytes, fresh.server_of, a, stagger=config.nccl_latency)
+                for t, proto in zip(fresh._estimates(p, fresh.protocols(p)), fresh.protocols(p)):
+                    if best is None or t < best[0]:
+                        best = (t, a, proto)
+            assert (plan.algorithm, protocol) == best[1:]
+    groups = len(_groups(c)) * sum(2 if k == "all_reduce" else 1 for k, _ in KINDS)
+    assert len(cached._estimate_cache) < groups  # the servers' groups share shapes
+
+
+def test_a_degraded_link_has_its_own_shape_and_a_slower_estimate():
+    """Server 1's group crosses a half-rate NVLink: its shape differs from server 0's and its estimate of
+    a bandwidth-bound all-gather is larger; servers 0, 2 and 3 (healthy, isomorphic) share one shape."""
+    c = _sick_cluster()
+    f = Fabric(simpy.Environment(), c)
+    plans = [plan_collective("all_gather", tuple(range(4 * s, 4 * s + 4)), 2**30, f.server_of, "ring")
+             for s in range(4)]
+    shapes = [f._plan_shape(p) for p in plans]
+    assert shapes[0] == shapes[2] == shapes[3] != shapes[1]
+    healthy, sick = f.estimate(plans[0]), f.estimate(plans[1])
+    # the ring's bottleneck is the half-rate link: the bandwidth term doubles (latency terms are equal)
+    assert sick > 1.9 * healthy
