@@ -282,6 +282,7 @@ def test_two_process_pool_sweeps_in_one_script_both_work():
 
 
 def test_sigterm_writes_the_finished_rows_and_stops(tmp_path):
+    import os
     import signal
     import subprocess
     import sys
@@ -289,18 +290,24 @@ def test_sigterm_writes_the_finished_rows_and_stops(tmp_path):
     base = tmp_path / "base.yaml"
     base.write_text(yaml.safe_dump({**BASE, "model": {"preset": "gpt2-small"}, "training": {"seq_len": 512}}))
     out = tmp_path / "x.csv"
+    # Its own session, so that a failing assertion can still kill the sweep and its workers (no orphans).
     proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "sweep", str(base), "-o", str(out),
                              "--grid", "parallel.micro_batch=1,2,4,8", "--grid", "cluster.nic_bandwidth="
                              + ",".join(f"{100 + i}Gbps" for i in range(1000)), "--jobs", "2", "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # Interrupt once rows have certainly finished: the first checkpoint (every 30 s) writes the file. A fixed
-    # sleep raced the start-up on a loaded machine.
-    deadline = time.monotonic() + 240
-    while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert proc.poll() is None, "the sweep finished before it could be interrupted"
-    proc.send_signal(signal.SIGTERM)
-    _out, err = proc.communicate(timeout=30)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        # Interrupt once rows have certainly finished: the first checkpoint (every 30 s) writes the file. A
+        # fixed sleep raced the start-up on a loaded machine.
+        deadline = time.monotonic() + 240
+        while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert proc.poll() is None, "the sweep finished before it could be interrupted"
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert proc.returncode == 130, err
     assert "interrupted after" in err
     assert out.exists() and len(pd.read_csv(out)) >= 1
