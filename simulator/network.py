@@ -405,7 +405,7 @@ class FlowNetwork(_NetworkBase):
         Bytes/s of every directed link id.
     """
 
-    def __init__(self, env: simpy.Environment, capacity: np.ndarray, replay: bool = True) -> None:
+    def __init__(self, env: simpy.Environment, capacity: np.ndarray, replay: bool = True, twins: bool = True) -> None:
         _NetworkBase.__init__(self, env, capacity)
         # Active flows per link id, insertion-ordered (one persistent dict per link: no allocation per flow).
         self._on_link: list[dict[Flow, None]] = [{} for _ in self._cap]
@@ -419,7 +419,14 @@ class FlowNetwork(_NetworkBase):
         self._tight_at: list[float] = [c * (1 + 1e-9) for c in self._cap]
         # Dominated links (see _dominance): -1 no route seen yet, -2 not dominated, else the dominating link.
         self._dominator: list[int] = [-1] * len(self._cap)
-        self._routes.on_new = self._dominance
+        # Twin links (see _twins): class of each link (-1: no route seen yet), members and representative
+        # of each class. Only a class's representative can be tight.
+        self._twin_of: list[int] = [-1] * len(self._cap)
+        self._twin_members: dict[int, set[int]] = {}
+        self._twin_rep: dict[int, int] = {}
+        self._next_twin = 0
+        self.twins = twins
+        self._routes.on_new = self._new_route
         self.component_solves = 0  # max-min problems solved (not looked up in _solved)
         self._solved: dict[tuple, list[float]] = {}  # component shape -> its rates (see _solve)
         self._solved_flows = 0  # entries (flows, links, crossings) of the shapes in _solved
@@ -758,7 +765,7 @@ class FlowNetwork(_NetworkBase):
         return now_arrivals
 
     # ------------------------------------------------------------ internals
-    def _dominance(self, route: _Route) -> None:
+    def _dominance(self, route: _Route) -> list[int]:
         """Keep track of links whose constraint another link implies, and leave them out of max-min.
 
         Link ``l`` is *dominated* by link ``d`` when every route seen so far that crosses ``l`` also
@@ -768,11 +775,13 @@ class FlowNetwork(_NetworkBase):
         that enters the NIC leaves through it, and the port is slower). The candidate ``d`` is the
         slower neighbour of ``l`` on the first route that crosses it; a later route that crosses ``l``
         without ``d`` undoes it for good. A dominated link is never *tight* (its ``_tight_at`` is
-        infinite); demand, busy time and bytes are kept for it as for any link.
+        infinite, :meth:`_new_route`); demand, busy time and bytes are kept for it as for any link.
+        Returns the links whose dominator changed.
         """
         dominator = self._dominator
         cap = self._cap
         ulinks, mults = route.ulinks, route.mults
+        changed: list[int] = []
         where: dict[int, float] | None = None
         entries: list[int] | None = None
         first: dict[int, int] = {}
@@ -797,14 +806,84 @@ class FlowNetwork(_NetworkBase):
                             break
                 dominator[link] = best
                 if best >= 0:
-                    self._tight_at[link] = float("inf")
-                    self._epoch += 1
+                    changed.append(link)
                 continue
             md = where.get(d)
             if md is None or md * cap[link] < m * cap[d]:
                 dominator[link] = -2
-                self._tight_at[link] = cap[link] * (1 + 1e-9)
-                self._epoch += 1
+                changed.append(link)
+        return changed
+
+    def _twins(self, route: _Route) -> list[int]:
+        """Keep track of *twin* links, and leave all but one of each set out of max-min. Returns the links
+        whose class changed.
+
+        Links are twins when every route seen so far crosses all of them equally often (or none of them)
+        and their capacities are equal: their constraints are then one and the same (same flows, same
+        crossings, same capacity), so max-min needs only one of them — the class's *representative*; the
+        others are never tight (exact: identical constraints saturate together and freeze the same
+        flows). The NIC ports at one position in every server of a uniform all-to-all are twins (every
+        grouped wave crosses all of them once, or none). Classes are refined (partition refinement) as
+        routes appear: a route splits each class it crosses into the links it crosses ``m`` times, per
+        ``m``, and the rest; a split never merges again. Demand, busy time and bytes are kept for every
+        link as before.
+        """
+        twin_of = self._twin_of
+        members = self._twin_members
+        rep = self._twin_rep
+        cap = self._cap
+        groups: dict[tuple, list[int]] = {}
+        for link, m in zip(route.ulinks, route.mults):
+            key = (twin_of[link], m, cap[link])
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [link]
+            else:
+                group.append(link)
+        changed: list[int] = []
+        for (old, _m, _c), links in groups.items():
+            if old >= 0 and len(links) == len(members[old]):
+                continue  # the whole class crosses the route equally often: still twins
+            new = self._next_twin
+            self._next_twin += 1
+            moved = set(links)
+            members[new] = moved
+            for link in links:
+                twin_of[link] = new
+            changed += links
+            if old < 0:
+                rep[new] = links[0]
+                continue
+            rest = members[old]
+            rest -= moved
+            if rep[old] in moved:
+                rep[new] = rep[old]
+                rep[old] = min(rest) if len(rest) < 64 else next(iter(rest))
+                changed.append(rep[old])
+            else:
+                rep[new] = links[0]
+        return changed
+
+    def _new_route(self, route: _Route) -> None:
+        """A route was made: update dominated and twin links, and the tightness thresholds they imply
+        (a link may be tight unless it is dominated or a twin other than its class's representative)."""
+        changed = self._dominance(route)
+        if self.twins:
+            changed += self._twins(route)
+        if not changed:
+            return
+        tight_at, cap, dominator = self._tight_at, self._cap, self._dominator
+        twin_of, rep = self._twin_of, self._twin_rep
+        inf = float("inf")
+        bumped = False
+        for link in changed:
+            c = twin_of[link]
+            t = inf if dominator[link] >= 0 or (c >= 0 and rep[c] != link) else cap[link] * (1 + 1e-9)
+            if t != tight_at[link]:
+                tight_at[link] = t
+                bumped = True
+        if bumped:
+            self._epoch += 1
 
     def _finish(self, flow: Flow) -> None:
         session = flow.session
