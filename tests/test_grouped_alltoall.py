@@ -124,3 +124,26 @@ def test_replays_of_a_repeated_alltoallv_finish_as_simulated(monkeypatch):
     assert net.ledger.busy_s == pytest.approx(ref_net.ledger.busy_s, rel=1e-9, abs=1e-12)
     assert net.replays >= 5 and net.materialized >= 1 and ref_net.replays == 0
     assert net.rate_solves < ref_net.rate_solves
+
+
+@pytest.mark.parametrize("mode", ["grouped", "per_pair"])
+def test_twin_links_keep_every_time_and_byte_of_an_all_to_all(monkeypatch, mode):
+    # The NIC ports at one position in every server are twins under grouped waves (crossed once by the
+    # same waves); leaving all but one out of max-min must change nothing, under ECMP collisions too.
+    cluster = leaf_spine("H100", servers=4, gpus_per_server=8, servers_per_leaf=2, spines=2, oversubscription=2)
+
+    def run(twins):
+        monkeypatch.setattr(simulator.fabric, "FlowNetwork", lambda env, cap: FlowNetwork(env, cap, twins=twins))
+        engine = Engine(_graph(32, 2**26), cluster, network=NetworkConfig(all_to_all=mode))
+        return engine.run(), engine.fabric.network
+
+    got, net = run(True)
+    ref, ref_net = run(False)
+    assert got.step_time_s == ref.step_time_s
+    assert np.array_equal(got.end_s, ref.end_s)
+    assert np.array_equal(net.ledger.bytes, ref_net.ledger.bytes)
+    assert np.array_equal(net.ledger.busy_s, ref_net.ledger.busy_s)
+    assert net.rate_solves == ref_net.rate_solves
+    if mode == "grouped":
+        assert sum(1 for t in net._tight_at if t == float("inf")) > sum(1 for t in ref_net._tight_at
+                                                                       if t == float("inf"))
