@@ -72,6 +72,9 @@ _LONG_ROUTE = 48  # distinct links; routes this long (grouped all-to-all flows) 
 _MEMO_SHAPES = 100_000  # call shapes remembered (then forgotten at once, with their trajectories)
 _MEMO_ENTRIES = 2_000_000  # flows and rate changes over all recorded trajectories (then forgotten: ~200 MB)
 _MEMO_RATE_CHANGES = 20_000  # a call whose flows change rate more often than this is not recorded
+_LAZY_MIN_FLOWS = 32  # components at least this large mark their slack tight links lazy (see FlowNetwork._lazy)
+_LAZY_SLACK = 0.02  # ... when at least this fraction of the link's capacity is left over
+_LAZY_STRIKES = 2  # a link found overloaded this often is never made lazy again
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
 
@@ -105,7 +108,7 @@ class _Route:
     """
 
     __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of", "idx", "weights", "arrays",
-                 "members", "cpairs", "cepoch")
+                 "members", "cpairs", "cepoch", "wpairs", "lpairs", "larrays", "wepoch")
 
     def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0,
                  weights: np.ndarray | None = None, members: int = 1) -> None:
@@ -115,6 +118,10 @@ class _Route:
         self.members = members  # point-to-point transfers one flow on this route stands for
         self.cpairs: tuple = ()  # (link, crossings) of the links that may be tight, as of network epoch cepoch
         self.cepoch = -1
+        self.wpairs: tuple = ()  # cpairs of the links not lazy (network._lazy), as of network stamp wepoch
+        self.lpairs: tuple = ()  # cpairs of the lazy links, as of wepoch
+        self.larrays: tuple | None = None  # lpairs as (link ids, crossings) arrays, made when first needed
+        self.wepoch = -1
         if weights is None:
             ids, counts = np.unique(links, return_counts=True)
         else:
@@ -405,7 +412,8 @@ class FlowNetwork(_NetworkBase):
         Bytes/s of every directed link id.
     """
 
-    def __init__(self, env: simpy.Environment, capacity: np.ndarray, replay: bool = True, twins: bool = True) -> None:
+    def __init__(self, env: simpy.Environment, capacity: np.ndarray, replay: bool = True, twins: bool = True,
+                 lazy: bool = True) -> None:
         _NetworkBase.__init__(self, env, capacity)
         # Active flows per link id, insertion-ordered (one persistent dict per link: no allocation per flow).
         self._on_link: list[dict[Flow, None]] = [{} for _ in self._cap]
@@ -448,6 +456,14 @@ class FlowNetwork(_NetworkBase):
         self._next_shape = 0
         self._keys: dict[int, tuple] = {}
         self._epoch = 0  # bumped whenever a link's tightness threshold changes (dominance): shapes include it
+        # Lazy links (see _rerate): tight links left out of components and max-min problems because the last
+        # large solve that included them left them slack; every solution is checked against them.
+        self.lazy = lazy
+        self._lazy: list[bool] = [False] * len(self._cap)
+        self._lazy_count = 0
+        self._strikes: list[int] = [0] * len(self._cap)  # times a lazy link was found overloaded
+        self._wepoch = 0  # bumped whenever _epoch or a link's laziness changes (routes' wpairs / lpairs)
+        self.lazy_misses = 0  # re-solves because a solution overloaded a lazy link
         self.flows_started = 0  # flows handed to the network (replayed ones included)
         self.calls = 0  # start_flows calls with at least one flow
         self.replays = 0  # calls whose flows were replayed from a recorded trajectory
@@ -884,6 +900,7 @@ class FlowNetwork(_NetworkBase):
                 bumped = True
         if bumped:
             self._epoch += 1
+            self._wepoch += 1
 
     def _finish(self, flow: Flow) -> None:
         session = flow.session
@@ -1038,7 +1055,7 @@ class FlowNetwork(_NetworkBase):
         return extra
 
     def _components(self, seeds: dict[int, None], seed_flows: list[Flow], level: float
-                    ) -> tuple[list[tuple[list[Flow], list[tuple], list[tuple], list[float]]], set[Flow]]:
+                    ) -> tuple[list[tuple[list[Flow], list[tuple], list[tuple], list[float], list[int]]], set[Flow]]:
         """Components of flows whose rate may change: connected through tight links, rate >= ``level``.
 
         ``level`` is the lowest rate of the flows that just left (0 when flows
@@ -1052,8 +1069,9 @@ class FlowNetwork(_NetworkBase):
         Each component comes as its max-min problem on local link ids (in order
         of first appearance): ``(flows, links, mults, capacity)`` with
         ``links[i]`` / ``mults[i]`` the tight links flow ``i`` crosses and how
-        often, ``capacity[j]`` what is left of local link ``j`` (bytes/s).
-        Also returns the set of flows in components. Deterministic.
+        often, ``capacity[j]`` what is left of local link ``j`` (bytes/s), ``glinks[j]`` its link id:
+        ``(flows, links, mults, capacity, glinks)``. Lazy links (:meth:`_rerate`) neither couple flows nor
+        enter the problems. Also returns the set of flows in components. Deterministic.
         """
         on_link = self._on_link
         demand = self._demand
@@ -1065,8 +1083,7 @@ class FlowNetwork(_NetworkBase):
         starts = list(seed_flows)
         for link in seeds:
             starts.extend(f for f in on_link[link] if f.rate >= floor)
-        epoch = self._epoch
-        inf = float("inf")
+        wepoch = self._wepoch
         for first in starts:
             if first in seen:
                 continue
@@ -1081,11 +1098,10 @@ class FlowNetwork(_NetworkBase):
                 flow = stack.pop()
                 flows.append(flow)
                 route = flow.route
-                if route.cepoch != epoch:  # its links that may be tight (not dominated), as (link, crossings)
-                    route.cpairs = tuple((x, m) for x, m in zip(route.ulinks, route.mults) if tight_at[x] != inf)
-                    route.cepoch = epoch
+                if route.wepoch != wepoch:
+                    self._refresh(route)
                 ls, ms = [], []
-                for link, m in route.cpairs:
+                for link, m in route.wpairs:
                     if demand[link] > tight_at[link]:
                         j = local.get(link)
                         if j is None:
@@ -1094,7 +1110,8 @@ class FlowNetwork(_NetworkBase):
                                 used = 0.0  # by fixed flows
                                 for other in on_link[link]:
                                     if other.rate < floor:
-                                        used += other.route.mult(link) * other.rate
+                                        mo = other.route._mult_of
+                                        used += (1 if mo is None else mo[link]) * other.rate
                                     elif other not in seen:
                                         seen.add(other)
                                         stack.append(other)
@@ -1109,26 +1126,73 @@ class FlowNetwork(_NetworkBase):
                         ms.append(m)
                 flow_links.append(tuple(ls))
                 flow_mults.append(tuple(ms))
-            out.append((flows, flow_links, flow_mults, capacity))
+            out.append((flows, flow_links, flow_mults, capacity, list(local)))
         return out, seen
+
+    def _refresh(self, route: _Route) -> None:
+        """Bring a route's links that may be tight (not dominated, not a twin left out) up to date, split
+        into those that are not lazy (``wpairs``) and the lazy ones (``lpairs``), as (link, crossings)."""
+        if route.cepoch != self._epoch:
+            tight_at = self._tight_at
+            inf = float("inf")
+            route.cpairs = tuple((x, m) for x, m in zip(route.ulinks, route.mults) if tight_at[x] != inf)
+            route.cepoch = self._epoch
+        if self._lazy_count:
+            lazy = self._lazy
+            route.wpairs = tuple(p for p in route.cpairs if not lazy[p[0]])
+            route.lpairs = tuple(p for p in route.cpairs if lazy[p[0]])
+            route.larrays = None
+        else:
+            route.wpairs = route.cpairs
+            route.lpairs = ()
+        route.wepoch = self._wepoch
 
     def _rerate(self, now: float, seeds: dict[int, None], seed_flows: list[Flow], lonely: list[Flow],
                 level: float) -> None:
         """Re-solve the components of ``seeds`` and ``seed_flows`` above ``level`` (see
-        :meth:`_components`); ``lonely`` arrivals not in them run solo."""
-        components, seen = self._components(seeds, seed_flows, level)
+        :meth:`_components`); ``lonely`` arrivals not in them run solo.
+
+        *Lazy links* (exact): a tight link that the last large solve including it left with at least
+        ``_LAZY_SLACK`` of its capacity unused (an ECMP-hashed spine link under a uniform all-to-all on a
+        1:1 fabric, where the NIC ports bind) is left out of the components and their problems, and
+        every solution is checked against it instead: if the rates leave every lazy link within its
+        capacity, they are the max-min rates of the full problem (a max-min allocation of a relaxed
+        problem that is feasible for the full one is the full one's: its feasible set is a subset);
+        otherwise the overloaded links are made strict again and the solve is redone. A link overloaded
+        ``_LAZY_STRIKES`` times stays strict. Problems then have a row or two per flow instead of a
+        dozen, and the search does not walk through the spine.
+        """
         self.rate_solves += 1
-        for flows, flow_links, flow_mults, capacity in components:
-            if len(flows) == 1:
-                # Progressive filling of one flow: the least of its cap and its tight links' shares.
-                rate = flows[0].route.solo_rate
-                for j, m in zip(flow_links[0], flow_mults[0]):
-                    share = capacity[j] / m
-                    if share < rate:
-                        rate = share
-                self._set_rates(now, flows, [rate])
-            else:
-                self._solve(now, flows, flow_links, flow_mults, capacity)
+        while True:
+            components, seen = self._components(seeds, seed_flows, level)
+            solved = []
+            for flows, flow_links, flow_mults, capacity, _glinks in components:
+                if len(flows) == 1:
+                    # Progressive filling of one flow: the least of its cap and its tight links' shares.
+                    rate = flows[0].route.solo_rate
+                    for j, m in zip(flow_links[0], flow_mults[0]):
+                        share = capacity[j] / m
+                        if share < rate:
+                            rate = share
+                    solved.append([rate])
+                else:
+                    solved.append(self._solve(flows, flow_links, flow_mults, capacity))
+            if not self._lazy_count:
+                break
+            overloaded = self._overloaded(components, solved, seen)
+            if not overloaded:
+                break
+            self.lazy_misses += 1
+            lazy, strikes = self._lazy, self._strikes
+            for link in overloaded:  # back into the problems; the solve is redone with them
+                lazy[link] = False
+                strikes[link] += 1
+            self._lazy_count -= len(overloaded)
+            self._wepoch += 1
+        for component, rates in zip(components, solved):
+            self._set_rates(now, component[0], rates)
+        if self.lazy:
+            self._mark_lazy(components, solved)
         if lonely:
             self._solo(now, [f for f in lonely if f not in seen])
 
@@ -1168,8 +1232,8 @@ class FlowNetwork(_NetworkBase):
             push(heap, (now + flow.remaining / rate, seq, flow))
         self._seq = seq
 
-    def _solve(self, now: float, flows: list[Flow], flow_links: list[tuple], flow_mults: list[tuple],
-               capacity: list[float]) -> None:
+    def _solve(self, flows: list[Flow], flow_links: list[tuple], flow_mults: list[tuple],
+               capacity: list[float]) -> list[float]:
         """Max-min rates of one component (see :meth:`_components` for the arguments); every flow is
         also capped by its solo rate, which stands for all its slack links (they can never bind).
 
@@ -1194,7 +1258,76 @@ class FlowNetwork(_NetworkBase):
                 self._solved.clear()
                 self._solved_flows = size
             self._solved[key] = rates
-        self._set_rates(now, flows, rates)
+        return rates
+
+    def _overloaded(self, components: list, solved: list, seen: set[Flow]) -> list[int]:
+        """Lazy links that the new rates of ``components`` (``solved``) would load beyond their capacity
+        (relative tolerance 1e-9, the tightness tolerance), flows outside the components at their
+        current rates."""
+        loads: dict[int, float] = {}
+        counts: dict[int, int] = {}
+        total = sum(len(c[0]) for c in components)
+        if total < 256:
+            for component, rates in zip(components, solved):
+                for flow, rate in zip(component[0], rates):
+                    for link, m in flow.route.lpairs:
+                        if link in loads:
+                            loads[link] += m * rate
+                            counts[link] += 1
+                        else:
+                            loads[link] = m * rate
+                            counts[link] = 1
+        else:
+            arrays = []
+            for c in components:
+                for f in c[0]:
+                    route = f.route
+                    a = route.larrays
+                    if a is None:
+                        lp = route.lpairs
+                        a = route.larrays = (np.array([x for x, _ in lp], dtype=np.int64),
+                                             np.array([m for _, m in lp], dtype=float))
+                    arrays.append(a)
+            sizes = np.fromiter((len(a[0]) for a in arrays), dtype=np.int64, count=total)
+            if not sizes.any():
+                return []
+            ids = np.concatenate([a[0] for a in arrays])
+            rates = np.fromiter(chain.from_iterable(solved), dtype=float, count=total)
+            weights = np.concatenate([a[1] for a in arrays]) * np.repeat(rates, sizes)
+            uniq, inverse = np.unique(ids, return_inverse=True)
+            loads = dict(zip(uniq.tolist(), np.bincount(inverse, weights=weights).tolist()))
+            counts = dict(zip(uniq.tolist(), np.bincount(inverse).tolist()))
+        on_link, cap = self._on_link, self._cap
+        out = []
+        for link, load in loads.items():
+            flows = on_link[link]
+            if counts[link] != len(flows):
+                for other in flows:
+                    if other not in seen:
+                        mo = other.route._mult_of
+                        load += (1 if mo is None else mo[link]) * other.rate
+            if load > cap[link] * (1 + 1e-9):
+                out.append(link)
+        return out
+
+    def _mark_lazy(self, components: list, solved: list) -> None:
+        """Make the tight links of large components that their solution leaves slack lazy (see :meth:`_rerate`)."""
+        lazy, strikes, cap = self._lazy, self._strikes, self._cap
+        marked = 0
+        for (flows, flow_links, flow_mults, capacity, glinks), rates in zip(components, solved):
+            if len(flows) < _LAZY_MIN_FLOWS:
+                continue
+            load = [0.0] * len(capacity)
+            for ls, ms, rate in zip(flow_links, flow_mults, rates):
+                for j, m in zip(ls, ms):
+                    load[j] += m * rate
+            for j, link in enumerate(glinks):
+                if capacity[j] - load[j] > _LAZY_SLACK * cap[link] and strikes[link] < _LAZY_STRIKES:
+                    lazy[link] = True
+                    marked += 1
+        if marked:
+            self._lazy_count += marked
+            self._wepoch += 1
 
 
 def _max_min_numpy(flow_links: list, flow_mults: list, capacity: list, caps: list) -> list[float]:
