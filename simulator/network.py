@@ -464,6 +464,7 @@ class FlowNetwork(_NetworkBase):
         self._strikes: list[int] = [0] * len(self._cap)  # times a lazy link was found overloaded
         self._wepoch = 0  # bumped whenever _epoch or a link's laziness changes (routes' wpairs / lpairs)
         self.lazy_misses = 0  # re-solves because a solution overloaded a lazy link
+        self.lazy_marked = 0  # times a link was made lazy
         self.flows_started = 0  # flows handed to the network (replayed ones included)
         self.calls = 0  # start_flows calls with at least one flow
         self.replays = 0  # calls whose flows were replayed from a recorded trajectory
@@ -1326,6 +1327,7 @@ class FlowNetwork(_NetworkBase):
                     lazy[link] = True
                     marked += 1
         if marked:
+            self.lazy_marked += marked
             self._lazy_count += marked
             self._wepoch += 1
 
