@@ -462,6 +462,8 @@ class FlowNetwork(_NetworkBase):
         self._lazy: list[bool] = [False] * len(self._cap)
         self._lazy_count = 0
         self._strikes: list[int] = [0] * len(self._cap)  # times a lazy link was found overloaded
+        self._lload = np.zeros(len(self._cap))  # of a lazy link: sum of crossings x rate of the flows on it
+        self._pending_loads: tuple | None = None  # (link ids, load changes) the rates being set bring
         self._wepoch = 0  # bumped whenever _epoch or a link's laziness changes (routes' wpairs / lpairs)
         self.lazy_misses = 0  # re-solves because a solution overloaded a lazy link
         self.lazy_marked = 0  # times a link was made lazy
@@ -765,6 +767,8 @@ class FlowNetwork(_NetworkBase):
                     break
                 busy[link] += min(t0 + b, now) - (t0 + a)
         for flow in active:
+            if self._lazy_count:
+                self._track(flow, flow.rate)
             for link, d in zip(flow.route.ulinks, flow.route.demand):
                 flows = on_link[link]
                 if flows:
@@ -967,6 +971,8 @@ class FlowNetwork(_NetworkBase):
             log_t(now)
             log_route(route.idx)
             log_delta(-flow.rate)
+            if self._lazy_count:
+                self._track(flow, -flow.rate)
             for link, d in zip(route.ulinks, route.demand):
                 flows = on_link[link]
                 del flows[flow]
@@ -1190,8 +1196,12 @@ class FlowNetwork(_NetworkBase):
                 strikes[link] += 1
             self._lazy_count -= len(overloaded)
             self._wepoch += 1
+        commit = self._pending_loads
+        self._pending_loads = None
         for component, rates in zip(components, solved):
-            self._set_rates(now, component[0], rates)
+            self._set_rates(now, component[0], rates, commit is None)
+        if commit is not None:
+            np.add.at(self._lload, commit[0], commit[1])
         if self.lazy:
             self._mark_lazy(components, solved)
         if lonely:
@@ -1201,11 +1211,18 @@ class FlowNetwork(_NetworkBase):
         """Flows alone in their component run at their solo rate."""
         self._set_rates(now, flows)
 
-    def _set_rates(self, now: float, flows: list[Flow], rates: list[float] | None = None) -> None:
+    def _set_rates(self, now: float, flows: list[Flow], rates: list[float] | None = None,
+                   track: bool = True) -> None:
         """Give ``flows`` their new ``rates`` (default: their solo rates) and push their finish times.
 
-        A flow whose rate did not change keeps its heap entry.
+        A flow whose rate did not change keeps its heap entry. ``track``: add the rate changes to the
+        loads of lazy links (else the caller does).
         """
+        if track and self._lazy_count:
+            for i, flow in enumerate(flows):
+                rate = flow.route.solo_rate if rates is None else rates[i]
+                if rate != flow.rate:
+                    self._track(flow, rate - flow.rate)
         heap = self._heap
         seq = self._seq
         push = heapq.heappush
@@ -1263,21 +1280,21 @@ class FlowNetwork(_NetworkBase):
 
     def _overloaded(self, components: list, solved: list, seen: set[Flow]) -> list[int]:
         """Lazy links that the new rates of ``components`` (``solved``) would load beyond their capacity
-        (relative tolerance 1e-9, the tightness tolerance), flows outside the components at their
-        current rates."""
-        loads: dict[int, float] = {}
-        counts: dict[int, int] = {}
+        (relative tolerance 1e-9, the tightness tolerance): each lazy link's load is kept up to date as
+        rates change (``_lload``); the new rates add their changes. An apparent overload is confirmed by
+        summing the link's flows afresh. Leaves the load changes for :meth:`_rerate` to apply in
+        ``_pending_loads`` when it computed them in bulk."""
+        self._pending_loads = None
+        lload = self._lload
         total = sum(len(c[0]) for c in components)
         if total < 256:
+            loads: dict[int, float] = {}
             for component, rates in zip(components, solved):
                 for flow, rate in zip(component[0], rates):
+                    delta = rate - flow.rate
                     for link, m in flow.route.lpairs:
-                        if link in loads:
-                            loads[link] += m * rate
-                            counts[link] += 1
-                        else:
-                            loads[link] = m * rate
-                            counts[link] = 1
+                        loads[link] = loads.get(link, 0.0) + m * delta
+            candidates = [link for link, d in loads.items() if lload[link] + d > self._cap[link] * (1 + 1e-9)]
         else:
             arrays = []
             for c in components:
@@ -1293,23 +1310,37 @@ class FlowNetwork(_NetworkBase):
             if not sizes.any():
                 return []
             ids = np.concatenate([a[0] for a in arrays])
-            rates = np.fromiter(chain.from_iterable(solved), dtype=float, count=total)
-            weights = np.concatenate([a[1] for a in arrays]) * np.repeat(rates, sizes)
+            old = np.fromiter((f.rate for c in components for f in c[0]), dtype=float, count=total)
+            new = np.fromiter(chain.from_iterable(solved), dtype=float, count=total)
+            weights = np.concatenate([a[1] for a in arrays]) * np.repeat(new - old, sizes)
             uniq, inverse = np.unique(ids, return_inverse=True)
-            loads = dict(zip(uniq.tolist(), np.bincount(inverse, weights=weights).tolist()))
-            counts = dict(zip(uniq.tolist(), np.bincount(inverse).tolist()))
-        on_link, cap = self._on_link, self._cap
+            after = lload[uniq] + np.bincount(inverse, weights=weights)
+            over = after > self.capacity[uniq] * (1 + 1e-9)
+            candidates = uniq[over].tolist()
+            self._pending_loads = (ids, weights)
+        if not candidates:
+            return []
+        new_rate = {f: r for c, rates in zip(components, solved) for f, r in zip(c[0], rates)}
         out = []
-        for link, load in loads.items():
-            flows = on_link[link]
-            if counts[link] != len(flows):
-                for other in flows:
-                    if other not in seen:
-                        mo = other.route._mult_of
-                        load += (1 if mo is None else mo[link]) * other.rate
-            if load > cap[link] * (1 + 1e-9):
+        for link in candidates:
+            load = 0.0
+            for other in self._on_link[link]:
+                mo = other.route._mult_of
+                load += (1 if mo is None else mo[link]) * new_rate.get(other, other.rate)
+            if load > self._cap[link] * (1 + 1e-9):
                 out.append(link)
+        if out:
+            self._pending_loads = None
         return out
+
+    def _track(self, flow: Flow, delta: float) -> None:
+        """Add a change of ``flow``'s rate by ``delta`` to the loads of the lazy links it crosses."""
+        route = flow.route
+        if route.wepoch != self._wepoch:
+            self._refresh(route)
+        lload = self._lload
+        for link, m in route.lpairs:
+            lload[link] += m * delta
 
     def _mark_lazy(self, components: list, solved: list) -> None:
         """Make the tight links of large components that their solution leaves slack lazy (see :meth:`_rerate`)."""
@@ -1326,6 +1357,11 @@ class FlowNetwork(_NetworkBase):
                 if capacity[j] - load[j] > _LAZY_SLACK * cap[link] and strikes[link] < _LAZY_STRIKES:
                     lazy[link] = True
                     marked += 1
+                    total = 0.0
+                    for other in self._on_link[link]:
+                        mo = other.route._mult_of
+                        total += (1 if mo is None else mo[link]) * other.rate
+                    self._lload[link] = total
         if marked:
             self.lazy_marked += marked
             self._lazy_count += marked
