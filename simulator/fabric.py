@@ -267,7 +267,11 @@ class Fabric:
             best = None
             for a in candidates:
                 plan = plan_collective(kind, group, nbytes, self.server_of, a, stagger=self.config.nccl_latency)
-                for t, protocol in zip(self.estimates(plan), self.protocols(plan)):
+                protocols = self.protocols(plan)
+                if len(candidates) == 1 and len(protocols) == 1:  # nothing to choose: no estimate needed
+                    best = (0.0, a, protocols[0])
+                    break
+                for t, protocol in zip(self.estimates(plan), protocols):
                     if best is None or t < best[0]:
                         best = (t, a, protocol)
             choice = self._auto_cache[key] = (best[1], best[2])

@@ -29,12 +29,38 @@ the engine's fast path). Two backends stand behind it:
       component of a shape already solved (same crossings, capacities and
       caps: the replicas of one collective) reuses those rates.
 
+    Constraints that cannot matter are left out of components and problems,
+    all exactly (:meth:`FlowNetwork._new_route`, :meth:`FlowNetwork._rerate`):
+
+    * *dominated* links: every route seen that crosses link ``l`` also crosses
+      a slower link ``d`` at least as often (a GPU's PCIe link behind its NIC
+      port), so ``d``'s constraint implies ``l``'s;
+    * *twin* links: every route seen crosses them equally often (or not at
+      all) and their capacities are equal — one constraint, kept once (the
+      NIC ports at one position in every server, under grouped all-to-all
+      waves); classes are refined as routes appear;
+    * *lazy* links: tight links that the last large solve including them left
+      with 2% of their capacity to spare (ECMP-hashed spine links under an
+      all-to-all on a 1:1 fabric); each solution is checked against their
+      loads (kept up to date as rates change) and redone with the ones it
+      would overload.
+
+    Flows may stand for several transfers (:meth:`_NetworkBase.declare`): a
+    *grouped* all-to-all wave (the transfers of one all-to-all that start at
+    the same instant and move the same bytes, :class:`simulator.fabric.Fabric`)
+    is one flow over all its members' links, a *weighted* route loading each
+    member's links in proportion to its bytes (``proportional`` waves).
+    A call whose links are idle is recorded and later calls of its shape on
+    idle links are *replayed* from the recording (:meth:`FlowNetwork.start_flows`),
+    made real if another flow comes onto their links first.
+
     One late SimPy event per instant admits the flows whose latency has
     passed and retires the finished ones. Completions come from a heap of
     finish times (stale entries skipped), so an instant costs work
     proportional to the flows it touches, not to all active flows. Event
     count grows with flows, never with bytes. ``tests/test_flow_network.py``
-    checks all of this against a global re-solve at every event.
+    checks all of this against a global re-solve at every event, and the
+    networks without twins, lazy links or replays.
 
 :class:`AnalyticNetwork`
     Contention-free closed form: ``latency + nbytes / bottleneck``. Used as an
