@@ -1220,6 +1220,7 @@ class FlowNetwork(_NetworkBase):
             for link in overloaded:  # back into the problems; the solve is redone with them
                 lazy[link] = False
                 strikes[link] += 1
+                self._lload[link] = 0.0  # kept for lazy links only
             self._lazy_count -= len(overloaded)
             self._wepoch += 1
         commit = self._pending_loads
@@ -1339,10 +1340,13 @@ class FlowNetwork(_NetworkBase):
             old = np.fromiter((f.rate for c in components for f in c[0]), dtype=float, count=total)
             new = np.fromiter(chain.from_iterable(solved), dtype=float, count=total)
             weights = np.concatenate([a[1] for a in arrays]) * np.repeat(new - old, sizes)
-            uniq, inverse = np.unique(ids, return_inverse=True)
-            after = lload[uniq] + np.bincount(inverse, weights=weights)
-            over = after > self.capacity[uniq] * (1 + 1e-9)
-            candidates = uniq[over].tolist()
+            if len(lload) <= 8 * len(ids):  # a bincount over every link beats sorting the entries
+                after = lload + np.bincount(ids, weights=weights, minlength=len(lload))
+                candidates = np.flatnonzero(after > self.capacity * (1 + 1e-9)).tolist()
+            else:
+                uniq, inverse = np.unique(ids, return_inverse=True)
+                after = lload[uniq] + np.bincount(inverse, weights=weights)
+                candidates = uniq[after > self.capacity[uniq] * (1 + 1e-9)].tolist()
             self._pending_loads = (ids, weights)
         if not candidates:
             return []
