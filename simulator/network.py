@@ -581,7 +581,8 @@ class FlowNetwork(_NetworkBase):
         """The shape of a call (an id: equal ids, equal dynamics when alone) and the links it crosses.
 
         The shape is every flow's distinct links relabelled in order of first appearance, their
-        crossings, bytes and latency, with the capacity and tightness threshold of every relabelled link.
+        crossings, bytes and latency, with the capacity of every relabelled link and whether it is
+        dominated.
         Cached per spec tuple (the fabric hands out the same tuple for the same collective).
         """
         cacheable = isinstance(specs, tuple)
@@ -597,8 +598,12 @@ class FlowNetwork(_NetworkBase):
             parts.append((tuple([relabel.setdefault(link, len(relabel)) for link in route.ulinks]), route.mults,
                           nbytes, latency_s))
         ids = tuple(relabel)
-        cap, tight_at = self._cap, self._tight_at
-        shape = (tuple(parts), tuple([cap[link] for link in ids]), tuple([tight_at[link] for link in ids]))
+        # Thresholds as dominance sets them: which twin of a class represents it changes no rate (identical
+        # constraints), so it stays out of the shape (replicas pick representatives at different places).
+        cap, dominator = self._cap, self._dominator
+        inf = float("inf")
+        shape = (tuple(parts), tuple([cap[link] for link in ids]),
+                 tuple([inf if dominator[link] >= 0 else cap[link] * (1 + 1e-9) for link in ids]))
         key = self._shape_ids.get(shape)
         if key is None:
             if len(self._shape_ids) > _MEMO_SHAPES:
