@@ -169,3 +169,32 @@ def test_lazy_links_keep_every_time_and_byte_of_an_all_to_all(monkeypatch, overs
     assert np.array_equal(net.ledger.bytes, ref_net.ledger.bytes)
     assert net.ledger.busy_s == pytest.approx(ref_net.ledger.busy_s, rel=1e-9)
     assert net.lazy_marked > 0 and net.lazy_misses > 0 and ref_net.lazy_marked == 0
+
+
+def test_twin_links_keep_the_replays_of_replicas(monkeypatch):
+    # The same all-to-all over servers 0-1, then 2-3 (each pair on a leaf of its own), four times: the
+    # replicas' calls have one shape whichever twin represents each NIC class, so every call after the
+    # first is replayed, with or without twins, and ends at the same time.
+    # A send from rank 16 to rank 24 before the second pair's first call puts other routes on their NICs
+    # first, so that pair's twin classes (and representatives) form differently from the first pair's.
+    cluster = leaf_spine("H100", servers=4, gpus_per_server=8, servers_per_leaf=2, spines=2)
+    g = OpGraph(32)
+    last = {r: None for r in range(32)}
+    last[16] = g.send(16, 24, 2**20)
+    last[24] = g.recv(24, 16, 2**20)
+    for _ in range(4):
+        for members in (list(range(16)), list(range(16, 32))):
+            ops = [g.collective_op(r, "all_to_all", members, 2**24, deps=[] if last[r] is None else [last[r]],
+                                   traffic_class="ep") for r in members]
+            for r, op in zip(members, ops):
+                last[r] = op
+
+    def run(twins):
+        monkeypatch.setattr(simulator.fabric, "FlowNetwork", lambda env, cap: FlowNetwork(env, cap, twins=twins))
+        engine = Engine(g, cluster, network=NetworkConfig(all_to_all="grouped"))
+        return engine.run(), engine.fabric.network
+
+    got, net = run(True)
+    ref, ref_net = run(False)
+    assert got.step_time_s == pytest.approx(ref.step_time_s, rel=1e-12)
+    assert net.replays == ref_net.replays >= 6
