@@ -436,6 +436,9 @@ class FlowNetwork(_NetworkBase):
     env : simpy.Environment
     capacity : numpy.ndarray
         Bytes/s of every directed link id.
+    replay, twins, lazy : bool
+        Replays of isolated calls, twin links and lazy links (all on by default; off only to check them
+        against the network without them).
     """
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray, replay: bool = True, twins: bool = True,
