@@ -288,6 +288,10 @@ class Fabric:
             best = None
             for a in candidates:
                 plan = plan_collective(kind, group, nbytes, self.server_of, a, stagger=self.config.nccl_latency)
+                protocols = self.protocols(plan)
+                if len(candidates) == 1 and len(protocols) == 1:  # nothing to choose: no estimate needed
+                    best = (0.0, a, protocols[0])
+                    break
                 estimates = None
                 if sum(len(t.hops) for p in plan.phases for t in p) <= _SHAPE_HOPS:
                     shape = self._plan_shape(plan)
@@ -296,7 +300,7 @@ class Fabric:
                         estimates = self._estimate_cache[shape] = self.estimates(plan)
                 else:  # a large group's shape costs about what its estimate does, and rarely recurs (ECMP)
                     estimates = self.estimates(plan)
-                for t, protocol in zip(estimates, self.protocols(plan)):
+                for t, protocol in zip(estimates, protocols):
                     if best is None or t < best[0]:
                         best = (t, a, protocol)
             choice = self._auto_cache[key] = (best[1], best[2])

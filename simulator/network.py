@@ -29,12 +29,38 @@ the engine's fast path). Two backends stand behind it:
       component of a shape already solved (same crossings, capacities and
       caps: the replicas of one collective) reuses those rates.
 
+    Constraints that cannot matter are left out of components and problems,
+    all exactly (:meth:`FlowNetwork._new_route`, :meth:`FlowNetwork._rerate`):
+
+    * *dominated* links: every route seen that crosses link ``l`` also crosses
+      a slower link ``d`` at least as often (a GPU's PCIe link behind its NIC
+      port), so ``d``'s constraint implies ``l``'s;
+    * *twin* links: every route seen crosses them equally often (or not at
+      all) and their capacities are equal — one constraint, kept once (the
+      NIC ports at one position in every server, under grouped all-to-all
+      waves); classes are refined as routes appear;
+    * *lazy* links: tight links that the last large solve including them left
+      with 2% of their capacity to spare (ECMP-hashed spine links under an
+      all-to-all on a 1:1 fabric); each solution is checked against their
+      loads (kept up to date as rates change) and redone with the ones it
+      would overload.
+
+    Flows may stand for several transfers (:meth:`_NetworkBase.declare`): a
+    *grouped* all-to-all wave (the transfers of one all-to-all that start at
+    the same instant and move the same bytes, :class:`simulator.fabric.Fabric`)
+    is one flow over all its members' links, a *weighted* route loading each
+    member's links in proportion to its bytes (``proportional`` waves).
+    A call whose links are idle is recorded and later calls of its shape on
+    idle links are *replayed* from the recording (:meth:`FlowNetwork.start_flows`),
+    made real if another flow comes onto their links first.
+
     One late SimPy event per instant admits the flows whose latency has
     passed and retires the finished ones. Completions come from a heap of
     finish times (stale entries skipped), so an instant costs work
     proportional to the flows it touches, not to all active flows. Event
     count grows with flows, never with bytes. ``tests/test_flow_network.py``
-    checks all of this against a global re-solve at every event.
+    checks all of this against a global re-solve at every event, and the
+    networks without twins, lazy links or replays.
 
 :class:`AnalyticNetwork`
     Contention-free closed form: ``latency + nbytes / bottleneck``. Used as an
@@ -72,6 +98,9 @@ _LONG_ROUTE = 48  # distinct links; routes this long (grouped all-to-all flows) 
 _MEMO_SHAPES = 100_000  # call shapes remembered (then forgotten at once, with their trajectories)
 _MEMO_ENTRIES = 2_000_000  # flows and rate changes over all recorded trajectories (then forgotten: ~200 MB)
 _MEMO_RATE_CHANGES = 20_000  # a call whose flows change rate more often than this is not recorded
+_LAZY_MIN_FLOWS = 32  # components at least this large mark their slack tight links lazy (see FlowNetwork._lazy)
+_LAZY_SLACK = 0.02  # ... when at least this fraction of the link's capacity is left over
+_LAZY_STRIKES = 2  # a link found overloaded this often is never made lazy again
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
 
@@ -105,7 +134,7 @@ class _Route:
     """
 
     __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of", "idx", "weights", "arrays",
-                 "members", "cpairs", "cepoch")
+                 "members", "cpairs", "cepoch", "wpairs", "lpairs", "larrays", "wepoch")
 
     def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0,
                  weights: np.ndarray | None = None, members: int = 1) -> None:
@@ -115,6 +144,10 @@ class _Route:
         self.members = members  # point-to-point transfers one flow on this route stands for
         self.cpairs: tuple = ()  # (link, crossings) of the links that may be tight, as of network epoch cepoch
         self.cepoch = -1
+        self.wpairs: tuple = ()  # cpairs of the links not lazy (network._lazy), as of network stamp wepoch
+        self.lpairs: tuple = ()  # cpairs of the lazy links, as of wepoch
+        self.larrays: tuple | None = None  # lpairs as (link ids, crossings) arrays, made when first needed
+        self.wepoch = -1
         if weights is None:
             ids, counts = np.unique(links, return_counts=True)
         else:
@@ -403,9 +436,13 @@ class FlowNetwork(_NetworkBase):
     env : simpy.Environment
     capacity : numpy.ndarray
         Bytes/s of every directed link id.
+    replay, twins, lazy : bool
+        Replays of isolated calls, twin links and lazy links (all on by default; off only to check them
+        against the network without them).
     """
 
-    def __init__(self, env: simpy.Environment, capacity: np.ndarray, replay: bool = True) -> None:
+    def __init__(self, env: simpy.Environment, capacity: np.ndarray, replay: bool = True, twins: bool = True,
+                 lazy: bool = True) -> None:
         _NetworkBase.__init__(self, env, capacity)
         # Active flows per link id, insertion-ordered (one persistent dict per link: no allocation per flow).
         self._on_link: list[dict[Flow, None]] = [{} for _ in self._cap]
@@ -419,7 +456,14 @@ class FlowNetwork(_NetworkBase):
         self._tight_at: list[float] = [c * (1 + 1e-9) for c in self._cap]
         # Dominated links (see _dominance): -1 no route seen yet, -2 not dominated, else the dominating link.
         self._dominator: list[int] = [-1] * len(self._cap)
-        self._routes.on_new = self._dominance
+        # Twin links (see _twins): class of each link (-1: no route seen yet), members and representative
+        # of each class. Only a class's representative can be tight.
+        self._twin_of: list[int] = [-1] * len(self._cap)
+        self._twin_members: dict[int, set[int]] = {}
+        self._twin_rep: dict[int, int] = {}
+        self._next_twin = 0
+        self.twins = twins
+        self._routes.on_new = self._new_route
         self.component_solves = 0  # max-min problems solved (not looked up in _solved)
         self._solved: dict[tuple, list[float]] = {}  # component shape -> its rates (see _solve)
         self._solved_flows = 0  # entries (flows, links, crossings) of the shapes in _solved
@@ -441,6 +485,17 @@ class FlowNetwork(_NetworkBase):
         self._next_shape = 0
         self._keys: dict[int, tuple] = {}
         self._epoch = 0  # bumped whenever a link's tightness threshold changes (dominance): shapes include it
+        # Lazy links (see _rerate): tight links left out of components and max-min problems because the last
+        # large solve that included them left them slack; every solution is checked against them.
+        self.lazy = lazy
+        self._lazy: list[bool] = [False] * len(self._cap)
+        self._lazy_count = 0
+        self._strikes: list[int] = [0] * len(self._cap)  # times a lazy link was found overloaded
+        self._lload = np.zeros(len(self._cap))  # of a lazy link: sum of crossings x rate of the flows on it
+        self._pending_loads: tuple | None = None  # (link ids, load changes) the rates being set bring
+        self._wepoch = 0  # bumped whenever _epoch or a link's laziness changes (routes' wpairs / lpairs)
+        self.lazy_misses = 0  # re-solves because a solution overloaded a lazy link
+        self.lazy_marked = 0  # times a link was made lazy
         self.flows_started = 0  # flows handed to the network (replayed ones included)
         self.calls = 0  # start_flows calls with at least one flow
         self.replays = 0  # calls whose flows were replayed from a recorded trajectory
@@ -529,7 +584,8 @@ class FlowNetwork(_NetworkBase):
         """The shape of a call (an id: equal ids, equal dynamics when alone) and the links it crosses.
 
         The shape is every flow's distinct links relabelled in order of first appearance, their
-        crossings, bytes and latency, with the capacity and tightness threshold of every relabelled link.
+        crossings, bytes and latency, with the capacity of every relabelled link and whether it is
+        dominated.
         Cached per spec tuple (the fabric hands out the same tuple for the same collective).
         """
         cacheable = isinstance(specs, tuple)
@@ -545,8 +601,12 @@ class FlowNetwork(_NetworkBase):
             parts.append((tuple([relabel.setdefault(link, len(relabel)) for link in route.ulinks]), route.mults,
                           nbytes, latency_s))
         ids = tuple(relabel)
-        cap, tight_at = self._cap, self._tight_at
-        shape = (tuple(parts), tuple([cap[link] for link in ids]), tuple([tight_at[link] for link in ids]))
+        # Thresholds as dominance sets them: which twin of a class represents it changes no rate (identical
+        # constraints), so it stays out of the shape (replicas pick representatives at different places).
+        cap, dominator = self._cap, self._dominator
+        inf = float("inf")
+        shape = (tuple(parts), tuple([cap[link] for link in ids]),
+                 tuple([inf if dominator[link] >= 0 else cap[link] * (1 + 1e-9) for link in ids]))
         key = self._shape_ids.get(shape)
         if key is None:
             if len(self._shape_ids) > _MEMO_SHAPES:
@@ -741,6 +801,8 @@ class FlowNetwork(_NetworkBase):
                     break
                 busy[link] += min(t0 + b, now) - (t0 + a)
         for flow in active:
+            if self._lazy_count:
+                self._track(flow, flow.rate)
             for link, d in zip(flow.route.ulinks, flow.route.demand):
                 flows = on_link[link]
                 if flows:
@@ -758,7 +820,7 @@ class FlowNetwork(_NetworkBase):
         return now_arrivals
 
     # ------------------------------------------------------------ internals
-    def _dominance(self, route: _Route) -> None:
+    def _dominance(self, route: _Route) -> list[int]:
         """Keep track of links whose constraint another link implies, and leave them out of max-min.
 
         Link ``l`` is *dominated* by link ``d`` when every route seen so far that crosses ``l`` also
@@ -768,11 +830,13 @@ class FlowNetwork(_NetworkBase):
         that enters the NIC leaves through it, and the port is slower). The candidate ``d`` is the
         slower neighbour of ``l`` on the first route that crosses it; a later route that crosses ``l``
         without ``d`` undoes it for good. A dominated link is never *tight* (its ``_tight_at`` is
-        infinite); demand, busy time and bytes are kept for it as for any link.
+        infinite, :meth:`_new_route`); demand, busy time and bytes are kept for it as for any link.
+        Returns the links whose dominator changed.
         """
         dominator = self._dominator
         cap = self._cap
         ulinks, mults = route.ulinks, route.mults
+        changed: list[int] = []
         where: dict[int, float] | None = None
         entries: list[int] | None = None
         first: dict[int, int] = {}
@@ -797,14 +861,85 @@ class FlowNetwork(_NetworkBase):
                             break
                 dominator[link] = best
                 if best >= 0:
-                    self._tight_at[link] = float("inf")
-                    self._epoch += 1
+                    changed.append(link)
                 continue
             md = where.get(d)
             if md is None or md * cap[link] < m * cap[d]:
                 dominator[link] = -2
-                self._tight_at[link] = cap[link] * (1 + 1e-9)
-                self._epoch += 1
+                changed.append(link)
+        return changed
+
+    def _twins(self, route: _Route) -> list[int]:
+        """Keep track of *twin* links, and leave all but one of each set out of max-min. Returns the links
+        whose class changed.
+
+        Links are twins when every route seen so far crosses all of them equally often (or none of them)
+        and their capacities are equal: their constraints are then one and the same (same flows, same
+        crossings, same capacity), so max-min needs only one of them — the class's *representative*; the
+        others are never tight (exact: identical constraints saturate together and freeze the same
+        flows). The NIC ports at one position in every server of a uniform all-to-all are twins (every
+        grouped wave crosses all of them once, or none). Classes are refined (partition refinement) as
+        routes appear: a route splits each class it crosses into the links it crosses ``m`` times, per
+        ``m``, and the rest; a split never merges again. Demand, busy time and bytes are kept for every
+        link as before.
+        """
+        twin_of = self._twin_of
+        members = self._twin_members
+        rep = self._twin_rep
+        cap = self._cap
+        groups: dict[tuple, list[int]] = {}
+        for link, m in zip(route.ulinks, route.mults):
+            key = (twin_of[link], m, cap[link])
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [link]
+            else:
+                group.append(link)
+        changed: list[int] = []
+        for (old, _m, _c), links in groups.items():
+            if old >= 0 and len(links) == len(members[old]):
+                continue  # the whole class crosses the route equally often: still twins
+            new = self._next_twin
+            self._next_twin += 1
+            moved = set(links)
+            members[new] = moved
+            for link in links:
+                twin_of[link] = new
+            changed += links
+            if old < 0:
+                rep[new] = links[0]
+                continue
+            rest = members[old]
+            rest -= moved
+            if rep[old] in moved:
+                rep[new] = rep[old]
+                rep[old] = min(rest) if len(rest) < 64 else next(iter(rest))
+                changed.append(rep[old])
+            else:
+                rep[new] = links[0]
+        return changed
+
+    def _new_route(self, route: _Route) -> None:
+        """A route was made: update dominated and twin links, and the tightness thresholds they imply
+        (a link may be tight unless it is dominated or a twin other than its class's representative)."""
+        changed = self._dominance(route)
+        if self.twins:
+            changed += self._twins(route)
+        if not changed:
+            return
+        tight_at, cap, dominator = self._tight_at, self._cap, self._dominator
+        twin_of, rep = self._twin_of, self._twin_rep
+        inf = float("inf")
+        bumped = False
+        for link in changed:
+            c = twin_of[link]
+            t = inf if dominator[link] >= 0 or (c >= 0 and rep[c] != link) else cap[link] * (1 + 1e-9)
+            if t != tight_at[link]:
+                tight_at[link] = t
+                bumped = True
+        if bumped:
+            self._epoch += 1
+            self._wepoch += 1
 
     def _finish(self, flow: Flow) -> None:
         session = flow.session
@@ -870,6 +1005,8 @@ class FlowNetwork(_NetworkBase):
             log_t(now)
             log_route(route.idx)
             log_delta(-flow.rate)
+            if self._lazy_count:
+                self._track(flow, -flow.rate)
             for link, d in zip(route.ulinks, route.demand):
                 flows = on_link[link]
                 del flows[flow]
@@ -959,7 +1096,7 @@ class FlowNetwork(_NetworkBase):
         return extra
 
     def _components(self, seeds: dict[int, None], seed_flows: list[Flow], level: float
-                    ) -> tuple[list[tuple[list[Flow], list[tuple], list[tuple], list[float]]], set[Flow]]:
+                    ) -> tuple[list[tuple[list[Flow], list[tuple], list[tuple], list[float], list[int]]], set[Flow]]:
         """Components of flows whose rate may change: connected through tight links, rate >= ``level``.
 
         ``level`` is the lowest rate of the flows that just left (0 when flows
@@ -973,8 +1110,9 @@ class FlowNetwork(_NetworkBase):
         Each component comes as its max-min problem on local link ids (in order
         of first appearance): ``(flows, links, mults, capacity)`` with
         ``links[i]`` / ``mults[i]`` the tight links flow ``i`` crosses and how
-        often, ``capacity[j]`` what is left of local link ``j`` (bytes/s).
-        Also returns the set of flows in components. Deterministic.
+        often, ``capacity[j]`` what is left of local link ``j`` (bytes/s), ``glinks[j]`` its link id:
+        ``(flows, links, mults, capacity, glinks)``. Lazy links (:meth:`_rerate`) neither couple flows nor
+        enter the problems. Also returns the set of flows in components. Deterministic.
         """
         on_link = self._on_link
         demand = self._demand
@@ -986,8 +1124,7 @@ class FlowNetwork(_NetworkBase):
         starts = list(seed_flows)
         for link in seeds:
             starts.extend(f for f in on_link[link] if f.rate >= floor)
-        epoch = self._epoch
-        inf = float("inf")
+        wepoch = self._wepoch
         for first in starts:
             if first in seen:
                 continue
@@ -1002,11 +1139,10 @@ class FlowNetwork(_NetworkBase):
                 flow = stack.pop()
                 flows.append(flow)
                 route = flow.route
-                if route.cepoch != epoch:  # its links that may be tight (not dominated), as (link, crossings)
-                    route.cpairs = tuple((x, m) for x, m in zip(route.ulinks, route.mults) if tight_at[x] != inf)
-                    route.cepoch = epoch
+                if route.wepoch != wepoch:
+                    self._refresh(route)
                 ls, ms = [], []
-                for link, m in route.cpairs:
+                for link, m in route.wpairs:
                     if demand[link] > tight_at[link]:
                         j = local.get(link)
                         if j is None:
@@ -1015,7 +1151,8 @@ class FlowNetwork(_NetworkBase):
                                 used = 0.0  # by fixed flows
                                 for other in on_link[link]:
                                     if other.rate < floor:
-                                        used += other.route.mult(link) * other.rate
+                                        mo = other.route._mult_of
+                                        used += (1 if mo is None else mo[link]) * other.rate
                                     elif other not in seen:
                                         seen.add(other)
                                         stack.append(other)
@@ -1030,26 +1167,78 @@ class FlowNetwork(_NetworkBase):
                         ms.append(m)
                 flow_links.append(tuple(ls))
                 flow_mults.append(tuple(ms))
-            out.append((flows, flow_links, flow_mults, capacity))
+            out.append((flows, flow_links, flow_mults, capacity, list(local)))
         return out, seen
+
+    def _refresh(self, route: _Route) -> None:
+        """Bring a route's links that may be tight (not dominated, not a twin left out) up to date, split
+        into those that are not lazy (``wpairs``) and the lazy ones (``lpairs``), as (link, crossings)."""
+        if route.cepoch != self._epoch:
+            tight_at = self._tight_at
+            inf = float("inf")
+            route.cpairs = tuple((x, m) for x, m in zip(route.ulinks, route.mults) if tight_at[x] != inf)
+            route.cepoch = self._epoch
+        if self._lazy_count:
+            lazy = self._lazy
+            route.wpairs = tuple(p for p in route.cpairs if not lazy[p[0]])
+            route.lpairs = tuple(p for p in route.cpairs if lazy[p[0]])
+            route.larrays = None
+        else:
+            route.wpairs = route.cpairs
+            route.lpairs = ()
+        route.wepoch = self._wepoch
 
     def _rerate(self, now: float, seeds: dict[int, None], seed_flows: list[Flow], lonely: list[Flow],
                 level: float) -> None:
         """Re-solve the components of ``seeds`` and ``seed_flows`` above ``level`` (see
-        :meth:`_components`); ``lonely`` arrivals not in them run solo."""
-        components, seen = self._components(seeds, seed_flows, level)
+        :meth:`_components`); ``lonely`` arrivals not in them run solo.
+
+        *Lazy links* (exact): a tight link that the last large solve including it left with at least
+        ``_LAZY_SLACK`` of its capacity unused (an ECMP-hashed spine link under a uniform all-to-all on a
+        1:1 fabric, where the NIC ports bind) is left out of the components and their problems, and
+        every solution is checked against it instead: if the rates leave every lazy link within its
+        capacity, they are the max-min rates of the full problem (a max-min allocation of a relaxed
+        problem that is feasible for the full one is the full one's: its feasible set is a subset);
+        otherwise the overloaded links are made strict again and the solve is redone. A link overloaded
+        ``_LAZY_STRIKES`` times stays strict. Problems then have a row or two per flow instead of a
+        dozen, and the search does not walk through the spine.
+        """
         self.rate_solves += 1
-        for flows, flow_links, flow_mults, capacity in components:
-            if len(flows) == 1:
-                # Progressive filling of one flow: the least of its cap and its tight links' shares.
-                rate = flows[0].route.solo_rate
-                for j, m in zip(flow_links[0], flow_mults[0]):
-                    share = capacity[j] / m
-                    if share < rate:
-                        rate = share
-                self._set_rates(now, flows, [rate])
-            else:
-                self._solve(now, flows, flow_links, flow_mults, capacity)
+        while True:
+            components, seen = self._components(seeds, seed_flows, level)
+            solved = []
+            for flows, flow_links, flow_mults, capacity, _glinks in components:
+                if len(flows) == 1:
+                    # Progressive filling of one flow: the least of its cap and its tight links' shares.
+                    rate = flows[0].route.solo_rate
+                    for j, m in zip(flow_links[0], flow_mults[0]):
+                        share = capacity[j] / m
+                        if share < rate:
+                            rate = share
+                    solved.append([rate])
+                else:
+                    solved.append(self._solve(flows, flow_links, flow_mults, capacity))
+            if not self._lazy_count:
+                break
+            overloaded = self._overloaded(components, solved, seen)
+            if not overloaded:
+                break
+            self.lazy_misses += 1
+            lazy, strikes = self._lazy, self._strikes
+            for link in overloaded:  # back into the problems; the solve is redone with them
+                lazy[link] = False
+                strikes[link] += 1
+                self._lload[link] = 0.0  # kept for lazy links only
+            self._lazy_count -= len(overloaded)
+            self._wepoch += 1
+        commit = self._pending_loads
+        self._pending_loads = None
+        for component, rates in zip(components, solved):
+            self._set_rates(now, component[0], rates, commit is None)
+        if commit is not None:
+            np.add.at(self._lload, commit[0], commit[1])
+        if self.lazy:
+            self._mark_lazy(components, solved)
         if lonely:
             self._solo(now, [f for f in lonely if f not in seen])
 
@@ -1057,11 +1246,18 @@ class FlowNetwork(_NetworkBase):
         """Flows alone in their component run at their solo rate."""
         self._set_rates(now, flows)
 
-    def _set_rates(self, now: float, flows: list[Flow], rates: list[float] | None = None) -> None:
+    def _set_rates(self, now: float, flows: list[Flow], rates: list[float] | None = None,
+                   track: bool = True) -> None:
         """Give ``flows`` their new ``rates`` (default: their solo rates) and push their finish times.
 
-        A flow whose rate did not change keeps its heap entry.
+        A flow whose rate did not change keeps its heap entry. ``track``: add the rate changes to the
+        loads of lazy links (else the caller does).
         """
+        if track and self._lazy_count:
+            for i, flow in enumerate(flows):
+                rate = flow.route.solo_rate if rates is None else rates[i]
+                if rate != flow.rate:
+                    self._track(flow, rate - flow.rate)
         heap = self._heap
         seq = self._seq
         push = heapq.heappush
@@ -1089,8 +1285,8 @@ class FlowNetwork(_NetworkBase):
             push(heap, (now + flow.remaining / rate, seq, flow))
         self._seq = seq
 
-    def _solve(self, now: float, flows: list[Flow], flow_links: list[tuple], flow_mults: list[tuple],
-               capacity: list[float]) -> None:
+    def _solve(self, flows: list[Flow], flow_links: list[tuple], flow_mults: list[tuple],
+               capacity: list[float]) -> list[float]:
         """Max-min rates of one component (see :meth:`_components` for the arguments); every flow is
         also capped by its solo rate, which stands for all its slack links (they can never bind).
 
@@ -1115,7 +1311,99 @@ class FlowNetwork(_NetworkBase):
                 self._solved.clear()
                 self._solved_flows = size
             self._solved[key] = rates
-        self._set_rates(now, flows, rates)
+        return rates
+
+    def _overloaded(self, components: list, solved: list, seen: set[Flow]) -> list[int]:
+        """Lazy links that the new rates of ``components`` (``solved``) would load beyond their capacity
+        (relative tolerance 1e-9, the tightness tolerance): each lazy link's load is kept up to date as
+        rates change (``_lload``); the new rates add their changes. An apparent overload is confirmed by
+        summing the link's flows afresh. Leaves the load changes for :meth:`_rerate` to apply in
+        ``_pending_loads`` when it computed them in bulk."""
+        self._pending_loads = None
+        lload = self._lload
+        total = sum(len(c[0]) for c in components)
+        if total < 256:
+            loads: dict[int, float] = {}
+            for component, rates in zip(components, solved):
+                for flow, rate in zip(component[0], rates):
+                    delta = rate - flow.rate
+                    for link, m in flow.route.lpairs:
+                        loads[link] = loads.get(link, 0.0) + m * delta
+            candidates = [link for link, d in loads.items() if lload[link] + d > self._cap[link] * (1 + 1e-9)]
+        else:
+            arrays = []
+            for c in components:
+                for f in c[0]:
+                    route = f.route
+                    a = route.larrays
+                    if a is None:
+                        lp = route.lpairs
+                        a = route.larrays = (np.array([x for x, _ in lp], dtype=np.int64),
+                                             np.array([m for _, m in lp], dtype=float))
+                    arrays.append(a)
+            sizes = np.fromiter((len(a[0]) for a in arrays), dtype=np.int64, count=total)
+            if not sizes.any():
+                return []
+            ids = np.concatenate([a[0] for a in arrays])
+            old = np.fromiter((f.rate for c in components for f in c[0]), dtype=float, count=total)
+            new = np.fromiter(chain.from_iterable(solved), dtype=float, count=total)
+            weights = np.concatenate([a[1] for a in arrays]) * np.repeat(new - old, sizes)
+            if len(lload) <= 8 * len(ids):  # a bincount over every link beats sorting the entries
+                after = lload + np.bincount(ids, weights=weights, minlength=len(lload))
+                candidates = np.flatnonzero(after > self.capacity * (1 + 1e-9)).tolist()
+            else:
+                uniq, inverse = np.unique(ids, return_inverse=True)
+                after = lload[uniq] + np.bincount(inverse, weights=weights)
+                candidates = uniq[after > self.capacity[uniq] * (1 + 1e-9)].tolist()
+            self._pending_loads = (ids, weights)
+        if not candidates:
+            return []
+        new_rate = {f: r for c, rates in zip(components, solved) for f, r in zip(c[0], rates)}
+        out = []
+        for link in candidates:
+            load = 0.0
+            for other in self._on_link[link]:
+                mo = other.route._mult_of
+                load += (1 if mo is None else mo[link]) * new_rate.get(other, other.rate)
+            if load > self._cap[link] * (1 + 1e-9):
+                out.append(link)
+        if out:
+            self._pending_loads = None
+        return out
+
+    def _track(self, flow: Flow, delta: float) -> None:
+        """Add a change of ``flow``'s rate by ``delta`` to the loads of the lazy links it crosses."""
+        route = flow.route
+        if route.wepoch != self._wepoch:
+            self._refresh(route)
+        lload = self._lload
+        for link, m in route.lpairs:
+            lload[link] += m * delta
+
+    def _mark_lazy(self, components: list, solved: list) -> None:
+        """Make the tight links of large components that their solution leaves slack lazy (see :meth:`_rerate`)."""
+        lazy, strikes, cap = self._lazy, self._strikes, self._cap
+        marked = 0
+        for (flows, flow_links, flow_mults, capacity, glinks), rates in zip(components, solved):
+            if len(flows) < _LAZY_MIN_FLOWS:
+                continue
+            load = [0.0] * len(capacity)
+            for ls, ms, rate in zip(flow_links, flow_mults, rates):
+                for j, m in zip(ls, ms):
+                    load[j] += m * rate
+            for j, link in enumerate(glinks):
+                if capacity[j] - load[j] > _LAZY_SLACK * cap[link] and strikes[link] < _LAZY_STRIKES:
+                    lazy[link] = True
+                    marked += 1
+                    total = 0.0
+                    for other in self._on_link[link]:
+                        mo = other.route._mult_of
+                        total += (1 if mo is None else mo[link]) * other.rate
+                    self._lload[link] = total
+        if marked:
+            self.lazy_marked += marked
+            self._lazy_count += marked
+            self._wepoch += 1
 
 
 def _max_min_numpy(flow_links: list, flow_mults: list, capacity: list, caps: list) -> list[float]:

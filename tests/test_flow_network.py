@@ -209,3 +209,106 @@ def test_replayed_calls_finish_as_simulated_ones_even_when_cut_short(seed):
     assert net.ledger.bytes == pytest.approx(ref.ledger.bytes, rel=1e-9)
     assert net.ledger.busy_s == pytest.approx(ref.ledger.busy_s, rel=1e-9, abs=1e-9)
     assert net.replays >= 5 and net.materialized >= 1 and ref.replays == 0
+
+
+def _twin_finish_times(flows, capacity, twins):
+    """Finish times of ``(start_s, links, nbytes)`` flows on a network with or without twin links."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, capacity, twins=twins)
+    finish = [None] * len(flows)
+
+    def launch(i, start, links, nbytes):
+        yield env.timeout(start)
+        yield net.transfer(np.array(links), nbytes, 0.0, "x")
+        finish[i] = env.now
+
+    for i, (start, links, nbytes) in enumerate(flows):
+        env.process(launch(i, start, links, nbytes))
+    env.run()
+    return finish, net
+
+
+@pytest.mark.parametrize("b_link", [0, 1])
+def test_a_twin_class_split_by_a_later_route_by_hand(b_link):
+    # Links 0 and 1 (10 B/s each) are crossed by the same two flows: twins, one constraint. At t = 1 a flow
+    # over link b_link and link 2 splits them (whether or not it takes the representative): on its link the
+    # three flows get 10/3 each. A: 5 B left at t = 1, done at 1 + 5 / (10/3) = 2.5; B: 20 B, 5 moved by
+    # 2.5, then alone at 10 B/s: done at 4.
+    capacity = np.array([10.0, 10.0, 10.0])
+    flows = [(0.0, [0, 1], 10.0), (0.0, [0, 1], 10.0), (1.0, [b_link, 2], 20.0)]
+    got, net = _twin_finish_times(flows, capacity, twins=True)
+    assert got == pytest.approx([2.5, 2.5, 4.0], rel=1e-12)
+    assert net._twin_of[0] != net._twin_of[1]  # split for good
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_twin_links_change_no_finish_time(seed):
+    # Every route crosses link l and its twin l + 10 (same capacity) together, some of them twice: the
+    # twin is left out of max-min. Finish times are those of the network that keeps every link (bit for
+    # bit: identical constraints saturate together) and of the global re-solve.
+    rng = np.random.default_rng(seed)
+    base = rng.choice([5.0, 10.0, 20.0], size=10)
+    capacity = np.concatenate([base, base])
+    flows = []
+    for start, links, nbytes in random_flows(rng, 10, 40, simultaneous=bool(seed % 2)):
+        flows.append((start, links + [x + 10 for x in links if x < 5], nbytes))
+    got, net = _twin_finish_times(flows, capacity, twins=True)
+    ref, ref_net = _twin_finish_times(flows, capacity, twins=False)
+    assert got == ref
+    assert got == pytest.approx(reference_finish_times(flows, capacity), rel=1e-9, abs=1e-9)
+    assert net.ledger.bytes.tolist() == ref_net.ledger.bytes.tolist()
+    assert net.ledger.busy_s.tolist() == ref_net.ledger.busy_s.tolist()
+    left_out = sum(1 for t in net._tight_at if t == float("inf"))
+    assert left_out > sum(1 for t in ref_net._tight_at if t == float("inf"))
+
+
+def _lazy_finish_times(flows, capacity, lazy):
+    env = simpy.Environment()
+    net = FlowNetwork(env, capacity, lazy=lazy)
+    finish = [None] * len(flows)
+
+    def launch(i, start, links, nbytes):
+        yield env.timeout(start)
+        yield net.transfer(np.array(links), nbytes, 0.0, "x")
+        finish[i] = env.now
+
+    for i, (start, links, nbytes) in enumerate(flows):
+        env.process(launch(i, start, links, nbytes))
+    env.run()
+    return finish, net
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lazy_links_change_no_finish_time(seed):
+    # 120 flows from 8 sources to 8 sinks (10 B/s each) through one of 6 middle links: roomy ones (60 B/s,
+    # slack: made lazy) and tight ones (12 B/s: bind now and then, so a solution overloads a lazy link and
+    # is redone). Finish times are those of the network that keeps every link in every problem and of the
+    # global re-solve.
+    rng = np.random.default_rng(seed)
+    capacity = np.array([10.0] * 16 + [60.0, 60.0, 60.0, 60.0, 12.0, 12.0])
+    flows = []
+    for _ in range(120):
+        src, dst, mid = int(rng.integers(8)), 8 + int(rng.integers(8)), 16 + int(rng.integers(6))
+        flows.append((float(rng.uniform(0, 3)), [src, mid, dst], float(rng.integers(1, 6)) * 10.0))
+    got, net = _lazy_finish_times(flows, capacity, lazy=True)
+    ref, ref_net = _lazy_finish_times(flows, capacity, lazy=False)
+    assert got == pytest.approx(ref, rel=1e-12)
+    assert got == pytest.approx(reference_finish_times(flows, capacity), rel=1e-9)
+    assert net.ledger.bytes == pytest.approx(ref_net.ledger.bytes, rel=1e-12)
+    assert net.lazy_misses > 0 and ref_net.lazy_misses == 0
+    assert any(net._strikes)
+
+
+def test_a_lazy_link_that_would_be_overloaded_is_made_strict_by_hand():
+    # 40 flows a -> b over links 0 (sources, 40 B/s) and 1 (100 B/s): link 0 binds at 1 B/s each, link 1
+    # keeps 60 B/s: lazy. At t = 1 forty flows over link 1 and link 2 (100 B/s) arrive: without link 1
+    # they would get 2.5 B/s each and overload it (40 + 100 > 100); with it, max-min gives the first 40
+    # 1 B/s (link 0) and the others (100 - 40) / 40 = 1.5 B/s. Bytes: 10 each for the first (done at 10),
+    # 6 for the others: done at 1 + 6 / 1.5 = 5.
+    # (An empty transfer over link 1 alone keeps link 0 from dominating it.)
+    capacity = np.array([40.0, 100.0, 100.0])
+    flows = [(0.0, [1], 0.0)] + [(0.0, [0, 1], 10.0)] * 40 + [(1.0, [1, 2], 6.0)] * 40
+    got, net = _lazy_finish_times(flows, capacity, lazy=True)
+    assert got[1:41] == pytest.approx([10.0] * 40, rel=1e-12)
+    assert got[41:] == pytest.approx([5.0] * 40, rel=1e-12)
+    assert net.lazy_misses >= 1
