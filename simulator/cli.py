@@ -423,7 +423,9 @@ def _sweep():
 @command("validate", "compare simulated throughput with published training runs (Megatron-LM, Llama 3)")
 def _validate():
     def configure(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--only", nargs="+", metavar="NAME", help="run only these entries (default: all)")
+        p.add_argument("--only", nargs="+", metavar="NAME",
+                       help="run only these entries (default: all but the slow ones, which --list marks)")
+        p.add_argument("--all", action="store_true", help="also run the slow entries")
         p.add_argument("--max-gpus", type=int, metavar="N", help="skip entries of published runs on more than N GPUs")
         p.add_argument("--fidelity", default="fast", choices=_FIDELITIES)
         p.add_argument("--jobs", type=int, default=1, help="entries simulated in parallel processes (default 1)")
@@ -434,9 +436,12 @@ def _validate():
         from .validation import ENTRIES, validate_against_published
         if args.max_gpus is not None and args.max_gpus < 1:
             raise ValueError(f"--max-gpus: must be >= 1, got {args.max_gpus}")
+        if args.all and args.only:
+            raise ValueError("--all: runs every entry; leave out --only (or --all)")
         if args.list:
             for e in ENTRIES:
-                print(f"{e.name:<26} {e.gpus:>6} GPUs  {e.metric:<24} {e.published:g}  {e.source}")
+                slow = f"  [slow: {e.slow}]" if e.slow else ""
+                print(f"{e.name:<26} {e.gpus:>6} GPUs  {e.metric:<24} {e.published:g}  {e.source}{slow}")
             return 0
 
         def fmt(metric: str, v: float) -> str:
@@ -453,7 +458,10 @@ def _validate():
             print(f"{'entry':<26} {'GPUs':>6} {'metric':<24} {'published':>9} {'simulated':>9} {'error':>8} "
                   f"{'wall':>8}")
         table = validate_against_published(args.only, args.fidelity, max_gpus=args.max_gpus, jobs=args.jobs,
-                                           progress=show)
+                                           progress=show, include_slow=args.all)
+        skipped = [e for e in ENTRIES if e.slow and not args.all and not args.only]
+        for e in skipped:
+            print(f"# skipped {e.name} (slow: {e.slow}); run it with --only {e.name} or --all", file=sys.stderr)
         if args.json:
             print(json.dumps(table.to_dict(orient="records")))
         elif len(table):

@@ -106,3 +106,27 @@ def test_installed_console_script_finds_its_validation_files(tmp_path):
 def test_cli_validate_unknown_entry_exits_2():
     from simulator.cli import main
     assert main(["validate", "--only", "no-such-entry"]) == 2
+
+
+def test_slow_entries_run_only_when_asked_for():
+    from simulator.validation import select_entries
+    slow = [e for e in ENTRIES if e.slow]
+    assert [e.name for e in slow] == ["deepseek-v3-2048-h800"]
+    default = select_entries()
+    assert [e.name for e in default] == [e.name for e in ENTRIES if not e.slow]  # order kept
+    assert [e.name for e in select_entries(include_slow=True)] == [e.name for e in ENTRIES]
+    assert [e.name for e in select_entries([slow[0].name])] == [slow[0].name]  # asked for by name
+    assert all(e.gpus <= 512 for e in select_entries(max_gpus=512, include_slow=True))
+
+
+def test_cli_validate_all_with_only_is_an_error(capsys):
+    from simulator.cli import main
+    assert main(["validate", "--all", "--only", SMALLEST.name]) == 2
+    assert "--all" in capsys.readouterr().err
+
+
+def test_cli_validate_list_marks_slow_entries(capsys):
+    from simulator.cli import main
+    assert main(["validate", "--list"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "[slow:" in lines["deepseek-v3-2048-h800"] and "[slow:" not in lines[SMALLEST.name]
