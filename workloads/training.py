@@ -112,7 +112,7 @@ Tags
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -143,7 +143,7 @@ from .parallel import (
     stage_layers,
     validate,
 )
-from .schedules import PipeAction, pipeline_schedule
+from .schedules import PipeAction, chain_neighbour, chain_position, pipeline_schedule
 from .sharding import (
     GatherSchedule,
     Unit,
@@ -368,7 +368,10 @@ class _StepBuilder:
         self.model, self.par, self.train, self.opt = model, parallel, training, options
         self.layout = RankLayout(parallel)
         self.m = num_micro_batches(parallel)
-        self.p, self.v, self.t = parallel.pp, parallel.virtual_stages, parallel.tp
+        self.p, self.v, self.t = parallel.pp, parallel.model_chunks, parallel.tp
+        self.kind = parallel.schedule
+        self.dual = parallel.schedule == "dualpipe"
+        self.nvs = self.p if self.dual else self.p * self.v  # positions of a micro-batch's chain of stages
         self.sp = parallel.sp
         self.dtype = training.dtype_bytes
         self.fp8 = training.fp8
@@ -390,8 +393,10 @@ class _StepBuilder:
         self.p2p_bytes = self.act_elems * self.dtype / (self.t if (self.sp or self.pp_gather) else 1)
         self.tp_bytes = self.act_elems * self.dtype
         self.graph = OpGraph(parallel.world_size)
-        self.schedules = pipeline_schedule(parallel.schedule, self.p, self.m, self.v)
-        self.split_backward = parallel.schedule == "zb-h1"
+        self.schedules = pipeline_schedule(parallel.schedule, self.p, self.m, parallel.virtual_stages)
+        self.split_backward = parallel.schedule in ("zb-h1", "dualpipe")
+        # (micro-batch, chunk) whose backward is split into B and a later W, per stage; other backwards are whole
+        self.split_keys = [{(a.micro_batch, a.chunk) for a in acts if a.phase == "W"} for acts in self.schedules]
         self._segments_cache: dict[tuple, list[_Segment]] = {}
         self._tp_groups: dict[int, tuple[int, ...]] = {}
         self._ep_groups: dict[int, tuple[int, ...]] = {}
@@ -406,6 +411,21 @@ class _StepBuilder:
         self._traces: dict[int, tuple[list[list[int]], list[Use], GatherSchedule]] = {}
 
     # -------------------------------------------------------------- layers
+    def position(self, stage: int, chunk: int) -> int:
+        """Position of ``(stage, chunk)`` in its micro-batches' chain (:func:`~workloads.schedules.chain_position`)."""
+        return chain_position(self.kind, self.p, stage, chunk)
+
+    def pass_of(self, stage: int, a: PipeAction) -> str:
+        """The pass action ``a`` runs: its phase, or ``"BW"`` for a whole backward (input and weight gradients)
+        in a schedule that splits other backwards (DualPipe's backwards whose weight gradient is not deferred)."""
+        if self.dual and a.phase == "B" and (a.micro_batch, a.chunk) not in self.split_keys[stage]:
+            return "BW"
+        return a.phase
+
+    def makes_grads(self, stage: int, a: PipeAction) -> bool:
+        """Action ``a`` computes weight gradients (a whole backward, or the ``W`` of a split one)."""
+        return self.pass_of(stage, a) in ("W", "BW") if self.split_backward else a.phase == "B"
+
     def chunk_layers(self, stage: int, chunk: int) -> list[int]:
         key = (stage, chunk)
         layers = self._chunk_layers.get(key)
@@ -418,7 +438,7 @@ class _StepBuilder:
         pass: the backward's collectives carry input gradients)."""
         if self.t == 1 or phase == "W":
             return {}
-        full = self.par.recompute == "full" and phase == "B"
+        full = self.par.recompute == "full" and phase in ("B", "BW")
         if not self.sp:
             # Forward: the vocab-parallel embedding's all-reduce (first stage). Backward: the all-reduce of
             # the output layer's input gradient (last stage; Megatron's copy_to_tensor_model_parallel_region).
@@ -431,11 +451,15 @@ class _StepBuilder:
     def end_params(self, stage: int, chunk: int) -> float:
         """Embedding / output-layer parameters (one TP rank) that virtual stage ``(stage, chunk)`` holds.
 
-        They belong to the first (last) virtual stage: what :func:`stage_params` adds to the layers.
+        They belong to the first (last) position of the chain: what :func:`stage_params` adds to the layers.
         """
-        j = chunk * self.p + stage
-        if j not in (0, self.p * self.v - 1):
+        j = self.position(stage, chunk)
+        if j not in (0, self.nvs - 1):
             return 0.0
+        if self.dual:  # ranks 0 and p-1 hold both ends, one per chunk
+            model, t = self.model, self.t
+            word = model.word_embedding_params(t, padded_vocab(model.vocab, t))
+            return float(word + model.position_embedding_params() if j == 0 else model.final_norm_params() + word)
         if stage not in self._end_params:
             t, ep = self.t, self.par.ep
             dense_extra, _ = stage_params(self.model, self.par, stage)
@@ -456,7 +480,7 @@ class _StepBuilder:
             return ops.forward, 0
         backward = accumulate_gradients(ops.backward, self.model.params_per_layer(layer, self.t, self.par.ep),
                                         self.grad_bytes, self.dtype, self.opt.grad_accumulation_fusion)
-        if self.split_backward:  # zb-h1: "B" computes the input gradient, "W" the weight gradients
+        if self.split_backward and phase != "BW":  # "B" computes the input gradient, "W" the weight gradients
             if phase == "W":
                 return [o for o in backward if _weight_gradient(o)], 0
             backward = [o for o in backward if not _weight_gradient(o)]
@@ -471,8 +495,8 @@ class _StepBuilder:
         if key in self._segments_cache:
             return self._segments_cache[key]
         layers = self.chunk_layers(stage, chunk)
-        j = chunk * self.p + stage
-        first, last = j == 0, j == self.p * self.v - 1
+        j = self.position(stage, chunk)
+        first, last = j == 0, j == self.nvs - 1
         mb, s, t = self.par.micro_batch, self.local_seq, self.t
         head: list[LayerOp] = []
         tail: list[LayerOp] = []
@@ -529,7 +553,7 @@ class _StepBuilder:
     def _split(self, backward: list[LayerOp], phase: str) -> list[LayerOp]:
         """The part of an embedding / output-layer backward that pass ``phase`` runs (all of it unless
         zb-h1 splits the backward; the embedding's backward is its weight gradient)."""
-        if not self.split_backward:
+        if not self.split_backward or phase == "BW":
             return backward
         wgrad = phase == "W"
         return [o for o in backward if (_weight_gradient(o) or o.name == "embedding.bwd") == wgrad]
@@ -653,8 +677,9 @@ class _StepBuilder:
 
     # ----------------------------------------------------------------- MoE
     def _moe_split(self, layer: int, phase: str) -> tuple[list[LayerOp], list[LayerOp], list[LayerOp]] | None:
-        """A MoE layer's kernels cut at the two all-to-alls: (before dispatch, experts, after combine)."""
-        if not (self.expert_parallel and self.model.is_moe_layer(layer)):
+        """A MoE layer's kernels cut at the two all-to-alls: (before dispatch, experts, after combine); None for
+        a weight-gradient pass, which exchanges nothing (its expert GEMMs run at the balanced load)."""
+        if not (self.expert_parallel and self.model.is_moe_layer(layer)) or phase == "W":
             return None
         ops, start = self._layer_pass(layer, phase)
         # Recomputed forward kernels (the first ``start``) run first and stay local to the rank.
@@ -680,6 +705,23 @@ class _StepBuilder:
             parts = self._moe_parts[key] = tuple(_scale_kernel(k, f, balanced) for k in experts)
         return parts
 
+    def _ep_group(self, rank: int) -> tuple[int, ...]:
+        group = self._ep_groups.get(rank)
+        if group is None:
+            group = self._ep_groups[rank] = self.layout.ep_group(rank)
+        return group
+
+    def _moe_row(self, rank: int, layer: int, e: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Bytes EP rank ``e`` sends to each EP peer in a layer's dispatch (owner → experts) and combine."""
+        rows = self._moe_rows.get((layer, e))  # the same for every micro-batch and EP group
+        if rows is None:
+            tokens = self.route(layer).rank_matrix()
+            per_token = self.model.hidden * self.dtype / self.t  # each TP rank ships its 1/t of the tokens
+            rows = self._moe_rows[(layer, e)] = (
+                tuple(float(x) * per_token for x in tokens[e, :]),   # owner → experts
+                tuple(float(x) * per_token for x in tokens[:, e]))  # experts → owners
+        return rows
+
     def emit_moe(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
         """Before-dispatch kernels (+ TP collectives) → dispatch all-to-all → this rank's experts → combine → rest.
 
@@ -688,18 +730,9 @@ class _StepBuilder:
         """
         g = self.graph
         before, experts, after = seg.moe
-        group = self._ep_groups.get(rank)
-        if group is None:
-            group = self._ep_groups[rank] = self.layout.ep_group(rank)
+        group = self._ep_group(rank)
         e = group.index(rank)
-        rows = self._moe_rows.get((seg.layer, e))  # the same for every micro-batch and EP group
-        if rows is None:
-            tokens = self.route(seg.layer).rank_matrix()
-            per_token = self.model.hidden * self.dtype / self.t  # each TP rank ships its 1/t of the tokens
-            rows = self._moe_rows[(seg.layer, e)] = (
-                tuple(float(x) * per_token for x in tokens[e, :]),   # owner → experts
-                tuple(float(x) * per_token for x in tokens[:, e]))  # experts → owners
-        out_row, back_row = rows
+        out_row, back_row = self._moe_row(rank, seg.layer, e)
         kernels = self._moe_kernels.get(id(seg.moe))
         if kernels is None or kernels[0] is not seg.moe:
             kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after))
@@ -948,14 +981,13 @@ class _StepBuilder:
         c = lay.coords(rank)
         stage = c.pp
         actions = self.schedules[stage]
-        nvs = self.p * self.v
-        overlap = par.overlap_grad_reduce and par.grad_dp > 1
-        grad_phase = "W" if self.split_backward else "B"  # the pass that produces the weight gradients
+        nvs = self.nvs
+        overlap = par.overlap_grad_reduce and par.grad_dp * par.weight_copies > 1
         last_b = {}
         for idx, a in enumerate(actions):
-            if a.phase == grad_phase:
+            if self.makes_grads(stage, a):
                 last_b[a.chunk] = idx
-        dp_group = lay.grad_group(rank)  # DP x CP: the ranks that hold these weights
+        dp_group = self.grad_group(rank)  # DP x CP (x the mirror stage under dualpipe): the ranks with these weights
         plan = self.plan
         every_mb = plan.grad_sync == "micro_batch"
         gathered = plan.gather is not None and par.dp > 1
@@ -975,84 +1007,102 @@ class _StepBuilder:
                 gathers[chunk] = self._param_gathers(rank, stage, chunk, list(range(len(self.param_buckets(
                     stage, chunk)[0]))), [])
         forwards = 0
-        for idx, a in enumerate(actions):
-            j = a.chunk * self.p + stage
+        outbox: list[tuple[int, PipeAction]] = []  # (index of the action after which it is sent, action)
+        idx = 0
+        while idx < len(actions):
+            group = actions[idx:idx + 2] if actions[idx].paired else actions[idx:idx + 1]
+            a = group[0]
             if aligned and a.phase == "F":
                 for chunk in range(2, self.v):
                     if (chunk - 1) * self.p - stage == forwards:
                         gathers[chunk] = self._param_gathers(rank, stage, chunk, list(range(len(
                             self.param_buckets(stage, chunk)[0]))), [last_op] if last_op is not None else [])
                 forwards += 1
-            deps: list[int] = list(sent) if blocking else []
+            waits: list[list[int]] = []
             posted = [last_op] if blocking and last_op is not None else []  # recv posted on reaching the action
+            for x in group:
+                deps: list[int] = list(sent) if blocking else []
+                j = self.position(stage, x.chunk)
+                name = f"{x.phase}{x.micro_batch}.c{x.chunk}"
+                if x.phase == "F" and j > 0:
+                    src = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, x.chunk, -1),
+                                   cp=c.cp)
+                    deps.append(self._gathered(rank, g.recv(
+                        rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream="pp_recv_act",
+                        traffic_class="pp", micro_batch=x.micro_batch, stage=stage, tag=0, deps=posted),
+                        name, x.micro_batch, stage))
+                if x.phase == "B" and j < nvs - 1:
+                    src = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, x.chunk, 1),
+                                   cp=c.cp)
+                    deps.append(self._gathered(rank, g.recv(
+                        rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad",
+                        traffic_class="pp", micro_batch=x.micro_batch, stage=stage, tag=1, deps=posted),
+                        name, x.micro_batch, stage))
+                if x.phase == "F" and x.chunk not in started:
+                    started.add(x.chunk)
+                    if self.fp8 and not param_gather:
+                        deps = [self._fp8_weight_cast(rank, x, stage, deps)]
+                    first_forward = True
+                else:
+                    first_forward = False
+                waits.append(deps)
             sent = []
-            name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
-            if a.phase == "F" and j > 0:
-                src = lay.rank(tp=c.tp, dp=c.dp, pp=(j - 1) % self.p, cp=c.cp)
-                deps.append(self._gathered(rank, g.recv(
-                    rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream="pp_recv_act", traffic_class="pp",
-                    micro_batch=a.micro_batch, stage=stage, tag=0, deps=posted), name, a.micro_batch, stage))
-            if a.phase == "B" and j < nvs - 1:
-                src = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p, cp=c.cp)
-                deps.append(self._gathered(rank, g.recv(
-                    rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad", traffic_class="pp",
-                    micro_batch=a.micro_batch, stage=stage, tag=1, deps=posted), name, a.micro_batch, stage))
-            first_forward = a.phase == "F" and a.chunk not in started
-            if first_forward:
-                started.add(a.chunk)
-                if self.fp8 and not param_gather:
-                    deps = [self._fp8_weight_cast(rank, a, stage, deps)]
-            reduce_now = a.phase == grad_phase and (every_mb or idx == last_b[a.chunk])
-            if param_gather and first_forward:
-                last_op = self._forward_after_gathers(rank, a, stage, deps, gathers, aligned)
-                deps = []
-            if gathered:
-                per_action, uses, sched = trace
-                segs = self.unit_segments(stage, a.chunk, a.phase)
-                for (seg, _unit, _use), u in zip(segs, per_action[idx]):
-                    grp = sched.group_of[u]
-                    if grp is not None:
-                        if grp not in gather_of:
-                            gather_of[grp] = self._emit_gather(rank, sched.groups[grp], uses, use_end, sched.groups,
-                                                               grp, a.micro_batch, stage)
-                        if gather_of[grp] is not None:
-                            deps.append(gather_of[grp])
-                    last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
-                    use_end[u] = last_op
+            if len(group) == 2:
+                last_op = self._emit_pair(rank, stage, group, waits, pending, overlap, last_b, idx, every_mb)
+            else:
+                deps = waits[0]
+                phase = self.pass_of(stage, a)
+                name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
+                reduce_now = self.makes_grads(stage, a) and (every_mb or idx == last_b[a.chunk])
+                if param_gather and first_forward:
+                    last_op = self._forward_after_gathers(rank, a, stage, deps, gathers, aligned)
                     deps = []
-                    if reduce_now:
-                        pending.add(seg, last_op if overlap else None)
-            elif not (param_gather and first_forward):
-                per_layer = self.opt.granularity == "layer" or (a.phase == grad_phase and overlap and reduce_now)
-                for seg in self.segments(stage, a.chunk, a.phase, per_layer):
-                    last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
-                    deps = []
-                    if reduce_now:
-                        pending.add(seg, last_op if overlap else None)
-            if self.fp8 and a.phase != "W":
-                last_op = self._fp8_amax(rank, a, stage, last_op)
-            if reduce_now and every_mb:
-                pending.flush(last_op)  # the end of every backward (DeepSpeed's epilogue, FSDP's last unit)
-            if a.phase == "F" and j < nvs - 1:
-                dst = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p, cp=c.cp)
-                sent.append(g.send(rank, dst, self.p2p_bytes, name=f"send_act.{name}", stream="pp_send_act",
-                                   deps=[last_op], traffic_class="pp", micro_batch=a.micro_batch, stage=stage,
-                                   tag=0))
-            if a.phase == "B" and j > 0:
-                dst = lay.rank(tp=c.tp, dp=c.dp, pp=(j - 1) % self.p, cp=c.cp)
-                sent.append(g.send(rank, dst, self.p2p_bytes, name=f"send_grad.{name}", stream="pp_send_grad",
-                                   deps=[last_op], traffic_class="pp", micro_batch=a.micro_batch, stage=stage,
-                                   tag=1))
+                if gathered:
+                    per_action, uses, sched = trace
+                    segs = self.unit_segments(stage, a.chunk, a.phase)
+                    for (seg, _unit, _use), u in zip(segs, per_action[idx]):
+                        grp = sched.group_of[u]
+                        if grp is not None:
+                            if grp not in gather_of:
+                                gather_of[grp] = self._emit_gather(rank, sched.groups[grp], uses, use_end,
+                                                                   sched.groups, grp, a.micro_batch, stage)
+                            if gather_of[grp] is not None:
+                                deps.append(gather_of[grp])
+                        last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
+                        use_end[u] = last_op
+                        deps = []
+                        if reduce_now:
+                            pending.add(seg, last_op if overlap else None)
+                elif not (param_gather and first_forward):
+                    per_layer = self.opt.granularity == "layer" or (overlap and reduce_now)
+                    for seg in self.segments(stage, a.chunk, phase, per_layer):
+                        last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
+                        deps = []
+                        if reduce_now:
+                            pending.add(seg, last_op if overlap else None)
+                if self.fp8 and a.phase != "W":
+                    last_op = self._fp8_amax(rank, a, stage, last_op)
+                if reduce_now and every_mb:
+                    pending.flush(last_op)  # the end of every backward (DeepSpeed's epilogue, FSDP's last unit)
+            for k, x in enumerate(group):  # an activation to the next position, a gradient to the previous
+                j = self.position(stage, x.chunk)
+                if (x.phase == "F" and j < nvs - 1) or (x.phase == "B" and j > 0):
+                    outbox.append((idx + k + x.send_after, x))
+            idx += len(group)
+            for item in [o for o in outbox if o[0] < idx]:
+                outbox.remove(item)
+                sent.append(self._send(rank, item[1], last_op))
         # Gradient synchronisation that is not overlapped, then the optimizer.
         pending.flush(last_op)
         dp_ops = pending.emitted
         tied = self._tied_embedding_sync(rank, stage, last_op)
         dense, experts = stage_params(self.model, par, stage)
-        shard = (dense / par.grad_dp + experts / max(1, par.dp // par.ep)) if par.zero >= 1 else dense + experts
+        holders, expert_holders = len(dp_group), len(pending.expert_group)  # the distributed optimizer's shards
+        shard = (dense / holders + experts / expert_holders) if par.zero >= 1 else dense + experts
         fp8_shard = 0.0
         if self.train.fp8_param_gather:
             fp8_dense, fp8_routed = self.stage_fp8_weights(stage)
-            fp8_shard = fp8_dense / par.grad_dp + fp8_routed / max(1, par.dp // par.ep)
+            fp8_shard = fp8_dense / holders + fp8_routed / expert_holders
         before, after = optimizer_step_ops(shard, dense + experts, self.grad_bytes, self.dtype, fp8_shard)
         step_deps = [last_op] + dp_ops[-1:] + tied
         norm = g.compute(rank, parts=_kernels(before), name="grad_norm", deps=step_deps, stream=COMPUTE_STREAM,
@@ -1060,8 +1110,118 @@ class _StepBuilder:
         norm = self._norm_all_reduce(rank, norm, stage)
         opt_id = g.compute(rank, parts=_kernels(after), name="optimizer", deps=[norm], stream=COMPUTE_STREAM,
                            category="optimizer", stage=stage)
-        if plan.step_gather and par.grad_dp > 1 and not param_gather:
+        if plan.step_gather and len(dp_group) > 1 and not param_gather:
             pending.gather_params(opt_id)
+
+    def grad_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks that hold ``rank``'s weights and reduce their gradients together: its DP x CP ranks and,
+        under DualPipe, those of the mirror stage ``p - 1 - stage`` (which holds the same two model stages; the
+        reference sums the two copies' gradients), lower stage first so that both stages name one group."""
+        lay = self.layout
+        if not self.dual:
+            return lay.grad_group(rank)
+        c = lay.coords(rank)
+        pair = sorted((c.pp, self.p - 1 - c.pp))
+        return tuple(x for s in pair for x in lay.grad_group(lay.rank(tp=c.tp, dp=c.dp, pp=s, cp=c.cp)))
+
+    def expert_grad_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks holding ``rank``'s routed experts: its expert-DP group (and the mirror stage's, under
+        DualPipe)."""
+        lay = self.layout
+        if not self.dual:
+            return lay.expert_dp_group(rank)
+        c = lay.coords(rank)
+        pair = sorted((c.pp, self.p - 1 - c.pp))
+        return tuple(x for s in pair for x in lay.expert_dp_group(lay.rank(tp=c.tp, dp=c.dp, pp=s, cp=c.cp)))
+
+    def _send(self, rank: int, a: PipeAction, after: int) -> int:
+        """The send of action ``a``'s output (activation forward, input gradient backward) to the next rank of
+        its chain, once ``after`` has run."""
+        lay, c = self.layout, self.layout.coords(rank)
+        stage = c.pp
+        step = 1 if a.phase == "F" else -1
+        dst = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, a.chunk, step), cp=c.cp)
+        what, tag = ("act", 0) if a.phase == "F" else ("grad", 1)
+        return self.graph.send(rank, dst, self.p2p_bytes, name=f"send_{what}.{a.phase}{a.micro_batch}.c{a.chunk}",
+                               stream=f"pp_send_{what}", deps=[after], traffic_class="pp",
+                               micro_batch=a.micro_batch, stage=stage, tag=tag)
+
+    # ------------------------------------------------------- DualPipe pairs
+    def _emit_pair(self, rank: int, stage: int, pair: Sequence[PipeAction], waits: list[list[int]],
+                   pending: _Buckets, overlap: bool, last_b: dict[int, int], idx: int, every_mb: bool) -> int:
+        """A DualPipe forward-backward pair (``pair`` = the forward and the backward, ``waits`` their inputs).
+
+        Both run on the compute stream, interleaved piece by piece (a MoE layer is three pieces: before the
+        dispatch, the experts, after the combine; any other segment one piece): forward piece, backward
+        piece, forward piece, ... Each chunk's all-to-alls run on a stream of their own (``ep_f``, ``ep_b``)
+        as soon as the piece before them ends, and its next piece waits for them, so one chunk's
+        communication runs under the other's computation (DeepSeek-V3 section 3.2.1, Figure 4). The GPU's
+        compute is not shared: the pieces run one at a time, each at its full speed (the SMs DeepSeek gives
+        to communication are not taken away). Returns the last op of the pair.
+        """
+        per_layer = self.opt.granularity == "layer"
+        runs = []
+        for k, (a, deps) in enumerate(zip(pair, waits)):
+            phase = self.pass_of(stage, a)
+            reduce_now = self.makes_grads(stage, a) and (every_mb or idx + k == last_b[a.chunk])
+            segs = self.segments(stage, a.chunk, phase, per_layer or (overlap and reduce_now))
+            runs.append(self._pieces(rank, stage, a, segs, deps, "ep_f" if a.phase == "F" else "ep_b",
+                                     pending if reduce_now else None, overlap))
+        last = None  # the last compute op emitted: the compute stream runs in program order, so it ends last
+        live = [0, 1]
+        while live:
+            for k in list(live):
+                try:
+                    last = next(runs[k])
+                except StopIteration:
+                    live.remove(k)
+        for a in pair:
+            if self.fp8 and a.phase != "W":
+                last = self._fp8_amax(rank, a, stage, last)
+        if every_mb and any(self.makes_grads(stage, a) for a in pair):
+            pending.flush(last)
+        return last
+
+    def _pieces(self, rank: int, stage: int, a: PipeAction, segs: list[_Segment], deps: list[int], stream: str,
+                pending: _Buckets | None, overlap: bool) -> Iterator[int]:
+        """Emit one pass of a pair piece by piece, yielding the last compute op after each piece (see
+        :meth:`_emit_pair`)."""
+        g = self.graph
+        name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
+        mb = a.micro_batch
+        for seg in segs:
+            op_name = f"{name}.L{seg.layer}"
+            if seg.moe is None:
+                last = self.emit_segment(rank, seg, deps, op_name, mb, stage)
+            else:
+                before, experts, after = seg.moe
+                group = self._ep_group(rank)
+                e = group.index(rank)
+                out_row, back_row = self._moe_row(rank, seg.layer, e)
+                kernels = self._moe_kernels.get(id(seg.moe))
+                if kernels is None or kernels[0] is not seg.moe:
+                    kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after))
+                tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage}
+                fwd = seg.phase == "F"
+                last = g.compute(rank, parts=kernels[1], name=f"{op_name}.pre", deps=deps, category="gemm",
+                                 stream=COMPUTE_STREAM, **tags)
+                last = self._emit_tp(rank, seg, op_name, last, mb, stage)
+                yield last
+                a2a = g.collective_op(rank, "all_to_all", group, 0, split=out_row, traffic_class="ep",
+                                      name=f"{op_name}.ep_{'dispatch' if fwd else 'combine_grad'}", stream=stream,
+                                      deps=[last], **tags)
+                last = g.compute(rank, parts=self._expert_parts(seg.layer, seg.phase, e, experts),
+                                 name=f"{op_name}.experts", category="gemm", stream=COMPUTE_STREAM, deps=[a2a], **tags)
+                yield last
+                a2a = g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
+                                      name=f"{op_name}.ep_{'combine' if fwd else 'dispatch_grad'}", stream=stream,
+                                      deps=[last], **tags)
+                last = g.compute(rank, parts=kernels[2], name=f"{op_name}.post", category="gemm",
+                                 stream=COMPUTE_STREAM, deps=[a2a], **tags)
+            deps = []
+            if pending is not None:
+                pending.add(seg, last if overlap else None)
+            yield last
 
     # ------------------------------------------------- overlapped param gather
     def param_buckets(self, stage: int, chunk: int) -> tuple[list[float], list[int], list[int]]:
@@ -1286,10 +1446,10 @@ class _Buckets:
         par = builder.par
         self.kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
         self.algorithm = "parameter_server" if par.dp_sync == "parameter_server" else "auto"
-        self.expert_group = builder.layout.expert_dp_group(rank) if builder.model.is_moe else dp_group
+        self.expert_group = builder.expert_grad_group(rank) if builder.model.is_moe else dp_group
 
     def add(self, seg: _Segment, ready_op: int | None) -> None:
-        if self.b.par.grad_dp == 1 and len(self.expert_group) == 1:
+        if len(self.group) == 1 and len(self.expert_group) == 1:
             return
         self.fill += seg.grad_bytes
         self.expert_fill += seg.expert_grad_bytes
@@ -1377,7 +1537,7 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     if representatives not in (None, False, "tp", "stage"):
         raise ConfigError(f"representatives: {representatives!r} unknown; valid: None, 'tp', 'stage'")
     options = options or StepOptions()
-    if options.p2p == "blocking" and parallel.schedule in ("interleaved", "zb-h1"):
+    if options.p2p == "blocking" and parallel.schedule in ("interleaved", "zb-h1", "dualpipe"):
         raise ConfigError(f"options.p2p: blocking send/recv is modelled for the gpipe and 1f1b schedules; "
                           f"use p2p: async with {parallel.schedule}")
     builder = _StepBuilder(model, parallel, training, options, routing)
