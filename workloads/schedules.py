@@ -94,6 +94,8 @@ __all__ = [
     "simulate_unit_times",
     "chain_position",
     "chain_neighbour",
+    "Exchange",
+    "interleaved_exchanges",
 ]
 
 #: Valid values of ``parallel.schedule``.
@@ -347,6 +349,13 @@ def chain_neighbour(kind: str, stages: int, rank: int, chunk: int, step: int) ->
     return (chunk * stages + rank + step) % stages
 
 
+def _interleaved_warmup(p: int, m: int, v: int, r: int) -> int:
+    """Megatron's warm-up forwards of rank ``r`` in the interleaved schedule (all of them when ``m == p``)."""
+    if m == p:
+        return m * v
+    return min((p - r - 1) * 2 + (v - 1) * p, m * v)
+
+
 def _interleaved(p: int, m: int, v: int, r: int) -> list[PipeAction]:
     """Megatron-LM interleaved 1F1B order for rank ``r``."""
     total = m * v
@@ -361,12 +370,9 @@ def _interleaved(p: int, m: int, v: int, r: int) -> list[PipeAction]:
     def bwd(k: int) -> PipeAction:
         return PipeAction("B", mb(k), v - 1 - (k % group) // p)
 
-    if m == p:
-        # Megatron: "Run all forward passes and then all backward passes if
-        # number of microbatches is just the number of pipeline stages."
-        warmup = total
-    else:
-        warmup = min((p - r - 1) * 2 + (v - 1) * p, total)
+    # Megatron-LM 2021: "Run all forward passes and then all backward passes if number of microbatches is
+    # just the number of pipeline stages" (current Megatron-Core decides per rank: warm-up >= total).
+    warmup = _interleaved_warmup(p, m, v, r)
     remaining = total - warmup
     out = [fwd(k) for k in range(warmup)]
     for k in range(remaining):
@@ -374,6 +380,123 @@ def _interleaved(p: int, m: int, v: int, r: int) -> list[PipeAction]:
         out.append(bwd(k))
     out.extend(bwd(k) for k in range(remaining, total))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One batched, blocking point-to-point exchange of Megatron's interleaved schedule.
+
+    Megatron-LM posts its pipeline transfers with ``batch_isend_irecv`` and
+    waits for all of them (``p2p_communication._communicate``,
+    ``wait_on_reqs``) before computing again: the rank waits until its sends
+    have been received and its receives have arrived.
+
+    Attributes
+    ----------
+    sends : tuple of int
+        Indices, in the rank's action list, of the actions whose output
+        (activation of a forward, input gradient of a backward) is sent.
+    recv_act, recv_grad : bool
+        Whether an activation (from the previous virtual stage) / a gradient
+        (from the next) is received. Received tensors are queued in arrival
+        order; the rank's forwards (backwards) that need one take them in
+        order.
+    """
+
+    sends: tuple[int, ...]
+    recv_act: bool
+    recv_grad: bool
+
+
+def interleaved_exchanges(stages: int, micro_batches: int, virtual_stages: int,
+                          rank: int) -> list[tuple[Exchange, ...]]:
+    """Where Megatron-LM's interleaved schedule posts its blocking transfers, for one rank.
+
+    Follows ``forward_backward_pipelining_with_interleaving`` in
+    ``megatron/core/pipeline_parallel/schedules.py`` without
+    ``overlap_p2p_comm``: ``recv_forward`` before the first forward (not on
+    rank 0); after each warm-up forward ``send_forward_recv_forward`` (the
+    last one, unless every iteration is warm-up,
+    ``send_forward_backward_recv_forward_backward``, which also receives the
+    gradient of the first backward); after each steady-state *pair* of a
+    forward and a backward one ``send_forward_backward_recv_forward_backward``
+    (nothing between the two); after each cool-down backward
+    ``send_backward_recv_backward``; ``recv_backward`` before the cool-down
+    when everything was warm-up. A rank receives for iteration ``k + 1``
+    after iteration ``k``, except that the first (last) rank, which starts
+    the forward (backward) chain, receives what the last (first) rank sent
+    ``p - 1`` iterations earlier, and nothing in the first ``p - 1``
+    iterations (``recv_tensor_from_previous_stage``). The last iteration
+    receives nothing.
+
+    Parameters
+    ----------
+    stages, micro_batches, virtual_stages, rank : int
+        ``p``, ``m``, ``v`` (>= 2) and the pipeline rank, as for
+        :func:`pipeline_schedule` with ``"interleaved"``.
+
+    Returns
+    -------
+    list of tuple of Exchange
+        ``result[0]``: the exchanges before the first action; ``result[i +
+        1]``: those right after action ``i`` of ``pipeline_schedule(
+        "interleaved", ...)[rank]``, run one after the other; empty where
+        the rank computes on without exchanging.
+
+    Raises
+    ------
+    ValueError
+        On arguments :func:`pipeline_schedule` refuses, ``virtual_stages <
+        2`` or ``rank`` outside ``0..stages-1``.
+    """
+    acts = pipeline_schedule("interleaved", stages, micro_batches, virtual_stages)
+    p, m, v = stages, micro_batches, virtual_stages
+    if v < 2:
+        raise ValueError(f"virtual_stages (parallel.virtual_stages) = {v} must be at least 2")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < p:
+        raise ValueError(f"rank must be in 0..{p - 1}, got {rank!r}")
+    r, total = rank, m * v
+    warmup = _interleaved_warmup(p, m, v, r)
+    all_warmup = warmup == total
+    remaining = total - warmup
+    first_rank, last_rank = r == 0, r == p - 1
+
+    def chunk(k: int, forward: bool) -> int:
+        c = (k % (p * v)) // p
+        return c if forward else v - 1 - c
+
+    def recv_from_prev(k: int, forward: bool) -> bool:
+        """Megatron's ``recv_tensor_from_previous_stage``: does anything arrive for iteration ``k + 1``?"""
+        if not (first_rank if forward else last_rank):
+            return True
+        if k < p - 1:  # the rank at the other end has not produced anything yet
+            return False
+        return chunk(k - (p - 1), forward) != (v - 1 if forward else 0)
+
+    def sends_fwd(k: int) -> bool:  # nothing leaves the last virtual stage
+        return not (last_rank and chunk(k, True) == v - 1)
+
+    def sends_bwd(k: int) -> bool:  # nothing leaves the first virtual stage
+        return not (first_rank and chunk(k, False) == 0)
+
+    posts: list[tuple[Exchange, ...]] = [() for _ in range(len(acts[r]) + 1)]
+    posts[0] = (Exchange((), not first_rank, False),)
+    for k in range(warmup):
+        recv_next = k == warmup - 1 and not all_warmup and not last_rank
+        posts[k + 1] = (Exchange((k,) if sends_fwd(k) else (), recv_from_prev(k, True) and k != total - 1,
+                                 recv_next),)
+    if all_warmup:
+        posts[warmup] += (Exchange((), False, not last_rank),)
+    for k in range(remaining):
+        f, b = warmup + 2 * k, warmup + 2 * k + 1
+        sends = ((f,) if sends_fwd(warmup + k) else ()) + ((b,) if sends_bwd(k) else ())
+        posts[b + 1] = (Exchange(sends, recv_from_prev(warmup + k, True) and k != remaining - 1,
+                                 recv_from_prev(k, False)),)
+    for k in range(remaining, total):
+        i = warmup + remaining + k
+        posts[i + 1] = (Exchange((i,) if sends_bwd(k) else (), False,
+                                 recv_from_prev(k, False) and k != total - 1),)
+    return [tuple(x for x in post if x.sends or x.recv_act or x.recv_grad) for post in posts]
 
 
 def max_in_flight(actions: Sequence[PipeAction]) -> int:

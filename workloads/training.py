@@ -143,7 +143,7 @@ from .parallel import (
     stage_layers,
     validate,
 )
-from .schedules import PipeAction, chain_neighbour, chain_position, pipeline_schedule
+from .schedules import Exchange, PipeAction, chain_neighbour, chain_position, interleaved_exchanges, pipeline_schedule
 from .sharding import (
     GatherSchedule,
     Unit,
@@ -1008,6 +1008,12 @@ class _StepBuilder:
                     stage, chunk)[0]))), [])
         forwards = 0
         outbox: list[tuple[int, PipeAction]] = []  # (index of the action after which it is sent, action)
+        # Megatron's interleaved schedule with blocking transfers: batched exchanges at fixed points, each
+        # waited for before the next computation; received tensors queued for the actions that need them
+        batched = blocking and par.schedule == "interleaved"
+        posts = interleaved_exchanges(self.p, self.m, self.v, stage) if batched else []
+        queues: dict[str, list[int]] = {"act": [], "grad": []}
+        barrier = self._exchanges(rank, posts[0], actions, None, queues) if batched else []
         idx = 0
         while idx < len(actions):
             group = actions[idx:idx + 2] if actions[idx].paired else actions[idx:idx + 1]
@@ -1024,14 +1030,21 @@ class _StepBuilder:
                 deps: list[int] = list(sent) if blocking else []
                 j = self.position(stage, x.chunk)
                 name = f"{x.phase}{x.micro_batch}.c{x.chunk}"
-                if x.phase == "F" and j > 0:
+                if batched:
+                    deps = list(barrier)
+                    kind = "act" if x.phase == "F" and j > 0 else "grad" if x.phase == "B" and j < nvs - 1 else None
+                    if kind is not None:
+                        if not queues[kind]:
+                            raise AssertionError(f"rank {rank} {x}: no {kind} received for it")
+                        deps.append(self._gathered(rank, queues[kind].pop(0), name, x.micro_batch, stage))
+                elif x.phase == "F" and j > 0:
                     src = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, x.chunk, -1),
                                    cp=c.cp)
                     deps.append(self._gathered(rank, g.recv(
                         rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream="pp_recv_act",
                         traffic_class="pp", micro_batch=x.micro_batch, stage=stage, tag=0, deps=posted),
                         name, x.micro_batch, stage))
-                if x.phase == "B" and j < nvs - 1:
+                if x.phase == "B" and j < nvs - 1 and not batched:
                     src = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, x.chunk, 1),
                                    cp=c.cp)
                     deps.append(self._gathered(rank, g.recv(
@@ -1084,6 +1097,10 @@ class _StepBuilder:
                     last_op = self._fp8_amax(rank, a, stage, last_op)
                 if reduce_now and every_mb:
                     pending.flush(last_op)  # the end of every backward (DeepSpeed's epilogue, FSDP's last unit)
+            if batched:
+                barrier = self._exchanges(rank, posts[idx + 1], actions, last_op, queues) or barrier
+                idx += 1
+                continue
             for k, x in enumerate(group):  # an activation to the next position, a gradient to the previous
                 j = self.position(stage, x.chunk)
                 if (x.phase == "F" and j < nvs - 1) or (x.phase == "B" and j > 0):
@@ -1134,7 +1151,30 @@ class _StepBuilder:
         pair = sorted((c.pp, self.p - 1 - c.pp))
         return tuple(x for s in pair for x in lay.expert_dp_group(lay.rank(tp=c.tp, dp=c.dp, pp=s, cp=c.cp)))
 
-    def _send(self, rank: int, a: PipeAction, after: int) -> int:
+    def _exchanges(self, rank: int, post: tuple[Exchange, ...], actions: Sequence[PipeAction], after: int | None,
+                   queues: dict[str, list[int]]) -> list[int]:
+        """Megatron's batched blocking transfers at one point of the interleaved schedule, one batch after the
+        other: the sends and receives of a batch are posted once ``after`` (and the previous batch) is done;
+        returns the ops the next computation waits for (all of the last batch). Receives are queued in
+        ``queues`` for the actions that need them."""
+        lay, c = self.layout, self.layout.coords(rank)
+        stage = c.pp
+        wait: list[int] = [after] if after is not None else []
+        for ex in post:
+            ops = [self._send(rank, actions[i], after, wait) for i in ex.sends]
+            for kind, want, step in (("act", ex.recv_act, -1), ("grad", ex.recv_grad, 1)):
+                if not want:
+                    continue
+                # the previous (next) rank of the pipeline; which chunk it sends from does not matter here
+                src = lay.rank(tp=c.tp, dp=c.dp, pp=(stage + step) % self.p, cp=c.cp)
+                op = self.graph.recv(rank, src, self.p2p_bytes, name=f"recv_{kind}", stream=f"pp_recv_{kind}",
+                                     traffic_class="pp", stage=stage, tag=0 if kind == "act" else 1, deps=wait)
+                queues[kind].append(op)
+                ops.append(op)
+            wait = ops
+        return wait if post else []
+
+    def _send(self, rank: int, a: PipeAction, after: int, deps: list[int] | None = None) -> int:
         """The send of action ``a``'s output (activation forward, input gradient backward) to the next rank of
         its chain, once ``after`` has run."""
         lay, c = self.layout, self.layout.coords(rank)
@@ -1143,7 +1183,7 @@ class _StepBuilder:
         dst = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, a.chunk, step), cp=c.cp)
         what, tag = ("act", 0) if a.phase == "F" else ("grad", 1)
         return self.graph.send(rank, dst, self.p2p_bytes, name=f"send_{what}.{a.phase}{a.micro_batch}.c{a.chunk}",
-                               stream=f"pp_send_{what}", deps=[after], traffic_class="pp",
+                               stream=f"pp_send_{what}", deps=[after] if deps is None else deps, traffic_class="pp",
                                micro_batch=a.micro_batch, stage=stage, tag=tag)
 
     # ------------------------------------------------------- DualPipe pairs
@@ -1537,7 +1577,7 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     if representatives not in (None, False, "tp", "stage"):
         raise ConfigError(f"representatives: {representatives!r} unknown; valid: None, 'tp', 'stage'")
     options = options or StepOptions()
-    if options.p2p == "blocking" and parallel.schedule in ("interleaved", "zb-h1", "dualpipe"):
+    if options.p2p == "blocking" and parallel.schedule in ("zb-h1", "dualpipe"):
         raise ConfigError(f"options.p2p: blocking send/recv is modelled for the gpipe and 1f1b schedules; "
                           f"use p2p: async with {parallel.schedule}")
     builder = _StepBuilder(model, parallel, training, options, routing)
