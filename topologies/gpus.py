@@ -110,6 +110,31 @@ GPU_SPECS: dict[str, GPUSpec] = {
         nvlink_efficiency=0.81,
         source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM); DGX H100 User Guide",
     ),
+    # NVIDIA H800 SXM5: the export variant of H100 SXM with the same SMs, tensor
+    # throughput and HBM3 (80 GB at 3.35 TB/s) but NVLink cut from 900 to 400 GB/s
+    # bidirectional = 200 GB/s per direction (DeepSeek-AI, "Insights into
+    # DeepSeek-V3", ISCA 2025, arXiv:2505.09343, section 2; NVIDIA H800
+    # datasheet). Its nodes carry eight 400 Gb/s InfiniBand CX7 NICs, one per
+    # GPU (same paper). DeepSeek-V3's report (arXiv:2412.19437, section 3.2.2)
+    # measures about 160 GB/s of NVLink and 50 GB/s of IB per GPU: 200 x the
+    # NVLink efficiency 0.81 below and the 400 Gb/s NIC. GEMM efficiencies are
+    # H100 SXM's (same die and clocks).
+    "H800-SXM": GPUSpec(
+        name="H800-SXM",
+        peak_flops=MappingProxyType(
+            {"fp32": 67 * _T, "tf32": 494.7 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T}
+        ),
+        hbm_bytes=80 * _GB,
+        hbm_bandwidth=3350 * _GB,
+        nvlink_bandwidth=200 * _GB,
+        nic_bandwidth=400e9 / 8,
+        sm_count=132,
+        matmul_efficiency=0.803,
+        matmul_efficiency_fp8=0.709,
+        gemm_critical_intensity=85.3,
+        nvlink_efficiency=0.81,
+        source="NVIDIA H800 SXM5 (H100 SXM compute, NVLink 400 GB/s); DeepSeek-AI arXiv:2505.09343 section 2",
+    ),
     # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column): same compute as
     # H100 SXM; HBM3e 141 GB at 4.8 TB/s; NVLink 900 GB/s bidirectional.
     # DGX H200: ConnectX-7 NDR 400 Gb/s per GPU.
@@ -209,6 +234,7 @@ PCIE_BANDWIDTH: dict[str, float] = {
     "A100-80GB-SXM": 32 * _GB,
     "H100-SXM": 64 * _GB,
     "H200-SXM": 64 * _GB,
+    "H800-SXM": 64 * _GB,
     "B200": 64 * _GB,
     "GB200": 64 * _GB,  # ConnectX-7: PCIe Gen5 x16
     "GB300": 128 * _GB,  # ConnectX-8: PCIe Gen6 x16
@@ -225,6 +251,9 @@ _ALIASES: dict[str, str] = {
     "h100-sxm5": "H100-SXM",
     "h100-80gb": "H100-SXM",
     "h100-sxm5-80gb": "H100-SXM",
+    "h800": "H800-SXM",
+    "h800-sxm5": "H800-SXM",
+    "h800-80gb": "H800-SXM",
     "h200": "H200-SXM",
     "h200-sxm5": "H200-SXM",
     "h200-141gb": "H200-SXM",

@@ -19,6 +19,34 @@ Pipeline
     ``W`` action the weight gradients (the linear layers' ``.wgrad`` GEMMs,
     the gradient accumulation, the embedding's scatter-add); DP buckets are
     ready after ``W``.
+DualPipe (``parallel.schedule: dualpipe``; DeepSeek-V3, arXiv 2412.19437 section 3.2.1)
+    Rank ``r`` holds two chunks: model stage ``r`` for the micro-batches that
+    enter at rank 0 and model stage ``p - 1 - r`` for those that enter at
+    rank ``p - 1`` (:func:`~workloads.schedules.pipeline_schedule`). A
+    backward whose weight gradient the reference defers is split into ``B``
+    and ``W`` as under ``zb-h1``; the others are whole. An overlapped pair (a
+    forward and a backward of the other direction) receives both inputs
+    before it starts and sends both outputs after it ends, as the reference
+    does; its two passes run interleaved on the compute stream piece by piece
+    (a MoE layer in three pieces cut at its all-to-alls), each chunk's
+    all-to-alls on a stream of its own (``ep_f``, ``ep_b``), so that one
+    chunk's dispatch and combine run under the other chunk's computation.
+    What is modelled: that hiding, with the pieces in the order above.
+    What is approximated: the pieces run one at a time at full speed (no
+    SMs are set aside for communication, no slowdown from sharing them), the
+    order inside a pair is a fixed alternation rather than DeepSeek's
+    hand-tuned one, and pipeline sends of a pair wait for the whole pair.
+    Outside pairs the all-to-alls block the compute stream as usual. The two
+    copies of a stage (ranks ``r`` and ``p - 1 - r``) reduce their gradients
+    together: the gradient group is the DP x CP ranks of both stages (the
+    distributed optimizer shards over it too).
+Interleaved with blocking transfers (``options.p2p: blocking``)
+    Megatron's batched ``batch_isend_irecv`` exchanges at the points of
+    :func:`~workloads.schedules.interleaved_exchanges`: the sends and
+    receives of an exchange are posted when the computation before it ends
+    and the next computation waits for all of them (a send completes when its
+    receiver has posted the matching receive). Received tensors are queued
+    in arrival order for the actions that need them.
 Tensor parallel
     Megatron column/row split. Per layer, forward: two all-reduces of
     ``b·s·h`` elements (with sequence parallelism: two all-gathers and two
@@ -199,10 +227,11 @@ class StepOptions:
         start of the step and sends never hold up compute (optimistic).
         ``blocking`` (Megatron-LM's batched isend/irecv + wait): a rank posts
         its receive when it reaches the action that needs it, and its next
-        action waits until its previous sends have been received. Modelled
-        for GPipe and 1F1B (Megatron's interleaved schedule batches its
-        transfers differently; ``blocking`` is refused there). Default
-        ``async``.
+        action waits until its previous sends have been received (GPipe,
+        1F1B); under ``interleaved`` the transfers are batched and waited for
+        where Megatron's interleaved schedule posts them
+        (:func:`~workloads.schedules.interleaved_exchanges`). Refused for
+        ``zb-h1`` and ``dualpipe``. Default ``async``.
     pp_scatter_gather : bool
         Without sequence parallelism, each TP rank sends only its ``1/t`` of
         the activation (gradient) to the next (previous) stage and the
