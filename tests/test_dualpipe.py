@@ -242,3 +242,34 @@ def test_blocking_p2p_is_refused():
     with pytest.raises(ConfigError, match="options.p2p: blocking .* use p2p: async with dualpipe"):
         training_step(model_from_dict(uniform_model(4)), ParallelConfig(pp=2, global_batch=4, schedule="dualpipe"),
                       TrainingSpec(seq_len=128), StepOptions(p2p="blocking"))
+
+
+def test_deepseek_v3_example_is_the_reports_layout():
+    from simulator.experiment import load_experiment
+    from topologies.gpus import get_gpu
+
+    h800, h100 = get_gpu("h800"), get_gpu("h100")
+    assert h800.nvlink_bandwidth == 400e9 / 2 and h800.peak_flops == h100.peak_flops  # NVLink 400 GB/s bidir.
+    exp = load_experiment(Path(__file__).resolve().parents[1] / "examples" / "deepseek-v3-dualpipe-h800.yaml")
+    par, model = exp.parallel, exp.model
+    assert (exp.cluster.num_gpus, exp.cluster.gpu.name) == (2048, "H800-SXM")
+    assert (par.pp, par.ep, par.tp, par.dp, par.schedule, exp.training.fp8) == (16, 64, 1, 128, "dualpipe", True)
+    assert par.global_batch * exp.training.seq_len == 15360 * 4096
+    # 61 layers: stage 0 has 1, the others 4; rank 0 holds stages 0 and 15 (embedding and output head)
+    assert [len(stage_layers(model.layers, par, r)) for r in range(16)] == [5] + [8] * 14 + [5]
+    assert chunk_layers(model.layers, par, 0, 1) == [57, 58, 59, 60]
+
+
+@pytest.mark.parametrize("fidelity", ["fast", "lockstep"])
+def test_representatives_agree_with_full_for_a_dense_fp8_model(fidelity):
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "gpt2-small", "heads": 16,
+                                                                    "kv_heads": 16},
+           "parallel": {"tp": 2, "pp": 2, "dp": 4, "zero": 1, "global_batch": 16, "schedule": "dualpipe",
+                        "sequence_parallel": True},
+           "training": {"seq_len": 1024, "dtype": "fp8"}}
+    exp = experiment_from_dict(doc)
+    full = run_experiment(exp, force=True, fidelity="full")
+    rep = run_experiment(exp, force=True, fidelity=fidelity)
+    assert rep.step_time == pytest.approx(full.step_time, rel=0.02)
+    for cls, nbytes in full.bytes_by_class.items():
+        assert rep.bytes_by_class[cls] == pytest.approx(nbytes, rel=1e-9)
