@@ -395,11 +395,3 @@ def test_blocking_p2p_is_never_faster_and_equal_with_free_communication(schedule
     assert step("blocking", free=True) == pytest.approx(step("async", free=True), rel=1e-6)
 
 
-def test_blocking_p2p_with_interleaved_is_refused():
-    from simulator.experiment import experiment_from_dict
-    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
-           "parallel": {"tp": 2, "pp": 2, "dp": 2, "global_batch": 4, "schedule": "interleaved",
-                        "virtual_stages": 2}, "training": {"seq_len": 1024}, "options": {"p2p": "blocking"}}
-    from simulator.experiment import run_experiment
-    with pytest.raises(ValueError, match="options.p2p"):
-        run_experiment(experiment_from_dict(doc))

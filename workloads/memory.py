@@ -69,7 +69,16 @@ from dataclasses import dataclass, field
 
 from .flops import LOSS_BYTES, fp8_weight_params
 from .models import ModelSpec
-from .parallel import ParallelConfig, TrainingSpec, num_micro_batches, padded_vocab, stage_layers, validate
+from .parallel import (
+    ParallelConfig,
+    TrainingSpec,
+    chunk_layers,
+    num_micro_batches,
+    padded_vocab,
+    stage_layers,
+    validate,
+)
+from .schedules import pipeline_schedule
 from .sharding import gather_schedule, sharding_plan, stage_uses
 
 __all__ = [
@@ -162,18 +171,23 @@ def stage_params(model: ModelSpec, parallel: ParallelConfig, stage: int) -> tupl
     stage adds the vocab-parallel word embedding (padded vocabulary) and any
     position table; the last stage the final norm and the output layer, which
     is a separate copy when untied or when ``pp > 1`` (Megatron keeps a tied
-    copy on the last stage and syncs its gradient with the first).
+    copy on the last stage and syncs its gradient with the first). Under
+    ``dualpipe`` a rank holds two model stages (``i`` and ``pp - 1 - i``), so
+    twice the layers, and the first and last ranks both hold the embedding
+    and the output layer.
     """
     t, ep, etp = parallel.tp, parallel.ep, parallel.expert_tp
+    p = parallel.pp
     dense = experts = 0
     for i in stage_layers(model.layers, parallel, stage):
         routed = model.routed_expert_params(i, t, ep, etp)
         experts += routed
         dense += model.params_per_layer(i, t, ep, etp) - routed
     word = model.word_embedding_params(t, padded_vocab(model.vocab, t))
-    if stage == 0:
+    ends = (0, p - 1) if parallel.schedule == "dualpipe" else None
+    if stage == 0 or (ends and stage in ends):
         dense += word + model.position_embedding_params()
-    if stage == parallel.pp - 1:
+    if stage == p - 1 or (ends and stage in ends):
         dense += model.final_norm_params()
         if not model.tied_embeddings or parallel.pp > 1:
             dense += word
@@ -229,11 +243,15 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
     Zero Bubble H1 ``p`` on every stage (a micro-batch's inputs stay until its
     weight gradient; :func:`~workloads.schedules.max_in_flight`), counted as
     whole activations (an upper bound: after ``B`` only the linear layers'
-    inputs are still needed).
+    inputs are still needed). DualPipe: ``(p + 1) / 2`` (the report's
+    ``PP + 1`` micro-batches of one of the rank's two chunks; its schedule's
+    :func:`~workloads.schedules.max_in_flight`), the same upper bound.
     """
     p, v, m, i = parallel.pp, parallel.virtual_stages, num_micro_batches(parallel), stage
     if parallel.schedule == "gpipe":
         return float(m)
+    if parallel.schedule == "dualpipe":
+        return _dualpipe_in_flight(parallel, stage, (1.0, 1.0)) / 2
     if parallel.schedule == "zb-h1":
         return float(min(p, m))
     if parallel.schedule == "interleaved":
@@ -242,16 +260,39 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
     return float(min(p - i, m))
 
 
+def _dualpipe_in_flight(parallel: ParallelConfig, stage: int, per_chunk: tuple[float, float]) -> float:
+    """The peak, over ``stage``'s DualPipe order, of the summed ``per_chunk`` weights of the (micro-batch,
+    chunk) pairs whose forward has run and whose weight gradient has not (the forward of an overlapped pair
+    counted before its backward frees anything)."""
+    actions = pipeline_schedule("dualpipe", parallel.pp, num_micro_batches(parallel))[stage]
+    split = {(a.micro_batch, a.chunk) for a in actions if a.phase == "W"}
+    live = peak = 0.0
+    for a in actions:
+        if a.phase == "F":
+            live += per_chunk[a.chunk]
+            peak = max(peak, live)
+        elif a.phase == "W" or (a.micro_batch, a.chunk) not in split:
+            live -= per_chunk[a.chunk]
+    return peak
+
+
 def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec, stage: int,
                        flash_attention: bool) -> float:
     b, t, d = parallel.micro_batch, parallel.tp, training.dtype_bytes
     s = training.seq_len // parallel.cp  # context parallelism: this rank's tokens (attention is always fused)
-    per_mb = sum(activation_bytes_per_layer(model, i, b, s, t, sequence_parallel=parallel.sp,
-                                            recompute=parallel.recompute, dtype_bytes=d,
-                                            flash_attention=flash_attention or parallel.cp > 1)
-                 for i in stage_layers(model.layers, parallel, stage))
-    acts = micro_batches_in_flight(parallel, stage) * per_mb
-    if stage == parallel.pp - 1:  # fp32 logits kept by the loss; 1 live except under GPipe
+
+    def per_mb(layers: list[int]) -> float:
+        return sum(activation_bytes_per_layer(model, i, b, s, t, sequence_parallel=parallel.sp,
+                                              recompute=parallel.recompute, dtype_bytes=d,
+                                              flash_attention=flash_attention or parallel.cp > 1) for i in layers)
+
+    if parallel.schedule == "dualpipe":  # the two chunks can differ (uneven stages): weigh each by its layers
+        chunks = tuple(per_mb(chunk_layers(model.layers, parallel, stage, c)) for c in (0, 1))
+        acts = _dualpipe_in_flight(parallel, stage, chunks)  # type: ignore[arg-type]
+    else:
+        acts = micro_batches_in_flight(parallel, stage) * per_mb(stage_layers(model.layers, parallel, stage))
+    if stage == parallel.pp - 1 or (parallel.schedule == "dualpipe" and stage == 0):
+        # fp32 logits kept by the loss; 1 live except under GPipe
         live = num_micro_batches(parallel) if parallel.schedule == "gpipe" else 1
         acts += live * LOSS_BYTES * s * b * padded_vocab(model.vocab, t) / t
     return acts
@@ -263,8 +304,10 @@ def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: Training
     dense, routed = stage_params(model, parallel, stage)
     d, z = training.dtype_bytes, parallel.zero
     plan = sharding_plan(parallel, training.dtype, grad_dtype_bytes)
-    a = model_state_bytes(dense, dp=parallel.grad_dp, zero=z, dtype_bytes=d)  # CP ranks shard with DP
-    e = model_state_bytes(routed, dp=parallel.size("expert_dp"), zero=z, dtype_bytes=d)
+    # CP ranks shard with DP; under dualpipe so do the mirror stage's ranks, which hold the same weights
+    copies = parallel.weight_copies
+    a = model_state_bytes(dense, dp=parallel.grad_dp * copies, zero=z, dtype_bytes=d)
+    e = model_state_bytes(routed, dp=parallel.size("expert_dp") * copies, zero=z, dtype_bytes=d)
     grads = (a[1] + e[1]) * plan.grad_bytes / d  # the framework's gradient buffer (Megatron: fp32 for bf16)
     params = a[0] + e[0]
     if training.fp8 and not training.fp8_param_gather:  # TE's cached FP8 weights and their transposes

@@ -65,7 +65,7 @@ DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 """Bytes per element of the weights, activations and activation gradients the step keeps, per
 ``training.dtype``. FP8 training (Transformer Engine) keeps all of them in bf16 and casts only the inputs of
 its FP8 GEMMs to 1-byte copies (:mod:`workloads.flops`), hence 2."""
-SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "dualpipe")
 RECOMPUTE = ("none", "selective", "full")
 DP_SYNC = ("allreduce", "parameter_server")
 DIMS = ("tp", "dp", "pp")
@@ -168,9 +168,12 @@ class ParallelConfig:
         (one micro-batch per replica). Resolved to an int on construction, so
         ``dataclasses.replace(cfg, dp=...)`` keeps the old value: pass
         ``global_batch`` explicitly when sweeping ``dp`` or ``micro_batch``.
-    schedule : {"1f1b", "gpipe", "interleaved", "zb-h1"}
+    schedule : {"1f1b", "gpipe", "interleaved", "zb-h1", "dualpipe"}
         Pipeline schedule (:mod:`workloads.schedules`); ``zb-h1`` is Zero
-        Bubble H1 (the backward split into input and weight gradients).
+        Bubble H1 (the backward split into input and weight gradients);
+        ``dualpipe`` is DeepSeek-V3's DualPipe (every rank holds stage ``r``
+        and stage ``pp - 1 - r`` of the model, micro-batches fed from both
+        ends, forward and backward chunks overlapped in pairs).
     virtual_stages : int, default 1
         Model chunks per pipeline stage ``v`` (interleaved 1F1B only).
     zero : {0, 1, 2, 3}
@@ -362,6 +365,18 @@ class ParallelConfig:
         return self.dp * self.cp
 
     @property
+    def model_chunks(self) -> int:
+        """Model chunks each pipeline rank holds: ``virtual_stages``, or 2 under ``dualpipe`` (its stage of
+        the forward direction and its mirror stage ``pp - 1 - r`` of the reverse direction)."""
+        return 2 if self.schedule == "dualpipe" else self.virtual_stages
+
+    @property
+    def weight_copies(self) -> int:
+        """Copies of every weight along the pipeline: 2 under ``dualpipe`` (rank ``r`` and rank ``pp - 1 - r``
+        both hold stages ``r`` and ``pp - 1 - r``, and sum their gradients), else 1."""
+        return 2 if self.schedule == "dualpipe" else 1
+
+    @property
     def sp(self) -> bool:
         """Sequence parallelism in effect (requested and ``tp > 1``)."""
         return self.sequence_parallel and self.tp > 1
@@ -442,13 +457,18 @@ def chunk_layers(num_layers: int, parallel: ParallelConfig, stage: int, chunk: i
     each of its ``v`` chunks; virtual stage ``j = c p + i`` takes the next
     layers in order of ``j`` (Megatron-Core's ``get_transformer_layer_offset``).
     With even stages chunk ``c`` of stage ``i`` is the ``(c p + i)``-th block
-    of ``num_layers / (p v)`` layers.
+    of ``num_layers / (p v)`` layers. Under ``dualpipe`` chunk 0 of rank
+    ``i`` is model stage ``i`` and chunk 1 model stage ``p - 1 - i``.
     """
-    p, v = parallel.pp, parallel.virtual_stages
+    p, v = parallel.pp, parallel.model_chunks
     if not 0 <= stage < p:
         raise ConfigError(f"stage: {stage} is outside 0..{p - 1}")
     if not 0 <= chunk < v:
         raise ConfigError(f"chunk: {chunk} is outside 0..{v - 1}")
+    if parallel.schedule == "dualpipe":
+        counts = layers_per_stage(num_layers, parallel)
+        s = stage if chunk == 0 else p - 1 - stage
+        return list(range(sum(counts[:s]), sum(counts[:s + 1])))
     given = parallel.stage_layers or ()
     per = [given[i] if i < len(given) and not isinstance(given[i], int) else (n // v,) * v
            for i, n in enumerate(layers_per_stage(num_layers, parallel))]  # per[stage][chunk]
@@ -462,9 +482,10 @@ def stage_layers(num_layers: int, parallel: ParallelConfig, stage: int) -> list[
 
     Without interleaving stage ``i`` holds a contiguous block of layers; with
     ``v`` virtual stages the model is cut into ``pp * v`` chunks and stage
-    ``i`` holds chunks ``i, i + pp, i + 2 pp, ...``.
+    ``i`` holds chunks ``i, i + pp, i + 2 pp, ...``. Under ``dualpipe`` stage
+    ``i`` holds model stages ``i`` and ``pp - 1 - i``.
     """
-    return [i for c in range(parallel.virtual_stages) for i in chunk_layers(num_layers, parallel, stage, c)]
+    return [i for c in range(parallel.model_chunks) for i in chunk_layers(num_layers, parallel, stage, c)]
 
 
 # ------------------------------------------------------------------ loading
@@ -572,6 +593,8 @@ def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
     elif v != 1:
         raise ConfigError(f"parallel.virtual_stages: {v} needs schedule: interleaved "
                           f"(schedule is {parallel.schedule}); use virtual_stages: 1")
+    if parallel.schedule == "dualpipe":
+        _check_dualpipe(model, parallel, m)
     if parallel.schedule == "zb-h1":
         if m < p:
             raise ConfigError(f"parallel.global_batch: the zb-h1 schedule needs at least pp={p} micro-batches, "
@@ -582,6 +605,25 @@ def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
         if parallel.zero >= 2:
             raise ConfigError(f"parallel.schedule: zb-h1 is modelled with DDP / the distributed optimizer "
                               f"(zero 0 or 1), not zero: {parallel.zero}")
+
+
+def _check_dualpipe(model: ModelSpec, parallel: ParallelConfig, m: int) -> None:
+    """DualPipe's requirements (the reference asserts an even pp and an even m >= 2 pp) and what is not
+    modelled with it."""
+    p = parallel.pp
+    if p < 2 or p % 2:
+        raise ConfigError(f"parallel.pp: the dualpipe schedule needs an even pp >= 2, got {p}")
+    if m % 2 or m < 2 * p:
+        raise ConfigError(f"parallel.global_batch: the dualpipe schedule needs an even number of micro-batches, at "
+                          f"least 2*pp={2 * p} (half enter at each end), got {m}")
+    if parallel.zero >= 2:
+        raise ConfigError(f"parallel.schedule: dualpipe is modelled with DDP / the distributed optimizer "
+                          f"(zero 0 or 1), not zero: {parallel.zero}")
+    if parallel.cp > 1:
+        raise ConfigError(f"parallel.cp: context parallelism is not modelled with schedule: dualpipe "
+                          f"(cp={parallel.cp})")
+    if parallel.overlap_param_gather:
+        raise ConfigError("parallel.overlap_param_gather: not modelled with schedule: dualpipe")
 
 
 def _check_batch(parallel: ParallelConfig) -> None:
@@ -710,9 +752,10 @@ def _check_context(model: ModelSpec, parallel: ParallelConfig, training: Trainin
 def _check_overlap(model: ModelSpec, parallel: ParallelConfig) -> None:
     """Megatron-Core's communication overlaps: what they need, and what is not modelled with them."""
     if parallel.tp_comm_overlap:
-        if parallel.schedule == "zb-h1":
-            raise ConfigError("parallel.tp_comm_overlap: not modelled with schedule: zb-h1 (its bulk overlaps "
-                              "pair each data gradient with its weight gradient, which zb-h1 postpones)")
+        if parallel.schedule in ("zb-h1", "dualpipe"):
+            raise ConfigError(f"parallel.tp_comm_overlap: not modelled with schedule: {parallel.schedule} (its bulk "
+                              f"overlaps pair each data gradient with its weight gradient, which a split backward "
+                              f"postpones)")
         if not parallel.sp:
             raise ConfigError(f"parallel.tp_comm_overlap: needs sequence_parallel with tp > 1 (Megatron asserts it); "
                               f"got tp={parallel.tp}, sequence_parallel={parallel.sequence_parallel}")

@@ -1,4 +1,4 @@
-"""Pipeline-parallel schedules: GPipe, 1F1B, interleaved 1F1B and Zero Bubble H1.
+"""Pipeline-parallel schedules: GPipe, 1F1B, interleaved 1F1B, Zero Bubble H1 and DualPipe.
 
 This module answers one question: *in which order does each pipeline rank run
 the forward and backward passes of its micro-batches in one training step?*
@@ -51,10 +51,38 @@ Orderings reproduced
     ``(p - r - 1) * 2 + (v - 1) * p`` forwards (capped at ``m * v``), except
     that when ``m == p`` Megatron runs *all* forwards as warm-up (then all
     backwards); this module reproduces that special case too.
+``"dualpipe"``
+    DualPipe (DeepSeek-V3 technical report, arXiv 2412.19437, section 3.2.1;
+    the order of ``DualPipe.step`` in github.com/deepseek-ai/DualPipe,
+    ``dualpipe/dualpipe.py``). The model is cut into ``p`` stages and every
+    rank holds two of them: chunk 0 is stage ``r`` of the *forward direction*
+    (micro-batches ``0..m/2-1`` enter at rank 0) and chunk 1 is stage
+    ``p - 1 - r`` of the *reverse direction* (micro-batches ``m/2..m-1``
+    enter at rank ``p - 1``): two copies of the model's parameters. With
+    ``h = min(r, p - 1 - r)`` and local phase 0 the direction whose first
+    half this rank is in, rank ``r`` runs the reference's eight steps:
+    ``2 (p/2 - h - 1)`` forwards of phase 0; ``h + 1`` times ``F0 F1``;
+    ``p/2 - h - 1`` times ``B1 W1 F1`` (split backward); ``m/2 - p + h + 1``
+    times the overlapped pairs ``(F0 & B1) (F1 & B0)`` (the two middle ranks
+    run their first ``F0``, ``B1`` apart); ``p/2 - h - 1`` times ``B1 (F1 &
+    B0)``; ``h + 1`` times ``B1 B0`` (the second half of them split); ``p/2 -
+    h - 1`` times ``W B0`` (split) and ``h + 1`` final ``W`` (weight
+    gradients in FIFO order, like the reference's ``WeightGradStore``). A
+    ``B`` with a ``W`` of the same micro-batch later in the list computes
+    the input gradient only; a ``B`` without one is a full backward (input
+    and weight gradients). Pairs are marked :attr:`PipeAction.paired`; sends
+    the reference posts later than right after their compute carry
+    :attr:`PipeAction.send_after`. Needs ``p`` even and ``m`` even with
+    ``m >= 2 p`` (the reference asserts both). With free communication,
+    ``T_F = T_B`` (input gradient), ``T_W <= T_F`` and a pair taking ``T_FB``
+    between ``max(T_F, T_B + T_W)`` and ``T_F + T_B + T_W``, the most idle
+    rank idles ``(p/2 - 1)(T_FB + (T_B + T_W) - 3 T_W)``: the bubble of the
+    report's Table 2, whose ``B`` is the full backward.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,10 +92,14 @@ __all__ = [
     "pipeline_schedule",
     "max_in_flight",
     "simulate_unit_times",
+    "chain_position",
+    "chain_neighbour",
+    "Exchange",
+    "interleaved_exchanges",
 ]
 
 #: Valid values of ``parallel.schedule``.
-SCHEDULE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1")
+SCHEDULE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1", "dualpipe")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,18 +109,34 @@ class PipeAction:
     Attributes
     ----------
     phase : str
-        ``"F"`` (forward), ``"B"`` (backward; under ``zb-h1`` only the input
-        gradient) or ``"W"`` (``zb-h1``: the weight gradient).
+        ``"F"`` (forward), ``"B"`` (backward; only the input gradient when a
+        ``"W"`` of the same micro-batch and chunk follows on the rank) or
+        ``"W"`` (the weight gradient of a split backward: ``zb-h1``,
+        ``dualpipe``).
     micro_batch : int
         Micro-batch index, ``0..m-1``.
     chunk : int
         Model chunk on this rank, ``0..v-1``; rank ``r`` chunk ``c`` is
-        virtual stage ``c * p + r``.
+        virtual stage ``c * p + r`` (:func:`chain_position`; under
+        ``dualpipe`` chunk 0 is stage ``r`` of the forward direction, chunk 1
+        stage ``p - 1 - r`` of the reverse direction).
+    paired : bool
+        ``dualpipe``: this action and its neighbour in the list (a forward
+        and the backward right after it) run as one overlapped pair whose
+        inputs are both received before it starts and whose outputs are
+        both sent after it ends.
+    send_after : int
+        The output activation (gradient) is sent after this many further
+        actions of the rank have run, not right after this one (the
+        reference DualPipe posts a few sends late); 0 for every other
+        schedule.
     """
 
     phase: str
     micro_batch: int
     chunk: int
+    paired: bool = False
+    send_after: int = 0
 
 
 def _check_positive_int(value: object, name: str) -> int:
@@ -109,13 +157,15 @@ def pipeline_schedule(
     Parameters
     ----------
     kind : str
-        ``"gpipe"``, ``"1f1b"``, ``"interleaved"`` or ``"zb-h1"``
-        (``parallel.schedule``).
+        ``"gpipe"``, ``"1f1b"``, ``"interleaved"``, ``"zb-h1"`` or
+        ``"dualpipe"`` (``parallel.schedule``).
     stages : int
         Pipeline ranks ``p`` (``parallel.pp``), >= 1.
     micro_batches : int
         Micro-batches per step ``m``, >= 1. Must be a multiple of ``stages``
-        for ``"interleaved"`` (Megatron-LM asserts the same).
+        for ``"interleaved"`` (Megatron-LM asserts the same); even and at
+        least ``2 * stages`` for ``"dualpipe"`` (both directions together;
+        DualPipe asserts the same), with ``stages`` even.
     virtual_stages : int, optional
         Model chunks per rank ``v`` (``parallel.virtual_stages``), >= 1.
         Must be 1 for ``"gpipe"`` and ``"1f1b"``. ``"interleaved"`` with
@@ -134,8 +184,10 @@ def pipeline_schedule(
     ValueError
         On an unknown ``kind`` (message names ``parallel.schedule``), on
         ``stages``/``micro_batches``/``virtual_stages`` < 1, on
-        ``virtual_stages > 1`` with a non-interleaved kind, or on
-        ``micro_batches % stages != 0`` for ``"interleaved"``.
+        ``virtual_stages > 1`` with a non-interleaved kind, on
+        ``micro_batches % stages != 0`` for ``"interleaved"``, or on an odd
+        ``stages`` or ``micro_batches``, or ``micro_batches < 2 * stages``,
+        for ``"dualpipe"``.
     """
     if kind not in SCHEDULE_KINDS:
         raise ValueError(
@@ -160,6 +212,13 @@ def pipeline_schedule(
             raise ValueError(f"micro_batches = {m} must be at least stages (parallel.pp) = {p} for "
                              f"parallel.schedule 'zb-h1'")
         return [_zb_h1(p, m, r) for r in range(p)]
+    if kind == "dualpipe":
+        if p % 2:
+            raise ValueError(f"stages (parallel.pp) = {p} must be even for parallel.schedule 'dualpipe'")
+        if m % 2 or m < 2 * p:
+            raise ValueError(f"micro_batches = {m} must be even and at least 2 * stages (parallel.pp) = {2 * p} "
+                             f"for parallel.schedule 'dualpipe'")
+        return [_dualpipe(p, m, r) for r in range(p)]
     if m % p != 0:
         raise ValueError(
             f"micro_batches = {m} must be a multiple of stages "
@@ -205,6 +264,98 @@ def _zb_h1(p: int, m: int, r: int) -> list[PipeAction]:
     return out
 
 
+def _dualpipe(p: int, m: int, r: int) -> list[PipeAction]:
+    """DualPipe order for rank ``r`` (module docstring), step by step as ``DualPipe.step`` runs it."""
+    half_ranks, half = p // 2, m // 2
+    h = min(r, p - 1 - r)
+    second = int(r >= half_ranks)               # local phase ^ second = direction (0 forward, 1 reverse)
+    middle = r in (half_ranks - 1, half_ranks)
+    fwd, bwd = [0, 0], [0, 0]                   # next micro-batch of each direction
+    deferred: deque[tuple[int, int]] = deque()  # WeightGradStore: backwards whose W is postponed, FIFO
+    out: list[PipeAction] = []
+
+    def f(phase: int, paired: bool = False, send_after: int = 0) -> None:
+        d = phase ^ second
+        out.append(PipeAction("F", d * half + fwd[d], d, paired, send_after))
+        fwd[d] += 1
+
+    def b(phase: int, split: bool = False, paired: bool = False) -> None:
+        d = phase ^ second
+        out.append(PipeAction("B", d * half + bwd[d], d, paired))
+        if split:
+            deferred.append((d * half + bwd[d], d))
+        bwd[d] += 1
+
+    def w() -> None:
+        mb, d = deferred.popleft()
+        out.append(PipeAction("W", mb, d))
+
+    for _ in range(2 * (half_ranks - h - 1)):               # step 1: nF0
+        f(0)
+    for i in range(h + 1):                                   # step 2: nF0F1
+        f(0, send_after=0 if middle else 1)                  # others send F0's output after F1
+        f(1, send_after=1 if middle and i == h else 0)       # the middle ranks' last F1: after step 4's F0
+    for _ in range(half_ranks - h - 1):                      # step 3: nB1W1F1
+        b(1, split=True)
+        w()
+        f(1)
+    for i in range(half - p + h + 1):                        # step 4 (main): n(F0&B1)(F1&B0)
+        if i == 0 and middle:                                # not overlapped, to shorten the bubble
+            f(0, send_after=1)
+            b(1)
+        else:
+            f(0, paired=True)
+            b(1, paired=True)
+        f(1, paired=True)
+        b(0, paired=True)
+    for _ in range(half_ranks - h - 1):                      # step 5: nB1(F1&B0)
+        b(1)
+        f(1, paired=True)
+        b(0, paired=True)
+    split = False
+    for i in range(h + 1):                                   # step 6: nB1B0, the second half split
+        if i == (h + 1) // 2 and h % 2 == 1:
+            split = True
+        b(1, split)
+        if i == (h + 1) // 2 and h % 2 == 0:
+            split = True
+        b(0, split)
+    for _ in range(half_ranks - h - 1):                      # step 7: nWB0
+        w()
+        b(0, split=True)
+    for _ in range(h + 1):                                   # step 8: nW
+        w()
+    return out
+
+
+def chain_position(kind: str, stages: int, rank: int, chunk: int) -> int:
+    """Position of chunk ``chunk`` of rank ``rank`` in its micro-batches' chain of stages.
+
+    ``c * p + r`` (virtual stage) for every schedule but ``dualpipe``, where
+    chunk 0 is stage ``r`` of the forward direction and chunk 1 stage
+    ``p - 1 - r`` of the reverse direction. A forward at position ``j > 0``
+    receives from position ``j - 1``; the last position is ``p v - 1``
+    (``p - 1`` under ``dualpipe``).
+    """
+    if kind == "dualpipe":
+        return rank if chunk == 0 else stages - 1 - rank
+    return chunk * stages + rank
+
+
+def chain_neighbour(kind: str, stages: int, rank: int, chunk: int, step: int) -> int:
+    """The rank holding position ``chain_position(...) + step`` (``step`` = +1 or -1) of the same chain."""
+    if kind == "dualpipe":
+        return rank + step if chunk == 0 else rank - step
+    return (chunk * stages + rank + step) % stages
+
+
+def _interleaved_warmup(p: int, m: int, v: int, r: int) -> int:
+    """Megatron's warm-up forwards of rank ``r`` in the interleaved schedule (all of them when ``m == p``)."""
+    if m == p:
+        return m * v
+    return min((p - r - 1) * 2 + (v - 1) * p, m * v)
+
+
 def _interleaved(p: int, m: int, v: int, r: int) -> list[PipeAction]:
     """Megatron-LM interleaved 1F1B order for rank ``r``."""
     total = m * v
@@ -219,12 +370,9 @@ def _interleaved(p: int, m: int, v: int, r: int) -> list[PipeAction]:
     def bwd(k: int) -> PipeAction:
         return PipeAction("B", mb(k), v - 1 - (k % group) // p)
 
-    if m == p:
-        # Megatron: "Run all forward passes and then all backward passes if
-        # number of microbatches is just the number of pipeline stages."
-        warmup = total
-    else:
-        warmup = min((p - r - 1) * 2 + (v - 1) * p, total)
+    # Megatron-LM 2021: "Run all forward passes and then all backward passes if number of microbatches is
+    # just the number of pipeline stages" (current Megatron-Core decides per rank: warm-up >= total).
+    warmup = _interleaved_warmup(p, m, v, r)
     remaining = total - warmup
     out = [fwd(k) for k in range(warmup)]
     for k in range(remaining):
@@ -232,6 +380,123 @@ def _interleaved(p: int, m: int, v: int, r: int) -> list[PipeAction]:
         out.append(bwd(k))
     out.extend(bwd(k) for k in range(remaining, total))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One batched, blocking point-to-point exchange of Megatron's interleaved schedule.
+
+    Megatron-LM posts its pipeline transfers with ``batch_isend_irecv`` and
+    waits for all of them (``p2p_communication._communicate``,
+    ``wait_on_reqs``) before computing again: the rank waits until its sends
+    have been received and its receives have arrived.
+
+    Attributes
+    ----------
+    sends : tuple of int
+        Indices, in the rank's action list, of the actions whose output
+        (activation of a forward, input gradient of a backward) is sent.
+    recv_act, recv_grad : bool
+        Whether an activation (from the previous virtual stage) / a gradient
+        (from the next) is received. Received tensors are queued in arrival
+        order; the rank's forwards (backwards) that need one take them in
+        order.
+    """
+
+    sends: tuple[int, ...]
+    recv_act: bool
+    recv_grad: bool
+
+
+def interleaved_exchanges(stages: int, micro_batches: int, virtual_stages: int,
+                          rank: int) -> list[tuple[Exchange, ...]]:
+    """Where Megatron-LM's interleaved schedule posts its blocking transfers, for one rank.
+
+    Follows ``forward_backward_pipelining_with_interleaving`` in
+    ``megatron/core/pipeline_parallel/schedules.py`` without
+    ``overlap_p2p_comm``: ``recv_forward`` before the first forward (not on
+    rank 0); after each warm-up forward ``send_forward_recv_forward`` (the
+    last one, unless every iteration is warm-up,
+    ``send_forward_backward_recv_forward_backward``, which also receives the
+    gradient of the first backward); after each steady-state *pair* of a
+    forward and a backward one ``send_forward_backward_recv_forward_backward``
+    (nothing between the two); after each cool-down backward
+    ``send_backward_recv_backward``; ``recv_backward`` before the cool-down
+    when everything was warm-up. A rank receives for iteration ``k + 1``
+    after iteration ``k``, except that the first (last) rank, which starts
+    the forward (backward) chain, receives what the last (first) rank sent
+    ``p - 1`` iterations earlier, and nothing in the first ``p - 1``
+    iterations (``recv_tensor_from_previous_stage``). The last iteration
+    receives nothing.
+
+    Parameters
+    ----------
+    stages, micro_batches, virtual_stages, rank : int
+        ``p``, ``m``, ``v`` (>= 2) and the pipeline rank, as for
+        :func:`pipeline_schedule` with ``"interleaved"``.
+
+    Returns
+    -------
+    list of tuple of Exchange
+        ``result[0]``: the exchanges before the first action; ``result[i +
+        1]``: those right after action ``i`` of ``pipeline_schedule(
+        "interleaved", ...)[rank]``, run one after the other; empty where
+        the rank computes on without exchanging.
+
+    Raises
+    ------
+    ValueError
+        On arguments :func:`pipeline_schedule` refuses, ``virtual_stages <
+        2`` or ``rank`` outside ``0..stages-1``.
+    """
+    acts = pipeline_schedule("interleaved", stages, micro_batches, virtual_stages)
+    p, m, v = stages, micro_batches, virtual_stages
+    if v < 2:
+        raise ValueError(f"virtual_stages (parallel.virtual_stages) = {v} must be at least 2")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < p:
+        raise ValueError(f"rank must be in 0..{p - 1}, got {rank!r}")
+    r, total = rank, m * v
+    warmup = _interleaved_warmup(p, m, v, r)
+    all_warmup = warmup == total
+    remaining = total - warmup
+    first_rank, last_rank = r == 0, r == p - 1
+
+    def chunk(k: int, forward: bool) -> int:
+        c = (k % (p * v)) // p
+        return c if forward else v - 1 - c
+
+    def recv_from_prev(k: int, forward: bool) -> bool:
+        """Megatron's ``recv_tensor_from_previous_stage``: does anything arrive for iteration ``k + 1``?"""
+        if not (first_rank if forward else last_rank):
+            return True
+        if k < p - 1:  # the rank at the other end has not produced anything yet
+            return False
+        return chunk(k - (p - 1), forward) != (v - 1 if forward else 0)
+
+    def sends_fwd(k: int) -> bool:  # nothing leaves the last virtual stage
+        return not (last_rank and chunk(k, True) == v - 1)
+
+    def sends_bwd(k: int) -> bool:  # nothing leaves the first virtual stage
+        return not (first_rank and chunk(k, False) == 0)
+
+    posts: list[tuple[Exchange, ...]] = [() for _ in range(len(acts[r]) + 1)]
+    posts[0] = (Exchange((), not first_rank, False),)
+    for k in range(warmup):
+        recv_next = k == warmup - 1 and not all_warmup and not last_rank
+        posts[k + 1] = (Exchange((k,) if sends_fwd(k) else (), recv_from_prev(k, True) and k != total - 1,
+                                 recv_next),)
+    if all_warmup:
+        posts[warmup] += (Exchange((), False, not last_rank),)
+    for k in range(remaining):
+        f, b = warmup + 2 * k, warmup + 2 * k + 1
+        sends = ((f,) if sends_fwd(warmup + k) else ()) + ((b,) if sends_bwd(k) else ())
+        posts[b + 1] = (Exchange(sends, recv_from_prev(warmup + k, True) and k != remaining - 1,
+                                 recv_from_prev(k, False)),)
+    for k in range(remaining, total):
+        i = warmup + remaining + k
+        posts[i + 1] = (Exchange((i,) if sends_bwd(k) else (), False,
+                                 recv_from_prev(k, False) and k != total - 1),)
+    return [tuple(x for x in post if x.sends or x.recv_act or x.recv_grad) for post in posts]
 
 
 def max_in_flight(actions: Sequence[PipeAction]) -> int:
@@ -250,7 +515,8 @@ def max_in_flight(actions: Sequence[PipeAction]) -> int:
         a split backward, whose weight gradient ``W`` has not: it still reads
         the stored inputs). This is what drives a rank's stored activation
         memory (each unit holds one micro-batch's activations of one chunk,
-        i.e. ``1/v`` of the rank's layers).
+        i.e. ``1/v`` of the rank's layers). The forward of an overlapped pair
+        counts before its backward frees anything (an upper bound).
 
     Raises
     ------
@@ -258,7 +524,7 @@ def max_in_flight(actions: Sequence[PipeAction]) -> int:
         If a backward appears before its forward, a ``W`` before its ``B``,
         or a phase is unknown.
     """
-    split = any(a.phase == "W" for a in actions)
+    split = {(a.micro_batch, a.chunk) for a in actions if a.phase == "W"}
     live: set[tuple[int, int]] = set()
     done_b: set[tuple[int, int]] = set()
     peak = 0
@@ -271,7 +537,7 @@ def max_in_flight(actions: Sequence[PipeAction]) -> int:
             if key not in live:
                 raise ValueError(f"backward {a} runs before its forward")
             done_b.add(key)
-            if not split:
+            if key not in split:
                 live.remove(key)
         elif a.phase == "W":
             if key not in done_b:
@@ -298,18 +564,27 @@ def simulate_unit_times(
     t_bwd: float | Sequence[float] = 2.0,
     comm: float = 0.0,
     t_wgrad: float | Sequence[float] = 0.0,
+    *,
+    t_pair: float | None = None,
+    dualpipe: bool = False,
 ) -> tuple[float, list[float]]:
     """Execute a schedule with data dependencies; reference list-scheduler.
 
     Each rank runs its actions strictly in list order, one at a time; an
     action starts as soon as the rank is free and its inputs are ready:
 
-    * ``F(mb, j)`` needs ``F(mb, j-1)`` finished (+ ``comm`` if on another
-      rank), for virtual stage ``j = chunk * p + rank``;
-    * ``B(mb, j)`` needs ``B(mb, j+1)`` finished (+ ``comm`` if on another
-      rank), and ``F(mb, j)`` finished on this rank (for the last virtual
-      stage only the latter);
-    * ``W(mb, j)`` (a split backward's weight gradient) needs ``B(mb, j)``.
+    * ``F(mb, j)`` needs ``F(mb, j-1)`` sent (+ ``comm`` if on another
+      rank), for chain position ``j`` (:func:`chain_position`: the virtual
+      stage ``j = chunk * p + rank``);
+    * ``B(mb, j)`` needs ``B(mb, j+1)`` sent (+ ``comm`` if on another
+      rank), and ``F(mb, j)`` finished on this rank (for the last position
+      only the latter);
+    * ``W(mb, j)`` (a split backward's weight gradient) needs ``B(mb, j)``;
+    * an overlapped pair (:attr:`PipeAction.paired`) needs the inputs of
+      both its actions and finishes both at once.
+
+    An output is sent when its action ends, or :attr:`PipeAction.send_after`
+    actions later.
 
     Parameters
     ----------
@@ -318,13 +593,19 @@ def simulate_unit_times(
     t_fwd, t_bwd : float or sequence of float, optional
         Duration of one forward / backward of one micro-batch on one *chunk*
         (for interleaved with ``v`` chunks pass the per-chunk time, i.e. the
-        stage time divided by ``v``). A sequence gives one value per virtual
-        stage ``0..p*v-1``.
+        stage time divided by ``v``). A sequence gives one value per chain
+        position ``0..p*v-1`` (``0..p-1`` under ``dualpipe``).
     comm : float, optional
         Latency of every cross-rank activation / gradient transfer, >= 0.
     t_wgrad : float or sequence of float, optional
-        Duration of a ``W`` action (``zb-h1``; ``t_bwd`` is then the input
-        gradient alone).
+        Duration of a ``W`` action. ``t_bwd`` is then the input gradient
+        alone, and a ``B`` with no ``W`` of its own (a full backward) takes
+        ``t_bwd + t_wgrad``.
+    t_pair : float, optional
+        Duration of an overlapped forward-backward pair (DualPipe's
+        ``F&B``); default the sum of its two actions.
+    dualpipe : bool, optional
+        The schedule is ``dualpipe``'s (two directions, chunk 1 reversed).
 
     Returns
     -------
@@ -337,8 +618,8 @@ def simulate_unit_times(
     Raises
     ------
     ValueError
-        If ``comm < 0``, the schedule is empty, or a time sequence has the
-        wrong length.
+        If ``comm < 0``, ``t_pair < 0``, the schedule is empty, or a time
+        sequence has the wrong length.
     RuntimeError
         If the schedule deadlocks (a rank waits on an action that can never
         run, e.g. a backward before its forward).
@@ -348,57 +629,75 @@ def simulate_unit_times(
         raise ValueError("schedule must have at least one rank")
     if comm < 0:
         raise ValueError(f"comm must be >= 0, got {comm}")
+    if t_pair is not None and t_pair < 0:
+        raise ValueError(f"t_pair must be >= 0, got {t_pair}")
+    kind = "dualpipe" if dualpipe else ""
     v = 1 + max((a.chunk for acts in schedule for a in acts), default=0)
-    n_vs = p * v
+    n_vs = p if dualpipe else p * v
     tf = _per_vstage(t_fwd, n_vs, "t_fwd")
     tb = _per_vstage(t_bwd, n_vs, "t_bwd")
     tw = _per_vstage(t_wgrad, n_vs, "t_wgrad")
+    split = [{(a.micro_batch, a.chunk) for a in acts if a.phase == "W"} for acts in schedule]
 
-    done: dict[tuple[str, int, int], float] = {}  # (phase, mb, vstage) -> finish
+    done: dict[tuple[str, int, int], float] = {}  # (phase, mb, position) -> finish
+    sent: dict[tuple[str, int, int], float] = {}  # (phase, mb, position) -> output sent
+    waiting: list[list[tuple[int, tuple[str, int, int]]]] = [[] for _ in range(p)]  # (action index, key)
     free = [0.0] * p
     busy = [0.0] * p
     pos = [0] * p
     remaining = sum(len(acts) for acts in schedule)
 
+    def hop(r: int, chunk: int, step: int) -> float:
+        return comm if chain_neighbour(kind, p, r, chunk, step) != r else 0.0
+
     def ready_time(r: int, a: PipeAction) -> float | None:
-        j = a.chunk * p + r
+        j = chain_position(kind, p, r, a.chunk)
         if a.phase == "W":
             return done.get(("B", a.micro_batch, j))
         if a.phase == "F":
             if j == 0:
                 return 0.0
-            prev = done.get(("F", a.micro_batch, j - 1))
-            if prev is None:
-                return None
-            return prev + (comm if (j - 1) % p != r else 0.0)
+            prev = sent.get(("F", a.micro_batch, j - 1))
+            return None if prev is None else prev + hop(r, a.chunk, -1)
         own = done.get(("F", a.micro_batch, j))
         if own is None:
             return None
         if j == n_vs - 1:
             return own
-        nxt = done.get(("B", a.micro_batch, j + 1))
-        if nxt is None:
-            return None
-        return max(own, nxt + (comm if (j + 1) % p != r else 0.0))
+        nxt = sent.get(("B", a.micro_batch, j + 1))
+        return None if nxt is None else max(own, nxt + hop(r, a.chunk, 1))
+
+    def duration(r: int, a: PipeAction) -> float:
+        j = chain_position(kind, p, r, a.chunk)
+        if a.phase == "F":
+            return tf[j]
+        if a.phase == "W":
+            return tw[j]
+        return tb[j] if (a.micro_batch, a.chunk) in split[r] else tb[j] + tw[j]
 
     while remaining:
         progressed = False
         for r in range(p):
             acts = schedule[r]
             while pos[r] < len(acts):
-                a = acts[pos[r]]
-                t_ready = ready_time(r, a)
-                if t_ready is None:
+                group = list(acts[pos[r]:pos[r] + 2]) if acts[pos[r]].paired else [acts[pos[r]]]
+                ready = [ready_time(r, a) for a in group]
+                if any(t is None for t in ready):
                     break
-                j = a.chunk * p + r
-                dur = tf[j] if a.phase == "F" else tb[j] if a.phase == "B" else tw[j]
-                start = max(free[r], t_ready)
-                free[r] = start + dur
+                dur = t_pair if len(group) == 2 and t_pair is not None else sum(duration(r, a) for a in group)
+                free[r] = max([free[r]] + ready) + dur  # type: ignore[arg-type]
                 busy[r] += dur
-                done[(a.phase, a.micro_batch, j)] = free[r]
-                pos[r] += 1
-                remaining -= 1
+                for k, a in enumerate(group):
+                    key = (a.phase, a.micro_batch, chain_position(kind, p, r, a.chunk))
+                    done[key] = free[r]
+                    if a.phase != "W":
+                        waiting[r].append((pos[r] + k + a.send_after, key))
+                pos[r] += len(group)
+                remaining -= len(group)
                 progressed = True
+                for item in [x for x in waiting[r] if x[0] < pos[r]]:
+                    sent[item[1]] = free[r]
+                    waiting[r].remove(item)
         if not progressed:
             stuck = {r: schedule[r][pos[r]] for r in range(p) if pos[r] < len(schedule[r])}
             raise RuntimeError(f"pipeline schedule deadlocks; ranks blocked on {stuck}")

@@ -19,6 +19,34 @@ Pipeline
     ``W`` action the weight gradients (the linear layers' ``.wgrad`` GEMMs,
     the gradient accumulation, the embedding's scatter-add); DP buckets are
     ready after ``W``.
+DualPipe (``parallel.schedule: dualpipe``; DeepSeek-V3, arXiv 2412.19437 section 3.2.1)
+    Rank ``r`` holds two chunks: model stage ``r`` for the micro-batches that
+    enter at rank 0 and model stage ``p - 1 - r`` for those that enter at
+    rank ``p - 1`` (:func:`~workloads.schedules.pipeline_schedule`). A
+    backward whose weight gradient the reference defers is split into ``B``
+    and ``W`` as under ``zb-h1``; the others are whole. An overlapped pair (a
+    forward and a backward of the other direction) receives both inputs
+    before it starts and sends both outputs after it ends, as the reference
+    does; its two passes run interleaved on the compute stream piece by piece
+    (a MoE layer in three pieces cut at its all-to-alls), each chunk's
+    all-to-alls on a stream of its own (``ep_f``, ``ep_b``), so that one
+    chunk's dispatch and combine run under the other chunk's computation.
+    What is modelled: that hiding, with the pieces in the order above.
+    What is approximated: the pieces run one at a time at full speed (no
+    SMs are set aside for communication, no slowdown from sharing them), the
+    order inside a pair is a fixed alternation rather than DeepSeek's
+    hand-tuned one, and pipeline sends of a pair wait for the whole pair.
+    Outside pairs the all-to-alls block the compute stream as usual. The two
+    copies of a stage (ranks ``r`` and ``p - 1 - r``) reduce their gradients
+    together: the gradient group is the DP x CP ranks of both stages (the
+    distributed optimizer shards over it too).
+Interleaved with blocking transfers (``options.p2p: blocking``)
+    Megatron's batched ``batch_isend_irecv`` exchanges at the points of
+    :func:`~workloads.schedules.interleaved_exchanges`: the sends and
+    receives of an exchange are posted when the computation before it ends
+    and the next computation waits for all of them (a send completes when its
+    receiver has posted the matching receive). Received tensors are queued
+    in arrival order for the actions that need them.
 Tensor parallel
     Megatron column/row split. Per layer, forward: two all-reduces of
     ``b·s·h`` elements (with sequence parallelism: two all-gathers and two
@@ -112,7 +140,7 @@ Tags
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -143,7 +171,7 @@ from .parallel import (
     stage_layers,
     validate,
 )
-from .schedules import PipeAction, pipeline_schedule
+from .schedules import Exchange, PipeAction, chain_neighbour, chain_position, interleaved_exchanges, pipeline_schedule
 from .sharding import (
     GatherSchedule,
     Unit,
@@ -199,10 +227,11 @@ class StepOptions:
         start of the step and sends never hold up compute (optimistic).
         ``blocking`` (Megatron-LM's batched isend/irecv + wait): a rank posts
         its receive when it reaches the action that needs it, and its next
-        action waits until its previous sends have been received. Modelled
-        for GPipe and 1F1B (Megatron's interleaved schedule batches its
-        transfers differently; ``blocking`` is refused there). Default
-        ``async``.
+        action waits until its previous sends have been received (GPipe,
+        1F1B); under ``interleaved`` the transfers are batched and waited for
+        where Megatron's interleaved schedule posts them
+        (:func:`~workloads.schedules.interleaved_exchanges`). Refused for
+        ``zb-h1`` and ``dualpipe``. Default ``async``.
     pp_scatter_gather : bool
         Without sequence parallelism, each TP rank sends only its ``1/t`` of
         the activation (gradient) to the next (previous) stage and the
@@ -371,7 +400,10 @@ class _StepBuilder:
         self.model, self.par, self.train, self.opt = model, parallel, training, options
         self.layout = RankLayout(parallel)
         self.m = num_micro_batches(parallel)
-        self.p, self.v, self.t = parallel.pp, parallel.virtual_stages, parallel.tp
+        self.p, self.v, self.t = parallel.pp, parallel.model_chunks, parallel.tp
+        self.kind = parallel.schedule
+        self.dual = parallel.schedule == "dualpipe"
+        self.nvs = self.p if self.dual else self.p * self.v  # positions of a micro-batch's chain of stages
         self.sp = parallel.sp
         self.dtype = training.dtype_bytes
         self.fp8 = training.fp8
@@ -393,8 +425,10 @@ class _StepBuilder:
         self.p2p_bytes = self.act_elems * self.dtype / (self.t if (self.sp or self.pp_gather) else 1)
         self.tp_bytes = self.act_elems * self.dtype
         self.graph = OpGraph(parallel.world_size)
-        self.schedules = pipeline_schedule(parallel.schedule, self.p, self.m, self.v)
-        self.split_backward = parallel.schedule == "zb-h1"
+        self.schedules = pipeline_schedule(parallel.schedule, self.p, self.m, parallel.virtual_stages)
+        self.split_backward = parallel.schedule in ("zb-h1", "dualpipe")
+        # (micro-batch, chunk) whose backward is split into B and a later W, per stage; other backwards are whole
+        self.split_keys = [{(a.micro_batch, a.chunk) for a in acts if a.phase == "W"} for acts in self.schedules]
         self._segments_cache: dict[tuple, list[_Segment]] = {}
         self._tp_groups: dict[int, tuple[int, ...]] = {}
         self._ep_groups: dict[int, tuple[int, ...]] = {}
@@ -414,6 +448,21 @@ class _StepBuilder:
         self._traces: dict[int, tuple[list[list[int]], list[Use], GatherSchedule]] = {}
 
     # -------------------------------------------------------------- layers
+    def position(self, stage: int, chunk: int) -> int:
+        """Position of ``(stage, chunk)`` in its micro-batches' chain (:func:`~workloads.schedules.chain_position`)."""
+        return chain_position(self.kind, self.p, stage, chunk)
+
+    def pass_of(self, stage: int, a: PipeAction) -> str:
+        """The pass action ``a`` runs: its phase, or ``"BW"`` for a whole backward (input and weight gradients)
+        in a schedule that splits other backwards (DualPipe's backwards whose weight gradient is not deferred)."""
+        if self.dual and a.phase == "B" and (a.micro_batch, a.chunk) not in self.split_keys[stage]:
+            return "BW"
+        return a.phase
+
+    def makes_grads(self, stage: int, a: PipeAction) -> bool:
+        """Action ``a`` computes weight gradients (a whole backward, or the ``W`` of a split one)."""
+        return self.pass_of(stage, a) in ("W", "BW") if self.split_backward else a.phase == "B"
+
     def chunk_layers(self, stage: int, chunk: int) -> list[int]:
         key = (stage, chunk)
         layers = self._chunk_layers.get(key)
@@ -426,7 +475,7 @@ class _StepBuilder:
         pass: the backward's collectives carry input gradients)."""
         if self.t == 1 or phase == "W":
             return {}
-        full = self.par.recompute == "full" and phase == "B"
+        full = self.par.recompute == "full" and phase in ("B", "BW")
         if not self.sp:
             # Forward: the vocab-parallel embedding's all-reduce (first stage). Backward: the all-reduce of
             # the output layer's input gradient (last stage; Megatron's copy_to_tensor_model_parallel_region).
@@ -448,11 +497,15 @@ class _StepBuilder:
     def end_params(self, stage: int, chunk: int) -> float:
         """Embedding / output-layer parameters (one TP rank) that virtual stage ``(stage, chunk)`` holds.
 
-        They belong to the first (last) virtual stage: what :func:`stage_params` adds to the layers.
+        They belong to the first (last) position of the chain: what :func:`stage_params` adds to the layers.
         """
-        j = chunk * self.p + stage
-        if j not in (0, self.p * self.v - 1):
+        j = self.position(stage, chunk)
+        if j not in (0, self.nvs - 1):
             return 0.0
+        if self.dual:  # ranks 0 and p-1 hold both ends, one per chunk
+            model, t = self.model, self.t
+            word = model.word_embedding_params(t, padded_vocab(model.vocab, t))
+            return float(word + model.position_embedding_params() if j == 0 else model.final_norm_params() + word)
         if stage not in self._end_params:
             t, ep = self.t, self.par.ep
             dense_extra, _ = stage_params(self.model, self.par, stage)
@@ -475,7 +528,7 @@ class _StepBuilder:
         backward = accumulate_gradients(ops.backward, self.model.params_per_layer(layer, self.t, self.par.ep,
                                                                                   self.etp),
                                         self.grad_bytes, self.dtype, self.opt.grad_accumulation_fusion)
-        if self.split_backward:  # zb-h1: "B" computes the input gradient, "W" the weight gradients
+        if self.split_backward and phase != "BW":  # "B" computes the input gradient, "W" the weight gradients
             if phase == "W":
                 return [o for o in backward if _weight_gradient(o)], 0
             backward = [o for o in backward if not _weight_gradient(o)]
@@ -490,8 +543,8 @@ class _StepBuilder:
         if key in self._segments_cache:
             return self._segments_cache[key]
         layers = self.chunk_layers(stage, chunk)
-        j = chunk * self.p + stage
-        first, last = j == 0, j == self.p * self.v - 1
+        j = self.position(stage, chunk)
+        first, last = j == 0, j == self.nvs - 1
         mb, s, t = self.par.micro_batch, self.local_seq, self.t
         head: list[LayerOp] = []
         tail: list[LayerOp] = []
@@ -548,7 +601,7 @@ class _StepBuilder:
     def _split(self, backward: list[LayerOp], phase: str) -> list[LayerOp]:
         """The part of an embedding / output-layer backward that pass ``phase`` runs (all of it unless
         zb-h1 splits the backward; the embedding's backward is its weight gradient)."""
-        if not self.split_backward:
+        if not self.split_backward or phase == "BW":
             return backward
         wgrad = phase == "W"
         return [o for o in backward if (_weight_gradient(o) or o.name == "embedding.bwd") == wgrad]
@@ -674,8 +727,9 @@ class _StepBuilder:
     def _moe_split(self, layer: int, phase: str) -> tuple[list[LayerOp], ...] | None:
         """A MoE layer's kernels cut at the two all-to-alls: (before dispatch, experts, after combine), and with
         ``moe.shared_expert_overlap`` two more: the shared-expert kernels run beside the first and the second
-        all-to-all (taken out of before / after)."""
-        if not (self.expert_parallel and self.model.is_moe_layer(layer)):
+        all-to-all (taken out of before / after). None for a weight-gradient pass, which exchanges nothing (its
+        expert GEMMs run at the balanced load)."""
+        if not (self.expert_parallel and self.model.is_moe_layer(layer)) or phase == "W":
             return None
         ops, start = self._layer_pass(layer, phase)
         # Recomputed forward kernels (the first ``start``) run first and stay local to the rank.
@@ -719,6 +773,33 @@ class _StepBuilder:
             parts = self._moe_parts[key] = tuple(_scale_kernel(k, load / balanced, balanced) for k in experts)
         return parts
 
+    def _ep_group(self, rank: int) -> tuple[int, ...]:
+        group = self._ep_groups.get(rank)
+        if group is None:
+            group = self._ep_groups[rank] = self.layout.ep_group(rank)
+        return group
+
+    def _moe_rows_for(self, rank: int, layer: int, mb: int) -> tuple[tuple[int, ...], int, tuple]:
+        """``rank``'s EP group, its index ``e`` in it, and its rows in micro-batch ``mb`` of MoE layer ``layer``:
+        bytes it sends to each EP peer in the dispatch (owner → experts), in the combine (experts → owners), the
+        token slots its experts compute, and under ``moe.dispatch: deepep`` the NVLink forwards out and back."""
+        group = self._ep_group(rank)
+        e = group.index(rank)
+        draw = (layer, mb if self.routing.draw == "micro_batch" else None)
+        rows = self._moe_rows.get((draw, e))  # the same for every EP group (and every micro-batch: draw: layer)
+        if rows is None and self.routing.dispatch == "deepep":
+            rows = self._deepep_rows(layer, mb, group, e)
+        if rows is None:
+            tokens = self.route(layer, mb).rank_matrix()
+            # etp = tp: the layer's tokens are routed once per TP group, each TP rank ships its 1/t of them.
+            # Expert grid: every rank routes its own sequence-parallel tokens (drawn as b s / t per rank).
+            per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
+            rows = self._moe_rows[(draw, e)] = (
+                tuple(float(x) * per_token for x in tokens[e, :]),   # owner → experts
+                tuple(float(x) * per_token for x in tokens[:, e]),   # experts → owners
+                int(tokens[:, e].sum()))                             # token slots this rank's experts compute
+        return group, e, rows
+
     def emit_moe(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
         """Before-dispatch kernels (+ TP collectives) → dispatch all-to-all → this rank's experts → combine → rest.
 
@@ -730,25 +811,7 @@ class _StepBuilder:
         """
         g = self.graph
         before, experts, after, *shared = seg.moe
-        group = self._ep_groups.get(rank)
-        if group is None:
-            group = self._ep_groups[rank] = self.layout.ep_group(rank)
-        e = group.index(rank)
-        draw = (seg.layer, mb if self.routing.draw == "micro_batch" else None)
-        rows = self._moe_rows.get((draw, e))  # the same for every EP group (and every micro-batch: draw: layer)
-        if rows is None and self.routing.dispatch == "deepep":
-            rows = self._deepep_rows(seg.layer, mb, group, e)
-        if rows is None:
-            r = self.route(seg.layer, mb)
-            tokens = r.rank_matrix()
-            # etp = tp: the layer's tokens are routed once per TP group, each TP rank ships its 1/t of them.
-            # Expert grid: every rank routes its own sequence-parallel tokens (drawn as b s / t per rank).
-            per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
-            rows = self._moe_rows[(draw, e)] = (
-                tuple(float(x) * per_token for x in tokens[e, :]),   # owner → experts
-                tuple(float(x) * per_token for x in tokens[:, e]),   # experts → owners
-                int(tokens[:, e].sum()))                             # token slots this rank's experts compute
-        out_row, back_row, load, *forward = rows
+        group, _e, (out_row, back_row, load, *forward) = self._moe_rows_for(rank, seg.layer, mb)
         gather = None
         if self.expert_grid:
             # Megatron-Core's alltoall dispatcher with etp > 1: all-gather the dispatched tokens over the expert
@@ -1052,14 +1115,13 @@ class _StepBuilder:
         c = lay.coords(rank)
         stage = c.pp
         actions = self.schedules[stage]
-        nvs = self.p * self.v
-        overlap = par.overlap_grad_reduce and par.grad_dp > 1
-        grad_phase = "W" if self.split_backward else "B"  # the pass that produces the weight gradients
+        nvs = self.nvs
+        overlap = par.overlap_grad_reduce and par.grad_dp * par.weight_copies > 1
         last_b = {}
         for idx, a in enumerate(actions):
-            if a.phase == grad_phase:
+            if self.makes_grads(stage, a):
                 last_b[a.chunk] = idx
-        dp_group = lay.grad_group(rank)  # DP x CP: the ranks that hold these weights
+        dp_group = self.grad_group(rank)  # DP x CP (x the mirror stage under dualpipe): the ranks with these weights
         plan = self.plan
         every_mb = plan.grad_sync == "micro_batch"
         gathered = plan.gather is not None and par.dp > 1
@@ -1079,84 +1141,119 @@ class _StepBuilder:
                 gathers[chunk] = self._param_gathers(rank, stage, chunk, list(range(len(self.param_buckets(
                     stage, chunk)[0]))), [])
         forwards = 0
-        for idx, a in enumerate(actions):
-            j = a.chunk * self.p + stage
+        outbox: list[tuple[int, PipeAction]] = []  # (index of the action after which it is sent, action)
+        # Megatron's interleaved schedule with blocking transfers: batched exchanges at fixed points, each
+        # waited for before the next computation; received tensors queued for the actions that need them
+        batched = blocking and par.schedule == "interleaved"
+        posts = interleaved_exchanges(self.p, self.m, self.v, stage) if batched else []
+        queues: dict[str, list[int]] = {"act": [], "grad": []}
+        barrier = self._exchanges(rank, posts[0], actions, None, queues) if batched else []
+        idx = 0
+        while idx < len(actions):
+            group = actions[idx:idx + 2] if actions[idx].paired else actions[idx:idx + 1]
+            a = group[0]
             if aligned and a.phase == "F":
                 for chunk in range(2, self.v):
                     if (chunk - 1) * self.p - stage == forwards:
                         gathers[chunk] = self._param_gathers(rank, stage, chunk, list(range(len(
                             self.param_buckets(stage, chunk)[0]))), [last_op] if last_op is not None else [])
                 forwards += 1
-            deps: list[int] = list(sent) if blocking else []
+            waits: list[list[int]] = []
             posted = [last_op] if blocking and last_op is not None else []  # recv posted on reaching the action
+            for x in group:
+                deps: list[int] = list(sent) if blocking else []
+                j = self.position(stage, x.chunk)
+                name = f"{x.phase}{x.micro_batch}.c{x.chunk}"
+                if batched:
+                    deps = list(barrier)
+                    kind = "act" if x.phase == "F" and j > 0 else "grad" if x.phase == "B" and j < nvs - 1 else None
+                    if kind is not None:
+                        if not queues[kind]:
+                            raise AssertionError(f"rank {rank} {x}: no {kind} received for it")
+                        deps.append(self._gathered(rank, queues[kind].pop(0), name, x.micro_batch, stage))
+                elif x.phase == "F" and j > 0:
+                    src = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, x.chunk, -1),
+                                   cp=c.cp)
+                    deps.append(self._gathered(rank, g.recv(
+                        rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream="pp_recv_act",
+                        traffic_class="pp", micro_batch=x.micro_batch, stage=stage, tag=0, deps=posted),
+                        name, x.micro_batch, stage))
+                if x.phase == "B" and j < nvs - 1 and not batched:
+                    src = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, x.chunk, 1),
+                                   cp=c.cp)
+                    deps.append(self._gathered(rank, g.recv(
+                        rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad",
+                        traffic_class="pp", micro_batch=x.micro_batch, stage=stage, tag=1, deps=posted),
+                        name, x.micro_batch, stage))
+                if x.phase == "F" and x.chunk not in started:
+                    started.add(x.chunk)
+                    if self.fp8 and not param_gather:
+                        deps = [self._fp8_weight_cast(rank, x, stage, deps)]
+                    first_forward = True
+                else:
+                    first_forward = False
+                waits.append(deps)
             sent = []
-            name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
-            if a.phase == "F" and j > 0:
-                src = lay.rank(tp=c.tp, dp=c.dp, pp=(j - 1) % self.p, cp=c.cp)
-                deps.append(self._gathered(rank, g.recv(
-                    rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream="pp_recv_act", traffic_class="pp",
-                    micro_batch=a.micro_batch, stage=stage, tag=0, deps=posted), name, a.micro_batch, stage))
-            if a.phase == "B" and j < nvs - 1:
-                src = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p, cp=c.cp)
-                deps.append(self._gathered(rank, g.recv(
-                    rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad", traffic_class="pp",
-                    micro_batch=a.micro_batch, stage=stage, tag=1, deps=posted), name, a.micro_batch, stage))
-            first_forward = a.phase == "F" and a.chunk not in started
-            if first_forward:
-                started.add(a.chunk)
-                if self.fp8 and not param_gather:
-                    deps = [self._fp8_weight_cast(rank, a, stage, deps)]
-            reduce_now = a.phase == grad_phase and (every_mb or idx == last_b[a.chunk])
-            if param_gather and first_forward:
-                last_op = self._forward_after_gathers(rank, a, stage, deps, gathers, aligned)
-                deps = []
-            if gathered:
-                per_action, uses, sched = trace
-                segs = self.unit_segments(stage, a.chunk, a.phase)
-                for (seg, _unit, _use), u in zip(segs, per_action[idx]):
-                    grp = sched.group_of[u]
-                    if grp is not None:
-                        if grp not in gather_of:
-                            gather_of[grp] = self._emit_gather(rank, sched.groups[grp], uses, use_end, sched.groups,
-                                                               grp, a.micro_batch, stage)
-                        if gather_of[grp] is not None:
-                            deps.append(gather_of[grp])
-                    last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
-                    use_end[u] = last_op
+            if len(group) == 2:
+                last_op = self._emit_pair(rank, stage, group, waits, pending, overlap, last_b, idx, every_mb)
+            else:
+                deps = waits[0]
+                phase = self.pass_of(stage, a)
+                name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
+                reduce_now = self.makes_grads(stage, a) and (every_mb or idx == last_b[a.chunk])
+                if param_gather and first_forward:
+                    last_op = self._forward_after_gathers(rank, a, stage, deps, gathers, aligned)
                     deps = []
-                    if reduce_now:
-                        pending.add(seg, last_op if overlap else None)
-            elif not (param_gather and first_forward):
-                per_layer = self.opt.granularity == "layer" or (a.phase == grad_phase and overlap and reduce_now)
-                for seg in self.segments(stage, a.chunk, a.phase, per_layer):
-                    last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
-                    deps = []
-                    if reduce_now:
-                        pending.add(seg, last_op if overlap else None)
-            if self.fp8 and a.phase != "W":
-                last_op = self._fp8_amax(rank, a, stage, last_op)
-            if reduce_now and every_mb:
-                pending.flush(last_op)  # the end of every backward (DeepSpeed's epilogue, FSDP's last unit)
-            if a.phase == "F" and j < nvs - 1:
-                dst = lay.rank(tp=c.tp, dp=c.dp, pp=(j + 1) % self.p, cp=c.cp)
-                sent.append(g.send(rank, dst, self.p2p_bytes, name=f"send_act.{name}", stream="pp_send_act",
-                                   deps=[last_op], traffic_class="pp", micro_batch=a.micro_batch, stage=stage,
-                                   tag=0))
-            if a.phase == "B" and j > 0:
-                dst = lay.rank(tp=c.tp, dp=c.dp, pp=(j - 1) % self.p, cp=c.cp)
-                sent.append(g.send(rank, dst, self.p2p_bytes, name=f"send_grad.{name}", stream="pp_send_grad",
-                                   deps=[last_op], traffic_class="pp", micro_batch=a.micro_batch, stage=stage,
-                                   tag=1))
+                if gathered:
+                    per_action, uses, sched = trace
+                    segs = self.unit_segments(stage, a.chunk, a.phase)
+                    for (seg, _unit, _use), u in zip(segs, per_action[idx]):
+                        grp = sched.group_of[u]
+                        if grp is not None:
+                            if grp not in gather_of:
+                                gather_of[grp] = self._emit_gather(rank, sched.groups[grp], uses, use_end,
+                                                                   sched.groups, grp, a.micro_batch, stage)
+                            if gather_of[grp] is not None:
+                                deps.append(gather_of[grp])
+                        last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
+                        use_end[u] = last_op
+                        deps = []
+                        if reduce_now:
+                            pending.add(seg, last_op if overlap else None)
+                elif not (param_gather and first_forward):
+                    per_layer = self.opt.granularity == "layer" or (overlap and reduce_now)
+                    for seg in self.segments(stage, a.chunk, phase, per_layer):
+                        last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
+                        deps = []
+                        if reduce_now:
+                            pending.add(seg, last_op if overlap else None)
+                if self.fp8 and a.phase != "W":
+                    last_op = self._fp8_amax(rank, a, stage, last_op)
+                if reduce_now and every_mb:
+                    pending.flush(last_op)  # the end of every backward (DeepSpeed's epilogue, FSDP's last unit)
+            if batched:
+                barrier = self._exchanges(rank, posts[idx + 1], actions, last_op, queues) or barrier
+                idx += 1
+                continue
+            for k, x in enumerate(group):  # an activation to the next position, a gradient to the previous
+                j = self.position(stage, x.chunk)
+                if (x.phase == "F" and j < nvs - 1) or (x.phase == "B" and j > 0):
+                    outbox.append((idx + k + x.send_after, x))
+            idx += len(group)
+            for item in [o for o in outbox if o[0] < idx]:
+                outbox.remove(item)
+                sent.append(self._send(rank, item[1], last_op))
         # Gradient synchronisation that is not overlapped, then the optimizer.
         pending.flush(last_op)
         dp_ops = pending.emitted
         tied = self._tied_embedding_sync(rank, stage, last_op)
         dense, experts = stage_params(self.model, par, stage)
-        shard = (dense / par.grad_dp + experts / max(1, par.size("expert_dp"))) if par.zero >= 1 else dense + experts
+        holders, expert_holders = len(dp_group), len(pending.expert_group)  # the distributed optimizer's shards
+        shard = (dense / holders + experts / expert_holders) if par.zero >= 1 else dense + experts
         fp8_shard = 0.0
         if self.train.fp8_param_gather:
             fp8_dense, fp8_routed = self.stage_fp8_weights(stage)
-            fp8_shard = fp8_dense / par.grad_dp + fp8_routed / max(1, par.size("expert_dp"))
+            fp8_shard = fp8_dense / holders + fp8_routed / expert_holders
         before, after = optimizer_step_ops(shard, dense + experts, self.grad_bytes, self.dtype, fp8_shard)
         step_deps = [last_op] + dp_ops[-1:] + tied
         norm = g.compute(rank, parts=_kernels(before), name="grad_norm", deps=step_deps, stream=COMPUTE_STREAM,
@@ -1164,8 +1261,140 @@ class _StepBuilder:
         norm = self._norm_all_reduce(rank, norm, stage)
         opt_id = g.compute(rank, parts=_kernels(after), name="optimizer", deps=[norm], stream=COMPUTE_STREAM,
                            category="optimizer", stage=stage)
-        if plan.step_gather and par.grad_dp > 1 and not param_gather:
+        if plan.step_gather and len(dp_group) > 1 and not param_gather:
             pending.gather_params(opt_id)
+
+    def grad_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks that hold ``rank``'s weights and reduce their gradients together: its DP x CP ranks and,
+        under DualPipe, those of the mirror stage ``p - 1 - stage`` (which holds the same two model stages; the
+        reference sums the two copies' gradients), lower stage first so that both stages name one group."""
+        lay = self.layout
+        if not self.dual:
+            return lay.grad_group(rank)
+        c = lay.coords(rank)
+        pair = sorted((c.pp, self.p - 1 - c.pp))
+        return tuple(x for s in pair for x in lay.grad_group(lay.rank(tp=c.tp, dp=c.dp, pp=s, cp=c.cp)))
+
+    def expert_grad_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks holding ``rank``'s routed experts: its expert-DP group (and the mirror stage's, under
+        DualPipe)."""
+        lay = self.layout
+        if not self.dual:
+            return lay.expert_dp_group(rank)
+        c = lay.coords(rank)
+        pair = sorted((c.pp, self.p - 1 - c.pp))
+        return tuple(x for s in pair for x in lay.expert_dp_group(lay.rank(tp=c.tp, dp=c.dp, pp=s, cp=c.cp)))
+
+    def _exchanges(self, rank: int, post: tuple[Exchange, ...], actions: Sequence[PipeAction], after: int | None,
+                   queues: dict[str, list[int]]) -> list[int]:
+        """Megatron's batched blocking transfers at one point of the interleaved schedule, one batch after the
+        other: the sends and receives of a batch are posted once ``after`` (and the previous batch) is done;
+        returns the ops the next computation waits for (all of the last batch). Receives are queued in
+        ``queues`` for the actions that need them."""
+        lay, c = self.layout, self.layout.coords(rank)
+        stage = c.pp
+        wait: list[int] = [after] if after is not None else []
+        for ex in post:
+            ops = [self._send(rank, actions[i], after, wait) for i in ex.sends]
+            for kind, want, step in (("act", ex.recv_act, -1), ("grad", ex.recv_grad, 1)):
+                if not want:
+                    continue
+                # the previous (next) rank of the pipeline; which chunk it sends from does not matter here
+                src = lay.rank(tp=c.tp, dp=c.dp, pp=(stage + step) % self.p, cp=c.cp)
+                op = self.graph.recv(rank, src, self.p2p_bytes, name=f"recv_{kind}", stream=f"pp_recv_{kind}",
+                                     traffic_class="pp", stage=stage, tag=0 if kind == "act" else 1, deps=wait)
+                queues[kind].append(op)
+                ops.append(op)
+            wait = ops
+        return wait if post else []
+
+    def _send(self, rank: int, a: PipeAction, after: int, deps: list[int] | None = None) -> int:
+        """The send of action ``a``'s output (activation forward, input gradient backward) to the next rank of
+        its chain, once ``after`` has run."""
+        lay, c = self.layout, self.layout.coords(rank)
+        stage = c.pp
+        step = 1 if a.phase == "F" else -1
+        dst = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, a.chunk, step), cp=c.cp)
+        what, tag = ("act", 0) if a.phase == "F" else ("grad", 1)
+        return self.graph.send(rank, dst, self.p2p_bytes, name=f"send_{what}.{a.phase}{a.micro_batch}.c{a.chunk}",
+                               stream=f"pp_send_{what}", deps=[after] if deps is None else deps, traffic_class="pp",
+                               micro_batch=a.micro_batch, stage=stage, tag=tag)
+
+    # ------------------------------------------------------- DualPipe pairs
+    def _emit_pair(self, rank: int, stage: int, pair: Sequence[PipeAction], waits: list[list[int]],
+                   pending: _Buckets, overlap: bool, last_b: dict[int, int], idx: int, every_mb: bool) -> int:
+        """A DualPipe forward-backward pair (``pair`` = the forward and the backward, ``waits`` their inputs).
+
+        Both run on the compute stream, interleaved piece by piece (a MoE layer is three pieces: before the
+        dispatch, the experts, after the combine; any other segment one piece): forward piece, backward
+        piece, forward piece, ... Each chunk's all-to-alls run on a stream of their own (``ep_f``, ``ep_b``)
+        as soon as the piece before them ends, and its next piece waits for them, so one chunk's
+        communication runs under the other's computation (DeepSeek-V3 section 3.2.1, Figure 4). The GPU's
+        compute is not shared: the pieces run one at a time, each at its full speed (the SMs DeepSeek gives
+        to communication are not taken away). Returns the last op of the pair.
+        """
+        per_layer = self.opt.granularity == "layer"
+        runs = []
+        for k, (a, deps) in enumerate(zip(pair, waits)):
+            phase = self.pass_of(stage, a)
+            reduce_now = self.makes_grads(stage, a) and (every_mb or idx + k == last_b[a.chunk])
+            segs = self.segments(stage, a.chunk, phase, per_layer or (overlap and reduce_now))
+            runs.append(self._pieces(rank, stage, a, segs, deps, "ep_f" if a.phase == "F" else "ep_b",
+                                     pending if reduce_now else None, overlap))
+        last = None  # the last compute op emitted: the compute stream runs in program order, so it ends last
+        live = [0, 1]
+        while live:
+            for k in list(live):
+                try:
+                    last = next(runs[k])
+                except StopIteration:
+                    live.remove(k)
+        for a in pair:
+            if self.fp8 and a.phase != "W":
+                last = self._fp8_amax(rank, a, stage, last)
+        if every_mb and any(self.makes_grads(stage, a) for a in pair):
+            pending.flush(last)
+        return last
+
+    def _pieces(self, rank: int, stage: int, a: PipeAction, segs: list[_Segment], deps: list[int], stream: str,
+                pending: _Buckets | None, overlap: bool) -> Iterator[int]:
+        """Emit one pass of a pair piece by piece, yielding the last compute op after each piece (see
+        :meth:`_emit_pair`)."""
+        g = self.graph
+        name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
+        mb = a.micro_batch
+        for seg in segs:
+            op_name = f"{name}.L{seg.layer}"
+            if seg.moe is None:
+                last = self.emit_segment(rank, seg, deps, op_name, mb, stage)
+            else:
+                # dualpipe refuses the MoE options that add pieces (shared-expert overlap, DeepEP, expert TP)
+                before, experts, after = seg.moe
+                group, _e, (out_row, back_row, load) = self._moe_rows_for(rank, seg.layer, mb)
+                kernels = self._moe_kernels.get(id(seg.moe))
+                if kernels is None or kernels[0] is not seg.moe:
+                    kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after))
+                tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage}
+                fwd = seg.phase == "F"
+                last = g.compute(rank, parts=kernels[1], name=f"{op_name}.pre", deps=deps, category="gemm",
+                                 stream=COMPUTE_STREAM, **tags)
+                last = self._emit_tp(rank, seg, op_name, last, mb, stage)
+                yield last
+                a2a = g.collective_op(rank, "all_to_all", group, 0, split=out_row, traffic_class="ep",
+                                      name=f"{op_name}.ep_{'dispatch' if fwd else 'combine_grad'}", stream=stream,
+                                      deps=[last], **tags)
+                last = g.compute(rank, parts=self._expert_parts(seg.layer, seg.phase, load, experts),
+                                 name=f"{op_name}.experts", category="gemm", stream=COMPUTE_STREAM, deps=[a2a], **tags)
+                yield last
+                a2a = g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
+                                      name=f"{op_name}.ep_{'combine' if fwd else 'dispatch_grad'}", stream=stream,
+                                      deps=[last], **tags)
+                last = g.compute(rank, parts=kernels[2], name=f"{op_name}.post", category="gemm",
+                                 stream=COMPUTE_STREAM, deps=[a2a], **tags)
+            deps = []
+            if pending is not None:
+                pending.add(seg, last if overlap else None)
+            yield last
 
     # ------------------------------------------------- overlapped param gather
     def param_buckets(self, stage: int, chunk: int) -> tuple[list[float], list[int], list[int]]:
@@ -1393,10 +1622,10 @@ class _Buckets:
         par = builder.par
         self.kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
         self.algorithm = "parameter_server" if par.dp_sync == "parameter_server" else "auto"
-        self.expert_group = builder.layout.expert_dp_group(rank) if builder.model.is_moe else dp_group
+        self.expert_group = builder.expert_grad_group(rank) if builder.model.is_moe else dp_group
 
     def add(self, seg: _Segment, ready_op: int | None) -> None:
-        if self.b.par.grad_dp == 1 and len(self.expert_group) == 1:
+        if len(self.group) == 1 and len(self.expert_group) == 1:
             return
         self.fill += seg.grad_bytes
         self.expert_fill += seg.expert_grad_bytes
@@ -1484,9 +1713,18 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     if representatives not in (None, False, "tp", "stage"):
         raise ConfigError(f"representatives: {representatives!r} unknown; valid: None, 'tp', 'stage'")
     options = options or StepOptions()
-    if options.p2p == "blocking" and parallel.schedule in ("interleaved", "zb-h1"):
+    if options.p2p == "blocking" and parallel.schedule in ("zb-h1", "dualpipe"):
         raise ConfigError(f"options.p2p: blocking send/recv is modelled for the gpipe and 1f1b schedules; "
                           f"use p2p: async with {parallel.schedule}")
+    if parallel.schedule == "dualpipe" and model.is_moe and parallel.ep > 1 and routing is not None:
+        # The overlapped pairs interleave a MoE layer as three pieces (before dispatch, experts, after
+        # combine); the options below add pieces that the pairs do not place yet.
+        for field, on in (("moe.dispatch: deepep", routing.dispatch == "deepep"),
+                          ("moe.shared_expert_overlap", bool(routing.shared_expert_overlap)),
+                          ("parallel.etp", parallel.expert_tp != parallel.tp)):
+            if on:
+                raise ConfigError(f"{field}: not modelled with schedule: dualpipe yet; use the default "
+                                  f"(all_to_all dispatch, no shared-expert overlap, etp = tp) or another schedule")
     builder = _StepBuilder(model, parallel, training, options, routing)
     graph = builder.build(representatives)
     flops = model_flops_per_step(model, parallel.global_batch, training.seq_len, causal=options.causal)
