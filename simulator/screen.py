@@ -350,6 +350,9 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
             fwd, bwd = b.segments(stage, chunk, "F", False), b.segments(stage, chunk, "B", False)
             cf, cb = timer(k for s in fwd for k in s.kernels), timer(k for s in bwd for k in s.kernels)
             xf, xb = tp_time(fwd), tp_time(bwd)
+            # SP's backward re-gathers run beside the pass's compute; its TP collectives wait for both
+            regather = sum(s.regather for s in bwd) * tp_cost["all_gather"]
+            xb += max(0.0, regather - cb)
             if b.pp_gather:  # Megatron's scatter/gather: the received 1/t all-gathered over TP
                 xf += tp_cost["all_gather"] if j > 0 else 0.0
                 xb += tp_cost["all_gather"] if j < nvs - 1 else 0.0

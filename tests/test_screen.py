@@ -99,12 +99,14 @@ def test_every_schedule_agrees_with_fast(schedule, chunks):
 def test_screen_is_exact_without_a_pipeline():
     """Without pipeline stages nothing is shared but NVLink inside a server, and the screen's parts (compute
     segments, bucketed DP reduction, optimizer, parameter all-gather) are the engine's ops in the same order:
-    the two agree to rounding, whatever tp and ZeRO stage."""
+    the two agree to rounding, whatever tp and ZeRO stage. With TP (sequence parallel) the backward's re-gathers
+    share NVLink with the overlapped DP buckets in the engine, which the screen does not price: within 0.5%."""
     for tp, zero in ((1, 0), (2, 1), (4, 1)):
         doc = copy.deepcopy(SMALL)
         doc["parallel"].update(tp=tp, dp=8 // tp, zero=zero)
         exp = experiment_from_dict(doc)
-        assert screen_experiment(exp)["step_time_s"] == pytest.approx(run_experiment(exp).step_time, rel=1e-9)
+        assert screen_experiment(exp)["step_time_s"] == pytest.approx(run_experiment(exp).step_time,
+                                                                      rel=1e-9 if tp == 1 else 5e-3)
 
 
 def test_uniform_pipeline_is_the_1f1b_closed_form():
@@ -199,10 +201,10 @@ def test_cli_bad_values_exit_2_with_one_line(tmp_path, capsys, args, message):
 
 def test_fidelity_can_be_swept_beside_the_layout():
     """``--grid fidelity=screen,fast``: one table, one column saying which is which; without a pipeline the two
-    agree to rounding."""
+    agree to rounding (tp 1) or within the re-gathers' NVLink sharing (tp 2, see above)."""
     table = simulator.sweep(SMALL, {"parallel.tp": [1, 2], "fidelity": ["screen", "fast"]}, progress=False, jobs=1)
     assert list(table.columns).count("fidelity") == 1 and sorted(table["fidelity"]) == ["fast", "fast", "screen",
                                                                                         "screen"]
     by = table.set_index(["parallel.tp", "fidelity"])["step_time_s"]
     for tp in (1, 2):
-        assert by[(tp, "screen")] == pytest.approx(by[(tp, "fast")], rel=1e-9)
+        assert by[(tp, "screen")] == pytest.approx(by[(tp, "fast")], rel=1e-9 if tp == 1 else 5e-3)

@@ -133,10 +133,14 @@ def test_tp_bytes_by_hand(dtype, recompute, per_buffer):
     assert r.bytes_by_class["tp"] == pytest.approx(MODEL["layers"] * m * per_buffer * (tp - 1) * buffer)
 
 
-def test_without_overlap_the_default_counts_are_unchanged():
+@pytest.mark.parametrize("recompute, per_buffer", [("none", 10), ("full", 14)])
+def test_without_overlap_the_same_buffers_move(recompute, per_buffer):
+    # Without userbuffers the backward still re-gathers the QKV / MLP-up inputs (Megatron-LM's
+    # LinearWithGradAccumulationAndAsyncCommunication, TE's Linear), beside the data-gradient GEMMs: the same
+    # 10 buffers per layer as with the overlap (14 with full recompute), in bf16.
     tp, m = 4, 2
-    r = _run(False, tp=tp, m=m)
-    assert r.bytes_by_class["tp"] == pytest.approx(MODEL["layers"] * m * 8 * (tp - 1) * S * H * 2)
+    r = _run(False, tp=tp, m=m, recompute=recompute)
+    assert r.bytes_by_class["tp"] == pytest.approx(MODEL["layers"] * m * per_buffer * (tp - 1) * S * H * 2)
 
 
 def test_overlap_runs_the_same_flops_and_hides_tp_time():

@@ -182,8 +182,10 @@ def test_tp_bytes_per_step_hand_count(sp, t):
     _step, res = run_step(model, par, TrainingSpec(seq_len=s), single_server("H100-SXM", t * dp))
     S = b * s * model.hidden * BF16
     # Per micro-batch: 2 all-reduces per layer forward + 2 backward, the embedding's forward all-reduce and
-    # the output layer's backward all-reduce (SP: the same volume as all-gathers + reduce-scatters).
-    all_reduces = m * (4 * model.layers + 2)
+    # the output layer's backward all-reduce (SP: the same volume as all-gathers + reduce-scatters). SP's
+    # backward also re-gathers the QKV and MLP-up inputs for the weight gradients (Megatron-LM's
+    # LinearWithGradAccumulationAndAsyncCommunication, TE's Linear): 2 all-gathers per layer = 1 all-reduce.
+    all_reduces = m * (4 * model.layers + 2) + (m * model.layers if sp else 0)
     ring_payload = t * 2 * (t - 1) / t * S                     # summed over the t ranks of one group
     assert res.bytes_by_class["tp"] == pytest.approx(dp * all_reduces * ring_payload, rel=1e-12)
 

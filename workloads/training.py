@@ -57,7 +57,15 @@ Tensor parallel
     all-reduce of its input gradient in backward (with SP: an all-gather
     before it in forward, a reduce-scatter in backward). TP collectives run
     on the compute stream: Megatron does not overlap them with compute,
-    unless ``tp_comm_overlap``.
+    unless ``tp_comm_overlap``. The exception: with sequence parallelism the
+    backward also all-gathers the QKV and MLP-up inputs again (saved split
+    over the sequence) for their weight gradients, asynchronously beside the
+    data-gradient GEMMs (Megatron-LM's
+    ``LinearWithGradAccumulationAndAsyncCommunication``, TE's ``Linear``):
+    2 more all-gathers per layer and backward on stream ``tp_regather``,
+    which the pass's blocking TP collectives wait for; 10 buffers per layer
+    in all, as with the overlap. Not added to MoE and CP layers' passes
+    (their own emitters), nor their SM cost.
 TP communication overlap (``parallel.tp_comm_overlap``; Transformer Engine userbuffers, SP only)
     The layers' SP collectives are overlapped with their GEMMs by TE's
     default method per GEMM (:data:`UB_METHODS`): a ring exchange cuts the
@@ -209,6 +217,8 @@ the saved input beside the data-gradient GEMM, the reduce-scatter of its result 
 (16 SMs). Row-parallel weight gradients reuse the gathered ``dY`` and communicate nothing."""
 UB_PIPELINE_SPLITS = 4
 """TE's ``num_splits`` of the ``pipeline`` method."""
+REGATHER_STREAM = "tp_regather"
+"""The stream of the sequence-parallel backward's re-gathers of saved inputs (:meth:`_StepBuilder._regathers`)."""
 UB_STREAM = "tp_overlap"
 """The stream of overlapped TP communication."""
 RECOMPUTE_PHASE = "R"
@@ -356,6 +366,9 @@ class _Segment:
     # mask, count), tail kernels); ``tp`` then holds only the embedding / output-layer collectives
     ub: tuple[list[LayerOp], list[tuple[list[LayerOp], tuple[bool, ...], int]], list[LayerOp]] | None = None
     ub_parts: list[tuple[Kernel, ...]] = field(default_factory=list)  # the kernels of each emitted op, built once
+    # sequence parallelism, backward: all-gathers of the column-parallel layers' saved (sequence-split) inputs
+    # for their weight gradients, run beside the pass's compute (see :meth:`_StepBuilder._regathers`)
+    regather: int = 0
 
 
 def _scale_kernel(op: LayerOp, factor: float, tokens: int) -> Kernel:
@@ -485,6 +498,19 @@ class _StepBuilder:
         rs = 2 * n * (2 if full else 1) + ((1 if first else 0) if phase == "F" else (1 if last else 0))
         return {"all_gather": ag, "reduce_scatter": rs}
 
+    def _regathers(self, n: int, phase: str) -> int:
+        """All-gathers of the column-parallel layers' inputs (QKV and MLP up-projection) that a backward pass of
+        ``n`` layers runs under sequence parallelism without TP overlap.
+
+        Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication`` and Transformer Engine's ``Linear``
+        save the sequence-split input and all-gather it again in backward for the weight gradient, launched
+        asynchronously before the data-gradient GEMM and waited for before the weight-gradient GEMM: 2 per
+        layer and backward (with or without recomputation), ``b s h`` elements each, on their own stream.
+        """
+        if self.t == 1 or not self.sp or phase not in ("B", "BW") or self.par.tp_comm_overlap:
+            return 0
+        return 2 * n
+
     def _layer_tp_counts(self, layer: int, phase: str) -> dict[str, int]:
         """TP collectives of one layer's pass: :meth:`_tp_counts`, except that on the expert grid (``etp !=
         tp``) an MoE layer without shared experts keeps only the attention's pair: Megatron-Core routes the
@@ -568,9 +594,11 @@ class _StepBuilder:
             for i in order:
                 kernels, again = self._layer_pass(i, phase)
                 mask = tuple(_leading(again, len(kernels)))
+                moe = self._moe_split(i, phase)
                 segs.append(_Segment(kernels, {} if ub else self._layer_tp_counts(i, phase), i,
-                                     grads[i][0] * gb, grads[i][1] * gb, moe=self._moe_split(i, phase),
-                                     recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None))
+                                     grads[i][0] * gb, grads[i][1] * gb, moe=moe,
+                                     recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None,
+                                     regather=self._regathers(1, phase) if moe is None and self.cp == 1 else 0))
             if head:
                 segs.insert(0, _Segment(head, {}, order[0]))
             if tail:
@@ -592,7 +620,8 @@ class _StepBuilder:
             segs = [_Segment(kernels, self._tp_counts(0 if ub else len(layers), phase, first, last), order[0],
                              (sum(g[0] for g in grads.values()) + emb_params) * gb,
                              sum(g[1] for g in grads.values()) * gb, recompute=tuple(again),
-                             ub=(head, self._layer_runs(order, phase), tail) if ub else None)]
+                             ub=(head, self._layer_runs(order, phase), tail) if ub else None,
+                             regather=self._regathers(len(layers), phase))]
         for seg in segs:
             seg.phase = phase
         self._segments_cache[key] = segs
@@ -669,8 +698,10 @@ class _StepBuilder:
                 extra = persistent and use == "B" and i == next(k for k, p in enumerate(pieces) if p[1] == "B")
                 whole = len(pieces) == 1 and len(ops) == len(seg.kernels)
                 again = seg.recompute if whole else (use == "R",) * len(ops)
-                sub = _Segment(list(ops), dict(seg.tp) if i == len(pieces) - 1 else {}, seg.layer,
-                               persistent * gb if extra else 0.0, moe=seg.moe, phase=phase, recompute=again)
+                final = i == len(pieces) - 1  # the pass's TP collectives (and re-gathers) go with its last piece
+                sub = _Segment(list(ops), dict(seg.tp) if final else {}, seg.layer,
+                               persistent * gb if extra else 0.0, moe=seg.moe, phase=phase, recompute=again,
+                               regather=seg.regather if final else 0)
                 out.append((sub, unit, use))
         # A unit's gradients are ready after its last backward use in the pass (a tied embedding is used twice).
         last_b = {unit.key: i for i, (_s, unit, use) in enumerate(out) if use == "B"}
@@ -881,16 +912,26 @@ class _StepBuilder:
         self._moe_rows[(draw, e)] = rows
         return rows
 
-    def _emit_tp(self, rank: int, seg: _Segment, name: str, last: int, mb: int, stage: int) -> int:
+    def _tp_group(self, rank: int) -> tuple[int, ...]:
         group = self._tp_groups.get(rank)
         if group is None:
             group = self._tp_groups[rank] = self.layout.tp_group(rank)
+        return group
+
+    def _emit_tp(self, rank: int, seg: _Segment, name: str, last: int, mb: int, stage: int,
+                 after: Sequence[int] = ()) -> int:
+        """The pass's blocking TP collectives after ``last`` on the compute stream; the first also waits for
+        ``after`` (the backward's re-gathers)."""
+        group = self._tp_group(rank)
         for kind in ("all_reduce", "all_gather", "reduce_scatter"):
             count = seg.tp.get(kind, 0)
             if count:
                 last = self.graph.collective_op(rank, kind, group, self.tp_bytes, name=f"{name}.tp_{kind}",
                                                 stream=COMPUTE_STREAM, count=count, traffic_class="tp",
-                                                layer=seg.layer, micro_batch=mb, stage=stage)
+                                                layer=seg.layer, micro_batch=mb, stage=stage, deps=after)
+                after = ()
+        if after:
+            raise AssertionError(f"{name}: re-gathers with no TP collective to wait for them")
         return last
 
     # ------------------------------------------------------ TP comm overlap
@@ -1102,13 +1143,19 @@ class _StepBuilder:
             seg.parts = _kernels([k for k, r in zip(seg.kernels, again) if not r])
         tags = {"stream": COMPUTE_STREAM, "category": "gemm", "layer": seg.layer, "micro_batch": mb, "stage": stage}
         last = None
+        regather = None
+        if seg.regather:  # beside the pass's compute, from its start; the pass's TP collectives wait for it
+            regather = g.collective_op(rank, "all_gather", self._tp_group(rank), self.tp_bytes,
+                                       name=f"{name}.tp_regather", stream=REGATHER_STREAM, deps=deps,
+                                       count=seg.regather, traffic_class="tp", layer=seg.layer, micro_batch=mb,
+                                       stage=stage)
         if seg.recompute_parts:
             # Recomputed forward kernels first, as their own op ("R…"), so timelines can tell them apart.
             last = g.compute(rank, parts=seg.recompute_parts, name=RECOMPUTE_PHASE + name[1:], deps=deps, **tags)
             deps = [last]
         if seg.parts or last is None:
             last = g.compute(rank, parts=seg.parts, name=name, deps=deps, **tags)
-        return self._emit_tp(rank, seg, name, last, mb, stage)
+        return self._emit_tp(rank, seg, name, last, mb, stage, after=(regather,) if regather is not None else ())
 
     def build_rank(self, rank: int) -> None:
         g, par, lay = self.graph, self.par, self.layout
