@@ -568,7 +568,9 @@ class FlowNetwork(_NetworkBase):
         if self.replay and len(specs) <= _MEMO_RATE_CHANGES:
             key, links = self._session_key(call)
             on_link, owner = self._on_link, self._owner
-            if all(owner[link] is None and not on_link[link] for link in links):
+            # Every link idle and held by nobody (sessions are truthy, dicts only when not empty): the
+            # scans run in C, this check is made for every link of every call.
+            if not (any(map(owner.__getitem__, links)) or any(map(on_link.__getitem__, links))):
                 session = _Session(key, links, now)
                 for link in links:
                     owner[link] = session
@@ -771,7 +773,7 @@ class FlowNetwork(_NetworkBase):
         busy = [(link, b - a) for link, intervals in zip(links, traj.busy) for a, b in intervals]
         book = (done, np.array(offs, dtype=float), array("q", ridx).tobytes(), array("d", deltas).tobytes(),
                 busy, i)
-        if len(call.books) > 4:
+        if len(call.books) > 8:
             call.books.clear()
         call.books[id(traj)] = (traj, book)
         return book
@@ -787,10 +789,25 @@ class FlowNetwork(_NetworkBase):
         ledger.rate_t.frombytes((session.t0 + offs).tobytes())
         ledger.rate_route.frombytes(ridx)
         ledger.rate_delta.frombytes(deltas)
-        record = ledger.record_route
         cls = session.traffic_class
-        for route, nbytes, payload in done:
-            record(route, nbytes, cls, payload)
+        entries = session.call.books.get((id(session.traj), cls))
+        if entries is None:  # first replay of this trajectory in this class: the ledger's own bookkeeping
+            record = ledger.record_route
+            for route, nbytes, payload in done:
+                record(route, nbytes, cls, payload)
+            # ... after which every (route, class) entry exists (the ledger never drops one): keep them.
+            by_route = ledger._by_route
+            entries = [(by_route[(route.idx, cls)], nbytes, payload) for route, nbytes, payload in done]
+            session.call.books[(id(session.traj), cls)] = (entries, sum(route.members for route, _n, _p in done))
+        else:  # the same additions record_route makes, in the same order
+            entries, members = entries
+            for entry, nbytes, payload in entries:
+                entry[2] += nbytes
+                entry[3] += payload
+                entry[4] += nbytes
+            if entries:
+                ledger._unfolded = True
+            ledger.flows_completed += members
         busy = ledger._busy_acc
         for link, seconds in busy_pairs:
             busy[link] += seconds
