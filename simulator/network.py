@@ -76,8 +76,9 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
 import simpy
@@ -262,7 +263,7 @@ class _Session:
     """
 
     __slots__ = ("key", "links", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done",
-                 "budget", "call")
+                 "budget", "call", "held")
 
     def __init__(self, key: tuple, links: tuple, t0: float) -> None:
         self.key = key
@@ -278,6 +279,7 @@ class _Session:
         self.done = False
         self.budget = _MEMO_RATE_CHANGES  # rate changes it may still record
         self.call: _Call | None = None  # while replaying: the call's cached facts
+        self.held = False  # whether it still holds its links (all of them: they were free when it took them)
 
 
 class LinkLedger:
@@ -572,8 +574,8 @@ class FlowNetwork(_NetworkBase):
             # scans run in C, this check is made for every link of every call.
             if not (any(map(owner.__getitem__, links)) or any(map(on_link.__getitem__, links))):
                 session = _Session(key, links, now)
-                for link in links:
-                    owner[link] = session
+                session.held = True
+                deque(map(owner.__setitem__, links, repeat(session)), 0)  # owner[link] = session, in C
                 traj = self._memo.get(key)
                 if traj is not None:
                     self._replay(session, traj, call, traffic_class, join)
@@ -676,10 +678,10 @@ class FlowNetwork(_NetworkBase):
         return key, ids
 
     def _release(self, session: _Session) -> None:
-        owner = self._owner
-        for link in session.links:
-            if owner[link] is session:
-                owner[link] = None
+        # Nobody else can have taken a link while the session held it: all are still its own.
+        if session.held:
+            session.held = False
+            deque(map(self._owner.__setitem__, session.links, repeat(None)), 0)  # owner[link] = None, in C
 
     def _stop_recording(self, session: _Session) -> None:
         """Give up recording a session (another flow came onto its links, or it changes rates too often to
