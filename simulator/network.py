@@ -150,12 +150,17 @@ class _Route:
         self.larrays: tuple | None = None  # lpairs as (link ids, crossings) arrays, made when first needed
         self.wepoch = -1
         listed = links.tolist() if weights is None and isinstance(links, np.ndarray) else None
-        if listed is not None and len(set(listed)) == len(listed):
-            # Every link distinct (the common case): np.unique's answer without its cost.
+        if listed is not None and listed and len(set(listed)) == len(listed):
+            # Every link distinct (the common case): what the general case below gives, without its cost
+            # (a crossing of 1 divides and multiplies exactly).
             self.ulinks = tuple(sorted(listed))
             self.mults = (1,) * len(listed)
             self.arrays = ((np.asarray(self.ulinks, dtype=links.dtype), np.ones(len(listed)))
                            if len(listed) >= _LONG_ROUTE else None)
+            self.solo_rate = 0.0 + min(map(capacity.__getitem__, self.ulinks))
+            self.demand = (self.solo_rate,) * len(listed)
+            self._mult_of = None
+            return
         else:
             if weights is None:
                 ids, counts = np.unique(links, return_counts=True)
