@@ -76,8 +76,9 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
 import simpy
@@ -148,14 +149,27 @@ class _Route:
         self.lpairs: tuple = ()  # cpairs of the lazy links, as of wepoch
         self.larrays: tuple | None = None  # lpairs as (link ids, crossings) arrays, made when first needed
         self.wepoch = -1
-        if weights is None:
-            ids, counts = np.unique(links, return_counts=True)
+        listed = links.tolist() if weights is None and isinstance(links, np.ndarray) else None
+        if listed is not None and listed and len(set(listed)) == len(listed):
+            # Every link distinct (the common case): what the general case below gives, without its cost
+            # (a crossing of 1 divides and multiplies exactly).
+            self.ulinks = tuple(sorted(listed))
+            self.mults = (1,) * len(listed)
+            self.arrays = ((np.asarray(self.ulinks, dtype=links.dtype), np.ones(len(listed)))
+                           if len(listed) >= _LONG_ROUTE else None)
+            self.solo_rate = 0.0 + min(map(capacity.__getitem__, self.ulinks))
+            self.demand = (self.solo_rate,) * len(listed)
+            self._mult_of = None
+            return
         else:
-            ids, inverse = np.unique(links, return_inverse=True)
-            counts = np.bincount(inverse, weights=weights, minlength=len(ids))
-        self.ulinks = tuple(ids.tolist())
-        self.mults = tuple(counts.tolist())
-        self.arrays = (ids, np.asarray(counts, dtype=float)) if len(ids) >= _LONG_ROUTE else None
+            if weights is None:
+                ids, counts = np.unique(links, return_counts=True)
+            else:
+                ids, inverse = np.unique(links, return_inverse=True)
+                counts = np.bincount(inverse, weights=weights, minlength=len(ids))
+            self.ulinks = tuple(ids.tolist())
+            self.mults = tuple(counts.tolist())
+            self.arrays = (ids, np.asarray(counts, dtype=float)) if len(ids) >= _LONG_ROUTE else None
         # Max-min rate when the flow is alone on its links: progressive filling's first increment.
         self.solo_rate = (0.0 + min(capacity[l] / float(m) for l, m in zip(self.ulinks, self.mults))
                           if self.ulinks else float("inf"))
@@ -218,6 +232,31 @@ class _Trajectory:
         self.duration = duration
 
 
+class _Call:
+    """What never changes about one spec tuple handed to :meth:`FlowNetwork.start_flows` (cached per tuple:
+    the fabric hands out the same tuple for the same collective), so repeated calls skip re-deriving it.
+
+    ``routes[i]``: the route of ``specs[i]``; ``tiny``: ``(route, nbytes, latency_s, payload)`` of the
+    latency-bound specs (:meth:`FlowNetwork._tiny`); ``base``: id of the call's shape less the links'
+    tightness thresholds, ``ids``: its links in order of first appearance; ``key``: the full shape id as of
+    network epoch ``epoch``; ``books``: per trajectory, what a replay of it books (:meth:`FlowNetwork._book`).
+    """
+
+    __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books")
+
+    def __init__(self, specs: Sequence[FlowSpec], routes: list) -> None:
+        self.specs = specs
+        self.routes = routes
+        self.tiny = [(route, nbytes, latency_s, payload)
+                     for route, (_links, nbytes, latency_s, payload) in zip(routes, specs)
+                     if nbytes / route.solo_rate <= TINY_FLOW_S]
+        self.base = -1
+        self.ids: tuple = ()
+        self.epoch = -1
+        self.key = -1
+        self.books: dict[int, tuple] = {}
+
+
 class _Session:
     """The flows of one :meth:`FlowNetwork.start_flows` call while they hold their links alone.
 
@@ -229,7 +268,7 @@ class _Session:
     """
 
     __slots__ = ("key", "links", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done",
-                 "budget")
+                 "budget", "call", "held")
 
     def __init__(self, key: tuple, links: tuple, t0: float) -> None:
         self.key = key
@@ -244,6 +283,8 @@ class _Session:
         self.join: _Join | None = None
         self.done = False
         self.budget = _MEMO_RATE_CHANGES  # rate changes it may still record
+        self.call: _Call | None = None  # while replaying: the call's cached facts
+        self.held = False  # whether it still holds its links (all of them: they were free when it took them)
 
 
 class LinkLedger:
@@ -481,9 +522,10 @@ class FlowNetwork(_NetworkBase):
         self._owner: list[_Session | None] = [None] * len(self._cap)
         self._memo: dict[int, _Trajectory] = {}
         self._memo_flows = 0  # entries (flows, rate changes) of the recorded trajectories
-        self._shape_ids: dict[tuple, int] = {}
+        self._shape_ids: dict[tuple, int] = {}  # (base shape id, link thresholds) -> shape id
         self._next_shape = 0
-        self._keys: dict[int, tuple] = {}
+        self._base_ids: dict[tuple, int] = {}  # shape less the links' thresholds -> base shape id
+        self._keys: dict[int, _Call] = {}  # id(spec tuple) -> its _Call
         self._epoch = 0  # bumped whenever a link's tightness threshold changes (dominance): shapes include it
         # Lazy links (see _rerate): tight links left out of components and max-min problems because the last
         # large solve that included them left them slack; every solution is checked against them.
@@ -529,21 +571,22 @@ class FlowNetwork(_NetworkBase):
         self.flows_started += len(specs)
         self.calls += 1
         session = None
+        call = self._call(specs)
         if self.replay and len(specs) <= _MEMO_RATE_CHANGES:
-            key, links = self._session_key(specs)
+            key, links = self._session_key(call)
             on_link, owner = self._on_link, self._owner
-            if all(owner[link] is None and not on_link[link] for link in links):
+            # Every link idle and held by nobody (sessions are truthy, dicts only when not empty): the
+            # scans run in C, this check is made for every link of every call.
+            if not (any(map(owner.__getitem__, links)) or any(map(on_link.__getitem__, links))):
                 session = _Session(key, links, now)
-                for link in links:
-                    owner[link] = session
+                session.held = True
+                deque(map(owner.__setitem__, links, repeat(session)), 0)  # owner[link] = session, in C
                 traj = self._memo.get(key)
                 if traj is not None:
-                    self._replay(session, traj, specs, traffic_class, join)
+                    self._replay(session, traj, call, traffic_class, join)
                     return
         by_latency: dict[float, list[Flow]] = {}
-        routes = self._routes
-        for links, nbytes, latency_s, payload in specs:
-            route = routes.get(links)
+        for route, (_links, nbytes, latency_s, payload) in zip(call.routes, specs):
             flow = Flow(route, nbytes, payload, traffic_class, join, now)
             solo = nbytes / route.solo_rate
             if solo <= TINY_FLOW_S:
@@ -580,33 +623,50 @@ class FlowNetwork(_NetworkBase):
         self.env.timeout(latency_s + solo).callbacks.append(lambda _ev, f=flow: self._finish(f))
 
     # ------------------------------------------------------------ replays
-    def _session_key(self, specs: Sequence[FlowSpec]) -> tuple[int, tuple[int, ...]]:
+    def _call(self, specs: Sequence[FlowSpec]) -> _Call:
+        """The :class:`_Call` of ``specs`` (cached per spec tuple; made afresh for any other sequence)."""
+        if isinstance(specs, tuple):
+            call = self._keys.get(id(specs))
+            if call is not None and call.specs is specs:
+                return call
+            routes = self._routes
+            call = _Call(specs, [routes.get(spec[0]) for spec in specs])
+            if len(self._keys) > _MEMO_SHAPES:
+                self._keys.clear()
+            self._keys[id(specs)] = call
+            return call
+        routes = self._routes
+        return _Call(specs, [routes.get(spec[0]) for spec in specs])
+
+    def _session_key(self, call: _Call) -> tuple[int, tuple[int, ...]]:
         """The shape of a call (an id: equal ids, equal dynamics when alone) and the links it crosses.
 
         The shape is every flow's distinct links relabelled in order of first appearance, their
         crossings, bytes and latency, with the capacity of every relabelled link and whether it is
-        dominated.
-        Cached per spec tuple (the fabric hands out the same tuple for the same collective).
+        dominated. All but the last never change for a spec tuple (kept in ``call.base``); the last is
+        looked at again whenever the network's epoch has moved on.
         """
-        cacheable = isinstance(specs, tuple)
-        if cacheable:
-            hit = self._keys.get(id(specs))
-            if hit is not None and hit[0] is specs and hit[3] == self._epoch:
-                return hit[1], hit[2]
-        routes = self._routes
-        relabel: dict[int, int] = {}
-        parts = []
-        for links, nbytes, latency_s, _payload in specs:
-            route = routes.get(links)
-            parts.append((tuple([relabel.setdefault(link, len(relabel)) for link in route.ulinks]), route.mults,
-                          nbytes, latency_s))
-        ids = tuple(relabel)
+        if call.epoch == self._epoch:
+            return call.key, call.ids
+        if call.base < 0:
+            relabel: dict[int, int] = {}
+            parts = []
+            for route, (_links, nbytes, latency_s, _payload) in zip(call.routes, call.specs):
+                parts.append((tuple([relabel.setdefault(link, len(relabel)) for link in route.ulinks]),
+                              route.mults, nbytes, latency_s))
+            ids = tuple(relabel)
+            cap = self._cap
+            base_shape = (tuple(parts), tuple([cap[link] for link in ids]))
+            base = self._base_ids.get(base_shape)
+            if base is None:
+                base = self._base_ids[base_shape] = len(self._base_ids)
+            call.base, call.ids = base, ids
+        ids = call.ids
         # Thresholds as dominance sets them: which twin of a class represents it changes no rate (identical
         # constraints), so it stays out of the shape (replicas pick representatives at different places).
         cap, dominator = self._cap, self._dominator
         inf = float("inf")
-        shape = (tuple(parts), tuple([cap[link] for link in ids]),
-                 tuple([inf if dominator[link] >= 0 else cap[link] * (1 + 1e-9) for link in ids]))
+        shape = (call.base, tuple([inf if dominator[link] >= 0 else cap[link] * (1 + 1e-9) for link in ids]))
         key = self._shape_ids.get(shape)
         if key is None:
             if len(self._shape_ids) > _MEMO_SHAPES:
@@ -615,17 +675,18 @@ class FlowNetwork(_NetworkBase):
                 self._memo_flows = 0  # entries (flows, rate changes) of the recorded trajectories
             key = self._shape_ids[shape] = self._next_shape
             self._next_shape += 1
-        if cacheable:
+        if isinstance(call.specs, tuple):
+            call.epoch, call.key = self._epoch, key
             if len(self._keys) > _MEMO_SHAPES:
                 self._keys.clear()
-            self._keys[id(specs)] = (specs, key, ids, self._epoch)
+            self._keys[id(call.specs)] = call
         return key, ids
 
     def _release(self, session: _Session) -> None:
-        owner = self._owner
-        for link in session.links:
-            if owner[link] is session:
-                owner[link] = None
+        # Nobody else can have taken a link while the session held it: all are still its own.
+        if session.held:
+            session.held = False
+            deque(map(self._owner.__setitem__, session.links, repeat(None)), 0)  # owner[link] = None, in C
 
     def _stop_recording(self, session: _Session) -> None:
         """Give up recording a session (another flow came onto its links, or it changes rates too often to
@@ -671,62 +732,95 @@ class FlowNetwork(_NetworkBase):
             self._memo_flows = size
         self._memo[session.key] = _Trajectory(flows, busy, duration)
 
-    def _replay(self, session: _Session, traj: _Trajectory, specs: Sequence[FlowSpec], traffic_class: str,
+    def _replay(self, session: _Session, traj: _Trajectory, call: _Call, traffic_class: str,
                 join: _Join) -> None:
         """Book ``traj`` for this call at ``t0 + duration`` unless another flow comes first."""
         session.traj = traj
-        session.specs = specs
+        session.specs = call.specs
+        session.call = call
         session.traffic_class = traffic_class
         session.join = join
         self.replays += 1
-        routes = self._routes
         now = self.env.now
-        for links, nbytes, latency_s, payload in specs:
-            route = routes.get(links)
-            solo = nbytes / route.solo_rate
-            if solo <= TINY_FLOW_S:
-                self._tiny(Flow(route, nbytes, payload, traffic_class, join, now), latency_s, solo)
+        for route, nbytes, latency_s, payload in call.tiny:
+            self._tiny(Flow(route, nbytes, payload, traffic_class, join, now), latency_s, nbytes / route.solo_rate)
         self._pending_seq += 1
         end = now + traj.duration
         heapq.heappush(self._replays_due, (end, self._pending_seq, session))
         self._wake(end)
 
-    def _replay_done(self, session: _Session) -> None:
-        """Book a replay whose end has come (its call's ``on_done`` is told at the end of the update)."""
-        if session.done:
-            return  # made real before its end
-        session.done = True
-        traj = session.traj
-        t0 = session.t0
-        ledger = self.ledger
-        log_t, log_route, log_delta = ledger.rate_t.append, ledger.rate_route.append, ledger.rate_delta.append
-        routes = self._routes
-        cls = session.traffic_class
+    def _book(self, call: _Call, traj: _Trajectory, links: tuple) -> tuple:
+        """What a whole replay of ``traj`` for ``call`` books, made once per (call, trajectory):
+        ``(finished flows as (route, nbytes, payload), rate log times relative to the start, route ids,
+        deltas, (link, busy seconds) pairs, flows)``, in the order the flows would have booked them."""
+        hit = call.books.get(id(traj))
+        if hit is not None and hit[0] is traj:
+            return hit[1]
+        done = []
+        offs: list[float] = []
+        ridx: list[int] = []
+        deltas: list[float] = []
         i = 0
-        for links, nbytes, _latency_s, payload in session.specs:
-            route = routes.get(links)
+        for route, (_links, nbytes, _latency_s, payload) in zip(call.routes, call.specs):
             if nbytes / route.solo_rate <= TINY_FLOW_S:
                 continue
             _admitted, finished, rates = traj.flows[i]
             i += 1
             prev = 0.0
             for off, r in rates:
-                log_t(t0 + off)
-                log_route(route.idx)
-                log_delta(r - prev)
+                offs.append(off)
+                ridx.append(route.idx)
+                deltas.append(r - prev)
                 prev = r
             if rates:
-                log_t(t0 + finished)
-                log_route(route.idx)
-                log_delta(-prev)
-            ledger.record_route(route, nbytes, cls, payload)
+                offs.append(finished)
+                ridx.append(route.idx)
+                deltas.append(-prev)
+            done.append((route, nbytes, payload))
+        busy = [(link, b - a) for link, intervals in zip(links, traj.busy) for a, b in intervals]
+        book = (done, np.array(offs, dtype=float), array("q", ridx).tobytes(), array("d", deltas).tobytes(),
+                busy, i)
+        if len(call.books) > 8:
+            call.books.clear()
+        call.books[id(traj)] = (traj, book)
+        return book
+
+    def _replay_done(self, session: _Session) -> None:
+        """Book a replay whose end has come (its call's ``on_done`` is told at the end of the update)."""
+        if session.done:
+            return  # made real before its end
+        session.done = True
+        ledger = self.ledger
+        done, offs, ridx, deltas, busy_pairs, n = self._book(session.call, session.traj, session.links)
+        # The same additions as the flows would have made, in the same order (t0 + offset per entry).
+        ledger.rate_t.frombytes((session.t0 + offs).tobytes())
+        ledger.rate_route.frombytes(ridx)
+        ledger.rate_delta.frombytes(deltas)
+        cls = session.traffic_class
+        entries = session.call.books.get((id(session.traj), cls))
+        if entries is None:  # first replay of this trajectory in this class: the ledger's own bookkeeping
+            record = ledger.record_route
+            for route, nbytes, payload in done:
+                record(route, nbytes, cls, payload)
+            # ... after which every (route, class) entry exists (the ledger never drops one): keep them.
+            by_route = ledger._by_route
+            entries = [(by_route[(route.idx, cls)], nbytes, payload) for route, nbytes, payload in done]
+            session.call.books[(id(session.traj), cls)] = (entries, sum(route.members for route, _n, _p in done))
+        else:  # the same additions record_route makes, in the same order
+            entries, members = entries
+            for entry, nbytes, payload in entries:
+                entry[2] += nbytes
+                entry[3] += payload
+                entry[4] += nbytes
+            if entries:
+                ledger._unfolded = True
+            ledger.flows_completed += members
         busy = ledger._busy_acc
-        for link, intervals in zip(session.links, traj.busy):
-            for a, b in intervals:
-                busy[link] += b - a
+        for link, seconds in busy_pairs:
+            busy[link] += seconds
         self._release(session)
         join = session.join
-        join.left -= i
+        join.left -= n
         if join.left == 0:
             self._joins_done.append(join)
 
@@ -745,15 +839,13 @@ class FlowNetwork(_NetworkBase):
         t0 = session.t0
         ledger = self.ledger
         log_t, log_route, log_delta = ledger.rate_t.append, ledger.rate_route.append, ledger.rate_delta.append
-        routes = self._routes
         cls = session.traffic_class
         join = session.join
         on_link, demand, busy_since = self._on_link, self._demand, self._busy_since
         now_arrivals: list[Flow] = []
         active: list[Flow] = []
         i = 0
-        for links, nbytes, latency_s, payload in session.specs:
-            route = routes.get(links)
+        for route, (_links, nbytes, latency_s, payload) in zip(session.call.routes, session.specs):
             if nbytes / route.solo_rate <= TINY_FLOW_S:
                 continue
             admitted, finished, rates = traj.flows[i]
