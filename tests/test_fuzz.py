@@ -66,13 +66,13 @@ DOCS = st.fixed_dictionaries({
 @FUZZ
 @given(DOCS)
 def test_api_answers_every_document_with_an_experiment_or_a_value_error(doc):
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     try:
         exp = experiment_from_dict(doc)
         exp.memory()
     except ValueError as exc:
         assert str(exc) and "\n" not in str(exc)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0
 
 
 YAML_TEXT = st.one_of(
@@ -86,6 +86,8 @@ YAML_TEXT = st.one_of(
 
 
 def _run(argv):
+    # The time limits below are on this process's CPU time (the CLI runs in-process), so that other load on the
+    # machine cannot fail them; a run that spins still does.
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
@@ -100,12 +102,12 @@ def _run(argv):
 def test_cli_run_answers_any_file_with_a_result_or_one_line(tmp_path_factory, text):
     path = tmp_path_factory.mktemp("fuzz") / "exp.yaml"
     path.write_text(text)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     rc, lines = _run(["run", str(path), "--json"])
     assert rc in (0, 2), lines
     if rc:
         assert len(lines) == 1 and lines[0].startswith("clustersim")
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
 
 
 FLAG = st.one_of(st.integers(-1000, 300).map(str), st.floats(allow_nan=True).map(str),
@@ -118,8 +120,8 @@ FLAG = st.one_of(st.integers(-1000, 300).map(str), st.floats(allow_nan=True).map
                                             "--cluster", "--algo"]), FLAG), max_size=4))
 def test_cli_collective_flags_never_crash_or_run_away(flags):
     argv = ["collective", "--max-size", "64MiB", "--gpus", "8"] + [x for pair in flags for x in pair]
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     rc, lines = _run(argv)
     if rc:  # a refusal comes at once; valid sweeps (up to 300 GPUs here) simply run
         assert rc == 2 and len(lines) >= 1 and lines[-1].startswith(("clustersim", "usage"))
-        assert time.perf_counter() - t0 < 1.0
+        assert time.process_time() - t0 < 1.0
