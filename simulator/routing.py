@@ -87,6 +87,20 @@ def shortest_paths(graph: nx.DiGraph, source: Hashable, target: Hashable) -> lis
     return paths
 
 
+def _grow(front: list, neighbours, dist: dict, other: dict, k: int) -> tuple[list, bool]:
+    """One level of a breadth-first search: the unseen ``neighbours`` of ``front`` get distance ``k`` in
+    ``dist``; returns the new front and whether it touched the other search's ball ``other``."""
+    nxt, meet = [], False
+    for v in front:
+        for w in neighbours(v):
+            if w not in dist:
+                dist[w] = k
+                nxt.append(w)
+                if w in other:
+                    meet = True
+    return nxt, meet
+
+
 def switch_paths(graph: nx.DiGraph, source: Hashable, target: Hashable) -> list[list[Hashable]]:
     """:func:`shortest_paths` on a graph without GPUs (a fabric's switches), by a bidirectional search.
 
@@ -107,26 +121,10 @@ def switch_paths(graph: nx.DiGraph, source: Hashable, target: Hashable) -> list[
             raise ValueError(f"no route from {source} to {target}")
         if len(front_f) <= len(front_b):
             kf += 1
-            nxt = []
-            for v in front_f:
-                for w in graph.successors(v):
-                    if w not in fwd:
-                        fwd[w] = kf
-                        nxt.append(w)
-                        if w in bwd:
-                            meet = True
-            front_f = nxt
+            front_f, meet = _grow(front_f, graph.successors, fwd, bwd, kf)
         else:
             kb += 1
-            nxt = []
-            for v in front_b:
-                for u in graph.predecessors(v):
-                    if u not in bwd:
-                        bwd[u] = kb
-                        nxt.append(u)
-                        if u in fwd:
-                            meet = True
-            front_b = nxt
+            front_b, meet = _grow(front_b, graph.predecessors, bwd, fwd, kb)
     total = kf + kb  # the levels first met: no shorter route exists (the balls one level smaller were disjoint)
 
     def on_path(w: Hashable, j: int) -> bool:
