@@ -102,6 +102,7 @@ _MEMO_RATE_CHANGES = 20_000  # a call whose flows change rate more often than th
 _LAZY_MIN_FLOWS = 32  # components at least this large mark their slack tight links lazy (see FlowNetwork._lazy)
 _LAZY_SLACK = 0.02  # ... when at least this fraction of the link's capacity is left over
 _LAZY_STRIKES = 2  # a link found overloaded this often is never made lazy again
+_AGG_MIN = 16  # components of at least this many flows fold flows of equal rows into aggregates (see _Agg)
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
 
@@ -216,6 +217,54 @@ class Flow:
         self.seq = -1
 
 
+class _Agg:
+    """Flows that always move at one rate, simulated as one: an *aggregate* (exact up to rounding).
+
+    Flows whose rows in every max-min problem are the same — the same links that may bind (tight, not
+    lazy, not dominated, each twin class by its representative) crossed equally often — and whose solo
+    rates are equal get equal max-min rates whatever else runs (the allocation is unique and symmetric
+    in them). The waves of a uniform all-to-all are such flows once the spine links are lazy: a row of
+    their NIC classes. An aggregate is one entity in every component and problem (its row: the members'
+    crossings times their number), re-rated once per event instead of once per member, and keeps a
+    *virtual clock*: ``svc`` bytes moved by every member since it was made (as of time ``ts``); a member
+    that joined when it stood at ``s`` with ``b`` bytes left finishes when it reaches ``s + b``
+    (processor sharing). Members finish in order of that target, from a heap. Its rate history and the
+    members' spans stand for the members' rate-log entries (:meth:`LinkLedger.rate_log`).
+
+    It stands in for its members wherever flows are looked at: as its own route (``route`` is itself) it
+    carries the attributes the max-min bookkeeping reads — ``wpairs`` (the members' row times their
+    number), ``lpairs`` / ``larrays`` (crossings of lazy links summed over members), ``solo_rate``, and
+    ``_mult_of`` (crossings of every link summed over members).
+    """
+
+    __slots__ = ("route", "id", "rate", "svc", "ts", "seq", "heap", "n", "rep", "_mult_of", "nlinks", "lsum",
+                 "lcount", "lwepoch", "wpairs", "lpairs", "larrays", "wepoch", "solo_rate", "idx", "rec", "session")
+
+    def __init__(self, agg_id: int, rep: _Route, rate: float, now: float) -> None:
+        self.route = self
+        self.id = agg_id
+        self.rate = rate
+        self.svc = 0.0
+        self.ts = now
+        self.seq = -1
+        self.heap: list[tuple[float, int, Flow]] = []  # (service target, tiebreak, member)
+        self.n = 0  # members
+        self.rep = rep  # a member's route: the members' common row is its wpairs
+        self.solo_rate = rep.solo_rate
+        self._mult_of: dict[int, float] = {}  # link -> crossings summed over members (every link they cross)
+        self.nlinks: dict[int, int] = {}  # link -> members crossing it
+        self.lsum: dict[int, float] = {}  # lazy link -> crossings summed over members, as of network stamp lwepoch
+        self.lcount: dict[int, int] = {}  # lazy link -> members crossing it, as of lwepoch
+        self.lwepoch = -1
+        self.wpairs: tuple = ()
+        self.lpairs: tuple = ()
+        self.larrays: tuple | None = None
+        self.wepoch = -1
+        self.idx = -1
+        self.rec = None
+        self.session = None
+
+
 class _Trajectory:
     """What the flows of one isolated :meth:`FlowNetwork.start_flows` call did, relative to its start.
 
@@ -317,12 +366,67 @@ class LinkLedger:
         self.rate_t = array("d")
         self.rate_route = array("q")
         self.rate_delta = array("d")
+        # Flows that moved as members of an aggregate (FlowNetwork._Agg) log nothing per rate change: the
+        # aggregate's rate history (per aggregate id: times, rates) and each member's span in it (aggregate
+        # id, route idx, joined at, left at) stand for those entries; rate_log() expands them.
+        self._agg_history: dict[int, tuple[array, array]] = {}
+        self._span_agg = array("q")
+        self._span_route = array("q")
+        self._span_in = array("d")
+        self._span_out = array("d")
 
     def log_rate(self, t: float, route: _Route, delta: float) -> None:
         """Log that the rate of one flow on ``route`` changed by ``delta`` bytes/s at time ``t`` (s)."""
         self.rate_t.append(t)
         self.rate_route.append(route.idx)
         self.rate_delta.append(delta)
+
+    def log_aggregate_rate(self, agg_id: int, t: float, rate: float) -> None:
+        """Log that every member of aggregate ``agg_id`` moves at ``rate`` bytes/s from time ``t`` (s)."""
+        hist = self._agg_history.get(agg_id)
+        if hist is None:
+            hist = self._agg_history[agg_id] = (array("d"), array("d"))
+        hist[0].append(t)
+        hist[1].append(rate)
+
+    def log_span(self, agg_id: int, route: _Route, t_in: float, t_out: float) -> None:
+        """A flow on ``route`` moved at aggregate ``agg_id``'s rate from ``t_in`` to ``t_out`` (s)."""
+        self._span_agg.append(agg_id)
+        self._span_route.append(route.idx)
+        self._span_in.append(t_in)
+        self._span_out.append(t_out)
+
+    def rate_log(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The whole rate log as arrays ``(times_s, route idx, delta rate in bytes/s)``: the entries logged
+        one by one, then those of the aggregates' members, expanded from their spans and the aggregates'
+        rate histories (a member starts at the rate in force just after it joined, follows every change
+        strictly inside its span, and leaves at the rate in force just before it left)."""
+        t = np.frombuffer(self.rate_t, dtype=float) if len(self.rate_t) else np.zeros(0)
+        r = np.frombuffer(self.rate_route, dtype=np.int64) if len(self.rate_route) else np.zeros(0, np.int64)
+        d = np.frombuffer(self.rate_delta, dtype=float) if len(self.rate_delta) else np.zeros(0)
+        if not len(self._span_agg):
+            return t, r, d
+        aggs = np.frombuffer(self._span_agg, dtype=np.int64)
+        routes = np.frombuffer(self._span_route, dtype=np.int64)
+        t_in = np.frombuffer(self._span_in, dtype=float)
+        t_out = np.frombuffer(self._span_out, dtype=float)
+        parts_t, parts_r, parts_d = [t], [r], [d]
+        order = np.argsort(aggs, kind="stable")
+        bounds = np.flatnonzero(np.r_[True, aggs[order][1:] != aggs[order][:-1], True])
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            sel = order[lo:hi]
+            times, rates = (np.frombuffer(x, dtype=float) for x in self._agg_history[int(aggs[sel[0]])])
+            steps = np.r_[rates[0], np.diff(rates)]  # the change at each history entry
+            first = np.searchsorted(times, t_in[sel], side="right") - 1  # in force just after joining
+            last = np.searchsorted(times, t_out[sel], side="left") - 1  # in force just before leaving
+            n = last - first  # changes strictly inside the span
+            rs = routes[sel]
+            total = int(n.sum())
+            k = np.arange(total) - np.repeat(np.cumsum(n) - n, n) + np.repeat(first + 1, n)  # history indices
+            parts_t += [t_in[sel], times[k], t_out[sel]]
+            parts_r += [rs, np.repeat(rs, n), rs]
+            parts_d += [rates[first], steps[k], -rates[last]]
+        return np.concatenate(parts_t), np.concatenate(parts_r), np.concatenate(parts_d)
 
     def record_route(self, route: _Route, nbytes: float, traffic_class: str, payload_bytes: float) -> None:
         """A flow of ``nbytes`` per crossing (``payload_bytes`` sent by GPUs) finished on ``route``."""
@@ -477,13 +581,13 @@ class FlowNetwork(_NetworkBase):
     env : simpy.Environment
     capacity : numpy.ndarray
         Bytes/s of every directed link id.
-    replay, twins, lazy : bool
-        Replays of isolated calls, twin links and lazy links (all on by default; off only to check them
-        against the network without them).
+    replay, twins, lazy, aggregate : bool
+        Replays of isolated calls, twin links, lazy links and aggregates of flows of equal rows (all on by
+        default; off only to check them against the network without them).
     """
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray, replay: bool = True, twins: bool = True,
-                 lazy: bool = True) -> None:
+                 lazy: bool = True, aggregate: bool = True) -> None:
         _NetworkBase.__init__(self, env, capacity)
         # Active flows per link id, insertion-ordered (one persistent dict per link: no allocation per flow).
         self._on_link: list[dict[Flow, None]] = [{} for _ in self._cap]
@@ -543,6 +647,12 @@ class FlowNetwork(_NetworkBase):
         self.replays = 0  # calls whose flows were replayed from a recorded trajectory
         self.materialized = 0  # replays cut short by another flow (their flows made real)
         self._joins_done: list[_Join] = []  # calls completed by replays, told at the end of the update
+        # Aggregates (see _Agg): flows of equal rows folded into one entity with a virtual clock.
+        self.aggregate = aggregate
+        self._next_agg = 0
+        self._agg_tie = 0  # tiebreak of members' service targets
+        self.aggregated = 0  # flows folded into aggregates (a flow counts each time it is folded)
+        self.dissolved = 0  # aggregates dissolved (a link under them changed its role)
         self._replays_due: list[tuple[float, int, _Session]] = []  # (end, seq, replaying session)
 
     # ----------------------------------------------------------- interface
@@ -1032,6 +1142,7 @@ class FlowNetwork(_NetworkBase):
         if bumped:
             self._epoch += 1
             self._wepoch += 1
+            self._dissolve_on(changed)  # members' rows may now differ
 
     def _finish(self, flow: Flow) -> None:
         session = flow.session
@@ -1076,7 +1187,6 @@ class FlowNetwork(_NetworkBase):
         level = float("inf")  # lowest rate among finished flows that shared a tight link
         on_link = self._on_link
         busy_since = self._busy_since
-        busy = self.ledger._busy_acc
         demand = self._demand
         tight_at = self._tight_at
         limit = now * (1 + _REL_TIME_EPS) + 1e-18
@@ -1089,31 +1199,21 @@ class FlowNetwork(_NetworkBase):
             _, seq, flow = heapq.heappop(heap)
             if seq != flow.seq:
                 continue  # stale entry: the flow was re-rated since
+            if type(flow) is _Agg:
+                if self._agg_due(flow, now, limit, finished, seeds) and flow.rate < level:
+                    level = flow.rate
+                continue
             flow.seq = -2
             finished.append(flow)
             if flow.rec is not None:
                 flow.rec[1] = now
-            route = flow.route
             log_t(now)
-            log_route(route.idx)
+            log_route(flow.route.idx)
             log_delta(-flow.rate)
             if self._lazy_count:
                 self._track(flow, -flow.rate)
-            for link, d in zip(route.ulinks, route.demand):
-                flows = on_link[link]
-                del flows[flow]
-                was_tight = demand[link] > tight_at[link]
-                if flows:
-                    demand[link] -= d
-                    if was_tight:
-                        seeds[link] = None
-                        if flow.rate < level:
-                            level = flow.rate
-                else:
-                    demand[link] = 0.0
-                    if seeds:
-                        seeds.pop(link, None)
-                    busy[link] += now - busy_since[link]
+            if self._depart(flow, None, now, seeds) and flow.rate < level:
+                level = flow.rate
         self._active -= len(finished)
         pending = self._pending
         arrivals: list[Flow] = []
@@ -1171,6 +1271,214 @@ class FlowNetwork(_NetworkBase):
             for join in joins:
                 join.on_done()
 
+    def _depart(self, flow: Flow, agg: _Agg | None, now: float, seeds: dict[int, None]) -> bool:
+        """Take a finished ``flow`` (a member of ``agg``, or on its own) off its links: demand, busy time,
+        and the tight links whose flows change company (into ``seeds``). Returns whether it shared a tight
+        link with a flow that stays (then flows at or above its rate may change)."""
+        on_link, demand, tight_at = self._on_link, self._demand, self._tight_at
+        busy, busy_since = self.ledger._busy_acc, self._busy_since
+        shared = False
+        route = flow.route
+        if agg is not None:
+            nlinks, crossings = agg.nlinks, agg._mult_of
+        for link, d, m in zip(route.ulinks, route.demand, route.mults):
+            flows = on_link[link]
+            if agg is None:
+                del flows[flow]
+            else:
+                c = nlinks[link] - 1
+                if c:
+                    nlinks[link] = c
+                    crossings[link] -= m
+                else:
+                    del nlinks[link], crossings[link], flows[agg]
+            was_tight = demand[link] > tight_at[link]
+            if flows:
+                demand[link] -= d
+                if was_tight:
+                    seeds[link] = None
+                    shared = True
+            else:
+                demand[link] = 0.0
+                if seeds:
+                    seeds.pop(link, None)
+                busy[link] += now - busy_since[link]
+        return shared
+
+    # ---------------------------------------------------------- aggregates
+    def _agg_due(self, agg: _Agg, now: float, limit: float, finished: list[Flow], seeds: dict[int, None]) -> bool:
+        """Retire the members of ``agg`` whose service target is reached by ``limit``; schedule its next.
+        Returns whether one shared a tight link with a flow that stays (see :meth:`_depart`)."""
+        rate = agg.rate
+        members = agg.heap
+        shared = False
+        lsum = agg.lwepoch == self._wepoch and self._lazy_count
+        while members and agg.ts + (members[0][0] - agg.svc) / rate <= limit:
+            flow = heapq.heappop(members)[2]
+            flow.seq = -2
+            finished.append(flow)
+            agg.n -= 1
+            self.ledger.log_span(agg.id, flow.route, flow.t0, now)
+            if self._lazy_count:
+                self._track(flow, -rate)
+            if lsum:
+                self._lazy_sums(agg, flow, -1)
+            shared |= self._depart(flow, agg, now, seeds)
+        agg.svc += rate * (now - agg.ts)
+        agg.ts = now
+        agg.wepoch = -1  # its row (the members' times their number) changed
+        if members:
+            self._seq += 1
+            agg.seq = self._seq
+            heapq.heappush(self._heap, (now + (members[0][0] - agg.svc) / rate, self._seq, agg))
+        else:
+            agg.seq = -2
+        return shared
+
+    def _lazy_sums(self, agg: _Agg, flow: Flow, sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) a member's crossings of lazy links to/from ``agg``'s sums."""
+        route = flow.route
+        if route.wepoch != self._wepoch:
+            self._refresh(route)
+        lsum, lcount = agg.lsum, agg.lcount
+        for link, m in route.lpairs:
+            c = lcount.get(link, 0) + sign
+            if c:
+                lcount[link] = c
+                lsum[link] = lsum.get(link, 0.0) + sign * m
+            else:
+                del lcount[link], lsum[link]
+
+    def _refresh_agg(self, agg: _Agg) -> None:
+        """:meth:`_refresh` for an aggregate: the members' common row times their number, and the lazy
+        links' crossings summed over members (rebuilt when laziness changed since they were summed)."""
+        # A member's route: the members' common row. (Not the first member's for good: once it has left,
+        # a link only it crossed may change its role without dissolving the aggregate.)
+        rep = agg.rep = agg.heap[0][2].route
+        if rep.wepoch != self._wepoch:
+            self._refresh(rep)
+        n = agg.n
+        agg.wpairs = tuple([(link, m * n) for link, m in rep.wpairs])
+        if self._lazy_count:
+            if agg.lwepoch != self._wepoch:
+                agg.lsum, agg.lcount = {}, {}
+                agg.lwepoch = self._wepoch
+                for member in agg.heap:
+                    self._lazy_sums(agg, member[2], 1)
+            agg.lpairs = tuple(agg.lsum.items())
+        else:
+            agg.lpairs = ()
+        agg.larrays = None
+        agg.wepoch = self._wepoch
+
+    def _fold(self, now: float, entities: list) -> None:
+        """Fold ``entities`` (flows and aggregates of one row and rate, see :class:`_Agg`) into one
+        aggregate: the largest aggregate among them, or a new one."""
+        aggs = [e for e in entities if type(e) is _Agg]
+        if aggs:
+            target = max(aggs, key=lambda a: a.n)
+            target.svc += target.rate * (now - target.ts)
+            target.ts = now
+        else:
+            first = entities[0]
+            target = _Agg(self._next_agg, first.route, first.rate, now)
+            self._next_agg += 1
+            self.ledger.log_aggregate_rate(target.id, now, target.rate)
+        on_link = self._on_link
+        ledger = self.ledger
+        for e in entities:
+            if e is target:
+                continue
+            if type(e) is _Agg:
+                e.svc += e.rate * (now - e.ts)
+                for link in e.nlinks:
+                    del on_link[link][e]
+                for goal, _tie, flow in e.heap:
+                    ledger.log_span(e.id, flow.route, flow.t0, now)
+                    self._join(target, flow, goal - e.svc, now)
+                e.heap, e.n, e.nlinks, e._mult_of, e.seq = [], 0, {}, {}, -2
+            else:
+                for link in e.route.ulinks:
+                    del on_link[link][e]
+                ledger.log_rate(now, e.route, -e.rate)
+                e.seq = -3  # its heap entry is stale: it finishes with the aggregate
+                self._join(target, e, e.remaining - e.rate * (now - e.t0), now)
+        target.wepoch = -1
+        self._seq += 1
+        target.seq = self._seq
+        heapq.heappush(self._heap, (now + (target.heap[0][0] - target.svc) / target.rate, self._seq, target))
+
+    def _join(self, agg: _Agg, flow: Flow, remaining: float, now: float) -> None:
+        """Make ``flow`` (``remaining`` bytes left) a member of ``agg`` from ``now``."""
+        flow.t0 = now  # a member's t0: when it joined
+        self._agg_tie += 1
+        heapq.heappush(agg.heap, (agg.svc + remaining, self._agg_tie, flow))
+        agg.n += 1
+        self.aggregated += 1
+        nlinks, crossings, on_link = agg.nlinks, agg._mult_of, self._on_link
+        route = flow.route
+        for link, m in zip(route.ulinks, route.mults):
+            c = nlinks.get(link)
+            if c is None:
+                nlinks[link] = 1
+                crossings[link] = m
+                on_link[link][agg] = None
+            else:
+                nlinks[link] = c + 1
+                crossings[link] += m
+        if agg.lwepoch == self._wepoch and self._lazy_count:
+            self._lazy_sums(agg, flow, 1)
+
+    def _dissolve(self, agg: _Agg, now: float) -> None:
+        """Make every member of ``agg`` a flow on its own again (at the aggregate's rate, with the bytes it
+        has left): a link under it changed its role, so the members' rows may differ from now on."""
+        self.dissolved += 1
+        agg.svc += agg.rate * (now - agg.ts)
+        agg.ts = now
+        on_link, ledger, rate = self._on_link, self.ledger, agg.rate
+        for link in agg.nlinks:
+            del on_link[link][agg]
+        for goal, _tie, flow in agg.heap:
+            ledger.log_span(agg.id, flow.route, flow.t0, now)
+            ledger.log_rate(now, flow.route, rate)
+            flow.rate = rate
+            flow.remaining = goal - agg.svc
+            flow.t0 = now
+            for link in flow.route.ulinks:
+                on_link[link][flow] = None
+            self._seq += 1
+            flow.seq = self._seq
+            heapq.heappush(self._heap, (now + flow.remaining / rate, self._seq, flow))
+        agg.heap, agg.n, agg.nlinks, agg._mult_of, agg.seq = [], 0, {}, {}, -2
+
+    def _dissolve_on(self, links) -> None:
+        """Dissolve the aggregates on any of ``links``."""
+        on_link, now = self._on_link, self.env.now
+        for link in links:
+            for e in [e for e in on_link[link] if type(e) is _Agg]:
+                self._dissolve(e, now)
+
+    def _merge(self, now: float, components: list) -> None:
+        """Fold the flows and aggregates of equal rows, solo rates and rates in each large component."""
+        for component in components:
+            flows = component[0]
+            if len(flows) < _AGG_MIN:
+                continue
+            groups: dict[tuple, list] = {}
+            for f in flows:
+                if f.rec is not None:
+                    continue  # being recorded for replays
+                route = f.route
+                key = (route.rep.wpairs if type(f) is _Agg else route.wpairs, route.solo_rate, f.rate)
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = [f]
+                else:
+                    group.append(f)
+            for group in groups.values():
+                if len(group) > 1:
+                    self._fold(now, group)
+
     def _intrusions(self, arrivals: list[Flow]) -> list[Flow]:
         """Arrivals onto links another session holds end that session's isolation: a recording one is
         not kept, a replaying one is made real now. Returns flows the replays admit at this instant."""
@@ -1214,8 +1522,10 @@ class FlowNetwork(_NetworkBase):
         seen: set[Flow] = set()
         out = []
         starts = list(seed_flows)
+        lazy = self._lazy
         for link in seeds:
-            starts.extend(f for f in on_link[link] if f.rate >= floor)
+            if not lazy[link]:  # a lazy link couples nobody (see _rerate)
+                starts.extend(f for f in on_link[link] if f.rate >= floor)
         wepoch = self._wepoch
         for first in starts:
             if first in seen:
@@ -1265,6 +1575,9 @@ class FlowNetwork(_NetworkBase):
     def _refresh(self, route: _Route) -> None:
         """Bring a route's links that may be tight (not dominated, not a twin left out) up to date, split
         into those that are not lazy (``wpairs``) and the lazy ones (``lpairs``), as (link, crossings)."""
+        if type(route) is _Agg:
+            self._refresh_agg(route)
+            return
         if route.cepoch != self._epoch:
             tight_at = self._tight_at
             inf = float("inf")
@@ -1316,6 +1629,7 @@ class FlowNetwork(_NetworkBase):
             if not overloaded:
                 break
             self.lazy_misses += 1
+            self._dissolve_on(overloaded)  # their members may cross these links unequally
             lazy, strikes = self._lazy, self._strikes
             for link in overloaded:  # back into the problems; the solve is redone with them
                 lazy[link] = False
@@ -1329,6 +1643,8 @@ class FlowNetwork(_NetworkBase):
             self._set_rates(now, component[0], rates, commit is None)
         if commit is not None:
             np.add.at(self._lload, commit[0], commit[1])
+        if self.aggregate:
+            self._merge(now, components)
         if self.lazy:
             self._mark_lazy(components, solved)
         if lonely:
@@ -1359,6 +1675,15 @@ class FlowNetwork(_NetworkBase):
             rate = flow.route.solo_rate if rates is None else rates[i]
             if rate == flow.rate and flow.seq > 0:
                 continue  # same rate: its heap entry (finish time) still holds
+            if type(flow) is _Agg:  # its clock moves on; its next member's finish comes from it
+                flow.svc += flow.rate * (now - flow.ts)
+                flow.ts = now
+                ledger.log_aggregate_rate(flow.id, now, rate)
+                flow.rate = rate
+                seq += 1
+                flow.seq = seq
+                push(heap, (now + (flow.heap[0][0] - flow.svc) / rate, seq, flow))
+                continue
             if flow.rec is not None:
                 flow.rec[2].append((now, rate))
                 session = flow.session
@@ -1414,7 +1739,7 @@ class FlowNetwork(_NetworkBase):
         self._pending_loads = None
         lload = self._lload
         total = sum(len(c[0]) for c in components)
-        if total < 256:
+        if total < 256 and not any(type(f) is _Agg for c in components for f in c[0]):
             loads: dict[int, float] = {}
             for component, rates in zip(components, solved):
                 for flow, rate in zip(component[0], rates):
@@ -1423,16 +1748,8 @@ class FlowNetwork(_NetworkBase):
                         loads[link] = loads.get(link, 0.0) + m * delta
             candidates = [link for link, d in loads.items() if lload[link] + d > self._cap[link] * (1 + 1e-9)]
         else:
-            arrays = []
-            for c in components:
-                for f in c[0]:
-                    route = f.route
-                    a = route.larrays
-                    if a is None:
-                        lp = route.lpairs
-                        a = route.larrays = (np.array([x for x, _ in lp], dtype=np.int64),
-                                             np.array([m for _, m in lp], dtype=float))
-                    arrays.append(a)
+            larrays = self._larrays
+            arrays = [larrays(f.route) for c in components for f in c[0]]
             sizes = np.fromiter((len(a[0]) for a in arrays), dtype=np.int64, count=total)
             if not sizes.any():
                 return []
@@ -1468,9 +1785,23 @@ class FlowNetwork(_NetworkBase):
         route = flow.route
         if route.wepoch != self._wepoch:
             self._refresh(route)
+        if type(flow) is _Agg:
+            ids, mults = self._larrays(route)
+            np.add.at(self._lload, ids, mults * delta)
+            return
         lload = self._lload
         for link, m in route.lpairs:
             lload[link] += m * delta
+
+    @staticmethod
+    def _larrays(route: _Route | _Agg) -> tuple[np.ndarray, np.ndarray]:
+        """A route's (or aggregate's) ``lpairs`` as (link ids, crossings) arrays, made once per refresh."""
+        a = route.larrays
+        if a is None:
+            lp = route.lpairs
+            a = route.larrays = (np.array([x for x, _ in lp], dtype=np.int64),
+                                 np.array([m for _, m in lp], dtype=float))
+        return a
 
     def _mark_lazy(self, components: list, solved: list) -> None:
         """Make the tight links of large components that their solution leaves slack lazy (see :meth:`_rerate`)."""

@@ -102,11 +102,9 @@ def traffic_matrix(pairs: pd.DataFrame, labels: list[str], traffic_class: str | 
 
 # ------------------------------------------------------------------ rate log
 def _rate_log(ledger) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The ledger's rate log as arrays (no copy): ``(times_s, route idx, delta rate in bytes/s)``."""
-    if not len(ledger.rate_t):
-        return np.zeros(0), np.zeros(0, np.int64), np.zeros(0)
-    return (np.frombuffer(ledger.rate_t, dtype=float), np.frombuffer(ledger.rate_route, dtype=np.int64),
-            np.frombuffer(ledger.rate_delta, dtype=float))
+    """The ledger's rate log as arrays: ``(times_s, route idx, delta rate in bytes/s)`` (see
+    :meth:`simulator.network.LinkLedger.rate_log`)."""
+    return ledger.rate_log()
 
 
 def _route_entries(routes, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

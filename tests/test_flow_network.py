@@ -312,3 +312,70 @@ def test_a_lazy_link_that_would_be_overloaded_is_made_strict_by_hand():
     assert got[1:41] == pytest.approx([10.0] * 40, rel=1e-12)
     assert got[41:] == pytest.approx([5.0] * 40, rel=1e-12)
     assert net.lazy_misses >= 1
+
+
+def _finish_times(flows, capacity, **options):
+    """Finish time of every ``(start_s, links, nbytes)`` flow on a ``FlowNetwork(env, capacity, **options)``."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, capacity, **options)
+    finish = [None] * len(flows)
+
+    def launch(i, start, links, nbytes):
+        yield env.timeout(start)
+        yield net.transfer(np.array(links), nbytes, 0.0, "x")
+        finish[i] = env.now
+
+    for i, (start, links, nbytes) in enumerate(flows):
+        env.process(launch(i, start, links, nbytes))
+    env.run()
+    return finish, net
+
+
+def test_an_aggregate_by_hand_is_processor_sharing():
+    # 20 flows of 1, 2, ..., 20 bytes share link 0 (20 B/s), each from its own source link (100 B/s, never
+    # tight): one row, one solo rate, so they are folded into one aggregate. Processor sharing by hand:
+    # while k flows are left each moves 20/k B/s, so the flow of b bytes ends b - (b-1) = 1 byte after the
+    # one before it, which takes k/20 s: t_b = sum over j = 1..b of (21 - j) / 20.
+    capacity = np.array([20.0] + [100.0] * 20)
+    flows = [(0.0, [0, 1 + i], float(i + 1)) for i in range(20)]
+    got, net = _finish_times(flows, capacity)
+    expected = np.cumsum([(21 - j) / 20 for j in range(1, 21)])
+    assert got == pytest.approx(expected.tolist(), rel=1e-12)
+    assert net.aggregated >= 19  # every flow but the one kept as the aggregate's first was folded
+    # The rate log, expanded from the aggregate's history and members' spans, gives link 0's rate: 20 B/s
+    # until the last flow ends, integrating to the 210 bytes it carried.
+    from simulator.traffic import integral, link_series
+    times, rates = link_series(net.ledger, net.routes, [0])[0]
+    assert rates[:-1] == pytest.approx([20.0] * (len(rates) - 1), rel=1e-12)
+    assert integral(times, rates) == pytest.approx(210.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_aggregates_change_no_finish_time(seed):
+    # Many flows of few distinct rows (8 sources x 8 sinks through 6 middle links, some roomy and made lazy,
+    # some tight: aggregates are folded, and dissolved when a lazy link under them binds). Finish times,
+    # bytes and busy time are those of the network without aggregates and of the global re-solve; the rate
+    # log gives the same link rates over time.
+    rng = np.random.default_rng(100 + seed)
+    capacity = np.array([10.0] * 16 + [60.0, 60.0, 60.0, 60.0, 12.0, 12.0])
+    flows = []
+    for _ in range(150):
+        src, dst, mid = int(rng.integers(8)), 8 + int(rng.integers(8)), 16 + int(rng.integers(6))
+        flows.append((float(rng.choice([0.0, 0.5, 1.0, rng.uniform(0, 3)])), [src, mid, dst],
+                      float(rng.integers(1, 6)) * 10.0))
+    got, net = _finish_times(flows, capacity)
+    ref, ref_net = _finish_times(flows, capacity, aggregate=False)
+    assert got == pytest.approx(ref, rel=1e-12)
+    assert got == pytest.approx(reference_finish_times(flows, capacity), rel=1e-9)
+    assert net.ledger.bytes == pytest.approx(ref_net.ledger.bytes, rel=1e-12)
+    assert net.ledger.busy_s == pytest.approx(ref_net.ledger.busy_s, rel=1e-12)
+    assert net.aggregated > 0 and ref_net.aggregated == 0
+    from simulator.traffic import link_series
+    links = list(range(len(capacity)))
+    ours, theirs = link_series(net.ledger, net.routes, links), link_series(ref_net.ledger, ref_net.routes, links)
+    for link in links:
+        # The same piecewise-constant rate (change points equal up to rounding): compared on a fine grid.
+        grid = np.linspace(0, max(got), 997)
+        at_ours = ours[link][1][np.searchsorted(ours[link][0], grid, side="right") - 1]
+        at_theirs = theirs[link][1][np.searchsorted(theirs[link][0], grid, side="right") - 1]
+        assert at_ours == pytest.approx(at_theirs, rel=1e-9, abs=1e-9)
