@@ -54,6 +54,13 @@ the engine's fast path). Two backends stand behind it:
     idle links are *replayed* from the recording (:meth:`FlowNetwork.start_flows`),
     made real if another flow comes onto their links first.
 
+    Flows whose rows in every max-min problem are equal (same links that may
+    bind, same crossings, same solo rate) always move at one rate: in a large
+    component they are folded into an *aggregate* (:class:`_Agg`), one entity
+    with a virtual clock whose members finish in order of their service
+    targets (processor sharing), re-rated once per event instead of once per
+    member. An aggregate is dissolved when a link under it changes its role.
+
     One late SimPy event per instant admits the flows whose latency has
     passed and retires the finished ones. Completions come from a heap of
     finish times (stale entries skipped), so an instant costs work
