@@ -902,7 +902,7 @@ class _StepBuilder:
         ep, experts = self.par.ep, self.model.experts
         probs = self.routing.probabilities(experts, layer).reshape(ep, experts // ep).sum(axis=1)
         nodes = [x // self.routing.node_gpus for x in group]
-        first, forward = deepep_matrices(r.rank_matrix(), probs, self.model.top_k, nodes)
+        first, forward = deepep_matrices(r.rank_matrix(), probs, self.model.top_k, nodes, self.routing.max_nodes)
         per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
         # FP8 training: tokens travel owner -> experts in FP8 with one fp32 scale per 128 elements (DeepEP's
         # FP8 dispatch; DeepSeek-V3 section 3.3.4 quantizes the activations before the up-projections and the
