@@ -484,7 +484,9 @@ def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, 
     PassOps
         ``forward``: input_norm, qkv, attention, attn_out, attn_residual,
         mlp_norm, MLP (``mlp_up``, ``mlp_activation``, ``mlp_down``, or the MoE
-        ops), mlp_residual; ``backward``: see :func:`backward_of`.
+        ops), mlp_residual (multi-head latent attention: ``q_down``, ``kv_down``,
+        ``q_norm``, ``kv_norm``, ``q_up``, ``kv_up`` in place of qkv, see
+        :func:`_mla_forward`); ``backward``: see :func:`backward_of`.
 
     Examples
     --------
