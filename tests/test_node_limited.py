@@ -81,3 +81,24 @@ def test_max_nodes_listed_and_defaults_unlimited():
     assert routing_from_dict({}).max_nodes is None and routing_from_dict({"max_nodes": 4}).max_nodes == 4
     with pytest.raises(ConfigError, match="max_nodes"):
         routing_from_dict({"max_node": 4})
+
+
+def test_deepep_ep64_bandwidth_with_the_node_limit():
+    # DeepEP's V1 table (docs/legacy.md; H800, one CX7 400 Gb/s NIC per GPU) was measured with at most 4 nodes
+    # per token: 51 GB/s RDMA bottleneck bandwidth at EP 64 (8 nodes), 4096 tokens per rank, top-8, FP8
+    # (7168 bytes per token). DeepEP counts tokens x distinct destination nodes (own node included) over the
+    # dispatch time; under the limit a token reaches M (1 - (1 - 1/M)^k) nodes (uniform routing).
+    from simulator.engine import Engine
+    from topologies import build_cluster
+    from workloads.ops import OpGraph
+    ep, tokens, k, nbytes, m = 64, 4096, 8, 7168.0, 4
+    first, fwd = deepep_matrices(np.full((ep, ep), tokens * k / ep), np.full(ep, 1 / ep), k,
+                                 [r // 8 for r in range(ep)], m)
+    g = OpGraph(ep)
+    for i in range(ep):
+        g.collective_op(i, "all_to_all", list(range(ep)), 0, split=tuple(first[i] * nbytes), traffic_class="ep")
+        g.collective_op(i, "all_to_all", list(range(ep)), 0, split=tuple(fwd[i] * nbytes), traffic_class="ep",
+                        stream="ep_forward")
+    t = Engine(g, build_cluster({"preset": "dgx-h800", "nodes": ep // 8})).run().step_time_s
+    bandwidth = tokens * m * (1 - (1 - 1 / m) ** k) * nbytes / t / 1e9
+    assert bandwidth == pytest.approx(51.0, rel=0.1)   # simulated when written: 51.1 GB/s
