@@ -406,7 +406,7 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
     if exp.faults:
         fabric += f", {len(exp.faults)} fault(s)"
     model = (f"{m.name}: {m.total_params() / 1e9:,.1f} B parameters, {m.layers} layers, hidden {m.hidden}, "
-             f"{m.heads} heads")
+             f"{m.heads} heads" + (f" (MLA, KV latent {m.kv_lora_rank})" if m.is_mla else ""))
     if m.is_moe:
         model += f", {m.experts} experts top-{m.top_k}"
     layout = f"TP {par.tp} x PP {par.pp} x DP {par.dp}"

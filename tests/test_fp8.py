@@ -69,7 +69,9 @@ def test_fp8_weight_params_are_the_gemm_matrices():
     moe = get_preset("deepseek-v3")
     dense, routed = fp8_weight_params(moe, 3, tp=1, ep=8)
     one = 3 * moe.hidden * moe.expert_ffn_hidden
-    assert routed == 256 // 8 * one and dense == 4 * moe.hidden**2 + one  # + 1 shared expert; router stays bf16
+    # MLA's five projections (config.json widths: q_down, q_up, kv_down, kv_up, output)
+    mla = 7168 * 1536 + 1536 * 128 * 192 + 7168 * (512 + 64) + 512 * 128 * (128 + 128) + 128 * 128 * 7168
+    assert routed == 256 // 8 * one and dense == mla + one  # + 1 shared expert; router and norms stay bf16
 
 
 # ------------------------------------------------------------------- memory

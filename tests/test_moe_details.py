@@ -302,7 +302,7 @@ def test_deepep_bottleneck_bandwidth_against_the_published_table(ep):
     # Simulated when written: EP 8 182.6 GB/s (+19%: DeepEP's intranode kernel reaches ~134 GB/s of NVLink
     # where we give it the fabric's 162), EP 16 51.0 (+19%), EP 32 59.1 (+2%), EP 64 52.1 (+2%). DeepEP's own
     # rows vary by 35% between EP 16 and EP 32, and were measured with node-limited routing (at most 4 nodes
-    # per token), which is not modelled here: 25% either way.
+    # per token; unlimited here, with the limit in tests/test_node_limited.py): 25% either way.
     bandwidth = deepep_dispatch_bandwidth(ep)
     assert bandwidth == pytest.approx(DEEPEP_V1[ep], rel=0.25)
 

@@ -280,25 +280,28 @@ def _unfused_attention(model: ModelSpec, b: int, s: int, t: int, d: int, causal:
     of ``s × d_h × s``, reads the scores). Every score is computed, masked or
     not; ``causal`` only halves what is counted.
     """
-    h, kv, hd = model.q_hidden, model.kv_hidden, model.head_dim
+    qw, kw, vw, ow = model.attention_widths
     heads = model.heads // t
     batch = b * heads
     scores = batch * s * s
     counted = 0.5 if causal else 1.0
-    qk = _gemm("attention_scores", s, s, hd, d, batch, counted)
-    pv = _gemm("attention_values", s, hd, s, d, batch, counted)
-    # Q and K (V and O) are ``b s h / t`` (``b s kv / t``) wide: GQA shares K, V between query heads.
+    qk = _gemm("attention_scores", s, s, model.qk_head_dim, d, batch, counted)
+    pv = _gemm("attention_values", s, model.v_dim, s, d, batch, counted)
+    # Q and K (V and O) are ``b s h / t`` (``b s kv / t``) wide: GQA shares K, V between query heads
+    # (MLA: the widths of :attr:`ModelSpec.attention_widths`).
     return [
-        LayerOp(qk.name, "gemm", qk.flops, d * (b * s * (h + kv) / t + scores), qk.shape, batch, qk.executed),
+        LayerOp(qk.name, "gemm", qk.flops, d * (b * s * (qw + kw) / t + scores), qk.shape, batch, qk.executed),
         LayerOp("attention_softmax", "scores", 0.0, float(2 * scores * d)),
         LayerOp("attention_dropout", "scores", 0.0, scores * (2 * d + 1)),
-        LayerOp(pv.name, "gemm", pv.flops, d * (scores + b * s * (kv + h) / t), pv.shape, batch, pv.executed),
+        LayerOp(pv.name, "gemm", pv.flops, d * (scores + b * s * (vw + ow) / t), pv.shape, batch, pv.executed),
     ]
 
 
 def _attention_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: int,
                        causal: bool, flash_attention: bool = True, fp8: bool = False, cp: int = 1,
                        cp_comm_type: str = "p2p") -> list[LayerOp]:
+    if model.is_mla:
+        return _mla_forward(model, b, s, t, rows, d, causal, flash_attention, fp8, cp, cp_comm_type)
     h, kv, q = model.hidden, model.kv_hidden, model.q_hidden
     tokens = b * s // cp
     if flash_attention:
@@ -328,6 +331,58 @@ def _attention_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: i
     ]
 
 
+def _mla_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: int, causal: bool,
+                 flash_attention: bool, fp8: bool, cp: int, cp_comm_type: str) -> list[LayerOp]:
+    """Multi-head latent attention (DeepSeek-V2/V3) on one TP rank, as Megatron-Core's ``MLASelfAttention``.
+
+    ``q_down`` (``h -> q_lora_rank``) and ``kv_down`` (``h -> kv_lora_rank + qk_rope_head_dim``) are
+    replicated over TP (``parallel_mode="duplicated"``) and run on the rank's ``rows`` tokens (its
+    sequence-parallel share, or all of them without SP); the latent RMSNorms ``q_norm`` and ``kv_norm``
+    likewise; ``q_up`` (``q_lora_rank -> a d_qk``) and ``kv_up`` (``kv_lora_rank -> a (d_nope + d_v)``)
+    are column-parallel and ``attn_out`` (``a d_v -> h``) row-parallel by heads. The fused attention kernel
+    computes ``Q Kᵀ`` at head width ``d_qk`` and ``P V`` at ``d_v``: ``2 b s² a (d_qk + d_v) / t`` FLOPs
+    (full ``s²``, halved with ``causal``), reads Q, K, V and writes O; its rate is looked up at the
+    equal-FLOP head width :attr:`ModelSpec.attention_head_dim`. RoPE on the 64-wide parts is left out
+    (element-wise, < 0.1% of the bytes).
+    """
+    h = model.hidden
+    tokens = b * s // cp
+    qw, kw, vw, ow = model.attention_widths
+    proj = model.mla_projections()
+    ops = [_elementwise("input_norm", 2 * rows * h, d)]
+    for name in ("q_down", "kv_down"):
+        if name in proj:
+            k, n, _split = proj[name]
+            ops += _linear(name, rows, n, k, d, fp8)
+    if model.q_lora_rank is not None:
+        ops.append(_elementwise("q_norm", 2 * rows * model.q_lora_rank, d))
+    ops.append(_elementwise("kv_norm", 2 * rows * model.kv_lora_rank, d))  # type: ignore[operator]
+    for name in ("q_proj", "q_up", "kv_up"):
+        if name in proj:
+            k, n, _split = proj[name]
+            ops += _linear(name, tokens, n // t, k, d, fp8, norm_fused=rows == tokens)
+    if flash_attention:
+        counted = 0.5 if causal else 1.0
+        core_flops = 2.0 * b * s * s * (qw + ow) / t * counted / cp
+        hd = model.attention_head_dim
+        if cp > 1 and cp_comm_type in ("p2p", "all_gather"):  # Q, O local, all of K, V
+            shape = (s // cp, s // cp if cp_comm_type == "p2p" else s, hd)
+            heads = b * model.heads // t
+            core_bytes = d * b * ((qw + ow) * s // cp + (kw + vw) * s) / t
+        else:
+            shape, heads = (s, s, hd), b * model.heads // (t * cp)
+            core_bytes = d * b * s * (qw + kw + vw + ow) / (t * cp)
+        ops.append(LayerOp("attention", "attention", core_flops, core_bytes, shape, heads, 0.5 / counted))
+    else:
+        if cp > 1:
+            raise ConfigError("options.flash_attention: context parallelism runs fused attention only "
+                              "(Transformer Engine); set flash_attention: true")
+        ops += _unfused_attention(model, b, s, t, d, causal)
+    k, n, _split = proj["attn_out"]
+    return ops + [*_linear("attn_out", tokens, n, k // t, d, fp8),
+                  _elementwise("attn_residual", 3 * rows * h, d)]
+
+
 def _mlp_forward(prefix: str, model: ModelSpec, tokens: int, width: int, d: int, fp8: bool = False,
                  norm_fused: bool = False) -> list[LayerOp]:
     """Up (gate+up fused when gated), activation, down for ``tokens`` rows of a ``width``-wide MLP shard."""
@@ -355,14 +410,16 @@ def _moe_forward(model: ModelSpec, tokens: int, rows: int, t: int, d: int, fp8: 
 def fp8_gemm_modules(model: ModelSpec, layer: int, ep: int = 1) -> int:
     """FP8 GEMMs of layer ``layer`` on one EP rank, each with its own FP8 scaling state (amax history).
 
-    Dense: QKV, output projection, MLP up and down (4). MoE: the two attention GEMMs, up and down of each
+    Dense: QKV, output projection, MLP up and down (4; MLA: its five projections instead of two). MoE:
+    the attention GEMMs, up and down of each
     of the ``experts / ep`` local experts (TE ``GroupedLinear`` keeps one state per expert GEMM) and of the
     shared-expert MLP. Transformer Engine keeps 3 forward (input, weight, output) and 2 backward (output
     gradient, input gradient) scaling entries per GEMM.
     """
+    attention = len(model.mla_projections()) or 2  # MLA: q_down, q_up, kv_down, kv_up, attn_out
     if not model.is_moe_layer(layer):
-        return 4
-    return 2 + 2 * (model.experts // ep) + (2 if model.shared_experts else 0)
+        return attention + 2
+    return attention + 2 * (model.experts // ep) + (2 if model.shared_experts else 0)
 
 
 def fp8_weight_params(model: ModelSpec, layer: int, tp: int = 1, ep: int = 1,
@@ -373,8 +430,8 @@ def fp8_weight_params(model: ModelSpec, layer: int, tp: int = 1, ep: int = 1,
     The matrices of :func:`fp8_gemm_modules`: attention QKV and output projection, the MLP (dense, or the
     local routed experts and the shared experts). Biases, norms and the router stay in bf16.
     """
-    h, kv, q = model.hidden, model.kv_hidden, model.q_hidden
-    attention = (h * (q + 2 * kv) + q * h) // tp
+    h = model.hidden
+    attention = model.attention_matmul_params(tp)
     if not model.is_moe_layer(layer):
         return attention + model.mlp_matrices * h * model.ffn_hidden // tp, 0
     one = model.mlp_matrices * h * model.expert_ffn_hidden // tp
@@ -427,7 +484,9 @@ def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, 
     PassOps
         ``forward``: input_norm, qkv, attention, attn_out, attn_residual,
         mlp_norm, MLP (``mlp_up``, ``mlp_activation``, ``mlp_down``, or the MoE
-        ops), mlp_residual; ``backward``: see :func:`backward_of`.
+        ops), mlp_residual (multi-head latent attention: ``q_down``, ``kv_down``,
+        ``q_norm``, ``kv_norm``, ``q_up``, ``kv_up`` in place of qkv, see
+        :func:`_mla_forward`); ``backward``: see :func:`backward_of`.
 
     Examples
     --------
@@ -556,8 +615,8 @@ def narayanan_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int,
 
 def _matmul_params_per_token(model: ModelSpec, index: int) -> int:
     """Weights of layer ``index`` one token multiplies by (MoE: router, top-k and shared experts)."""
-    h, kv, q = model.hidden, model.kv_hidden, model.q_hidden
-    attn = h * (q + 2 * kv) + q * h
+    h = model.hidden
+    attn = model.attention_matmul_params()
     if not model.is_moe_layer(index):
         return attn + model.mlp_matrices * h * model.ffn_hidden
     experts = (model.top_k + model.shared_experts) * model.mlp_matrices * h * model.expert_ffn_hidden
@@ -566,10 +625,18 @@ def _matmul_params_per_token(model: ModelSpec, index: int) -> int:
 
 def _layer_forward_flops(model: ModelSpec, tokens: int, seq_len: int, causal: bool) -> float:
     """Forward FLOPs of all layers: ``2 N_layer T`` plus the attention ``4 s q T`` per layer (``q`` the
-    query width, ``h`` unless ``kv_channels`` says otherwise)."""
+    query width, ``h`` unless ``kv_channels`` says otherwise; MLA: ``2 s a (d_qk + d_v) T``)."""
     weights = sum(_matmul_params_per_token(model, i) for i in range(model.layers))
-    attention = 4.0 * seq_len * model.q_hidden * model.layers * (0.5 if causal else 1.0)
-    return (2.0 * weights + attention) * tokens
+    return (2.0 * weights + _attention_core_flops(model, seq_len, causal)) * tokens
+
+
+def _attention_core_flops(model: ModelSpec, seq_len: int, causal: bool) -> float:
+    """Forward FLOPs of ``Q Kᵀ`` and ``P V`` per token, all layers: ``4 s q l`` (MLA: ``2 s a (d_qk + d_v)
+    l``), halved with ``causal``."""
+    if model.is_mla:
+        qw, _kw, _vw, ow = model.attention_widths
+        return 2.0 * seq_len * (qw + ow) * model.layers * (0.5 if causal else 1.0)
+    return 4.0 * seq_len * model.q_hidden * model.layers * (0.5 if causal else 1.0)
 
 
 def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, *,
@@ -601,7 +668,10 @@ def hardware_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, *
     if recompute == "full":
         flops += _layer_forward_flops(model, tokens, seq_len, causal)
     elif recompute == "selective":
-        flops += 4.0 * seq_len * model.q_hidden * model.layers * tokens * (0.5 if causal else 1.0)
+        if model.is_mla:
+            flops += _attention_core_flops(model, seq_len, causal) * tokens
+        else:
+            flops += 4.0 * seq_len * model.q_hidden * model.layers * tokens * (0.5 if causal else 1.0)
     elif recompute != "none":
         raise ConfigError(f"parallel.recompute: {recompute!r} is not valid; valid: none, selective, full")
     return flops

@@ -47,7 +47,10 @@ full recompute                 ``2 s b h`` (layer input; ``/ t`` with SP)
 (layer-norm inputs ``4sbh``, QKV and MLP inputs ``2sbh`` each, two dropout
 masks ``2sbh``; Q, K, V, projection input ``8sbh``; MLP ``16sbh``; scores
 ``5 a s^2 b``), generalised to GQA (K, V of width ``kv_hidden``), gated MLPs
-(``2f`` stored before the activation) and MoE (routed tokens ``top_k`` times).
+(``2f`` stored before the activation), MoE (routed tokens ``top_k`` times) and multi-head latent
+attention (Q, K, V, output at :attr:`~workloads.models.ModelSpec.attention_widths`, split by heads, plus
+the replicated latents: ``2 q_lora_rank + 2 kv_lora_rank + qk_rope_head_dim`` per token, the down
+projections' outputs and the latent norms' outputs).
 For GPT-shaped models it equals the table exactly. Embedding-dropout and
 small per-stage terms are left out; the last stage adds the fp32 logits
 ``4 s b V / t`` of the loss.
@@ -220,7 +223,14 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
     if recompute == "full":
         return d * sbh / sp
     replicated = (4 * d + 2 * MASK_BYTES) * sbh  # 2 norm inputs, QKV and MLP inputs, 2 masks
-    split = d * s * b * (2 * model.q_hidden + 2 * model.kv_hidden)  # Q, K, V, projection input
+    if model.is_mla:
+        # MLA: the latents (norm inputs and up-projection inputs; the key's rotary part) are replicated
+        # over TP, Q, K, V and the projection input split by heads at their own widths
+        replicated += d * s * b * (2 * (model.q_lora_rank or 0) + 2 * model.kv_lora_rank  # type: ignore[operator]
+                                   + model.qk_rope_head_dim)
+        split = d * s * b * sum(model.attention_widths)
+    else:
+        split = d * s * b * (2 * model.q_hidden + 2 * model.kv_hidden)  # Q, K, V, projection input
     gates = model.mlp_matrices - 1
     if model.is_moe_layer(layer):
         k = model.top_k

@@ -10,6 +10,13 @@ Parameter-count conventions
 Per layer, with ``h = hidden``, ``kv = kv_heads * head_dim`` and ``f = ffn_hidden``:
 
 * attention: QKV projection ``h * (h + 2 kv)`` + output projection ``h * h``;
+  multi-head latent attention (MLA, DeepSeek-V2/V3: ``kv_lora_rank`` set), with ``a`` heads,
+  ``r_q = q_lora_rank``, ``r_kv = kv_lora_rank``, ``d_qk = qk_nope_head_dim + qk_rope_head_dim``
+  and ``d_v = v_head_dim``: query down ``h r_q`` + its RMSNorm ``r_q`` + query up ``r_q a d_qk``
+  (without ``q_lora_rank``: one query projection ``h a d_qk``), key/value down
+  ``h (r_kv + qk_rope_head_dim)`` + its RMSNorm ``r_kv``, key/value up ``r_kv a (qk_nope_head_dim + d_v)``
+  and output ``a d_v h``; the down projections and latent norms are replicated over TP, the up and
+  output projections split by heads (Megatron-Core's ``MLASelfAttention``);
 * MLP: ``2 h f`` (GPT: up, down) or ``3 h f`` (``gated_mlp``, SwiGLU: gate, up, down);
 * norms: two per layer; RMSNorm has ``h`` weights each (``2h`` per layer),
   LayerNorm with ``bias`` has weight and bias (``4h`` per layer);
@@ -85,6 +92,15 @@ class ModelSpec:
         0 means ``hidden / heads``. Set it when the query width ``heads * kv_channels``
         differs from ``hidden`` (Qwen3-235B-A22B: 64 heads of 128 on a 4,096-wide
         model, so 8,192-wide Q and output projections).
+    q_lora_rank : int or None, default None
+        MLA: width of the compressed query (``None``: the query is projected from the
+        hidden state directly, as DeepSeek-V2-Lite).
+    kv_lora_rank : int or None, default None
+        MLA: width of the compressed key/value latent. Setting it turns on multi-head latent
+        attention (DeepSeek-AI 2024, arXiv:2405.04434 section 2.1); ``None`` is standard attention.
+    qk_nope_head_dim, qk_rope_head_dim, v_head_dim : int or None, default None
+        MLA: per-head widths of the non-rotary and rotary parts of queries and keys (the
+        query/key head width is their sum) and of the values; required with ``kv_lora_rank``.
 
     Examples
     --------
@@ -114,6 +130,11 @@ class ModelSpec:
     bias: bool = False
     learned_positions: bool = False
     kv_channels: int = 0
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         _validate_model(self)
@@ -133,6 +154,73 @@ class ModelSpec:
     def kv_hidden(self) -> int:
         """Width of the K (or V) projection, ``kv_heads * head_dim``."""
         return self.kv_heads * self.head_dim
+
+    @property
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention (``kv_lora_rank`` set)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query (and key) head: ``qk_nope_head_dim + qk_rope_head_dim`` under MLA, else
+        :attr:`head_dim`."""
+        if self.is_mla:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim  # type: ignore[operator]
+        return self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of one value head: ``v_head_dim`` under MLA, else :attr:`head_dim`."""
+        return self.v_head_dim if self.is_mla else self.head_dim  # type: ignore[return-value]
+
+    @property
+    def attention_widths(self) -> tuple[int, int, int, int]:
+        """Widths of Q, K, V and the attention output (the output projection's input) per token, all heads:
+        ``(a d_qk, a_kv d_qk, a_kv d_v, a d_v)``; ``(q_hidden, kv_hidden, kv_hidden, q_hidden)`` for
+        standard attention. MLA expands its latent into ``heads`` full K and V heads."""
+        a, a_kv = self.heads, self.kv_heads
+        return a * self.qk_head_dim, a_kv * self.qk_head_dim, a_kv * self.v_dim, a * self.v_dim
+
+    @property
+    def attention_head_dim(self) -> int:
+        """Head width of a standard attention kernel with the same FLOPs: ``(d_qk + d_v) / 2`` (Q Kᵀ costs
+        ``2 s² d_qk``, P V ``2 s² d_v`` per head); :attr:`head_dim` for standard attention. The fused
+        kernel's rate is looked up at this width (:mod:`simulator.attention` has rates by head width)."""
+        return (self.qk_head_dim + self.v_dim) // 2 if self.is_mla else self.head_dim
+
+    def mla_projections(self) -> dict[str, tuple[int, int, bool]]:
+        """MLA's linear layers of one layer: ``name -> (input width, output width, split over TP)``.
+
+        ``q_down`` (absent without ``q_lora_rank``: ``q_proj`` instead), ``q_up``, ``kv_down``, ``kv_up``,
+        ``attn_out``; the down projections are replicated over TP (Megatron-Core ``parallel_mode:
+        duplicated``), the others split by heads. Empty for standard attention.
+        """
+        if not self.is_mla:
+            return {}
+        h, a, q = self.hidden, self.heads, self.attention_widths[0]
+        out: dict[str, tuple[int, int, bool]] = {}
+        if self.q_lora_rank is None:
+            out["q_proj"] = (h, q, True)
+        else:
+            out["q_down"] = (h, self.q_lora_rank, False)
+            out["q_up"] = (self.q_lora_rank, q, True)
+        out["kv_down"] = (h, self.kv_lora_rank + self.qk_rope_head_dim, False)  # type: ignore[operator]
+        out["kv_up"] = (self.kv_lora_rank, a * (self.qk_nope_head_dim + self.v_dim), True)  # type: ignore[misc]
+        out["attn_out"] = (a * self.v_dim, h, True)
+        return out
+
+    def mla_norm_params(self) -> int:
+        """Weights of MLA's latent RMSNorms (query and key/value latents), replicated over TP; 0 otherwise."""
+        if not self.is_mla:
+            return 0
+        return (self.q_lora_rank or 0) + self.kv_lora_rank  # type: ignore[operator]
+
+    def attention_matmul_params(self, tp: int = 1) -> int:
+        """Weights of the attention's linear layers on one of ``tp`` ranks (no biases, no norms)."""
+        if self.is_mla:
+            return sum(i * o // (tp if split else 1) for i, o, split in self.mla_projections().values())
+        h, kv, q = self.hidden, self.kv_hidden, self.q_hidden
+        return (h * (q + 2 * kv) + q * h) // tp
 
     @property
     def is_moe(self) -> bool:
@@ -160,7 +248,10 @@ class ModelSpec:
 
         QKV is column-split and the output projection row-split (Megatron), so
         weights and the QKV bias divide by ``tp``; the output bias is replicated.
+        MLA: :meth:`mla_projections` (down projections replicated) plus the latent norms.
         """
+        if self.is_mla:
+            return self.attention_matmul_params(tp) + self.mla_norm_params()
         h, kv, q = self.hidden, self.kv_hidden, self.q_hidden
         n = (h * (q + 2 * kv) + q * h) // tp
         if self.bias:
@@ -256,11 +347,13 @@ _INT_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "
                "moe_layer_freq")
 _COUNT_FIELDS = ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "first_dense_layers", "kv_channels")
 _BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "bias", "learned_positions")
+_MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 MODEL_LIMITS = {"layers": 4096, "hidden": 1 << 20, "heads": 1 << 16, "kv_heads": 1 << 16, "ffn_hidden": 1 << 22,
                 "moe_ffn_hidden": 1 << 22, "vocab": 1 << 24, "experts": 1 << 16, "shared_experts": 1 << 10,
-                "kv_channels": 1 << 16,
+                "kv_channels": 1 << 16, "q_lora_rank": 1 << 20, "kv_lora_rank": 1 << 20,
+                "qk_nope_head_dim": 1 << 16, "qk_rope_head_dim": 1 << 16, "v_head_dim": 1 << 16,
                 "max_seq_len": 1 << 24}
 """Upper limits per model field: far above any published model, low enough that the per-layer work the
 generator does (and the arithmetic on sizes) stays bounded for a mistyped value such as ``layers: 1e9``."""
@@ -276,10 +369,13 @@ def _validate_model(m: ModelSpec) -> None:
         check_int(f"model.{f}", getattr(m, f), minimum=0)
     for f in _BOOL_FIELDS:
         check_bool(f"model.{f}", getattr(m, f))
+    for f in _MLA_FIELDS:
+        if getattr(m, f) is not None:
+            check_int(f"model.{f}", getattr(m, f))
     for f, limit in MODEL_LIMITS.items():
-        if getattr(m, f) > limit:
+        if (getattr(m, f) or 0) > limit:
             raise ConfigError(f"model.{f}: {getattr(m, f):,} exceeds the supported {limit:,}")
-    if m.hidden % m.heads and not m.kv_channels:
+    if m.hidden % m.heads and not m.kv_channels and not m.is_mla:
         raise ConfigError(f"model.heads: {m.heads} does not divide model.hidden={m.hidden}")
     if m.heads % m.kv_heads:
         raise ConfigError(f"model.kv_heads: {m.kv_heads} does not divide model.heads={m.heads}")
@@ -289,6 +385,19 @@ def _validate_model(m: ModelSpec) -> None:
                 raise ConfigError(f"model.{f}: needs model.experts > 0 (a mixture-of-experts model)")
     elif not 1 <= m.top_k <= m.experts:
         raise ConfigError(f"model.top_k: must be in 1..{m.experts} (model.experts), got {m.top_k}")
+    if m.is_mla:
+        for f in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(m, f) is None:
+                raise ConfigError(f"model.{f}: required with model.kv_lora_rank (multi-head latent attention)")
+        for f, bad in (("kv_heads", m.kv_heads != m.heads), ("kv_channels", m.kv_channels != 0),
+                       ("bias", m.bias)):
+            if bad:
+                raise ConfigError(f"model.{f}: multi-head latent attention (model.kv_lora_rank) needs "
+                                  + ("kv_heads == heads" if f == "kv_heads" else f"{f} unset ({getattr(m, f)!r})"))
+    else:
+        for f in _MLA_FIELDS:
+            if getattr(m, f) is not None:
+                raise ConfigError(f"model.{f}: needs model.kv_lora_rank (multi-head latent attention)")
     if m.first_dense_layers > m.layers:
         raise ConfigError(f"model.first_dense_layers: {m.first_dense_layers} exceeds model.layers={m.layers}")
 
@@ -322,13 +431,15 @@ PRESETS: dict[str, ModelSpec] = {
     "mixtral-8x7b": ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, gated_mlp=True,
                               tied_embeddings=False, experts=8, top_k=2, moe_ffn_hidden=14336,
                               max_seq_len=32768),
-    # DeepSeek-AI 2024 (arXiv:2412.19437); HF deepseek-ai/DeepSeek-V3 config.json.
-    # Approximation: multi-head latent attention (MLA) is modelled as standard MHA
-    # with 128 heads of width 56 (4h^2 = 206M vs MLA's 187M params per layer); the
-    # multi-token-prediction module (14B) is left out, so total_params ~ 672B.
+    # DeepSeek-AI 2024 (arXiv:2412.19437); HF deepseek-ai/DeepSeek-V3 config.json: multi-head latent
+    # attention with q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64,
+    # v_head_dim 128 (187,107,328 attention parameters per layer). total_params 671.0B is the report's
+    # 671B main model; the multi-token-prediction module (14B more in the HF checkpoint's 685B) is left out.
     "deepseek-v3": ModelSpec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, gated_mlp=True,
                              tied_embeddings=False, experts=256, top_k=8, moe_ffn_hidden=2048,
-                             shared_experts=1, max_seq_len=163840, first_dense_layers=3),
+                             shared_experts=1, max_seq_len=163840, first_dense_layers=3,
+                             q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                             v_head_dim=128),
     # Qwen Team 2025 (arXiv:2505.09388, Table 2); HF Qwen/Qwen3-235B-A22B config.json: 94 layers,
     # hidden 4096, 64 query heads / 4 KV heads of head_dim 128 (Q width 8192 > hidden), 128 experts,
     # top-8, moe_intermediate_size 1536, no shared experts, vocab 151936, untied embeddings,

@@ -43,6 +43,27 @@ Counts are drawn with ``numpy.random.default_rng(seed)``: same seed, same
 routing. Choices of one token are drawn independently (the top-k
 without-replacement constraint is ignored; it changes nothing in the
 aggregate counts that drive traffic).
+
+Node-limited routing (``max_nodes``)
+------------------------------------
+DeepSeek-V3 (arXiv:2412.19437, section 2.1.2) sends each token to experts on
+at most ``M`` nodes (``M = 4``), the nodes with the highest sums of the
+``K / M`` highest affinities of their experts. The node choice changes which
+experts a token picks *together*, not how often each expert is picked, so the
+drawn counts stay as they are; what changes is how many distinct nodes and
+GPUs a token reaches, which is what DeepEP's dispatch sends
+(:func:`deepep_matrices`). Model: a token picks its ``M`` nodes, then its
+``k`` choices independently among the experts of those nodes, node ``n``
+taking the share ``σ_n = p_n / (p_n + (M - 1)(1 - p_n) / (N - 1))`` of them
+(``p_n``: probability of node ``n`` of the ``N`` in the EP group; the other
+``M - 1`` nodes at the average). Exact for uniform routing (``σ = 1/M``:
+``M (1 - (1 - 1/M)^k)`` distinct nodes per token) and in both limits
+(``M = 1``: one node per token; ``M ≥ N``: unlimited). DeepSeek's own
+selection (by the top ``K / M`` affinities) nearly always uses all ``M``
+nodes (3.95 of 4 for V3's 8 nodes of 32 experts and uniform affinities, by a
+Monte Carlo of the rule, against this model's 3.60): the model is a lower
+bound on DeepEP's inter-node copies. The ``all_to_all`` dispatcher sends one
+copy per choice, so the node limit does not change its traffic.
 """
 
 from __future__ import annotations
@@ -90,6 +111,10 @@ class RoutingModel:
     node_gpus : int
         GPUs per NVLink domain (rank ``r`` on node ``r // node_gpus``); the experiment sets it from the
         cluster. Only ``dispatch: deepep`` reads it.
+    max_nodes : int or None
+        Node-limited routing (DeepSeek-V3 section 2.1.2): every token's experts lie on at most this many
+        nodes of its EP group (module docstring); ``None`` = unlimited. Only ``dispatch: deepep`` reads it
+        (the ``all_to_all`` dispatcher sends one copy per choice whichever nodes they are on).
     """
 
     kind: str = "uniform"
@@ -102,6 +127,7 @@ class RoutingModel:
     dispatch: str = "all_to_all"
     shared_expert_overlap: bool = False
     node_gpus: int = 8
+    max_nodes: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in ROUTING_KINDS:
@@ -118,6 +144,11 @@ class RoutingModel:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"moe.{name}: must be true or false, got {getattr(self, name)!r}")
         check_int("moe.node_gpus", self.node_gpus)
+        if self.max_nodes is not None:
+            check_int("moe.max_nodes", self.max_nodes)
+            if self.max_nodes > 1 << 20:
+                raise ConfigError(f"moe.max_nodes: {self.max_nodes:,} exceeds the supported {1 << 20:,} "
+                                  "(null for unlimited)")
         if self.dispatch == "deepep" and self.pad_to_capacity:
             raise ConfigError("moe.dispatch: deepep sends each token once per destination node and GPU; it is not "
                               "modelled with pad_to_capacity (fixed-size all-to-alls)")
@@ -264,8 +295,28 @@ def route_layer(model_experts: int, top_k: int, tokens_per_rank: int, ep: int, r
     return LayerRouting(choices, _apply_capacity(choices, capacity), capacity, routing.pad_to_capacity)
 
 
+def node_limited_shares(node_probs: np.ndarray, max_nodes: int) -> np.ndarray:
+    """Share ``σ_n`` of a token's choices that node ``n`` takes when it is one of the token's ``max_nodes``
+    nodes (module docstring): ``p_n / (p_n + (M - 1)(1 - p_n) / (N - 1))``; ``p_n`` itself when
+    ``M >= N`` (unlimited), 1 when ``M = 1``.
+
+    Examples
+    --------
+    >>> node_limited_shares(np.full(8, 1 / 8), 4).tolist()   # uniform: 1/M
+    [0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25]
+    """
+    p = np.asarray(node_probs, dtype=float)
+    n = len(p)
+    if max_nodes >= n:
+        return p
+    out = np.zeros_like(p)
+    nz = p > 0
+    out[nz] = p[nz] / (p[nz] + (max_nodes - 1) * (1.0 - p[nz]) / (n - 1))
+    return out
+
+
 def deepep_matrices(slots: np.ndarray, rank_probs: np.ndarray, top_k: int,
-                    node_of: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+                    node_of: Sequence[int], max_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Tokens of DeepEP's node-aggregated dispatch over one EP group: ``(first hop, NVLink forward)``.
 
     DeepEP's normal kernels (DeepSeek-V3 report section 3.2.2; github.com/deepseek-ai/DeepEP) send a
@@ -277,7 +328,10 @@ def deepep_matrices(slots: np.ndarray, rank_probs: np.ndarray, top_k: int,
     Counts are expectations given the drawn choices: the ``slots[i, j]`` choices rank ``i`` sends to EP rank
     ``j`` stand for ``slots[i, j] * r_j`` distinct tokens with ``r_j = (1 - (1 - p_j)^k) / (k p_j)`` (a token
     picks ``j`` at least once out of ``k`` independent choices, ``p_j`` the probability that one choice lands
-    on ``j``); likewise per node with ``p_n = sum of p_j on node n``.
+    on ``j``); likewise per node with ``p_n = sum of p_j on node n``. With ``max_nodes`` (node-limited
+    routing, fewer than the group's nodes) a token's choices fall on its own ``M`` nodes only: ``p_n`` becomes
+    the share ``σ_n`` of :func:`node_limited_shares` and ``p_j`` becomes ``p_j σ_n / p_n`` (the same
+    choices, concentrated on fewer nodes and GPUs, so fewer distinct copies).
 
     Parameters
     ----------
@@ -288,6 +342,8 @@ def deepep_matrices(slots: np.ndarray, rank_probs: np.ndarray, top_k: int,
     top_k : int
     node_of : sequence of int
         Node of each EP member; every node must hold the same number of members.
+    max_nodes : int, optional
+        Most nodes one token's experts lie on (``None``: unlimited).
 
     Returns
     -------
@@ -319,8 +375,14 @@ def deepep_matrices(slots: np.ndarray, rank_probs: np.ndarray, top_k: int,
         return out
 
     slots = np.asarray(slots, dtype=float)
-    per_rank = slots * ratio(rank_probs)[None, :]           # distinct tokens i -> j
+    rank_probs = np.asarray(rank_probs, dtype=float)
     node_p = np.array([rank_probs[members[n]].sum() for n in nodes])
+    if max_nodes is not None and max_nodes < len(nodes):
+        share = node_limited_shares(node_p, max_nodes)
+        scale = np.divide(share, node_p, out=np.zeros_like(share), where=node_p > 0)
+        rank_probs = rank_probs * scale[[nodes.index(node_of[j]) for j in range(ep)]]
+        node_p = share
+    per_rank = slots * ratio(rank_probs)[None, :]           # distinct tokens i -> j
     node_tokens = np.stack([slots[:, members[n]].sum(axis=1) for n in nodes], axis=1) * ratio(node_p)[None, :]
     first = np.zeros((ep, ep))
     forward = np.zeros((ep, ep))
@@ -341,7 +403,7 @@ def routing_from_dict(section: dict | None) -> RoutingModel:
     """Build a :class:`RoutingModel` from the experiment file's ``moe:`` section (strict keys)."""
     section = dict(section or {})
     valid = ("routing", "zipf_s", "expert_load", "capacity_factor", "seed", "draw", "pad_to_capacity", "dispatch",
-             "shared_expert_overlap")
+             "shared_expert_overlap", "max_nodes")
     unknown = sorted(set(section) - set(valid))
     if unknown:
         raise ConfigError(f"moe.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
@@ -354,4 +416,5 @@ def routing_from_dict(section: dict | None) -> RoutingModel:
                         draw=section.get("draw", "micro_batch"),
                         pad_to_capacity=section.get("pad_to_capacity", False),
                         dispatch=section.get("dispatch", "all_to_all"),
-                        shared_expert_overlap=section.get("shared_expert_overlap", False))
+                        shared_expert_overlap=section.get("shared_expert_overlap", False),
+                        max_nodes=section.get("max_nodes"))

@@ -187,6 +187,7 @@ class Unit:
 
 _MODULE_OF_KERNEL = {
     "qkv": "qkv", "attn_out": "out", "mlp_up": "up", "mlp_down": "down",
+    "q_down": "qkv", "q_up": "qkv", "q_proj": "qkv", "kv_down": "qkv", "kv_up": "qkv",  # MLA's projections
     "router": "moe", "experts_up": "moe", "experts_down": "moe", "shared_up": "moe", "shared_down": "moe",
     "embedding": "embedding", "logits": "output", "final_norm": "output",
 }
@@ -201,7 +202,8 @@ def module_of(kernel_name: str) -> str | None:
 def layer_units(model: ModelSpec, layer: int, tp: int, ep: int, granularity: str) -> dict[str, Unit]:
     """The gathered units of one layer on one TP/EP rank, by module name (``layer``: one unit ``"layer"``).
 
-    Modules (DeepSpeed): ``qkv`` (QKV weight and bias), ``out`` (output
+    Modules (DeepSpeed): ``qkv`` (QKV weight and bias; MLA: its down and up projections and latent
+    norms), ``out`` (output
     projection), ``up`` and ``down`` (MLP; gate and up fused), ``moe`` (router
     and local experts of a MoE layer). The two norms (``2·h`` or ``4·h``
     elements) are below DeepSpeed's persistence threshold and never gathered
@@ -210,15 +212,22 @@ def layer_units(model: ModelSpec, layer: int, tp: int, ep: int, granularity: str
     """
     h, kv, t = model.hidden, model.kv_hidden, tp
     routed = model.routed_expert_params(layer, t, ep)
+    # MLA: the "qkv" unit holds every projection but the output one, and the two latent norms
+    mla = len(model.mla_projections()) - 1 + (2 if model.q_lora_rank is not None else 1) if model.is_mla else 0
     if granularity == "layer":
         total = model.params_per_layer(layer, t, ep)
         return {"layer": Unit((layer, "layer"), total - routed, routed,
-                              tensors=model.mlp_matrices + 4 + (4 if model.bias else 0))}
+                              tensors=model.mlp_matrices + 4 + (4 if model.bias else 0) + max(mla - 1, 0))}
     bias = model.bias
     q = model.q_hidden
-    units = {"qkv": Unit((layer, "qkv"), h * (q + 2 * kv) // t + ((q + 2 * kv) // t if bias else 0), 0.0,
-                         2 if bias else 1),
-             "out": Unit((layer, "out"), q * h // t + (h if bias else 0), 0.0, 2 if bias else 1)}
+    if model.is_mla:
+        out = model.heads * model.v_dim * h // t
+        units = {"qkv": Unit((layer, "qkv"), model.attention_params(t) - out, 0.0, mla),
+                 "out": Unit((layer, "out"), out, 0.0, 1)}
+    else:
+        units = {"qkv": Unit((layer, "qkv"), h * (q + 2 * kv) // t + ((q + 2 * kv) // t if bias else 0), 0.0,
+                             2 if bias else 1),
+                 "out": Unit((layer, "out"), q * h // t + (h if bias else 0), 0.0, 2 if bias else 1)}
     if model.is_moe_layer(layer):
         units["moe"] = Unit((layer, "moe"), model.mlp_params(layer, t, ep) - routed, routed,
                             tensors=1 + model.mlp_matrices * (model.experts // ep + model.shared_experts))

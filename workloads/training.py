@@ -207,6 +207,9 @@ UB_METHODS = {
     "attn_out.dgrad": "ring", "mlp_down.dgrad": "ring",    # proj_dgrad, fc2_dgrad: all-gather of dY
     "qkv.dgrad": "bulk_ag", "mlp_up.dgrad": "bulk_ag",     # qkv_dgrad, fc1_dgrad: all-gather of the input
     "qkv.wgrad": "bulk_rs", "mlp_up.wgrad": "bulk_rs",     # qkv_wgrad, fc1_wgrad: reduce-scatter of dX
+    # multi-head latent attention: the layer's all-gather goes with its first column-parallel GEMM
+    "q_up": "ring", "q_up.dgrad": "bulk_ag", "q_up.wgrad": "bulk_rs",
+    "q_proj": "ring", "q_proj.dgrad": "bulk_ag", "q_proj.wgrad": "bulk_rs",
 }
 """Transformer Engine's default userbuffers overlap per GEMM (``initialize_ub`` in
 ``transformer_engine/pytorch/module/base.py``): ``ring_exchange`` for the all-gather before the column-parallel
@@ -214,7 +217,9 @@ forward GEMMs and the row-parallel data-gradient GEMMs (``num_splits = tp`` chun
 copy engines, ``num_sm`` 1 and no SM margin); ``pipeline`` for the reduce-scatter after the row-parallel
 forward GEMMs (4 splits, 16 SMs, GEMM on the rest); ``bulk`` for the column-parallel backward: the all-gather of
 the saved input beside the data-gradient GEMM, the reduce-scatter of its result beside the weight-gradient GEMM
-(16 SMs). Row-parallel weight gradients reuse the gathered ``dY`` and communicate nothing."""
+(16 SMs). Row-parallel weight gradients reuse the gathered ``dY`` and communicate nothing. Multi-head latent
+attention (``q_up``, or ``q_proj`` without a query latent) keeps the same collectives, of ``b s h`` elements,
+as the non-overlapped path does (:meth:`_StepBuilder._tp_counts`)."""
 UB_PIPELINE_SPLITS = 4
 """TE's ``num_splits`` of the ``pipeline`` method."""
 REGATHER_STREAM = "tp_regather"
@@ -897,7 +902,7 @@ class _StepBuilder:
         ep, experts = self.par.ep, self.model.experts
         probs = self.routing.probabilities(experts, layer).reshape(ep, experts // ep).sum(axis=1)
         nodes = [x // self.routing.node_gpus for x in group]
-        first, forward = deepep_matrices(r.rank_matrix(), probs, self.model.top_k, nodes)
+        first, forward = deepep_matrices(r.rank_matrix(), probs, self.model.top_k, nodes, self.routing.max_nodes)
         per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
         # FP8 training: tokens travel owner -> experts in FP8 with one fp32 scale per 128 elements (DeepEP's
         # FP8 dispatch; DeepSeek-V3 section 3.3.4 quantizes the activations before the up-projections and the
@@ -1063,6 +1068,10 @@ class _StepBuilder:
         b, s, h, kv, t, d = (self.par.micro_batch, self.train.seq_len, self.model.hidden, self.model.kv_hidden,
                              self.t, self.dtype)
         kv_bytes = 2.0 * b * s * kv / t * d  # K and V of the whole sequence, one TP rank's heads
+        mla = self.model.is_mla
+        if mla:  # multi-head latent attention: K and V expanded per head, at their own widths
+            qw, kw, vw, ow = self.model.attention_widths
+            kv_bytes = float(b * s * (kw + vw)) / t * d
         again = seg.recompute or (False,) * len(seg.kernels)
         buf: list[Kernel] = []
         state = {"last": None, "pending": list(deps), "recompute": False, "n": 0}
@@ -1115,6 +1124,8 @@ class _StepBuilder:
             else:
                 q_kv = b * s / cp * (h + 2 * kv) / t * d  # this rank's Q, K, V (dQ, dK, dV) of its tokens
                 out = b * s / cp * h / t * d                 # its attention output (gradient)
+                if mla:
+                    q_kv, out = b * s / cp * (qw + kw + vw) / t * d, b * s / cp * ow / t * d
                 first, then = (out, q_kv) if backward else (q_kv, out)
                 a2a = g.collective_op(rank, "all_to_all", group, first, name=f"{name}.cp_a2a", deps=anchor,
                                       stream=COMPUTE_STREAM, traffic_class="cp", **tags)
