@@ -211,10 +211,10 @@ def test_replayed_calls_finish_as_simulated_ones_even_when_cut_short(seed):
     assert net.replays >= 5 and net.materialized >= 1 and ref.replays == 0
 
 
-def _twin_finish_times(flows, capacity, twins):
-    """Finish times of ``(start_s, links, nbytes)`` flows on a network with or without twin links."""
+def _finish_times(flows, capacity, **options):
+    """Finish time of every ``(start_s, links, nbytes)`` flow on a ``FlowNetwork(env, capacity, **options)``."""
     env = simpy.Environment()
-    net = FlowNetwork(env, capacity, twins=twins)
+    net = FlowNetwork(env, capacity, **options)
     finish = [None] * len(flows)
 
     def launch(i, start, links, nbytes):
@@ -236,7 +236,7 @@ def test_a_twin_class_split_by_a_later_route_by_hand(b_link):
     # 2.5, then alone at 10 B/s: done at 4.
     capacity = np.array([10.0, 10.0, 10.0])
     flows = [(0.0, [0, 1], 10.0), (0.0, [0, 1], 10.0), (1.0, [b_link, 2], 20.0)]
-    got, net = _twin_finish_times(flows, capacity, twins=True)
+    got, net = _finish_times(flows, capacity, twins=True)
     assert got == pytest.approx([2.5, 2.5, 4.0], rel=1e-12)
     assert net._twin_of[0] != net._twin_of[1]  # split for good
 
@@ -252,30 +252,14 @@ def test_twin_links_change_no_finish_time(seed):
     flows = []
     for start, links, nbytes in random_flows(rng, 10, 40, simultaneous=bool(seed % 2)):
         flows.append((start, links + [x + 10 for x in links if x < 5], nbytes))
-    got, net = _twin_finish_times(flows, capacity, twins=True)
-    ref, ref_net = _twin_finish_times(flows, capacity, twins=False)
+    got, net = _finish_times(flows, capacity, twins=True)
+    ref, ref_net = _finish_times(flows, capacity, twins=False)
     assert got == ref
     assert got == pytest.approx(reference_finish_times(flows, capacity), rel=1e-9, abs=1e-9)
     assert net.ledger.bytes.tolist() == ref_net.ledger.bytes.tolist()
     assert net.ledger.busy_s.tolist() == ref_net.ledger.busy_s.tolist()
     left_out = sum(1 for t in net._tight_at if t == float("inf"))
     assert left_out > sum(1 for t in ref_net._tight_at if t == float("inf"))
-
-
-def _lazy_finish_times(flows, capacity, lazy):
-    env = simpy.Environment()
-    net = FlowNetwork(env, capacity, lazy=lazy)
-    finish = [None] * len(flows)
-
-    def launch(i, start, links, nbytes):
-        yield env.timeout(start)
-        yield net.transfer(np.array(links), nbytes, 0.0, "x")
-        finish[i] = env.now
-
-    for i, (start, links, nbytes) in enumerate(flows):
-        env.process(launch(i, start, links, nbytes))
-    env.run()
-    return finish, net
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -290,8 +274,8 @@ def test_lazy_links_change_no_finish_time(seed):
     for _ in range(120):
         src, dst, mid = int(rng.integers(8)), 8 + int(rng.integers(8)), 16 + int(rng.integers(6))
         flows.append((float(rng.uniform(0, 3)), [src, mid, dst], float(rng.integers(1, 6)) * 10.0))
-    got, net = _lazy_finish_times(flows, capacity, lazy=True)
-    ref, ref_net = _lazy_finish_times(flows, capacity, lazy=False)
+    got, net = _finish_times(flows, capacity, lazy=True)
+    ref, ref_net = _finish_times(flows, capacity, lazy=False)
     assert got == pytest.approx(ref, rel=1e-12)
     assert got == pytest.approx(reference_finish_times(flows, capacity), rel=1e-9)
     assert net.ledger.bytes == pytest.approx(ref_net.ledger.bytes, rel=1e-12)
@@ -308,27 +292,10 @@ def test_a_lazy_link_that_would_be_overloaded_is_made_strict_by_hand():
     # (An empty transfer over link 1 alone keeps link 0 from dominating it.)
     capacity = np.array([40.0, 100.0, 100.0])
     flows = [(0.0, [1], 0.0)] + [(0.0, [0, 1], 10.0)] * 40 + [(1.0, [1, 2], 6.0)] * 40
-    got, net = _lazy_finish_times(flows, capacity, lazy=True)
+    got, net = _finish_times(flows, capacity, lazy=True)
     assert got[1:41] == pytest.approx([10.0] * 40, rel=1e-12)
     assert got[41:] == pytest.approx([5.0] * 40, rel=1e-12)
     assert net.lazy_misses >= 1
-
-
-def _finish_times(flows, capacity, **options):
-    """Finish time of every ``(start_s, links, nbytes)`` flow on a ``FlowNetwork(env, capacity, **options)``."""
-    env = simpy.Environment()
-    net = FlowNetwork(env, capacity, **options)
-    finish = [None] * len(flows)
-
-    def launch(i, start, links, nbytes):
-        yield env.timeout(start)
-        yield net.transfer(np.array(links), nbytes, 0.0, "x")
-        finish[i] = env.now
-
-    for i, (start, links, nbytes) in enumerate(flows):
-        env.process(launch(i, start, links, nbytes))
-    env.run()
-    return finish, net
 
 
 def test_an_aggregate_by_hand_is_processor_sharing():
