@@ -426,6 +426,7 @@ class LinkLedger:
             steps = np.r_[rates[0], np.diff(rates)]  # the change at each history entry
             first = np.searchsorted(times, t_in[sel], side="right") - 1  # in force just after joining
             last = np.searchsorted(times, t_out[sel], side="left") - 1  # in force just before leaving
+            last = np.maximum(last, first)  # a span that began and ended at one instant adds nothing
             n = last - first  # changes strictly inside the span
             rs = routes[sel]
             total = int(n.sum())
