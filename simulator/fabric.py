@@ -161,6 +161,9 @@ class Fabric:
         self._route_latency: dict[tuple, tuple[np.ndarray, float]] = {}
         self._phases_cache: dict[tuple, tuple] = {}
         self._server_array: np.ndarray | None = None  # rank -> server, made for _lane_phases
+        self._last_choice: tuple | None = None  # (key, plan, protocol) of the latest choose()
+        # a phase's transfers ((hops, label) each) -> their bottlenecks (s/B) and route latencies (_estimates)
+        self._phase_loads: dict[tuple, tuple[list[float], list[float]]] = {}
         # id(links array) -> (the array, the (src rank, dst rank) hops it carries, one equal payload each):
         # how the traffic matrix attributes a route's payload to GPU pairs.
         self._pairs: dict[int, tuple[np.ndarray, tuple[tuple[int, int], ...]]] = {}
@@ -308,12 +311,17 @@ class Fabric:
         if algorithm != "auto" and algorithm not in COLLECTIVE_ALGORITHMS:
             raise CollectiveError(f"algorithm: {algorithm!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
         key = (kind, group, nbytes, algorithm)
+        last = self._last_choice
+        if last is not None and last[0] == key:
+            return last[1], last[2]
         choice = self._auto_cache.get(key)
+        planned: dict[str, Plan] = {}  # the candidates' plans (fidelity "fast")
         if choice is None:
             candidates = AUTO_CANDIDATES[kind] if algorithm == "auto" else (algorithm,)
             best = None
             for a in candidates:
-                plan = plan_collective(kind, group, nbytes, self.server_of, a, stagger=self.config.nccl_latency)
+                plan = planned[a] = plan_collective(kind, group, nbytes, self.server_of, a,
+                                                    stagger=self.config.nccl_latency)
                 protocols = self.protocols(plan)
                 if len(candidates) == 1 and len(protocols) == 1:  # nothing to choose: no estimate needed
                     best = (0.0, a, protocols[0])
@@ -330,8 +338,11 @@ class Fabric:
                     if best is None or t < best[0]:
                         best = (t, a, protocol)
             choice = self._auto_cache[key] = (best[1], best[2])
-        plan = plan_collective(kind, group, nbytes, self.server_of, choice[0], self.config.fidelity,
-                               stagger=self.config.nccl_latency)
+        plan = planned.get(choice[0]) if self.config.fidelity == "fast" else None  # the same call's plan
+        if plan is None:
+            plan = plan_collective(kind, group, nbytes, self.server_of, choice[0], self.config.fidelity,
+                                   stagger=self.config.nccl_latency)
+        self._last_choice = (key, plan, choice[1])
         return plan, choice[1]
 
     def _plan_shape(self, plan: Plan) -> tuple:
@@ -377,33 +388,47 @@ class Fabric:
         costs = [self._costs(plan, p, spans) for p in protocols]
         factors = [BANDWIDTH_FACTOR[p] for p in protocols]
         totals = [c[0] if plan.phases else 0.0 for c in costs]
-        hop = self._hop
-        spray = self._spray
-        usable = self.usable_capacity
         self._route_hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops])
         for phase in plan.phases:
             if not phase:
                 continue
-            routed = [[hop(s, d, t.label) for s, d in t.hops] for t in phase]
-            arrays = [h[0] for hops in routed for h in hops]
-            entries = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
-            ids, local = np.unique(entries, return_inverse=True)
-            if spray:
-                weights = np.concatenate([np.full(len(a), 1.0 / self.spread(a)) for a in arrays])
-                load = np.bincount(local, weights, minlength=len(ids))
-            else:
-                load = np.bincount(local, minlength=len(ids)).astype(float)
-            ratio = load[local] / usable[entries]
-            sizes = [sum(len(h[0]) for h in hops) for hops in routed]
-            starts = np.cumsum([0] + sizes[:-1])
-            per_bytes = np.maximum.reduceat(ratio, starts).tolist() if len(sizes) > 1 else [float(ratio.max())]
+            # What follows reads only the transfers' hops and labels (routes, capacities): a large phase's
+            # result is kept for the same ring with other bytes (a DP group's all-gather, reduce-scatter
+            # and all-reduce, every bucket size)
+            loads_key = (tuple([(t.hops, t.label) for t in phase])
+                         if sum(len(t.hops) for t in phase) > _SHAPE_HOPS else None)
+            loads = self._phase_loads.get(loads_key) if loads_key is not None else None
+            if loads is None:
+                loads = self._phase_load(phase)
+                if loads_key is not None:
+                    self._phase_loads[loads_key] = loads
+            per_bytes, physs = loads
             worst = [0.0] * len(protocols)
-            for t, hops, per_byte in zip(phase, routed, per_bytes):
-                phys = max(h[1] for h in hops)
+            for t, phys, per_byte in zip(phase, physs, per_bytes):
                 for i, (c, f) in enumerate(zip(costs, factors)):
                     worst[i] = max(worst[i], self._step_latency(t, c, phys) + t.nbytes / f * per_byte)
             totals = [x + w for x, w in zip(totals, worst)]
         return totals
+
+    def _phase_load(self, phase: tuple[Transfer, ...]) -> tuple[list[float], list[float]]:
+        """Each transfer's bottleneck seconds per byte (its largest link load over usable capacity, hops
+        of the phase sharing links counted) and largest route latency (s), in transfer order."""
+        hop = self._hop
+        usable = self.usable_capacity
+        routed = [[hop(s, d, t.label) for s, d in t.hops] for t in phase]
+        arrays = [h[0] for hops in routed for h in hops]
+        entries = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+        ids, local = np.unique(entries, return_inverse=True)
+        if self._spray:
+            weights = np.concatenate([np.full(len(a), 1.0 / self.spread(a)) for a in arrays])
+            load = np.bincount(local, weights, minlength=len(ids))
+        else:
+            load = np.bincount(local, minlength=len(ids)).astype(float)
+        ratio = load[local] / usable[entries]
+        sizes = [sum(len(h[0]) for h in hops) for hops in routed]
+        starts = np.cumsum([0] + sizes[:-1])
+        per_bytes = np.maximum.reduceat(ratio, starts).tolist() if len(sizes) > 1 else [float(ratio.max())]
+        return per_bytes, [max(h[1] for h in hops) for hops in routed]
 
     # -------------------------------------------------------------- execution
     def phases(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str = "auto",
