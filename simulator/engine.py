@@ -43,12 +43,6 @@ def paused_gc() -> Iterator[None]:
     scans of them are pure overhead: about 10 % of the wall time of a 1,024-GPU
     step, with the same peak memory (measured; docs/DESIGN.md, "Speed").
     Plain reference counting still frees everything as it is dropped.
-
-    On the way out, what the block allocated is moved to the oldest generation (``freeze`` then
-    ``unfreeze``: two list splices) instead of being left in the youngest, where the first collection
-    after the block would traverse all of it (131,072 GPUs: millions of objects, seconds of CPU); only
-    full collections look at it from then on, as at any object that has survived a while. Skipped when
-    someone else has frozen objects (``unfreeze`` would release theirs too).
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -56,9 +50,6 @@ def paused_gc() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
-            if gc.get_freeze_count() == 0:
-                gc.freeze()
-                gc.unfreeze()
             gc.enable()
 
 

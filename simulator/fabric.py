@@ -218,15 +218,22 @@ class Fabric:
         if len(missing) < _BULK_HOPS:
             return
         arr = np.array(missing, dtype=np.int64)
-        routes = self.router.routes(self.cluster.gpus, arr[:, 0], arr[:, 1], arr[:, 2])
-        latency_of, sums, pairs = self._latency_of, self._latency_sums, self._pairs
-        for key, links in zip(missing, routes):
-            values = tuple([latency_of[x] for x in links.tolist()])
-            latency = sums.get(values)
-            if latency is None:
-                latency = sums[values] = float(self.latency[links].sum())
-            cache[key] = (links, latency)
-            pairs[id(links)] = (links, (key[:2],))
+        sums, pairs = self._latency_sums, self._pairs
+        for where, block in self.router.route_blocks(self.cluster.gpus, arr[:, 0], arr[:, 1], arr[:, 2]):
+            # a route's latency is looked up by its links' latencies, as _hop does: once per distinct row
+            values, inverse = np.unique(self.latency[block], axis=0, return_inverse=True)
+            known = []
+            for j, row in enumerate(values.tolist()):
+                latency = sums.get(tuple(row))
+                if latency is None:
+                    first = block[int(np.argmax(inverse.ravel() == j))]
+                    latency = sums[tuple(row)] = float(self.latency[first].sum())
+                known.append(latency)
+            latencies = [known[j] for j in inverse.ravel().tolist()]
+            for i, links, latency in zip(where.tolist(), block, latencies):
+                key = missing[i]
+                cache[key] = (links, latency)
+                pairs[id(links)] = (links, (key[:2],))
 
     def spread(self, links: np.ndarray) -> int:
         """Equal-cost paths a routed links array spreads one flow over (1 under ECMP)."""

@@ -197,7 +197,8 @@ def switch_paths(graph: nx.DiGraph, source: Hashable, target: Hashable,
         for w in nexts:
             if on_path(w, j):
                 stack.append(path + [w])
-    paths.sort(key=lambda p: [repr(n) for n in p])
+    names: dict = {}  # each switch's repr once (the paths share most of their switches)
+    paths.sort(key=lambda p: [names[n] if n in names else names.setdefault(n, repr(n)) for n in p])
     return paths
 
 
@@ -419,27 +420,39 @@ class Router:
 
     def routes(self, gpus: list, src: np.ndarray, dst: np.ndarray, labels: np.ndarray) -> list[np.ndarray]:
         """:meth:`route` of every ``(gpus[src[i]], gpus[dst[i]], labels[i])``, the same link ids, computed
-        together: on a regular fabric the up and down legs are read from a per-GPU table, the switch paths
-        per distinct switch pair and the ECMP hashes in one array pass (:func:`ecmp_hash_array`); pairs
-        inside one NVSwitch are two table reads; any other pair takes :meth:`route`. The arrays are rows
-        of a few shared blocks (131,072 GPUs: 10^6 routes in seconds instead of ~20 s one by one)."""
+        together (:meth:`route_blocks`); the arrays are rows of a few shared blocks."""
+        out: list = [None] * len(src)
+        for where, block in self.route_blocks(gpus, src, dst, labels):
+            for j, i in enumerate(where.tolist()):
+                out[i] = block[j]
+        return out
+
+    def route_blocks(self, gpus: list, src: np.ndarray, dst: np.ndarray, labels: np.ndarray
+                     ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`route` of every ``(gpus[src[i]], gpus[dst[i]], labels[i])`` as ``(positions, block)``
+        pairs: row ``j`` of ``block`` is the route of pair ``positions[j]``; every pair is in one block.
+
+        On a regular fabric the up and down legs are read from a per-GPU table, the switch paths per
+        distinct switch pair and the ECMP hashes in one array pass (:func:`ecmp_hash_array`); pairs
+        inside one NVSwitch are two table reads; any other pair takes :meth:`route` (a block of one row).
+        131,072 GPUs: 10^6 routes in seconds instead of ~20 s one by one."""
         n = len(src)
-        out: list = [None] * n
         if n == 0:
-            return out
+            return []
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
         labels = np.asarray(labels, dtype=np.int64)
         t = self._gpu_table(gpus)
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        done = np.zeros(n, dtype=bool)
         ok = t["ok"][src] & t["ok"][dst] & (src != dst)
         dom_s = t["dom"][src]
         same_domain = (dom_s >= 0) & (dom_s == t["dom"][dst])
         intra = np.flatnonzero(ok & same_domain & (t["nvs"][src] == t["nvs"][dst])
                                & (t["g2n"][src] >= 0) & (t["n2g"][dst] >= 0))
         if len(intra):
-            block = np.stack([t["g2n"][src[intra]], t["n2g"][dst[intra]]], axis=1)
-            for j, i in enumerate(intra.tolist()):
-                out[i] = block[j]
+            out.append((intra, np.stack([t["g2n"][src[intra]], t["n2g"][dst[intra]]], axis=1)))
+            done[intra] = True
         struct = np.flatnonzero(ok & ~same_domain)
         if len(struct):
             s, d = src[struct], dst[struct]
@@ -465,11 +478,11 @@ class Router:
                 block[:, 2:m + 2] = table[offset[inv[rows]] + pick[rows]]
                 block[:, m + 2] = t["dn0"][rd]
                 block[:, m + 3] = t["dn1"][rd]
-                for j, i in enumerate(struct[rows].tolist()):
-                    out[i] = block[j]
-        for i, links in enumerate(out):
-            if links is None:
-                out[i] = self.route(gpus[int(src[i])], gpus[int(dst[i])], int(labels[i]))
+                out.append((struct[rows], block))
+            done[struct] = True
+        for i in np.flatnonzero(~done).tolist():
+            links = self.route(gpus[int(src[i])], gpus[int(dst[i])], int(labels[i]))
+            out.append((np.array([i]), links[None, :]))
         return out
 
     def _mid_array(self, first: Hashable, last: Hashable) -> np.ndarray:
