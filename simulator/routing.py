@@ -123,18 +123,34 @@ def _grow(front: list, neighbours, dist: dict, other: dict, k: int) -> tuple[lis
 
 class _Ball:
     """The breadth-first levels around one switch in one direction, grown on demand and kept: ``fronts[k]``
-    the switches at distance ``k``, ``dist`` every switch found so far with its distance."""
+    the switches at distance ``k``, ``dist`` every switch found so far with its distance, ``children[v]``
+    the neighbours of ``v`` one level further out (once that level is grown)."""
 
-    __slots__ = ("fronts", "dist")
+    __slots__ = ("fronts", "dist", "children")
 
     def __init__(self, node: Hashable) -> None:
         self.fronts = [[node]]
         self.dist = {node: 0}
+        self.children: dict[Hashable, list] = {}
 
-    def front(self, k: int, neighbours) -> list:
-        fronts = self.fronts
+    def front(self, k: int, neighbours: dict) -> list:
+        """The switches at distance ``k`` (``neighbours``: a plain dict of each switch's neighbours in
+        this ball's direction); what :func:`_grow` finds, level by level."""
+        fronts, dist, children = self.fronts, self.dist, self.children
         while len(fronts) <= k:
-            fronts.append(_grow(fronts[-1], neighbours, self.dist, {}, len(fronts))[0])
+            level = len(fronts)
+            nxt = []
+            for v in fronts[-1]:
+                kids = children[v] = []
+                for w in neighbours[v]:
+                    d = dist.get(w)
+                    if d is None:
+                        dist[w] = level
+                        nxt.append(w)
+                        kids.append(w)
+                    elif d == level:
+                        kids.append(w)
+            fronts.append(nxt)
         return fronts[k]
 
 
@@ -151,8 +167,9 @@ def switch_paths(graph: nx.DiGraph, source: Hashable, target: Hashable,
         return [[source]]
     if balls is not None:  # levels kept per switch and direction: the dicts may know deeper levels too
         kf, kb = _meet_cached(graph, source, target, balls)
-        bb = balls[(target, False)]
-        fwd, bwd = balls[(source, True)].dist, bb.dist
+        fb, bb = balls[(source, True)], balls[(target, False)]
+        fwd, bwd = fb.dist, bb.dist
+        succ = balls["succ"]
     else:
         fwd = {source: 0}
         bwd = {target: 0}
@@ -187,13 +204,17 @@ def switch_paths(graph: nx.DiGraph, source: Hashable, target: Hashable,
             continue
         j = len(path)
         ahead = total - j
-        if balls is not None and ahead <= kb and len(bb.fronts[ahead]) < len(graph.succ[v]):
+        if balls is None:
+            nexts = graph.successors(v)
+        elif j <= kf:
+            nexts = fb.children[v]  # v's neighbours at distance j from the source: the only candidates
+        elif ahead <= kb and len(bb.fronts[ahead]) < len(succ[v]):
             # the switches at distance ``ahead`` from the target are fewer than v's neighbours (a spine
             # above 128 leaves, one of them the target): look for those among v's neighbours instead
-            succ_v = graph.succ[v]
+            succ_v = succ[v]
             nexts = [w for w in bb.fronts[ahead] if w in succ_v]
         else:
-            nexts = graph.successors(v)
+            nexts = succ[v]
         for w in nexts:
             if on_path(w, j):
                 stack.append(path + [w])
@@ -205,7 +226,12 @@ def switch_paths(graph: nx.DiGraph, source: Hashable, target: Hashable,
 def _meet_cached(graph: nx.DiGraph, source: Hashable, target: Hashable, balls: dict) -> tuple[int, int]:
     """The levels ``(kf, kb)`` at which :func:`switch_paths`' two searches first meet, with the levels of
     each end read from (and added to) ``balls``: the same alternation (the smaller front grows) and the
-    same meeting test (a new switch already within the other ball's levels), so the same ``kf, kb``."""
+    same meeting test (a new switch already within the other ball's levels), so the same ``kf, kb``.
+    ``balls`` also keeps the graph's adjacency as plain dicts (``"succ"``, ``"pred"``): one graph per
+    ``balls``."""
+    if "succ" not in balls:  # the graph's adjacency as plain dicts, read once
+        balls["succ"] = dict(graph.adjacency())  # switch -> {successor: edge data}
+        balls["pred"] = {v: list(graph.predecessors(v)) for v in graph}
     fb = balls.get((source, True))
     if fb is None:
         fb = balls[(source, True)] = _Ball(source)
@@ -219,11 +245,11 @@ def _meet_cached(graph: nx.DiGraph, source: Hashable, target: Hashable, balls: d
             raise ValueError(f"no route from {source} to {target}")
         if len(front_f) <= len(front_b):
             kf += 1
-            front_f = fb.front(kf, graph.successors)
+            front_f = fb.front(kf, balls["succ"])
             other, k = bb.dist, kb
         else:
             kb += 1
-            front_b = bb.front(kb, graph.predecessors)
+            front_b = bb.front(kb, balls["pred"])
             other, k = fb.dist, kf
         new = front_f if other is bb.dist else front_b
         if any(other.get(w, k + 1) <= k for w in new):
@@ -251,7 +277,8 @@ class Router:
         self.node_id = {n: i for i, n in enumerate(graph.nodes)}
         self._pair_paths: dict[tuple, list[np.ndarray]] = {}
         self._switch_paths: dict[tuple, list[list[Hashable]]] = {}
-        self._balls: dict[tuple, _Ball] = {}  # (switch, forward?) -> its search levels (switch_paths)
+        # (switch, forward?) -> its search levels, and "succ"/"pred": the switch graph's adjacency (switch_paths)
+        self._balls: dict = {}
         self._switch_graph: nx.DiGraph | None = None
         # Regular fabrics (see _structural): link ids of each GPU's up and down legs, of each switch path.
         self._up: dict[Hashable, list[int]] = {}
