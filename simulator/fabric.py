@@ -28,6 +28,9 @@ ALL_TO_ALL_FLOWS = ("grouped", "proportional", "per_pair")
 
 
 TIER_NAMES = ("nvlink", "pcie", "leaf", "spine", "core")
+_BULK_HOPS = 32  # at least this many new hops are routed together (Fabric._route_hops)
+_LANES_MIN = 8  # replicated collectives over at least this many groups are planned once and relabelled
+_LANE_RANKS = 64  # ... when their groups have at most this many ranks (Fabric._lane_phases)
 _SHAPE_HOPS = 64  # plans with at most this many hops have their estimates cached per shape (Fabric._plan_shape)
 
 
@@ -157,6 +160,10 @@ class Fabric:
         self._estimate_cache: dict[tuple, list[float]] = {}  # plan shape (see _plan_shape) -> estimates
         self._route_latency: dict[tuple, tuple[np.ndarray, float]] = {}
         self._phases_cache: dict[tuple, tuple] = {}
+        self._server_array: np.ndarray | None = None  # rank -> server, made for _lane_phases
+        self._last_choice: tuple | None = None  # (key, plan, protocol) of the latest choose()
+        # a phase's transfers ((hops, label) each) -> their bottlenecks (s/B) and route latencies (_estimates)
+        self._phase_loads: dict[tuple, tuple[list[float], list[float]]] = {}
         # id(links array) -> (the array, the (src rank, dst rank) hops it carries, one equal payload each):
         # how the traffic matrix attributes a route's payload to GPU pairs.
         self._pairs: dict[int, tuple[np.ndarray, tuple[tuple[int, int], ...]]] = {}
@@ -198,6 +205,35 @@ class Fabric:
             hop = self._route_latency[key] = (links, latency)
             self._pairs[id(links)] = (links, ((src, dst),))
         return hop
+
+    def _route_hops(self, keys: list[tuple[int, int, int]]) -> None:
+        """Route the ``(src, dst, label)`` hops of ``keys`` that :meth:`_hop` has not cached, together
+        (:meth:`Router.routes`), when there are at least ``_BULK_HOPS`` of them under ECMP: the same
+        arrays and latencies :meth:`_hop` would make one by one (a DP ring over 1,024 servers, a send
+        between two stages' 8,192 replicas)."""
+        if self._spray or len(keys) < _BULK_HOPS:
+            return
+        cache = self._route_latency
+        missing = [k for k in dict.fromkeys(keys) if k not in cache]
+        if len(missing) < _BULK_HOPS:
+            return
+        arr = np.array(missing, dtype=np.int64)
+        sums, pairs = self._latency_sums, self._pairs
+        for where, block in self.router.route_blocks(self.cluster.gpus, arr[:, 0], arr[:, 1], arr[:, 2]):
+            # a route's latency is looked up by its links' latencies, as _hop does: once per distinct row
+            values, inverse = np.unique(self.latency[block], axis=0, return_inverse=True)
+            known = []
+            for j, row in enumerate(values.tolist()):
+                latency = sums.get(tuple(row))
+                if latency is None:
+                    first = block[int(np.argmax(inverse.ravel() == j))]
+                    latency = sums[tuple(row)] = float(self.latency[first].sum())
+                known.append(latency)
+            latencies = [known[j] for j in inverse.ravel().tolist()]
+            for i, links, latency in zip(where.tolist(), block, latencies):
+                key = missing[i]
+                cache[key] = (links, latency)
+                pairs[id(links)] = (links, (key[:2],))
 
     def spread(self, links: np.ndarray) -> int:
         """Equal-cost paths a routed links array spreads one flow over (1 under ECMP)."""
@@ -282,12 +318,17 @@ class Fabric:
         if algorithm != "auto" and algorithm not in COLLECTIVE_ALGORITHMS:
             raise CollectiveError(f"algorithm: {algorithm!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
         key = (kind, group, nbytes, algorithm)
+        last = self._last_choice
+        if last is not None and last[0] == key:
+            return last[1], last[2]
         choice = self._auto_cache.get(key)
+        planned: dict[str, Plan] = {}  # the candidates' plans (fidelity "fast")
         if choice is None:
             candidates = AUTO_CANDIDATES[kind] if algorithm == "auto" else (algorithm,)
             best = None
             for a in candidates:
-                plan = plan_collective(kind, group, nbytes, self.server_of, a, stagger=self.config.nccl_latency)
+                plan = planned[a] = plan_collective(kind, group, nbytes, self.server_of, a,
+                                                    stagger=self.config.nccl_latency)
                 protocols = self.protocols(plan)
                 if len(candidates) == 1 and len(protocols) == 1:  # nothing to choose: no estimate needed
                     best = (0.0, a, protocols[0])
@@ -304,8 +345,11 @@ class Fabric:
                     if best is None or t < best[0]:
                         best = (t, a, protocol)
             choice = self._auto_cache[key] = (best[1], best[2])
-        plan = plan_collective(kind, group, nbytes, self.server_of, choice[0], self.config.fidelity,
-                               stagger=self.config.nccl_latency)
+        plan = planned.get(choice[0]) if self.config.fidelity == "fast" else None  # the same call's plan
+        if plan is None:
+            plan = plan_collective(kind, group, nbytes, self.server_of, choice[0], self.config.fidelity,
+                                   stagger=self.config.nccl_latency)
+        self._last_choice = (key, plan, choice[1])
         return plan, choice[1]
 
     def _plan_shape(self, plan: Plan) -> tuple:
@@ -351,32 +395,47 @@ class Fabric:
         costs = [self._costs(plan, p, spans) for p in protocols]
         factors = [BANDWIDTH_FACTOR[p] for p in protocols]
         totals = [c[0] if plan.phases else 0.0 for c in costs]
-        hop = self._hop
-        spray = self._spray
-        usable = self.usable_capacity
+        self._route_hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops])
         for phase in plan.phases:
             if not phase:
                 continue
-            routed = [[hop(s, d, t.label) for s, d in t.hops] for t in phase]
-            arrays = [h[0] for hops in routed for h in hops]
-            entries = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
-            ids, local = np.unique(entries, return_inverse=True)
-            if spray:
-                weights = np.concatenate([np.full(len(a), 1.0 / self.spread(a)) for a in arrays])
-                load = np.bincount(local, weights, minlength=len(ids))
-            else:
-                load = np.bincount(local, minlength=len(ids)).astype(float)
-            ratio = load[local] / usable[entries]
-            sizes = [sum(len(h[0]) for h in hops) for hops in routed]
-            starts = np.cumsum([0] + sizes[:-1])
-            per_bytes = np.maximum.reduceat(ratio, starts).tolist() if len(sizes) > 1 else [float(ratio.max())]
+            # What follows reads only the transfers' hops and labels (routes, capacities): a large phase's
+            # result is kept for the same ring with other bytes (a DP group's all-gather, reduce-scatter
+            # and all-reduce, every bucket size)
+            loads_key = (tuple([(t.hops, t.label) for t in phase])
+                         if sum(len(t.hops) for t in phase) > _SHAPE_HOPS else None)
+            loads = self._phase_loads.get(loads_key) if loads_key is not None else None
+            if loads is None:
+                loads = self._phase_load(phase)
+                if loads_key is not None:
+                    self._phase_loads[loads_key] = loads
+            per_bytes, physs = loads
             worst = [0.0] * len(protocols)
-            for t, hops, per_byte in zip(phase, routed, per_bytes):
-                phys = max(h[1] for h in hops)
+            for t, phys, per_byte in zip(phase, physs, per_bytes):
                 for i, (c, f) in enumerate(zip(costs, factors)):
                     worst[i] = max(worst[i], self._step_latency(t, c, phys) + t.nbytes / f * per_byte)
             totals = [x + w for x, w in zip(totals, worst)]
         return totals
+
+    def _phase_load(self, phase: tuple[Transfer, ...]) -> tuple[list[float], list[float]]:
+        """Each transfer's bottleneck seconds per byte (its largest link load over usable capacity, hops
+        of the phase sharing links counted) and largest route latency (s), in transfer order."""
+        hop = self._hop
+        usable = self.usable_capacity
+        routed = [[hop(s, d, t.label) for s, d in t.hops] for t in phase]
+        arrays = [h[0] for hops in routed for h in hops]
+        entries = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+        ids, local = np.unique(entries, return_inverse=True)
+        if self._spray:
+            weights = np.concatenate([np.full(len(a), 1.0 / self.spread(a)) for a in arrays])
+            load = np.bincount(local, weights, minlength=len(ids))
+        else:
+            load = np.bincount(local, minlength=len(ids)).astype(float)
+        ratio = load[local] / usable[entries]
+        sizes = [sum(len(h[0]) for h in hops) for hops in routed]
+        starts = np.cumsum([0] + sizes[:-1])
+        per_bytes = np.maximum.reduceat(ratio, starts).tolist() if len(sizes) > 1 else [float(ratio.max())]
+        return per_bytes, [max(h[1] for h in hops) for hops in routed]
 
     # -------------------------------------------------------------- execution
     def phases(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str = "auto",
@@ -405,6 +464,7 @@ class Fabric:
         costs = self._costs(plan, protocol)
         factor = BANDWIDTH_FACTOR[protocol]
         grouped = self.config.all_to_all != "per_pair" and plan.kind == "all_to_all"
+        self._route_hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops])
         out = []
         for i, phase in enumerate(plan.phases):
             base = count * costs[0] if i == 0 else 0.0
@@ -483,7 +543,11 @@ class Fabric:
         key = ("replicated", kind, tuple(groups), nbytes, algorithm, count, matrix)
         if key in self._phases_cache:
             return self._phases_cache[key]
-        plans = [self.phases(kind, g, nbytes, algorithm, count, matrix) for g in groups]
+        plans = None
+        if matrix is None and kind != "all_to_all" and not self._spray and len(groups) >= _LANES_MIN:
+            plans = self._lane_phases(kind, groups, nbytes, algorithm, count)
+        if plans is None:
+            plans = [self.phases(kind, g, nbytes, algorithm, count, matrix) for g in groups]
         if not all(len(p) == 1 for p in plans):
             routed = None
         else:
@@ -493,6 +557,106 @@ class Fabric:
             routed = (tuple(specs),)
         self._phases_cache[key] = routed
         return routed
+
+    def _lane_phases(self, kind: str, groups: list[tuple[int, ...]], nbytes: float, algorithm: str,
+                     count: int) -> list[tuple[tuple[tuple, ...], ...]] | None:
+        """:meth:`phases` of every group of ``groups`` (the lanes of one collective: a representative's TP
+        group in each of its 1,024 DP replicas), each class of isomorphic groups planned and estimated
+        once, on its first group, and relabelled onto the others; or None (groups too large to be worth
+        it, or plans of many hops), and then the caller plans every group itself.
+
+        Two groups are isomorphic when their ranks share servers in the same pattern as the first
+        group's (every candidate algorithm's plan is then the first group's with ranks substituted: an
+        algorithm reads only which members share a server) and the routes of all those plans' hops,
+        concatenated in one fixed order, have the same lengths, repeat links at the same positions and
+        cross links of the same usable capacity and latency, entry by entry. Then every candidate's shape
+        (:meth:`_plan_shape`) is the same, so :meth:`choose` picks the same algorithm and protocol, and
+        every flow has the same bytes, latency and payload over the substituted routes: exact. A group
+        in a class of its own (a degraded link, another server pattern) is planned by :meth:`phases`.
+        """
+        n = len(groups[0])
+        if n < 2 or n > _LANE_RANKS or any(len(g) != n for g in groups):
+            return None
+        g0 = groups[0]
+        candidates = AUTO_CANDIDATES[kind] if algorithm == "auto" else (algorithm,)
+        plans = [plan_collective(kind, g0, nbytes, self.server_of, a, stagger=self.config.nccl_latency)
+                 for a in candidates]  # as choose() estimates them
+        if any(sum(len(t.hops) for p in plan.phases for t in p) > _SHAPE_HOPS for plan in plans):
+            return None  # (estimates not cached per shape: see choose)
+        position = {r: i for i, r in enumerate(g0)}
+        hop_ids: dict[tuple[int, int, int], int] = {}  # (src position, dst position, label) -> column
+        for plan in plans:
+            for phase in plan.phases:
+                for t in phase:
+                    for a, b in t.hops:
+                        hop_ids.setdefault((position[a], position[b], t.label), len(hop_ids))
+        if not hop_ids:
+            return None
+        ps, pd, lab = (np.array(c, dtype=np.int64) for c in zip(*hop_ids))
+        G = np.array(groups, dtype=np.int64)
+        src, dst = G[:, ps], G[:, pd]
+        keys = list(zip(src.ravel().tolist(), dst.ravel().tolist(), np.broadcast_to(lab, src.shape).ravel().tolist()))
+        self._route_hops(keys)
+        hop = self._hop
+        arrays = [hop(*k)[0] for k in keys]
+        lanes, width = G.shape[0], len(hop_ids)
+        lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays)).reshape(lanes, width)
+        if self._server_array is None:
+            self._server_array = np.array(self._servers, dtype=np.int64)
+        S = self._server_array[G]
+        pattern = ((S[:, :, None] == S[:, None, :]) == (S[0][:, None] == S[0][None, :])).all(axis=(1, 2))
+        # classes: equal route lengths, then equal link repetitions, capacities and latencies
+        by_lengths: dict[bytes, list[int]] = {}
+        for j in np.flatnonzero(pattern).tolist():
+            by_lengths.setdefault(lengths[j].tobytes(), []).append(j)
+        classes: dict[bytes, list[int]] = {}
+        for prefix, members in by_lengths.items():
+            E = np.concatenate([arrays[j * width + c] for j in members for c in range(width)]).reshape(len(members), -1)
+            sig = np.concatenate([_first_occurrence(E).view(np.uint8), self.usable_capacity[E].view(np.uint8),
+                                  self.latency[E].view(np.uint8)], axis=1)
+            for j, row in zip(members, sig):
+                classes.setdefault(prefix + row.tobytes(), []).append(j)
+        out: list = [None] * lanes
+        pairs, phases_cache, auto = self._pairs, self._phases_cache, self._auto_cache
+        src_l, dst_l = src.tolist(), dst.tolist()
+        for members in classes.values():
+            t0 = members[0]
+            gt = groups[t0]
+            routed = out[t0] = self.phases(kind, gt, nbytes, algorithm, count)
+            if len(routed) != 1:
+                continue
+            plan, _protocol = self.choose(kind, gt, nbytes, algorithm)
+            where = {r: i for i, r in enumerate(gt)}
+            template = []
+            for t, spec in zip(plan.phases[0], routed[0]):
+                cols = [hop_ids.get((where[a], where[b], t.label)) for a, b in t.hops]
+                if None in cols:  # a hop of no candidate's plan: plan the class group by group
+                    template = None
+                    break
+                template.append((cols, spec[1:]))
+            if template is None:
+                continue
+            choice = auto.get((kind, gt, nbytes, algorithm))
+            for j in members[1:]:
+                row = arrays[j * width:(j + 1) * width]
+                srow, drow = src_l[j], dst_l[j]
+                specs = []
+                for cols, rest in template:
+                    if len(cols) == 1:
+                        links = row[cols[0]]
+                    else:
+                        links = np.concatenate([row[c] for c in cols])
+                        pairs[id(links)] = (links, tuple([(srow[c], drow[c]) for c in cols]))
+                    specs.append((links, *rest))
+                g = groups[j]
+                routed = out[j] = (tuple(specs),)
+                phases_cache[(kind, g, nbytes, algorithm, count, None)] = routed
+                if choice is not None:
+                    auto[(kind, g, nbytes, algorithm)] = choice
+        for j, g in enumerate(groups):
+            if out[j] is None:
+                out[j] = self.phases(kind, g, nbytes, algorithm, count)
+        return out
 
     def run_phases(self, phases: tuple[tuple[tuple, ...], ...], traffic_class: str,
                    on_done: Callable[[], None]) -> None:
@@ -534,6 +698,7 @@ class Fabric:
         nccl = self.config.nccl_latency
         spray = self._spray
         costs: dict[bool, tuple[float, float]] = {}
+        self._route_hops([(src, dst, label) for src, dst in zip(srcs, dsts)])
         out = []
         for src, dst in zip(srcs, dsts):
             links, lat = hop(src, dst, label)
@@ -545,6 +710,22 @@ class Fabric:
             latency = (sw if sw >= lat else lat) if nccl else sw + lat
             out.append((links, nbytes / (factor * (self.spread(links) if spray else 1)), latency, nbytes))
         return tuple(out)
+
+
+def _first_occurrence(rows: np.ndarray) -> np.ndarray:
+    """For every entry of every row, the position of the first entry of its row equal to it: two rows
+    with equal results repeat values at the same positions (relabelled in order of first appearance,
+    they are the same sequence)."""
+    width = rows.shape[1]
+    order = np.argsort(rows, axis=1, kind="stable")
+    ordered = np.take_along_axis(rows, order, axis=1)
+    start = np.ones(ordered.shape, dtype=bool)
+    start[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    # stable: each run of equal values begins with its smallest original position
+    run_start = np.maximum.accumulate(np.where(start, np.arange(width), 0), axis=1)
+    out = np.empty_like(order)
+    np.put_along_axis(out, order, np.take_along_axis(order, run_start, axis=1), axis=1)
+    return out
 
 
 class _PlanRun:

@@ -44,6 +44,26 @@ def ecmp_hash(*keys: int) -> int:
     return h
 
 
+_U64 = np.uint64
+
+
+def ecmp_hash_array(*keys: np.ndarray | int) -> np.ndarray:
+    """:func:`ecmp_hash` of many key tuples at once: ``keys`` are arrays of equal length (or ints, broadcast)
+    of non-negative integers; the same splitmix64 rounds in ``uint64`` arithmetic, which wraps modulo 2^64 as
+    the masked Python version does, so every element equals the scalar hash (tested)."""
+    golden, m1, m2 = _U64(0x9E3779B97F4A7C15), _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
+    s30, s27, s31 = _U64(30), _U64(27), _U64(31)
+    h = None
+    for k in keys:
+        k = np.asarray(k & _MASK64 if isinstance(k, int) else k).astype(np.uint64)
+        h = (golden ^ k) if h is None else (h ^ k)
+        h = h + golden
+        z = (h ^ (h >> s30)) * m1
+        z = (z ^ (z >> s27)) * m2
+        h = z ^ (z >> s31)
+    return h
+
+
 def shortest_paths(graph: nx.DiGraph, source: Hashable, target: Hashable) -> list[list[Hashable]]:
     """All equal-hop shortest paths from ``source`` to ``target``, never transiting a GPU.
 
@@ -101,7 +121,41 @@ def _grow(front: list, neighbours, dist: dict, other: dict, k: int) -> tuple[lis
     return nxt, meet
 
 
-def switch_paths(graph: nx.DiGraph, source: Hashable, target: Hashable) -> list[list[Hashable]]:
+class _Ball:
+    """The breadth-first levels around one switch in one direction, grown on demand and kept: ``fronts[k]``
+    the switches at distance ``k``, ``dist`` every switch found so far with its distance, ``children[v]``
+    the neighbours of ``v`` one level further out (once that level is grown)."""
+
+    __slots__ = ("fronts", "dist", "children")
+
+    def __init__(self, node: Hashable) -> None:
+        self.fronts = [[node]]
+        self.dist = {node: 0}
+        self.children: dict[Hashable, list] = {}
+
+    def front(self, k: int, neighbours: dict) -> list:
+        """The switches at distance ``k`` (``neighbours``: a plain dict of each switch's neighbours in
+        this ball's direction); what :func:`_grow` finds, level by level."""
+        fronts, dist, children = self.fronts, self.dist, self.children
+        while len(fronts) <= k:
+            level = len(fronts)
+            nxt = []
+            for v in fronts[-1]:
+                kids = children[v] = []
+                for w in neighbours[v]:
+                    d = dist.get(w)
+                    if d is None:
+                        dist[w] = level
+                        nxt.append(w)
+                        kids.append(w)
+                    elif d == level:
+                        kids.append(w)
+            fronts.append(nxt)
+        return fronts[k]
+
+
+def switch_paths(graph: nx.DiGraph, source: Hashable, target: Hashable,
+                 balls: dict | None = None) -> list[list[Hashable]]:
     """:func:`shortest_paths` on a graph without GPUs (a fabric's switches), by a bidirectional search.
 
     Breadth-first levels grow from both ends, the smaller frontier first, until they meet: on a
@@ -111,24 +165,31 @@ def switch_paths(graph: nx.DiGraph, source: Hashable, target: Hashable) -> list[
     (tested on every switch pair of the builders' fabrics)."""
     if source == target:
         return [[source]]
-    fwd = {source: 0}
-    bwd = {target: 0}
-    front_f, front_b = [source], [target]
-    kf = kb = 0
-    meet = False
-    while not meet:
-        if not front_f or not front_b:
-            raise ValueError(f"no route from {source} to {target}")
-        if len(front_f) <= len(front_b):
-            kf += 1
-            front_f, meet = _grow(front_f, graph.successors, fwd, bwd, kf)
-        else:
-            kb += 1
-            front_b, meet = _grow(front_b, graph.predecessors, bwd, fwd, kb)
+    if balls is not None:  # levels kept per switch and direction: the dicts may know deeper levels too
+        kf, kb = _meet_cached(graph, source, target, balls)
+        fb, bb = balls[(source, True)], balls[(target, False)]
+        fwd, bwd = fb.dist, bb.dist
+        succ = balls["succ"]
+    else:
+        fwd = {source: 0}
+        bwd = {target: 0}
+        front_f, front_b = [source], [target]
+        kf = kb = 0
+        meet = False
+        while not meet:
+            if not front_f or not front_b:
+                raise ValueError(f"no route from {source} to {target}")
+            if len(front_f) <= len(front_b):
+                kf += 1
+                front_f, meet = _grow(front_f, graph.successors, fwd, bwd, kf)
+            else:
+                kb += 1
+                front_b, meet = _grow(front_b, graph.predecessors, bwd, fwd, kb)
     total = kf + kb  # the levels first met: no shorter route exists (the balls one level smaller were disjoint)
 
     def on_path(w: Hashable, j: int) -> bool:
-        # w at position j of a shortest route: checked against every distance the two balls know
+        # w at position j of a shortest route: checked against every distance the two balls know (a
+        # cached ball's deeper levels change nothing: a switch at distance j <= kf has that distance)
         if j <= kf and fwd.get(w) != j:
             return False
         return not (total - j <= kb and bwd.get(w) != total - j)
@@ -142,11 +203,57 @@ def switch_paths(graph: nx.DiGraph, source: Hashable, target: Hashable) -> list[
             paths.append(path)
             continue
         j = len(path)
-        for w in graph.successors(v):
+        ahead = total - j
+        if balls is None:
+            nexts = graph.successors(v)
+        elif j <= kf:
+            nexts = fb.children[v]  # v's neighbours at distance j from the source: the only candidates
+        elif ahead <= kb and len(bb.fronts[ahead]) < len(succ[v]):
+            # the switches at distance ``ahead`` from the target are fewer than v's neighbours (a spine
+            # above 128 leaves, one of them the target): look for those among v's neighbours instead
+            succ_v = succ[v]
+            nexts = [w for w in bb.fronts[ahead] if w in succ_v]
+        else:
+            nexts = succ[v]
+        for w in nexts:
             if on_path(w, j):
                 stack.append(path + [w])
-    paths.sort(key=lambda p: [repr(n) for n in p])
+    names: dict = {}  # each switch's repr once (the paths share most of their switches)
+    paths.sort(key=lambda p: [names[n] if n in names else names.setdefault(n, repr(n)) for n in p])
     return paths
+
+
+def _meet_cached(graph: nx.DiGraph, source: Hashable, target: Hashable, balls: dict) -> tuple[int, int]:
+    """The levels ``(kf, kb)`` at which :func:`switch_paths`' two searches first meet, with the levels of
+    each end read from (and added to) ``balls``: the same alternation (the smaller front grows) and the
+    same meeting test (a new switch already within the other ball's levels), so the same ``kf, kb``.
+    ``balls`` also keeps the graph's adjacency as plain dicts (``"succ"``, ``"pred"``): one graph per
+    ``balls``."""
+    if "succ" not in balls:  # the graph's adjacency as plain dicts, read once
+        balls["succ"] = dict(graph.adjacency())  # switch -> {successor: edge data}
+        balls["pred"] = {v: list(graph.predecessors(v)) for v in graph}
+    fb = balls.get((source, True))
+    if fb is None:
+        fb = balls[(source, True)] = _Ball(source)
+    bb = balls.get((target, False))
+    if bb is None:
+        bb = balls[(target, False)] = _Ball(target)
+    kf = kb = 0
+    front_f, front_b = fb.fronts[0], bb.fronts[0]
+    while True:
+        if not front_f or not front_b:
+            raise ValueError(f"no route from {source} to {target}")
+        if len(front_f) <= len(front_b):
+            kf += 1
+            front_f = fb.front(kf, balls["succ"])
+            other, k = bb.dist, kb
+        else:
+            kb += 1
+            front_b = bb.front(kb, balls["pred"])
+            other, k = fb.dist, kf
+        new = front_f if other is bb.dist else front_b
+        if any(other.get(w, k + 1) <= k for w in new):
+            return kf, kb
 
 
 class Router:
@@ -170,11 +277,16 @@ class Router:
         self.node_id = {n: i for i, n in enumerate(graph.nodes)}
         self._pair_paths: dict[tuple, list[np.ndarray]] = {}
         self._switch_paths: dict[tuple, list[list[Hashable]]] = {}
+        # (switch, forward?) -> its search levels, and "succ"/"pred": the switch graph's adjacency (switch_paths)
+        self._balls: dict = {}
         self._switch_graph: nx.DiGraph | None = None
         # Regular fabrics (see _structural): link ids of each GPU's up and down legs, of each switch path.
         self._up: dict[Hashable, list[int]] = {}
         self._down: dict[Hashable, list[int]] = {}
         self._mid_links: dict[tuple, list[list[int]]] = {}
+        self._mid_arrays: dict[tuple, np.ndarray] = {}  # the same as (paths, links) arrays (routes)
+        self._table: tuple | None = None  # (gpus, per-GPU arrays): see _gpu_table
+        self._switch_nodes: list = []
         # Plain dicts of the graph (one pass each): the checks below touch every GPU, NIC and NVSwitch.
         self._kind = dict(graph.nodes(data="kind"))
         self._succ = dict(graph.adjacency())
@@ -263,7 +375,7 @@ class Router:
         key = (first, last)
         mids = self._switch_paths.get(key)
         if mids is None:
-            mids = self._switch_paths[key] = switch_paths(self._switches(), first, last)
+            mids = self._switch_paths[key] = switch_paths(self._switches(), first, last, self._balls)
         return mids
 
     def _structural(self, src: Hashable, dst: Hashable) -> tuple[list[int], list[list[int]], list[int]] | None:
@@ -293,6 +405,126 @@ class Router:
             middles = self._mid_links[key] = [[li[(m[i], m[i + 1])] for i in range(len(m) - 1)]
                                               for m in self._mids(a[2], b[2])]
         return up, middles, down
+
+    def _gpu_table(self, gpus: list) -> dict[str, np.ndarray]:
+        """Per GPU of ``gpus`` (by position), what :meth:`routes` reads: node id, whether it has the regular
+        attachment with a NIC (``ok``), its NVLink domain (the server of its NVSwitch, -1 without one; on a
+        regular fabric two NVSwitches are linked exactly when they share a server), its NVSwitch, first
+        switch (an index into ``self._switch_nodes``) and the link ids of its up and down legs and NVSwitch
+        links. Built once per GPU list (one pass; 131,072 GPUs: ~0.3 s)."""
+        if self._table is not None and self._table[0] is gpus:
+            return self._table[1]
+        li, attach, node_id = self.link_index, self._attach, self.node_id
+        server = self.graph.nodes
+        sw_index: dict[Hashable, int] = {}
+        nvs_index: dict[Hashable, int] = {}
+        cols = {c: [-1] * len(gpus) for c in ("dom", "nvs", "sw", "up0", "up1", "dn0", "dn1", "g2n", "n2g")}
+        ok = [False] * len(gpus)
+        for i, g in enumerate(gpus):
+            a = attach.get(g)
+            if a is None:
+                continue
+            nvswitch, nic, first = a
+            if nvswitch is not None:
+                cols["nvs"][i] = nvs_index.setdefault(nvswitch, len(nvs_index))
+                cols["dom"][i] = server[nvswitch]["server"]
+                cols["g2n"][i] = li.get((g, nvswitch), -1)
+                cols["n2g"][i] = li.get((nvswitch, g), -1)
+            if nic is None:
+                continue
+            legs = (li.get((g, nic)), li.get((nic, first)), li.get((first, nic)), li.get((nic, g)))
+            if None in legs:
+                continue
+            ok[i] = True
+            cols["sw"][i] = sw_index.setdefault(first, len(sw_index))
+            cols["up0"][i], cols["up1"][i], cols["dn0"][i], cols["dn1"][i] = legs
+        table = {c: np.array(v, dtype=np.int64) for c, v in cols.items()}
+        table["ok"] = np.array(ok, dtype=bool)
+        table["nid"] = np.array([node_id[g] for g in gpus], dtype=np.int64)
+        self._switch_nodes = list(sw_index)
+        self._table = (gpus, table)
+        return table
+
+    def routes(self, gpus: list, src: np.ndarray, dst: np.ndarray, labels: np.ndarray) -> list[np.ndarray]:
+        """:meth:`route` of every ``(gpus[src[i]], gpus[dst[i]], labels[i])``, the same link ids, computed
+        together (:meth:`route_blocks`); the arrays are rows of a few shared blocks."""
+        out: list = [None] * len(src)
+        for where, block in self.route_blocks(gpus, src, dst, labels):
+            for j, i in enumerate(where.tolist()):
+                out[i] = block[j]
+        return out
+
+    def route_blocks(self, gpus: list, src: np.ndarray, dst: np.ndarray, labels: np.ndarray
+                     ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`route` of every ``(gpus[src[i]], gpus[dst[i]], labels[i])`` as ``(positions, block)``
+        pairs: row ``j`` of ``block`` is the route of pair ``positions[j]``; every pair is in one block.
+
+        On a regular fabric the up and down legs are read from a per-GPU table, the switch paths per
+        distinct switch pair and the ECMP hashes in one array pass (:func:`ecmp_hash_array`); pairs
+        inside one NVSwitch are two table reads; any other pair takes :meth:`route` (a block of one row).
+        131,072 GPUs: 10^6 routes in seconds instead of ~20 s one by one."""
+        n = len(src)
+        if n == 0:
+            return []
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        labels = np.asarray(labels, dtype=np.int64)
+        t = self._gpu_table(gpus)
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        done = np.zeros(n, dtype=bool)
+        ok = t["ok"][src] & t["ok"][dst] & (src != dst)
+        dom_s = t["dom"][src]
+        same_domain = (dom_s >= 0) & (dom_s == t["dom"][dst])
+        intra = np.flatnonzero(ok & same_domain & (t["nvs"][src] == t["nvs"][dst])
+                               & (t["g2n"][src] >= 0) & (t["n2g"][dst] >= 0))
+        if len(intra):
+            out.append((intra, np.stack([t["g2n"][src[intra]], t["n2g"][dst[intra]]], axis=1)))
+            done[intra] = True
+        struct = np.flatnonzero(ok & ~same_domain)
+        if len(struct):
+            s, d = src[struct], dst[struct]
+            a, b = t["sw"][s], t["sw"][d]
+            nsw = len(self._switch_nodes)
+            upairs, inv = np.unique(a * nsw + b, return_inverse=True)
+            mids = [self._mid_array(self._switch_nodes[u // nsw], self._switch_nodes[u % nsw])
+                    for u in upairs.tolist()]
+            k = np.array([len(m) for m in mids], dtype=np.int64)
+            width = np.array([m.shape[1] for m in mids], dtype=np.int64)
+            h = ecmp_hash_array(t["nid"][s], t["nid"][d], labels[struct], self.seed)
+            pick = (h % k[inv].astype(np.uint64)).astype(np.int64)
+            for m in np.unique(width).tolist():
+                chosen = np.flatnonzero(width == m)
+                table = np.concatenate([mids[u] for u in chosen.tolist()])
+                offset = np.zeros(len(upairs), dtype=np.int64)
+                offset[chosen] = np.cumsum(k[chosen]) - k[chosen]
+                rows = np.flatnonzero(width[inv] == m)
+                block = np.empty((len(rows), m + 4), dtype=np.int64)
+                rs, rd = s[rows], d[rows]
+                block[:, 0] = t["up0"][rs]
+                block[:, 1] = t["up1"][rs]
+                block[:, 2:m + 2] = table[offset[inv[rows]] + pick[rows]]
+                block[:, m + 2] = t["dn0"][rd]
+                block[:, m + 3] = t["dn1"][rd]
+                out.append((struct[rows], block))
+            done[struct] = True
+        for i in np.flatnonzero(~done).tolist():
+            links = self.route(gpus[int(src[i])], gpus[int(dst[i])], int(labels[i]))
+            out.append((np.array([i]), links[None, :]))
+        return out
+
+    def _mid_array(self, first: Hashable, last: Hashable) -> np.ndarray:
+        """The link ids of the equal-cost switch paths from ``first`` to ``last`` as a ``(paths, links)``
+        array (:meth:`_mids` order; cached per switch pair)."""
+        key = (first, last)
+        arr = self._mid_arrays.get(key)
+        if arr is None:
+            middles = self._mid_links.get(key)
+            if middles is None:
+                li = self.link_index
+                middles = self._mid_links[key] = [[li[(m[i], m[i + 1])] for i in range(len(m) - 1)]
+                                                  for m in self._mids(first, last)]
+            arr = self._mid_arrays[key] = np.array(middles, dtype=np.int64).reshape(len(middles), -1)
+        return arr
 
     def paths(self, src: Hashable, dst: Hashable) -> list[np.ndarray]:
         """All equal-cost routes from ``src`` to ``dst`` as arrays of link ids (cached per pair)."""

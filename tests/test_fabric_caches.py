@@ -65,3 +65,52 @@ def test_a_degraded_link_has_its_own_shape_and_a_slower_estimate():
     healthy, sick = f.estimate(plans[0]), f.estimate(plans[1])
     # the ring's bottleneck is the half-rate link: the bandwidth term doubles (latency terms are equal)
     assert sick > 1.9 * healthy
+
+
+def _lanes_cluster():
+    """8 servers x 4 GPUs on 4 leaves, 2 spines; server 5's GPU 1 has a half-rate NVLink, one leaf uplink is
+    degraded: the lanes through them are not isomorphic to the others."""
+    c = leaf_spine("H100-SXM", servers=8, gpus_per_server=4, servers_per_leaf=2, spines=2)
+    return apply_faults(c, [{"kind": "degraded_link", "link": ["gpu:5:1", "nvswitch:5"], "fraction": 0.5},
+                            {"kind": "degraded_link", "link": ["leaf:2", "spine:1"], "fraction": 0.25}])
+
+
+def _lanes(c):
+    """Lane sets as lockstep makes them: a group in every server (TP-like; once with the sick server
+    first), pairs of GPUs four servers apart (cross-leaf, ECMP-hashed; DP-like)."""
+    per, servers = c.gpus_per_server, c.num_gpus // c.gpus_per_server
+    inside = [tuple(range(s * per, (s + 1) * per)) for s in range(servers)]
+    sick_first = inside[5:] + inside[:5]
+    across = [(r, r + c.num_gpus // 2) for r in range(c.num_gpus // 2)]
+    halves = [tuple(range(s * per, s * per + 2)) for s in range(servers)]
+    return [inside, sick_first, across, halves]
+
+
+@pytest.mark.parametrize("build", [_lanes_cluster, lambda: fat_tree("H100-SXM", servers=16, gpus_per_server=2,
+                                                                       servers_per_leaf=2, leaves_per_pod=2,
+                                                                       spines=2, cores=4)])
+@pytest.mark.parametrize("config", [NetworkConfig(), NetworkConfig(step_latency_s=5e-6)])
+def test_relabelled_lanes_equal_every_group_planned_alone(build, config, monkeypatch):
+    """replicated_phases plans the first lane and relabels it onto the isomorphic ones (Fabric._lane_phases):
+    every flow (links, wire bytes, latency, payload, the GPU pairs it carries) equals what planning each
+    group on its own gives on a fresh fabric, where lanes cross a degraded link too; and most lanes were
+    relabelled, not planned."""
+    c = build()
+    fabric = Fabric(simpy.Environment(), c, config)
+    planned = []
+    original = Fabric.phases
+    monkeypatch.setattr(Fabric, "phases", lambda self, kind, g, *a: planned.append(g) or original(self, kind, g, *a))
+    lanes_total = 0
+    for kind, nbytes in KINDS:
+        for groups in _lanes(c):
+            got = fabric.replicated_phases(kind, groups, nbytes)
+            fresh = Fabric(simpy.Environment(), c, config)
+            per_group = [original(fresh, kind, g, nbytes) for g in groups]
+            assert all(len(p) == 1 for p in per_group) and got is not None
+            want = [s for p in per_group for s in p[0]]
+            assert len(got[0]) == len(want)
+            for a, b in zip(got[0], want):
+                assert a[0].tolist() == b[0].tolist() and a[1:] == b[1:]
+                assert fabric.pairs_of(a[0]) == fresh.pairs_of(b[0])
+            lanes_total += len(groups)
+    assert len(planned) < lanes_total / 2

@@ -160,8 +160,9 @@ def test_route_is_the_ecmp_pick_among_breadth_first_paths(build):
     link_index = {e: i for i, e in enumerate(c.graph.edges)}
     router = Router(c.graph, link_index, seed=3)
     node_id = {n: i for i, n in enumerate(c.graph.nodes)}
-    for s in c.gpus:
-        for t in c.gpus:
+    asked, wanted = [], []
+    for i, s in enumerate(c.gpus):
+        for j, t in enumerate(c.gpus):
             if s == t:
                 continue
             ref = [[link_index[(p[j], p[j + 1])] for j in range(len(p) - 1)] for p in shortest_paths(c.graph, s, t)]
@@ -169,6 +170,26 @@ def test_route_is_the_ecmp_pick_among_breadth_first_paths(build):
             for label in (0, 1, 7):
                 want = ref[ecmp_hash(node_id[s], node_id[t], label, 3) % len(ref)]
                 assert router.route(s, t, label).tolist() == want
+                asked.append((i, j, label))
+                wanted.append(want)
+    # every pair at once (the vectorised path Fabric uses for DP rings and sends), on a fresh router
+    router = Router(c.graph, link_index, seed=3)
+    src, dst, labels = (np.array(x) for x in zip(*asked))
+    got = router.routes(c.gpus, src, dst, labels)
+    assert [g.tolist() for g in got] == wanted
+    assert all(g.dtype == np.int64 for g in got)
+
+
+def test_ecmp_hash_array_equals_the_scalar_hash():
+    """The vectorised hash (uint64 arithmetic) equals the Python one on keys spread over 64 bits, seeds
+    negative and large included."""
+    from simulator.routing import ecmp_hash, ecmp_hash_array
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 2**63, 300, dtype=np.int64)
+    b = rng.integers(0, 2**20, 300, dtype=np.int64)
+    for seed in (0, 3, -5, 2**64 - 1):
+        h = ecmp_hash_array(a, b, 7, seed)
+        assert [int(x) for x in h] == [ecmp_hash(int(x), int(y), 7, seed) for x, y in zip(a, b)]
 
 
 @pytest.mark.parametrize("build", [
@@ -183,6 +204,9 @@ def test_bidirectional_switch_paths_equal_breadth_first_search(build):
     from simulator.routing import switch_paths
     g = build().graph
     switches = g.subgraph([n for n, k in g.nodes(data="kind") if k not in ("gpu", "nic", "nvswitch")]).copy()
+    balls: dict = {}  # the router's search levels, kept across pairs (Router._mids)
     for a in switches:
         for b in switches:
-            assert switch_paths(switches, a, b) == shortest_paths(switches, a, b)
+            want = shortest_paths(switches, a, b)
+            assert switch_paths(switches, a, b) == want
+            assert switch_paths(switches, a, b, balls) == want
