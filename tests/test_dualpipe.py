@@ -273,17 +273,3 @@ def test_representatives_agree_with_full_for_a_dense_fp8_model(fidelity):
     assert rep.step_time == pytest.approx(full.step_time, rel=0.02)
     for cls, nbytes in full.bytes_by_class.items():
         assert rep.bytes_by_class[cls] == pytest.approx(nbytes, rel=1e-9)
-
-
-@pytest.mark.parametrize("moe, par, match", [
-    ({"dispatch": "deepep"}, {}, "moe.dispatch: deepep: not modelled with schedule: dualpipe"),
-    ({"shared_expert_overlap": True}, {}, "moe.shared_expert_overlap: not modelled with schedule: dualpipe"),
-    ({}, {"tp": 2, "etp": 1, "sequence_parallel": True, "ep": 2},
-     "parallel.etp: not modelled with schedule: dualpipe"),
-])
-def test_moe_options_without_pair_pieces_are_refused(moe, par, match):
-    from workloads.moe import RoutingModel
-    model = model_from_dict(dict(MOE, shared_experts=1))
-    parallel = ParallelConfig(**{"pp": 2, "dp": 2, "ep": 2, "global_batch": 8, "schedule": "dualpipe", **par})
-    with pytest.raises(ConfigError, match=match):
-        training_step(model, parallel, TrainingSpec(seq_len=128), routing=RoutingModel(kind="balanced", **moe))

@@ -28,9 +28,12 @@ DualPipe (``parallel.schedule: dualpipe``; DeepSeek-V3, arXiv 2412.19437 section
     forward and a backward of the other direction) receives both inputs
     before it starts and sends both outputs after it ends, as the reference
     does; its two passes run interleaved on the compute stream piece by piece
-    (a MoE layer in three pieces cut at its all-to-alls), each chunk's
-    all-to-alls on a stream of its own (``ep_f``, ``ep_b``), so that one
-    chunk's dispatch and combine run under the other chunk's computation.
+    (a MoE layer cut at its exchanges: before the dispatch, the experts,
+    after the combine, and the shared expert's two halves beside dispatch
+    and combine with ``moe.shared_expert_overlap``), each chunk's exchanges
+    (all-to-alls or DeepEP's two hops, expert-TP gather / scatter) on
+    streams of its own (``ep_f``, ``ep_b``), so that one chunk's dispatch
+    and combine run under the other chunk's computation.
     What is modelled: that hiding, with the pieces in the order above.
     What is approximated: the pieces run one at a time at full speed (no
     SMs are set aside for communication, no slowdown from sharing them), the
