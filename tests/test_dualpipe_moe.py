@@ -144,8 +144,9 @@ def test_shared_expert_overlap_conserves_compute_and_does_not_lengthen_the_step(
 @pytest.mark.parametrize("fidelity", ["fast", "lockstep"])
 @pytest.mark.parametrize("name", ["all", "etp2-tp1"])
 def test_representatives_agree_with_full(name, fidelity):
-    exp = experiment_from_dict(option_doc(name, gb=32))
+    exp = experiment_from_dict(option_doc(name))
     full = run_experiment(exp, force=True, fidelity="full")
+    assert _in_pairs(full.ops).any()
     rep = run_experiment(exp, force=True, fidelity=fidelity)
     assert rep.step_time == pytest.approx(full.step_time, rel=0.02)
     for cls, nbytes in full.bytes_by_class.items():
