@@ -255,6 +255,8 @@ def test_deepseek_v3_example_is_the_reports_layout():
     assert (exp.cluster.num_gpus, exp.cluster.gpu.name) == (2048, "H800-SXM")
     assert (par.pp, par.ep, par.tp, par.dp, par.schedule, exp.training.fp8) == (16, 64, 1, 128, "dualpipe", True)
     assert par.global_batch * exp.training.seq_len == 15360 * 4096
+    # section 3.2.2's node-aggregated dispatch (DeepEP), the shared expert overlapped with the all-to-alls
+    assert (exp.routing.dispatch, exp.routing.shared_expert_overlap) == ("deepep", True)
     # 61 layers: stage 0 has 1, the others 4; rank 0 holds stages 0 and 15 (embedding and output head)
     assert [len(stage_layers(model.layers, par, r)) for r in range(16)] == [5] + [8] * 14 + [5]
     assert chunk_layers(model.layers, par, 0, 1) == [57, 58, 59, 60]
