@@ -1255,14 +1255,14 @@ class _StepBuilder:
                     src = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, x.chunk, -1),
                                    cp=c.cp)
                     deps.append(self._gathered(rank, g.recv(
-                        rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream="pp_recv_act",
+                        rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream=self._p2p_stream("recv_act", x),
                         traffic_class="pp", micro_batch=x.micro_batch, stage=stage, tag=0, deps=posted),
                         name, x.micro_batch, stage))
                 if x.phase == "B" and j < nvs - 1 and not batched:
                     src = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, x.chunk, 1),
                                    cp=c.cp)
                     deps.append(self._gathered(rank, g.recv(
-                        rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad",
+                        rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream=self._p2p_stream("recv_grad", x),
                         traffic_class="pp", micro_batch=x.micro_batch, stage=stage, tag=1, deps=posted),
                         name, x.micro_batch, stage))
                 if x.phase == "F" and x.chunk not in started:
@@ -1388,6 +1388,14 @@ class _StepBuilder:
             wait = ops
         return wait if post else []
 
+    def _p2p_stream(self, what: str, a: PipeAction) -> str:
+        """The stream of a pipeline transfer ``what`` (``send_act``, ``recv_grad``, ...) of action ``a``:
+        ``pp_<what>``, and under DualPipe one per chunk (``pp_<what>_c<chunk>``). A DualPipe middle rank sends
+        (receives) chunk 0's tensors to (from) one neighbour and chunk 1's to (from) the other; on one stream
+        a transfer waiting for its peer would hold up the other direction's, which the reference's batched
+        ``isend``/``irecv`` do not (with pp >= 12 that closes a cycle)."""
+        return f"pp_{what}_c{a.chunk}" if self.dual else f"pp_{what}"
+
     def _send(self, rank: int, a: PipeAction, after: int, deps: list[int] | None = None) -> int:
         """The send of action ``a``'s output (activation forward, input gradient backward) to the next rank of
         its chain, once ``after`` has run."""
@@ -1397,8 +1405,8 @@ class _StepBuilder:
         dst = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, a.chunk, step), cp=c.cp)
         what, tag = ("act", 0) if a.phase == "F" else ("grad", 1)
         return self.graph.send(rank, dst, self.p2p_bytes, name=f"send_{what}.{a.phase}{a.micro_batch}.c{a.chunk}",
-                               stream=f"pp_send_{what}", deps=[after] if deps is None else deps, traffic_class="pp",
-                               micro_batch=a.micro_batch, stage=stage, tag=tag)
+                               stream=self._p2p_stream(f"send_{what}", a), deps=[after] if deps is None else deps,
+                               traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=tag)
 
     # ------------------------------------------------------- DualPipe pairs
     def _emit_pair(self, rank: int, stage: int, pair: Sequence[PipeAction], waits: list[list[int]],
