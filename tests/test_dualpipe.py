@@ -136,11 +136,13 @@ def _pass_times(result):
     return tf, tb, tw
 
 
-@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 12)])
+# (12, 24): a middle rank's two chunks send to opposite neighbours; sharing one stream per transfer kind, a
+# send waiting for its peer held up the other direction's and closed a cycle (deadlock) from pp = 12
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 12), (12, 24)])
 def test_engine_runs_the_list_schedulers_timeline(p, m):
     res = _run(p, m)
     tf, tb, tw = _pass_times(res)
-    assert list(res.stages["busy_s"]) == pytest.approx([m * (tf + tb + tw)] * p, rel=1e-9)
+    assert list(res.stages["busy_s"]) == pytest.approx([m * (tf + tb + tw)] * p, rel=1e-8)  # float sums over 3 m ops
     # dense layers with free communication: a pair is its forward then its whole backward
     step, busy = simulate_unit_times(pipeline_schedule("dualpipe", p, m), tf, tb, 0.0, tw, dualpipe=True)
     assert list(res.stages["bubble_s"]) == pytest.approx([step - b for b in busy], rel=1e-6, abs=1e-12)
@@ -255,6 +257,8 @@ def test_deepseek_v3_example_is_the_reports_layout():
     assert (exp.cluster.num_gpus, exp.cluster.gpu.name) == (2048, "H800-SXM")
     assert (par.pp, par.ep, par.tp, par.dp, par.schedule, exp.training.fp8) == (16, 64, 1, 128, "dualpipe", True)
     assert par.global_batch * exp.training.seq_len == 15360 * 4096
+    # section 3.2.2's node-aggregated dispatch (DeepEP), the shared expert overlapped with the all-to-alls
+    assert (exp.routing.dispatch, exp.routing.shared_expert_overlap) == ("deepep", True)
     # 61 layers: stage 0 has 1, the others 4; rank 0 holds stages 0 and 15 (embedding and output head)
     assert [len(stage_layers(model.layers, par, r)) for r in range(16)] == [5] + [8] * 14 + [5]
     assert chunk_layers(model.layers, par, 0, 1) == [57, 58, 59, 60]
@@ -273,17 +277,3 @@ def test_representatives_agree_with_full_for_a_dense_fp8_model(fidelity):
     assert rep.step_time == pytest.approx(full.step_time, rel=0.02)
     for cls, nbytes in full.bytes_by_class.items():
         assert rep.bytes_by_class[cls] == pytest.approx(nbytes, rel=1e-9)
-
-
-@pytest.mark.parametrize("moe, par, match", [
-    ({"dispatch": "deepep"}, {}, "moe.dispatch: deepep: not modelled with schedule: dualpipe"),
-    ({"shared_expert_overlap": True}, {}, "moe.shared_expert_overlap: not modelled with schedule: dualpipe"),
-    ({}, {"tp": 2, "etp": 1, "sequence_parallel": True, "ep": 2},
-     "parallel.etp: not modelled with schedule: dualpipe"),
-])
-def test_moe_options_without_pair_pieces_are_refused(moe, par, match):
-    from workloads.moe import RoutingModel
-    model = model_from_dict(dict(MOE, shared_experts=1))
-    parallel = ParallelConfig(**{"pp": 2, "dp": 2, "ep": 2, "global_batch": 8, "schedule": "dualpipe", **par})
-    with pytest.raises(ConfigError, match=match):
-        training_step(model, parallel, TrainingSpec(seq_len=128), routing=RoutingModel(kind="balanced", **moe))

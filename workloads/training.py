@@ -28,9 +28,12 @@ DualPipe (``parallel.schedule: dualpipe``; DeepSeek-V3, arXiv 2412.19437 section
     forward and a backward of the other direction) receives both inputs
     before it starts and sends both outputs after it ends, as the reference
     does; its two passes run interleaved on the compute stream piece by piece
-    (a MoE layer in three pieces cut at its all-to-alls), each chunk's
-    all-to-alls on a stream of its own (``ep_f``, ``ep_b``), so that one
-    chunk's dispatch and combine run under the other chunk's computation.
+    (a MoE layer cut at its exchanges: before the dispatch, the experts,
+    after the combine, and the shared expert's two halves beside dispatch
+    and combine with ``moe.shared_expert_overlap``), each chunk's exchanges
+    (all-to-alls or DeepEP's two hops, expert-TP gather / scatter) on
+    streams of its own (``ep_f``, ``ep_b``), so that one chunk's dispatch
+    and combine run under the other chunk's computation.
     What is modelled: that hiding, with the pieces in the order above.
     What is approximated: the pieces run one at a time at full speed (no
     SMs are set aside for communication, no slowdown from sharing them), the
@@ -148,7 +151,7 @@ Tags
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -837,13 +840,38 @@ class _StepBuilder:
         return group, e, rows
 
     def emit_moe(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
-        """Before-dispatch kernels (+ TP collectives) → dispatch all-to-all → this rank's experts → combine → rest.
+        """One pass of a MoE layer outside DualPipe's pairs: :meth:`moe_pieces` run to completion.
 
-        Backward runs the same shape in reverse: the gradient of the combine travels like the
-        dispatch (token owner → expert), the gradient of the dispatch like the combine. With
-        ``moe.shared_expert_overlap`` the all-to-alls go on their own stream (``ep``) and the shared
-        expert's halves run on the compute stream meanwhile: the layer takes ``pre + max(a2a, shared_1) +
-        experts + max(a2a, shared_2) + post`` instead of the sum.
+        The layer takes ``pre + a2a + experts + a2a + post``; with ``moe.shared_expert_overlap`` the
+        all-to-alls go on their own stream (``ep``) and the shared expert's halves run on the compute stream
+        meanwhile: ``pre + max(a2a, shared_1) + experts + max(a2a, shared_2) + post`` instead of the sum.
+        """
+        pieces = self.moe_pieces(rank, seg, deps, name, mb, stage)
+        while True:
+            try:
+                next(pieces)
+            except StopIteration as done:
+                return done.value
+
+    def moe_pieces(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int,
+                   stream: str | None = None) -> Generator[int, None, int]:
+        """Emit one pass of MoE layer ``seg.layer`` piece by piece; the one description of a MoE layer's ops.
+
+        In order: the before-dispatch kernels and the pass's TP collectives (compute stream); the dispatch
+        (an all-to-all of owner → expert bytes or, under ``moe.dispatch: deepep``, DeepEP's network hop
+        with its NVLink forwarding beside it, pipelined in chunks); with ``etp != tp`` an all-gather of the
+        dispatched tokens over the expert-TP group; the first shared-expert half (``moe.shared_expert_overlap``)
+        beside the dispatch; this rank's experts; the expert-TP reduce-scatter; the combine (and DeepEP's
+        forwarding back); the second shared-expert half beside it; the after-combine kernels. The backward
+        runs the same shape: the gradient of the combine travels like the dispatch (owner → expert), the
+        gradient of the dispatch like the combine.
+
+        Yields the id of each compute piece but the last (before, shared halves, experts), which it returns;
+        ops after a yield are emitted when the generator is resumed. ``stream`` None (outside DualPipe's
+        pairs): the exchanges block the compute stream, or run on stream ``ep`` (DeepEP's forwarding on
+        ``ep_forward``) while the shared expert computes. ``stream`` given (a DualPipe pair, :meth:`_pieces`):
+        every exchange runs on ``stream`` (forwarding on ``stream + "_forward"``) and the compute piece after
+        it waits for it, so that the pair's other chunk computes meanwhile.
         """
         g = self.graph
         before, experts, after, *shared = seg.moe
@@ -862,37 +890,42 @@ class _StepBuilder:
             kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after),
                                                         *(_kernels(k) for k in shared))
         tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage, "stream": COMPUTE_STREAM}
-        a2a = dict(tags, stream="ep") if shared else tags
+        # off the compute stream: the exchanges are waited for explicitly
+        apart = bool(shared) or stream is not None
+        a2a = dict(tags, stream=stream or ("ep" if shared else COMPUTE_STREAM))
+        hop = dict(tags, stream=f"{stream}_forward" if stream else "ep_forward")
+        fwd = seg.phase == "F"
         last = g.compute(rank, parts=kernels[1], name=f"{name}.pre", deps=deps, category="gemm", **tags)
         last = self._emit_tp(rank, seg, name, last, mb, stage)
+        yield last
         first = g.collective_op(rank, "all_to_all", group, 0, split=out_row, traffic_class="ep",
-                                name=f"{name}.ep_{'dispatch' if seg.phase == 'F' else 'combine_grad'}",
-                                deps=[last] if shared else (), **a2a)
-        wait: list[int] = [first] if shared else []
+                                name=f"{name}.ep_{'dispatch' if fwd else 'combine_grad'}",
+                                deps=[last] if apart else (), **a2a)
+        wait: list[int] = [first] if apart else []
         if forward:  # DeepEP: the NVLink forwarding runs beside the RDMA hop (pipelined in chunks)
             wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[0], traffic_class="ep",
-                                        name=f"{name}.ep_forward", deps=[last], **dict(tags, stream="ep_forward")))
+                                        name=f"{name}.ep_forward", deps=[last], **hop))
         if shared:
-            g.compute(rank, parts=kernels[3], name=f"{name}.shared_1", category="gemm", **tags)
+            yield g.compute(rank, parts=kernels[3], name=f"{name}.shared_1", category="gemm", **tags)
         if gather is not None:
             first = g.collective_op(rank, "all_gather", gather, load * self.model.hidden * self.dtype,
                                     name=f"{name}.etp_gather", traffic_class="tp", deps=wait + [first], **a2a)
-            wait = [first] if shared else []
+            wait = [first] if apart else []
         done = g.compute(rank, parts=self._expert_parts(seg.layer, seg.phase, load, experts), name=f"{name}.experts",
                          category="gemm", deps=wait, **tags)
+        yield done
         if gather is not None:
             done = g.collective_op(rank, "reduce_scatter", gather, load * self.model.hidden * self.dtype,
                                    name=f"{name}.etp_scatter", traffic_class="tp", deps=[done], **a2a)
         second = g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
-                                 name=f"{name}.ep_{'combine' if seg.phase == 'F' else 'dispatch_grad'}",
-                                 deps=[done] if shared else (), **a2a)
-        wait = [second] if shared else []
+                                 name=f"{name}.ep_{'combine' if fwd else 'dispatch_grad'}",
+                                 deps=[done] if apart else (), **a2a)
+        wait = [second] if apart else []
         if forward:
             wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[1], traffic_class="ep",
-                                        name=f"{name}.ep_forward_back", deps=[done],
-                                        **dict(tags, stream="ep_forward")))
+                                        name=f"{name}.ep_forward_back", deps=[done], **hop))
         if shared:
-            g.compute(rank, parts=kernels[4], name=f"{name}.shared_2", category="gemm", **tags)
+            yield g.compute(rank, parts=kernels[4], name=f"{name}.shared_2", category="gemm", **tags)
         return g.compute(rank, parts=kernels[2], name=f"{name}.post", category="gemm", deps=wait, **tags)
 
     def _deepep_rows(self, layer: int, mb: int, group: tuple[int, ...], e: int) -> tuple:
@@ -1233,14 +1266,14 @@ class _StepBuilder:
                     src = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, x.chunk, -1),
                                    cp=c.cp)
                     deps.append(self._gathered(rank, g.recv(
-                        rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream="pp_recv_act",
+                        rank, src, self.p2p_bytes, name=f"recv_act.{name}", stream=self._p2p_stream("recv_act", x),
                         traffic_class="pp", micro_batch=x.micro_batch, stage=stage, tag=0, deps=posted),
                         name, x.micro_batch, stage))
                 if x.phase == "B" and j < nvs - 1 and not batched:
                     src = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, x.chunk, 1),
                                    cp=c.cp)
                     deps.append(self._gathered(rank, g.recv(
-                        rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream="pp_recv_grad",
+                        rank, src, self.p2p_bytes, name=f"recv_grad.{name}", stream=self._p2p_stream("recv_grad", x),
                         traffic_class="pp", micro_batch=x.micro_batch, stage=stage, tag=1, deps=posted),
                         name, x.micro_batch, stage))
                 if x.phase == "F" and x.chunk not in started:
@@ -1366,6 +1399,14 @@ class _StepBuilder:
             wait = ops
         return wait if post else []
 
+    def _p2p_stream(self, what: str, a: PipeAction) -> str:
+        """The stream of a pipeline transfer ``what`` (``send_act``, ``recv_grad``, ...) of action ``a``:
+        ``pp_<what>``, and under DualPipe one per chunk (``pp_<what>_c<chunk>``). A DualPipe middle rank sends
+        (receives) chunk 0's tensors to (from) one neighbour and chunk 1's to (from) the other; on one stream
+        a transfer waiting for its peer would hold up the other direction's, which the reference's batched
+        ``isend``/``irecv`` do not (with pp >= 12 that closes a cycle)."""
+        return f"pp_{what}_c{a.chunk}" if self.dual else f"pp_{what}"
+
     def _send(self, rank: int, a: PipeAction, after: int, deps: list[int] | None = None) -> int:
         """The send of action ``a``'s output (activation forward, input gradient backward) to the next rank of
         its chain, once ``after`` has run."""
@@ -1375,19 +1416,22 @@ class _StepBuilder:
         dst = lay.rank(tp=c.tp, dp=c.dp, pp=chain_neighbour(self.kind, self.p, stage, a.chunk, step), cp=c.cp)
         what, tag = ("act", 0) if a.phase == "F" else ("grad", 1)
         return self.graph.send(rank, dst, self.p2p_bytes, name=f"send_{what}.{a.phase}{a.micro_batch}.c{a.chunk}",
-                               stream=f"pp_send_{what}", deps=[after] if deps is None else deps, traffic_class="pp",
-                               micro_batch=a.micro_batch, stage=stage, tag=tag)
+                               stream=self._p2p_stream(f"send_{what}", a), deps=[after] if deps is None else deps,
+                               traffic_class="pp", micro_batch=a.micro_batch, stage=stage, tag=tag)
 
     # ------------------------------------------------------- DualPipe pairs
     def _emit_pair(self, rank: int, stage: int, pair: Sequence[PipeAction], waits: list[list[int]],
                    pending: _Buckets, overlap: bool, last_b: dict[int, int], idx: int, every_mb: bool) -> int:
         """A DualPipe forward-backward pair (``pair`` = the forward and the backward, ``waits`` their inputs).
 
-        Both run on the compute stream, interleaved piece by piece (a MoE layer is three pieces: before the
-        dispatch, the experts, after the combine; any other segment one piece): forward piece, backward
-        piece, forward piece, ... Each chunk's all-to-alls run on a stream of their own (``ep_f``, ``ep_b``)
-        as soon as the piece before them ends, and its next piece waits for them, so one chunk's
-        communication runs under the other's computation (DeepSeek-V3 section 3.2.1, Figure 4). The GPU's
+        Both run on the compute stream, interleaved piece by piece (a MoE layer is :meth:`moe_pieces`' pieces:
+        before the dispatch, the experts, after the combine, and with ``moe.shared_expert_overlap`` the two
+        shared-expert halves after the dispatch and after the combine; any other segment one piece): forward
+        piece, backward piece, forward piece, ... Each chunk's exchanges (all-to-alls or DeepEP's two hops,
+        expert-TP all-gather / reduce-scatter) run on streams of their own (``ep_f``, ``ep_b``; DeepEP's
+        NVLink forwarding on ``ep_f_forward``, ``ep_b_forward``) as soon as the piece before them ends, and
+        the chunk's next piece that needs them waits for them, so one chunk's communication runs under the
+        other's computation and its own shared expert (DeepSeek-V3 section 3.2.1, Figure 4). The GPU's
         compute is not shared: the pieces run one at a time, each at its full speed (the SMs DeepSeek gives
         to communication are not taken away). Returns the last op of the pair.
         """
@@ -1417,8 +1461,7 @@ class _StepBuilder:
     def _pieces(self, rank: int, stage: int, a: PipeAction, segs: list[_Segment], deps: list[int], stream: str,
                 pending: _Buckets | None, overlap: bool) -> Iterator[int]:
         """Emit one pass of a pair piece by piece, yielding the last compute op after each piece (see
-        :meth:`_emit_pair`)."""
-        g = self.graph
+        :meth:`_emit_pair`); a MoE layer's pieces are :meth:`moe_pieces`' with its exchanges on ``stream``."""
         name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
         mb = a.micro_batch
         for seg in segs:
@@ -1426,29 +1469,7 @@ class _StepBuilder:
             if seg.moe is None:
                 last = self.emit_segment(rank, seg, deps, op_name, mb, stage)
             else:
-                # dualpipe refuses the MoE options that add pieces (shared-expert overlap, DeepEP, expert TP)
-                before, experts, after = seg.moe
-                group, _e, (out_row, back_row, load) = self._moe_rows_for(rank, seg.layer, mb)
-                kernels = self._moe_kernels.get(id(seg.moe))
-                if kernels is None or kernels[0] is not seg.moe:
-                    kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after))
-                tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage}
-                fwd = seg.phase == "F"
-                last = g.compute(rank, parts=kernels[1], name=f"{op_name}.pre", deps=deps, category="gemm",
-                                 stream=COMPUTE_STREAM, **tags)
-                last = self._emit_tp(rank, seg, op_name, last, mb, stage)
-                yield last
-                a2a = g.collective_op(rank, "all_to_all", group, 0, split=out_row, traffic_class="ep",
-                                      name=f"{op_name}.ep_{'dispatch' if fwd else 'combine_grad'}", stream=stream,
-                                      deps=[last], **tags)
-                last = g.compute(rank, parts=self._expert_parts(seg.layer, seg.phase, load, experts),
-                                 name=f"{op_name}.experts", category="gemm", stream=COMPUTE_STREAM, deps=[a2a], **tags)
-                yield last
-                a2a = g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
-                                      name=f"{op_name}.ep_{'combine' if fwd else 'dispatch_grad'}", stream=stream,
-                                      deps=[last], **tags)
-                last = g.compute(rank, parts=kernels[2], name=f"{op_name}.post", category="gemm",
-                                 stream=COMPUTE_STREAM, deps=[a2a], **tags)
+                last = yield from self.moe_pieces(rank, seg, deps, op_name, mb, stage, stream)
             deps = []
             if pending is not None:
                 pending.add(seg, last if overlap else None)
@@ -1774,15 +1795,6 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     if options.p2p == "blocking" and parallel.schedule in ("zb-h1", "dualpipe"):
         raise ConfigError(f"options.p2p: blocking send/recv is modelled for the gpipe and 1f1b schedules; "
                           f"use p2p: async with {parallel.schedule}")
-    if parallel.schedule == "dualpipe" and model.is_moe and parallel.ep > 1 and routing is not None:
-        # The overlapped pairs interleave a MoE layer as three pieces (before dispatch, experts, after
-        # combine); the options below add pieces that the pairs do not place yet.
-        for field, on in (("moe.dispatch: deepep", routing.dispatch == "deepep"),
-                          ("moe.shared_expert_overlap", bool(routing.shared_expert_overlap)),
-                          ("parallel.etp", parallel.expert_tp != parallel.tp)):
-            if on:
-                raise ConfigError(f"{field}: not modelled with schedule: dualpipe yet; use the default "
-                                  f"(all_to_all dispatch, no shared-expert overlap, etp = tp) or another schedule")
     builder = _StepBuilder(model, parallel, training, options, routing)
     graph = builder.build(representatives)
     flops = model_flops_per_step(model, parallel.global_batch, training.seq_len, causal=options.causal)

@@ -1,0 +1,153 @@
+"""MoE layers in DualPipe's overlapped pairs with DeepEP dispatch, shared-expert overlap and ``etp != tp``
+(issue 14; DeepSeek-V3 technical report section 3.2.1, Figure 4: DualPipe with node-aggregated dispatch).
+
+Truths used (never numbers computed by the code under test):
+
+* causality: a chunk's experts start after its dispatch (both of DeepEP's hops, the expert-TP all-gather) has
+  ended, its after-combine kernels after its combine;
+* the same exchanges happen whatever the schedule: every micro-batch passes every MoE layer once forward and
+  once backward, on the same EP groups, so the EP and TP bytes per tier equal 1F1B's; with balanced routing
+  the all-to-all bytes are the hand count ``L B s 4 k h d (ep - 1) / ep``;
+* shared-expert overlap only moves the shared expert's kernels: the compute time and FLOPs are conserved,
+  and all of them run on the one compute stream (the GPU's compute is not shared);
+* the representatives of ``fast`` and ``lockstep`` run the programs their ranks run.
+"""
+
+import math
+
+import pytest
+
+from simulator.experiment import experiment_from_dict, run_experiment
+from workloads.training import training_step
+
+# A small MoE (4 layers, 16 experts top-2, one shared expert), 4 GPUs per node so that an EP group of 8
+# spans two nodes and DeepEP forwards over NVLink.
+MOE = {"name": "moe-small", "layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096,
+       "vocab": 32000, "gated_mlp": True, "tied_embeddings": False, "experts": 16, "top_k": 2,
+       "moe_ffn_hidden": 1024, "max_seq_len": 4096, "shared_experts": 1}
+S, H, K, D = 1024, 1024, 2, 2
+
+OPTIONS = {  # name -> (moe section, parallel overrides)
+    "deepep": ({"dispatch": "deepep"}, {}),
+    "shared": ({"shared_expert_overlap": True}, {}),
+    "etp1-tp2": ({}, {"tp": 2, "etp": 1}),
+    "etp2-tp1": ({}, {"etp": 2, "ep": 4}),
+    "all": ({"dispatch": "deepep", "shared_expert_overlap": True}, {"tp": 2, "etp": 1}),
+}
+
+
+def doc(schedule="dualpipe", moe=None, parallel=None, routing="balanced", gb=64, shared=1):
+    par = {"tp": 1, "pp": 2, "dp": 8, "ep": 8, "micro_batch": 1, "global_batch": gb, "schedule": schedule,
+           "placement": ["tp", "dp", "pp"]}
+    par.update(parallel or {})
+    par["sequence_parallel"] = par["tp"] > 1
+    gpus = par["tp"] * par["pp"] * par["dp"]
+    return {"cluster": {"preset": "dgx-h100", "nodes": gpus // 4, "gpus_per_node": 4},
+            "model": dict(MOE, shared_experts=shared), "parallel": par, "training": {"seq_len": S},
+            "moe": dict({"routing": routing}, **(moe or {}))}
+
+
+def option_doc(name, **kw):
+    moe, par = OPTIONS[name]
+    return doc(moe=moe, parallel=par, **kw)
+
+
+def _in_pairs(ops):
+    """The rows of ``ops`` that belong to passes run inside an overlapped pair on their rank (the passes
+    with exchanges on ``ep_f`` / ``ep_b``), as a boolean mask."""
+    pass_ = ops["rank"].astype(str) + ":" + ops["name"].str.split(".").str[:2].str.join(".")
+    return pass_.isin(set(pass_[ops["stream"].isin(["ep_f", "ep_b"])]))
+
+
+# ------------------------------------------------------------------ (1) the options run, in their pieces
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_each_option_runs_in_the_pairs_in_causal_order(name):
+    r = run_experiment(experiment_from_dict(option_doc(name)), force=True)
+    assert 0 < r.step_time < math.inf
+    ops = r.ops
+    ops = ops.assign(pass_=ops["name"].str.split(".").str[:3].str.join("."), piece=ops["name"].str.split(".").str[3])
+    in_pair = ops[_in_pairs(ops)]
+    assert len(in_pair), "the schedule has overlapped pairs"
+    moe, par = OPTIONS[name]
+    streams = set(in_pair["stream"])
+    if moe.get("dispatch") == "deepep":   # the NVLink forwarding of each chunk on a stream of its own
+        assert {"ep_f_forward", "ep_b_forward"} <= streams
+        assert set(in_pair[in_pair["piece"] == "ep_forward"]["stream"]) == {"ep_f_forward", "ep_b_forward"}
+    if par.get("etp", 1) > 1:  # expert TP's all-gather / reduce-scatter beside, with the chunk's exchanges
+        assert set(in_pair[in_pair["piece"].isin(["etp_gather", "etp_scatter"])]["stream"]) == {"ep_f", "ep_b"}
+    if moe.get("shared_expert_overlap"):  # the shared expert's halves are compute pieces of their own
+        assert set(in_pair[in_pair["piece"].isin(["shared_1", "shared_2"])]["stream"]) == {"compute"}
+    # every compute op, shared halves included, runs on the one compute stream
+    assert set(ops[ops["kind"] == "compute"]["stream"]) == {"compute"}
+    # causality inside every MoE layer pass of a pair, on every rank
+    for (_rank, _p), g in in_pair[in_pair["piece"].notna()].groupby(["rank", "pass_"]):
+        at = {row.piece: row for row in g.itertuples()}
+        if "experts" not in at:
+            continue
+        for before in ("ep_dispatch", "ep_combine_grad", "ep_forward", "etp_gather"):
+            if before in at:
+                assert at["experts"].start_s >= at[before].end_s - 1e-15
+        for before in ("ep_combine", "ep_dispatch_grad", "ep_forward_back"):
+            if before in at:
+                assert at["post"].start_s >= at[before].end_s - 1e-15
+        if "etp_scatter" in at:
+            assert at["etp_scatter"].start_s >= at["experts"].end_s - 1e-15
+
+
+# ------------------------------------------------------------------ (2) the same exchanges as 1F1B
+@pytest.mark.parametrize("name", ["deepep", "etp1-tp2", "etp2-tp1", "all"])
+def test_exchange_bytes_per_tier_equal_1f1b(name):
+    # uniform routing: every (layer, micro-batch) draws its own rows; both schedules draw the same ones
+    tables = {s: run_experiment(experiment_from_dict(option_doc(name, schedule=s, routing="uniform")),
+                                force=True).bytes_by_class_and_tier() for s in ("dualpipe", "1f1b")}
+    dual, one = tables["dualpipe"], tables["1f1b"]
+    classes = ["ep"] + (["tp"] if OPTIONS[name][1] else [])
+    for cls in classes:
+        for tier in one.columns:
+            assert dual.loc[cls, tier] == pytest.approx(one.loc[cls, tier], rel=1e-9, abs=1e-6), (cls, tier)
+
+
+def test_all_to_all_bytes_are_the_hand_count():
+    # balanced routing, all-to-all dispatch: per MoE layer each of the B s tokens' k choices crosses to another
+    # EP rank with probability (ep - 1) / ep, in 4 all-to-alls (dispatch, combine and their gradients)
+    ep, gb = 8, 64
+    r = run_experiment(experiment_from_dict(doc(moe={"shared_expert_overlap": True}, gb=gb)), force=True)
+    assert r.bytes_by_class["ep"] == pytest.approx(MOE["layers"] * gb * S * 4 * K * H * D * (ep - 1) / ep,
+                                                   rel=1e-12)
+
+
+# ------------------------------------------------------------------ (3) shared-expert overlap
+@pytest.mark.parametrize("moe", [{}, {"dispatch": "deepep"}])
+def test_shared_expert_overlap_conserves_compute_and_does_not_lengthen_the_step(moe):
+    runs, steps = {}, {}
+    for overlap in (False, True):
+        d = doc(moe=dict(moe, shared_expert_overlap=overlap), routing="uniform", shared=4)
+        exp = experiment_from_dict(d)
+        steps[overlap] = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing)
+        runs[overlap] = run_experiment(exp, force=True)
+    off, on = runs[False], runs[True]
+    # the same kernels, cut differently: per rank the same compute time and FLOPs
+    busy = {k: r.ops[r.ops["kind"] == "compute"].groupby("rank")["duration_s"].sum() for k, r in runs.items()}
+    assert busy[True].to_numpy() == pytest.approx(busy[False].to_numpy(), rel=1e-12)
+    assert steps[True].executed_flops == pytest.approx(steps[False].executed_flops, rel=1e-12)
+    # premise: the shared expert's compute is small against the all-to-alls it hides under
+    ops = on.ops[on.ops["rank"] == 0]
+    shared = ops[ops["name"].str.endswith((".shared_1", ".shared_2"))]["duration_s"].sum()
+    a2a = ops[(ops["traffic_class"] == "ep")]["duration_s"].sum()
+    assert 0 < shared < 0.5 * a2a
+    assert on.step_time <= off.step_time
+    # and the pairs carry the shared halves as pieces of their own
+    assert ops[_in_pairs(ops)]["name"].str.endswith(".shared_1").any()
+
+
+# ------------------------------------------------------------------ (4) representatives agree with full
+@pytest.mark.parametrize("fidelity", ["fast", "lockstep"])
+@pytest.mark.parametrize("name", ["all", "etp2-tp1"])
+def test_representatives_agree_with_full(name, fidelity):
+    exp = experiment_from_dict(option_doc(name))
+    full = run_experiment(exp, force=True, fidelity="full")
+    assert _in_pairs(full.ops).any()
+    rep = run_experiment(exp, force=True, fidelity=fidelity)
+    assert rep.step_time == pytest.approx(full.step_time, rel=0.02)
+    for cls, nbytes in full.bytes_by_class.items():
+        assert rep.bytes_by_class[cls] == pytest.approx(nbytes, rel=1e-9)
