@@ -167,3 +167,24 @@ def test_top_links_and_window_means(demo):
     assert np.sum(means * np.diff(edges)) == pytest.approx(top["bytes"].iloc[0], rel=1e-9)
     with pytest.raises(ValueError, match="links: .* is not a link id"):
         demo.link_timeseries(links=[10**9])
+
+
+def test_link_series_of_an_all_to_all_with_aggregates_integrate_to_bytes():
+    # A 1 GiB all-to-all over 64 GPUs of a 1:1 leaf-spine: its waves are folded into aggregates
+    # (simulator.network._Agg), whose members log no rate changes of their own; the rate log expanded from the
+    # aggregates' histories and members' spans must still give every link's bytes and never exceed its rate.
+    g = OpGraph(64)
+    g.collective("all_to_all", range(64), float(2**30), traffic_class="ep")
+    result = simulate(g, build_cluster({"preset": "dgx-h100", "nodes": 8}))
+    assert result.record.fabric.network.aggregated > 100
+    links = result.links
+    used = list(links.index[links["bytes"] > 0])
+    series = result.link_timeseries(links=used)
+    capacity = result.record.fabric.network.capacity
+    for lid, s in series.groupby("link"):
+        rates = s["rate_Bps"].to_numpy()
+        assert integral(s["time_s"].to_numpy(), rates) == pytest.approx(links.loc[lid, "bytes"], rel=1e-9)
+        assert rates.max() <= capacity[lid] * (1 + 1e-9)
+    tiers = result.tier_timeseries
+    for tier, total in result.bytes_by_tier.items():
+        assert integral(tiers["time_s"].to_numpy(), tiers[tier].to_numpy()) == pytest.approx(total, rel=1e-9)
