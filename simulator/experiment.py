@@ -323,6 +323,17 @@ def _fidelity(value: object) -> str:
     return str(value)
 
 
+def check_memory(exp: Experiment, force: bool = False) -> MemoryBreakdown:
+    """The step's memory per GPU (:meth:`Experiment.memory`); raises :class:`OutOfMemoryError` when it does
+    not fit in the GPU's HBM, unless ``force``."""
+    memory = exp.memory()
+    hbm = exp.cluster.gpu.hbm_bytes
+    if not memory.fits(hbm) and not force:
+        raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of "
+                               f"{exp.cluster.gpu.name} (use --force to simulate anyway)")
+    return memory
+
+
 def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None = None) -> Result:
     """Generate the step, simulate it and attach training metrics to the result.
 
@@ -331,11 +342,7 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
     :data:`FIDELITIES`) overrides the experiment's.
     """
     t0 = time.perf_counter()
-    memory = exp.memory()
-    hbm = exp.cluster.gpu.hbm_bytes
-    if not memory.fits(hbm) and not force:
-        raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of "
-                               f"{exp.cluster.gpu.name} (use --force to simulate anyway)")
+    memory = check_memory(exp, force)
     fidelity = _fidelity(exp.fidelity if fidelity is None else fidelity)
     with paused_gc():
         step = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing,

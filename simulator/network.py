@@ -245,7 +245,7 @@ class _Agg:
     """
 
     __slots__ = ("route", "id", "rate", "svc", "ts", "seq", "heap", "n", "rep", "_mult_of", "nlinks", "lsum",
-                 "lcount", "lwepoch", "wpairs", "lpairs", "larrays", "wepoch", "solo_rate", "idx", "rec", "session")
+                 "lcount", "lwepoch", "wpairs", "lpairs", "larrays", "wepoch", "solo_rate", "rec")
 
     def __init__(self, agg_id: int, rep: _Route, rate: float, now: float) -> None:
         self.route = self
@@ -267,9 +267,11 @@ class _Agg:
         self.lpairs: tuple = ()
         self.larrays: tuple | None = None
         self.wepoch = -1
-        self.idx = -1
-        self.rec = None
-        self.session = None
+        self.rec = None  # never recorded for replays (as a flow is while its call is)
+
+    def clear(self) -> None:
+        """Forget every member (they were folded elsewhere or dissolved): the aggregate is done."""
+        self.heap, self.n, self.nlinks, self._mult_of, self.seq = [], 0, {}, {}, -2
 
 
 class _Trajectory:
@@ -1404,7 +1406,7 @@ class FlowNetwork(_NetworkBase):
                 for goal, _tie, flow in e.heap:
                     ledger.log_span(e.id, flow.route, flow.t0, now)
                     self._join(target, flow, goal - e.svc, now)
-                e.heap, e.n, e.nlinks, e._mult_of, e.seq = [], 0, {}, {}, -2
+                e.clear()
             else:
                 for link in e.route.ulinks:
                     del on_link[link][e]
@@ -1457,7 +1459,7 @@ class FlowNetwork(_NetworkBase):
             self._seq += 1
             flow.seq = self._seq
             heapq.heappush(self._heap, (now + flow.remaining / rate, self._seq, flow))
-        agg.heap, agg.n, agg.nlinks, agg._mult_of, agg.seq = [], 0, {}, {}, -2
+        agg.clear()
 
     def _dissolve_on(self, links) -> None:
         """Dissolve the aggregates on any of ``links``."""

@@ -66,7 +66,7 @@ from workloads.schedules import simulate_unit_times
 from workloads.training import FP8_AMAX_ENTRIES, FP8_SCALE_UPDATE_BYTES, _StepBuilder
 
 from .compute import ComputeModel
-from .experiment import Experiment, OutOfMemoryError
+from .experiment import Experiment, check_memory
 from .fabric import Fabric
 
 __all__ = ["SCREEN", "ScreenUnsupported", "screen_experiment", "unsupported_reason"]
@@ -303,11 +303,7 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
         The configuration uses something the screen does not model.
     """
     t0 = time.perf_counter()
-    memory = exp.memory()
-    hbm = exp.cluster.gpu.hbm_bytes
-    if not memory.fits(hbm) and not force:
-        raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of "
-                               f"{exp.cluster.gpu.name} (use --force to simulate anyway)")
+    memory = check_memory(exp, force)
     why = unsupported_reason(exp)
     if why is not None:
         raise ScreenUnsupported(f"fidelity: screen does not model {why}; sweep with --fidelity fast")

@@ -151,7 +151,7 @@ Tags
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -1359,22 +1359,21 @@ class _StepBuilder:
         """The ranks that hold ``rank``'s weights and reduce their gradients together: its DP x CP ranks and,
         under DualPipe, those of the mirror stage ``p - 1 - stage`` (which holds the same two model stages; the
         reference sums the two copies' gradients), lower stage first so that both stages name one group."""
-        lay = self.layout
-        if not self.dual:
-            return lay.grad_group(rank)
-        c = lay.coords(rank)
-        pair = sorted((c.pp, self.p - 1 - c.pp))
-        return tuple(x for s in pair for x in lay.grad_group(lay.rank(tp=c.tp, dp=c.dp, pp=s, cp=c.cp)))
+        return self._with_mirror(rank, self.layout.grad_group)
 
     def expert_grad_group(self, rank: int) -> tuple[int, ...]:
         """The ranks holding ``rank``'s routed experts: its expert-DP group (and the mirror stage's, under
         DualPipe)."""
+        return self._with_mirror(rank, self.layout.expert_dp_group)
+
+    def _with_mirror(self, rank: int, group_of: Callable[[int], tuple[int, ...]]) -> tuple[int, ...]:
+        """``group_of(rank)``, and under DualPipe that group joined with the mirror stage's (lower stage first)."""
         lay = self.layout
         if not self.dual:
-            return lay.expert_dp_group(rank)
+            return group_of(rank)
         c = lay.coords(rank)
         pair = sorted((c.pp, self.p - 1 - c.pp))
-        return tuple(x for s in pair for x in lay.expert_dp_group(lay.rank(tp=c.tp, dp=c.dp, pp=s, cp=c.cp)))
+        return tuple(x for s in pair for x in group_of(lay.rank(tp=c.tp, dp=c.dp, pp=s, cp=c.cp)))
 
     def _exchanges(self, rank: int, post: tuple[Exchange, ...], actions: Sequence[PipeAction], after: int | None,
                    queues: dict[str, list[int]]) -> list[int]:
