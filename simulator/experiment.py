@@ -7,7 +7,7 @@ Sections (every section may name a ``preset`` and override its fields)::
     model:    {preset: gpt3-175b, ...}                # workloads.models.model_from_dict
     parallel: {tp: 8, pp: 8, ...}                     # workloads.parallel.parallel_from_dict
     training: {seq_len: 2048, dtype: bf16}
-    network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0, routing: ecmp, all_to_all: grouped}  # optional
+    network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0, routing: ecmp, all_to_all: auto}  # optional
     fidelity: fast                                     # optional: fast | full | lockstep (see FIDELITIES)
     moe:      {routing: zipf, zipf_s: 1.2, capacity_factor: 1.25, seed: 0}  # optional, MoE token routing
     compute:  {matmul_efficiency: 0.75, attention_efficiency: 0.5, ...}     # optional
