@@ -63,11 +63,15 @@ class AllToAllPairs(Sequence):
         return int(src[index]), int(dst[index])
 
 
-def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1) -> tuple[tuple, ...]:
-    """The flow specs ``(links, wire bytes, latency_s, payload_bytes)`` of one uniform all_to_all of
-    ``nbytes`` (``S``: every member sends ``S/n`` to every other) over ``group``, repeated ``count``
-    times back to back, as the body and tail flows of the module docstring (at most four; fewer when a
-    class is empty). Latencies follow :meth:`simulator.fabric.Fabric._latency` for the staggered direct
+def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
+               matrix: tuple[tuple[float, ...], ...] | None = None) -> tuple[tuple, ...]:
+    """The flow specs ``(links, wire bytes, latency_s, payload_bytes)`` of one all_to_all over ``group``,
+    repeated ``count`` times back to back, as the body and tail flows of the module docstring (at most
+    four; fewer when a class is empty). Uniform: ``nbytes`` is ``S`` and every member sends ``S/n`` to
+    every other. Alltoallv: ``matrix[i][j]`` bytes from member ``i`` to member ``j`` (pairs of 0 bytes
+    send nothing); a flow then moves its largest member's bytes and weights each member's links by its
+    bytes over that largest, so every member moves its own bytes and all finish together (as
+    ``proportional`` waves do). Latencies follow :meth:`simulator.fabric.Fabric._latency` for the staggered direct
     plan (:func:`simulator.collectives.plan_direct` with ``stagger``): the base latency once, then for the
     transfer to the ``k``-th peer ``k`` steps, those crossing servers at the network's step latency, each
     step at least its route's own link latency. The links arrays are registered with the fabric's
@@ -76,8 +80,16 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1) ->
     from .nccl import BANDWIDTH_FACTOR, p2p_protocol, step_latencies
 
     n = len(group)
-    chunk = nbytes / n
     members = np.asarray(group, dtype=np.int64)
+    # sizes[i, k]: bytes member i sends to its k-th peer (member (i + k) % n), or None when all are S/n
+    sizes = None
+    if matrix is not None:
+        dense = np.asarray(matrix, dtype=float)
+        sizes = np.empty((n, n))
+        for i in range(n):
+            sizes[i] = np.roll(dense[i], -i)
+        sizes[:, 0] = 0.0
+    chunk = nbytes / n if sizes is None else float(sizes.max())
     servers = np.asarray(fabric._servers, dtype=np.int64)[members]
     nccl = fabric.config.nccl_latency
     protocol = p2p_protocol(chunk) if nccl else "Simple"
@@ -101,9 +113,10 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1) ->
     remote = np.cumsum(cross, axis=1, dtype=np.int32)
     # tail[i, k]: the transfer is member i's last of its class (the largest offset k >= 1 of that class)
     rows = np.arange(n)
+    sends = offsets > 0 if sizes is None else sizes > 0
     tail = np.zeros((n, n), dtype=bool)
     for of_class in (cross, ~cross):
-        lastk = np.where(of_class & (offsets > 0), offsets, -1).max(axis=1)
+        lastk = np.where(of_class & sends, offsets, -1).max(axis=1)
         has = lastk > 0
         tail[rows[has], lastk[has]] = True
 
@@ -111,9 +124,10 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1) ->
     loads = {(c, p): np.zeros(num_links) for c in (False, True) for p in ("body", "tail")}
     first = dict.fromkeys(loads, np.inf)
     last = dict.fromkeys(loads, -np.inf)
+    wire = {key: 0.0 for key in loads}  # the largest transfer of each flow
     per_block = max(1, BULK_OFFSETS_PER_BLOCK // max(n, 1))
     for r0 in range(0, n, per_block):
-        i, k = np.nonzero(np.broadcast_to(offsets[None, :] > 0, (min(per_block, n - r0), n)))
+        i, k = np.nonzero(np.broadcast_to(sends, (n, n))[r0:r0 + per_block])
         i += r0
         src, dst = members[i], members[(i + k) % n]
         for where, block in fabric.router.route_blocks(gpus, src, dst, np.zeros(len(src), dtype=np.int64)):
@@ -132,7 +146,13 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1) ->
                     if not len(chosen):
                         continue
                     key = (c, part)
-                    loads[key] += np.bincount(block[chosen].ravel(), minlength=num_links)
+                    if sizes is None:
+                        loads[key] += np.bincount(block[chosen].ravel(), minlength=num_links)
+                    else:  # in bytes for now; divided by the flow's largest transfer below
+                        moved = sizes[wi[chosen], wk[chosen]]
+                        wire[key] = max(wire[key], float(moved.max()))
+                        loads[key] += np.bincount(block[chosen].ravel(), np.repeat(moved, block.shape[1]),
+                                                  minlength=num_links)
                     first[key] = min(first[key], float(lat[chosen].min()))
                     last[key] = max(last[key], float(lat[chosen].max()))
 
@@ -145,11 +165,16 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1) ->
             links = np.flatnonzero(load)
             if not len(links):
                 continue
-            mask = (cross == c) & (tail if part == "tail" else ~tail)
-            mask[:, 0] = False
+            mask = (cross == c) & (tail if part == "tail" else ~tail) & sends
             pairs = AllToAllPairs(members, mask)
             latency = count * (base + (first[key] if part == "body" else last[key]))
-            network.declare(links, len(pairs), load[links])
-            fabric._pairs[id(links)] = (links, pairs)
-            specs.append((links, count * chunk / factor, latency, count * chunk * len(pairs)))
+            if sizes is None:
+                largest, payload, weights = chunk, chunk * len(pairs), load[links]
+                fabric._pairs[id(links)] = (links, pairs)
+            else:
+                largest, moved = wire[key], sizes[mask]  # member-major, as AllToAllPairs enumerates
+                payload, weights = float(moved.sum()), load[links] / wire[key]
+                fabric._pairs[id(links)] = (links, pairs, moved / payload)
+            network.declare(links, len(pairs), weights)
+            specs.append((links, count * largest / factor, latency, count * payload))
     return tuple(specs)

@@ -83,14 +83,18 @@ class NetworkConfig:
         its bytes so that all finish together (measured: within 0.1% on
         mildly skewed routing, up to 5% with strong skew on an oversubscribed
         fabric). ``"per_pair"``: one flow per GPU pair (the reference).
-        ``"bulk"``: a uniform all-to-all (not an alltoallv, which is grouped)
-        as at most four flows planned with numpy
+        ``"bulk"``: an all-to-all as at most four flows planned with numpy
         (:mod:`simulator.bulk_alltoall`): per class (NVLink, network) one
         flow for every transfer but each member's last, from the first
         latency, and one for the last transfers, from the latest; bytes per
-        link and GPU pair exact (measured: within 2.7% of ``grouped`` at 64–
-        512 GPUs, 64 KiB – 1 GiB, docs/DESIGN.md; 1 GiB over 4,096 GPUs in
-        seconds). Needs ECMP routing (under spray: grouped).
+        link and GPU pair exact. Uniform: measured within 2.7% of
+        ``grouped`` at 64–512 GPUs, 64 KiB – 1 GiB, at most +5.1% against
+        ``per_pair`` (docs/DESIGN.md); 1 GiB over 4,096 GPUs in seconds.
+        Alltoallv (opt-in only): members of a flow finish together, which
+        is optimistic — measured −0.1% to −20% against ``per_pair`` on
+        32 GPUs (the most with strong skew on an oversubscribed fabric),
+        −0.11% on a DeepSeek-style step at 100× the speed. Needs ECMP
+        routing (under spray: grouped).
     """
 
     model: str = "flow"
@@ -462,7 +466,7 @@ class Fabric:
         routed = self._phases_cache.get(key)
         if routed is None:
             if self._bulk(kind, group, nbytes, algorithm, matrix):
-                routed = self._phases_cache[key] = (bulk_flows(self, group, nbytes, count),)
+                routed = self._phases_cache[key] = (bulk_flows(self, group, nbytes, count, matrix),)
                 return routed
             if matrix is not None:
                 plan = plan_collective(kind, group, nbytes, self.server_of, "direct", self.config.fidelity, matrix,
@@ -475,13 +479,15 @@ class Fabric:
 
     def _bulk(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str,
               matrix: tuple | None) -> bool:
-        """Whether this collective runs as a bulk all-to-all (:mod:`simulator.bulk_alltoall`): a uniform
-        all_to_all under ECMP routing, over at least two ranks with ``all_to_all: bulk``, over at least
-        ``BULK_ALL_TO_ALL_RANKS`` with ``auto``."""
+        """Whether this collective runs as a bulk all-to-all (:mod:`simulator.bulk_alltoall`): an all_to_all
+        under ECMP routing over at least two ranks with ``all_to_all: bulk`` (alltoallv too), or a uniform
+        one over at least ``BULK_ALL_TO_ALL_RANKS`` with ``auto``."""
         mode = self.config.all_to_all
-        return (kind == "all_to_all" and matrix is None and not self._spray and algorithm in ("auto", "direct")
-                and nbytes > 0 and len(group) > 1
-                and (mode == "bulk" or (mode == "auto" and len(group) >= BULK_ALL_TO_ALL_RANKS)))
+        if kind != "all_to_all" or self._spray or len(group) < 2 or algorithm not in ("auto", "direct"):
+            return False
+        if matrix is not None:
+            return mode == "bulk" and any(any(row) for row in matrix)
+        return nbytes > 0 and (mode == "bulk" or (mode == "auto" and len(group) >= BULK_ALL_TO_ALL_RANKS))
 
     def _route_plan(self, plan: Plan, protocol: str, count: int = 1) -> tuple[tuple[tuple, ...], ...]:
         """Flow specs of ``plan``: wire bytes are the payload over the protocol's bandwidth factor (an LL
