@@ -19,6 +19,9 @@ Rungs:
     Mixtral 8x7B, TP 2 PP 4 DP 128 EP 8, Zipf routing (``mixtral-8x7b-ep8-1024.yaml``), one step in ``fast``.
 ``deepseek-ep64-1024``
     DeepSeek-V3-style, PP 16 DP 64 EP 64 (``deepseek-v3-ep64-1024.yaml``), one step in ``fast``.
+``mixtral-ep8-1024-bulk``, ``deepseek-ep64-1024-bulk``
+    The same steps with ``network.all_to_all: bulk`` (alltoallv dispatch and combine as at most four
+    flows each; optimistic, see docs/DESIGN.md, "Bulk all-to-all").
 
 Per rung it prints the simulated time (collective or step), the wall time of the simulation inside the
 child, the CPU time and the wall time of the whole child process (interpreter start and imports included,
@@ -52,6 +55,8 @@ RUNGS = [
     ("a2a-4096", 4096, "a2a:4096"),
     ("mixtral-ep8-1024", 1024, "mixtral-8x7b-ep8-1024.yaml"),
     ("deepseek-ep64-1024", 1024, "deepseek-v3-ep64-1024.yaml"),
+    ("mixtral-ep8-1024-bulk", 1024, "mixtral-8x7b-ep8-1024.yaml@bulk"),
+    ("deepseek-ep64-1024-bulk", 1024, "deepseek-v3-ep64-1024.yaml@bulk"),
 ]
 FIELDS = ["rung", "gpus", "fidelity", "sim_time_s", "wall_s", "cpu_s", "process_s", "repeats", "events",
           "rate_solves", "component_solves", "flows", "net_flows", "calls", "replays", "peak_rss_mb"]
@@ -88,12 +93,18 @@ def run_alltoall(gpus: int) -> dict:
             **_network_counts(engine.fabric.network)}
 
 
-def run_step(path: str, fidelity: str) -> dict:
-    """One training step of an experiment file, summary included (as ``clustersim run`` builds it)."""
+def run_step(path: str, fidelity: str, all_to_all: str | None = None) -> dict:
+    """One training step of an experiment file, summary included (as ``clustersim run`` builds it);
+    ``all_to_all`` overrides the file's ``network.all_to_all``."""
+    import dataclasses
+
     from simulator.experiment import load_experiment, run_experiment
 
     t0 = time.perf_counter()
-    result = run_experiment(load_experiment(path), force=True, fidelity=fidelity)
+    exp = load_experiment(path)
+    if all_to_all is not None:
+        exp = dataclasses.replace(exp, network=dataclasses.replace(exp.network, all_to_all=all_to_all))
+    result = run_experiment(exp, force=True, fidelity=fidelity)
     s = result.summary
     wall = time.perf_counter() - t0
     return {"sim_time_s": s["step_time_s"], "wall_s": wall, "events": s["events"],
@@ -105,7 +116,8 @@ def child(spec: str, fidelity: str, root: str) -> dict:
     if spec.startswith("a2a:"):
         out = run_alltoall(int(spec[4:]))
     else:
-        out = run_step(os.path.join(HERE, spec), fidelity)
+        path, _, mode = spec.partition("@")
+        out = run_step(os.path.join(HERE, path), fidelity, mode or None)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out["peak_rss_mb"] = usage.ru_maxrss / 1024
     out["cpu_s"] = usage.ru_utime + usage.ru_stime  # the whole process: imports included
