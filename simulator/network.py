@@ -1604,8 +1604,14 @@ class FlowNetwork(_NetworkBase):
             route.cepoch = self._epoch
         if self._lazy_count:
             lazy = self._lazy
-            route.wpairs = tuple(p for p in route.cpairs if not lazy[p[0]])
-            route.lpairs = tuple(p for p in route.cpairs if lazy[p[0]])
+            cpairs = route.cpairs
+            lpairs = [p for p in cpairs if lazy[p[0]]]
+            if lpairs:
+                route.wpairs = tuple([p for p in cpairs if not lazy[p[0]]])
+                route.lpairs = tuple(lpairs)
+            else:  # no lazy link on the route (the common case): its pairs as they are
+                route.wpairs = cpairs
+                route.lpairs = ()
             route.larrays = None
         else:
             route.wpairs = route.cpairs
