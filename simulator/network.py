@@ -1788,13 +1788,19 @@ class FlowNetwork(_NetworkBase):
             candidates = [link for link, d in loads.items() if lload[link] + d > cap[link] * (1 + 1e-9)]
         else:
             larrays = self._larrays
-            arrays = [larrays(f.route) for c in components for f in c[0]]
-            sizes = np.fromiter((len(a[0]) for a in arrays), dtype=np.int64, count=total)
+            # Only the flows that cross a lazy link add entries (the others' arrays are empty): the same
+            # ids and weights, without an empty array per flow.
+            picked = [(f, r) for c, rates in zip(components, solved) for f, r in zip(c[0], rates) if f.route.lpairs]
+            if not picked:
+                return []
+            arrays = [larrays(f.route) for f, _r in picked]
+            count = len(picked)
+            sizes = np.fromiter((len(a[0]) for a in arrays), dtype=np.int64, count=count)
             if not sizes.any():
                 return []
             ids = np.concatenate([a[0] for a in arrays])
-            old = np.fromiter((f.rate for c in components for f in c[0]), dtype=float, count=total)
-            new = np.fromiter(chain.from_iterable(solved), dtype=float, count=total)
+            old = np.fromiter((f.rate for f, _r in picked), dtype=float, count=count)
+            new = np.fromiter((r for _f, r in picked), dtype=float, count=count)
             weights = np.concatenate([a[1] for a in arrays]) * np.repeat(new - old, sizes)
             if len(lload) <= 8 * len(ids):  # a bincount over every link beats sorting the entries
                 after = lload + np.bincount(ids, weights=weights, minlength=len(lload))
