@@ -1475,20 +1475,37 @@ class FlowNetwork(_NetworkBase):
             flows = component[0]
             if len(flows) < _AGG_MIN:
                 continue
-            groups: dict[tuple, list] = {}
+            # Grouped by rate first (a float: cheap to hash; most flows of a large component are alone at
+            # theirs), then by row and solo rate within the groups of equal rates; the groups are folded in
+            # order of their first member, as one grouping by (row, solo rate, rate) would give them.
+            by_rate: dict[float, list] = {}
             for f in flows:
                 if f.rec is not None:
                     continue  # being recorded for replays
-                route = f.route
-                key = (route.rep.wpairs if type(f) is _Agg else route.wpairs, route.solo_rate, f.rate)
-                group = groups.get(key)
+                group = by_rate.get(f.rate)
                 if group is None:
-                    groups[key] = [f]
+                    by_rate[f.rate] = [f]
                 else:
                     group.append(f)
-            for group in groups.values():
-                if len(group) > 1:
-                    self._fold(now, group)
+            folds = []
+            for same_rate in by_rate.values():
+                if len(same_rate) < 2:
+                    continue
+                groups: dict[tuple, list] = {}
+                for f in same_rate:
+                    route = f.route
+                    key = (route.rep.wpairs if type(f) is _Agg else route.wpairs, route.solo_rate)
+                    group = groups.get(key)
+                    if group is None:
+                        groups[key] = [f]
+                    else:
+                        group.append(f)
+                folds.extend(group for group in groups.values() if len(group) > 1)
+            if len(folds) > 1:
+                pos = {f: i for i, f in enumerate(flows)}
+                folds.sort(key=lambda group: pos[group[0]])
+            for group in folds:
+                self._fold(now, group)
 
     def _intrusions(self, arrivals: list[Flow]) -> list[Flow]:
         """Arrivals onto links another session holds end that session's isolation: a recording one is
