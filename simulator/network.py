@@ -652,6 +652,7 @@ class FlowNetwork(_NetworkBase):
         self._wepoch = 0  # bumped whenever _epoch or a link's laziness changes (routes' wpairs / lpairs)
         self.lazy_misses = 0  # re-solves because a solution overloaded a lazy link
         self.lazy_marked = 0  # times a link was made lazy
+        self._slack_of: dict[int, tuple] = {}  # id(rates of _solved) -> (rates, [(local link, spare bytes/s)])
         self.flows_started = 0  # flows handed to the network (replayed ones included)
         self.calls = 0  # start_flows calls with at least one flow
         self.replays = 0  # calls whose flows were replayed from a recorded trajectory
@@ -1474,20 +1475,37 @@ class FlowNetwork(_NetworkBase):
             flows = component[0]
             if len(flows) < _AGG_MIN:
                 continue
-            groups: dict[tuple, list] = {}
+            # Grouped by rate first (a float: cheap to hash; most flows of a large component are alone at
+            # theirs), then by row and solo rate within the groups of equal rates; the groups are folded in
+            # order of their first member, as one grouping by (row, solo rate, rate) would give them.
+            by_rate: dict[float, list] = {}
             for f in flows:
                 if f.rec is not None:
                     continue  # being recorded for replays
-                route = f.route
-                key = (route.rep.wpairs if type(f) is _Agg else route.wpairs, route.solo_rate, f.rate)
-                group = groups.get(key)
+                group = by_rate.get(f.rate)
                 if group is None:
-                    groups[key] = [f]
+                    by_rate[f.rate] = [f]
                 else:
                     group.append(f)
-            for group in groups.values():
-                if len(group) > 1:
-                    self._fold(now, group)
+            folds = []
+            for same_rate in by_rate.values():
+                if len(same_rate) < 2:
+                    continue
+                groups: dict[tuple, list] = {}
+                for f in same_rate:
+                    route = f.route
+                    key = (route.rep.wpairs if type(f) is _Agg else route.wpairs, route.solo_rate)
+                    group = groups.get(key)
+                    if group is None:
+                        groups[key] = [f]
+                    else:
+                        group.append(f)
+                folds.extend(group for group in groups.values() if len(group) > 1)
+            if len(folds) > 1:
+                pos = {f: i for i, f in enumerate(flows)}
+                folds.sort(key=lambda group: pos[group[0]])
+            for group in folds:
+                self._fold(now, group)
 
     def _intrusions(self, arrivals: list[Flow]) -> list[Flow]:
         """Arrivals onto links another session holds end that session's isolation: a recording one is
@@ -1529,7 +1547,9 @@ class FlowNetwork(_NetworkBase):
         tight_at = self._tight_at
         cap = self._cap
         floor = level * (1 - 1e-9)
+        fixed = floor > 0
         seen: set[Flow] = set()
+        seen_add, seen_update = seen.add, seen.update
         out = []
         starts = list(seed_flows)
         lazy = self._lazy
@@ -1537,43 +1557,49 @@ class FlowNetwork(_NetworkBase):
             if not lazy[link]:  # a lazy link couples nobody (see _rerate)
                 starts.extend(f for f in on_link[link] if f.rate >= floor)
         wepoch = self._wepoch
+        refresh = self._refresh
         for first in starts:
             if first in seen:
                 continue
-            seen.add(first)
+            seen_add(first)
             flows: list[Flow] = []
             flow_links: list[tuple] = []
             flow_mults: list[tuple] = []
             capacity: list[float] = []
             local: dict[int, int] = {}
+            local_get = local.get
             stack = [first]
+            pop, push, extend = stack.pop, stack.append, stack.extend
+            # Hot loop (every flow of every re-rated component): names bound once, the common cases
+            # (every link of the route tight; arrivals, where nobody is fixed) without per-item calls.
             while stack:
-                flow = stack.pop()
+                flow = pop()
                 flows.append(flow)
                 route = flow.route
                 if route.wepoch != wepoch:
-                    self._refresh(route)
-                ls, ms = [], []
+                    refresh(route)
+                ls = []
+                ms = []
                 for link, m in route.wpairs:
                     if demand[link] > tight_at[link]:
-                        j = local.get(link)
+                        j = local_get(link)
                         if j is None:
                             j = local[link] = len(capacity)
-                            if floor > 0:
+                            if fixed:
                                 used = 0.0  # by fixed flows
                                 for other in on_link[link]:
                                     if other.rate < floor:
                                         mo = other.route._mult_of
                                         used += (1 if mo is None else mo[link]) * other.rate
                                     elif other not in seen:
-                                        seen.add(other)
-                                        stack.append(other)
+                                        seen_add(other)
+                                        push(other)
                                 capacity.append(cap[link] - used)
                             else:  # arrivals: nobody is fixed
-                                for other in on_link[link]:
-                                    if other not in seen:
-                                        seen.add(other)
-                                        stack.append(other)
+                                fresh = [other for other in on_link[link] if other not in seen]
+                                if fresh:
+                                    seen_update(fresh)
+                                    extend(fresh)
                                 capacity.append(cap[link] - 0.0)
                         ls.append(j)
                         ms.append(m)
@@ -1595,8 +1621,14 @@ class FlowNetwork(_NetworkBase):
             route.cepoch = self._epoch
         if self._lazy_count:
             lazy = self._lazy
-            route.wpairs = tuple(p for p in route.cpairs if not lazy[p[0]])
-            route.lpairs = tuple(p for p in route.cpairs if lazy[p[0]])
+            cpairs = route.cpairs
+            lpairs = [p for p in cpairs if lazy[p[0]]]
+            if lpairs:
+                route.wpairs = tuple([p for p in cpairs if not lazy[p[0]]])
+                route.lpairs = tuple(lpairs)
+            else:  # no lazy link on the route (the common case): its pairs as they are
+                route.wpairs = cpairs
+                route.lpairs = ()
             route.larrays = None
         else:
             route.wpairs = route.cpairs
@@ -1671,22 +1703,25 @@ class FlowNetwork(_NetworkBase):
         A flow whose rate did not change keeps its heap entry. ``track``: add the rate changes to the
         loads of lazy links (else the caller does).
         """
-        if track and self._lazy_count:
-            for i, flow in enumerate(flows):
-                rate = flow.route.solo_rate if rates is None else rates[i]
-                if rate != flow.rate:
-                    self._track(flow, rate - flow.rate)
         heap = self._heap
         seq = self._seq
         push = heapq.heappush
         ledger = self.ledger
         log_t, log_route, log_delta = ledger.rate_t.append, ledger.rate_route.append, ledger.rate_delta.append
-        for i, flow in enumerate(flows):
-            rate = flow.route.solo_rate if rates is None else rates[i]
-            if rate == flow.rate and flow.seq > 0:
-                continue  # same rate: its heap entry (finish time) still holds
+        # One pass: a flow's lazy-link loads (_track) read nothing the rest of the loop writes, so tracking
+        # each flow just before setting it adds the same changes in the same order as a pass of its own.
+        track = track and self._lazy_count
+        if rates is None:
+            rates = [flow.route.solo_rate for flow in flows]
+        for flow, rate in zip(flows, rates):
+            old = flow.rate
+            if rate == old:
+                if flow.seq > 0:
+                    continue  # same rate: its heap entry (finish time) still holds
+            elif track:
+                self._track(flow, rate - old)
             if type(flow) is _Agg:  # its clock moves on; its next member's finish comes from it
-                flow.svc += flow.rate * (now - flow.ts)
+                flow.svc += old * (now - flow.ts)
                 flow.ts = now
                 ledger.log_aggregate_rate(flow.id, now, rate)
                 flow.rate = rate
@@ -1701,11 +1736,11 @@ class FlowNetwork(_NetworkBase):
                 if session.budget < 0:
                     self._stop_recording(session)
             if flow.t0 != now:
-                flow.remaining -= flow.rate * (now - flow.t0)
+                flow.remaining -= old * (now - flow.t0)
                 flow.t0 = now
             log_t(now)
             log_route(flow.route.idx)
-            log_delta(rate - flow.rate)
+            log_delta(rate - old)
             flow.rate = rate
             seq += 1
             flow.seq = seq
@@ -1721,7 +1756,7 @@ class FlowNetwork(_NetworkBase):
         replicas of one collective or the same all-to-all in every EP group produce — are the same
         problem: their rates are solved once and looked up after (exact: the solver is deterministic).
         """
-        caps = tuple(f.route.solo_rate for f in flows)
+        caps = tuple([f.route.solo_rate for f in flows])
         key = (tuple(flow_links), tuple(flow_mults), tuple(capacity), caps)
         rates = self._solved.get(key)
         if rates is not None:
@@ -1749,23 +1784,40 @@ class FlowNetwork(_NetworkBase):
         self._pending_loads = None
         lload = self._lload
         total = sum(len(c[0]) for c in components)
-        if total < 256 and not any(type(f) is _Agg for c in components for f in c[0]):
+        small = total < 256  # and no aggregate among the flows (found on the way: summing has no side effect)
+        if small:
             loads: dict[int, float] = {}
+            loads_get = loads.get
             for component, rates in zip(components, solved):
                 for flow, rate in zip(component[0], rates):
-                    delta = rate - flow.rate
-                    for link, m in flow.route.lpairs:
-                        loads[link] = loads.get(link, 0.0) + m * delta
-            candidates = [link for link, d in loads.items() if lload[link] + d > self._cap[link] * (1 + 1e-9)]
+                    if type(flow) is _Agg:
+                        small = False
+                        break
+                    lpairs = flow.route.lpairs
+                    if lpairs:
+                        delta = rate - flow.rate
+                        for link, m in lpairs:
+                            loads[link] = loads_get(link, 0.0) + m * delta
+                if not small:
+                    break
+        if small:
+            cap = self._cap
+            candidates = [link for link, d in loads.items() if lload[link] + d > cap[link] * (1 + 1e-9)]
         else:
             larrays = self._larrays
-            arrays = [larrays(f.route) for c in components for f in c[0]]
-            sizes = np.fromiter((len(a[0]) for a in arrays), dtype=np.int64, count=total)
+            # Only the flows that cross a lazy link add entries (the others' arrays are empty): the same
+            # ids and weights, without an empty array per flow.
+            picked = [(f, r) for c, rates in zip(components, solved) for f, r in zip(c[0], rates) if f.route.lpairs]
+            if not picked:
+                return []
+            arrays = [larrays(f.route) for f, _r in picked]
+            count = len(picked)
+            sizes = np.fromiter((len(a[0]) for a in arrays), dtype=np.int64, count=count)
             if not sizes.any():
                 return []
             ids = np.concatenate([a[0] for a in arrays])
-            old = np.fromiter((f.rate for c in components for f in c[0]), dtype=float, count=total)
-            new = np.fromiter(chain.from_iterable(solved), dtype=float, count=total)
+            old = np.fromiter((f.rate for f, _r in picked), dtype=float, count=count)
+            new = np.fromiter((r for _f, r in picked), dtype=float, count=count)
             weights = np.concatenate([a[1] for a in arrays]) * np.repeat(new - old, sizes)
             if len(lload) <= 8 * len(ids):  # a bincount over every link beats sorting the entries
                 after = lload + np.bincount(ids, weights=weights, minlength=len(lload))
@@ -1816,16 +1868,26 @@ class FlowNetwork(_NetworkBase):
     def _mark_lazy(self, components: list, solved: list) -> None:
         """Make the tight links of large components that their solution leaves slack lazy (see :meth:`_rerate`)."""
         lazy, strikes, cap = self._lazy, self._strikes, self._cap
+        slack_of = self._slack_of
         marked = 0
         for (flows, flow_links, flow_mults, capacity, glinks), rates in zip(components, solved):
             if len(flows) < _LAZY_MIN_FLOWS:
                 continue
-            load = [0.0] * len(capacity)
-            for ls, ms, rate in zip(flow_links, flow_mults, rates):
-                for j, m in zip(ls, ms):
-                    load[j] += m * rate
-            for j, link in enumerate(glinks):
-                if capacity[j] - load[j] > _LAZY_SLACK * cap[link] and strikes[link] < _LAZY_STRIKES:
+            # What each local link has to spare is a function of the component's shape alone (its
+            # rates are, see _solve): kept per rates list of _solved, which a shape seen again returns.
+            entry = slack_of.get(id(rates))
+            if entry is None or entry[0] is not rates:
+                load = [0.0] * len(capacity)
+                for ls, ms, rate in zip(flow_links, flow_mults, rates):
+                    for j, m in zip(ls, ms):
+                        load[j] += m * rate
+                spare = [(j, c - x) for j, (c, x) in enumerate(zip(capacity, load)) if c - x > 0]
+                if len(slack_of) >= _MEMO_SHAPES:
+                    slack_of.clear()
+                entry = slack_of[id(rates)] = (rates, spare)  # holds rates: its id is not reused meanwhile
+            for j, left in entry[1]:
+                link = glinks[j]
+                if left > _LAZY_SLACK * cap[link] and strikes[link] < _LAZY_STRIKES:
                     lazy[link] = True
                     marked += 1
                     total = 0.0
