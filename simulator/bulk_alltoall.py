@@ -81,16 +81,17 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
 
     n = len(group)
     members = np.asarray(group, dtype=np.int64)
-    # sizes[i, k]: bytes member i sends to its k-th peer (member (i + k) % n), or None when all are S/n
+    # peer[i, k] = (i + k) % n: member i's k-th peer in NCCL's offset order (int32: 64 MiB at 4,096 ranks)
+    offsets = np.arange(n, dtype=np.int32)
+    peer = offsets[:, None] + offsets[None, :]
+    peer[peer >= n] -= n
+    # sizes[i, k]: bytes member i sends to its k-th peer, or None when all are S/n
     sizes = None
     if matrix is not None:
-        dense = np.asarray(matrix, dtype=float)
-        sizes = np.empty((n, n))
-        for i in range(n):
-            sizes[i] = np.roll(dense[i], -i)
+        sizes = np.asarray(matrix, dtype=float)[offsets[:, None], peer]
         sizes[:, 0] = 0.0
     chunk = nbytes / n if sizes is None else float(sizes.max())
-    servers = np.asarray(fabric._servers, dtype=np.int64)[members]
+    servers = np.asarray(fabric._servers, dtype=np.int32)[members]
     nccl = fabric.config.nccl_latency
     protocol = p2p_protocol(chunk) if nccl else "Simple"
     if nccl:
@@ -102,14 +103,8 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     latency_of = fabric.latency
     gpus = fabric.cluster.gpus
 
-    # cross[i, k]: member i's k-th peer (in NCCL's offset order) sits on another server; remote[i, k]: how
-    # many of its first k peers do. ``n x n`` arrays: 16 MiB (bool) and 64 MiB (int32) at 4,096 ranks.
-    offsets = np.arange(n, dtype=np.int32)
-    peer_server = np.empty((n, n), dtype=servers.dtype)
-    for i in range(n):
-        peer_server[i] = np.roll(servers, -i)
-    cross = peer_server != servers[:, None]
-    del peer_server
+    # cross[i, k]: member i's k-th peer sits on another server; remote[i, k]: how many of its first k do.
+    cross = servers[peer] != servers[:, None]
     remote = np.cumsum(cross, axis=1, dtype=np.int32)
     # tail[i, k]: the transfer is member i's last of its class (the largest offset k >= 1 of that class)
     rows = np.arange(n)
@@ -120,8 +115,12 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
         has = lastk > 0
         tail[rows[has], lastk[has]] = True
 
-    # per (class, part): link loads (transfers crossing each link) and the latency range
-    loads = {(c, p): np.zeros(num_links) for c in (False, True) for p in ("body", "tail")}
+    # per (class, part): link loads (transfers crossing each link, or bytes for an alltoallv), as one dense
+    # array per link id when the transfers outnumber the links, else as the (link ids, weights) of every
+    # crossing, summed at the end; and the latency range
+    keys = [(c, p) for c in (False, True) for p in ("body", "tail")]
+    dense = n * n > num_links
+    loads = {key: np.zeros(num_links) if dense else [] for key in keys}
     first = dict.fromkeys(loads, np.inf)
     last = dict.fromkeys(loads, -np.inf)
     wire = {key: 0.0 for key in loads}  # the largest transfer of each flow
@@ -129,7 +128,7 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     for r0 in range(0, n, per_block):
         i, k = np.nonzero(np.broadcast_to(sends, (n, n))[r0:r0 + per_block])
         i += r0
-        src, dst = members[i], members[(i + k) % n]
+        src, dst = members[i], members[peer[i, k]]
         for where, block in fabric.router.route_blocks(gpus, src, dst, np.zeros(len(src), dtype=np.int64)):
             wi, wk = i[where], k[where]
             phys = latency_of[block].sum(axis=1)
@@ -146,13 +145,15 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
                     if not len(chosen):
                         continue
                     key = (c, part)
-                    if sizes is None:
-                        loads[key] += np.bincount(block[chosen].ravel(), minlength=num_links)
-                    else:  # in bytes for now; divided by the flow's largest transfer below
+                    ids, weights = block[chosen].ravel(), None
+                    if sizes is not None:  # in bytes for now; divided by the flow's largest transfer below
                         moved = sizes[wi[chosen], wk[chosen]]
                         wire[key] = max(wire[key], float(moved.max()))
-                        loads[key] += np.bincount(block[chosen].ravel(), np.repeat(moved, block.shape[1]),
-                                                  minlength=num_links)
+                        weights = np.repeat(moved, block.shape[1])
+                    if dense:
+                        loads[key] += np.bincount(ids, weights, minlength=num_links)
+                    else:
+                        loads[key].append((ids, weights))
                     first[key] = min(first[key], float(lat[chosen].min()))
                     last[key] = max(last[key], float(lat[chosen].max()))
 
@@ -161,19 +162,26 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     for c in (False, True):
         for part in ("body", "tail"):
             key = (c, part)
-            load = loads[key]
-            links = np.flatnonzero(load)
+            if dense:
+                links = np.flatnonzero(loads[key])
+                values = loads[key][links]
+            elif loads[key]:
+                links, inverse = np.unique(np.concatenate([e[0] for e in loads[key]]), return_inverse=True)
+                weights = None if sizes is None else np.concatenate([e[1] for e in loads[key]])
+                values = np.bincount(inverse.ravel(), weights).astype(float)
+            else:
+                continue
             if not len(links):
                 continue
             mask = (cross == c) & (tail if part == "tail" else ~tail) & sends
             pairs = AllToAllPairs(members, mask)
             latency = count * (base + (first[key] if part == "body" else last[key]))
             if sizes is None:
-                largest, payload, weights = chunk, chunk * len(pairs), load[links]
+                largest, payload, weights = chunk, chunk * len(pairs), values
                 fabric._pairs[id(links)] = (links, pairs)
             else:
                 largest, moved = wire[key], sizes[mask]  # member-major, as AllToAllPairs enumerates
-                payload, weights = float(moved.sum()), load[links] / wire[key]
+                payload, weights = float(moved.sum()), values / wire[key]
                 fabric._pairs[id(links)] = (links, pairs, moved / payload)
             network.declare(links, len(pairs), weights)
             specs.append((links, count * largest / factor, latency, count * payload))
