@@ -83,9 +83,8 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import chain, repeat
+from itertools import chain
 
 import numpy as np
 import simpy
@@ -300,7 +299,7 @@ class _Call:
     network epoch ``epoch``; ``books``: per trajectory, what a replay of it books (:meth:`FlowNetwork._book`).
     """
 
-    __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books")
+    __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books", "arr")
 
     def __init__(self, specs: Sequence[FlowSpec], routes: list) -> None:
         self.specs = specs
@@ -310,6 +309,7 @@ class _Call:
                      if nbytes / route.solo_rate <= TINY_FLOW_S]
         self.base = -1
         self.ids: tuple = ()
+        self.arr: np.ndarray | None = None  # ids as an array (vectorised checks of the links' owners and use)
         self.epoch = -1
         self.key = -1
         self.books: dict[int, tuple] = {}
@@ -326,11 +326,13 @@ class _Session:
     """
 
     __slots__ = ("key", "links", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done",
-                 "budget", "call", "held")
+                 "budget", "call", "held", "sid", "arr")
 
-    def __init__(self, key: tuple, links: tuple, t0: float) -> None:
+    def __init__(self, key: tuple, links: tuple, t0: float, sid: int = 0, arr: np.ndarray | None = None) -> None:
         self.key = key
         self.links = links
+        self.sid = sid  # its id in the network's owner array (FlowNetwork._owner)
+        self.arr = arr  # links as an array
         self.t0 = t0
         self.left = 0
         self.tainted = False
@@ -370,7 +372,11 @@ class LinkLedger:
         # wire bytes in all]: one dict lookup per finished flow; kept for traffic matrices and per-job bytes.
         self._by_route: dict[tuple, list] = {}
         self._unfolded = False
-        self._busy_acc: list[float] = [0.0] * num_links  # busy seconds not yet folded into busy_s
+        # Busy seconds not yet folded into busy_s: a flat array of doubles (one Python float add per link where
+        # flows end) with a numpy view of it (np.add.at where a replay books many links at once: the same
+        # additions in the same order).
+        self._busy_acc = array("d", bytes(8 * num_links))
+        self._busy_np = np.frombuffer(self._busy_acc, dtype=float)
         self.flows_completed = 0  # point-to-point transfers finished (a grouped flow counts its members)
         self.rate_t = array("d")
         self.rate_route = array("q")
@@ -487,10 +493,10 @@ class LinkLedger:
                 np.add.at(per_class, route.links, per_entry)
                 entry[2] = 0.0
             self._unfolded = False
-        acc = np.array(self._busy_acc)
+        acc = self._busy_np
         if acc.any():
             self._busy_s += acc
-            self._busy_acc = [0.0] * self.num_links
+            acc[:] = 0.0
 
     @property
     def bytes(self) -> np.ndarray:
@@ -633,7 +639,15 @@ class FlowNetwork(_NetworkBase):
         # Replays of isolated calls (see _Session): which session holds each link, the trajectories recorded
         # per call shape, and the shape of each cached spec tuple.
         self.replay = replay
-        self._owner: list[_Session | None] = [None] * len(self._cap)
+        # Id of the session holding each link (0: none; an array of int64 with a numpy view for whole calls)
+        # and the holding sessions by id.
+        self._owner = array("q", bytes(8 * len(self._cap)))
+        self._owner_np = np.frombuffer(self._owner, dtype=np.int64)
+        self._sessions: dict[int, _Session] = {}
+        self._next_sid = 0
+        # Per link, the calls with real flows (not replayed) that are not done yet and cross it: a superset of
+        # the links in use, checked with numpy before the links' flows are (_occupy).
+        self._occupied = np.zeros(len(self._cap), dtype=np.int32)
         self._memo: dict[int, _Trajectory] = {}
         self._memo_flows = 0  # entries (flows, rate changes) of the recorded trajectories
         self._shape_ids: dict[tuple, int] = {}  # (base shape id, link thresholds) -> shape id
@@ -694,17 +708,26 @@ class FlowNetwork(_NetworkBase):
         call = self._call(specs)
         if self.replay and len(specs) <= _MEMO_RATE_CHANGES:
             key, links = self._session_key(call)
-            on_link, owner = self._on_link, self._owner
-            # Every link idle and held by nobody (sessions are truthy, dicts only when not empty): the
-            # scans run in C, this check is made for every link of every call.
-            if not (any(map(owner.__getitem__, links)) or any(map(on_link.__getitem__, links))):
-                session = _Session(key, links, now)
+            arr = call.arr
+            # Every link idle and held by nobody. This check is made for every link of every call: numpy
+            # looks at the owners and at the links of real calls still running (a superset of the links in
+            # use); only if one of those is among the call's links are the links' flows looked at (dicts are
+            # truthy only when not empty).
+            if not (self._owner_np[arr].any()
+                    or (self._occupied[arr].any() and any(map(self._on_link.__getitem__, links)))):
+                self._next_sid += 1
+                session = _Session(key, links, now, self._next_sid, arr)
                 session.held = True
-                deque(map(owner.__setitem__, links, repeat(session)), 0)  # owner[link] = session, in C
+                self._owner_np[arr] = session.sid
+                self._sessions[session.sid] = session
                 traj = self._memo.get(key)
                 if traj is not None:
                     self._replay(session, traj, call, traffic_class, join)
                     return
+            self._occupy(arr, join)
+        elif self.replay:  # too many flows to record, but its links are in use all the same
+            self._occupy(np.unique(np.fromiter(chain.from_iterable(route.ulinks for route in call.routes),
+                                               dtype=np.intp)), join)
         by_latency: dict[float, list[Flow]] = {}
         for route, (_links, nbytes, latency_s, payload) in zip(call.routes, specs):
             flow = Flow(route, nbytes, payload, traffic_class, join, now)
@@ -730,6 +753,19 @@ class FlowNetwork(_NetworkBase):
             self._pending_seq += 1
             heapq.heappush(pending, (now + latency_s, self._pending_seq, flows))
             self._wake(now + latency_s)
+
+    def _occupy(self, arr: np.ndarray, join: _Join) -> None:
+        """Count the links ``arr`` (distinct ids) as possibly in use until ``join``'s call is done (see
+        ``_occupied``): its ``on_done`` first uncounts them."""
+        occupied = self._occupied
+        occupied[arr] += 1
+        on_done = join.on_done
+
+        def done() -> None:
+            occupied[arr] -= 1
+            on_done()
+
+        join.on_done = done
 
     def _tiny(self, flow: Flow, latency_s: float, solo: float) -> None:
         """A latency-bound flow (a scalar all-reduce, an LL step): its bytes take under TINY_FLOW_S even at
@@ -781,6 +817,7 @@ class FlowNetwork(_NetworkBase):
             if base is None:
                 base = self._base_ids[base_shape] = len(self._base_ids)
             call.base, call.ids = base, ids
+            call.arr = np.array(ids, dtype=np.intp)
         ids = call.ids
         # Thresholds as dominance sets them: which twin of a class represents it changes no rate (identical
         # constraints), so it stays out of the shape (replicas pick representatives at different places).
@@ -806,7 +843,8 @@ class FlowNetwork(_NetworkBase):
         # Nobody else can have taken a link while the session held it: all are still its own.
         if session.held:
             session.held = False
-            deque(map(self._owner.__setitem__, session.links, repeat(None)), 0)  # owner[link] = None, in C
+            self._owner_np[session.arr] = 0
+            del self._sessions[session.sid]
 
     def _stop_recording(self, session: _Session) -> None:
         """Give up recording a session (another flow came onto its links, or it changes rates too often to
@@ -872,7 +910,7 @@ class FlowNetwork(_NetworkBase):
     def _book(self, call: _Call, traj: _Trajectory, links: tuple) -> tuple:
         """What a whole replay of ``traj`` for ``call`` books, made once per (call, trajectory):
         ``(finished flows as (route, nbytes, payload), rate log times relative to the start, route ids,
-        deltas, (link, busy seconds) pairs, flows)``, in the order the flows would have booked them."""
+        deltas, (links, busy seconds) arrays, flows)``, in the order the flows would have booked them."""
         hit = call.books.get(id(traj))
         if hit is not None and hit[0] is traj:
             return hit[1]
@@ -898,8 +936,10 @@ class FlowNetwork(_NetworkBase):
                 deltas.append(-prev)
             done.append((route, nbytes, payload))
         busy = [(link, b - a) for link, intervals in zip(links, traj.busy) for a, b in intervals]
+        busy_arrays = (np.array([link for link, _s in busy], dtype=np.intp),
+                       np.array([seconds for _l, seconds in busy], dtype=float))
         book = (done, np.array(offs, dtype=float), array("q", ridx).tobytes(), array("d", deltas).tobytes(),
-                busy, i)
+                busy_arrays, i)
         if len(call.books) > 8:
             call.books.clear()
         call.books[id(traj)] = (traj, book)
@@ -911,7 +951,7 @@ class FlowNetwork(_NetworkBase):
             return  # made real before its end
         session.done = True
         ledger = self.ledger
-        done, offs, ridx, deltas, busy_pairs, n = self._book(session.call, session.traj, session.links)
+        done, offs, ridx, deltas, (busy_links, busy_s), n = self._book(session.call, session.traj, session.links)
         # The same additions as the flows would have made, in the same order (t0 + offset per entry).
         ledger.rate_t.frombytes((session.t0 + offs).tobytes())
         ledger.rate_route.frombytes(ridx)
@@ -935,9 +975,7 @@ class FlowNetwork(_NetworkBase):
             if entries:
                 ledger._unfolded = True
             ledger.flows_completed += members
-        busy = ledger._busy_acc
-        for link, seconds in busy_pairs:
-            busy[link] += seconds
+        np.add.at(ledger._busy_np, busy_links, busy_s)  # in order, as a loop of += would (exact)
         self._release(session)
         join = session.join
         join.left -= n
@@ -951,6 +989,7 @@ class FlowNetwork(_NetworkBase):
         session.done = True
         self.materialized += 1
         self._release(session)
+        self._occupy(session.arr, session.join)  # its flows are real from now on
         env = self.env
         now = env.now
         limit = now * (1 + _REL_TIME_EPS) + 1e-18
@@ -1492,13 +1531,14 @@ class FlowNetwork(_NetworkBase):
     def _intrusions(self, arrivals: list[Flow]) -> list[Flow]:
         """Arrivals onto links another session holds end that session's isolation: a recording one is
         not kept, a replaying one is made real now. Returns flows the replays admit at this instant."""
-        owner = self._owner
+        owner, sessions = self._owner, self._sessions
         extra: list[Flow] = []
         for flow in arrivals:
-            mine = flow.session
+            mine = 0 if flow.session is None else flow.session.sid
             for link in flow.route.ulinks:
-                other = owner[link]
-                if other is not None and other is not mine:
+                sid = owner[link]
+                if sid and sid != mine:
+                    other = sessions[sid]
                     if other.traj is None:
                         self._stop_recording(other)
                     else:
