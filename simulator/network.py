@@ -277,8 +277,9 @@ class _Trajectory:
     """What the flows of one isolated :meth:`FlowNetwork.start_flows` call did, relative to its start.
 
     ``flows[i] = (admitted, finished, ((t, rate), ...))`` (seconds after the start) for the ``i``-th flow
-    that joins max-min sharing; ``busy[j]`` the merged busy intervals of the ``j``-th link of the call
-    (in the order of :meth:`FlowNetwork._session_key`); ``duration`` the last finish.
+    that joins max-min sharing; ``busy = (pos, a, b)`` the merged busy intervals ``[a, b)`` of the call's
+    links as three arrays, link by link (``pos``: its position among the call's links, in the order of
+    :meth:`FlowNetwork._session_key`), each link's in order of time; ``duration`` the last finish.
     """
 
     __slots__ = ("flows", "busy", "duration")
@@ -617,6 +618,7 @@ class FlowNetwork(_NetworkBase):
         self._tight_at: list[float] = [c * (1 + 1e-9) for c in self._cap]
         # Dominated links (see _dominance): -1 no route seen yet, -2 not dominated, else the dominating link.
         self._dominator: list[int] = [-1] * len(self._cap)
+        self._dominated = np.zeros(len(self._cap), dtype=bool)  # dominator >= 0, as an array (_session_key)
         # Twin links (see _twins): class of each link (-1: no route seen yet), members and representative
         # of each class. Only a class's representative can be tight.
         self._twin_of: list[int] = [-1] * len(self._cap)
@@ -650,7 +652,7 @@ class FlowNetwork(_NetworkBase):
         self._occupied = np.zeros(len(self._cap), dtype=np.int32)
         self._memo: dict[int, _Trajectory] = {}
         self._memo_flows = 0  # entries (flows, rate changes) of the recorded trajectories
-        self._shape_ids: dict[tuple, int] = {}  # (base shape id, link thresholds) -> shape id
+        self._shape_ids: dict[tuple, int] = {}  # (base shape id, dominated links as packed bits) -> shape id
         self._next_shape = 0
         self._base_ids: dict[tuple, int] = {}  # shape less the links' thresholds -> base shape id
         self._keys: dict[int, _Call] = {}  # id(spec tuple) -> its _Call
@@ -820,10 +822,10 @@ class FlowNetwork(_NetworkBase):
             call.arr = np.array(ids, dtype=np.intp)
         ids = call.ids
         # Thresholds as dominance sets them: which twin of a class represents it changes no rate (identical
-        # constraints), so it stays out of the shape (replicas pick representatives at different places).
-        cap, dominator = self._cap, self._dominator
-        inf = float("inf")
-        shape = (call.base, tuple([inf if dominator[link] >= 0 else cap[link] * (1 + 1e-9) for link in ids]))
+        # constraints), so it stays out of the shape (replicas pick representatives at different places). The
+        # base fixes the links' capacities, so which links are dominated (packed bits) fixes the thresholds:
+        # infinite if dominated, else capacity (1 + 1e-9).
+        shape = (call.base, np.packbits(self._dominated[call.arr]).tobytes())
         key = self._shape_ids.get(shape)
         if key is None:
             if len(self._shape_ids) > _MEMO_SHAPES:
@@ -862,7 +864,9 @@ class FlowNetwork(_NetworkBase):
         session.done = True
         t0 = session.t0
         flows = []
-        by_link: dict[int, list[tuple[float, float]]] = {}
+        moved: list[_Route] = []  # routes of the flows that moved bytes, with their spans
+        starts: list[float] = []
+        ends: list[float] = []
         duration = 0.0
         for flow in session.flows:
             admitted, finished, rates = flow.rec
@@ -870,25 +874,16 @@ class FlowNetwork(_NetworkBase):
             if finished - t0 > duration:
                 duration = finished - t0
             if rates:
-                for link in flow.route.ulinks:
-                    by_link.setdefault(link, []).append((admitted - t0, finished - t0))
+                moved.append(flow.route)
+                starts.append(admitted - t0)
+                ends.append(finished - t0)
             flow.rec = None
-        busy = []
-        for link in session.links:
-            merged: list[list[float]] = []
-            for a, b in sorted(by_link.get(link, ())):
-                if merged and a <= merged[-1][1]:
-                    if b > merged[-1][1]:
-                        merged[-1][1] = b
-                else:
-                    merged.append([a, b])
-            busy.append(tuple((a, b) for a, b in merged))
         size = len(flows) + sum(len(f[2]) for f in flows)
         self._memo_flows += size
         if self._memo_flows > _MEMO_ENTRIES:
             self._memo.clear()
             self._memo_flows = size
-        self._memo[session.key] = _Trajectory(flows, busy, duration)
+        self._memo[session.key] = _Trajectory(flows, _busy_intervals(session.arr, moved, starts, ends), duration)
 
     def _replay(self, session: _Session, traj: _Trajectory, call: _Call, traffic_class: str,
                 join: _Join) -> None:
@@ -935,11 +930,9 @@ class FlowNetwork(_NetworkBase):
                 ridx.append(route.idx)
                 deltas.append(-prev)
             done.append((route, nbytes, payload))
-        busy = [(link, b - a) for link, intervals in zip(links, traj.busy) for a, b in intervals]
-        busy_arrays = (np.array([link for link, _s in busy], dtype=np.intp),
-                       np.array([seconds for _l, seconds in busy], dtype=float))
+        pos, a, b = traj.busy
         book = (done, np.array(offs, dtype=float), array("q", ridx).tobytes(), array("d", deltas).tobytes(),
-                busy_arrays, i)
+                (call.arr[pos], b - a), i)
         if len(call.books) > 8:
             call.books.clear()
         call.books[id(traj)] = (traj, book)
@@ -1045,12 +1038,10 @@ class FlowNetwork(_NetworkBase):
             flow.rate = prev
             flow.t0 = now
             active.append(flow)
-        busy = ledger._busy_acc
-        for link, intervals in zip(session.links, traj.busy):
-            for a, b in intervals:
-                if t0 + a >= limit:
-                    break
-                busy[link] += min(t0 + b, now) - (t0 + a)
+        pos, a, b = traj.busy
+        begun = t0 + a < limit  # each link's intervals in order of time: those begun by now
+        a, b = t0 + a[begun], t0 + b[begun]
+        np.add.at(ledger._busy_np, session.arr[pos[begun]], np.minimum(b, now) - a)  # in order (exact)
         for flow in active:
             if self._lazy_count:
                 self._track(flow, flow.rate)
@@ -1174,6 +1165,10 @@ class FlowNetwork(_NetworkBase):
         """A route was made: update dominated and twin links, and the tightness thresholds they imply
         (a link may be tight unless it is dominated or a twin other than its class's representative)."""
         changed = self._dominance(route)
+        if changed:
+            dominated, dominator = self._dominated, self._dominator
+            for link in changed:
+                dominated[link] = dominator[link] >= 0
         if self.twins:
             changed += self._twins(route)
         if not changed:
@@ -1877,6 +1872,40 @@ class FlowNetwork(_NetworkBase):
             self.lazy_marked += marked
             self._lazy_count += marked
             self._wepoch += 1
+
+
+def _busy_intervals(links: np.ndarray, routes: list[_Route], starts: list[float], ends: list[float]
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The busy intervals of ``links`` (distinct ids) under flows on ``routes`` from ``starts[i]`` to ``ends[i]``
+    (seconds): each link's intervals merged where they overlap or touch, as ``(pos, a, b)`` arrays link by link
+    in the order of ``links`` (``pos``: index into ``links``), each link's in order of time (see
+    :class:`_Trajectory`)."""
+    counts = [len(route.ulinks) for route in routes]
+    crossed = np.fromiter(chain.from_iterable(route.ulinks for route in routes), dtype=np.intp, count=sum(counts))
+    order = np.argsort(links, kind="stable")
+    pos = order[np.searchsorted(links[order], crossed)]
+    a = np.repeat(np.array(starts, dtype=float), counts)
+    b = np.repeat(np.array(ends, dtype=float), counts)
+    by = np.lexsort((b, a, pos))
+    pos, a, b = pos[by], a[by], b[by]
+    if len(pos) < 2:
+        return pos, a, b
+    shared = np.flatnonzero(pos[1:] == pos[:-1])  # intervals after the first of their link
+    if not len(shared):
+        return pos, a, b
+    # Links under more than one flow: merge their intervals in order of time (few of them).
+    keep = [True] * len(pos)
+    starts, ends = a.tolist(), b.tolist()
+    last = -1  # the last interval kept
+    for i in (shared + 1).tolist():  # i - 1 is of the same link: kept, or merged into the last kept
+        if keep[i - 1]:
+            last = i - 1
+        if starts[i] <= ends[last]:  # overlaps (or touches) it
+            if ends[i] > ends[last]:
+                ends[last] = ends[i]
+            keep[i] = False
+    kept = np.array(keep)
+    return pos[kept], a[kept], np.array(ends)[kept]
 
 
 def _max_min_numpy(flow_links: list, flow_mults: list, capacity: list, caps: list) -> list[float]:
