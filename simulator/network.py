@@ -184,6 +184,16 @@ class _Route:
         self.demand = tuple(m * self.solo_rate for m in self.mults)
         self._mult_of = None if all(m == 1 for m in self.mults) else dict(zip(self.ulinks, self.mults))
 
+    def like(self, links: np.ndarray, idx: int) -> _Route:
+        """A route over ``links``, an array equal to this route's (same entries, weights and members): what
+        ``_Route(links, ...)`` makes, without deriving it again (its derived tuples are shared, read only)."""
+        route = _Route.__new__(_Route)
+        route.links, route.idx, route.weights, route.members = links, idx, self.weights, self.members
+        route.cpairs, route.cepoch, route.wpairs, route.lpairs, route.larrays, route.wepoch = (), -1, (), (), None, -1
+        route.ulinks, route.mults, route.arrays = self.ulinks, self.mults, self.arrays
+        route.solo_rate, route.demand, route._mult_of = self.solo_rate, self.demand, self._mult_of
+        return route
+
     def mult(self, link: int) -> float:
         """How many times the route crosses ``link`` (one of its links; a sum of weights if weighted)."""
         return 1 if self._mult_of is None else self._mult_of[link]
@@ -524,14 +534,27 @@ class _Routes:
         self.all: list[_Route] = []  # every route made, by ``idx``
         # id(links) -> (links, entry weights or None, transfers a flow stands for): see declare
         self.declared: dict[int, tuple[np.ndarray, np.ndarray | None, int]] = {}
-        self.on_new: Callable[[_Route], None] | None = None  # told of every route made
+        self.on_new: Callable[[_Route], None] | None = None  # told of every route over links not seen before
+        # (dtype, entries, weights, members) -> the first route made over such links: an equal array (the same
+        # hops routed for another call) gets a route of its own (its own idx) derived from it, and on_new is not
+        # told again (a route equal to one seen changes no dominated or twin link)
+        self._by_content: dict[tuple, _Route] = {}
 
     def get(self, links: np.ndarray) -> _Route:
         route = self._by_id.get(id(links))
         if route is None or route.links is not links:
             d = self.declared.get(id(links))
             weights, members = (d[1], d[2]) if d is not None and d[0] is links else (None, 1)
+            key = ((links.dtype.char, links.tobytes(), None if weights is None else weights.tobytes(), members)
+                   if isinstance(links, np.ndarray) else None)
+            seen = self._by_content.get(key) if key is not None else None
+            if seen is not None:
+                route = self._by_id[id(links)] = seen.like(links, len(self.all))
+                self.all.append(route)
+                return route
             route = self._by_id[id(links)] = _Route(links, self._capacity, len(self.all), weights, members)
+            if key is not None:
+                self._by_content[key] = route
             self.all.append(route)
             if self.on_new is not None:
                 self.on_new(route)
