@@ -830,19 +830,38 @@ class FlowNetwork(_NetworkBase):
         if call.epoch == self._epoch:
             return call.key, call.ids
         if call.base < 0:
-            relabel: dict[int, int] = {}
-            parts = []
-            for route, (_links, nbytes, latency_s, _payload) in zip(call.routes, call.specs):
-                parts.append((tuple([relabel.setdefault(link, len(relabel)) for link in route.ulinks]),
-                              route.mults, nbytes, latency_s))
-            ids = tuple(relabel)
-            cap = self._cap
-            base_shape = (tuple(parts), tuple([cap[link] for link in ids]))
+            # As arrays: every route's links relabelled in order of first appearance, how many each has, their
+            # crossings, every flow's bytes and latency, the relabelled links' capacities (the bytes of equal
+            # arrays are equal exactly when the numbers are).
+            routes = call.routes
+            sizes = array("d", [spec[1] for spec in call.specs]).tobytes()
+            latencies = array("d", [spec[2] for spec in call.specs]).tobytes()
+            counts = [len(route.ulinks) for route in routes]
+            total = sum(counts)
+            if total < _SMALL_LINKS:  # the same bytes, without numpy's overhead per call
+                relabel: dict[int, int] = {}
+                labels = [relabel.setdefault(link, len(relabel)) for route in routes for link in route.ulinks]
+                ids = tuple(relabel)
+                mults = array("d", chain.from_iterable(route.mults for route in routes))
+                cap = self._cap
+                base_shape = (array("q", labels).tobytes(), array("q", counts).tobytes(), mults.tobytes(), sizes,
+                              latencies, array("d", [cap[link] for link in ids]).tobytes())
+                arr = np.array(ids, dtype=np.intp)
+            else:
+                flat = np.fromiter(chain.from_iterable(route.ulinks for route in routes), dtype=np.intp, count=total)
+                uniq, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+                order = np.argsort(first)  # the distinct links in order of first appearance
+                label = np.empty(len(uniq), dtype=np.int64)
+                label[order] = np.arange(len(uniq))
+                arr = uniq[order]
+                ids = tuple(arr.tolist())
+                mults = np.fromiter(chain.from_iterable(route.mults for route in routes), dtype=float, count=total)
+                base_shape = (label[inverse].tobytes(), array("q", counts).tobytes(), mults.tobytes(), sizes,
+                              latencies, self.capacity[arr].tobytes())
             base = self._base_ids.get(base_shape)
             if base is None:
                 base = self._base_ids[base_shape] = len(self._base_ids)
-            call.base, call.ids = base, ids
-            call.arr = np.array(ids, dtype=np.intp)
+            call.base, call.ids, call.arr = base, ids, arr
         ids = call.ids
         # Thresholds as dominance sets them: which twin of a class represents it changes no rate (identical
         # constraints), so it stays out of the shape (replicas pick representatives at different places). The
