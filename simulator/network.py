@@ -492,22 +492,48 @@ class LinkLedger:
 
     def _flush(self) -> None:
         if self._unfolded:
+            # Every entry's bytes onto its links, entry by entry in order: one np.add.at per batch of entries
+            # (the same additions in the same order as one per entry), and per class one over its entries.
+            batch: list[list] = []
+            size = 0
             for entry in self._by_route.values():
-                route, cls, nbytes = entry[0], entry[1], entry[2]
-                if not nbytes:
-                    continue
-                per_entry = nbytes if route.weights is None else nbytes * route.weights
-                np.add.at(self._bytes, route.links, per_entry)
-                per_class = self._bytes_by_class.get(cls)
-                if per_class is None:
-                    per_class = self._bytes_by_class[cls] = np.zeros(self.num_links)
-                np.add.at(per_class, route.links, per_entry)
-                entry[2] = 0.0
+                if entry[2]:
+                    batch.append(entry)
+                    size += len(entry[0].links)
+                    if size >= 1 << 20:
+                        self._fold(batch)
+                        batch, size = [], 0
+            self._fold(batch)
             self._unfolded = False
         acc = self._busy_np
         if acc.any():
             self._busy_s += acc
             acc[:] = 0.0
+
+    def _fold(self, entries: list[list]) -> None:
+        """Add the unfolded bytes of ``entries`` (of ``_by_route``) onto ``_bytes`` and ``_bytes_by_class``."""
+        if not entries:
+            return
+        links = np.concatenate([entry[0].links for entry in entries])
+        counts = [len(entry[0].links) for entry in entries]
+        values = np.repeat(np.array([entry[2] for entry in entries], dtype=float), counts)
+        start = 0
+        for entry, n in zip(entries, counts):
+            if entry[0].weights is not None:  # each entry of a weighted route carries its share
+                values[start:start + n] = entry[2] * entry[0].weights
+            start += n
+        np.add.at(self._bytes, links, values)
+        classes = [entry[1] for entry in entries]
+        index = {cls: i for i, cls in enumerate(dict.fromkeys(classes))}
+        which = np.repeat(np.array([index[cls] for cls in classes], dtype=np.int64), counts)
+        for cls, i in index.items():
+            per_class = self._bytes_by_class.get(cls)
+            if per_class is None:
+                per_class = self._bytes_by_class[cls] = np.zeros(self.num_links)
+            mine = which == i
+            np.add.at(per_class, links[mine], values[mine])
+        for entry in entries:
+            entry[2] = 0.0
 
     @property
     def bytes(self) -> np.ndarray:
