@@ -137,11 +137,13 @@ class Fabric:
         bandwidth: list[float] = []
         latency: list[float] = []
         tier: list[str] = []
+        self.kinds: list[str | None] = []  # each link's kind (Result.links)
         for u, v, data in graph.edges(data=True):  # one pass (131,072 GPUs: ~10^6 links)
             self.links.append((u, v))
             bandwidth.append(data["bandwidth"])
             latency.append(data["latency"])
             tier.append(data["tier"])
+            self.kinds.append(data.get("kind"))
         self.link_index = {e: i for i, e in enumerate(self.links)}
         self.capacity = np.array(bandwidth, dtype=float)
         self.latency = np.array(latency, dtype=float)

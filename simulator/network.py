@@ -1254,7 +1254,8 @@ class FlowNetwork(_NetworkBase):
         if bumped:
             self._epoch += 1
             self._wepoch += 1
-            self._dissolve_on(changed)  # members' rows may now differ
+            if self._next_agg:  # (none to dissolve if none was ever made)
+                self._dissolve_on(changed)  # members' rows may now differ
 
     def _finish(self, flow: Flow) -> None:
         session = flow.session
