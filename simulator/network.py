@@ -379,9 +379,15 @@ class LinkLedger:
         self._bytes = np.zeros(num_links)
         self._busy_s = np.zeros(num_links)
         self._bytes_by_class: dict[str, np.ndarray] = {}
-        # (route idx, class) -> [route, class, wire bytes not yet folded into the arrays, payload bytes,
-        # wire bytes in all]: one dict lookup per finished flow; kept for traffic matrices and per-job bytes.
-        self._by_route: dict[tuple, list] = {}
+        # (route idx, class) -> row: one dict lookup per finished flow; kept for traffic matrices and per-job
+        # bytes. Per row: (route, class), and in flat arrays of doubles the wire bytes not yet folded into the
+        # arrays, the payload bytes and the wire bytes in all (Python float adds per flow; np.add.at where a
+        # replay books many flows at once: the same additions in the same order).
+        self._by_route: dict[tuple, int] = {}
+        self._rows: list[tuple[_Route, str]] = []
+        self._wire = array("d")
+        self._payload = array("d")
+        self._total = array("d")
         self._unfolded = False
         # Busy seconds not yet folded into busy_s: a flat array of doubles (one Python float add per link where
         # flows end) with a numpy view of it (np.add.at where a replay books many links at once: the same
@@ -458,13 +464,17 @@ class LinkLedger:
     def record_route(self, route: _Route, nbytes: float, traffic_class: str, payload_bytes: float) -> None:
         """A flow of ``nbytes`` per crossing (``payload_bytes`` sent by GPUs) finished on ``route``."""
         key = (route.idx, traffic_class)
-        entry = self._by_route.get(key)
-        if entry is None:
-            self._by_route[key] = [route, traffic_class, nbytes, payload_bytes, nbytes]
+        row = self._by_route.get(key)
+        if row is None:
+            self._by_route[key] = len(self._rows)
+            self._rows.append((route, traffic_class))
+            self._wire.append(nbytes)
+            self._payload.append(payload_bytes)
+            self._total.append(nbytes)
         else:
-            entry[2] += nbytes
-            entry[3] += payload_bytes
-            entry[4] += nbytes
+            self._wire[row] += nbytes
+            self._payload[row] += payload_bytes
+            self._total[row] += nbytes
         self._unfolded = True
         self.flows_completed += route.members
 
@@ -472,20 +482,20 @@ class LinkLedger:
     def payload_bytes_by_class(self) -> dict[str, float]:
         """Payload bytes GPUs sent, per traffic class (in order of first appearance)."""
         out: dict[str, float] = {}
-        for _route, cls, _wire, payload, _total in self._by_route.values():
+        for (_route, cls), payload in zip(self._rows, self._payload):
             out[cls] = out.get(cls, 0.0) + payload
         return out
 
     def payload_by_route(self) -> list[tuple[np.ndarray, str, float]]:
         """``(route links, traffic class, payload bytes)`` for every route and class that carried payload."""
-        return [(route.links, cls, payload) for route, cls, _wire, payload, _total in self._by_route.values()]
+        return [(route.links, cls, payload) for (route, cls), payload in zip(self._rows, self._payload)]
 
     def wire_by_route(self) -> list[tuple[np.ndarray, str, float | np.ndarray]]:
         """``(route links, traffic class, wire bytes per crossing)`` for every route and class used: each link
         of ``links`` carried that many bytes once per appearance in it (for a weighted route, an array: the
         bytes of each entry of ``links``)."""
         return [(route.links, cls, total if route.weights is None else total * route.weights)
-                for route, cls, _wire, _payload, total in self._by_route.values()]
+                for (route, cls), total in zip(self._rows, self._total)]
 
     def add_busy(self, link: int, seconds: float) -> None:
         self._busy_acc[link] += seconds
@@ -494,15 +504,15 @@ class LinkLedger:
         if self._unfolded:
             # Every entry's bytes onto its links, entry by entry in order: one np.add.at per batch of entries
             # (the same additions in the same order as one per entry), and per class one over its entries.
-            batch: list[list] = []
+            rows = self._rows
+            batch: list[int] = []
             size = 0
-            for entry in self._by_route.values():
-                if entry[2]:
-                    batch.append(entry)
-                    size += len(entry[0].links)
-                    if size >= 1 << 20:
-                        self._fold(batch)
-                        batch, size = [], 0
+            for row in np.flatnonzero(np.frombuffer(self._wire, dtype=float)).tolist():
+                batch.append(row)
+                size += len(rows[row][0].links)
+                if size >= 1 << 20:
+                    self._fold(batch)
+                    batch, size = [], 0
             self._fold(batch)
             self._unfolded = False
         acc = self._busy_np
@@ -510,20 +520,22 @@ class LinkLedger:
             self._busy_s += acc
             acc[:] = 0.0
 
-    def _fold(self, entries: list[list]) -> None:
-        """Add the unfolded bytes of ``entries`` (of ``_by_route``) onto ``_bytes`` and ``_bytes_by_class``."""
-        if not entries:
+    def _fold(self, batch: list[int]) -> None:
+        """Add the unfolded bytes of rows ``batch`` onto ``_bytes`` and ``_bytes_by_class``."""
+        if not batch:
             return
-        links = np.concatenate([entry[0].links for entry in entries])
-        counts = [len(entry[0].links) for entry in entries]
-        values = np.repeat(np.array([entry[2] for entry in entries], dtype=float), counts)
+        entries = [self._rows[row] for row in batch]
+        wire = self._wire
+        links = np.concatenate([route.links for route, _cls in entries])
+        counts = [len(route.links) for route, _cls in entries]
+        values = np.repeat(np.array([wire[row] for row in batch], dtype=float), counts)
         start = 0
-        for entry, n in zip(entries, counts):
-            if entry[0].weights is not None:  # each entry of a weighted route carries its share
-                values[start:start + n] = entry[2] * entry[0].weights
+        for (route, _cls), row, n in zip(entries, batch, counts):
+            if route.weights is not None:  # each entry of a weighted route carries its share
+                values[start:start + n] = wire[row] * route.weights
             start += n
         np.add.at(self._bytes, links, values)
-        classes = [entry[1] for entry in entries]
+        classes = [cls for _route, cls in entries]
         index = {cls: i for i, cls in enumerate(dict.fromkeys(classes))}
         which = np.repeat(np.array([index[cls] for cls in classes], dtype=np.int64), counts)
         for cls, i in index.items():
@@ -532,8 +544,8 @@ class LinkLedger:
                 per_class = self._bytes_by_class[cls] = np.zeros(self.num_links)
             mine = which == i
             np.add.at(per_class, links[mine], values[mine])
-        for entry in entries:
-            entry[2] = 0.0
+        for row in batch:
+            wire[row] = 0.0
 
     @property
     def bytes(self) -> np.ndarray:
@@ -1023,17 +1035,29 @@ class FlowNetwork(_NetworkBase):
             record = ledger.record_route
             for route, nbytes, payload in done:
                 record(route, nbytes, cls, payload)
-            # ... after which every (route, class) entry exists (the ledger never drops one): keep them.
+            # ... after which every (route, class) row exists (the ledger never drops one): keep them.
             by_route = ledger._by_route
-            entries = [(by_route[(route.idx, cls)], nbytes, payload) for route, nbytes, payload in done]
-            session.call.books[(id(session.traj), cls)] = (entries, sum(route.members for route, _n, _p in done))
+            rows = [by_route[(route.idx, cls)] for route, _nbytes, _payload in done]
+            sizes = [nbytes for _route, nbytes, _payload in done]
+            payloads = [payload for _route, _nbytes, payload in done]
+            if len(rows) >= _SMALL_COMPONENT:  # as arrays, for np.add.at
+                rows, sizes, payloads = (np.array(rows, dtype=np.intp), np.array(sizes, dtype=float),
+                                         np.array(payloads, dtype=float))
+            session.call.books[(id(session.traj), cls)] = (rows, sizes, payloads,
+                                                           sum(route.members for route, _n, _p in done))
         else:  # the same additions record_route makes, in the same order
-            entries, members = entries
-            for entry, nbytes, payload in entries:
-                entry[2] += nbytes
-                entry[3] += payload
-                entry[4] += nbytes
-            if entries:
+            rows, sizes, payloads, members = entries
+            wire, paid, total = ledger._wire, ledger._payload, ledger._total
+            if isinstance(rows, np.ndarray):
+                np.add.at(np.frombuffer(wire, dtype=float), rows, sizes)
+                np.add.at(np.frombuffer(paid, dtype=float), rows, payloads)
+                np.add.at(np.frombuffer(total, dtype=float), rows, sizes)
+            else:
+                for row, nbytes, payload in zip(rows, sizes, payloads):
+                    wire[row] += nbytes
+                    paid[row] += payload
+                    total[row] += nbytes
+            if len(rows):
                 ledger._unfolded = True
             ledger.flows_completed += members
         np.add.at(ledger._busy_np, busy_links, busy_s)  # in order, as a loop of += would (exact)
