@@ -1981,24 +1981,21 @@ def _busy_intervals(links: np.ndarray, routes: list[_Route], starts: list[float]
     b = np.repeat(np.array(ends, dtype=float), counts)
     by = np.lexsort((b, a, pos))
     pos, a, b = pos[by], a[by], b[by]
-    if len(pos) < 2:
-        return pos, a, b
-    shared = np.flatnonzero(pos[1:] == pos[:-1])  # intervals after the first of their link
-    if not len(shared):
-        return pos, a, b
-    # Links under more than one flow: merge their intervals in order of time (few of them).
-    keep = [True] * len(pos)
-    starts, ends = a.tolist(), b.tolist()
-    last = -1  # the last interval kept
-    for i in (shared + 1).tolist():  # i - 1 is of the same link: kept, or merged into the last kept
-        if keep[i - 1]:
-            last = i - 1
-        if starts[i] <= ends[last]:  # overlaps (or touches) it
-            if ends[i] > ends[last]:
-                ends[last] = ends[i]
-            keep[i] = False
-    kept = np.array(keep)
-    return pos[kept], a[kept], np.array(ends)[kept]
+    n = len(pos)
+    if n < 2 or not (pos[1:] == pos[:-1]).any():
+        return pos, a, b  # every link under one flow at most
+    # An interval begins a merged one when it is its link's first or starts after every earlier one of its link
+    # has ended. Compared as ranks among all the times (exact), each link's offset past every earlier link's,
+    # so that one running maximum serves every link.
+    _values, rank = np.unique(np.concatenate([a, b]), return_inverse=True)
+    rank = rank.reshape(-1)
+    offset = pos.astype(np.int64) * (len(_values) + 1)
+    ended = np.maximum.accumulate(rank[n:] + offset)  # per interval: the latest end of its link so far
+    begins = np.empty(n, dtype=bool)
+    begins[0] = True
+    begins[1:] = rank[1:n] + offset[1:] > ended[:-1]
+    first = np.flatnonzero(begins)
+    return pos[first], a[first], np.maximum.reduceat(b, first)
 
 
 def _max_min_numpy(flow_links: list, flow_mults: list, capacity: list, caps: list) -> list[float]:
