@@ -50,6 +50,13 @@ def paused_gc() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
+            if not gc.get_freeze_count():  # (nobody else's frozen objects to unfreeze)
+                # What the block made and kept is long-lived (graph, network, record): move it to the oldest
+                # generation at once (freeze then unfreeze: two list splices, no scan) instead of letting the
+                # first young collection after the block scan all of it (~0.15 µs per object: ~5 s after a
+                # 131,072-GPU step). Cycles among it are still found by the next full collection.
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

@@ -221,7 +221,8 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
         if not doc.get(key):
             raise ConfigError(f"{key}: required section is missing or empty; e.g. {example}")
     if cluster is None:
-        cluster = build_cluster(_section(doc, "cluster"))
+        with paused_gc():  # (millions of graph objects, no cycles to find: see paused_gc)
+            cluster = build_cluster(_section(doc, "cluster"))
     model = model_from_dict(_section(doc, "model"))
     par = _section(doc, "parallel")
     tp, pp, cp = par.get("tp", 1), par.get("pp", 1), par.get("cp", 1)

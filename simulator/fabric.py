@@ -153,15 +153,20 @@ class Fabric:
         bandwidth: list[float] = []
         latency: list[float] = []
         tier: list[str] = []
+        self.kinds: list[str | None] = []  # each link's kind (Result.links)
         for u, v, data in graph.edges(data=True):  # one pass (131,072 GPUs: ~10^6 links)
             self.links.append((u, v))
             bandwidth.append(data["bandwidth"])
             latency.append(data["latency"])
             tier.append(data["tier"])
+            self.kinds.append(data.get("kind"))
         self.link_index = {e: i for i, e in enumerate(self.links)}
         self.capacity = np.array(bandwidth, dtype=float)
         self.latency = np.array(latency, dtype=float)
         self._latency_of = self.latency.tolist()
+        # each link's latency as a small code (equal latencies, equal codes), and how many codes: a row of a
+        # routed block is then one integer (see _route_hops)
+        self._latency_levels, self._latency_code = np.unique(self.latency, return_inverse=True)
         self._latency_sums: dict[tuple[float, ...], float] = {}  # a route's link latencies -> their sum (s)
         self.tier = np.array(tier)
         self.router = Router(graph, self.link_index, self.config.seed)
@@ -235,15 +240,23 @@ class Fabric:
             return
         arr = np.array(missing, dtype=np.int64)
         sums, pairs = self._latency_sums, self._pairs
+        levels = len(self._latency_levels)
         for where, block in self.router.route_blocks(self.cluster.gpus, arr[:, 0], arr[:, 1], arr[:, 2]):
-            # a route's latency is looked up by its links' latencies, as _hop does: once per distinct row
-            values, inverse = np.unique(self.latency[block], axis=0, return_inverse=True)
+            # a route's latency is looked up by its links' latencies, as _hop does: once per distinct row (rows
+            # told apart by their latency codes in one integer when that fits, else compared whole)
+            if levels ** block.shape[1] < 2 ** 62:
+                codes = self._latency_code[block] @ (levels ** np.arange(block.shape[1], dtype=np.int64))
+                _values, firsts, inverse = np.unique(codes, return_index=True, return_inverse=True)
+            else:
+                _values, firsts, inverse = np.unique(self.latency[block], axis=0, return_index=True,
+                                                     return_inverse=True)
             known = []
-            for j, row in enumerate(values.tolist()):
-                latency = sums.get(tuple(row))
+            for first in firsts.tolist():
+                row = self.latency[block[first]]
+                values = tuple(row.tolist())
+                latency = sums.get(values)
                 if latency is None:
-                    first = block[int(np.argmax(inverse.ravel() == j))]
-                    latency = sums[tuple(row)] = float(self.latency[first].sum())
+                    latency = sums[values] = float(row.sum())
                 known.append(latency)
             latencies = [known[j] for j in inverse.ravel().tolist()]
             for i, links, latency in zip(where.tolist(), block, latencies):

@@ -83,9 +83,8 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import chain, repeat
+from itertools import chain
 
 import numpy as np
 import simpy
@@ -185,6 +184,16 @@ class _Route:
         self.demand = tuple(m * self.solo_rate for m in self.mults)
         self._mult_of = None if all(m == 1 for m in self.mults) else dict(zip(self.ulinks, self.mults))
 
+    def like(self, links: np.ndarray, idx: int) -> _Route:
+        """A route over ``links``, an array equal to this route's (same entries, weights and members): what
+        ``_Route(links, ...)`` makes, without deriving it again (its derived tuples are shared, read only)."""
+        route = _Route.__new__(_Route)
+        route.links, route.idx, route.weights, route.members = links, idx, self.weights, self.members
+        route.cpairs, route.cepoch, route.wpairs, route.lpairs, route.larrays, route.wepoch = (), -1, (), (), None, -1
+        route.ulinks, route.mults, route.arrays = self.ulinks, self.mults, self.arrays
+        route.solo_rate, route.demand, route._mult_of = self.solo_rate, self.demand, self._mult_of
+        return route
+
     def mult(self, link: int) -> float:
         """How many times the route crosses ``link`` (one of its links; a sum of weights if weighted)."""
         return 1 if self._mult_of is None else self._mult_of[link]
@@ -278,8 +287,9 @@ class _Trajectory:
     """What the flows of one isolated :meth:`FlowNetwork.start_flows` call did, relative to its start.
 
     ``flows[i] = (admitted, finished, ((t, rate), ...))`` (seconds after the start) for the ``i``-th flow
-    that joins max-min sharing; ``busy[j]`` the merged busy intervals of the ``j``-th link of the call
-    (in the order of :meth:`FlowNetwork._session_key`); ``duration`` the last finish.
+    that joins max-min sharing; ``busy = (pos, a, b)`` the merged busy intervals ``[a, b)`` of the call's
+    links as three arrays, link by link (``pos``: its position among the call's links, in the order of
+    :meth:`FlowNetwork._session_key`), each link's in order of time; ``duration`` the last finish.
     """
 
     __slots__ = ("flows", "busy", "duration")
@@ -300,7 +310,7 @@ class _Call:
     network epoch ``epoch``; ``books``: per trajectory, what a replay of it books (:meth:`FlowNetwork._book`).
     """
 
-    __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books")
+    __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books", "arr")
 
     def __init__(self, specs: Sequence[FlowSpec], routes: list) -> None:
         self.specs = specs
@@ -310,6 +320,7 @@ class _Call:
                      if nbytes / route.solo_rate <= TINY_FLOW_S]
         self.base = -1
         self.ids: tuple = ()
+        self.arr: np.ndarray | None = None  # ids as an array (vectorised checks of the links' owners and use)
         self.epoch = -1
         self.key = -1
         self.books: dict[int, tuple] = {}
@@ -326,11 +337,13 @@ class _Session:
     """
 
     __slots__ = ("key", "links", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done",
-                 "budget", "call", "held")
+                 "budget", "call", "held", "sid", "arr")
 
-    def __init__(self, key: tuple, links: tuple, t0: float) -> None:
+    def __init__(self, key: tuple, links: tuple, t0: float, sid: int = 0, arr: np.ndarray | None = None) -> None:
         self.key = key
         self.links = links
+        self.sid = sid  # its id in the network's owner array (FlowNetwork._owner)
+        self.arr = arr  # links as an array
         self.t0 = t0
         self.left = 0
         self.tainted = False
@@ -366,11 +379,21 @@ class LinkLedger:
         self._bytes = np.zeros(num_links)
         self._busy_s = np.zeros(num_links)
         self._bytes_by_class: dict[str, np.ndarray] = {}
-        # (route idx, class) -> [route, class, wire bytes not yet folded into the arrays, payload bytes,
-        # wire bytes in all]: one dict lookup per finished flow; kept for traffic matrices and per-job bytes.
-        self._by_route: dict[tuple, list] = {}
+        # (route idx, class) -> row: one dict lookup per finished flow; kept for traffic matrices and per-job
+        # bytes. Per row: (route, class), and in flat arrays of doubles the wire bytes not yet folded into the
+        # arrays, the payload bytes and the wire bytes in all (Python float adds per flow; np.add.at where a
+        # replay books many flows at once: the same additions in the same order).
+        self._by_route: dict[tuple, int] = {}
+        self._rows: list[tuple[_Route, str]] = []
+        self._wire = array("d")
+        self._payload = array("d")
+        self._total = array("d")
         self._unfolded = False
-        self._busy_acc: list[float] = [0.0] * num_links  # busy seconds not yet folded into busy_s
+        # Busy seconds not yet folded into busy_s: a flat array of doubles (one Python float add per link where
+        # flows end) with a numpy view of it (np.add.at where a replay books many links at once: the same
+        # additions in the same order).
+        self._busy_acc = array("d", bytes(8 * num_links))
+        self._busy_np = np.frombuffer(self._busy_acc, dtype=float)
         self.flows_completed = 0  # point-to-point transfers finished (a grouped flow counts its members)
         self.rate_t = array("d")
         self.rate_route = array("q")
@@ -441,13 +464,17 @@ class LinkLedger:
     def record_route(self, route: _Route, nbytes: float, traffic_class: str, payload_bytes: float) -> None:
         """A flow of ``nbytes`` per crossing (``payload_bytes`` sent by GPUs) finished on ``route``."""
         key = (route.idx, traffic_class)
-        entry = self._by_route.get(key)
-        if entry is None:
-            self._by_route[key] = [route, traffic_class, nbytes, payload_bytes, nbytes]
+        row = self._by_route.get(key)
+        if row is None:
+            self._by_route[key] = len(self._rows)
+            self._rows.append((route, traffic_class))
+            self._wire.append(nbytes)
+            self._payload.append(payload_bytes)
+            self._total.append(nbytes)
         else:
-            entry[2] += nbytes
-            entry[3] += payload_bytes
-            entry[4] += nbytes
+            self._wire[row] += nbytes
+            self._payload[row] += payload_bytes
+            self._total[row] += nbytes
         self._unfolded = True
         self.flows_completed += route.members
 
@@ -455,42 +482,70 @@ class LinkLedger:
     def payload_bytes_by_class(self) -> dict[str, float]:
         """Payload bytes GPUs sent, per traffic class (in order of first appearance)."""
         out: dict[str, float] = {}
-        for _route, cls, _wire, payload, _total in self._by_route.values():
+        for (_route, cls), payload in zip(self._rows, self._payload):
             out[cls] = out.get(cls, 0.0) + payload
         return out
 
     def payload_by_route(self) -> list[tuple[np.ndarray, str, float]]:
         """``(route links, traffic class, payload bytes)`` for every route and class that carried payload."""
-        return [(route.links, cls, payload) for route, cls, _wire, payload, _total in self._by_route.values()]
+        return [(route.links, cls, payload) for (route, cls), payload in zip(self._rows, self._payload)]
 
     def wire_by_route(self) -> list[tuple[np.ndarray, str, float | np.ndarray]]:
         """``(route links, traffic class, wire bytes per crossing)`` for every route and class used: each link
         of ``links`` carried that many bytes once per appearance in it (for a weighted route, an array: the
         bytes of each entry of ``links``)."""
         return [(route.links, cls, total if route.weights is None else total * route.weights)
-                for route, cls, _wire, _payload, total in self._by_route.values()]
+                for (route, cls), total in zip(self._rows, self._total)]
 
     def add_busy(self, link: int, seconds: float) -> None:
         self._busy_acc[link] += seconds
 
     def _flush(self) -> None:
         if self._unfolded:
-            for entry in self._by_route.values():
-                route, cls, nbytes = entry[0], entry[1], entry[2]
-                if not nbytes:
-                    continue
-                per_entry = nbytes if route.weights is None else nbytes * route.weights
-                np.add.at(self._bytes, route.links, per_entry)
-                per_class = self._bytes_by_class.get(cls)
-                if per_class is None:
-                    per_class = self._bytes_by_class[cls] = np.zeros(self.num_links)
-                np.add.at(per_class, route.links, per_entry)
-                entry[2] = 0.0
+            # Every entry's bytes onto its links, entry by entry in order: one np.add.at per batch of entries
+            # (the same additions in the same order as one per entry), and per class one over its entries.
+            rows = self._rows
+            batch: list[int] = []
+            size = 0
+            for row in np.flatnonzero(np.frombuffer(self._wire, dtype=float)).tolist():
+                batch.append(row)
+                size += len(rows[row][0].links)
+                if size >= 1 << 20:
+                    self._fold(batch)
+                    batch, size = [], 0
+            self._fold(batch)
             self._unfolded = False
-        acc = np.array(self._busy_acc)
+        acc = self._busy_np
         if acc.any():
             self._busy_s += acc
-            self._busy_acc = [0.0] * self.num_links
+            acc[:] = 0.0
+
+    def _fold(self, batch: list[int]) -> None:
+        """Add the unfolded bytes of rows ``batch`` onto ``_bytes`` and ``_bytes_by_class``."""
+        if not batch:
+            return
+        entries = [self._rows[row] for row in batch]
+        wire = self._wire
+        links = np.concatenate([route.links for route, _cls in entries])
+        counts = [len(route.links) for route, _cls in entries]
+        values = np.repeat(np.array([wire[row] for row in batch], dtype=float), counts)
+        start = 0
+        for (route, _cls), row, n in zip(entries, batch, counts):
+            if route.weights is not None:  # each entry of a weighted route carries its share
+                values[start:start + n] = wire[row] * route.weights
+            start += n
+        np.add.at(self._bytes, links, values)
+        classes = [cls for _route, cls in entries]
+        index = {cls: i for i, cls in enumerate(dict.fromkeys(classes))}
+        which = np.repeat(np.array([index[cls] for cls in classes], dtype=np.int64), counts)
+        for cls, i in index.items():
+            per_class = self._bytes_by_class.get(cls)
+            if per_class is None:
+                per_class = self._bytes_by_class[cls] = np.zeros(self.num_links)
+            mine = which == i
+            np.add.at(per_class, links[mine], values[mine])
+        for row in batch:
+            wire[row] = 0.0
 
     @property
     def bytes(self) -> np.ndarray:
@@ -517,14 +572,27 @@ class _Routes:
         self.all: list[_Route] = []  # every route made, by ``idx``
         # id(links) -> (links, entry weights or None, transfers a flow stands for): see declare
         self.declared: dict[int, tuple[np.ndarray, np.ndarray | None, int]] = {}
-        self.on_new: Callable[[_Route], None] | None = None  # told of every route made
+        self.on_new: Callable[[_Route], None] | None = None  # told of every route over links not seen before
+        # (dtype, entries, weights, members) -> the first route made over such links: an equal array (the same
+        # hops routed for another call) gets a route of its own (its own idx) derived from it, and on_new is not
+        # told again (a route equal to one seen changes no dominated or twin link)
+        self._by_content: dict[tuple, _Route] = {}
 
     def get(self, links: np.ndarray) -> _Route:
         route = self._by_id.get(id(links))
         if route is None or route.links is not links:
             d = self.declared.get(id(links))
             weights, members = (d[1], d[2]) if d is not None and d[0] is links else (None, 1)
+            key = ((links.dtype.char, links.tobytes(), None if weights is None else weights.tobytes(), members)
+                   if isinstance(links, np.ndarray) else None)
+            seen = self._by_content.get(key) if key is not None else None
+            if seen is not None:
+                route = self._by_id[id(links)] = seen.like(links, len(self.all))
+                self.all.append(route)
+                return route
             route = self._by_id[id(links)] = _Route(links, self._capacity, len(self.all), weights, members)
+            if key is not None:
+                self._by_content[key] = route
             self.all.append(route)
             if self.on_new is not None:
                 self.on_new(route)
@@ -611,6 +679,7 @@ class FlowNetwork(_NetworkBase):
         self._tight_at: list[float] = [c * (1 + 1e-9) for c in self._cap]
         # Dominated links (see _dominance): -1 no route seen yet, -2 not dominated, else the dominating link.
         self._dominator: list[int] = [-1] * len(self._cap)
+        self._dominated = np.zeros(len(self._cap), dtype=bool)  # dominator >= 0, as an array (_session_key)
         # Twin links (see _twins): class of each link (-1: no route seen yet), members and representative
         # of each class. Only a class's representative can be tight.
         self._twin_of: list[int] = [-1] * len(self._cap)
@@ -633,10 +702,18 @@ class FlowNetwork(_NetworkBase):
         # Replays of isolated calls (see _Session): which session holds each link, the trajectories recorded
         # per call shape, and the shape of each cached spec tuple.
         self.replay = replay
-        self._owner: list[_Session | None] = [None] * len(self._cap)
+        # Id of the session holding each link (0: none; an array of int64 with a numpy view for whole calls)
+        # and the holding sessions by id.
+        self._owner = array("q", bytes(8 * len(self._cap)))
+        self._owner_np = np.frombuffer(self._owner, dtype=np.int64)
+        self._sessions: dict[int, _Session] = {}
+        self._next_sid = 0
+        # Per link, the calls with real flows (not replayed) that are not done yet and cross it: a superset of
+        # the links in use, checked with numpy before the links' flows are (_occupy).
+        self._occupied = np.zeros(len(self._cap), dtype=np.int32)
         self._memo: dict[int, _Trajectory] = {}
         self._memo_flows = 0  # entries (flows, rate changes) of the recorded trajectories
-        self._shape_ids: dict[tuple, int] = {}  # (base shape id, link thresholds) -> shape id
+        self._shape_ids: dict[tuple, int] = {}  # (base shape id, dominated links as packed bits) -> shape id
         self._next_shape = 0
         self._base_ids: dict[tuple, int] = {}  # shape less the links' thresholds -> base shape id
         self._keys: dict[int, _Call] = {}  # id(spec tuple) -> its _Call
@@ -695,17 +772,26 @@ class FlowNetwork(_NetworkBase):
         call = self._call(specs)
         if self.replay and len(specs) <= _MEMO_RATE_CHANGES:
             key, links = self._session_key(call)
-            on_link, owner = self._on_link, self._owner
-            # Every link idle and held by nobody (sessions are truthy, dicts only when not empty): the
-            # scans run in C, this check is made for every link of every call.
-            if not (any(map(owner.__getitem__, links)) or any(map(on_link.__getitem__, links))):
-                session = _Session(key, links, now)
+            arr = call.arr
+            # Every link idle and held by nobody. This check is made for every link of every call: numpy
+            # looks at the owners and at the links of real calls still running (a superset of the links in
+            # use); only if one of those is among the call's links are the links' flows looked at (dicts are
+            # truthy only when not empty).
+            if not (self._owner_np[arr].any()
+                    or (self._occupied[arr].any() and any(map(self._on_link.__getitem__, links)))):
+                self._next_sid += 1
+                session = _Session(key, links, now, self._next_sid, arr)
                 session.held = True
-                deque(map(owner.__setitem__, links, repeat(session)), 0)  # owner[link] = session, in C
+                self._owner_np[arr] = session.sid
+                self._sessions[session.sid] = session
                 traj = self._memo.get(key)
                 if traj is not None:
                     self._replay(session, traj, call, traffic_class, join)
                     return
+            self._occupy(arr, join)
+        elif self.replay:  # too many flows to record, but its links are in use all the same
+            self._occupy(np.unique(np.fromiter(chain.from_iterable(route.ulinks for route in call.routes),
+                                               dtype=np.intp)), join)
         by_latency: dict[float, list[Flow]] = {}
         for route, (_links, nbytes, latency_s, payload) in zip(call.routes, specs):
             flow = Flow(route, nbytes, payload, traffic_class, join, now)
@@ -731,6 +817,19 @@ class FlowNetwork(_NetworkBase):
             self._pending_seq += 1
             heapq.heappush(pending, (now + latency_s, self._pending_seq, flows))
             self._wake(now + latency_s)
+
+    def _occupy(self, arr: np.ndarray, join: _Join) -> None:
+        """Count the links ``arr`` (distinct ids) as possibly in use until ``join``'s call is done (see
+        ``_occupied``): its ``on_done`` first uncounts them."""
+        occupied = self._occupied
+        occupied[arr] += 1
+        on_done = join.on_done
+
+        def done() -> None:
+            occupied[arr] -= 1
+            on_done()
+
+        join.on_done = done
 
     def _tiny(self, flow: Flow, latency_s: float, solo: float) -> None:
         """A latency-bound flow (a scalar all-reduce, an LL step): its bytes take under TINY_FLOW_S even at
@@ -770,24 +869,44 @@ class FlowNetwork(_NetworkBase):
         if call.epoch == self._epoch:
             return call.key, call.ids
         if call.base < 0:
-            relabel: dict[int, int] = {}
-            parts = []
-            for route, (_links, nbytes, latency_s, _payload) in zip(call.routes, call.specs):
-                parts.append((tuple([relabel.setdefault(link, len(relabel)) for link in route.ulinks]),
-                              route.mults, nbytes, latency_s))
-            ids = tuple(relabel)
-            cap = self._cap
-            base_shape = (tuple(parts), tuple([cap[link] for link in ids]))
+            # As arrays: every route's links relabelled in order of first appearance, how many each has, their
+            # crossings, every flow's bytes and latency, the relabelled links' capacities (the bytes of equal
+            # arrays are equal exactly when the numbers are).
+            routes = call.routes
+            sizes = array("d", [spec[1] for spec in call.specs]).tobytes()
+            latencies = array("d", [spec[2] for spec in call.specs]).tobytes()
+            counts = [len(route.ulinks) for route in routes]
+            total = sum(counts)
+            if total < _SMALL_LINKS:  # the same bytes, without numpy's overhead per call
+                relabel: dict[int, int] = {}
+                labels = [relabel.setdefault(link, len(relabel)) for route in routes for link in route.ulinks]
+                ids = tuple(relabel)
+                mults = array("d", chain.from_iterable(route.mults for route in routes))
+                cap = self._cap
+                base_shape = (array("q", labels).tobytes(), array("q", counts).tobytes(), mults.tobytes(), sizes,
+                              latencies, array("d", [cap[link] for link in ids]).tobytes())
+                arr = np.array(ids, dtype=np.intp)
+            else:
+                flat = np.fromiter(chain.from_iterable(route.ulinks for route in routes), dtype=np.intp, count=total)
+                uniq, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+                order = np.argsort(first)  # the distinct links in order of first appearance
+                label = np.empty(len(uniq), dtype=np.int64)
+                label[order] = np.arange(len(uniq))
+                arr = uniq[order]
+                ids = tuple(arr.tolist())
+                mults = np.fromiter(chain.from_iterable(route.mults for route in routes), dtype=float, count=total)
+                base_shape = (label[inverse].tobytes(), array("q", counts).tobytes(), mults.tobytes(), sizes,
+                              latencies, self.capacity[arr].tobytes())
             base = self._base_ids.get(base_shape)
             if base is None:
                 base = self._base_ids[base_shape] = len(self._base_ids)
-            call.base, call.ids = base, ids
+            call.base, call.ids, call.arr = base, ids, arr
         ids = call.ids
         # Thresholds as dominance sets them: which twin of a class represents it changes no rate (identical
-        # constraints), so it stays out of the shape (replicas pick representatives at different places).
-        cap, dominator = self._cap, self._dominator
-        inf = float("inf")
-        shape = (call.base, tuple([inf if dominator[link] >= 0 else cap[link] * (1 + 1e-9) for link in ids]))
+        # constraints), so it stays out of the shape (replicas pick representatives at different places). The
+        # base fixes the links' capacities, so which links are dominated (packed bits) fixes the thresholds:
+        # infinite if dominated, else capacity (1 + 1e-9).
+        shape = (call.base, np.packbits(self._dominated[call.arr]).tobytes())
         key = self._shape_ids.get(shape)
         if key is None:
             if len(self._shape_ids) > _MEMO_SHAPES:
@@ -807,7 +926,8 @@ class FlowNetwork(_NetworkBase):
         # Nobody else can have taken a link while the session held it: all are still its own.
         if session.held:
             session.held = False
-            deque(map(self._owner.__setitem__, session.links, repeat(None)), 0)  # owner[link] = None, in C
+            self._owner_np[session.arr] = 0
+            del self._sessions[session.sid]
 
     def _stop_recording(self, session: _Session) -> None:
         """Give up recording a session (another flow came onto its links, or it changes rates too often to
@@ -825,7 +945,9 @@ class FlowNetwork(_NetworkBase):
         session.done = True
         t0 = session.t0
         flows = []
-        by_link: dict[int, list[tuple[float, float]]] = {}
+        moved: list[_Route] = []  # routes of the flows that moved bytes, with their spans
+        starts: list[float] = []
+        ends: list[float] = []
         duration = 0.0
         for flow in session.flows:
             admitted, finished, rates = flow.rec
@@ -833,25 +955,16 @@ class FlowNetwork(_NetworkBase):
             if finished - t0 > duration:
                 duration = finished - t0
             if rates:
-                for link in flow.route.ulinks:
-                    by_link.setdefault(link, []).append((admitted - t0, finished - t0))
+                moved.append(flow.route)
+                starts.append(admitted - t0)
+                ends.append(finished - t0)
             flow.rec = None
-        busy = []
-        for link in session.links:
-            merged: list[list[float]] = []
-            for a, b in sorted(by_link.get(link, ())):
-                if merged and a <= merged[-1][1]:
-                    if b > merged[-1][1]:
-                        merged[-1][1] = b
-                else:
-                    merged.append([a, b])
-            busy.append(tuple((a, b) for a, b in merged))
         size = len(flows) + sum(len(f[2]) for f in flows)
         self._memo_flows += size
         if self._memo_flows > _MEMO_ENTRIES:
             self._memo.clear()
             self._memo_flows = size
-        self._memo[session.key] = _Trajectory(flows, busy, duration)
+        self._memo[session.key] = _Trajectory(flows, _busy_intervals(session.arr, moved, starts, ends), duration)
 
     def _replay(self, session: _Session, traj: _Trajectory, call: _Call, traffic_class: str,
                 join: _Join) -> None:
@@ -873,7 +986,7 @@ class FlowNetwork(_NetworkBase):
     def _book(self, call: _Call, traj: _Trajectory, links: tuple) -> tuple:
         """What a whole replay of ``traj`` for ``call`` books, made once per (call, trajectory):
         ``(finished flows as (route, nbytes, payload), rate log times relative to the start, route ids,
-        deltas, (link, busy seconds) pairs, flows)``, in the order the flows would have booked them."""
+        deltas, (links, busy seconds) arrays, flows)``, in the order the flows would have booked them."""
         hit = call.books.get(id(traj))
         if hit is not None and hit[0] is traj:
             return hit[1]
@@ -898,9 +1011,9 @@ class FlowNetwork(_NetworkBase):
                 ridx.append(route.idx)
                 deltas.append(-prev)
             done.append((route, nbytes, payload))
-        busy = [(link, b - a) for link, intervals in zip(links, traj.busy) for a, b in intervals]
+        pos, a, b = traj.busy
         book = (done, np.array(offs, dtype=float), array("q", ridx).tobytes(), array("d", deltas).tobytes(),
-                busy, i)
+                (call.arr[pos], b - a), i)
         if len(call.books) > 8:
             call.books.clear()
         call.books[id(traj)] = (traj, book)
@@ -912,7 +1025,7 @@ class FlowNetwork(_NetworkBase):
             return  # made real before its end
         session.done = True
         ledger = self.ledger
-        done, offs, ridx, deltas, busy_pairs, n = self._book(session.call, session.traj, session.links)
+        done, offs, ridx, deltas, (busy_links, busy_s), n = self._book(session.call, session.traj, session.links)
         # The same additions as the flows would have made, in the same order (t0 + offset per entry).
         ledger.rate_t.frombytes((session.t0 + offs).tobytes())
         ledger.rate_route.frombytes(ridx)
@@ -923,22 +1036,32 @@ class FlowNetwork(_NetworkBase):
             record = ledger.record_route
             for route, nbytes, payload in done:
                 record(route, nbytes, cls, payload)
-            # ... after which every (route, class) entry exists (the ledger never drops one): keep them.
+            # ... after which every (route, class) row exists (the ledger never drops one): keep them.
             by_route = ledger._by_route
-            entries = [(by_route[(route.idx, cls)], nbytes, payload) for route, nbytes, payload in done]
-            session.call.books[(id(session.traj), cls)] = (entries, sum(route.members for route, _n, _p in done))
+            rows = [by_route[(route.idx, cls)] for route, _nbytes, _payload in done]
+            sizes = [nbytes for _route, nbytes, _payload in done]
+            payloads = [payload for _route, _nbytes, payload in done]
+            if len(rows) >= _SMALL_COMPONENT:  # as arrays, for np.add.at
+                rows, sizes, payloads = (np.array(rows, dtype=np.intp), np.array(sizes, dtype=float),
+                                         np.array(payloads, dtype=float))
+            session.call.books[(id(session.traj), cls)] = (rows, sizes, payloads,
+                                                           sum(route.members for route, _n, _p in done))
         else:  # the same additions record_route makes, in the same order
-            entries, members = entries
-            for entry, nbytes, payload in entries:
-                entry[2] += nbytes
-                entry[3] += payload
-                entry[4] += nbytes
-            if entries:
+            rows, sizes, payloads, members = entries
+            wire, paid, total = ledger._wire, ledger._payload, ledger._total
+            if isinstance(rows, np.ndarray):
+                np.add.at(np.frombuffer(wire, dtype=float), rows, sizes)
+                np.add.at(np.frombuffer(paid, dtype=float), rows, payloads)
+                np.add.at(np.frombuffer(total, dtype=float), rows, sizes)
+            else:
+                for row, nbytes, payload in zip(rows, sizes, payloads):
+                    wire[row] += nbytes
+                    paid[row] += payload
+                    total[row] += nbytes
+            if len(rows):
                 ledger._unfolded = True
             ledger.flows_completed += members
-        busy = ledger._busy_acc
-        for link, seconds in busy_pairs:
-            busy[link] += seconds
+        np.add.at(ledger._busy_np, busy_links, busy_s)  # in order, as a loop of += would (exact)
         self._release(session)
         join = session.join
         join.left -= n
@@ -952,6 +1075,7 @@ class FlowNetwork(_NetworkBase):
         session.done = True
         self.materialized += 1
         self._release(session)
+        self._occupy(session.arr, session.join)  # its flows are real from now on
         env = self.env
         now = env.now
         limit = now * (1 + _REL_TIME_EPS) + 1e-18
@@ -1007,12 +1131,10 @@ class FlowNetwork(_NetworkBase):
             flow.rate = prev
             flow.t0 = now
             active.append(flow)
-        busy = ledger._busy_acc
-        for link, intervals in zip(session.links, traj.busy):
-            for a, b in intervals:
-                if t0 + a >= limit:
-                    break
-                busy[link] += min(t0 + b, now) - (t0 + a)
+        pos, a, b = traj.busy
+        begun = t0 + a < limit  # each link's intervals in order of time: those begun by now
+        a, b = t0 + a[begun], t0 + b[begun]
+        np.add.at(ledger._busy_np, session.arr[pos[begun]], np.minimum(b, now) - a)  # in order (exact)
         for flow in active:
             if self._lazy_count:
                 self._track(flow, flow.rate)
@@ -1136,6 +1258,10 @@ class FlowNetwork(_NetworkBase):
         """A route was made: update dominated and twin links, and the tightness thresholds they imply
         (a link may be tight unless it is dominated or a twin other than its class's representative)."""
         changed = self._dominance(route)
+        if changed:
+            dominated, dominator = self._dominated, self._dominator
+            for link in changed:
+                dominated[link] = dominator[link] >= 0
         if self.twins:
             changed += self._twins(route)
         if not changed:
@@ -1153,7 +1279,8 @@ class FlowNetwork(_NetworkBase):
         if bumped:
             self._epoch += 1
             self._wepoch += 1
-            self._dissolve_on(changed)  # members' rows may now differ
+            if self._next_agg:  # (none to dissolve if none was ever made)
+                self._dissolve_on(changed)  # members' rows may now differ
 
     def _finish(self, flow: Flow) -> None:
         session = flow.session
@@ -1510,13 +1637,14 @@ class FlowNetwork(_NetworkBase):
     def _intrusions(self, arrivals: list[Flow]) -> list[Flow]:
         """Arrivals onto links another session holds end that session's isolation: a recording one is
         not kept, a replaying one is made real now. Returns flows the replays admit at this instant."""
-        owner = self._owner
+        owner, sessions = self._owner, self._sessions
         extra: list[Flow] = []
         for flow in arrivals:
-            mine = flow.session
+            mine = 0 if flow.session is None else flow.session.sid
             for link in flow.route.ulinks:
-                other = owner[link]
-                if other is not None and other is not mine:
+                sid = owner[link]
+                if sid and sid != mine:
+                    other = sessions[sid]
                     if other.traj is None:
                         self._stop_recording(other)
                     else:
@@ -1899,6 +2027,37 @@ class FlowNetwork(_NetworkBase):
             self.lazy_marked += marked
             self._lazy_count += marked
             self._wepoch += 1
+
+
+def _busy_intervals(links: np.ndarray, routes: list[_Route], starts: list[float], ends: list[float]
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The busy intervals of ``links`` (distinct ids) under flows on ``routes`` from ``starts[i]`` to ``ends[i]``
+    (seconds): each link's intervals merged where they overlap or touch, as ``(pos, a, b)`` arrays link by link
+    in the order of ``links`` (``pos``: index into ``links``), each link's in order of time (see
+    :class:`_Trajectory`)."""
+    counts = [len(route.ulinks) for route in routes]
+    crossed = np.fromiter(chain.from_iterable(route.ulinks for route in routes), dtype=np.intp, count=sum(counts))
+    order = np.argsort(links, kind="stable")
+    pos = order[np.searchsorted(links[order], crossed)]
+    a = np.repeat(np.array(starts, dtype=float), counts)
+    b = np.repeat(np.array(ends, dtype=float), counts)
+    by = np.lexsort((b, a, pos))
+    pos, a, b = pos[by], a[by], b[by]
+    n = len(pos)
+    if n < 2 or not (pos[1:] == pos[:-1]).any():
+        return pos, a, b  # every link under one flow at most
+    # An interval begins a merged one when it is its link's first or starts after every earlier one of its link
+    # has ended. Compared as ranks among all the times (exact), each link's offset past every earlier link's,
+    # so that one running maximum serves every link.
+    _values, rank = np.unique(np.concatenate([a, b]), return_inverse=True)
+    rank = rank.reshape(-1)
+    offset = pos.astype(np.int64) * (len(_values) + 1)
+    ended = np.maximum.accumulate(rank[n:] + offset)  # per interval: the latest end of its link so far
+    begins = np.empty(n, dtype=bool)
+    begins[0] = True
+    begins[1:] = rank[1:n] + offset[1:] > ended[:-1]
+    first = np.flatnonzero(begins)
+    return pos[first], a[first], np.maximum.reduceat(b, first)
 
 
 def _max_min_numpy(flow_links: list, flow_mults: list, capacity: list, caps: list) -> list[float]:

@@ -104,11 +104,10 @@ class Result:
         fabric = self.record.fabric
         ledger = fabric.network.ledger
         step = self.step_time if self.step_time > 0 else np.inf
-        g = fabric.cluster.graph
         df = pd.DataFrame({
             "src": [str(u) for u, _ in fabric.links],
             "dst": [str(v) for _, v in fabric.links],
-            "kind": [g.edges[e]["kind"] for e in fabric.links],
+            "kind": fabric.kinds,
             "tier": fabric.tier,
             "bandwidth_Bps": fabric.capacity,
             "bytes": ledger.bytes,

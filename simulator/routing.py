@@ -287,6 +287,8 @@ class Router:
         self._mid_arrays: dict[tuple, np.ndarray] = {}  # the same as (paths, links) arrays (routes)
         self._table: tuple | None = None  # (gpus, per-GPU arrays): see _gpu_table
         self._switch_nodes: list = []
+        self._mid_by_code: dict[int, tuple[np.ndarray, int, int]] = {}  # route_blocks: switch pair code ->
+        # (its _mid_array, paths, links per path)
         # Plain dicts of the graph (one pass each): the checks below touch every GPU, NIC and NVSwitch.
         self._kind = dict(graph.nodes(data="kind"))
         self._succ = dict(graph.adjacency())
@@ -442,6 +444,7 @@ class Router:
         table["ok"] = np.array(ok, dtype=bool)
         table["nid"] = np.array([node_id[g] for g in gpus], dtype=np.int64)
         self._switch_nodes = list(sw_index)
+        self._mid_by_code = {}  # (codes are of this table's switch numbering)
         self._table = (gpus, table)
         return table
 
@@ -486,10 +489,16 @@ class Router:
             a, b = t["sw"][s], t["sw"][d]
             nsw = len(self._switch_nodes)
             upairs, inv = np.unique(a * nsw + b, return_inverse=True)
-            mids = [self._mid_array(self._switch_nodes[u // nsw], self._switch_nodes[u % nsw])
-                    for u in upairs.tolist()]
-            k = np.array([len(m) for m in mids], dtype=np.int64)
-            width = np.array([m.shape[1] for m in mids], dtype=np.int64)
+            by_code = self._mid_by_code
+            found = [by_code.get(u) for u in upairs.tolist()]
+            if None in found:
+                for i, u in enumerate(upairs.tolist()):
+                    if found[i] is None:
+                        m = self._mid_array(self._switch_nodes[u // nsw], self._switch_nodes[u % nsw])
+                        found[i] = by_code[u] = (m, len(m), m.shape[1])
+            mids = [f[0] for f in found]
+            k = np.fromiter((f[1] for f in found), dtype=np.int64, count=len(found))
+            width = np.fromiter((f[2] for f in found), dtype=np.int64, count=len(found))
             h = ecmp_hash_array(t["nid"][s], t["nid"][d], labels[struct], self.seed)
             pick = (h % k[inv].astype(np.uint64)).astype(np.int64)
             for m in np.unique(width).tolist():

@@ -346,3 +346,20 @@ def test_aggregates_change_no_finish_time(seed):
         at_ours = ours[link][1][np.searchsorted(ours[link][0], grid, side="right") - 1]
         at_theirs = theirs[link][1][np.searchsorted(theirs[link][0], grid, side="right") - 1]
         assert at_ours == pytest.approx(at_theirs, rel=1e-9, abs=1e-9)
+
+
+def test_busy_intervals_merge_overlapping_and_touching_spans_per_link():
+    """A recorded call's busy intervals, worked by hand: link 20 is under three flows whose spans overlap
+    ([0, 2] and [1, 3]) and touch ([1, 3] and [3, 4]): one interval [0, 4]; link 10 has two disjoint spans;
+    a link of the call no flow crossed has none. Positions follow the call's link order, not the ids."""
+    from simulator.network import _busy_intervals
+
+    class Route:
+        def __init__(self, ulinks):
+            self.ulinks = ulinks
+
+    links = np.array([30, 10, 20, 40])  # the call's links, in its order
+    routes = [Route((10, 20)), Route((20,)), Route((20, 30)), Route((10,))]
+    pos, a, b = _busy_intervals(links, routes, [0.0, 1.0, 3.0, 5.0], [2.0, 3.0, 4.0, 6.0])
+    got = list(zip(pos.tolist(), a.tolist(), b.tolist()))
+    assert got == [(0, 3.0, 4.0), (1, 0.0, 2.0), (1, 5.0, 6.0), (2, 0.0, 4.0)]
