@@ -65,12 +65,19 @@ def pair_bytes(payload_by_route: Sequence[tuple[np.ndarray, str, float]], pairs_
     dst: list[int] = []
     cls: list[str] = []
     nbytes: list[float] = []
+    frames = []  # pairs given as arrays (a bulk all-to-all's millions)
     for links, traffic_class, payload in payload_by_route:
         if payload <= 0:
             continue
         hops = pairs_of(links)
         fractions = shares_of(links) if shares_of is not None else None
         share = payload / len(hops)
+        if hasattr(hops, "arrays"):
+            s, d = hops.arrays()
+            frames.append(pd.DataFrame({"src": s, "dst": d, "traffic_class": traffic_class,
+                                        "bytes": np.full(len(s), share) if fractions is None
+                                        else payload * np.asarray(fractions, dtype=float)}))
+            continue
         for k, (s, d) in enumerate(hops):
             src.append(s)
             dst.append(d)
@@ -78,6 +85,8 @@ def pair_bytes(payload_by_route: Sequence[tuple[np.ndarray, str, float]], pairs_
             nbytes.append(share if fractions is None else payload * fractions[k])
     df = pd.DataFrame({"src": np.array(src, dtype=np.int64), "dst": np.array(dst, dtype=np.int64),
                        "traffic_class": cls, "bytes": np.array(nbytes, dtype=float)})
+    if frames:
+        df = pd.concat([df, *frames], ignore_index=True)
     return df.groupby(["src", "dst", "traffic_class"], as_index=False, sort=True)["bytes"].sum()
 
 
