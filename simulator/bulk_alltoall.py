@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 BULK_OFFSETS_PER_BLOCK = 1 << 22  # transfers routed per array pass (bounds the memory of one pass)
+BULK_CACHED_RANKS = 256  # groups up to this size keep their routes per fabric (_routed)
 
 
 class AllToAllPairs(Sequence):
@@ -100,8 +101,6 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
         base, intra, inter = 0.0, fabric.config.step_latency_s, fabric.config.step_latency_s
     factor = BANDWIDTH_FACTOR[protocol]
     num_links = len(fabric.capacity)
-    latency_of = fabric.latency
-    gpus = fabric.cluster.gpus
 
     # cross[i, k]: member i's k-th peer sits on another server; remote[i, k]: how many of its first k do.
     cross = servers[peer] != servers[:, None]
@@ -124,38 +123,31 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     first = dict.fromkeys(loads, np.inf)
     last = dict.fromkeys(loads, -np.inf)
     wire = {key: 0.0 for key in loads}  # the largest transfer of each flow
-    per_block = max(1, BULK_OFFSETS_PER_BLOCK // max(n, 1))
-    for r0 in range(0, n, per_block):
-        i, k = np.nonzero(np.broadcast_to(sends, (n, n))[r0:r0 + per_block])
-        i += r0
-        src, dst = members[i], members[peer[i, k]]
-        for where, block in fabric.router.route_blocks(gpus, src, dst, np.zeros(len(src), dtype=np.int64)):
-            wi, wk = i[where], k[where]
-            phys = latency_of[block].sum(axis=1)
-            if nccl:
-                nets = remote[wi, wk]
-                lat = (wk - nets) * np.maximum(intra, phys) + nets * np.maximum(inter, phys)
-            else:
-                lat = intra + phys
-            is_net = cross[wi, wk]
-            is_tail = tail[wi, wk]
-            for c in (False, True):
-                for part, sel in (("body", ~is_tail), ("tail", is_tail)):
-                    chosen = np.flatnonzero((is_net == c) & sel)
-                    if not len(chosen):
-                        continue
-                    key = (c, part)
-                    ids, weights = block[chosen].ravel(), None
-                    if sizes is not None:  # in bytes for now; divided by the flow's largest transfer below
-                        moved = sizes[wi[chosen], wk[chosen]]
-                        wire[key] = max(wire[key], float(moved.max()))
-                        weights = np.repeat(moved, block.shape[1])
-                    if dense:
-                        loads[key] += np.bincount(ids, weights, minlength=num_links)
-                    else:
-                        loads[key].append((ids, weights))
-                    first[key] = min(first[key], float(lat[chosen].min()))
-                    last[key] = max(last[key], float(lat[chosen].max()))
+    for wi, wk, block, phys in _routed(fabric, group, members, peer, sends):
+        if nccl:
+            nets = remote[wi, wk]
+            lat = (wk - nets) * np.maximum(intra, phys) + nets * np.maximum(inter, phys)
+        else:
+            lat = intra + phys
+        is_net = cross[wi, wk]
+        is_tail = tail[wi, wk]
+        for c in (False, True):
+            for part, sel in (("body", ~is_tail), ("tail", is_tail)):
+                chosen = np.flatnonzero((is_net == c) & sel)
+                if not len(chosen):
+                    continue
+                key = (c, part)
+                ids, weights = block[chosen].ravel(), None
+                if sizes is not None:  # in bytes for now; divided by the flow's largest transfer below
+                    moved = sizes[wi[chosen], wk[chosen]]
+                    wire[key] = max(wire[key], float(moved.max()))
+                    weights = np.repeat(moved, block.shape[1])
+                if dense:
+                    loads[key] += np.bincount(ids, weights, minlength=num_links)
+                else:
+                    loads[key].append((ids, weights))
+                first[key] = min(first[key], float(lat[chosen].min()))
+                last[key] = max(last[key], float(lat[chosen].max()))
 
     network = fabric.network
     specs = []
@@ -186,3 +178,40 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
             network.declare(links, len(pairs), weights)
             specs.append((links, count * largest / factor, latency, count * payload))
     return tuple(specs)
+
+
+def _routed(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarray, sends: np.ndarray):
+    """Yield ``(i, k, routes, route latencies)`` blocks covering every transfer ``(i, k)`` with ``sends``:
+    ``routes[j]`` is the link ids from member ``i[j]`` to its ``k[j]``-th peer (ECMP's pick, label 0) and
+    ``route latencies[j]`` their summed link latencies (s). Routed with
+    :meth:`~simulator.routing.Router.route_blocks`, ``BULK_OFFSETS_PER_BLOCK`` transfers at a time. The
+    routes of every pair of a group of at most ``BULK_CACHED_RANKS`` ranks are kept per group on the
+    fabric (an EP group's dispatch and combine, every layer and micro-batch, with other sizes)."""
+    n = len(group)
+    cache = fabric.bulk_routes
+    blocks = cache.get(group)
+    if blocks is None:
+        cached = n <= BULK_CACHED_RANKS
+        wanted = np.broadcast_to(np.arange(n) > 0, (n, n)) if cached else np.broadcast_to(sends, (n, n))
+        blocks = []
+        per_block = max(1, BULK_OFFSETS_PER_BLOCK // n)
+        for r0 in range(0, n, per_block):
+            i, k = np.nonzero(wanted[r0:r0 + per_block])
+            i += r0
+            src, dst = members[i], members[peer[i, k]]
+            for where, block in fabric.router.route_blocks(fabric.cluster.gpus, src, dst,
+                                                           np.zeros(len(src), dtype=np.int64)):
+                entry = (i[where], k[where], block, fabric.latency[block].sum(axis=1))
+                if not cached:
+                    yield entry
+                else:
+                    blocks.append(entry)
+        if not cached:
+            return
+        cache[group] = blocks
+    for i, k, block, phys in blocks:
+        keep = sends[i, k] if sends.ndim == 2 else sends[k]
+        if keep.all():
+            yield i, k, block, phys
+        elif keep.any():
+            yield i[keep], k[keep], block[keep], phys[keep]
