@@ -32,6 +32,7 @@ TIER_NAMES = ("nvlink", "pcie", "leaf", "spine", "core")
 _BULK_HOPS = 32  # at least this many new hops are routed together (Fabric._route_hops)
 _LANES_MIN = 8  # replicated collectives over at least this many groups are planned once and relabelled
 _LANE_RANKS = 64  # ... when their groups have at most this many ranks (Fabric._lane_phases)
+MAX_ALL_TO_ALL_RANKS = 8192  # one all_to_all over more ranks is refused: n(n-1) transfers (67 M here: ~35 s, ~3 GB)
 BULK_ALL_TO_ALL_RANKS = 256  # all_to_all "auto": uniform all-to-alls over at least this many ranks run in bulk
 _SHAPE_HOPS = 64  # plans with at most this many hops have their estimates cached per shape (Fabric._plan_shape)
 
@@ -479,6 +480,11 @@ class Fabric:
         key = (kind, group, nbytes, algorithm, count, matrix)
         routed = self._phases_cache.get(key)
         if routed is None:
+            if kind == "all_to_all" and len(group) > MAX_ALL_TO_ALL_RANKS:
+                n = len(group)
+                raise CollectiveError(f"all_to_all: {n:,} ranks make {n * (n - 1):,} transfers; the most one "
+                                      f"all_to_all may span is {MAX_ALL_TO_ALL_RANKS:,} ranks (memory grows as "
+                                      f"ranks squared)")
             if self._bulk(kind, group, nbytes, algorithm, matrix):
                 routed = self._phases_cache[key] = (bulk_flows(self, group, nbytes, count, matrix),)
                 return routed

@@ -129,3 +129,11 @@ def test_auto_keeps_alltoallv_grouped_at_any_size(monkeypatch):
     grouped, _ = _run(cluster, _graph(16, matrix=matrix), "grouped")
     auto, _ = _run(cluster, _graph(16, matrix=matrix), "auto")
     assert auto.step_time_s == grouped.step_time_s
+
+
+def test_an_all_to_all_over_too_many_ranks_is_refused_in_one_line(monkeypatch):
+    # n(n-1) transfers: memory grows as ranks squared, so past the limit it is an error, not an OOM or a hang.
+    monkeypatch.setattr(simulator.fabric, "MAX_ALL_TO_ALL_RANKS", 16)
+    cluster = leaf_spine("H100", **ONE_LEAF)
+    with pytest.raises(ValueError, match=r"^all_to_all: 32 ranks make 992 transfers; the most .* is 16 ranks"):
+        _run(cluster, _graph(32, 2**20), "auto")
