@@ -356,7 +356,8 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
     # The summary describes what ran: the fidelity override, not the file's.
     attach_training_metrics(result, step, dataclasses.replace(exp, fidelity=fidelity), memory)
     # what the fabric costs and carries: of the hardware bought (the healthy cluster), cached per cluster
-    result.extra_summary.update(plan_columns(exp.healthy_cluster or exp.cluster, exp.plan))
+    with paused_gc():  # (the bisection's contraction makes a dict per switch, no cycles)
+        result.extra_summary.update(plan_columns(exp.healthy_cluster or exp.cluster, exp.plan))
     if healthy is not None:
         result.extra_summary.update({"faults": len(exp.faults), "healthy_step_time_s": healthy,
                                      "fault_slowdown": result.step_time / healthy if healthy else float("nan")})
