@@ -26,12 +26,16 @@ waves do. Measured against ``grouped`` in docs/DESIGN.md ("Bulk all-to-all").
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 BULK_OFFSETS_PER_BLOCK = 1 << 22  # transfers routed per array pass (bounds the memory of one pass)
 BULK_CACHED_RANKS = 256  # groups up to this size keep their routes per fabric (_routed)
+# cluster graph -> uniform plans (_plan) by (seed, group, latency model): a sweep over message sizes builds a
+# new fabric per size, and only the protocol's latency constants change with size
+_UNIFORM_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class AllToAllPairs(Sequence):
@@ -100,6 +104,38 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     else:
         base, intra, inter = 0.0, fabric.config.step_latency_s, fabric.config.step_latency_s
     factor = BANDWIDTH_FACTOR[protocol]
+
+    plan = None
+    if sizes is None:  # a uniform plan depends only on the fabric, the group and the latency constants
+        plans = _UNIFORM_PLANS.setdefault(fabric.cluster.graph, {})
+        key = (fabric.config.seed, group, nccl, base, intra, inter)
+        plan = plans.get(key)
+    if plan is None:
+        plan = _plan(fabric, group, members, peer, sizes, servers, nccl, intra, inter)
+        if sizes is None:
+            plans[key] = plan
+    network = fabric.network
+    specs = []
+    for links, values, latency, pairs, moved, largest in plan:
+        if sizes is None:
+            largest, payload, weights = chunk, chunk * len(pairs), values
+            fabric._pairs[id(links)] = (links, pairs)
+        else:
+            payload, weights = float(moved.sum()), values / largest
+            fabric._pairs[id(links)] = (links, pairs, moved / payload)
+        network.declare(links, len(pairs), weights)
+        specs.append((links, count * largest / factor, count * (base + latency), count * payload))
+    return tuple(specs)
+
+
+def _plan(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarray, sizes: np.ndarray | None,
+          servers: np.ndarray, nccl: bool, intra: float, inter: float) -> list[tuple]:
+    """The flows of :func:`bulk_flows` before sizes and counts: per (class, part) that moves anything,
+    ``(links, loads, latency_s, pairs, bytes per pair or None, largest transfer or None)`` — ``loads`` the
+    transfers crossing each of ``links`` (uniform) or their bytes (alltoallv), ``latency_s`` the earliest
+    (body) or latest (tail) step latency of its transfers, without the base latency."""
+    n = len(group)
+    offsets = np.arange(n, dtype=np.int32)
     num_links = len(fabric.capacity)
 
     # cross[i, k]: member i's k-th peer sits on another server; remote[i, k]: how many of its first k do.
@@ -149,8 +185,7 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
                 first[key] = min(first[key], float(lat[chosen].min()))
                 last[key] = max(last[key], float(lat[chosen].max()))
 
-    network = fabric.network
-    specs = []
+    plan = []
     for c in (False, True):
         for part in ("body", "tail"):
             key = (c, part)
@@ -166,18 +201,11 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
             if not len(links):
                 continue
             mask = (cross == c) & (tail if part == "tail" else ~tail) & sends
-            pairs = AllToAllPairs(members, mask)
-            latency = count * (base + (first[key] if part == "body" else last[key]))
-            if sizes is None:
-                largest, payload, weights = chunk, chunk * len(pairs), values
-                fabric._pairs[id(links)] = (links, pairs)
-            else:
-                largest, moved = wire[key], sizes[mask]  # member-major, as AllToAllPairs enumerates
-                payload, weights = float(moved.sum()), values / wire[key]
-                fabric._pairs[id(links)] = (links, pairs, moved / payload)
-            network.declare(links, len(pairs), weights)
-            specs.append((links, count * largest / factor, latency, count * payload))
-    return tuple(specs)
+            moved = None if sizes is None else sizes[mask]  # member-major, as AllToAllPairs enumerates
+            plan.append((links, values, first[key] if part == "body" else last[key], AllToAllPairs(members, mask),
+                         moved, None if sizes is None else wire[key]))
+    return plan
+
 
 
 def _routed(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarray, sends: np.ndarray):

@@ -137,3 +137,18 @@ def test_an_all_to_all_over_too_many_ranks_is_refused_in_one_line(monkeypatch):
     cluster = leaf_spine("H100", **ONE_LEAF)
     with pytest.raises(ValueError, match=r"^all_to_all: 32 ranks make 992 transfers; the most .* is 16 ranks"):
         _run(cluster, _graph(32, 2**20), "auto")
+
+
+def test_a_size_sweep_plans_a_uniform_all_to_all_once_per_protocol(monkeypatch):
+    # `clustersim collective` builds a fabric per size; the plan depends on sizes only through the protocol.
+    import simulator.bulk_alltoall as bulk
+
+    planned = []
+    plan = bulk._plan
+    monkeypatch.setattr(bulk, "_plan", lambda *args: planned.append(1) or plan(*args))
+    cluster = leaf_spine("H100", **TWO_PER_LEAF)
+    times = [_run(cluster, _graph(32, size), "bulk")[0].step_time_s for size in (2**24, 2**26, 2**28)]
+    assert len(planned) == 1  # Simple protocol throughout (chunks > 16 KiB)
+    fresh = [_run(leaf_spine("H100", **TWO_PER_LEAF), _graph(32, size), "bulk")[0].step_time_s
+             for size in (2**24, 2**26, 2**28)]
+    assert times == fresh and len(planned) == 4  # a new cluster (graph) is planned afresh
