@@ -154,6 +154,8 @@ import math
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .errors import ConfigError
 from .flops import (
     FP8_CAST_BYTES,
@@ -455,6 +457,8 @@ class _StepBuilder:
         self._ep_groups: dict[int, tuple[int, ...]] = {}
         self._etp_groups: dict[int, tuple[int, ...]] = {}
         self._moe_rows: dict[tuple, tuple[tuple[float, ...], tuple[float, ...], int]] = {}
+        self._rank_tokens: dict[tuple, np.ndarray] = {}  # draw -> its EP rank matrix (every e's rows read it)
+        self._deepep: dict[tuple, tuple] = {}  # (draw, node pattern) -> deepep_matrices
         self._moe_kernels: dict[int, tuple] = {}  # id(segment's MoE split) -> (split, kernels before, after)
         self._end_params: dict[int, float] = {}
         self.routing = routing or RoutingModel()
@@ -829,7 +833,7 @@ class _StepBuilder:
         if rows is None and self.routing.dispatch == "deepep":
             rows = self._deepep_rows(layer, mb, group, e)
         if rows is None:
-            tokens = self.route(layer, mb).rank_matrix()
+            tokens = self._tokens(layer, mb, draw)
             # etp = tp: the layer's tokens are routed once per TP group, each TP rank ships its 1/t of them.
             # Expert grid: every rank routes its own sequence-parallel tokens (drawn as b s / t per rank).
             per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
@@ -928,22 +932,35 @@ class _StepBuilder:
             yield g.compute(rank, parts=kernels[4], name=f"{name}.shared_2", category="gemm", **tags)
         return g.compute(rank, parts=kernels[2], name=f"{name}.post", category="gemm", deps=wait, **tags)
 
+    def _tokens(self, layer: int, mb: int, draw: tuple) -> np.ndarray:
+        """Tokens EP rank ``i`` sends to EP rank ``j`` in ``draw`` (:meth:`LayerRouting.rank_matrix`), made once
+        per draw: every EP index's rows read it."""
+        tokens = self._rank_tokens.get(draw)
+        if tokens is None:
+            tokens = self._rank_tokens[draw] = self.route(layer, mb).rank_matrix()
+        return tokens
+
     def _deepep_rows(self, layer: int, mb: int, group: tuple[int, ...], e: int) -> tuple:
         """EP rank ``e``'s rows under ``moe.dispatch: deepep`` (:func:`~workloads.moe.deepep_matrices`): first hop
         out, first hop back (its transpose), expert slots, NVLink forward out, forward back."""
-        r = self.route(layer, mb)
         ep, experts = self.par.ep, self.model.experts
-        probs = self.routing.probabilities(experts, layer).reshape(ep, experts // ep).sum(axis=1)
+        draw = (layer, mb if self.routing.draw == "micro_batch" else None)
+        tokens = self._tokens(layer, mb, draw)
         nodes = [x // self.routing.node_gpus for x in group]
-        first, forward = deepep_matrices(r.rank_matrix(), probs, self.model.top_k, nodes, self.routing.max_nodes)
+        key = (draw, tuple(x - nodes[0] for x in nodes))  # the matrices read only which ranks share a node
+        matrices = self._deepep.get(key)
+        if matrices is None:
+            probs = self.routing.probabilities(experts, layer).reshape(ep, experts // ep).sum(axis=1)
+            matrices = self._deepep[key] = deepep_matrices(tokens, probs, self.model.top_k, nodes,
+                                                           self.routing.max_nodes)
+        first, forward = matrices
         per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
         # FP8 training: tokens travel owner -> experts in FP8 with one fp32 scale per 128 elements (DeepEP's
         # FP8 dispatch; DeepSeek-V3 section 3.3.4 quantizes the activations before the up-projections and the
         # gradients before the down-projections), back in bf16 (both combines).
         out_token = per_token * (1 + 4 / 128) / self.dtype if self.fp8 else per_token
-        draw = (layer, mb if self.routing.draw == "micro_batch" else None)
         rows = (tuple(float(x) * out_token for x in first[e, :]), tuple(float(x) * per_token for x in first[:, e]),
-                int(r.rank_matrix()[:, e].sum()))
+                int(tokens[:, e].sum()))
         if forward.any():  # an EP group inside one node has nothing to forward
             rows += (tuple(float(x) * out_token for x in forward[e, :]),
                      tuple(float(x) * per_token for x in forward[:, e]))
