@@ -31,11 +31,14 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from .nccl import BANDWIDTH_FACTOR, p2p_protocol, step_latencies
+
 BULK_OFFSETS_PER_BLOCK = 1 << 22  # transfers routed per array pass (bounds the memory of one pass)
-BULK_CACHED_RANKS = 256  # groups up to this size keep their routes per fabric (_routed)
-# cluster graph -> uniform plans (_plan) by (seed, group, latency model): a sweep over message sizes builds a
-# new fabric per size, and only the protocol's latency constants change with size
-_UNIFORM_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+BULK_CACHED_RANKS = 256  # groups up to this size keep their routed pairs (_routed)
+# Cluster graph -> what depends only on it, the routing seed and the group, kept as long as the graph lives
+# (a sweep over message sizes builds a new fabric per size): ("routes", seed, group) -> routed pairs
+# (_routed); ("plan", seed, group, latency model) -> a uniform plan (_plan).
+_BY_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class AllToAllPairs(Sequence):
@@ -82,8 +85,6 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     step at least its route's own link latency. The links arrays are registered with the fabric's
     network (:meth:`~simulator.network.FlowNetwork.declare`: weights and member counts) and its
     ``pairs_of`` (an :class:`AllToAllPairs`)."""
-    from .nccl import BANDWIDTH_FACTOR, p2p_protocol, step_latencies
-
     n = len(group)
     members = np.asarray(group, dtype=np.int64)
     # peer[i, k] = (i + k) % n: member i's k-th peer in NCCL's offset order (int32: 64 MiB at 4,096 ranks)
@@ -107,8 +108,8 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
 
     plan = None
     if sizes is None:  # a uniform plan depends only on the fabric, the group and the latency constants
-        plans = _UNIFORM_PLANS.setdefault(fabric.cluster.graph, {})
-        key = (fabric.config.seed, group, nccl, base, intra, inter)
+        plans = _BY_GRAPH.setdefault(fabric.cluster.graph, {})
+        key = ("plan", fabric.config.seed, group, nccl, base, intra, inter)
         plan = plans.get(key)
     if plan is None:
         plan = _plan(fabric, group, members, peer, sizes, servers, nccl, intra, inter)
@@ -213,11 +214,12 @@ def _routed(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarra
     ``routes[j]`` is the link ids from member ``i[j]`` to its ``k[j]``-th peer (ECMP's pick, label 0) and
     ``route latencies[j]`` their summed link latencies (s). Routed with
     :meth:`~simulator.routing.Router.route_blocks`, ``BULK_OFFSETS_PER_BLOCK`` transfers at a time. The
-    routes of every pair of a group of at most ``BULK_CACHED_RANKS`` ranks are kept per group on the
-    fabric (an EP group's dispatch and combine, every layer and micro-batch, with other sizes)."""
+    routes of every pair of a group of at most ``BULK_CACHED_RANKS`` ranks are kept per group (an EP
+    group's dispatch and combine, every layer and micro-batch, with other sizes)."""
     n = len(group)
-    cache = fabric.bulk_routes
-    blocks = cache.get(group)
+    cache = _BY_GRAPH.setdefault(fabric.cluster.graph, {})
+    key = ("routes", fabric.config.seed, group)
+    blocks = cache.get(key)
     if blocks is None:
         cached = n <= BULK_CACHED_RANKS
         wanted = np.broadcast_to(np.arange(n) > 0, (n, n)) if cached else np.broadcast_to(sends, (n, n))
@@ -236,7 +238,7 @@ def _routed(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarra
                     blocks.append(entry)
         if not cached:
             return
-        cache[group] = blocks
+        cache[key] = blocks
     for i, k, block, phys in blocks:
         keep = sends[i, k] if sends.ndim == 2 else sends[k]
         if keep.all():

@@ -191,7 +191,6 @@ class Fabric:
         self._pairs: dict[int, tuple[np.ndarray, tuple[tuple[int, int], ...]]] = {}
         self._spray = self.config.routing == "spray"
         self._spread: dict[int, int] = {}  # id(links array) -> equal-cost paths it spreads a flow over
-        self.bulk_routes: dict[tuple[int, ...], list] = {}  # group -> its routed pairs (bulk_alltoall._routed)
         self.collectives_run = 0
 
     # ------------------------------------------------------------------ ranks
