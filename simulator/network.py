@@ -85,6 +85,7 @@ import heapq
 from array import array
 from collections.abc import Callable, Sequence
 from itertools import chain
+from operator import truediv
 
 import numpy as np
 import simpy
@@ -171,6 +172,12 @@ class _Route:
         else:
             if weights is None:
                 ids, counts = np.unique(links, return_counts=True)
+            elif (isinstance(links, np.ndarray) and links.ndim == 1 and len(links) > 1 and len(weights) == len(links)
+                  and bool((links[1:] > links[:-1]).all())):
+                # Strictly increasing links (a bulk all-to-all flow's, np.unique's own output): np.unique gives
+                # them back as they are and bincount each weight alone, 0.0 + w, which ``weights + 0.0`` is
+                # exactly (-0.0 too).
+                ids, counts = links, weights + 0.0
             else:
                 ids, inverse = np.unique(links, return_inverse=True)
                 counts = np.bincount(inverse, weights=weights, minlength=len(ids))
@@ -178,10 +185,11 @@ class _Route:
             self.mults = tuple(counts.tolist())
             self.arrays = (ids, np.asarray(counts, dtype=float)) if len(ids) >= _LONG_ROUTE else None
         # Max-min rate when the flow is alone on its links: progressive filling's first increment.
-        self.solo_rate = (0.0 + min(capacity[l] / float(m) for l, m in zip(self.ulinks, self.mults))
+        # (m is an int or a float: ``c / m`` divides by it as ``c / float(m)`` does, exactly)
+        self.solo_rate = (0.0 + min(map(truediv, map(capacity.__getitem__, self.ulinks), self.mults))
                           if self.ulinks else float("inf"))
         # What the flow can ever ask of each link: it never runs faster than ``solo_rate``.
-        self.demand = tuple(m * self.solo_rate for m in self.mults)
+        self.demand = tuple(map(self.solo_rate.__mul__, self.mults))
         self._mult_of = None if all(m == 1 for m in self.mults) else dict(zip(self.ulinks, self.mults))
 
     def like(self, links: np.ndarray, idx: int) -> _Route:
@@ -1221,11 +1229,12 @@ class FlowNetwork(_NetworkBase):
         twin_of = self._twin_of
         members = self._twin_members
         rep = self._twin_rep
-        cap = self._cap
+        ulinks = route.ulinks
         groups: dict[tuple, list[int]] = {}
-        for link, m in zip(route.ulinks, route.mults):
-            key = (twin_of[link], m, cap[link])
-            group = groups.get(key)
+        get = groups.get
+        for key, link in zip(zip(map(twin_of.__getitem__, ulinks), route.mults, map(self._cap.__getitem__, ulinks)),
+                             ulinks):
+            group = get(key)
             if group is None:
                 groups[key] = [link]
             else:
