@@ -89,6 +89,7 @@ from operator import truediv
 
 import numpy as np
 import simpy
+from numpy import count_nonzero
 from simpy.events import Event
 
 from .maxmin import max_min_rates, max_min_rates_small
@@ -694,6 +695,7 @@ class FlowNetwork(_NetworkBase):
         self._twin_members: dict[int, set[int]] = {}
         self._twin_rep: dict[int, int] = {}
         self._next_twin = 0
+        self._twin_alone = bytearray(len(self._cap))  # 1: the link's class is itself alone (it stays so)
         self.twins = twins
         self._routes.on_new = self._new_route
         self.component_solves = 0  # max-min problems solved (not looked up in _solved)
@@ -785,8 +787,8 @@ class FlowNetwork(_NetworkBase):
             # looks at the owners and at the links of real calls still running (a superset of the links in
             # use); only if one of those is among the call's links are the links' flows looked at (dicts are
             # truthy only when not empty).
-            if not (self._owner_np[arr].any()
-                    or (self._occupied[arr].any() and any(map(self._on_link.__getitem__, links)))):
+            if not (count_nonzero(self._owner_np[arr])  # (count_nonzero: .any() at a third of the cost)
+                    or (count_nonzero(self._occupied[arr]) and any(map(self._on_link.__getitem__, links)))):
                 self._next_sid += 1
                 session = _Session(key, links, now, self._next_sid, arr)
                 session.held = True
@@ -1226,10 +1228,13 @@ class FlowNetwork(_NetworkBase):
         ``m``, and the rest; a split never merges again. Demand, busy time and bytes are kept for every
         link as before.
         """
+        ulinks = route.ulinks
+        alone = self._twin_alone
+        if all(map(alone.__getitem__, ulinks)):
+            return []  # every link a class of its own already: no class to split (the common case, quickly)
         twin_of = self._twin_of
         members = self._twin_members
         rep = self._twin_rep
-        ulinks = route.ulinks
         groups: dict[tuple, list[int]] = {}
         get = groups.get
         for key, link in zip(zip(map(twin_of.__getitem__, ulinks), route.mults, map(self._cap.__getitem__, ulinks)),
@@ -1250,11 +1255,15 @@ class FlowNetwork(_NetworkBase):
             for link in links:
                 twin_of[link] = new
             changed += links
+            if len(links) == 1:
+                alone[links[0]] = 1
             if old < 0:
                 rep[new] = links[0]
                 continue
             rest = members[old]
             rest -= moved
+            if len(rest) == 1:
+                alone[next(iter(rest))] = 1
             if rep[old] in moved:
                 rep[new] = rep[old]
                 rep[old] = min(rest) if len(rest) < 64 else next(iter(rest))
