@@ -85,7 +85,7 @@ import heapq
 from array import array
 from collections.abc import Callable, Sequence
 from itertools import chain
-from operator import truediv
+from operator import lt, truediv
 
 import numpy as np
 import simpy
@@ -171,18 +171,21 @@ class _Route:
             self._mult_of = None
             return
         else:
-            if weights is None:
-                ids, counts = np.unique(links, return_counts=True)
-            elif (isinstance(links, np.ndarray) and links.ndim == 1 and len(links) > 1 and len(weights) == len(links)
-                  and bool((links[1:] > links[:-1]).all())):
+            entries = (links.tolist() if weights is not None and isinstance(links, np.ndarray) and links.ndim == 1
+                       and len(weights) == len(links) else None)
+            if entries and all(map(lt, entries, entries[1:])):
                 # Strictly increasing links (a bulk all-to-all flow's, np.unique's own output): np.unique gives
                 # them back as they are and bincount each weight alone, 0.0 + w, which ``weights + 0.0`` is
                 # exactly (-0.0 too).
                 ids, counts = links, weights + 0.0
+                self.ulinks = tuple(entries)
             else:
-                ids, inverse = np.unique(links, return_inverse=True)
-                counts = np.bincount(inverse, weights=weights, minlength=len(ids))
-            self.ulinks = tuple(ids.tolist())
+                if weights is None:
+                    ids, counts = np.unique(links, return_counts=True)
+                else:
+                    ids, inverse = np.unique(links, return_inverse=True)
+                    counts = np.bincount(inverse, weights=weights, minlength=len(ids))
+                self.ulinks = tuple(ids.tolist())
             self.mults = tuple(counts.tolist())
             self.arrays = (ids, np.asarray(counts, dtype=float)) if len(ids) >= _LONG_ROUTE else None
         # Max-min rate when the flow is alone on its links: progressive filling's first increment.
@@ -191,7 +194,7 @@ class _Route:
                           if self.ulinks else float("inf"))
         # What the flow can ever ask of each link: it never runs faster than ``solo_rate``.
         self.demand = tuple(map(self.solo_rate.__mul__, self.mults))
-        self._mult_of = None if all(m == 1 for m in self.mults) else dict(zip(self.ulinks, self.mults))
+        self._mult_of = None if self.mults.count(1) == len(self.mults) else dict(zip(self.ulinks, self.mults))
 
     def like(self, links: np.ndarray, idx: int) -> _Route:
         """A route over ``links``, an array equal to this route's (same entries, weights and members): what
@@ -1179,8 +1182,10 @@ class FlowNetwork(_NetworkBase):
         Returns the links whose dominator changed.
         """
         dominator = self._dominator
-        cap = self._cap
         ulinks, mults = route.ulinks, route.mults
+        if not ulinks or max(map(dominator.__getitem__, ulinks)) == -2:
+            return []  # every link not dominated for good already (-2 is the least mark): nothing can change
+        cap = self._cap
         changed: list[int] = []
         where: dict[int, float] | None = None
         entries: list[int] | None = None
