@@ -121,25 +121,42 @@ class GemmModel:
         return 2.0 * batch * m * n * k / self.time(m, n, k, batch)
 
 
+_RATES: dict[int, tuple[GemmModel, tuple[tuple[int, int, float], ...]]] = {}  # id(model) -> (model, rates)
+
+
+def _tile_rates(model: GemmModel) -> tuple[tuple[int, int, float], ...]:
+    """``(tm, tn, FLOP/s of one SM on that tile)`` of every tile of :data:`TILES`, in order: what
+    :func:`_best_time` would work out again for every shape (cached per model object: a model's hash
+    hashes all its fields, and models are few)."""
+    hit = _RATES.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    per_sm = model.peak_flops * model.efficiency / model.sm_count
+    rates = tuple((tm, tn, per_sm * model.tile_efficiency(tm, tn)) for tm, tn in TILES)
+    if len(_RATES) >= 64:
+        _RATES.clear()
+    _RATES[id(model)] = (model, rates)
+    return rates
+
+
 @lru_cache(maxsize=65536)
 def _best_time(model: GemmModel, m: int, n: int, k: int, batch: int) -> tuple[float, tuple[int, int, int]]:
-    per_sm = model.peak_flops * model.efficiency / model.sm_count
-    best = (math.inf, (0, 0, 0))
-    for tm, tn in TILES:
-        rate = per_sm * model.tile_efficiency(tm, tn)
-        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
-        if model.stream_k and tiles > model.sm_count:
-            segments = math.ceil(tiles / model.sm_count) + 1
-            t = 2.0 * tm * tn * (tiles * k / model.sm_count + segments * model.k_overhead) / rate
-            if t < best[0]:
-                best = (t, (tm, tn, 0))  # split 0: stream-K
+    best_t, best = math.inf, (0, 0, 0)
+    sm_count, k_overhead, ceil = model.sm_count, model.k_overhead, math.ceil
+    for tm, tn, rate in _tile_rates(model):
+        tiles = batch * ceil(m / tm) * ceil(n / tn)
+        if model.stream_k and tiles > sm_count:
+            segments = ceil(tiles / sm_count) + 1
+            t = 2.0 * tm * tn * (tiles * k / sm_count + segments * k_overhead) / rate
+            if t < best_t:
+                best_t, best = t, (tm, tn, 0)  # split 0: stream-K
         for split in SPLITS:
-            if split > 1 and (k // split < 2 * model.k_overhead or tiles >= model.sm_count):
+            if split > 1 and (k // split < 2 * k_overhead or tiles >= sm_count):
                 break
-            waves = math.ceil(tiles * split / model.sm_count)
-            t = waves * 2.0 * tm * tn * (math.ceil(k / split) + model.k_overhead) / rate
+            waves = ceil(tiles * split / sm_count)
+            t = waves * 2.0 * tm * tn * (ceil(k / split) + k_overhead) / rate
             if split > 1:  # write and read back the fp32 partials, write the result
                 t += batch * m * n * (2 * split * PARTIAL_BYTES + model.dtype_bytes) / model.hbm_bandwidth
-            if t < best[0]:
-                best = (t, (tm, tn, split))
-    return best
+            if t < best_t:
+                best_t, best = t, (tm, tn, split)
+    return best_t, best
