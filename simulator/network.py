@@ -2070,15 +2070,15 @@ def _busy_intervals(links: np.ndarray, routes: list[_Route], starts: list[float]
     if n < 2 or not (pos[1:] == pos[:-1]).any():
         return pos, a, b  # every link under one flow at most
     # An interval begins a merged one when it is its link's first or starts after every earlier one of its link
-    # has ended. Compared as ranks among all the times (exact), each link's offset past every earlier link's,
-    # so that one running maximum serves every link.
-    _values, rank = np.unique(np.concatenate([a, b]), return_inverse=True)
-    rank = rank.reshape(-1)
-    offset = pos.astype(np.int64) * (len(_values) + 1)
-    ended = np.maximum.accumulate(rank[n:] + offset)  # per interval: the latest end of its link so far
+    # has ended. One running maximum serves every link: of (link position, end) pairs, compared in that order
+    # (numpy orders complex numbers so; built by assignment, so every part is the number itself, exact).
+    key = np.empty(n, dtype=complex)
+    key.real = pos
+    key.imag = b
+    ended = np.maximum.accumulate(key)  # per interval: (its link's position, the latest end of its link so far)
     begins = np.empty(n, dtype=bool)
     begins[0] = True
-    begins[1:] = rank[1:n] + offset[1:] > ended[:-1]
+    begins[1:] = (ended.real[:-1] != pos[1:]) | (a[1:] > ended.imag[:-1])
     first = np.flatnonzero(begins)
     return pos[first], a[first], np.maximum.reduceat(b, first)
 
