@@ -515,16 +515,18 @@ class Fabric:
         factor = BANDWIDTH_FACTOR[protocol]
         grouped = self.config.all_to_all != "per_pair" and plan.kind == "all_to_all"
         self._route_hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops])
+        hop, step_latency = self._hop, self._step_latency
         out = []
         for i, phase in enumerate(plan.phases):
             base = count * costs[0] if i == 0 else 0.0
             specs = []
             for t in phase:
-                hops = [self._hop(s, d, t.label) for s, d in t.hops]
+                hops = [hop(s, d, t.label) for s, d in t.hops]
                 links, spread = self._transfer_links(hops)
                 if len(hops) > 1:
                     self._pairs[id(links)] = (links, tuple(t.hops))
-                latency = base + count * self._latency(t, costs)
+                # (what _latency gives, from the hops just looked up rather than looked up again)
+                latency = base + count * step_latency(t, costs, max([h[1] for h in hops]))
                 specs.append((links, count * t.nbytes / (factor * spread), latency, count * t.nbytes * len(hops)))
             if grouped:
                 # A wave: the transfers that start at one instant (equal latency), NVLink and network apart;
@@ -550,19 +552,23 @@ class Fabric:
             else:
                 members.append(spec)
         out = []
+        network, pairs = self.network, self._pairs
+        weights_of, members_of = network.weights_of, network.members_of
         for members in groups.values():
             if len(members) == 1:
                 out.append(members[0])
                 continue
-            wire = max(m[1] for m in members)
-            latency = max(m[2] for m in members)
-            payload = sum(m[3] for m in members)
-            links = np.concatenate([m[0] for m in members])
-            inner = [self.network.weights_of(m[0]) for m in members]
+            # (lists, not generators: the same values in the same order, so the same max and sum)
+            wire = max([m[1] for m in members])
+            latency = max([m[2] for m in members])
+            payload = sum([m[3] for m in members])
+            arrays = [m[0] for m in members]
+            links = np.concatenate(arrays)
+            inner = list(map(weights_of, arrays))
             hops: list = []
             shares: list = []
             for m in members:
-                entry = self._pairs[id(m[0])]
+                entry = pairs[id(m[0])]
                 member_hops = entry[1]
                 member_shares = entry[2] if len(entry) > 2 else None
                 hops.extend(member_hops)
@@ -575,8 +581,8 @@ class Fabric:
             if any(m[1] != wire for m in members) or any(w is not None for w in inner):
                 weights = np.concatenate([np.full(len(m[0]), m[1] / wire) if w is None else w * (m[1] / wire)
                                           for m, w in zip(members, inner)])
-            self.network.declare(links, sum(self.network.members_of(m[0]) for m in members), weights)
-            self._pairs[id(links)] = (links, tuple(hops), tuple(shares))
+            network.declare(links, sum(map(members_of, arrays)), weights)
+            pairs[id(links)] = (links, tuple(hops), tuple(shares))
             out.append((links, wire, latency, payload))
         return out
 
