@@ -348,6 +348,23 @@ def test_aggregates_change_no_finish_time(seed):
         assert at_ours == pytest.approx(at_theirs, rel=1e-9, abs=1e-9)
 
 
+def test_a_weighted_route_sums_its_entries_per_link_in_any_order():
+    """A weighted route's crossings, worked by hand: link 3 carries 0.25 + 0.25, link 7 1.0, link 9 0.25,
+    whether its links array is strictly increasing (a bulk all-to-all flow's, taken as it is) or not (sorted
+    and summed); the flow alone runs at min(capacity / crossings) = min(8 / 0.5, 4 / 1, 2 / 0.25) = 4 B/s."""
+    from simulator.network import _Route
+
+    cap = [1.0] * 3 + [8.0] + [1.0] * 3 + [4.0, 1.0, 2.0]
+    increasing = _Route(np.array([3, 7, 9]), cap, weights=np.array([0.5, 1.0, 0.25]))
+    shuffled = _Route(np.array([9, 3, 7, 3]), cap, weights=np.array([0.25, 0.25, 1.0, 0.25]))
+    for route in (increasing, shuffled):
+        assert route.ulinks == (3, 7, 9)
+        assert route.mults == (0.5, 1.0, 0.25)
+        assert route.solo_rate == 4.0
+        assert route.demand == (2.0, 4.0, 1.0)
+        assert route.mult(3) == 0.5
+
+
 def test_busy_intervals_merge_overlapping_and_touching_spans_per_link():
     """A recorded call's busy intervals, worked by hand: link 20 is under three flows whose spans overlap
     ([0, 2] and [1, 3]) and touch ([1, 3] and [3, 4]): one interval [0, 4]; link 10 has two disjoint spans;
