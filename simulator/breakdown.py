@@ -72,19 +72,17 @@ def _category_codes(kind: np.ndarray, name: np.ndarray, micro_batch: np.ndarray,
     ``exposed_<class>`` per class of the communication ops in order of first appearance): the strings are
     looked at once per distinct name and class, not per op."""
     kind = np.asarray(kind, dtype=object)
-    n = len(kind)
     compute = kind == "compute"
     in_mb = np.asarray(micro_batch) >= 0
-    names = np.asarray(name, dtype=object).tolist()
     other = _BASE_CODE["other_compute"]
-    distinct = dict.fromkeys(names)
-    phase = {x: _PHASE_CODE.get(x[:1], other) for x in distinct}
-    optimizer = {x: x in _OPTIMIZER_OPS for x in distinct}
-    out = np.full(n, other, dtype=np.int64)
-    sel = compute & in_mb
-    out[sel] = np.fromiter(map(phase.__getitem__, names), dtype=np.int64, count=n)[sel]
-    out[compute & ~in_mb & np.fromiter(map(optimizer.__getitem__, names), dtype=bool, count=n)] = \
-        _BASE_CODE["optimizer"]
+    out = np.full(len(kind), other, dtype=np.int64)
+    # a compute op's category: its name's phase letter in a micro-batch, optimizer (or not) outside one;
+    # per distinct name, coded as phase + 8 · optimizer
+    names = np.asarray(name, dtype=object)[compute].tolist()
+    coded = {x: _PHASE_CODE.get(x[:1], other) + 8 * (x in _OPTIMIZER_OPS) for x in dict.fromkeys(names)}
+    code = np.fromiter(map(coded.__getitem__, names), dtype=np.int64, count=len(names))
+    in_mb_c = in_mb[compute]
+    out[compute] = np.where(in_mb_c, code & 7, np.where(code >= 8, _BASE_CODE["optimizer"], other))
     comm = ~compute
     comm_classes = np.asarray(traffic_class, dtype=object)[comm].tolist()
     classes = {c: len(_BASE_CATEGORIES) + i for i, c in enumerate(dict.fromkeys(comm_classes))}
@@ -240,15 +238,16 @@ def _partition_owners(ops, window: float, step_time: float
     def key(r: np.ndarray, t: np.ndarray) -> np.ndarray:
         return r.astype(np.int64) * nt + np.searchsorted(times, t)
 
+    keys = [(li, key(r, a), key(r, b)) for li, r, a, b in spans]
     bounds = _unique(np.concatenate([key(np.repeat(every, 3), np.tile(fixed, nr)),
-                                       *(key(x[1], x[2]) for x in spans), *(key(x[1], x[3]) for x in spans)]))
+                                     *(x[1] for x in keys), *(x[2] for x in keys)]))
     nseg = len(bounds) - 1
     owner = np.full(nseg, -1, dtype=np.int64)
-    for li, r, a, b in spans:
-        if len(r) == 0:
+    for li, ka, kb in keys:
+        if len(ka) == 0:
             continue
-        diff = np.bincount(np.searchsorted(bounds, key(r, a)), minlength=nseg + 1) - \
-            np.bincount(np.searchsorted(bounds, key(r, b)), minlength=nseg + 1)
+        diff = np.bincount(np.searchsorted(bounds, ka), minlength=nseg + 1) - \
+            np.bincount(np.searchsorted(bounds, kb), minlength=nseg + 1)
         covered = np.cumsum(diff[:-1]) > 0
         owner[(owner < 0) & covered] = li
     seg_rank = bounds[:-1] // nt

@@ -260,10 +260,14 @@ class Result:
         comp_len = union(rank_idx[is_comp], s[is_comp], e[is_comp], nr)
         has_comm = np.bincount(rank_idx[comm], minlength=nr) > 0
         totals = {"total": _exposed_sum(union(rank_idx, s, e, nr) - comp_len, has_comm, weight)}
-        classes = cols["traffic_class"]
-        for cls in sorted(set(classes[comm].tolist())):
-            sel = is_comp | (comm & (classes == cls))
-            in_cls = np.bincount(rank_idx[comm & (classes == cls)], minlength=nr) > 0
+        comm_classes = cols["traffic_class"][comm].tolist()
+        index = {c: i for i, c in enumerate(dict.fromkeys(comm_classes))}
+        code = np.full(len(rank), -1, dtype=np.int64)  # the class of each communication op, as an index
+        code[comm] = np.fromiter(map(index.__getitem__, comm_classes), dtype=np.int64, count=len(comm_classes))
+        for cls in sorted(index):
+            mine = code == index[cls]
+            sel = is_comp | mine
+            in_cls = np.bincount(rank_idx[mine], minlength=nr) > 0
             totals[cls] = _exposed_sum(union(rank_idx[sel], s[sel], e[sel], nr) - comp_len,
                                        in_cls, weight)
         return {k: v / world for k, v in sorted(totals.items())}
