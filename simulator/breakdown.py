@@ -40,8 +40,12 @@ overlapping each other counted in each — so its figures are at least these.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COMPUTE_CATEGORIES = ("forward", "backward", "recompute", "optimizer", "other_compute")
 WAITS = ("moe_wait", "sync_wait")
@@ -53,29 +57,62 @@ _COMPUTE_STREAM = "compute"
 def op_category(kind: np.ndarray, name: np.ndarray, micro_batch: np.ndarray, traffic_class: np.ndarray
                 ) -> np.ndarray:
     """The category of each op: a compute category, or ``exposed_<class>`` for communication."""
+    code, names = _category_codes(kind, name, micro_batch, traffic_class)
+    return np.array(names, dtype=object)[code]
+
+
+_BASE_CATEGORIES = ("forward", "backward", "recompute", "optimizer", "other_compute")
+_BASE_CODE = {c: i for i, c in enumerate(_BASE_CATEGORIES)}
+_PHASE_CODE = {letter: _BASE_CODE[c] for letter, c in _PHASE.items()}
+
+
+def _category_codes(kind: np.ndarray, name: np.ndarray, micro_batch: np.ndarray, traffic_class: np.ndarray
+                    ) -> tuple[np.ndarray, list[str]]:
+    """:func:`op_category` as integer codes into a list of category names (the compute categories, then
+    ``exposed_<class>`` per class of the communication ops in order of first appearance): the strings are
+    looked at once per distinct name and class, not per op."""
     kind = np.asarray(kind, dtype=object)
-    names = pd.Series(np.asarray(name, dtype=object), dtype=object)
-    first = names.str[:1].to_numpy(dtype=object)
-    out = np.full(len(kind), "other_compute", dtype=object)
     compute = kind == "compute"
     in_mb = np.asarray(micro_batch) >= 0
-    for letter, category in _PHASE.items():
-        out[compute & in_mb & (first == letter)] = category
-    out[compute & ~in_mb & names.isin(_OPTIMIZER_OPS).to_numpy()] = "optimizer"
+    other = _BASE_CODE["other_compute"]
+    out = np.full(len(kind), other, dtype=np.int64)
+    # a compute op's category: its name's phase letter in a micro-batch, optimizer (or not) outside one;
+    # per distinct name, coded as phase + 8 · optimizer
+    names = np.asarray(name, dtype=object)[compute].tolist()
+    coded = {x: _PHASE_CODE.get(x[:1], other) + 8 * (x in _OPTIMIZER_OPS) for x in dict.fromkeys(names)}
+    code = np.fromiter(map(coded.__getitem__, names), dtype=np.int64, count=len(names))
+    in_mb_c = in_mb[compute]
+    out[compute] = np.where(in_mb_c, code & 7, np.where(code >= 8, _BASE_CODE["optimizer"], other))
     comm = ~compute
-    out[comm] = "exposed_" + pd.Series(np.asarray(traffic_class, dtype=object)[comm], dtype=object)
-    return out
+    comm_classes = np.asarray(traffic_class, dtype=object)[comm].tolist()
+    classes = {c: len(_BASE_CATEGORIES) + i for i, c in enumerate(dict.fromkeys(comm_classes))}
+    out[comm] = np.fromiter(map(classes.__getitem__, comm_classes), dtype=np.int64, count=len(comm_classes))
+    return out, [*_BASE_CATEGORIES, *("exposed_" + c for c in classes)]
 
 
-def pipeline_window(ops: pd.DataFrame) -> float:
-    """End of the last micro-batch op on the compute stream of any rank (s); 0 without micro-batches."""
-    mb = ops[(ops["stream"] == _COMPUTE_STREAM) & (ops["micro_batch"] >= 0)]
-    return float(mb["end_s"].max()) if len(mb) else 0.0
+def _column(ops, name: str) -> np.ndarray:
+    """Column ``name`` of ``ops`` (a DataFrame, or a mapping of column name to array) as a numpy array."""
+    col = ops[name]
+    return col.to_numpy() if hasattr(col, "to_numpy") else np.asarray(col)
 
 
-def rank_segments(ops: pd.DataFrame, window: float, step_time: float) -> pd.DataFrame:
+def pipeline_window(ops) -> float:
+    """End of the last micro-batch op on the compute stream of any rank (s); 0 without micro-batches.
+
+    ``ops``: a frame like ``Result.rep_ops``, or a mapping of its column names to arrays."""
+    sel = (_column(ops, "stream") == _COMPUTE_STREAM) & (_column(ops, "micro_batch") >= 0)
+    if not sel.any():
+        return 0.0
+    end = _column(ops, "end_s")[sel]
+    end = end[~np.isnan(end)]  # as pandas' max: missing values skipped
+    return float(end.max()) if len(end) else float("nan")
+
+
+def rank_segments(ops, window: float, step_time: float) -> pd.DataFrame:
     """The partition of every rank in ``ops`` as intervals: ``rank, start_s, end_s, category`` with
     adjacent intervals of one category merged (so a bubble is one row)."""
+    import pandas as pd  # here, not at import: ``import simulator`` stays quick
+
     ranks, seg_rank, start, end, category = _partition(ops, window, step_time)
     if len(seg_rank) == 0:
         return pd.DataFrame(columns=["rank", "start_s", "end_s", "category"])
@@ -86,10 +123,18 @@ def rank_segments(ops: pd.DataFrame, window: float, step_time: float) -> pd.Data
                          "category": category[idx]})
 
 
-def time_breakdown(ops: pd.DataFrame, window: float, step_time: float) -> pd.DataFrame:
-    """Seconds per category for every rank in ``ops`` (one row per rank; columns sum to ``step_time``)."""
-    ranks, seg_rank, start, end, category = _partition(ops, window, step_time)
-    names, code = np.unique(category, return_inverse=True)
+def time_breakdown(ops, window: float, step_time: float) -> pd.DataFrame:
+    """Seconds per category for every rank in ``ops`` (one row per rank; columns sum to ``step_time``).
+
+    ``ops``: a frame like ``Result.rep_ops``, or a mapping of its column names to arrays."""
+    import pandas as pd  # here, not at import: ``import simulator`` stays quick
+
+    ranks, seg_rank, start, end, owner, layer_names = _partition_owners(ops, window, step_time)
+    # the categories present, sorted, and each segment's index among them (layers share categories)
+    present = sorted(set(np.asarray(layer_names, dtype=object)[np.unique(owner)].tolist()))
+    position = {c: i for i, c in enumerate(present)}
+    code = np.array([position.get(c, -1) for c in layer_names], dtype=np.int64)[owner]
+    names = np.array(present, dtype=object)
     sums = np.bincount(seg_rank * len(names) + code, weights=end - start,
                        minlength=len(ranks) * len(names)).reshape(len(ranks), len(names))
     table = pd.DataFrame(sums, index=pd.Index(ranks, name="rank"), columns=pd.Index(names, name="category"))
@@ -103,31 +148,34 @@ def category_order(names) -> list[str]:
     return [*COMPUTE_CATEGORIES, *comm, *WAITS, "bubble", "idle"]
 
 
-def _layers(ops: pd.DataFrame) -> list[tuple[str, np.ndarray | None, bool]]:
+def _layers(ops) -> list[tuple[str, np.ndarray | None, bool]]:
     """The partition's layers in priority order: ``(category, selected ops or None for a whole-rank span,
     whether the interval is the wait before the op starts)``."""
-    kind = ops["kind"].to_numpy()
-    cat = op_category(kind, ops["name"].to_numpy(), ops["micro_batch"].to_numpy(), ops["traffic_class"].to_numpy())
+    kind = np.asarray(_column(ops, "kind"), dtype=object)
+    micro_batch = _column(ops, "micro_batch")
+    traffic_class = np.asarray(_column(ops, "traffic_class"), dtype=object)
+    code, cat_names = _category_codes(kind, _column(ops, "name"), micro_batch, traffic_class)
+    cat_code = {c: i for i, c in enumerate(cat_names)}
     is_compute = kind == "compute"
-    blocking = (ops["stream"].to_numpy() == _COMPUTE_STREAM) & ~is_compute
-    in_mb = ops["micro_batch"].to_numpy() >= 0
-    ep = ops["traffic_class"].to_numpy() == "ep"
-    waiting = blocking & (ops["issue_s"].to_numpy() < ops["start_s"].to_numpy())
-    comm_names = sorted(set(cat[~is_compute].tolist()))
+    blocking = (_column(ops, "stream") == _COMPUTE_STREAM) & ~is_compute
+    in_mb = micro_batch >= 0
+    ep = traffic_class == "ep"
+    waiting = blocking & (_column(ops, "issue_s") < _column(ops, "start_s"))
+    comm_names = sorted(cat_names[len(_BASE_CATEGORIES):])  # every class named is that of a communication op
     layers: list[tuple[str, np.ndarray | None, bool]] = []
 
     def comm(mask: np.ndarray) -> None:
-        layers.extend((c, mask & (cat == c), False) for c in comm_names)
+        layers.extend((c, mask & (code == cat_code[c]), False) for c in comm_names)
 
     # micro-batch work: what the pipeline schedule is made of
-    layers.extend((c, is_compute & (cat == c), False) for c in ("forward", "backward", "recompute"))
+    layers.extend((c, is_compute & (code == cat_code[c]), False) for c in ("forward", "backward", "recompute"))
     comm(blocking & in_mb)
     layers.append(("moe_wait", waiting & in_mb & ep, True))
     layers.append(("sync_wait", waiting & in_mb & ~ep, True))
     comm(~is_compute & ~blocking & in_mb)
     layers.append(("bubble", None, False))
     # the rest of the step: optimizer, gradient synchronisation, waiting for the others
-    layers.extend((c, is_compute & (cat == c), False) for c in ("optimizer", "other_compute"))
+    layers.extend((c, is_compute & (code == cat_code[c]), False) for c in ("optimizer", "other_compute"))
     comm(blocking & ~in_mb)
     layers.append(("moe_wait", waiting & ~in_mb & ep, True))
     layers.append(("sync_wait", waiting & ~in_mb & ~ep, True))
@@ -136,7 +184,21 @@ def _layers(ops: pd.DataFrame) -> list[tuple[str, np.ndarray | None, bool]]:
     return layers
 
 
-def _partition(ops: pd.DataFrame, window: float, step_time: float
+def _unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` of a 1-D array by sorting (NaNs as one, last): numpy 2.4's hash table is
+    ~20x slower than a sort on the million-odd wide-ranged keys of a partition."""
+    aux = np.sort(values)
+    mask = np.empty(len(aux), dtype=bool)
+    mask[:1] = True
+    mask[1:] = aux[1:] != aux[:-1]
+    if aux.dtype.kind == "f" and len(aux) and np.isnan(aux[-1]):
+        first_nan = np.searchsorted(aux, aux[-1], side="left")
+        mask[first_nan] = True
+        mask[first_nan + 1:] = False
+    return aux[mask]
+
+
+def _partition(ops, window: float, step_time: float
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every rank's partition at once (see the module docstring).
 
@@ -146,9 +208,17 @@ def _partition(ops: pd.DataFrame, window: float, step_time: float
     :func:`_layers` covering it. All ranks are done together on exact integer keys
     ``rank index · (number of distinct times) + time code``, so no float offset ever shifts a boundary.
     """
-    ranks, ridx = np.unique(ops["rank"].to_numpy(), return_inverse=True)
+    ranks, seg_rank, start, end, owner, layer_names = _partition_owners(ops, window, step_time)
+    return ranks, seg_rank, start, end, np.array(layer_names, dtype=object)[owner]
+
+
+def _partition_owners(ops, window: float, step_time: float
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """:func:`_partition` with each segment's category given as the index of the layer that owns it, in
+    the list of the layers' categories (returned last)."""
+    ranks, ridx = np.unique(_column(ops, "rank"), return_inverse=True)
     nr = len(ranks)
-    s, e, issue = ops["start_s"].to_numpy(), ops["end_s"].to_numpy(), ops["issue_s"].to_numpy()
+    s, e, issue = _column(ops, "start_s"), _column(ops, "end_s"), _column(ops, "issue_s")
     spans = []  # (layer index, rank index, start, end) arrays per layer
     every = np.arange(nr)
     layers = _layers(ops)
@@ -161,26 +231,26 @@ def _partition(ops: pd.DataFrame, window: float, step_time: float
         keep = b > a
         spans.append((li, r[keep], a[keep], b[keep]))
     fixed = np.array([0.0, window, step_time])
-    times = np.unique(np.concatenate([fixed, *(x[2] for x in spans), *(x[3] for x in spans)]))
+    times = _unique(np.concatenate([fixed, *(x[2] for x in spans), *(x[3] for x in spans)]))
     times = times[(times >= 0) & (times <= step_time)]
     nt = len(times)
 
     def key(r: np.ndarray, t: np.ndarray) -> np.ndarray:
         return r.astype(np.int64) * nt + np.searchsorted(times, t)
 
-    bounds = np.unique(np.concatenate([key(np.repeat(every, 3), np.tile(fixed, nr)),
-                                       *(key(x[1], x[2]) for x in spans), *(key(x[1], x[3]) for x in spans)]))
+    keys = [(li, key(r, a), key(r, b)) for li, r, a, b in spans]
+    bounds = _unique(np.concatenate([key(np.repeat(every, 3), np.tile(fixed, nr)),
+                                     *(x[1] for x in keys), *(x[2] for x in keys)]))
     nseg = len(bounds) - 1
     owner = np.full(nseg, -1, dtype=np.int64)
-    for li, r, a, b in spans:
-        if len(r) == 0:
+    for li, ka, kb in keys:
+        if len(ka) == 0:
             continue
-        diff = np.bincount(np.searchsorted(bounds, key(r, a)), minlength=nseg + 1) - \
-            np.bincount(np.searchsorted(bounds, key(r, b)), minlength=nseg + 1)
+        diff = np.bincount(np.searchsorted(bounds, ka), minlength=nseg + 1) - \
+            np.bincount(np.searchsorted(bounds, kb), minlength=nseg + 1)
         covered = np.cumsum(diff[:-1]) > 0
         owner[(owner < 0) & covered] = li
     seg_rank = bounds[:-1] // nt
     valid = seg_rank == bounds[1:] // nt  # the last boundary of a rank starts no segment
-    names = np.array([name for name, _, _ in layers], dtype=object)
     return (ranks, seg_rank[valid], times[bounds[:-1][valid] % nt], times[bounds[1:][valid] % nt],
-            names[owner[valid]])
+            owner[valid], [name for name, _, _ in layers])

@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -502,14 +503,19 @@ def expert_load_table(step: TrainingStep) -> pd.DataFrame:
     """One row per (MoE layer, expert): tokens routed to it and kept under capacity, summed over the EP group
     and over one replica's micro-batches (``moe.draw: micro_batch``; one micro-batch with ``draw: layer``),
     and the EP rank (within the group) that holds it."""
-    rows = []
+    cols: dict[str, list] = {"layer": [], "expert": [], "ep_rank": [], "tokens_routed": [], "tokens_kept": []}
     for layer, r in step.routes.items():
         experts = r.choices.shape[1]
         per_rank = experts // r.choices.shape[0]
-        routed, kept = r.choices.sum(axis=0), r.kept.sum(axis=0)
-        rows += [{"layer": layer, "expert": e, "ep_rank": e // per_rank, "tokens_routed": int(routed[e]),
-                  "tokens_kept": int(kept[e])} for e in range(experts)]
-    return pd.DataFrame(rows)
+        expert = np.arange(experts, dtype=np.int64)
+        cols["layer"].append(np.full(experts, layer, dtype=np.int64))
+        cols["expert"].append(expert)
+        cols["ep_rank"].append(expert // per_rank)
+        cols["tokens_routed"].append(r.choices.sum(axis=0).astype(np.int64))
+        cols["tokens_kept"].append(r.kept.sum(axis=0).astype(np.int64))
+    if not step.routes:
+        return pd.DataFrame([])
+    return pd.DataFrame({c: np.concatenate(parts) for c, parts in cols.items()})
 
 
 def moe_summary(step: TrainingStep) -> dict:

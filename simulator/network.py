@@ -493,10 +493,14 @@ class LinkLedger:
     @property
     def payload_bytes_by_class(self) -> dict[str, float]:
         """Payload bytes GPUs sent, per traffic class (in order of first appearance)."""
-        out: dict[str, float] = {}
-        for (_route, cls), payload in zip(self._rows, self._payload):
-            out[cls] = out.get(cls, 0.0) + payload
-        return out
+        if not self._rows:
+            return {}
+        classes = [cls for _route, cls in self._rows]
+        index = {cls: i for i, cls in enumerate(dict.fromkeys(classes))}
+        code = np.fromiter(map(index.__getitem__, classes), dtype=np.int64, count=len(classes))
+        # a sum per class from 0.0 over the rows in order: the additions a loop of += makes (exact)
+        sums = np.bincount(code, weights=np.frombuffer(self._payload, dtype=float), minlength=len(index))
+        return {cls: float(sums[i]) for cls, i in index.items()}
 
     def payload_by_route(self) -> list[tuple[np.ndarray, str, float]]:
         """``(route links, traffic class, payload bytes)`` for every route and class that carried payload."""
@@ -514,50 +518,58 @@ class LinkLedger:
 
     def _flush(self) -> None:
         if self._unfolded:
-            # Every entry's bytes onto its links, entry by entry in order: one np.add.at per batch of entries
-            # (the same additions in the same order as one per entry), and per class one over its entries.
-            rows = self._rows
-            batch: list[int] = []
-            size = 0
-            for row in np.flatnonzero(np.frombuffer(self._wire, dtype=float)).tolist():
-                batch.append(row)
-                size += len(rows[row][0].links)
-                if size >= 1 << 20:
-                    self._fold(batch)
-                    batch, size = [], 0
-            self._fold(batch)
+            # Every entry's bytes onto its links, entry by entry in order (and per class over its entries), in
+            # chunks of about a million link entries: the same additions in the same order as one per entry.
+            from operator import attrgetter, itemgetter
+
+            wire = np.frombuffer(self._wire, dtype=float)
+            rows = np.flatnonzero(wire)
+            if len(rows):
+                entries = list(map(self._rows.__getitem__, rows.tolist()))
+                routes, classes = list(map(itemgetter(0), entries)), list(map(itemgetter(1), entries))
+                links = list(map(attrgetter("links"), routes))
+                weights = list(map(attrgetter("weights"), routes))
+                counts = np.fromiter(map(len, links), dtype=np.int64, count=len(links))
+                cuts = (np.flatnonzero(np.diff(np.cumsum(counts) >> 20)) + 1).tolist()
+                for lo, hi in zip([0, *cuts], [*cuts, len(rows)]):
+                    self._fold(wire[rows[lo:hi]], links[lo:hi], weights[lo:hi], classes[lo:hi], counts[lo:hi])
+                wire[rows] = 0.0
+            del wire  # (a view of the array's buffer stops it growing)
             self._unfolded = False
         acc = self._busy_np
         if acc.any():
             self._busy_s += acc
             acc[:] = 0.0
 
-    def _fold(self, batch: list[int]) -> None:
-        """Add the unfolded bytes of rows ``batch`` onto ``_bytes`` and ``_bytes_by_class``."""
-        if not batch:
-            return
-        entries = [self._rows[row] for row in batch]
-        wire = self._wire
-        links = np.concatenate([route.links for route, _cls in entries])
-        counts = [len(route.links) for route, _cls in entries]
-        values = np.repeat(np.array([wire[row] for row in batch], dtype=float), counts)
-        start = 0
-        for (route, _cls), row, n in zip(entries, batch, counts):
-            if route.weights is not None:  # each entry of a weighted route carries its share
-                values[start:start + n] = wire[row] * route.weights
-            start += n
-        np.add.at(self._bytes, links, values)
-        classes = [cls for _route, cls in entries]
+    @staticmethod
+    def _add_in_order(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
+        """``np.add.at(target, index, values)``: each value added onto its entry in order. Onto an all-zero
+        ``target`` (a ledger's first fold) ``np.bincount``, which makes the very same additions from 0.0 in the
+        same order, several times faster."""
+        if target.any():
+            np.add.at(target, index, values)
+        else:
+            target[:] = np.bincount(index, weights=values, minlength=len(target))
+
+    def _fold(self, wire: np.ndarray, links: list, weights: list, classes: list, counts: np.ndarray) -> None:
+        """Add the unfolded bytes of some rows onto ``_bytes`` and ``_bytes_by_class``: per row its ``wire``
+        bytes per crossing, its route's ``links`` and entry ``weights`` (or None), its class, its link entries."""
+        flat = np.concatenate(links)
+        values = np.repeat(wire, counts)
+        weighted = [i for i, w in enumerate(weights) if w is not None]
+        if weighted:  # each entry of a weighted route carries its share
+            starts = (np.cumsum(counts) - counts).tolist()
+            for i in weighted:
+                values[starts[i]:starts[i] + counts[i]] = wire[i] * weights[i]
+        self._add_in_order(self._bytes, flat, values)
         index = {cls: i for i, cls in enumerate(dict.fromkeys(classes))}
-        which = np.repeat(np.array([index[cls] for cls in classes], dtype=np.int64), counts)
+        which = np.repeat(np.fromiter(map(index.__getitem__, classes), dtype=np.int64, count=len(classes)), counts)
         for cls, i in index.items():
             per_class = self._bytes_by_class.get(cls)
             if per_class is None:
                 per_class = self._bytes_by_class[cls] = np.zeros(self.num_links)
-            mine = which == i
-            np.add.at(per_class, links[mine], values[mine])
-        for row in batch:
-            wire[row] = 0.0
+            mine = which == i if len(index) > 1 else slice(None)
+            self._add_in_order(per_class, flat[mine], values[mine])
 
     @property
     def bytes(self) -> np.ndarray:

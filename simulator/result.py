@@ -24,16 +24,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from functools import cached_property
+from operator import attrgetter
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from . import breakdown as _breakdown
-from . import timeline as _timeline
-from . import trace as _trace
-from . import traffic as _traffic
 from .engine import RunRecord
-from .intervals import grouped_union_length as _grouped_union_length
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class Result:
@@ -45,31 +45,62 @@ class Result:
         self.sim_wall_s = sim_wall_s
         self.events = record.events
         self.extra_summary: dict = {}
-        self.stages = pd.DataFrame()
+        self._stages: pd.DataFrame | None = None
+
+    @property
+    def stages(self) -> pd.DataFrame:
+        """Where time went per pipeline stage (:func:`simulator.experiment.pipeline_stages`, set by
+        :func:`~simulator.experiment.run_experiment`); an empty frame for a bare :func:`simulator.simulate`."""
+        if self._stages is None:
+            self._stages = _pd().DataFrame()
+        return self._stages
+
+    @stages.setter
+    def stages(self, value: pd.DataFrame) -> None:
+        self._stages = value
 
     # ------------------------------------------------------------- frames
+    _OP_COLUMNS = ("id", "rank", "kind", "name", "stream", "traffic_class", "collective", "layer", "micro_batch",
+                   "stage", "nbytes", "flops", "issue_s", "start_s", "end_s")
+
+    def _op_column(self, name: str) -> np.ndarray | list:
+        """Column ``name`` of :attr:`rep_ops` read off the op graph (strings as a list), once: the metrics
+        computed after every run (:attr:`pipeline_window_s`, :meth:`time_breakdown`,
+        :attr:`exposed_comm_by_class`) read the few columns they need and no DataFrame is built."""
+        cache = self.__dict__.setdefault("_op_column_cache", {})
+        col = cache.get(name)
+        if col is None:
+            ops = self.record.graph.ops
+            n = len(ops)
+            if name in ("issue_s", "start_s", "end_s"):
+                col = getattr(self.record, name)
+            elif name in ("kind", "name", "stream", "traffic_class"):
+                col = list(map(attrgetter(name), ops))
+            elif name == "collective":
+                col = [getattr(o, "collective", "") for o in ops]
+            elif name == "nbytes":
+                col = np.fromiter(map(attrgetter(name), ops), dtype=float, count=n)
+            elif name == "flops":
+                col = np.fromiter((getattr(o, "flops", 0.0) for o in ops), dtype=float, count=n)
+            else:
+                col = np.fromiter(map(attrgetter(name), ops), dtype=np.int64, count=n)
+            cache[name] = col
+        return col
+
+    @cached_property
+    def _op_arrays(self) -> dict[str, np.ndarray]:
+        """What :mod:`simulator.breakdown` and :attr:`exposed_comm_by_class` read of :attr:`rep_ops`, as numpy
+        arrays (strings as objects)."""
+        out = {c: np.asarray(self._op_column(c), dtype=float) for c in ("issue_s", "start_s", "end_s")}
+        out.update({c: self._op_column(c) for c in ("rank", "micro_batch")})
+        out.update({c: np.array(self._op_column(c), dtype=object) for c in ("kind", "name", "stream", "traffic_class")})
+        return out
+
     @cached_property
     def rep_ops(self) -> pd.DataFrame:
         """Like :attr:`ops`, but for a graph of representatives (``fidelity="fast"``) only the
         representatives' rows (one per simulated op); the same frame as :attr:`ops` for a full graph."""
-        ops = self.record.graph.ops
-        df = pd.DataFrame({
-            "id": np.fromiter((o.id for o in ops), dtype=np.int64, count=len(ops)),
-            "rank": np.fromiter((o.rank for o in ops), dtype=np.int64, count=len(ops)),
-            "kind": [o.kind for o in ops],
-            "name": [o.name for o in ops],
-            "stream": [o.stream for o in ops],
-            "traffic_class": [o.traffic_class for o in ops],
-            "collective": [getattr(o, "collective", "") for o in ops],
-            "layer": np.fromiter((o.layer for o in ops), dtype=np.int64, count=len(ops)),
-            "micro_batch": np.fromiter((o.micro_batch for o in ops), dtype=np.int64, count=len(ops)),
-            "stage": np.fromiter((o.stage for o in ops), dtype=np.int64, count=len(ops)),
-            "nbytes": np.fromiter((o.nbytes for o in ops), dtype=float, count=len(ops)),
-            "flops": np.fromiter((getattr(o, "flops", 0.0) for o in ops), dtype=float, count=len(ops)),
-            "issue_s": self.record.issue_s,
-            "start_s": self.record.start_s,
-            "end_s": self.record.end_s,
-        })
+        df = _pd().DataFrame({c: self._op_column(c) for c in self._OP_COLUMNS})
         df["duration_s"] = df["end_s"] - df["start_s"]
         return df
 
@@ -104,7 +135,7 @@ class Result:
         fabric = self.record.fabric
         ledger = fabric.network.ledger
         step = self.step_time if self.step_time > 0 else np.inf
-        df = pd.DataFrame({
+        df = _pd().DataFrame({
             "src": [str(u) for u, _ in fabric.links],
             "dst": [str(v) for _, v in fabric.links],
             "kind": fabric.kinds,
@@ -134,7 +165,7 @@ class Result:
         """Payload bytes per ``(src, dst, traffic_class)`` rank pair over the step (long form; only pairs
         that exchanged bytes). Row sums per ``src`` are what each GPU sent."""
         fabric = self.record.fabric
-        return _traffic.pair_bytes(fabric.network.ledger.payload_by_route(), fabric.pairs_of, fabric.shares_of)
+        return _traffic().pair_bytes(fabric.network.ledger.payload_by_route(), fabric.pairs_of, fabric.shares_of)
 
     def traffic_matrix(self, level: str = "gpu", traffic_class: str | list[str] | None = None) -> pd.DataFrame:
         """Payload bytes sent from each place to each place during the step: a square DataFrame, rows =
@@ -144,8 +175,8 @@ class Result:
         by the leaf each GPU's NIC plugs into). ``traffic_class``: one class (``"dp"``, ``"tp"``, ...) or a
         list; default all. Traffic inside a place (NVLink at node level) is on the diagonal.
         """
-        labels = _traffic.rank_labels(self.record.fabric.cluster, level)
-        return _traffic.traffic_matrix(self.traffic, labels, traffic_class)
+        labels = _traffic().rank_labels(self.record.fabric.cluster, level)
+        return _traffic().traffic_matrix(self.traffic, labels, traffic_class)
 
     # --------------------------------------------------- bandwidth over time
     def link_timeseries(self, links: list[int] | None = None, top: int = 10, tier: str | None = None
@@ -163,7 +194,8 @@ class Result:
         if bad:
             raise ValueError(f"links: {bad[0]} is not a link id; valid: 0..{len(table) - 1}")
         network = self.record.fabric.network
-        series = _traffic.link_series(network.ledger, network.routes, ids)
+        pd = _pd()
+        series = _traffic().link_series(network.ledger, network.routes, ids)
         parts = []
         for lid in ids:
             times, rates = series[lid]
@@ -181,7 +213,7 @@ class Result:
         (the sum over the tier's links), constant from one row's time to the next's."""
         fabric = self.record.fabric
         network = fabric.network
-        return _traffic.tier_series(network.ledger, network.routes, fabric.tier)
+        return _traffic().tier_series(network.ledger, network.routes, fabric.tier)
 
     # ------------------------------------------------------------ metrics
     @property
@@ -210,28 +242,33 @@ class Result:
         Per rank, ``|comm \\ compute| = |comm ∪ compute| - |compute|`` (interval unions), computed for
         all ranks at once; a representative counts once per rank it stands for.
         """
-        df = self.rep_ops
+        cols = self._op_arrays
         world = self.record.graph.world_size
         replicas = getattr(self.record.graph, "replicas", None)
-        if df.empty:
+        rank = cols["rank"]
+        if not len(rank):
             return {}
-        rank = df["rank"].to_numpy()
         ranks, rank_idx = np.unique(rank, return_inverse=True)
         weight = np.array([len(replicas[r]) if replicas else 1 for r in ranks.tolist()], dtype=float)
-        s, e = df["start_s"].to_numpy(), df["end_s"].to_numpy()
-        is_comp = (df["kind"] == "compute").to_numpy()
+        s, e = cols["start_s"], cols["end_s"]
+        is_comp = cols["kind"] == "compute"
         comm = ~is_comp
         if not comm.any():
             return {}
         nr = len(ranks)
-        comp_len = _grouped_union_length(rank_idx[is_comp], s[is_comp], e[is_comp], nr)
+        union = _intervals().grouped_union_length
+        comp_len = union(rank_idx[is_comp], s[is_comp], e[is_comp], nr)
         has_comm = np.bincount(rank_idx[comm], minlength=nr) > 0
-        totals = {"total": _exposed_sum(_grouped_union_length(rank_idx, s, e, nr) - comp_len, has_comm, weight)}
-        classes = df["traffic_class"].to_numpy()
-        for cls in sorted(set(classes[comm].tolist())):
-            sel = is_comp | (comm & (classes == cls))
-            in_cls = np.bincount(rank_idx[comm & (classes == cls)], minlength=nr) > 0
-            totals[cls] = _exposed_sum(_grouped_union_length(rank_idx[sel], s[sel], e[sel], nr) - comp_len,
+        totals = {"total": _exposed_sum(union(rank_idx, s, e, nr) - comp_len, has_comm, weight)}
+        comm_classes = cols["traffic_class"][comm].tolist()
+        index = {c: i for i, c in enumerate(dict.fromkeys(comm_classes))}
+        code = np.full(len(rank), -1, dtype=np.int64)  # the class of each communication op, as an index
+        code[comm] = np.fromiter(map(index.__getitem__, comm_classes), dtype=np.int64, count=len(comm_classes))
+        for cls in sorted(index):
+            mine = code == index[cls]
+            sel = is_comp | mine
+            in_cls = np.bincount(rank_idx[mine], minlength=nr) > 0
+            totals[cls] = _exposed_sum(union(rank_idx[sel], s[sel], e[sel], nr) - comp_len,
                                        in_cls, weight)
         return {k: v / world for k, v in sorted(totals.items())}
 
@@ -260,7 +297,7 @@ class Result:
     @cached_property
     def pipeline_window_s(self) -> float:
         """End of the last micro-batch op on any rank (s): the pipeline part of the step."""
-        return _breakdown.pipeline_window(self.rep_ops)
+        return _breakdown.pipeline_window(self._op_arrays)
 
     def time_breakdown(self) -> pd.DataFrame:
         """Each simulated rank's step partitioned into compute by phase, exposed communication by class,
@@ -271,7 +308,7 @@ class Result:
 
     @cached_property
     def _time_breakdown(self) -> pd.DataFrame:
-        table = _breakdown.time_breakdown(self.rep_ops, self.pipeline_window_s, self.step_time)
+        table = _breakdown.time_breakdown(self._op_arrays, self.pipeline_window_s, self.step_time)
         replicas = getattr(self.record.graph, "replicas", None) or {}
         table.insert(0, "replicas", [len(replicas.get(r, (r,))) for r in table.index])
         return table
@@ -279,7 +316,7 @@ class Result:
     def timeline(self, ranks: list[int] | None = None) -> pd.DataFrame:
         """Bars of the timeline (:func:`simulator.timeline.timeline_bars`): by default one representative
         rank per pipeline stage."""
-        return _timeline.timeline_bars(self.rep_ops, self.step_time, ranks)
+        return _timeline().timeline_bars(self.rep_ops, self.step_time, ranks)
 
     def phases(self) -> list[tuple[str, float, float]]:
         """The step's phases as ``(name, start_s, end_s)``: the pipeline of micro-batches, then gradient
@@ -332,7 +369,7 @@ class Result:
         figures += [("tier_bandwidth", self.plot_tier_bandwidth), ("link_heatmap", self.plot_link_heatmap),
                     ("traffic_node", lambda: self.plot_traffic_matrix("node"))]
         try:
-            _traffic.rank_labels(self.record.fabric.cluster, "leaf")
+            _traffic().rank_labels(self.record.fabric.cluster, "leaf")
             figures.append(("traffic_leaf", lambda: self.plot_traffic_matrix("leaf")))
         except ValueError:
             pass  # no leaf switches: node level says it all
@@ -356,7 +393,33 @@ class Result:
         """Write a Chrome / Perfetto trace (:mod:`simulator.trace`): by default one rank per pipeline stage,
         one thread per stream, flow arrows for point-to-point transfers and tier-bandwidth counters;
         gzip-compressed when ``path`` ends in ``.gz``. Returns the number of events written."""
-        return _trace.write_trace(self, path, ranks, counters=counters, flows=flows)
+        return _trace().write_trace(self, path, ranks, counters=counters, flows=flows)
+
+
+def _pd():
+    """pandas, imported when a frame is first built (``import simulator`` and the CLI stay quick to start)."""
+    import pandas
+    return pandas
+
+
+def _traffic():
+    from . import traffic
+    return traffic
+
+
+def _timeline():
+    from . import timeline
+    return timeline
+
+
+def _trace():
+    from . import trace
+    return trace
+
+
+def _intervals():
+    from . import intervals
+    return intervals
 
 
 def _plotting():
