@@ -383,7 +383,11 @@ class _Segment:
 
 def _scale_kernel(op: LayerOp, factor: float, tokens: int) -> Kernel:
     """``op`` run on ``factor`` times the ``tokens`` it was sized for (the token dimension of a GEMM scales)."""
-    k = op.kernel()
+    return _scale(op.kernel(), factor, tokens)
+
+
+def _scale(k: Kernel, factor: float, tokens: int) -> Kernel:
+    """Kernel ``k`` run on ``factor`` times the ``tokens`` it was sized for (:func:`_scale_kernel`)."""
     shape = k.shape
     if shape is not None:
         shape = tuple(max(1, round(d * factor)) if d == tokens else d for d in shape)
@@ -454,13 +458,14 @@ class _StepBuilder:
         self.split_keys = [{(a.micro_batch, a.chunk) for a in acts if a.phase == "W"} for acts in self.schedules]
         self._segments_cache: dict[tuple, list[_Segment]] = {}
         self._tp_groups: dict[int, tuple[int, ...]] = {}
-        self._ep_groups: dict[int, tuple[int, ...]] = {}
+        self._ep_groups: dict[int, tuple[tuple[int, ...], int]] = {}
         self._etp_groups: dict[int, tuple[int, ...]] = {}
         self._moe_rows: dict[tuple, tuple[tuple[float, ...], tuple[float, ...], int]] = {}
         self._rank_tokens: dict[tuple, np.ndarray] = {}  # draw -> its EP rank matrix (every e's rows read it)
         self._deepep: dict[tuple, tuple] = {}  # (draw, node pattern) -> deepep_matrices
         self._moe_kernels: dict[int, tuple] = {}  # id(segment's MoE split) -> (split, kernels before, after)
         self._end_params: dict[int, float] = {}
+        self._stage_params: dict[int, tuple[float, float]] = {}
         self.routing = routing or RoutingModel()
         self.expert_parallel = model.is_moe and parallel.ep > 1
         self.etp = parallel.expert_tp
@@ -469,6 +474,8 @@ class _StepBuilder:
         self._draws: dict[tuple[int, int | None], LayerRouting] = {}
         self.draw_imbalance: dict[tuple[int, int | None], float] = {}
         self._moe_parts: dict[tuple, tuple] = {}
+        self._balanced_experts: dict[int, tuple] = {}  # id(experts list) -> (that list, its balanced kernels)
+        self._balanced_kernels: dict[tuple[Kernel, ...], tuple[Kernel, ...]] = {}  # kept alive: _moe_parts ids
         self._unit_segments: dict[tuple, list[tuple[_Segment, Unit, str]]] = {}
         self._traces: dict[int, tuple[list[list[int]], list[Use], GatherSchedule]] = {}
 
@@ -808,26 +815,36 @@ class _StepBuilder:
 
     def _expert_parts(self, layer: int, phase: str, load: int, experts: list[LayerOp]) -> tuple[Kernel, ...]:
         """Expert kernels of an EP rank that receives ``load`` token slots, scaled from balanced routing
-        (cached by the drawn count: draws that give a rank the same load share the kernels)."""
-        key = (layer, phase, load)
+        (cached by the drawn count: draws that give a rank the same load share the kernels).
+
+        A drawn load seldom repeats within one layer but often across layers, which mostly run the same
+        expert kernels: the cache is keyed by the balanced kernels themselves (equal kernels scale to equal
+        kernels), made once per ``experts`` list (:func:`_scale_kernel`'s ``op.kernel()``)."""
+        base = self._balanced_experts.get(id(experts))
+        if base is None or base[0] is not experts:
+            kernels = tuple(k.kernel() for k in experts)
+            kernels = self._balanced_kernels.setdefault(kernels, kernels)  # one object per distinct set
+            base = self._balanced_experts[id(experts)] = (experts, kernels)
+        key = (id(base[1]), load)
         parts = self._moe_parts.get(key)
         if parts is None:
             balanced = self.par.micro_batch * self.train.seq_len * self.model.top_k
-            parts = self._moe_parts[key] = tuple(_scale_kernel(k, load / balanced, balanced) for k in experts)
+            parts = self._moe_parts[key] = tuple(_scale(k, load / balanced, balanced) for k in base[1])
         return parts
 
-    def _ep_group(self, rank: int) -> tuple[int, ...]:
-        group = self._ep_groups.get(rank)
-        if group is None:
-            group = self._ep_groups[rank] = self.layout.ep_group(rank)
-        return group
+    def _ep_group(self, rank: int) -> tuple[tuple[int, ...], int]:
+        """``rank``'s EP group and its index in it (looked up once per rank: asked at every MoE layer pass)."""
+        found = self._ep_groups.get(rank)
+        if found is None:
+            group = self.layout.ep_group(rank)
+            found = self._ep_groups[rank] = (group, group.index(rank))
+        return found
 
     def _moe_rows_for(self, rank: int, layer: int, mb: int) -> tuple[tuple[int, ...], int, tuple]:
         """``rank``'s EP group, its index ``e`` in it, and its rows in micro-batch ``mb`` of MoE layer ``layer``:
         bytes it sends to each EP peer in the dispatch (owner → experts), in the combine (experts → owners), the
         token slots its experts compute, and under ``moe.dispatch: deepep`` the NVLink forwards out and back."""
-        group = self._ep_group(rank)
-        e = group.index(rank)
+        group, e = self._ep_group(rank)
         draw = (layer, mb if self.routing.draw == "micro_batch" else None)
         rows = self._moe_rows.get((draw, e))  # the same for every EP group (and every micro-batch: draw: layer)
         if rows is None and self.routing.dispatch == "deepep":
@@ -837,10 +854,16 @@ class _StepBuilder:
             # etp = tp: the layer's tokens are routed once per TP group, each TP rank ships its 1/t of them.
             # Expert grid: every rank routes its own sequence-parallel tokens (drawn as b s / t per rank).
             per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
-            rows = self._moe_rows[(draw, e)] = (
-                tuple(float(x) * per_token for x in tokens[e, :]),   # owner → experts
-                tuple(float(x) * per_token for x in tokens[:, e]),   # experts → owners
-                int(tokens[:, e].sum()))                             # token slots this rank's experts compute
+            # Every EP index of the draw at once (each reads its rows of the same matrix). The array product is
+            # each ``float(count) * per_token`` exactly; the column sums are exact for integer counts.
+            scaled = tokens * per_token
+            loads = (tokens.sum(axis=0) if tokens.dtype.kind in "iu" else
+                     np.array([tokens[:, i].sum() for i in range(tokens.shape[1])]))
+            for i, (out, back, load) in enumerate(zip(scaled.tolist(), scaled.T.tolist(), loads.tolist())):
+                self._moe_rows[(draw, i)] = (tuple(out),   # owner → experts
+                                             tuple(back),  # experts → owners
+                                             int(load))    # token slots this rank's experts compute
+            rows = self._moe_rows[(draw, e)]
         return group, e, rows
 
     def emit_moe(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
@@ -977,6 +1000,8 @@ class _StepBuilder:
                  after: Sequence[int] = ()) -> int:
         """The pass's blocking TP collectives after ``last`` on the compute stream; the first also waits for
         ``after`` (the backward's re-gathers)."""
+        if not seg.tp and not after:  # no TP collectives in this pass: nothing to emit
+            return last
         group = self._tp_group(rank)
         for kind in ("all_reduce", "all_gather", "reduce_scatter"):
             count = seg.tp.get(kind, 0)
@@ -1355,7 +1380,7 @@ class _StepBuilder:
         pending.flush(last_op)
         dp_ops = pending.emitted
         tied = self._tied_embedding_sync(rank, stage, last_op)
-        dense, experts = stage_params(self.model, par, stage)
+        dense, experts = self.stage_params(stage)
         holders, expert_holders = len(dp_group), len(pending.expert_group)  # the distributed optimizer's shards
         shard = (dense / holders + experts / expert_holders) if par.zero >= 1 else dense + experts
         fp8_shard = 0.0
@@ -1371,6 +1396,13 @@ class _StepBuilder:
                            category="optimizer", stage=stage)
         if plan.step_gather and len(dp_group) > 1 and not param_gather:
             pending.gather_params(opt_id)
+
+    def stage_params(self, stage: int) -> tuple[float, float]:
+        """:func:`~workloads.memory.stage_params` of ``stage``, made once per stage (every rank asks)."""
+        out = self._stage_params.get(stage)
+        if out is None:
+            out = self._stage_params[stage] = stage_params(self.model, self.par, stage)
+        return out
 
     def grad_group(self, rank: int) -> tuple[int, ...]:
         """The ranks that hold ``rank``'s weights and reduce their gradients together: its DP x CP ranks and,
