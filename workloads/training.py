@@ -381,17 +381,20 @@ class _Segment:
     regather: int = 0
 
 
-def _scale_kernel(op: LayerOp, factor: float, tokens: int) -> Kernel:
-    """``op`` run on ``factor`` times the ``tokens`` it was sized for (the token dimension of a GEMM scales)."""
-    return _scale(op.kernel(), factor, tokens)
-
-
-def _scale(k: Kernel, factor: float, tokens: int) -> Kernel:
-    """Kernel ``k`` run on ``factor`` times the ``tokens`` it was sized for (:func:`_scale_kernel`)."""
+def _scale_kernel(k: Kernel, factor: float, tokens: int) -> Kernel:
+    """Kernel ``k`` run on ``factor`` times the ``tokens`` it was sized for (the token dimension of a GEMM scales)."""
     shape = k.shape
     if shape is not None:
         shape = tuple(max(1, round(d * factor)) if d == tokens else d for d in shape)
     return Kernel(k.category, k.flops * factor, k.nbytes * factor, shape, k.batch)
+
+
+def _column_sums(tokens: np.ndarray) -> list:
+    """Each column's ``tokens[:, j].sum()`` (the token slots EP rank ``j``'s experts compute), in one pass: exact
+    for the integer counts of a routing draw; column by column otherwise, as summed one at a time."""
+    if tokens.dtype.kind in "iu":
+        return tokens.sum(axis=0).tolist()
+    return [tokens[:, j].sum() for j in range(tokens.shape[1])]
 
 
 def _ub_chunk(op: LayerOp, n: int, sm_reserved: int) -> Kernel:
@@ -462,7 +465,7 @@ class _StepBuilder:
         self._etp_groups: dict[int, tuple[int, ...]] = {}
         self._moe_rows: dict[tuple, tuple[tuple[float, ...], tuple[float, ...], int]] = {}
         self._rank_tokens: dict[tuple, np.ndarray] = {}  # draw -> its EP rank matrix (every e's rows read it)
-        self._deepep: dict[tuple, tuple] = {}  # (draw, node pattern) -> deepep_matrices
+        self._deepep: dict[tuple, list] = {}  # (draw, node pattern) -> every EP index's rows (deepep_matrices)
         self._moe_kernels: dict[int, tuple] = {}  # id(segment's MoE split) -> (split, kernels before, after)
         self._end_params: dict[int, float] = {}
         self._stage_params: dict[int, tuple[float, float]] = {}
@@ -474,8 +477,8 @@ class _StepBuilder:
         self._draws: dict[tuple[int, int | None], LayerRouting] = {}
         self.draw_imbalance: dict[tuple[int, int | None], float] = {}
         self._moe_parts: dict[tuple, tuple] = {}
-        self._balanced_experts: dict[int, tuple] = {}  # id(experts list) -> (that list, its balanced kernels)
-        self._balanced_kernels: dict[tuple[Kernel, ...], tuple[Kernel, ...]] = {}  # kept alive: _moe_parts ids
+        # distinct balanced expert kernel sets, one object each (kept alive: _moe_parts keys by their ids)
+        self._balanced_kernels: dict[tuple[Kernel, ...], tuple[Kernel, ...]] = {}
         self._unit_segments: dict[tuple, list[tuple[_Segment, Unit, str]]] = {}
         self._traces: dict[int, tuple[list[list[int]], list[Use], GatherSchedule]] = {}
 
@@ -813,23 +816,18 @@ class _StepBuilder:
                                                                      r.capacity)
         return r
 
-    def _expert_parts(self, layer: int, phase: str, load: int, experts: list[LayerOp]) -> tuple[Kernel, ...]:
-        """Expert kernels of an EP rank that receives ``load`` token slots, scaled from balanced routing
-        (cached by the drawn count: draws that give a rank the same load share the kernels).
+    def _expert_parts(self, balanced: tuple[Kernel, ...], load: int) -> tuple[Kernel, ...]:
+        """Expert kernels of an EP rank that receives ``load`` token slots, scaled from the ``balanced`` routing's
+        kernels (:func:`_scale_kernel`).
 
-        A drawn load seldom repeats within one layer but often across layers, which mostly run the same
-        expert kernels: the cache is keyed by the balanced kernels themselves (equal kernels scale to equal
-        kernels), made once per ``experts`` list (:func:`_scale_kernel`'s ``op.kernel()``)."""
-        base = self._balanced_experts.get(id(experts))
-        if base is None or base[0] is not experts:
-            kernels = tuple(k.kernel() for k in experts)
-            kernels = self._balanced_kernels.setdefault(kernels, kernels)  # one object per distinct set
-            base = self._balanced_experts[id(experts)] = (experts, kernels)
-        key = (id(base[1]), load)
+        Cached by the kernels and the drawn count: draws that give a rank the same load share the kernels. A
+        load seldom repeats within one layer but often across layers, which mostly run equal expert kernels;
+        ``balanced`` is one object per distinct set of them (:meth:`moe_pieces`), so it keys by identity."""
+        key = (id(balanced), load)
         parts = self._moe_parts.get(key)
         if parts is None:
-            balanced = self.par.micro_batch * self.train.seq_len * self.model.top_k
-            parts = self._moe_parts[key] = tuple(_scale(k, load / balanced, balanced) for k in base[1])
+            tokens = self.par.micro_batch * self.train.seq_len * self.model.top_k
+            parts = self._moe_parts[key] = tuple(_scale_kernel(k, load / tokens, tokens) for k in balanced)
         return parts
 
     def _ep_group(self, rank: int) -> tuple[tuple[int, ...], int]:
@@ -857,9 +855,7 @@ class _StepBuilder:
             # Every EP index of the draw at once (each reads its rows of the same matrix). The array product is
             # each ``float(count) * per_token`` exactly; the column sums are exact for integer counts.
             scaled = tokens * per_token
-            loads = (tokens.sum(axis=0) if tokens.dtype.kind in "iu" else
-                     np.array([tokens[:, i].sum() for i in range(tokens.shape[1])]))
-            for i, (out, back, load) in enumerate(zip(scaled.tolist(), scaled.T.tolist(), loads.tolist())):
+            for i, (out, back, load) in enumerate(zip(scaled.tolist(), scaled.T.tolist(), _column_sums(tokens))):
                 self._moe_rows[(draw, i)] = (tuple(out),   # owner → experts
                                              tuple(back),  # experts → owners
                                              int(load))    # token slots this rank's experts compute
@@ -914,7 +910,9 @@ class _StepBuilder:
             load *= self.etp
         kernels = self._moe_kernels.get(id(seg.moe))
         if kernels is None or kernels[0] is not seg.moe:
-            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after),
+            balanced = _kernels(experts)
+            balanced = self._balanced_kernels.setdefault(balanced, balanced)  # one object per distinct set
+            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after), balanced,
                                                         *(_kernels(k) for k in shared))
         tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage, "stream": COMPUTE_STREAM}
         # off the compute stream: the exchanges are waited for explicitly
@@ -933,13 +931,13 @@ class _StepBuilder:
             wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[0], traffic_class="ep",
                                         name=f"{name}.ep_forward", deps=[last], **hop))
         if shared:
-            yield g.compute(rank, parts=kernels[3], name=f"{name}.shared_1", category="gemm", **tags)
+            yield g.compute(rank, parts=kernels[4], name=f"{name}.shared_1", category="gemm", **tags)
         if gather is not None:
             first = g.collective_op(rank, "all_gather", gather, load * self.model.hidden * self.dtype,
                                     name=f"{name}.etp_gather", traffic_class="tp", deps=wait + [first], **a2a)
             wait = [first] if apart else []
-        done = g.compute(rank, parts=self._expert_parts(seg.layer, seg.phase, load, experts), name=f"{name}.experts",
-                         category="gemm", deps=wait, **tags)
+        done = g.compute(rank, parts=self._expert_parts(kernels[3], load), name=f"{name}.experts", category="gemm",
+                         deps=wait, **tags)
         yield done
         if gather is not None:
             done = g.collective_op(rank, "reduce_scatter", gather, load * self.model.hidden * self.dtype,
@@ -952,7 +950,7 @@ class _StepBuilder:
             wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[1], traffic_class="ep",
                                         name=f"{name}.ep_forward_back", deps=[done], **hop))
         if shared:
-            yield g.compute(rank, parts=kernels[4], name=f"{name}.shared_2", category="gemm", **tags)
+            yield g.compute(rank, parts=kernels[5], name=f"{name}.shared_2", category="gemm", **tags)
         return g.compute(rank, parts=kernels[2], name=f"{name}.post", category="gemm", deps=wait, **tags)
 
     def _tokens(self, layer: int, mb: int, draw: tuple) -> np.ndarray:
@@ -971,23 +969,23 @@ class _StepBuilder:
         tokens = self._tokens(layer, mb, draw)
         nodes = [x // self.routing.node_gpus for x in group]
         key = (draw, tuple(x - nodes[0] for x in nodes))  # the matrices read only which ranks share a node
-        matrices = self._deepep.get(key)
-        if matrices is None:
+        per_e = self._deepep.get(key)
+        if per_e is None:
             probs = self.routing.probabilities(experts, layer).reshape(ep, experts // ep).sum(axis=1)
-            matrices = self._deepep[key] = deepep_matrices(tokens, probs, self.model.top_k, nodes,
-                                                           self.routing.max_nodes)
-        first, forward = matrices
-        per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
-        # FP8 training: tokens travel owner -> experts in FP8 with one fp32 scale per 128 elements (DeepEP's
-        # FP8 dispatch; DeepSeek-V3 section 3.3.4 quantizes the activations before the up-projections and the
-        # gradients before the down-projections), back in bf16 (both combines).
-        out_token = per_token * (1 + 4 / 128) / self.dtype if self.fp8 else per_token
-        rows = (tuple(float(x) * out_token for x in first[e, :]), tuple(float(x) * per_token for x in first[:, e]),
-                int(tokens[:, e].sum()))
-        if forward.any():  # an EP group inside one node has nothing to forward
-            rows += (tuple(float(x) * out_token for x in forward[e, :]),
-                     tuple(float(x) * per_token for x in forward[:, e]))
-        self._moe_rows[(draw, e)] = rows
+            first, forward = deepep_matrices(tokens, probs, self.model.top_k, nodes, self.routing.max_nodes)
+            per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
+            # FP8 training: tokens travel owner -> experts in FP8 with one fp32 scale per 128 elements (DeepEP's
+            # FP8 dispatch; DeepSeek-V3 section 3.3.4 quantizes the activations before the up-projections and
+            # the gradients before the down-projections), back in bf16 (both combines).
+            out_token = per_token * (1 + 4 / 128) / self.dtype if self.fp8 else per_token
+            # Every EP index's rows at once, as for the all-to-all (:meth:`_moe_rows_for`): the float64 products
+            # are each ``float(x) * bytes per token`` exactly, the column sums of integer counts exact.
+            tables = [(first * out_token).tolist(), (first.T * per_token).tolist(), _column_sums(tokens)]
+            if forward.any():  # an EP group inside one node has nothing to forward
+                tables += [(forward * out_token).tolist(), (forward.T * per_token).tolist()]
+            per_e = self._deepep[key] = [(tuple(out), tuple(back), int(load), *(tuple(row) for row in more))
+                                         for out, back, load, *more in zip(*tables)]
+        rows = self._moe_rows[(draw, e)] = per_e[e]
         return rows
 
     def _tp_group(self, rank: int) -> tuple[int, ...]:
