@@ -201,9 +201,6 @@ class OpGraph:
                 raise OpGraphError(f"deps: op id {d} does not exist (ops so far: {n})")
         return out
 
-    def _tags(self, traffic_class: str, layer: int, micro_batch: int, stage: int) -> dict:
-        return {"traffic_class": traffic_class, "layer": layer, "micro_batch": micro_batch, "stage": stage}
-
     # --------------------------------------------------------------- builders
     def compute(
         self,
@@ -329,11 +326,11 @@ class OpGraph:
             raise OpGraphError(f"peer: rank {rank} cannot {cls.kind} to itself")
         if nbytes < 0:
             raise OpGraphError(f"nbytes: must be >= 0, got {nbytes}")
-        op = cls(len(self.ops), rank, stream, self._deps(deps), name or cls.kind,
-                 **self._tags(traffic_class, layer, micro_batch, stage), peer=peer, nbytes=float(nbytes),
-                 tag=int(tag))
-        self.ops.append(op)
-        return op.id
+        ops = self.ops
+        n = len(ops)
+        ops.append(cls(n, rank, stream, self._deps(deps), name or cls.kind, traffic_class, layer, micro_batch, stage,
+                       peer, float(nbytes), int(tag)))
+        return n
 
     def send(self, rank: int, peer: int, nbytes: float, *, name: str = "", deps: Iterable[int] = (),
              stream: str = "comm", traffic_class: str = "pp", layer: int = -1, micro_batch: int = -1,
