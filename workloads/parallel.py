@@ -862,10 +862,8 @@ class RankLayout:
         for dim in parallel.rank_order:
             self._stride[dim] = stride
             stride *= parallel.size(dim)
-        # Degrees and coordinates looked up once: a step generator asks for them per op of every rank
-        # (the coordinates of a rank are a few hundred bytes; a 131k-rank layout keeps them all).
+        # the degrees, looked up once: a step generator asks for coordinates and groups at every rank
         self._size = {dim: parallel.size(dim) for dim in COORDS}
-        self._coords: dict[int, RankCoords] = {}
 
     def _check(self, rank: int) -> None:
         if not 0 <= rank < self.world_size:
@@ -873,13 +871,10 @@ class RankLayout:
 
     def coords(self, rank: int) -> RankCoords:
         """The ``(tp, dp, pp)`` coordinates of global ``rank``."""
-        c = self._coords.get(rank)
-        if c is None:
-            self._check(rank)
-            st, size = self._stride, self._size
-            c = self._coords[rank] = RankCoords(tp=rank // st["tp"] % size["tp"], dp=rank // st["dp"] % size["dp"],
-                                                pp=rank // st["pp"] % size["pp"], cp=rank // st["cp"] % size["cp"])
-        return c
+        self._check(rank)
+        st, size = self._stride, self._size
+        return RankCoords(tp=rank // st["tp"] % size["tp"], dp=rank // st["dp"] % size["dp"],
+                          pp=rank // st["pp"] % size["pp"], cp=rank // st["cp"] % size["cp"])
 
     def rank(self, tp: int = 0, dp: int = 0, pp: int = 0, cp: int = 0) -> int:
         """The global rank at coordinates ``(tp, dp, pp, cp)``."""
