@@ -441,6 +441,8 @@ class _StepBuilder:
         self._chunk_layers: dict[tuple[int, int], list[int]] = {}
         self._cp_groups: dict[int, tuple[int, ...]] = {}
         self._fp8_weights: dict[tuple[int, int], tuple[float, float]] = {}
+        self._fp8_gemms: dict[tuple[int, int], int] = {}  # (stage, chunk) -> its FP8 GEMMs (amax entries)
+        self._node_patterns: dict[tuple[int, ...], tuple[list[int], tuple[int, ...]]] = {}  # EP group -> nodes
         self._param_buckets: dict[tuple[int, int], tuple[list[float], list[int], list[int]]] = {}
         self.plan = sharding_plan(parallel, training.dtype, options.grad_dtype_bytes)
         self.grad_bytes = self.plan.grad_bytes
@@ -967,8 +969,12 @@ class _StepBuilder:
         ep, experts = self.par.ep, self.model.experts
         draw = (layer, mb if self.routing.draw == "micro_batch" else None)
         tokens = self._tokens(layer, mb, draw)
-        nodes = [x // self.routing.node_gpus for x in group]
-        key = (draw, tuple(x - nodes[0] for x in nodes))  # the matrices read only which ranks share a node
+        found = self._node_patterns.get(group)
+        if found is None:
+            nodes = [x // self.routing.node_gpus for x in group]
+            found = self._node_patterns[group] = (nodes, tuple(x - nodes[0] for x in nodes))
+        nodes, pattern = found
+        key = (draw, pattern)  # the matrices read only which ranks share a node
         per_e = self._deepep.get(key)
         if per_e is None:
             probs = self.routing.probabilities(experts, layer).reshape(ep, experts // ep).sum(axis=1)
@@ -1647,7 +1653,10 @@ class _StepBuilder:
 
     def _fp8_amax(self, rank: int, a: PipeAction, stage: int, after: int) -> int:
         """The amax all-reduce of one chunk's forward or backward and the scale update after it."""
-        gemms = sum(fp8_gemm_modules(self.model, i, self.par.ep) for i in self.chunk_layers(stage, a.chunk))
+        gemms = self._fp8_gemms.get((stage, a.chunk))
+        if gemms is None:  # the same for every rank and action of the chunk
+            gemms = self._fp8_gemms[(stage, a.chunk)] = sum(fp8_gemm_modules(self.model, i, self.par.ep)
+                                                            for i in self.chunk_layers(stage, a.chunk))
         entries = gemms * FP8_AMAX_ENTRIES[0 if a.phase == "F" else 1]
         name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
         last = after
