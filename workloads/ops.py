@@ -201,9 +201,6 @@ class OpGraph:
                 raise OpGraphError(f"deps: op id {d} does not exist (ops so far: {n})")
         return out
 
-    def _tags(self, traffic_class: str, layer: int, micro_batch: int, stage: int) -> dict:
-        return {"traffic_class": traffic_class, "layer": layer, "micro_batch": micro_batch, "stage": stage}
-
     # --------------------------------------------------------------- builders
     def compute(
         self,
@@ -224,7 +221,8 @@ class OpGraph:
         stage: int = -1,
     ) -> int:
         """Append a :class:`Compute` op on ``rank``; return its id."""
-        self._check_rank(rank)
+        if not 0 <= rank < self.world_size:
+            self._check_rank(rank)
         if flops < 0 or nbytes < 0:
             raise OpGraphError(f"compute {name!r}: flops and nbytes must be >= 0, got {flops}, {nbytes}")
         if category not in COMPUTE_CATEGORIES:
@@ -238,12 +236,12 @@ class OpGraph:
                 cached = self._part_totals[id(parts)] = (parts, sum(k.flops for k in parts),
                                                          sum(k.nbytes for k in parts))
             flops, nbytes = cached[1], cached[2]
-        op = Compute(len(self.ops), rank, stream, self._deps(deps), name,
-                     **self._tags(traffic_class, layer, micro_batch, stage),
-                     flops=float(flops), nbytes=float(nbytes), category=category,
-                     shape=shape, duration_s=duration_s, parts=parts)
-        self.ops.append(op)
-        return op.id
+        ops = self.ops
+        n = len(ops)
+        # positional, in field order (Op's, then Compute's): the builders run once per op of every rank
+        ops.append(Compute(n, rank, stream, self._deps(deps), name, traffic_class, layer, micro_batch, stage,
+                           float(flops), float(nbytes), category, shape, duration_s, parts))
+        return n
 
     def collective_op(
         self,
@@ -264,7 +262,8 @@ class OpGraph:
         stage: int = -1,
     ) -> int:
         """Append one member's :class:`Collective` op; return its id."""
-        self._check_rank(rank)
+        if not 0 <= rank < self.world_size:
+            self._check_rank(rank)
         if collective not in COLLECTIVE_KINDS:
             raise OpGraphError(f"collective: {collective!r} unknown; valid: {', '.join(COLLECTIVE_KINDS)}")
         grp = tuple(group)
@@ -288,19 +287,19 @@ class OpGraph:
                 split, nbytes = checked[1], checked[2]  # the same tuple again (a generator's cached row)
             else:
                 given = split
-                split = tuple(float(x) for x in split)
-                if len(split) != len(grp) or any(x < 0 for x in split):
+                split = tuple(map(float, split))
+                # (0.0).__gt__ is ``x < 0`` per size, run in C: MoE steps check tens of thousands of rows
+                if len(split) != len(grp) or any(map((0.0).__gt__, split)):
                     raise OpGraphError(f"split: need {len(grp)} non-negative sizes (one per group member), "
                                        f"got {split}")
                 nbytes = sum(split)
                 if isinstance(given, tuple):
                     self._valid_splits[id(given)] = (given, split, nbytes)
-        op = Collective(len(self.ops), rank, stream, self._deps(deps), name or collective,
-                        **self._tags(traffic_class, layer, micro_batch, stage),
-                        collective=collective, group=grp, nbytes=float(nbytes), algorithm=algorithm,
-                        count=int(count), split=split)
-        self.ops.append(op)
-        return op.id
+        ops = self.ops
+        n = len(ops)
+        ops.append(Collective(n, rank, stream, self._deps(deps), name or collective, traffic_class, layer,
+                              micro_batch, stage, collective, grp, float(nbytes), algorithm, int(count), split))
+        return n
 
     def collective(
         self,
@@ -327,11 +326,11 @@ class OpGraph:
             raise OpGraphError(f"peer: rank {rank} cannot {cls.kind} to itself")
         if nbytes < 0:
             raise OpGraphError(f"nbytes: must be >= 0, got {nbytes}")
-        op = cls(len(self.ops), rank, stream, self._deps(deps), name or cls.kind,
-                 **self._tags(traffic_class, layer, micro_batch, stage), peer=peer, nbytes=float(nbytes),
-                 tag=int(tag))
-        self.ops.append(op)
-        return op.id
+        ops = self.ops
+        n = len(ops)
+        ops.append(cls(n, rank, stream, self._deps(deps), name or cls.kind, traffic_class, layer, micro_batch, stage,
+                       peer, float(nbytes), int(tag)))
+        return n
 
     def send(self, rank: int, peer: int, nbytes: float, *, name: str = "", deps: Iterable[int] = (),
              stream: str = "comm", traffic_class: str = "pp", layer: int = -1, micro_batch: int = -1,

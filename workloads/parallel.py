@@ -862,6 +862,8 @@ class RankLayout:
         for dim in parallel.rank_order:
             self._stride[dim] = stride
             stride *= parallel.size(dim)
+        # the degrees, looked up once: a step generator asks for coordinates and groups at every rank
+        self._size = {dim: parallel.size(dim) for dim in COORDS}
 
     def _check(self, rank: int) -> None:
         if not 0 <= rank < self.world_size:
@@ -870,25 +872,27 @@ class RankLayout:
     def coords(self, rank: int) -> RankCoords:
         """The ``(tp, dp, pp)`` coordinates of global ``rank``."""
         self._check(rank)
-        c = {d: (rank // self._stride[d]) % self.parallel.size(d) for d in COORDS}
-        return RankCoords(**c)
+        st, size = self._stride, self._size
+        return RankCoords(tp=rank // st["tp"] % size["tp"], dp=rank // st["dp"] % size["dp"],
+                          pp=rank // st["pp"] % size["pp"], cp=rank // st["cp"] % size["cp"])
 
     def rank(self, tp: int = 0, dp: int = 0, pp: int = 0, cp: int = 0) -> int:
         """The global rank at coordinates ``(tp, dp, pp, cp)``."""
-        r = 0
-        for dim, value in (("tp", tp), ("dp", dp), ("pp", pp), ("cp", cp)):
-            if not 0 <= value < self.parallel.size(dim):
-                raise ConfigError(f"{dim}: {value} is outside 0..{self.parallel.size(dim) - 1}")
-            r += value * self._stride[dim]
-        return r
+        size, st = self._size, self._stride
+        if not (0 <= tp < size["tp"] and 0 <= dp < size["dp"] and 0 <= pp < size["pp"] and 0 <= cp < size["cp"]):
+            for dim, value in (("tp", tp), ("dp", dp), ("pp", pp), ("cp", cp)):
+                if not 0 <= value < size[dim]:
+                    raise ConfigError(f"{dim}: {value} is outside 0..{size[dim] - 1}")
+        return tp * st["tp"] + dp * st["dp"] + pp * st["pp"] + cp * st["cp"]
 
     def _along(self, rank: int, dim: str, indices: range | Sequence[int]) -> tuple[int, ...]:
-        c = self.coords(rank)._asdict()
-        out = []
+        """The ranks with ``rank``'s coordinates but index ``i`` along ``dim``, for each of ``indices``."""
+        stride, size = self._stride[dim], self._size[dim]
+        base = rank - getattr(self.coords(rank), dim) * stride
         for i in indices:
-            c[dim] = i
-            out.append(self.rank(**c))
-        return tuple(out)
+            if not 0 <= i < size:
+                raise ConfigError(f"{dim}: {i} is outside 0..{size - 1}")
+        return tuple(base + i * stride for i in indices)
 
     def tp_group(self, rank: int) -> tuple[int, ...]:
         """Ranks sharing ``rank``'s DP and PP coordinates, by TP index."""

@@ -381,13 +381,20 @@ class _Segment:
     regather: int = 0
 
 
-def _scale_kernel(op: LayerOp, factor: float, tokens: int) -> Kernel:
-    """``op`` run on ``factor`` times the ``tokens`` it was sized for (the token dimension of a GEMM scales)."""
-    k = op.kernel()
+def _scale_kernel(k: Kernel, factor: float, tokens: int) -> Kernel:
+    """Kernel ``k`` run on ``factor`` times the ``tokens`` it was sized for (the token dimension of a GEMM scales)."""
     shape = k.shape
     if shape is not None:
         shape = tuple(max(1, round(d * factor)) if d == tokens else d for d in shape)
     return Kernel(k.category, k.flops * factor, k.nbytes * factor, shape, k.batch)
+
+
+def _column_sums(tokens: np.ndarray) -> list:
+    """Each column's ``tokens[:, j].sum()`` (the token slots EP rank ``j``'s experts compute), in one pass: exact
+    for the integer counts of a routing draw; column by column otherwise, as summed one at a time."""
+    if tokens.dtype.kind in "iu":
+        return tokens.sum(axis=0).tolist()
+    return [tokens[:, j].sum() for j in range(tokens.shape[1])]
 
 
 def _ub_chunk(op: LayerOp, n: int, sm_reserved: int) -> Kernel:
@@ -434,6 +441,8 @@ class _StepBuilder:
         self._chunk_layers: dict[tuple[int, int], list[int]] = {}
         self._cp_groups: dict[int, tuple[int, ...]] = {}
         self._fp8_weights: dict[tuple[int, int], tuple[float, float]] = {}
+        self._fp8_gemms: dict[tuple[int, int], int] = {}  # (stage, chunk) -> its FP8 GEMMs (amax entries)
+        self._node_patterns: dict[tuple[int, ...], tuple[list[int], tuple[int, ...]]] = {}  # EP group -> nodes
         self._param_buckets: dict[tuple[int, int], tuple[list[float], list[int], list[int]]] = {}
         self.plan = sharding_plan(parallel, training.dtype, options.grad_dtype_bytes)
         self.grad_bytes = self.plan.grad_bytes
@@ -454,13 +463,14 @@ class _StepBuilder:
         self.split_keys = [{(a.micro_batch, a.chunk) for a in acts if a.phase == "W"} for acts in self.schedules]
         self._segments_cache: dict[tuple, list[_Segment]] = {}
         self._tp_groups: dict[int, tuple[int, ...]] = {}
-        self._ep_groups: dict[int, tuple[int, ...]] = {}
+        self._ep_groups: dict[int, tuple[tuple[int, ...], int]] = {}
         self._etp_groups: dict[int, tuple[int, ...]] = {}
         self._moe_rows: dict[tuple, tuple[tuple[float, ...], tuple[float, ...], int]] = {}
         self._rank_tokens: dict[tuple, np.ndarray] = {}  # draw -> its EP rank matrix (every e's rows read it)
-        self._deepep: dict[tuple, tuple] = {}  # (draw, node pattern) -> deepep_matrices
+        self._deepep: dict[tuple, list] = {}  # (draw, node pattern) -> every EP index's rows (deepep_matrices)
         self._moe_kernels: dict[int, tuple] = {}  # id(segment's MoE split) -> (split, kernels before, after)
         self._end_params: dict[int, float] = {}
+        self._stage_params: dict[int, tuple[float, float]] = {}
         self.routing = routing or RoutingModel()
         self.expert_parallel = model.is_moe and parallel.ep > 1
         self.etp = parallel.expert_tp
@@ -469,6 +479,8 @@ class _StepBuilder:
         self._draws: dict[tuple[int, int | None], LayerRouting] = {}
         self.draw_imbalance: dict[tuple[int, int | None], float] = {}
         self._moe_parts: dict[tuple, tuple] = {}
+        # distinct balanced expert kernel sets, one object each (kept alive: _moe_parts keys by their ids)
+        self._balanced_kernels: dict[tuple[Kernel, ...], tuple[Kernel, ...]] = {}
         self._unit_segments: dict[tuple, list[tuple[_Segment, Unit, str]]] = {}
         self._traces: dict[int, tuple[list[list[int]], list[Use], GatherSchedule]] = {}
 
@@ -806,28 +818,33 @@ class _StepBuilder:
                                                                      r.capacity)
         return r
 
-    def _expert_parts(self, layer: int, phase: str, load: int, experts: list[LayerOp]) -> tuple[Kernel, ...]:
-        """Expert kernels of an EP rank that receives ``load`` token slots, scaled from balanced routing
-        (cached by the drawn count: draws that give a rank the same load share the kernels)."""
-        key = (layer, phase, load)
+    def _expert_parts(self, balanced: tuple[Kernel, ...], load: int) -> tuple[Kernel, ...]:
+        """Expert kernels of an EP rank that receives ``load`` token slots, scaled from the ``balanced`` routing's
+        kernels (:func:`_scale_kernel`).
+
+        Cached by the kernels and the drawn count: draws that give a rank the same load share the kernels. A
+        load seldom repeats within one layer but often across layers, which mostly run equal expert kernels;
+        ``balanced`` is one object per distinct set of them (:meth:`moe_pieces`), so it keys by identity."""
+        key = (id(balanced), load)
         parts = self._moe_parts.get(key)
         if parts is None:
-            balanced = self.par.micro_batch * self.train.seq_len * self.model.top_k
-            parts = self._moe_parts[key] = tuple(_scale_kernel(k, load / balanced, balanced) for k in experts)
+            tokens = self.par.micro_batch * self.train.seq_len * self.model.top_k
+            parts = self._moe_parts[key] = tuple(_scale_kernel(k, load / tokens, tokens) for k in balanced)
         return parts
 
-    def _ep_group(self, rank: int) -> tuple[int, ...]:
-        group = self._ep_groups.get(rank)
-        if group is None:
-            group = self._ep_groups[rank] = self.layout.ep_group(rank)
-        return group
+    def _ep_group(self, rank: int) -> tuple[tuple[int, ...], int]:
+        """``rank``'s EP group and its index in it (looked up once per rank: asked at every MoE layer pass)."""
+        found = self._ep_groups.get(rank)
+        if found is None:
+            group = self.layout.ep_group(rank)
+            found = self._ep_groups[rank] = (group, group.index(rank))
+        return found
 
     def _moe_rows_for(self, rank: int, layer: int, mb: int) -> tuple[tuple[int, ...], int, tuple]:
         """``rank``'s EP group, its index ``e`` in it, and its rows in micro-batch ``mb`` of MoE layer ``layer``:
         bytes it sends to each EP peer in the dispatch (owner → experts), in the combine (experts → owners), the
         token slots its experts compute, and under ``moe.dispatch: deepep`` the NVLink forwards out and back."""
-        group = self._ep_group(rank)
-        e = group.index(rank)
+        group, e = self._ep_group(rank)
         draw = (layer, mb if self.routing.draw == "micro_batch" else None)
         rows = self._moe_rows.get((draw, e))  # the same for every EP group (and every micro-batch: draw: layer)
         if rows is None and self.routing.dispatch == "deepep":
@@ -837,10 +854,14 @@ class _StepBuilder:
             # etp = tp: the layer's tokens are routed once per TP group, each TP rank ships its 1/t of them.
             # Expert grid: every rank routes its own sequence-parallel tokens (drawn as b s / t per rank).
             per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
-            rows = self._moe_rows[(draw, e)] = (
-                tuple(float(x) * per_token for x in tokens[e, :]),   # owner → experts
-                tuple(float(x) * per_token for x in tokens[:, e]),   # experts → owners
-                int(tokens[:, e].sum()))                             # token slots this rank's experts compute
+            # Every EP index of the draw at once (each reads its rows of the same matrix). The array product is
+            # each ``float(count) * per_token`` exactly; the column sums are exact for integer counts.
+            scaled = tokens * per_token
+            for i, (out, back, load) in enumerate(zip(scaled.tolist(), scaled.T.tolist(), _column_sums(tokens))):
+                self._moe_rows[(draw, i)] = (tuple(out),   # owner → experts
+                                             tuple(back),  # experts → owners
+                                             int(load))    # token slots this rank's experts compute
+            rows = self._moe_rows[(draw, e)]
         return group, e, rows
 
     def emit_moe(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
@@ -891,7 +912,9 @@ class _StepBuilder:
             load *= self.etp
         kernels = self._moe_kernels.get(id(seg.moe))
         if kernels is None or kernels[0] is not seg.moe:
-            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after),
+            balanced = _kernels(experts)
+            balanced = self._balanced_kernels.setdefault(balanced, balanced)  # one object per distinct set
+            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after), balanced,
                                                         *(_kernels(k) for k in shared))
         tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage, "stream": COMPUTE_STREAM}
         # off the compute stream: the exchanges are waited for explicitly
@@ -910,13 +933,13 @@ class _StepBuilder:
             wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[0], traffic_class="ep",
                                         name=f"{name}.ep_forward", deps=[last], **hop))
         if shared:
-            yield g.compute(rank, parts=kernels[3], name=f"{name}.shared_1", category="gemm", **tags)
+            yield g.compute(rank, parts=kernels[4], name=f"{name}.shared_1", category="gemm", **tags)
         if gather is not None:
             first = g.collective_op(rank, "all_gather", gather, load * self.model.hidden * self.dtype,
                                     name=f"{name}.etp_gather", traffic_class="tp", deps=wait + [first], **a2a)
             wait = [first] if apart else []
-        done = g.compute(rank, parts=self._expert_parts(seg.layer, seg.phase, load, experts), name=f"{name}.experts",
-                         category="gemm", deps=wait, **tags)
+        done = g.compute(rank, parts=self._expert_parts(kernels[3], load), name=f"{name}.experts", category="gemm",
+                         deps=wait, **tags)
         yield done
         if gather is not None:
             done = g.collective_op(rank, "reduce_scatter", gather, load * self.model.hidden * self.dtype,
@@ -929,7 +952,7 @@ class _StepBuilder:
             wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[1], traffic_class="ep",
                                         name=f"{name}.ep_forward_back", deps=[done], **hop))
         if shared:
-            yield g.compute(rank, parts=kernels[4], name=f"{name}.shared_2", category="gemm", **tags)
+            yield g.compute(rank, parts=kernels[5], name=f"{name}.shared_2", category="gemm", **tags)
         return g.compute(rank, parts=kernels[2], name=f"{name}.post", category="gemm", deps=wait, **tags)
 
     def _tokens(self, layer: int, mb: int, draw: tuple) -> np.ndarray:
@@ -946,25 +969,29 @@ class _StepBuilder:
         ep, experts = self.par.ep, self.model.experts
         draw = (layer, mb if self.routing.draw == "micro_batch" else None)
         tokens = self._tokens(layer, mb, draw)
-        nodes = [x // self.routing.node_gpus for x in group]
-        key = (draw, tuple(x - nodes[0] for x in nodes))  # the matrices read only which ranks share a node
-        matrices = self._deepep.get(key)
-        if matrices is None:
+        found = self._node_patterns.get(group)
+        if found is None:
+            nodes = [x // self.routing.node_gpus for x in group]
+            found = self._node_patterns[group] = (nodes, tuple(x - nodes[0] for x in nodes))
+        nodes, pattern = found
+        key = (draw, pattern)  # the matrices read only which ranks share a node
+        per_e = self._deepep.get(key)
+        if per_e is None:
             probs = self.routing.probabilities(experts, layer).reshape(ep, experts // ep).sum(axis=1)
-            matrices = self._deepep[key] = deepep_matrices(tokens, probs, self.model.top_k, nodes,
-                                                           self.routing.max_nodes)
-        first, forward = matrices
-        per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
-        # FP8 training: tokens travel owner -> experts in FP8 with one fp32 scale per 128 elements (DeepEP's
-        # FP8 dispatch; DeepSeek-V3 section 3.3.4 quantizes the activations before the up-projections and the
-        # gradients before the down-projections), back in bf16 (both combines).
-        out_token = per_token * (1 + 4 / 128) / self.dtype if self.fp8 else per_token
-        rows = (tuple(float(x) * out_token for x in first[e, :]), tuple(float(x) * per_token for x in first[:, e]),
-                int(tokens[:, e].sum()))
-        if forward.any():  # an EP group inside one node has nothing to forward
-            rows += (tuple(float(x) * out_token for x in forward[e, :]),
-                     tuple(float(x) * per_token for x in forward[:, e]))
-        self._moe_rows[(draw, e)] = rows
+            first, forward = deepep_matrices(tokens, probs, self.model.top_k, nodes, self.routing.max_nodes)
+            per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
+            # FP8 training: tokens travel owner -> experts in FP8 with one fp32 scale per 128 elements (DeepEP's
+            # FP8 dispatch; DeepSeek-V3 section 3.3.4 quantizes the activations before the up-projections and
+            # the gradients before the down-projections), back in bf16 (both combines).
+            out_token = per_token * (1 + 4 / 128) / self.dtype if self.fp8 else per_token
+            # Every EP index's rows at once, as for the all-to-all (:meth:`_moe_rows_for`): the float64 products
+            # are each ``float(x) * bytes per token`` exactly, the column sums of integer counts exact.
+            tables = [(first * out_token).tolist(), (first.T * per_token).tolist(), _column_sums(tokens)]
+            if forward.any():  # an EP group inside one node has nothing to forward
+                tables += [(forward * out_token).tolist(), (forward.T * per_token).tolist()]
+            per_e = self._deepep[key] = [(tuple(out), tuple(back), int(load), *(tuple(row) for row in more))
+                                         for out, back, load, *more in zip(*tables)]
+        rows = self._moe_rows[(draw, e)] = per_e[e]
         return rows
 
     def _tp_group(self, rank: int) -> tuple[int, ...]:
@@ -977,6 +1004,8 @@ class _StepBuilder:
                  after: Sequence[int] = ()) -> int:
         """The pass's blocking TP collectives after ``last`` on the compute stream; the first also waits for
         ``after`` (the backward's re-gathers)."""
+        if not seg.tp and not after:  # no TP collectives in this pass: nothing to emit
+            return last
         group = self._tp_group(rank)
         for kind in ("all_reduce", "all_gather", "reduce_scatter"):
             count = seg.tp.get(kind, 0)
@@ -1355,7 +1384,7 @@ class _StepBuilder:
         pending.flush(last_op)
         dp_ops = pending.emitted
         tied = self._tied_embedding_sync(rank, stage, last_op)
-        dense, experts = stage_params(self.model, par, stage)
+        dense, experts = self.stage_params(stage)
         holders, expert_holders = len(dp_group), len(pending.expert_group)  # the distributed optimizer's shards
         shard = (dense / holders + experts / expert_holders) if par.zero >= 1 else dense + experts
         fp8_shard = 0.0
@@ -1371,6 +1400,13 @@ class _StepBuilder:
                            category="optimizer", stage=stage)
         if plan.step_gather and len(dp_group) > 1 and not param_gather:
             pending.gather_params(opt_id)
+
+    def stage_params(self, stage: int) -> tuple[float, float]:
+        """:func:`~workloads.memory.stage_params` of ``stage``, made once per stage (every rank asks)."""
+        out = self._stage_params.get(stage)
+        if out is None:
+            out = self._stage_params[stage] = stage_params(self.model, self.par, stage)
+        return out
 
     def grad_group(self, rank: int) -> tuple[int, ...]:
         """The ranks that hold ``rank``'s weights and reduce their gradients together: its DP x CP ranks and,
@@ -1617,7 +1653,10 @@ class _StepBuilder:
 
     def _fp8_amax(self, rank: int, a: PipeAction, stage: int, after: int) -> int:
         """The amax all-reduce of one chunk's forward or backward and the scale update after it."""
-        gemms = sum(fp8_gemm_modules(self.model, i, self.par.ep) for i in self.chunk_layers(stage, a.chunk))
+        gemms = self._fp8_gemms.get((stage, a.chunk))
+        if gemms is None:  # the same for every rank and action of the chunk
+            gemms = self._fp8_gemms[(stage, a.chunk)] = sum(fp8_gemm_modules(self.model, i, self.par.ep)
+                                                            for i in self.chunk_layers(stage, a.chunk))
         entries = gemms * FP8_AMAX_ENTRIES[0 if a.phase == "F" else 1]
         name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
         last = after
