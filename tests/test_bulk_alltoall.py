@@ -144,11 +144,35 @@ def test_a_size_sweep_plans_a_uniform_all_to_all_once_per_protocol(monkeypatch):
     import simulator.bulk_alltoall as bulk
 
     planned = []
-    plan = bulk._plan
-    monkeypatch.setattr(bulk, "_plan", lambda *args: planned.append(1) or plan(*args))
+    layout = bulk._layout
+    monkeypatch.setattr(bulk, "_layout", lambda *args, **kw: planned.append(1) or layout(*args, **kw))
     cluster = leaf_spine("H100", **TWO_PER_LEAF)
     times = [_run(cluster, _graph(32, size), "bulk")[0].step_time_s for size in (2**24, 2**26, 2**28)]
     assert len(planned) == 1  # Simple protocol throughout (chunks > 16 KiB)
     fresh = [_run(leaf_spine("H100", **TWO_PER_LEAF), _graph(32, size), "bulk")[0].step_time_s
              for size in (2**24, 2**26, 2**28)]
     assert times == fresh and len(planned) == 4  # a new cluster (graph) is planned afresh
+
+
+
+def test_an_alltoallv_layout_is_kept_per_group_and_weighted_by_each_calls_sizes(monkeypatch):
+    # Two alltoallvs over one group, one after the other in one step, with the same senders but other sizes:
+    # laid out once, and each moves its own bytes and takes its own time, as each does alone on a fresh cluster.
+    import simulator.bulk_alltoall as bulk
+    from workloads.ops import OpGraph
+
+    laid_out = []
+    layout = bulk._layout
+    monkeypatch.setattr(bulk, "_layout", lambda *args, **kw: laid_out.append(1) or layout(*args, **kw))
+    a, b = _zipf_matrix(16, 256, 1.0, seed=1), _zipf_matrix(16, 256, 0.3, seed=2)
+    assert (a > 0).all() and (b > 0).all() and not np.array_equal(a, b)  # premise: same senders
+    g = OpGraph(16)
+    for m in (a, b):
+        for i in range(16):
+            g.collective_op(i, "all_to_all", list(range(16)), 0, split=tuple(m[i]), traffic_class="ep")
+    both, fabric = _run(leaf_spine("H100", **TWO_PER_LEAF), g, "bulk")
+    assert len(laid_out) == 1
+    alone = [_run(leaf_spine("H100", **TWO_PER_LEAF), _graph(16, matrix=m), "bulk") for m in (a, b)]
+    assert both.step_time_s == pytest.approx(alone[0][0].step_time_s + alone[1][0].step_time_s, rel=1e-12)
+    expected = alone[0][1].network.ledger.bytes + alone[1][1].network.ledger.bytes
+    assert fabric.network.ledger.bytes == pytest.approx(expected, rel=1e-12, abs=1e-3)
