@@ -291,3 +291,21 @@ def _routed(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarra
             yield i, k, block, phys
         elif keep.any():
             yield i[keep], k[keep], block[keep], phys[keep]
+
+
+SLOW_ALLTOALLV_RANKS = 32
+"""EP groups from this size make ``grouped`` alltoallvs slow: one flow per GPU pair (992 per exchange at 32
+ranks, 4,032 at 64; a 64-rank Zipf alltoallv takes ~20 s of CPU, a DeepSeek-style EP64 step over 1,024 GPUs
+did not finish in 10 minutes)."""
+
+
+def slow_alltoallv_note(ep: int, mode: str, routing: str, is_moe: bool) -> str | None:
+    """A one-line note for a user about to simulate MoE exchanges that will take long (EP groups of at least
+    :data:`SLOW_ALLTOALLV_RANKS` ranks, routing that makes their sizes unequal, a network mode that runs one
+    flow per GPU pair for them), naming the knob that makes them fast and its cost; None otherwise."""
+    if not is_moe or ep < SLOW_ALLTOALLV_RANKS or routing == "balanced" or mode == "bulk":
+        return None
+    return (f"EP-{ep} all-to-alls of unequal sizes run as one flow per GPU pair ({ep * (ep - 1):,} per exchange, "
+            f"network.all_to_all: {mode}), which can take many minutes; network.all_to_all: bulk runs each as at "
+            f"most 4 flows (optimistic by 0.1-0.8% of step time on the MoE steps measured; docs/DESIGN.md, "
+            f"'Bulk all-to-all')")

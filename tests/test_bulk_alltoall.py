@@ -176,3 +176,37 @@ def test_an_alltoallv_layout_is_kept_per_group_and_weighted_by_each_calls_sizes(
     assert both.step_time_s == pytest.approx(alone[0][0].step_time_s + alone[1][0].step_time_s, rel=1e-12)
     expected = alone[0][1].network.ledger.bytes + alone[1][1].network.ledger.bytes
     assert fabric.network.ledger.bytes == pytest.approx(expected, rel=1e-12, abs=1e-3)
+
+
+@pytest.mark.parametrize("ep, mode, routing, moe, noted", [
+    (64, "auto", "zipf", True, True), (32, "grouped", "uniform", True, True), (64, "per_pair", "zipf", True, True),
+    (16, "auto", "zipf", True, False),      # small EP groups: one flow per pair is cheap
+    (64, "bulk", "zipf", True, False),      # already at most 4 flows per exchange
+    (64, "auto", "balanced", True, False),  # equal sizes: grouped merges them into waves
+    (64, "auto", "zipf", False, False)])
+def test_a_note_names_the_knob_when_moe_exchanges_will_take_long(ep, mode, routing, moe, noted):
+    from simulator.bulk_alltoall import slow_alltoallv_note
+
+    note = slow_alltoallv_note(ep, mode, routing, moe)
+    assert (note is not None) == noted
+    if noted:
+        assert f"{ep * (ep - 1):,} per exchange" in note and "network.all_to_all: bulk" in note and "\n" not in note
+
+
+def test_clustersim_run_prints_the_note_on_stderr_before_simulating(tmp_path, monkeypatch, capsys):
+    import simulator.bulk_alltoall as bulk
+    from simulator.cli import main
+
+    monkeypatch.setattr(bulk, "SLOW_ALLTOALLV_RANKS", 4)  # so that a 4-GPU EP group counts
+    path = tmp_path / "moe.yaml"
+    path.write_text("""
+cluster: {preset: dgx-h100, nodes: 1, gpus_per_node: 4}
+model: {name: tiny-moe, layers: 2, hidden: 256, heads: 4, kv_heads: 4, ffn_hidden: 1024, vocab: 1000,
+        gated_mlp: true, tied_embeddings: false, experts: 4, top_k: 2, moe_ffn_hidden: 256, max_seq_len: 256}
+parallel: {tp: 1, pp: 1, dp: 4, ep: 4, micro_batch: 1, global_batch: 4}
+training: {seq_len: 256}
+moe: {routing: zipf}
+""")
+    assert main(["run", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("clustersim: note: EP-4 all-to-alls") == 1 and "12 per exchange" in err
