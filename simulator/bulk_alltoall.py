@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from .collectives import remote_rounds
 from .nccl import BANDWIDTH_FACTOR, p2p_protocol, step_latencies
 
 BULK_OFFSETS_PER_BLOCK = 1 << 22  # transfers routed per array pass (bounds the memory of one pass)
@@ -81,9 +82,10 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     send nothing); a flow then moves its largest member's bytes and weights each member's links by its
     bytes over that largest, so every member moves its own bytes and all finish together (as
     ``proportional`` waves do). Latencies follow :meth:`simulator.fabric.Fabric._latency` for the staggered direct
-    plan (:func:`simulator.collectives.plan_direct` with ``stagger``): the base latency once, then for the
-    transfer to the ``k``-th peer ``k`` steps, those crossing servers at the network's step latency, each
-    step at least its route's own link latency. The links arrays are registered with the fabric's
+    plan (:func:`simulator.collectives.plan_direct` with ``stagger``): the base latency once, then one step
+    for a transfer inside a server and, for the transfer to the ``r``-th peer on another server, a network
+    step and ``r - 1`` intra-server steps (the proxy posts network messages one after another), each step
+    at least its route's own link latency. The links arrays are registered with the fabric's
     network (:meth:`~simulator.network.FlowNetwork.declare`: weights and member counts) and its
     ``pairs_of`` (an :class:`AllToAllPairs`)."""
     n = len(group)
@@ -100,9 +102,10 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     chunk = nbytes / n if sizes is None else float(sizes.max())
     servers = np.asarray(fabric._servers, dtype=np.int32)[members]
     nccl = fabric.config.nccl_latency
-    protocol = p2p_protocol(chunk) if nccl else "Simple"
+    spans = bool((servers != servers[0]).any())
+    protocol = p2p_protocol(chunk, spans) if nccl else "Simple"
     if nccl:
-        base, intra, inter = step_latencies("direct", protocol, bool((servers != servers[0]).any()))
+        base, intra, inter = step_latencies("direct", protocol, spans)
     else:
         base, intra, inter = 0.0, fabric.config.step_latency_s, fabric.config.step_latency_s
     factor = BANDWIDTH_FACTOR[protocol]
@@ -166,15 +169,18 @@ def _layout(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarra
     offsets = np.arange(n, dtype=np.int32)
     num_links = len(fabric.capacity)
 
-    # cross[i, k]: member i's k-th peer sits on another server; remote[i, k]: how many of its first k do.
+    # cross[i, k]: member i's k-th peer sits on another server; remote[i, k]: that transfer's place among i's
+    # transfers to other servers in NCCL's order of rounds
     cross = servers[peer] != servers[:, None]
-    remote = np.cumsum(cross, axis=1, dtype=np.int32)
-    # tail[i, k]: the transfer is member i's last of its class (the largest offset k >= 1 of that class)
+    remote = remote_rounds(servers, peer)
+    # tail[i, k]: the transfer is member i's last of its class to start: its last remote peer in NCCL's order
+    # of rounds (the largest place), or its peer in the server at the largest offset (they start together)
     rows = np.arange(n)
     tail = np.zeros((n, n), dtype=bool)
-    for of_class in (cross, ~cross):
-        lastk = np.where(of_class & sends, offsets, -1).max(axis=1)
-        has = lastk > 0
+    for of_class, order in ((cross, remote), (~cross, offsets)):
+        keys = np.where(of_class & sends, order, -1)
+        lastk = keys.argmax(axis=1)
+        has = keys[rows, lastk] > 0
         tail[rows[has], lastk[has]] = True
 
     # per (class, part): transfers crossing each link, as one dense array per link id when the transfers
@@ -186,12 +192,12 @@ def _layout(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarra
     first = dict.fromkeys(keys, np.inf)
     last = dict.fromkeys(keys, -np.inf)
     for wi, wk, block, phys in _routed(fabric, group, members, peer, sends):
-        if nccl:
-            nets = remote[wi, wk]
-            lat = (wk - nets) * np.maximum(intra, phys) + nets * np.maximum(inter, phys)
+        is_net = cross[wi, wk]
+        if nccl:  # a peer in the server: one step; the r-th remote peer: r - 1 steps and a network step
+            lat = np.where(is_net, (remote[wi, wk] - 1) * np.maximum(intra, phys) + np.maximum(inter, phys),
+                           np.maximum(intra, phys))
         else:
             lat = intra + phys
-        is_net = cross[wi, wk]
         is_tail = tail[wi, wk]
         for c in (False, True):
             for part, sel in (("body", ~is_tail), ("tail", is_tail)):

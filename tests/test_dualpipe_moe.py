@@ -130,11 +130,11 @@ def test_shared_expert_overlap_conserves_compute_and_does_not_lengthen_the_step(
     busy = {k: r.ops[r.ops["kind"] == "compute"].groupby("rank")["duration_s"].sum() for k, r in runs.items()}
     assert busy[True].to_numpy() == pytest.approx(busy[False].to_numpy(), rel=1e-12)
     assert steps[True].executed_flops == pytest.approx(steps[False].executed_flops, rel=1e-12)
-    # premise: the shared expert's compute is small against the all-to-alls it hides under
+    # premise: the shared expert's compute fits under the all-to-alls it hides under
     ops = on.ops[on.ops["rank"] == 0]
     shared = ops[ops["name"].str.endswith((".shared_1", ".shared_2"))]["duration_s"].sum()
     a2a = ops[(ops["traffic_class"] == "ep")]["duration_s"].sum()
-    assert 0 < shared < 0.5 * a2a
+    assert 0 < shared < a2a
     assert on.step_time <= off.step_time
     # and the pairs carry the shared halves as pieces of their own
     assert ops[_in_pairs(ops)]["name"].str.endswith(".shared_1").any()
