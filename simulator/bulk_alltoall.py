@@ -31,13 +31,15 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from .collectives import remote_rounds
 from .nccl import BANDWIDTH_FACTOR, p2p_protocol, step_latencies
 
 BULK_OFFSETS_PER_BLOCK = 1 << 22  # transfers routed per array pass (bounds the memory of one pass)
-BULK_CACHED_RANKS = 256  # groups up to this size keep their routed pairs (_routed)
+BULK_CACHED_RANKS = 256  # groups up to this size keep their routed pairs (_routed) and alltoallv layout
 # Cluster graph -> what depends only on it, the routing seed and the group, kept as long as the graph lives
 # (a sweep over message sizes builds a new fabric per size): ("routes", seed, group) -> routed pairs
-# (_routed); ("plan", seed, group, latency model) -> a uniform plan (_plan).
+# (_routed); ("plan", seed, group, latency model) -> a uniform plan (_fill of a _layout); ("layout", seed,
+# group, latency model) -> the last alltoallv layout of the group and the pairs it was made for.
 _BY_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -80,9 +82,10 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     send nothing); a flow then moves its largest member's bytes and weights each member's links by its
     bytes over that largest, so every member moves its own bytes and all finish together (as
     ``proportional`` waves do). Latencies follow :meth:`simulator.fabric.Fabric._latency` for the staggered direct
-    plan (:func:`simulator.collectives.plan_direct` with ``stagger``): the base latency once, then for the
-    transfer to the ``k``-th peer ``k`` steps, those crossing servers at the network's step latency, each
-    step at least its route's own link latency. The links arrays are registered with the fabric's
+    plan (:func:`simulator.collectives.plan_direct` with ``stagger``): the base latency once, then one step
+    for a transfer inside a server and, for the transfer to the ``r``-th peer on another server, a network
+    step and ``r - 1`` intra-server steps (the proxy posts network messages one after another), each step
+    at least its route's own link latency. The links arrays are registered with the fabric's
     network (:meth:`~simulator.network.FlowNetwork.declare`: weights and member counts) and its
     ``pairs_of`` (an :class:`AllToAllPairs`)."""
     n = len(group)
@@ -99,22 +102,33 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     chunk = nbytes / n if sizes is None else float(sizes.max())
     servers = np.asarray(fabric._servers, dtype=np.int32)[members]
     nccl = fabric.config.nccl_latency
-    protocol = p2p_protocol(chunk) if nccl else "Simple"
+    spans = bool((servers != servers[0]).any())
+    protocol = p2p_protocol(chunk, spans) if nccl else "Simple"
     if nccl:
-        base, intra, inter = step_latencies("direct", protocol, bool((servers != servers[0]).any()))
+        base, intra, inter = step_latencies("direct", protocol, spans)
     else:
         base, intra, inter = 0.0, fabric.config.step_latency_s, fabric.config.step_latency_s
     factor = BANDWIDTH_FACTOR[protocol]
 
-    plan = None
+    sends = offsets > 0 if sizes is None else sizes > 0
+    cache = _BY_GRAPH.setdefault(fabric.cluster.graph, {})
+    key = ("plan" if sizes is None else "layout", fabric.config.seed, group, nccl, base, intra, inter)
     if sizes is None:  # a uniform plan depends only on the fabric, the group and the latency constants
-        plans = _BY_GRAPH.setdefault(fabric.cluster.graph, {})
-        key = ("plan", fabric.config.seed, group, nccl, base, intra, inter)
-        plan = plans.get(key)
-    if plan is None:
-        plan = _plan(fabric, group, members, peer, sizes, servers, nccl, intra, inter)
-        if sizes is None:
-            plans[key] = plan
+        plan = cache.get(key)
+        if plan is None:
+            plan = cache[key] = _fill(_layout(fabric, group, members, peer, sends, servers, nccl, intra, inter))
+    else:
+        # An alltoallv's layout depends on its sizes only through which pairs send anything: kept (the last
+        # one per group, for groups whose routes are kept) and weighted by each call's sizes.
+        mask_key = sends.tobytes()
+        kept = cache.get(key)
+        if kept is not None and kept[0] == mask_key:
+            layout = kept[1]
+        else:
+            layout = _layout(fabric, group, members, peer, sends, servers, nccl, intra, inter, keep=True)
+            if n <= BULK_CACHED_RANKS:
+                cache[key] = (mask_key, layout)
+        plan = _fill(layout, sizes)
     network = fabric.network
     specs = []
     for links, values, latency, pairs, moved, largest in plan:
@@ -129,44 +143,61 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     return tuple(specs)
 
 
-def _plan(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarray, sizes: np.ndarray | None,
-          servers: np.ndarray, nccl: bool, intra: float, inter: float) -> list[tuple]:
-    """The flows of :func:`bulk_flows` before sizes and counts: per (class, part) that moves anything,
-    ``(links, loads, latency_s, pairs, bytes per pair or None, largest transfer or None)`` — ``loads`` the
-    transfers crossing each of ``links`` (uniform) or their bytes (alltoallv), ``latency_s`` the earliest
-    (body) or latest (tail) step latency of its transfers, without the base latency."""
+class _Flow:
+    """One flow of a bulk all-to-all before sizes: its transfers (``mask`` over ``(member, offset)``, as
+    ``pairs``), the links they cross (sorted ids), how many of them cross each (``counts``), and the step
+    latency it starts after (s, without the base latency). With ``blocks`` (an alltoallv's layout), per
+    routed block the flat ``member * n + offset`` index of each transfer, the position in ``links`` of each
+    crossing and the crossings per transfer, to weight the links by each call's sizes."""
+
+    __slots__ = ("links", "counts", "latency", "mask", "pairs", "blocks", "dense")
+
+    def __init__(self, links: np.ndarray, counts: np.ndarray, latency: float, mask: np.ndarray,
+                 pairs: AllToAllPairs, blocks: list | None, dense: bool) -> None:
+        self.links, self.counts, self.latency, self.mask, self.pairs = links, counts, latency, mask, pairs
+        self.blocks, self.dense = blocks, dense
+
+
+def _layout(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarray, sends: np.ndarray,
+            servers: np.ndarray, nccl: bool, intra: float, inter: float, keep: bool = False) -> list[_Flow]:
+    """The flows of :func:`bulk_flows` before sizes and counts, per (class, part) that moves anything: the
+    transfers of ``sends`` (a boolean ``(member, offset)`` array, or one row for all members) split into
+    the classes and parts of the module docstring, the links they cross and the earliest (body) or latest
+    (tail) step latency of their transfers. ``keep`` keeps each flow's crossings per transfer
+    (:attr:`_Flow.blocks`) for :func:`_fill` to weight by sizes."""
     n = len(group)
     offsets = np.arange(n, dtype=np.int32)
     num_links = len(fabric.capacity)
 
-    # cross[i, k]: member i's k-th peer sits on another server; remote[i, k]: how many of its first k do.
+    # cross[i, k]: member i's k-th peer sits on another server; remote[i, k]: that transfer's place among i's
+    # transfers to other servers in NCCL's order of rounds
     cross = servers[peer] != servers[:, None]
-    remote = np.cumsum(cross, axis=1, dtype=np.int32)
-    # tail[i, k]: the transfer is member i's last of its class (the largest offset k >= 1 of that class)
+    remote = remote_rounds(servers, peer)
+    # tail[i, k]: the transfer is member i's last of its class to start: its last remote peer in NCCL's order
+    # of rounds (the largest place), or its peer in the server at the largest offset (they start together)
     rows = np.arange(n)
-    sends = offsets > 0 if sizes is None else sizes > 0
     tail = np.zeros((n, n), dtype=bool)
-    for of_class in (cross, ~cross):
-        lastk = np.where(of_class & sends, offsets, -1).max(axis=1)
-        has = lastk > 0
+    for of_class, order in ((cross, remote), (~cross, offsets)):
+        keys = np.where(of_class & sends, order, -1)
+        lastk = keys.argmax(axis=1)
+        has = keys[rows, lastk] > 0
         tail[rows[has], lastk[has]] = True
 
-    # per (class, part): link loads (transfers crossing each link, or bytes for an alltoallv), as one dense
-    # array per link id when the transfers outnumber the links, else as the (link ids, weights) of every
-    # crossing, summed at the end; and the latency range
+    # per (class, part): transfers crossing each link, as one dense array per link id when the transfers
+    # outnumber the links, else as the link ids of every crossing, counted at the end; and the latency range
     keys = [(c, p) for c in (False, True) for p in ("body", "tail")]
     dense = n * n > num_links
     loads = {key: np.zeros(num_links) if dense else [] for key in keys}
-    first = dict.fromkeys(loads, np.inf)
-    last = dict.fromkeys(loads, -np.inf)
-    wire = {key: 0.0 for key in loads}  # the largest transfer of each flow
+    kept: dict = {key: [] for key in keys}  # per routed block: (flat transfer index, link ids, width)
+    first = dict.fromkeys(keys, np.inf)
+    last = dict.fromkeys(keys, -np.inf)
     for wi, wk, block, phys in _routed(fabric, group, members, peer, sends):
-        if nccl:
-            nets = remote[wi, wk]
-            lat = (wk - nets) * np.maximum(intra, phys) + nets * np.maximum(inter, phys)
+        is_net = cross[wi, wk]
+        if nccl:  # a peer in the server: one step; the r-th remote peer: r - 1 steps and a network step
+            lat = np.where(is_net, (remote[wi, wk] - 1) * np.maximum(intra, phys) + np.maximum(inter, phys),
+                           np.maximum(intra, phys))
         else:
             lat = intra + phys
-        is_net = cross[wi, wk]
         is_tail = tail[wi, wk]
         for c in (False, True):
             for part, sel in (("body", ~is_tail), ("tail", is_tail)):
@@ -174,39 +205,60 @@ def _plan(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarray,
                 if not len(chosen):
                     continue
                 key = (c, part)
-                ids, weights = block[chosen].ravel(), None
-                if sizes is not None:  # in bytes for now; divided by the flow's largest transfer below
-                    moved = sizes[wi[chosen], wk[chosen]]
-                    wire[key] = max(wire[key], float(moved.max()))
-                    weights = np.repeat(moved, block.shape[1])
+                ids = block[chosen].ravel()
+                if keep:
+                    kept[key].append((wi[chosen].astype(np.int64) * n + wk[chosen], ids, block.shape[1]))
                 if dense:
-                    loads[key] += np.bincount(ids, weights, minlength=num_links)
+                    loads[key] += np.bincount(ids, minlength=num_links)
                 else:
-                    loads[key].append((ids, weights))
+                    loads[key].append(ids)
                 first[key] = min(first[key], float(lat[chosen].min()))
                 last[key] = max(last[key], float(lat[chosen].max()))
 
-    plan = []
-    for c in (False, True):
-        for part in ("body", "tail"):
-            key = (c, part)
-            if dense:
-                links = np.flatnonzero(loads[key])
-                values = loads[key][links]
-            elif loads[key]:
-                links, inverse = np.unique(np.concatenate([e[0] for e in loads[key]]), return_inverse=True)
-                weights = None if sizes is None else np.concatenate([e[1] for e in loads[key]])
-                values = np.bincount(inverse.ravel(), weights).astype(float)
-            else:
-                continue
-            if not len(links):
-                continue
-            mask = (cross == c) & (tail if part == "tail" else ~tail) & sends
-            moved = None if sizes is None else sizes[mask]  # member-major, as AllToAllPairs enumerates
-            plan.append((links, values, first[key] if part == "body" else last[key], AllToAllPairs(members, mask),
-                         moved, None if sizes is None else wire[key]))
-    return plan
+    flows = []
+    for key in keys:
+        c, part = key
+        if dense:
+            links = np.flatnonzero(loads[key])
+            counts = loads[key][links]
+            blocks = [(idx, np.searchsorted(links, ids), w) for idx, ids, w in kept[key]]
+        elif loads[key]:
+            links, inverse = np.unique(np.concatenate(loads[key]), return_inverse=True)
+            inverse = inverse.ravel()
+            counts = np.bincount(inverse).astype(float)
+            blocks = [(np.concatenate([b[0] for b in kept[key]]), inverse,
+                       np.concatenate([np.full(len(b[0]), b[2]) for b in kept[key]]))] if keep else []
+        else:
+            continue
+        if not len(links):
+            continue
+        mask = (cross == c) & (tail if part == "tail" else ~tail) & sends
+        flows.append(_Flow(links, counts, first[key] if part == "body" else last[key], mask,
+                           AllToAllPairs(members, mask), blocks if keep else None, dense))
+    return flows
 
+
+def _fill(layout: list[_Flow], sizes: np.ndarray | None = None) -> list[tuple]:
+    """:func:`bulk_flows`' plan from a layout: per flow ``(links, loads, latency_s, pairs, bytes per pair or
+    None, largest transfer or None)`` — ``loads`` the transfers crossing each link (uniform) or their bytes
+    (alltoallv: ``sizes[i, k]`` bytes from member ``i`` to its ``k``-th peer), summed in the order the
+    transfers were routed."""
+    if sizes is None:
+        return [(f.links, f.counts, f.latency, f.pairs, None, None) for f in layout]
+    flat = sizes.ravel()
+    plan = []
+    for f in layout:
+        moved = [flat[b[0]] for b in f.blocks]
+        if f.dense:  # summed per routed block, as the dense counts were
+            values = np.zeros(len(f.links))
+            for (_idx, local, width), m in zip(f.blocks, moved):
+                values += np.bincount(local, np.repeat(m, width), minlength=len(f.links))
+        else:
+            (_idx, inverse, widths), = f.blocks
+            values = np.bincount(inverse, np.repeat(moved[0], widths)).astype(float)
+        # a fresh links array: the network keys a flow's weights by the array (FlowNetwork.declare)
+        plan.append((f.links.copy(), values, f.latency, f.pairs, sizes[f.mask], max(float(m.max()) for m in moved)))
+    return plan
 
 
 def _routed(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarray, sends: np.ndarray):
@@ -245,3 +297,21 @@ def _routed(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarra
             yield i, k, block, phys
         elif keep.any():
             yield i[keep], k[keep], block[keep], phys[keep]
+
+
+SLOW_ALLTOALLV_RANKS = 32
+"""EP groups from this size make ``grouped`` alltoallvs slow: one flow per GPU pair (992 per exchange at 32
+ranks, 4,032 at 64; a 64-rank Zipf alltoallv takes ~20 s of CPU, a DeepSeek-style EP64 step over 1,024 GPUs
+did not finish in 10 minutes)."""
+
+
+def slow_alltoallv_note(ep: int, mode: str, routing: str, is_moe: bool) -> str | None:
+    """A one-line note for a user about to simulate MoE exchanges that will take long (EP groups of at least
+    :data:`SLOW_ALLTOALLV_RANKS` ranks, routing that makes their sizes unequal, a network mode that runs one
+    flow per GPU pair for them), naming the knob that makes them fast and its cost; None otherwise."""
+    if not is_moe or ep < SLOW_ALLTOALLV_RANKS or routing == "balanced" or mode == "bulk":
+        return None
+    return (f"EP-{ep} all-to-alls of unequal sizes run as one flow per GPU pair ({ep * (ep - 1):,} per exchange, "
+            f"network.all_to_all: {mode}), which can take many minutes; network.all_to_all: bulk runs each as at "
+            f"most 4 flows (optimistic by 0.1-0.8% of step time on the MoE steps measured; docs/DESIGN.md, "
+            f"'Bulk all-to-all')")

@@ -217,6 +217,7 @@ def _run():
         chakra_cli.add_arguments(p)
 
     def run(args: argparse.Namespace) -> int:
+        from .bulk_alltoall import slow_alltoallv_note
         from .experiment import load_experiment, run_experiment
         chakra_cli.check_arguments(args)
         if args.chakra is not None:
@@ -229,6 +230,9 @@ def _run():
         bad = [r for r in trace_ranks if r >= world] if isinstance(trace_ranks, list) else []
         if bad:
             raise ValueError(f"--trace-ranks: {bad[0]} is not a rank of this run; valid: 0..{world - 1}")
+        note = slow_alltoallv_note(exp.parallel.ep, exp.network.all_to_all, exp.routing.kind, exp.model.is_moe)
+        if note:
+            print(f"clustersim: note: {note}", file=sys.stderr)
         result = run_experiment(exp, force=args.force, fidelity=args.fidelity)
         exported = chakra_cli.export_experiment(exp, args.export_chakra)
         write_outputs(result, args, trace_ranks)

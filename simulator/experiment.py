@@ -257,6 +257,10 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     if parallel.tp_comm_overlap and sms >= cluster.gpu.sm_count:
         raise ConfigError(f"options.tp_comm_overlap_sms: {sms} SMs for communication leave none of the "
                           f"{cluster.gpu.sm_count} SMs of {cluster.gpu.name} for the GEMMs beside them")
+    sms = exp.options.dualpipe_comm_sms
+    if parallel.schedule == "dualpipe" and model.is_moe and sms >= cluster.gpu.sm_count:
+        raise ConfigError(f"options.dualpipe_comm_sms: {sms} SMs for communication leave none of the "
+                          f"{cluster.gpu.sm_count} SMs of {cluster.gpu.name} for the GEMMs beside them")
     exp.plan = plan_options(doc.get("plan"))
     exp.compute_model()  # compute knobs fail here, with the file's name, not after the step is built
     return exp

@@ -329,12 +329,13 @@ class Fabric:
 
     def protocols(self, plan: Plan) -> tuple[str, ...]:
         """Protocols the plan may run: NCCL's three for collectives; point-to-point patterns
-        (``direct``, ``parameter_server``) by NCCL's LL threshold on their largest transfer."""
+        (``direct``, ``parameter_server``) by NCCL's LL threshold on their largest transfer, Simple if
+        they cross servers (:func:`~simulator.nccl.p2p_protocol`)."""
         if not self.config.nccl_latency:
             return ("Simple",)
         if plan.algorithm in ("direct", "parameter_server"):
             largest = max((t.nbytes for p in plan.phases for t in p), default=0.0)
-            return (p2p_protocol(largest),)
+            return (p2p_protocol(largest, self._spans_servers(plan.group)),)
         return PROTOCOLS
 
     def plan(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str = "auto") -> Plan:
@@ -727,8 +728,8 @@ class Fabric:
         """``(software latency, bandwidth factor)`` of a point-to-point transfer (NCCL send/recv)."""
         if not self.config.nccl_latency:
             return self.config.step_latency_s, 1.0
-        protocol = p2p_protocol(nbytes)
         cross = self._servers[src] != self._servers[dst]
+        protocol = p2p_protocol(nbytes, cross)
         base, intra, inter = step_latencies("direct", protocol, cross)
         return base + (inter if cross else intra), BANDWIDTH_FACTOR[protocol]
 

@@ -95,6 +95,10 @@ def step_latencies(algorithm: str, protocol: str, spans_servers: bool,
     return BASE_LATENCY_S[cls][protocol], intra, HOP_LATENCY_S["net"][cls][protocol]
 
 
-def p2p_protocol(nbytes: float) -> str:
-    """Protocol of a point-to-point transfer: LL up to ``NCCL_P2P_LL_THRESHOLD`` (16 KiB), else Simple."""
-    return "LL" if nbytes <= 16384 else "Simple"
+def p2p_protocol(nbytes: float, network: bool = False) -> str:
+    """Protocol of a point-to-point transfer: LL up to ``NCCL_P2P_LL_THRESHOLD`` (16 KiB), else Simple; over
+    the network always Simple (``network``): NCCL allocates no LL buffers for network send/recv connections
+    (``NCCL_ALLOC_P2P_NET_LL_BUFFERS`` defaults to 0, ``src/init.cc``, ``src/transport/net.cc``), so a
+    1 KiB send to another node pays Simple's latency (2 x 1 A100, mscclpp NDmv4 tables: all-to-all of
+    1 KiB 29.8 us against all-gather 16.1)."""
+    return "LL" if nbytes <= 16384 and not network else "Simple"

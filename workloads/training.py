@@ -35,8 +35,11 @@ DualPipe (``parallel.schedule: dualpipe``; DeepSeek-V3, arXiv 2412.19437 section
     streams of its own (``ep_f``, ``ep_b``), so that one chunk's dispatch
     and combine run under the other chunk's computation.
     What is modelled: that hiding, with the pieces in the order above.
-    What is approximated: the pieces run one at a time at full speed (no
-    SMs are set aside for communication, no slowdown from sharing them), the
+    In a pair with a MoE layer the GEMMs run on the SMs the exchanges leave
+    (``options.dualpipe_comm_sms``, DeepSeek's 20 of 132; section 3.2.2).
+    What is approximated: the pieces run one at a time, the SMs are held
+    for the whole pair (not only while an exchange is in flight; attention
+    and memory-bound kernels keep every SM), the
     order inside a pair is a fixed alternation rather than DeepSeek's
     hand-tuned one, and pipeline sends of a pair wait for the whole pair.
     Outside pairs the all-to-alls block the compute stream as usual. The two
@@ -152,7 +155,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -296,6 +299,14 @@ class StepOptions:
         communication kernels of the ``pipeline`` and ``bulk`` overlaps
         (``num_sm`` of ``initialize_ub``, default 16); the GEMM beside them
         runs on the others. Used with ``parallel.tp_comm_overlap``.
+    dualpipe_comm_sms : int
+        SMs that the expert-parallel exchanges of one chunk of a DualPipe
+        pair hold while the other chunk computes (``parallel.schedule:
+        dualpipe`` with a MoE model): the GEMMs of the pair's pieces run on
+        the others. Default 20: DeepSeek-V3 runs its dispatch and combine
+        kernels on 20 of an H800's 132 SMs, which suffice for IB and NVLink
+        at full bandwidth (DeepSeek-V3 Technical Report, arXiv:2412.19437,
+        section 3.2.2). 0 leaves every SM to the computation.
     """
 
     p2p: str = "async"
@@ -307,6 +318,7 @@ class StepOptions:
     flash_attention: bool = True
     embedding_and_loss: bool = True
     tp_comm_overlap_sms: int = 16
+    dualpipe_comm_sms: int = 20
 
     def __post_init__(self) -> None:
         if self.p2p not in P2P_MODES:
@@ -319,9 +331,10 @@ class StepOptions:
                      "grad_accumulation_fusion"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"options.{name}: must be true or false, got {getattr(self, name)!r}")
-        sms = self.tp_comm_overlap_sms
-        if isinstance(sms, bool) or not isinstance(sms, int) or not 0 <= sms <= 1024:
-            raise ConfigError(f"options.tp_comm_overlap_sms: must be an integer number of SMs in 0..1024, got {sms!r}")
+        for name in ("tp_comm_overlap_sms", "dualpipe_comm_sms"):
+            sms = getattr(self, name)
+            if isinstance(sms, bool) or not isinstance(sms, int) or not 0 <= sms <= 1024:
+                raise ConfigError(f"options.{name}: must be an integer number of SMs in 0..1024, got {sms!r}")
 
 
 @dataclass
@@ -1483,16 +1496,19 @@ class _StepBuilder:
         expert-TP all-gather / reduce-scatter) run on streams of their own (``ep_f``, ``ep_b``; DeepEP's
         NVLink forwarding on ``ep_f_forward``, ``ep_b_forward``) as soon as the piece before them ends, and
         the chunk's next piece that needs them waits for them, so one chunk's communication runs under the
-        other's computation and its own shared expert (DeepSeek-V3 section 3.2.1, Figure 4). The GPU's
-        compute is not shared: the pieces run one at a time, each at its full speed (the SMs DeepSeek gives
-        to communication are not taken away). Returns the last op of the pair.
+        other's computation and its own shared expert (DeepSeek-V3 section 3.2.1, Figure 4). The pieces
+        run one at a time; in a pair with a MoE layer their GEMMs run on the SMs the exchanges leave
+        (``options.dualpipe_comm_sms``, :meth:`_leave_sms`). Returns the last op of the pair.
         """
         per_layer = self.opt.granularity == "layer"
+        first_op = len(self.graph.ops)
+        moe = False
         runs = []
         for k, (a, deps) in enumerate(zip(pair, waits)):
             phase = self.pass_of(stage, a)
             reduce_now = self.makes_grads(stage, a) and (every_mb or idx + k == last_b[a.chunk])
             segs = self.segments(stage, a.chunk, phase, per_layer or (overlap and reduce_now))
+            moe = moe or any(seg.moe is not None for seg in segs)
             runs.append(self._pieces(rank, stage, a, segs, deps, "ep_f" if a.phase == "F" else "ep_b",
                                      pending if reduce_now else None, overlap))
         last = None  # the last compute op emitted: the compute stream runs in program order, so it ends last
@@ -1503,12 +1519,29 @@ class _StepBuilder:
                     last = next(runs[k])
                 except StopIteration:
                     live.remove(k)
+        if moe and self.opt.dualpipe_comm_sms:
+            self._leave_sms(first_op, self.opt.dualpipe_comm_sms)
         for a in pair:
             if self.fp8 and a.phase != "W":
                 last = self._fp8_amax(rank, a, stage, last)
         if every_mb and any(self.makes_grads(stage, a) for a in pair):
             pending.flush(last)
         return last
+
+    def _leave_sms(self, first_op: int, sms: int) -> None:
+        """Run the GEMMs of the compute ops from op ``first_op`` on (the GPU's SMs - ``sms``): each GEMM kernel
+        holds ``sms`` SMs for communication (:attr:`~workloads.ops.Kernel.sm_reserved`, the most of its own
+        and ``sms``); a GEMM op without kernels becomes one such kernel. Other kernels are left alone: the
+        compute model shares SMs out for GEMMs only (attention and memory-bound kernels keep their rate)."""
+        gemms = ("gemm", "gemm_fp8")
+        for op in self.graph.ops[first_op:]:
+            if op.kind != "compute" or op.duration_s is not None:
+                continue
+            if op.parts:
+                op.parts = tuple(replace(k, sm_reserved=max(k.sm_reserved, sms)) if k.category in gemms else k
+                                 for k in op.parts)
+            elif op.category in gemms:
+                op.parts = (Kernel(op.category, op.flops, op.nbytes, op.shape, 1, sms),)
 
     def _pieces(self, rank: int, stage: int, a: PipeAction, segs: list[_Segment], deps: list[int], stream: str,
                 pending: _Buckets | None, overlap: bool) -> Iterator[int]:
