@@ -305,13 +305,34 @@ ranks, 4,032 at 64; a 64-rank Zipf alltoallv takes ~20 s of CPU, a DeepSeek-styl
 did not finish in 10 minutes)."""
 
 
-def slow_alltoallv_note(ep: int, mode: str, routing: str, is_moe: bool) -> str | None:
+def slow_alltoallv_note(ep: int, mode: str, routing: str, is_moe: bool, one_switch: bool = False) -> str | None:
     """A one-line note for a user about to simulate MoE exchanges that will take long (EP groups of at least
     :data:`SLOW_ALLTOALLV_RANKS` ranks, routing that makes their sizes unequal, a network mode that runs one
-    flow per GPU pair for them), naming the knob that makes them fast and its cost; None otherwise."""
+    flow per GPU pair for them: not ``auto`` with the group under one switch, ``one_switch``), naming the
+    knob that makes them fast and its cost; None otherwise."""
     if not is_moe or ep < SLOW_ALLTOALLV_RANKS or routing == "balanced" or mode == "bulk":
         return None
-    return (f"EP-{ep} all-to-alls of unequal sizes run as one flow per GPU pair ({ep * (ep - 1):,} per exchange, "
-            f"network.all_to_all: {mode}), which can take many minutes; network.all_to_all: bulk runs each as at "
-            f"most 4 flows (optimistic by 0.1-0.8% of step time on the MoE steps measured; docs/DESIGN.md, "
-            f"'Bulk all-to-all')")
+    if mode == "auto" and one_switch:
+        return None
+    return (f"EP-{ep} all-to-alls of unequal sizes across switches run as one flow per GPU pair "
+            f"({ep * (ep - 1):,} per exchange, network.all_to_all: {mode}), which can take many minutes; "
+            f"network.all_to_all: bulk runs each as at most 4 flows (optimistic where EP groups share "
+            f"oversubscribed uplinks, by up to 20% per exchange; docs/DESIGN.md, 'Bulk all-to-all')")
+
+
+def under_one_switch(cluster, ranks) -> bool:
+    """Whether every transfer between GPUs ``ranks`` of ``cluster`` that leaves a server goes NIC → one switch
+    → NIC: the GPUs' NICs all hang off one switch (or the GPUs share one server). Then no switch-to-switch
+    link carries their all-to-all, only each GPU's own NIC and NVLink ports can bind, and a bulk all-to-all
+    takes what one flow per GPU pair takes (measured equal to rounding, docs/DESIGN.md, "Bulk all-to-all"),
+    alltoallv included. A GPU without a NIC counts as sharing its server's."""
+    graph = cluster.graph
+    switches: set = set()
+    for rank in ranks:
+        for nic in graph.successors(cluster.gpus[rank]):
+            if isinstance(nic, tuple) and nic and nic[0] == "nic":
+                switches.update(n for n in graph.successors(nic) if isinstance(n, tuple) and n
+                                and n[0] in ("leaf", "spine", "core"))
+        if len(switches) > 1:
+            return False
+    return True

@@ -217,7 +217,9 @@ def _run():
         chakra_cli.add_arguments(p)
 
     def run(args: argparse.Namespace) -> int:
-        from .bulk_alltoall import slow_alltoallv_note
+        from workloads.parallel import RankLayout
+
+        from .bulk_alltoall import slow_alltoallv_note, under_one_switch
         from .experiment import load_experiment, run_experiment
         chakra_cli.check_arguments(args)
         if args.chakra is not None:
@@ -230,7 +232,10 @@ def _run():
         bad = [r for r in trace_ranks if r >= world] if isinstance(trace_ranks, list) else []
         if bad:
             raise ValueError(f"--trace-ranks: {bad[0]} is not a rank of this run; valid: 0..{world - 1}")
-        note = slow_alltoallv_note(exp.parallel.ep, exp.network.all_to_all, exp.routing.kind, exp.model.is_moe)
+        one_switch = exp.model.is_moe and exp.parallel.ep > 1 and under_one_switch(
+            exp.cluster, RankLayout(exp.parallel).ep_group(0))
+        note = slow_alltoallv_note(exp.parallel.ep, exp.network.all_to_all, exp.routing.kind, exp.model.is_moe,
+                                   one_switch)
         if note:
             print(f"clustersim: note: {note}", file=sys.stderr)
         result = run_experiment(exp, force=args.force, fidelity=args.fidelity)

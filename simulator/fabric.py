@@ -17,7 +17,7 @@ from simpy.events import Event
 
 from topologies.cluster import Cluster
 
-from .bulk_alltoall import bulk_flows
+from .bulk_alltoall import bulk_flows, under_one_switch
 from .collectives import AUTO_CANDIDATES, COLLECTIVE_ALGORITHMS, CollectiveError, Plan, Transfer, plan_collective
 from .nccl import BANDWIDTH_FACTOR, NIC_EFFICIENCY, PROTOCOLS, p2p_protocol, step_latencies
 from .network import AnalyticNetwork, FlowNetwork
@@ -70,7 +70,8 @@ class NetworkConfig:
     all_to_all : str
         How many flows an all-to-all is. ``"auto"`` (default): ``"bulk"`` for
         a uniform all-to-all over ``BULK_ALL_TO_ALL_RANKS`` (256) ranks or
-        more, ``"grouped"`` otherwise. ``"grouped"``: the
+        more and for an alltoallv whose ranks' NICs hang off one switch
+        (exact there), ``"grouped"`` otherwise. ``"grouped"``: the
         transfers of one all-to-all that start at the same instant and move
         the same bytes (a *wave* of NCCL's staggered send/recv: every member
         sends to the peer at the same offset), and the same transfer of
@@ -182,6 +183,7 @@ class Fabric:
         self._estimate_cache: dict[tuple, list[float]] = {}  # plan shape (see _plan_shape) -> estimates
         self._route_latency: dict[tuple, tuple[np.ndarray, float]] = {}
         self._phases_cache: dict[tuple, tuple] = {}
+        self._one_switch: dict[tuple[int, ...], bool] = {}  # group -> under_one_switch (alltoallv "auto")
         self._server_array: np.ndarray | None = None  # rank -> server, made for _lane_phases
         self._last_choice: tuple | None = None  # (key, plan, protocol) of the latest choose()
         # a phase's transfers ((hops, label) each) -> their bottlenecks (s/B) and route latencies (_estimates)
@@ -500,12 +502,18 @@ class Fabric:
     def _bulk(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str,
               matrix: tuple | None) -> bool:
         """Whether this collective runs as a bulk all-to-all (:mod:`simulator.bulk_alltoall`): an all_to_all
-        under ECMP routing over at least two ranks with ``all_to_all: bulk`` (alltoallv too), or a uniform
-        one over at least ``BULK_ALL_TO_ALL_RANKS`` with ``auto``."""
+        under ECMP routing over at least two ranks with ``all_to_all: bulk`` (alltoallv too), or with ``auto``
+        a uniform one over at least ``BULK_ALL_TO_ALL_RANKS`` ranks or an alltoallv whose ranks' NICs hang off
+        one switch (:func:`~simulator.bulk_alltoall.under_one_switch`: exact there)."""
         mode = self.config.all_to_all
         if kind != "all_to_all" or self._spray or len(group) < 2 or algorithm not in ("auto", "direct"):
             return False
         if matrix is not None:
+            if mode == "auto":
+                one = self._one_switch.get(group)
+                if one is None:
+                    one = self._one_switch[group] = under_one_switch(self.cluster, group)
+                return one and any(any(row) for row in matrix)
             return mode == "bulk" and any(any(row) for row in matrix)
         return nbytes > 0 and (mode == "bulk" or (mode == "auto" and len(group) >= BULK_ALL_TO_ALL_RANKS))
 

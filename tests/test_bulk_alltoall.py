@@ -123,12 +123,23 @@ def test_bulk_alltoallv_moves_every_pair_its_bytes_no_faster_than_its_bottleneck
     assert bulk.step_time_s <= per_pair.step_time_s * (1 + 1e-9)
 
 
-def test_auto_keeps_alltoallv_grouped_at_any_size(monkeypatch):
-    cluster = leaf_spine("H100", **TWO_PER_LEAF)
+def test_auto_runs_an_alltoallv_in_bulk_under_one_switch_and_grouped_across_switches():
+    from simulator.bulk_alltoall import under_one_switch
+
+    cluster = leaf_spine("H100", **TWO_PER_LEAF)  # 4 servers, 2 per leaf
+    assert under_one_switch(cluster, range(16)) and not under_one_switch(cluster, range(32))
+    assert under_one_switch(cluster, range(8))  # one server
+    # Under one leaf only the GPUs' own ports bind: bulk takes what one flow per pair takes, and auto uses it.
     matrix = _zipf_matrix(16, 256, 1.0)
-    monkeypatch.setattr(simulator.fabric, "BULK_ALL_TO_ALL_RANKS", 2)
-    grouped, _ = _run(cluster, _graph(16, matrix=matrix), "grouped")
-    auto, _ = _run(cluster, _graph(16, matrix=matrix), "auto")
+    per_pair, _ = _run(cluster, _graph(16, matrix=matrix), "per_pair")
+    auto, a_fabric = _run(cluster, _graph(16, matrix=matrix), "auto")
+    assert a_fabric.network.flows_started <= 4
+    assert auto.step_time_s == pytest.approx(per_pair.step_time_s, rel=1e-9)
+    _same_traffic(auto, per_pair)
+    # Across leaves (shared 2:1 uplinks) auto keeps the waves.
+    matrix = _zipf_matrix(32, 256, 1.0)
+    grouped, _ = _run(cluster, _graph(32, matrix=matrix), "grouped")
+    auto, _ = _run(cluster, _graph(32, matrix=matrix), "auto")
     assert auto.step_time_s == grouped.step_time_s
 
 
@@ -179,16 +190,18 @@ def test_an_alltoallv_layout_is_kept_per_group_and_weighted_by_each_calls_sizes(
     assert fabric.network.ledger.bytes == pytest.approx(expected, rel=1e-12, abs=1e-3)
 
 
-@pytest.mark.parametrize("ep, mode, routing, moe, noted", [
-    (64, "auto", "zipf", True, True), (32, "grouped", "uniform", True, True), (64, "per_pair", "zipf", True, True),
-    (16, "auto", "zipf", True, False),      # small EP groups: one flow per pair is cheap
-    (64, "bulk", "zipf", True, False),      # already at most 4 flows per exchange
-    (64, "auto", "balanced", True, False),  # equal sizes: grouped merges them into waves
-    (64, "auto", "zipf", False, False)])
-def test_a_note_names_the_knob_when_moe_exchanges_will_take_long(ep, mode, routing, moe, noted):
+@pytest.mark.parametrize("ep, mode, routing, moe, one_switch, noted", [
+    (64, "auto", "zipf", True, False, True), (32, "grouped", "uniform", True, False, True),
+    (64, "per_pair", "zipf", True, True, True),    # asked for one flow per pair
+    (64, "auto", "zipf", True, True, False),       # auto runs it in bulk, exactly, under one switch
+    (16, "auto", "zipf", True, False, False),      # small EP groups: one flow per pair is cheap
+    (64, "bulk", "zipf", True, False, False),      # already at most 4 flows per exchange
+    (64, "auto", "balanced", True, False, False),  # equal sizes: grouped merges them into waves
+    (64, "auto", "zipf", False, False, False)])
+def test_a_note_names_the_knob_when_moe_exchanges_will_take_long(ep, mode, routing, moe, one_switch, noted):
     from simulator.bulk_alltoall import slow_alltoallv_note
 
-    note = slow_alltoallv_note(ep, mode, routing, moe)
+    note = slow_alltoallv_note(ep, mode, routing, moe, one_switch)
     assert (note is not None) == noted
     if noted:
         assert f"{ep * (ep - 1):,} per exchange" in note and "network.all_to_all: bulk" in note and "\n" not in note
@@ -207,6 +220,7 @@ model: {name: tiny-moe, layers: 2, hidden: 256, heads: 4, kv_heads: 4, ffn_hidde
 parallel: {tp: 1, pp: 1, dp: 4, ep: 4, micro_batch: 1, global_batch: 4}
 training: {seq_len: 256}
 moe: {routing: zipf}
+network: {all_to_all: grouped}
 """)
     assert main(["run", str(path)]) == 0
     err = capsys.readouterr().err
