@@ -21,7 +21,11 @@ Rungs:
     DeepSeek-V3-style, PP 16 DP 64 EP 64 (``deepseek-v3-ep64-1024.yaml``), one step in ``fast``.
 ``mixtral-ep8-1024-bulk``, ``deepseek-ep64-1024-bulk``
     The same steps with ``network.all_to_all: bulk`` (alltoallv dispatch and combine as at most four
-    flows each; optimistic, see docs/DESIGN.md, "Bulk all-to-all").
+    flows each; the default ``auto`` does the same for EP groups under one switch, as both benchmarks'
+    are; see docs/DESIGN.md, "Bulk all-to-all").
+``mixtral-ep8-1024-grouped``
+    Mixtral with ``network.all_to_all: grouped`` (staggered waves, one flow per wave and size: what
+    ``auto`` ran for every alltoallv before it used bulk under one switch).
 
 Per rung it prints the simulated time (collective or step), the wall time of the simulation inside the
 child, the CPU time and the wall time of the whole child process (interpreter start and imports included,
@@ -56,6 +60,7 @@ RUNGS = [
     ("mixtral-ep8-1024", 1024, "mixtral-8x7b-ep8-1024.yaml"),
     ("deepseek-ep64-1024", 1024, "deepseek-v3-ep64-1024.yaml"),
     ("mixtral-ep8-1024-bulk", 1024, "mixtral-8x7b-ep8-1024.yaml@bulk"),
+    ("mixtral-ep8-1024-grouped", 1024, "mixtral-8x7b-ep8-1024.yaml@grouped"),
     ("deepseek-ep64-1024-bulk", 1024, "deepseek-v3-ep64-1024.yaml@bulk"),
 ]
 FIELDS = ["rung", "gpus", "fidelity", "sim_time_s", "wall_s", "cpu_s", "process_s", "repeats", "events",

@@ -144,7 +144,7 @@ ENTRIES: tuple[Entry, ...] = (
     # DeepSeek-V3 on 2,048 H800: GPU-hours per trillion tokens as tokens/s per GPU.
     Entry("deepseek-v3-2048-h800", 2048, "tokens_per_gpu_s", 1e12 / (180e3 * 3600), _DEEPSEEK_V3,
           "1F1B instead of DualPipe, shared expert not overlapped; no MTP module; stage split assumed",
-          slow="2,048 ranks x 120 micro-batches of EP-64 all-to-alls: ~7 min of CPU and 9 GB with "
+          slow="2,048 ranks x 120 micro-batches of EP-64 all-to-alls: ~4 min of CPU and 6.4 GB with "
                "--fidelity lockstep"),
 )
 """Every validation entry, smallest first within each source."""
