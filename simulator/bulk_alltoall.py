@@ -10,15 +10,15 @@ array passes — offsets in blocks, routes by :meth:`~simulator.routing.Router.r
 * per class (NVLink: both ends in one server; network: the others), a **body** flow: every transfer of the
   class but each member's last one, as one flow over the links they cross, each link weighted by the
   transfers crossing it; it starts at the earliest of their NCCL latencies;
-* per class a **tail** flow: each member's last transfer of the class (the peer it reaches last in NCCL's
-  offset order), at the latest latency of the class.
+* per class a **tail** flow: each member's last transfer of the class to start (its last remote round in
+  NCCL's order, :func:`~simulator.collectives.remote_rounds`), at the latest latency of the class.
 
 Every transfer moves the same bytes (``S/n``), so the body's flow moves ``S/n`` at one rate ``r`` and loads
 link ``l`` with ``w_l · r``: bytes per link and per GPU pair are exact. What is approximated is time
 inside the collective: the body's transfers all start with the first and finish together at the rate of
 the most loaded link (the bottleneck link of the whole all-to-all, which bounds its time anyway: a link
-carrying ``w`` transfers of ``S/n`` needs ``w·S/(n·c)`` seconds), while NCCL staggers their starts by a
-step latency each. The tail keeps the latency-bound end right: an all-to-all of small messages takes
+carrying ``w`` transfers of ``S/n`` needs ``w·S/(n·c)`` seconds), while NCCL's proxy posts the messages
+to other servers one after another. The tail keeps the latency-bound end right: an all-to-all of small messages takes
 its last transfer's latency, one of large messages the first latency plus the bottleneck's bytes. The
 whole collective therefore takes about ``max(L_first + bottleneck, L_last + S/(n·c))``, as the staggered
 waves do. Measured against ``grouped`` in docs/DESIGN.md ("Bulk all-to-all").

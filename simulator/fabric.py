@@ -73,18 +73,19 @@ class NetworkConfig:
         more and for an alltoallv whose ranks' NICs hang off one switch
         (exact there), ``"grouped"`` otherwise. ``"grouped"``: the
         transfers of one all-to-all that start at the same instant and move
-        the same bytes (a *wave* of NCCL's staggered send/recv: every member
-        sends to the peer at the same offset), and the same transfer of
-        every replica a representative stands for, run as one flow over all
-        their links: a uniform all-to-all over ``n`` GPUs on ``s`` servers is
-        about ``8(n-1)`` flows instead of ``n(n-1)``. Exact where the members
-        see symmetric contention; otherwise every member runs at the rate of
-        the most constrained (measured: within 1% of ``per_pair``,
-        docs/DESIGN.md). ``"proportional"``: waves of an alltoallv share one
-        flow even when sizes differ, each member at a rate in proportion to
-        its bytes so that all finish together (measured: within 0.1% on
-        mildly skewed routing, up to 5% with strong skew on an oversubscribed
-        fabric). ``"per_pair"``: one flow per GPU pair (the reference).
+        the same bytes (a *wave* of NCCL's send/recv: the transfers inside
+        the servers, or one round of remote peers, :func:`~simulator.collectives.remote_rounds`),
+        and the same transfer of every replica a representative stands for,
+        run as one flow over all their links: a uniform all-to-all over ``n``
+        GPUs on ``s`` servers is ``n - n/s + 1`` flows (25 at 32 GPUs) instead
+        of ``n(n-1)``. Exact where the members see symmetric contention;
+        otherwise every member runs at the rate of the most constrained
+        (measured: within 0.7% of ``per_pair``, docs/DESIGN.md).
+        ``"proportional"``: waves of an alltoallv share one flow even when
+        sizes differ, each member at a rate in proportion to its bytes so
+        that all finish together (measured: 0 on one leaf, within 1.3% with
+        two servers per leaf, up to 20% with strong skew across
+        oversubscribed uplinks). ``"per_pair"``: one flow per GPU pair (the reference).
         ``"bulk"``: an all-to-all as at most four flows planned with numpy
         (:mod:`simulator.bulk_alltoall`): per class (NVLink, network) one
         flow for every transfer but each member's last, from the first
