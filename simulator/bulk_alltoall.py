@@ -327,6 +327,9 @@ def under_one_switch(cluster, ranks) -> bool:
     takes what one flow per GPU pair takes (measured equal to rounding, docs/DESIGN.md, "Bulk all-to-all"),
     alltoallv included. A GPU without a NIC counts as sharing its server's."""
     graph = cluster.graph
+    ranks = list(ranks)
+    if len({cluster.server_of(r) for r in ranks}) <= 1:  # NVLink only
+        return True
     switches: set = set()
     for rank in ranks:
         for nic in graph.successors(cluster.gpus[rank]):

@@ -129,6 +129,12 @@ def test_auto_runs_an_alltoallv_in_bulk_under_one_switch_and_grouped_across_swit
     cluster = leaf_spine("H100", **TWO_PER_LEAF)  # 4 servers, 2 per leaf
     assert under_one_switch(cluster, range(16)) and not under_one_switch(cluster, range(32))
     assert under_one_switch(cluster, range(8))  # one server
+    # rail-optimised: a server's 8 NICs hang off 8 rail leaves
+    from topologies.builders import rail_optimized
+    rails = rail_optimized("H100", servers=4, servers_per_leaf=2, spines=2)
+    assert under_one_switch(rails, range(8)) and not under_one_switch(rails, range(16))
+    assert under_one_switch(rails, [0, 8])  # rail 0 of servers 0 and 1: one rail leaf
+    assert not under_one_switch(rails, [0, 8, 16, 24])  # rail 0 of all four: two rail leaves (2 servers each)
     # Under one leaf only the GPUs' own ports bind: bulk takes what one flow per pair takes, and auto uses it.
     matrix = _zipf_matrix(16, 256, 1.0)
     per_pair, _ = _run(cluster, _graph(16, matrix=matrix), "per_pair")
