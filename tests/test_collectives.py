@@ -179,3 +179,29 @@ def test_bandwidth_efficiency_scales_the_bandwidth_term_only(node8):
     assert t == pytest.approx(expected, rel=1e-6)
     with pytest.raises(ValueError, match="network.bandwidth_efficiency"):
         NetworkConfig(bandwidth_efficiency=1.5)
+
+
+# ------------------------------------------------------------------ NCCL's all-to-all rounds
+def test_remote_rounds_by_hand_and_every_round_is_a_permutation():
+    import numpy as np
+
+    from simulator.collectives import remote_rounds
+
+    # 3 servers x 2 members. Member 0 (server 0, local 0): peer 1 is local; peers 2, 3 (server 1, locals 0, 1)
+    # are rounds (d=1, s=0), (1, 1): places 1, 2; peers 4, 5: (2, 0), (2, 1): places 3, 4. Member 1 (local 1):
+    # peer 2 is (d=1, s=1): place 2; peer 3 (1, 0): 1; peer 4 (2, 1): 4; peer 5 (2, 0): 3; peer 0 local.
+    out = remote_rounds([0, 0, 1, 1, 2, 2])
+    assert out[0].tolist() == [0, 0, 1, 2, 3, 4]
+    assert out[1].tolist() == [0, 2, 1, 4, 3, 0]
+    # 4 servers x 8: in every remote round each member sends to a different GPU (no incast), and every member
+    # meets each of its 24 remote peers exactly once
+    servers = np.repeat(np.arange(4), 8)
+    out = remote_rounds(servers)
+    n = len(servers)
+    for r in range(1, 25):
+        i, k = np.nonzero(out == r)
+        assert sorted(i.tolist()) == list(range(n))  # every member has one transfer in round r
+        assert len(set(((i + k) % n).tolist())) == n  # to distinct destinations
+    assert (np.sort(out, axis=1)[:, -24:] == np.arange(1, 25)).all()
+    # unequal servers: the order of offsets
+    assert remote_rounds([0, 0, 0, 1]).tolist() == [[0, 0, 0, 1], [0, 0, 1, 0], [0, 1, 0, 0], [0, 1, 2, 3]]
