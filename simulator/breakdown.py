@@ -61,8 +61,7 @@ def op_category(kind: np.ndarray, name: np.ndarray, micro_batch: np.ndarray, tra
     return np.array(names, dtype=object)[code]
 
 
-_BASE_CATEGORIES = ("forward", "backward", "recompute", "optimizer", "other_compute")
-_BASE_CODE = {c: i for i, c in enumerate(_BASE_CATEGORIES)}
+_BASE_CODE = {c: i for i, c in enumerate(COMPUTE_CATEGORIES)}
 _PHASE_CODE = {letter: _BASE_CODE[c] for letter, c in _PHASE.items()}
 
 
@@ -85,9 +84,9 @@ def _category_codes(kind: np.ndarray, name: np.ndarray, micro_batch: np.ndarray,
     out[compute] = np.where(in_mb_c, code & 7, np.where(code >= 8, _BASE_CODE["optimizer"], other))
     comm = ~compute
     comm_classes = np.asarray(traffic_class, dtype=object)[comm].tolist()
-    classes = {c: len(_BASE_CATEGORIES) + i for i, c in enumerate(dict.fromkeys(comm_classes))}
+    classes = {c: len(COMPUTE_CATEGORIES) + i for i, c in enumerate(dict.fromkeys(comm_classes))}
     out[comm] = np.fromiter(map(classes.__getitem__, comm_classes), dtype=np.int64, count=len(comm_classes))
-    return out, [*_BASE_CATEGORIES, *("exposed_" + c for c in classes)]
+    return out, [*COMPUTE_CATEGORIES, *("exposed_" + c for c in classes)]
 
 
 def _column(ops, name: str) -> np.ndarray:
@@ -161,7 +160,7 @@ def _layers(ops) -> list[tuple[str, np.ndarray | None, bool]]:
     in_mb = micro_batch >= 0
     ep = traffic_class == "ep"
     waiting = blocking & (_column(ops, "issue_s") < _column(ops, "start_s"))
-    comm_names = sorted(cat_names[len(_BASE_CATEGORIES):])  # every class named is that of a communication op
+    comm_names = sorted(cat_names[len(COMPUTE_CATEGORIES):])  # every class named is that of a communication op
     layers: list[tuple[str, np.ndarray | None, bool]] = []
 
     def comm(mask: np.ndarray) -> None:

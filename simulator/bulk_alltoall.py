@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .collectives import remote_rounds
+from .collectives import offset_peers, remote_rounds
 from .nccl import BANDWIDTH_FACTOR, p2p_protocol, step_latencies
 
 BULK_OFFSETS_PER_BLOCK = 1 << 22  # transfers routed per array pass (bounds the memory of one pass)
@@ -39,7 +39,8 @@ BULK_CACHED_RANKS = 256  # groups up to this size keep their routed pairs (_rout
 # Cluster graph -> what depends only on it, the routing seed and the group, kept as long as the graph lives
 # (a sweep over message sizes builds a new fabric per size): ("routes", seed, group) -> routed pairs
 # (_routed); ("plan", seed, group, latency model) -> a uniform plan (_fill of a _layout); ("layout", seed,
-# group, latency model) -> the last alltoallv layout of the group and the pairs it was made for.
+# group, latency model) -> the last alltoallv layout of the group and the pairs it was made for;
+# ("one switch", group) -> under_one_switch.
 _BY_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -90,10 +91,8 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     ``pairs_of`` (an :class:`AllToAllPairs`)."""
     n = len(group)
     members = np.asarray(group, dtype=np.int64)
-    # peer[i, k] = (i + k) % n: member i's k-th peer in NCCL's offset order (int32: 64 MiB at 4,096 ranks)
+    peer = offset_peers(n)  # peer[i, k] = (i + k) % n
     offsets = np.arange(n, dtype=np.int32)
-    peer = offsets[:, None] + offsets[None, :]
-    peer[peer >= n] -= n
     # sizes[i, k]: bytes member i sends to its k-th peer, or None when all are S/n
     sizes = None
     if matrix is not None:
@@ -171,8 +170,8 @@ def _layout(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarra
 
     # cross[i, k]: member i's k-th peer sits on another server; remote[i, k]: that transfer's place among i's
     # transfers to other servers in NCCL's order of rounds
-    cross = servers[peer] != servers[:, None]
     remote = remote_rounds(servers, peer)
+    cross = remote > 0
     # tail[i, k]: the transfer is member i's last of its class to start: its last remote peer in NCCL's order
     # of rounds (the largest place), or its peer in the server at the largest offset (they start together)
     rows = np.arange(n)
@@ -325,11 +324,21 @@ def under_one_switch(cluster, ranks) -> bool:
     → NIC: the GPUs' NICs all hang off one switch (or the GPUs share one server). Then no switch-to-switch
     link carries their all-to-all, only each GPU's own NIC and NVLink ports can bind, and a bulk all-to-all
     takes what one flow per GPU pair takes (measured equal to rounding, docs/DESIGN.md, "Bulk all-to-all"),
-    alltoallv included. A GPU without a NIC counts as sharing its server's."""
-    graph = cluster.graph
-    ranks = list(ranks)
+    alltoallv included. A GPU without a NIC counts as sharing its server's. Kept per cluster graph and
+    group, with the bulk plans."""
+    ranks = tuple(ranks)
+    cache = _BY_GRAPH.setdefault(cluster.graph, {})
+    key = ("one switch", ranks)
+    out = cache.get(key)
+    if out is None:
+        out = cache[key] = _under_one_switch(cluster, ranks)
+    return out
+
+
+def _under_one_switch(cluster, ranks: tuple[int, ...]) -> bool:
     if len({cluster.server_of(r) for r in ranks}) <= 1:  # NVLink only
         return True
+    graph = cluster.graph
     switches: set = set()
     for rank in ranks:
         for nic in graph.successors(cluster.gpus[rank]):

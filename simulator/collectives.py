@@ -245,10 +245,19 @@ def _merge(parallel_plans: list[list[tuple[Transfer, ...]]]) -> list[tuple[Trans
     return [tuple(t for plan in parallel_plans for t in plan[i]) for i in range(len(parallel_plans[0]))]
 
 
+def offset_peers(n: int) -> np.ndarray:
+    """``peer[i, k] = (i + k) % n``: member ``i``'s ``k``-th peer in offset order (int32: 64 MiB at 4,096)."""
+    offsets = np.arange(n, dtype=np.int32)
+    peer = offsets[:, None] + offsets[None, :]
+    peer[peer >= n] -= n
+    return peer
+
+
 def remote_rounds(servers: Sequence[int] | np.ndarray, peer: np.ndarray | None = None) -> np.ndarray:
     """``out[i, k]``: the place (1, 2, ...) of the transfer from member ``i`` to member ``peer[i, k] = (i + k)
     % n`` among ``i``'s transfers to other servers in NCCL's order of rounds, 0 for a peer on ``i``'s own
-    server; ``servers[i]`` is member ``i``'s server (int32, ``n x n``).
+    server (so ``out > 0`` marks the transfers that leave their server); ``servers[i]`` is member ``i``'s
+    server; ``peer`` is :func:`offset_peers` if already made (int32, ``n x n``).
 
     NCCL schedules a grouped send/recv in rounds of (node delta, local step): in round ``(d, s)`` the
     member with local index ``l`` on the group's ``x``-th server sends to local index ``(l + s) % m`` on
@@ -258,11 +267,8 @@ def remote_rounds(servers: Sequence[int] | np.ndarray, peer: np.ndarray | None =
     falls back to the order of offsets (its ``r``-th transfer to another server in the order ``i+1, i+2,
     ...``)."""
     servers = np.asarray(servers)
-    n = len(servers)
     if peer is None:
-        offsets = np.arange(n, dtype=np.int32)
-        peer = offsets[:, None] + offsets[None, :]
-        peer[peer >= n] -= n
+        peer = offset_peers(len(servers))
     cross = servers[peer] != servers[:, None]
     _, node, counts = np.unique(servers, return_inverse=True, return_counts=True)
     if len(set(counts.tolist())) > 1:  # unequal servers: the order of offsets
@@ -271,7 +277,7 @@ def remote_rounds(servers: Sequence[int] | np.ndarray, peer: np.ndarray | None =
         return out
     m, nodes = int(counts[0]), len(counts)
     node = node.ravel().astype(np.int32)
-    local = np.zeros(n, dtype=np.int32)
+    local = np.zeros(len(servers), dtype=np.int32)
     for x in range(nodes):
         where = np.flatnonzero(node == x)
         local[where] = np.arange(len(where), dtype=np.int32)

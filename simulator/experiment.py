@@ -253,14 +253,12 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
                      routing=dataclasses.replace(routing_from_dict(_section(doc, "moe")),
                                                  node_gpus=cluster.gpus_per_server))
     exp.faults, exp.healthy_cluster = faults, healthy
-    sms = exp.options.tp_comm_overlap_sms
-    if parallel.tp_comm_overlap and sms >= cluster.gpu.sm_count:
-        raise ConfigError(f"options.tp_comm_overlap_sms: {sms} SMs for communication leave none of the "
-                          f"{cluster.gpu.sm_count} SMs of {cluster.gpu.name} for the GEMMs beside them")
-    sms = exp.options.dualpipe_comm_sms
-    if parallel.schedule == "dualpipe" and model.is_moe and sms >= cluster.gpu.sm_count:
-        raise ConfigError(f"options.dualpipe_comm_sms: {sms} SMs for communication leave none of the "
-                          f"{cluster.gpu.sm_count} SMs of {cluster.gpu.name} for the GEMMs beside them")
+    for knob, used in (("tp_comm_overlap_sms", parallel.tp_comm_overlap),
+                       ("dualpipe_comm_sms", parallel.schedule == "dualpipe" and model.is_moe)):
+        sms = getattr(exp.options, knob)
+        if used and sms >= cluster.gpu.sm_count:
+            raise ConfigError(f"options.{knob}: {sms} SMs for communication leave none of the "
+                              f"{cluster.gpu.sm_count} SMs of {cluster.gpu.name} for the GEMMs beside them")
     exp.plan = plan_options(doc.get("plan"))
     exp.compute_model()  # compute knobs fail here, with the file's name, not after the step is built
     return exp

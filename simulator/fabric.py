@@ -184,7 +184,6 @@ class Fabric:
         self._estimate_cache: dict[tuple, list[float]] = {}  # plan shape (see _plan_shape) -> estimates
         self._route_latency: dict[tuple, tuple[np.ndarray, float]] = {}
         self._phases_cache: dict[tuple, tuple] = {}
-        self._one_switch: dict[tuple[int, ...], bool] = {}  # group -> under_one_switch (alltoallv "auto")
         self._server_array: np.ndarray | None = None  # rank -> server, made for _lane_phases
         self._last_choice: tuple | None = None  # (key, plan, protocol) of the latest choose()
         # a phase's transfers ((hops, label) each) -> their bottlenecks (s/B) and route latencies (_estimates)
@@ -510,12 +509,8 @@ class Fabric:
         if kind != "all_to_all" or self._spray or len(group) < 2 or algorithm not in ("auto", "direct"):
             return False
         if matrix is not None:
-            if mode == "auto":
-                one = self._one_switch.get(group)
-                if one is None:
-                    one = self._one_switch[group] = under_one_switch(self.cluster, group)
-                return one and any(any(row) for row in matrix)
-            return mode == "bulk" and any(any(row) for row in matrix)
+            chosen = mode == "bulk" or (mode == "auto" and under_one_switch(self.cluster, group))
+            return chosen and any(any(row) for row in matrix)
         return nbytes > 0 and (mode == "bulk" or (mode == "auto" and len(group) >= BULK_ALL_TO_ALL_RANKS))
 
     def _route_plan(self, plan: Plan, protocol: str, count: int = 1) -> tuple[tuple[tuple, ...], ...]:

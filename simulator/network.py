@@ -85,7 +85,7 @@ import heapq
 from array import array
 from collections.abc import Callable, Sequence
 from itertools import chain
-from operator import lt, truediv
+from operator import attrgetter, itemgetter, lt, truediv
 
 import numpy as np
 import simpy
@@ -348,12 +348,11 @@ class _Session:
     state the trajectory says, and go on as any flow: :meth:`FlowNetwork._materialize`).
     """
 
-    __slots__ = ("key", "links", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done",
+    __slots__ = ("key", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done",
                  "budget", "call", "held", "sid", "arr")
 
-    def __init__(self, key: tuple, links: tuple, t0: float, sid: int = 0, arr: np.ndarray | None = None) -> None:
+    def __init__(self, key: tuple, t0: float, sid: int, arr: np.ndarray) -> None:
         self.key = key
-        self.links = links
         self.sid = sid  # its id in the network's owner array (FlowNetwork._owner)
         self.arr = arr  # links as an array
         self.t0 = t0
@@ -520,7 +519,6 @@ class LinkLedger:
         if self._unfolded:
             # Every entry's bytes onto its links, entry by entry in order (and per class over its entries), in
             # chunks of about a million link entries: the same additions in the same order as one per entry.
-            from operator import attrgetter, itemgetter
 
             wire = np.frombuffer(self._wire, dtype=float)
             rows = np.flatnonzero(wire)
@@ -805,7 +803,7 @@ class FlowNetwork(_NetworkBase):
             if not (count_nonzero(self._owner_np[arr])  # (count_nonzero: .any() at a third of the cost)
                     or (count_nonzero(self._occupied[arr]) and any(map(self._on_link.__getitem__, links)))):
                 self._next_sid += 1
-                session = _Session(key, links, now, self._next_sid, arr)
+                session = _Session(key, now, self._next_sid, arr)
                 session.held = True
                 self._owner_np[arr] = session.sid
                 self._sessions[session.sid] = session
@@ -1008,7 +1006,7 @@ class FlowNetwork(_NetworkBase):
         heapq.heappush(self._replays_due, (end, self._pending_seq, session))
         self._wake(end)
 
-    def _book(self, call: _Call, traj: _Trajectory, links: tuple) -> tuple:
+    def _book(self, call: _Call, traj: _Trajectory) -> tuple:
         """What a whole replay of ``traj`` for ``call`` books, made once per (call, trajectory):
         ``(finished flows as (route, nbytes, payload), rate log times relative to the start, route ids,
         deltas, (links, busy seconds) arrays, flows)``, in the order the flows would have booked them."""
@@ -1050,7 +1048,7 @@ class FlowNetwork(_NetworkBase):
             return  # made real before its end
         session.done = True
         ledger = self.ledger
-        done, offs, ridx, deltas, (busy_links, busy_s), n = self._book(session.call, session.traj, session.links)
+        done, offs, ridx, deltas, (busy_links, busy_s), n = self._book(session.call, session.traj)
         # The same additions as the flows would have made, in the same order (t0 + offset per entry).
         ledger.rate_t.frombytes((session.t0 + offs).tobytes())
         ledger.rate_route.frombytes(ridx)

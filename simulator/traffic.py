@@ -29,6 +29,8 @@ import pandas as pd
 
 from topologies.cluster import Cluster
 
+from .bulk_alltoall import AllToAllPairs
+
 LEVELS = ("gpu", "node", "leaf")
 
 
@@ -65,14 +67,24 @@ def pair_bytes(payload_by_route: Sequence[tuple[np.ndarray, str, float]], pairs_
     dst: list[int] = []
     cls: list[str] = []
     nbytes: list[float] = []
-    frames = []  # pairs given as arrays (a bulk all-to-all's millions)
+    frames = []  # in route order (a pair's bytes are summed in that order): rows built one by one, then the
+    # pairs given as arrays (a bulk all-to-all's millions)
+
+    def rows() -> pd.DataFrame:
+        frame = pd.DataFrame({"src": np.array(src, dtype=np.int64), "dst": np.array(dst, dtype=np.int64),
+                              "traffic_class": cls, "bytes": np.array(nbytes, dtype=float)})
+        src.clear(), dst.clear(), cls.clear(), nbytes.clear()
+        return frame
+
     for links, traffic_class, payload in payload_by_route:
         if payload <= 0:
             continue
         hops = pairs_of(links)
         fractions = shares_of(links) if shares_of is not None else None
         share = payload / len(hops)
-        if hasattr(hops, "arrays"):
+        if isinstance(hops, AllToAllPairs):
+            if src:
+                frames.append(rows())
             s, d = hops.arrays()
             frames.append(pd.DataFrame({"src": s, "dst": d, "traffic_class": traffic_class,
                                         "bytes": np.full(len(s), share) if fractions is None
@@ -83,10 +95,9 @@ def pair_bytes(payload_by_route: Sequence[tuple[np.ndarray, str, float]], pairs_
             dst.append(d)
             cls.append(traffic_class)
             nbytes.append(share if fractions is None else payload * fractions[k])
-    df = pd.DataFrame({"src": np.array(src, dtype=np.int64), "dst": np.array(dst, dtype=np.int64),
-                       "traffic_class": cls, "bytes": np.array(nbytes, dtype=float)})
-    if frames:
-        df = pd.concat([df, *frames], ignore_index=True)
+    if src or not frames:
+        frames.append(rows())
+    df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
     return df.groupby(["src", "dst", "traffic_class"], as_index=False, sort=True)["bytes"].sum()
 
 

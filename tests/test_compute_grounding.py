@@ -329,7 +329,8 @@ def test_nccl_small_messages_are_latency_bound_at_the_measured_floor():
     assert collective_time(two, "all_reduce", 16, 1024) == pytest.approx(35.9e-6, rel=0.15)
     # ... and all-to-all 49.75 us, more than either: its 8 messages to the other node go over Simple (NCCL has no
     # LL buffers for network send/recv) and are posted one after another; 1 remote peer (2 x 1): 29.84 us; its
-    # 7 NVLink peers alone (1 x 8) run at once: 9.34 us. Within 25% each (model: 46.2, 22.4, 7.2 us).
+    # 7 NVLink peers alone (1 x 8) run at once: 9.34 us. Within 25% each (model: 46.2, 22.4, 7.2 us; the 2 x 1
+    # case sits at -24.9%, the edge of the tolerance: NCCL's per-message costs beyond its tuner's are not modelled).
     a2a = collective_time(two, "all_to_all", 16, 1024)
     assert a2a == pytest.approx(49.75e-6, rel=0.10) and a2a > collective_time(two, "all_gather", 16, 1024)
     pair = build_cluster({"preset": "dgx-a100", "nodes": 2, "gpus_per_node": 1})

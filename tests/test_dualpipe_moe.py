@@ -130,7 +130,8 @@ def test_shared_expert_overlap_conserves_compute_and_does_not_lengthen_the_step(
     busy = {k: r.ops[r.ops["kind"] == "compute"].groupby("rank")["duration_s"].sum() for k, r in runs.items()}
     assert busy[True].to_numpy() == pytest.approx(busy[False].to_numpy(), rel=1e-12)
     assert steps[True].executed_flops == pytest.approx(steps[False].executed_flops, rel=1e-12)
-    # premise: the shared expert's compute fits under the all-to-alls it hides under
+    # premise: the shared expert's compute fits under the all-to-alls it hides under (it was under half of them
+    # until the all-to-all latency model became NCCL's rounds, which shortened the exchanges: 0.63 of them now)
     ops = on.ops[on.ops["rank"] == 0]
     shared = ops[ops["name"].str.endswith((".shared_1", ".shared_2"))]["duration_s"].sum()
     a2a = ops[(ops["traffic_class"] == "ep")]["duration_s"].sum()

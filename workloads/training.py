@@ -456,6 +456,7 @@ class _StepBuilder:
         self._fp8_weights: dict[tuple[int, int], tuple[float, float]] = {}
         self._fp8_gemms: dict[tuple[int, int], int] = {}  # (stage, chunk) -> its FP8 GEMMs (amax entries)
         self._node_patterns: dict[tuple[int, ...], tuple[list[int], tuple[int, ...]]] = {}  # EP group -> nodes
+        self._reserved: dict[tuple[int, int], tuple] = {}  # (id(kernel tuple), SMs) -> (tuple, reserved copy)
         self._param_buckets: dict[tuple[int, int], tuple[list[float], list[int], list[int]]] = {}
         self.plan = sharding_plan(parallel, training.dtype, options.grad_dtype_bytes)
         self.grad_bytes = self.plan.grad_bytes
@@ -859,9 +860,9 @@ class _StepBuilder:
         token slots its experts compute, and under ``moe.dispatch: deepep`` the NVLink forwards out and back."""
         group, e = self._ep_group(rank)
         draw = (layer, mb if self.routing.draw == "micro_batch" else None)
+        if self.routing.dispatch == "deepep":  # kept per (draw, which ranks share a node): see _deepep_rows
+            return group, e, self._deepep_rows(layer, mb, group, e)
         rows = self._moe_rows.get((draw, e))  # the same for every EP group (and every micro-batch: draw: layer)
-        if rows is None and self.routing.dispatch == "deepep":
-            rows = self._deepep_rows(layer, mb, group, e)
         if rows is None:
             tokens = self._tokens(layer, mb, draw)
             # etp = tp: the layer's tokens are routed once per TP group, each TP rank ships its 1/t of them.
@@ -1004,8 +1005,7 @@ class _StepBuilder:
                 tables += [(forward * out_token).tolist(), (forward.T * per_token).tolist()]
             per_e = self._deepep[key] = [(tuple(out), tuple(back), int(load), *(tuple(row) for row in more))
                                          for out, back, load, *more in zip(*tables)]
-        rows = self._moe_rows[(draw, e)] = per_e[e]
-        return rows
+        return per_e[e]
 
     def _tp_group(self, rank: int) -> tuple[int, ...]:
         group = self._tp_groups.get(rank)
@@ -1534,12 +1534,17 @@ class _StepBuilder:
         and ``sms``); a GEMM op without kernels becomes one such kernel. Other kernels are left alone: the
         compute model shares SMs out for GEMMs only (attention and memory-bound kernels keep their rate)."""
         gemms = ("gemm", "gemm_fp8")
-        for op in self.graph.ops[first_op:]:
+        reserved = self._reserved  # (id of a kernel tuple, sms) -> (that tuple, its reserved copy): ops that
+        for op in self.graph.ops[first_op:]:  # shared kernels keep sharing them (the engine caches by identity)
             if op.kind != "compute" or op.duration_s is not None:
                 continue
             if op.parts:
-                op.parts = tuple(replace(k, sm_reserved=max(k.sm_reserved, sms)) if k.category in gemms else k
-                                 for k in op.parts)
+                hit = reserved.get((id(op.parts), sms))
+                if hit is None or hit[0] is not op.parts:
+                    hit = reserved[(id(op.parts), sms)] = (op.parts, tuple(
+                        replace(k, sm_reserved=max(k.sm_reserved, sms)) if k.category in gemms else k
+                        for k in op.parts))
+                op.parts = hit[1]
             elif op.category in gemms:
                 op.parts = (Kernel(op.category, op.flops, op.nbytes, op.shape, 1, sms),)
 
