@@ -519,7 +519,6 @@ class LinkLedger:
         if self._unfolded:
             # Every entry's bytes onto its links, entry by entry in order (and per class over its entries), in
             # chunks of about a million link entries: the same additions in the same order as one per entry.
-
             wire = np.frombuffer(self._wire, dtype=float)
             rows = np.flatnonzero(wire)
             if len(rows):
