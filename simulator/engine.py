@@ -196,6 +196,10 @@ def match_ops(graph: OpGraph) -> dict[int, tuple]:
             if need is None:
                 need = shapes[key[1]] = group_shape(key[1], replicas)[1]
             present = {o.rank for o in ops}
+            if first.split is not None and len(need) < len(key[1]) and first.rows is None:
+                # An alltoallv's matrix needs every member's row; members a representative stands for issue none.
+                raise OpGraphError(f"{_describe(first)}: alltoallv on group {list(key[1])} is issued by "
+                                   f"representative(s) {need} only; it must carry every member's row (rows=)")
             missing = [r for r in need if r not in present]
             if missing:
                 problems.append(f"{_describe(first)} (collective #{key[2]} on group {list(key[1])}) "
@@ -392,7 +396,9 @@ class Engine:
                 fabric.collectives_run += 1
                 done = _Countdown(1, finish, ids)
                 matrix = None
-                if op.split is not None:  # alltoallv: row i = what the i-th member of the group sends
+                if op.rows is not None:  # a representative issuing for members it stands for: every row
+                    matrix = op.rows
+                elif op.split is not None:  # alltoallv: row i = what the i-th member of the group sends
                     position = {r: k for k, r in enumerate(op.group)}
                     matrix = tuple(o.split for o in sorted(group, key=lambda o: position[o.rank]))
                 if shape[0] == "internal":

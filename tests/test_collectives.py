@@ -171,6 +171,35 @@ def test_alltoallv_sends_what_each_pair_asks_for(node8):
     assert res.bytes_by_class["ep"] == pytest.approx(5e9)
 
 
+def test_an_alltoallv_issued_by_a_representative_carries_every_members_row(node8):
+    from simulator import simulate
+    from simulator.engine import DeadlockError
+    from workloads.ops import OpGraph, OpGraphError
+    # The matrix of the test above, issued by rank 0 alone for the group it stands for (lockstep over
+    # balanced routing): the same flows, so the same hand-worked time α + 5 GB / B.
+    rows = ([0, 3e9, 0, 0], [0, 0, 0, 0], [0, 1e9, 0, 0], [0, 1e9, 0, 0])
+    g = OpGraph(4)
+    g.replicas = {0: (0, 1, 2, 3)}
+    g.collective_op(0, "all_to_all", [0, 1, 2, 3], 0, split=rows[0], rows=rows, traffic_class="ep")
+    res = simulate(g, node8, network=IDEAL_NET)
+    assert res.step_time == pytest.approx(nvlink_alpha(node8) + 5e9 / node8.gpu.nvlink_bandwidth, rel=1e-6)
+    assert res.bytes_by_class["ep"] == pytest.approx(5e9)
+    # Without the rows the other members' sizes are unknown: refused before the run, never guessed.
+    g = OpGraph(4)
+    g.replicas = {0: (0, 1, 2, 3)}
+    g.collective_op(0, "all_to_all", [0, 1, 2, 3], 0, split=rows[0], traffic_class="ep")
+    with pytest.raises((OpGraphError, DeadlockError), match="every member's row"):
+        simulate(g, node8, network=IDEAL_NET)
+    # Rows are checked when the op is made: one per member, sizes >= 0, the issuer's own row its split.
+    g = OpGraph(4)
+    for bad, match in (((rows[0],), "need 4 rows"), ((rows[0], rows[1], rows[2], [0, -1, 0, 0]), "non-negative"),
+                       ((rows[1], rows[0], rows[2], rows[3]), "differs from its split")):
+        with pytest.raises(OpGraphError, match=match):
+            g.collective_op(0, "all_to_all", [0, 1, 2, 3], 0, split=rows[0], rows=bad)
+    with pytest.raises(OpGraphError, match="only an alltoallv"):
+        g.collective_op(0, "all_to_all", [0, 1, 2, 3], 1e6, rows=rows)
+
+
 def test_bandwidth_efficiency_scales_the_bandwidth_term_only(node8):
     n, size, eff = 8, 2**30, 0.8
     expected = 2 * (n - 1) * nvlink_alpha(node8) + 2 * (n - 1) / n * size / (eff * node8.gpu.nvlink_bandwidth)

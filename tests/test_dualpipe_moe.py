@@ -143,12 +143,14 @@ def test_shared_expert_overlap_conserves_compute_and_does_not_lengthen_the_step(
 
 # ------------------------------------------------------------------ (4) representatives agree with full
 @pytest.mark.parametrize("fidelity", ["fast", "lockstep"])
-@pytest.mark.parametrize("name", ["all", "etp2-tp1"])
+@pytest.mark.parametrize("name", ["all", "etp2-tp1", "deepep"])
 def test_representatives_agree_with_full(name, fidelity):
     exp = experiment_from_dict(option_doc(name))
     full = run_experiment(exp, force=True, fidelity="full")
     assert _in_pairs(full.ops).any()
     rep = run_experiment(exp, force=True, fidelity=fidelity)
+    if name == "deepep" and fidelity == "lockstep":  # balanced routing, TP 1: one rank stands for each stage
+        assert len(rep.record.graph.replicas) == 2
     assert rep.step_time == pytest.approx(full.step_time, rel=0.02)
     for cls, nbytes in full.bytes_by_class.items():
         assert rep.bytes_by_class[cls] == pytest.approx(nbytes, rel=1e-9)

@@ -96,6 +96,34 @@ def test_lockstep_of_a_moe_model_stands_one_rank_for_each_ep_index(routing):
     assert lockstep.events < full.events
 
 
+@pytest.mark.parametrize("dispatch", ["all_to_all", "deepep"])
+def test_lockstep_of_a_balanced_moe_model_stands_one_rank_for_each_stage(dispatch):
+    # Balanced routing: every EP rank computes the same load and its rows are its peers' relabelled, so every
+    # rank of a stage runs one program and lockstep needs one representative per stage (as for a dense model);
+    # it issues each all-to-all for its whole EP group, every member's row carried along. EP 16 spans two
+    # nodes, so DeepEP forwards over NVLink too.
+    tp, ep = (2, 4) if dispatch == "all_to_all" else (1, 16)
+    doc = _doc({"nodes": 4, "nodes_per_leaf": 2, "spines": 2}, {"tp": tp, "pp": 2, "dp": 16 // tp, "ep": ep,
+                                                               "zero": 1})
+    doc["model"] = {"preset": "mixtral-8x7b", "layers": 4, "hidden": 512, "ffn_hidden": 1024, "heads": 8,
+                    "kv_heads": 8, "vocab": 1000, "experts": 16}
+    doc["moe"] = {"routing": "balanced", "dispatch": dispatch}
+    exp = experiment_from_dict(doc)
+    full = run_experiment(exp, force=True, fidelity="full")
+    fast = run_experiment(exp, force=True, fidelity="fast")
+    lockstep = run_experiment(exp, force=True, fidelity="lockstep")
+    replicas = lockstep.record.graph.replicas
+    assert len(replicas) == 2 and all(len(block) == 16 for block in replicas.values())  # one per stage block
+    assert {op.rank for op in lockstep.record.graph.ops} == set(replicas)
+    assert lockstep.step_time == pytest.approx(full.step_time, rel=TOLERANCE)
+    assert lockstep.summary["flows"] == full.summary["flows"]
+    for cls, b in full.bytes_by_class.items():
+        assert lockstep.bytes_by_class[cls] == pytest.approx(b, rel=1e-9)
+    assert lockstep.links["bytes"].to_numpy() == pytest.approx(full.links["bytes"].to_numpy(), rel=1e-9)
+    assert lockstep.summary["moe"] == full.summary["moe"]
+    assert lockstep.events < fast.events / 2
+
+
 def test_lockstep_on_the_256_gpu_benchmark_rung():
     # GPT-3 175B, TP8 PP8 DP4 on 32 DGX nodes over 2 leaves (benchmarks/): DP replicas cross a leaf boundary.
     from simulator.experiment import load_experiment

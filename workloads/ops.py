@@ -120,6 +120,12 @@ class Collective(Op):
     ``alltoallv``: the bytes this rank sends to each member of ``group``, in
     group order; ``nbytes`` is then their sum. Members may send different
     amounts, so only kind, group and count must match.
+
+    ``rows`` (with ``split``) is every member's split, in group order, for a
+    graph whose representative issues the exchange on behalf of members it
+    stands for (``graph.replicas``): those members issue no op, so the
+    representative carries the whole matrix. ``rows[i]`` is what the i-th
+    member sends; the issuing rank's own row equals ``split``.
     """
 
     collective: str = "all_reduce"
@@ -128,6 +134,7 @@ class Collective(Op):
     algorithm: str = "auto"
     count: int = 1
     split: tuple[float, ...] | None = None
+    rows: tuple[tuple[float, ...], ...] | None = None
     kind = "collective"
 
 
@@ -178,6 +185,7 @@ class OpGraph:
         self._valid_groups: set[tuple[int, ...]] = set()  # groups already checked (distinct, in range)
         # id(split tuple given) -> (that tuple, as floats, its sum): alltoallv rows already checked
         self._valid_splits: dict[int, tuple[tuple, tuple[float, ...], float]] = {}
+        self._valid_rows: dict[int, tuple[tuple, tuple[tuple[float, ...], ...]]] = {}  # the same, for rows
         # Totals of kernel tuples already seen, by identity (generators share one tuple across many ops);
         # the tuple is kept in the value so that its id cannot be reused while cached.
         self._part_totals: dict[int, tuple[tuple[Kernel, ...], float, float]] = {}
@@ -256,6 +264,7 @@ class OpGraph:
         algorithm: str = "auto",
         count: int = 1,
         split: Sequence[float] | None = None,
+        rows: Sequence[Sequence[float]] | None = None,
         traffic_class: str = "dp",
         layer: int = -1,
         micro_batch: int = -1,
@@ -295,11 +304,35 @@ class OpGraph:
                 nbytes = sum(split)
                 if isinstance(given, tuple):
                     self._valid_splits[id(given)] = (given, split, nbytes)
+        if rows is not None:
+            rows = self._checked_rows(rows, grp, rank, split)
         ops = self.ops
         n = len(ops)
         ops.append(Collective(n, rank, stream, self._deps(deps), name or collective, traffic_class, layer,
-                              micro_batch, stage, collective, grp, float(nbytes), algorithm, int(count), split))
+                              micro_batch, stage, collective, grp, float(nbytes), algorithm, int(count), split,
+                              rows))
         return n
+
+    def _checked_rows(self, rows: Sequence[Sequence[float]], grp: tuple[int, ...], rank: int,
+                      split: tuple[float, ...] | None) -> tuple[tuple[float, ...], ...]:
+        """``rows`` of an alltoallv as a tuple of float tuples, checked once per rows object (a generator hands
+        the same matrix to every micro-batch of a draw): one row of ``len(grp)`` non-negative sizes per member,
+        the issuing rank's own row equal to its ``split``."""
+        checked = self._valid_rows.get(id(rows))
+        if checked is not None and checked[0] is rows and len(rows) == len(grp):
+            out = checked[1]
+        else:
+            if split is None:
+                raise OpGraphError("rows: only an alltoallv (an all_to_all with split) carries its members' rows")
+            out = tuple(tuple(map(float, row)) for row in rows)
+            if len(out) != len(grp) or any(len(row) != len(grp) or any(map((0.0).__gt__, row)) for row in out):
+                raise OpGraphError(f"rows: need {len(grp)} rows of {len(grp)} non-negative sizes (one row per "
+                                   f"group member), got {len(out)} rows")
+            if isinstance(rows, tuple):
+                self._valid_rows[id(rows)] = (rows, out)
+        if out[grp.index(rank)] != split:
+            raise OpGraphError(f"rows: row {grp.index(rank)} (rank {rank}'s own) differs from its split")
+        return out
 
     def collective(
         self,

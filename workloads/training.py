@@ -482,6 +482,11 @@ class _StepBuilder:
         self._moe_rows: dict[tuple, tuple[tuple[float, ...], tuple[float, ...], int]] = {}
         self._rank_tokens: dict[tuple, np.ndarray] = {}  # draw -> its EP rank matrix (every e's rows read it)
         self._deepep: dict[tuple, list] = {}  # (draw, node pattern) -> every EP index's rows (deepep_matrices)
+        # Set by build(): one representative issues each EP exchange for its whole EP group (symmetric routing
+        # under lockstep), carrying every member's row. (draw, group) -> those matrices; equal ones interned.
+        self.whole_ep_groups = False
+        self._ep_matrices: dict[tuple, tuple] = {}
+        self._interned: dict[tuple, tuple] = {}
         self._moe_kernels: dict[int, tuple] = {}  # id(segment's MoE split) -> (split, kernels before, after)
         self._end_params: dict[int, float] = {}
         self._stage_params: dict[int, tuple[float, float]] = {}
@@ -878,6 +883,21 @@ class _StepBuilder:
             rows = self._moe_rows[(draw, e)]
         return group, e, rows
 
+    def _group_matrices(self, rank: int, layer: int, mb: int) -> tuple[tuple[tuple[float, ...], ...], ...]:
+        """Every member's rows of ``rank``'s EP group in micro-batch ``mb`` of ``layer``, one matrix per exchange
+        (dispatch, combine, and DeepEP's forwards out and back): what a representative issuing for its whole EP
+        group carries (``rows`` of :class:`~workloads.ops.Collective`). Equal matrices are one object (balanced
+        routing draws the same matrix every time), so the engine and network see a recurring exchange."""
+        group, _e = self._ep_group(rank)
+        draw = (layer, mb if self.routing.draw == "micro_batch" else None)
+        found = self._ep_matrices.get((draw, group))
+        if found is None:
+            per_member = [self._moe_rows_for(r, layer, mb)[2] for r in group]
+            found = tuple(self._interned.setdefault(m, m) for m in
+                          (tuple(rows[k] for rows in per_member) for k in (0, 1, *range(3, len(per_member[0])))))
+            self._ep_matrices[(draw, group)] = found
+        return found
+
     def emit_moe(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
         """One pass of a MoE layer outside DualPipe's pairs: :meth:`moe_pieces` run to completion.
 
@@ -915,6 +935,9 @@ class _StepBuilder:
         g = self.graph
         before, experts, after, *shared = seg.moe
         group, _e, (out_row, back_row, load, *forward) = self._moe_rows_for(rank, seg.layer, mb)
+        # rows of the whole group, when this rank issues the exchanges for its EP peers too (lockstep, symmetric)
+        out_rows, back_rows, *forward_rows = (self._group_matrices(rank, seg.layer, mb) if self.whole_ep_groups
+                                              else (None,) * (2 + len(forward)))
         gather = None
         if self.expert_grid:
             # Megatron-Core's alltoall dispatcher with etp > 1: all-gather the dispatched tokens over the expert
@@ -939,12 +962,13 @@ class _StepBuilder:
         last = g.compute(rank, parts=kernels[1], name=f"{name}.pre", deps=deps, category="gemm", **tags)
         last = self._emit_tp(rank, seg, name, last, mb, stage)
         yield last
-        first = g.collective_op(rank, "all_to_all", group, 0, split=out_row, traffic_class="ep",
+        first = g.collective_op(rank, "all_to_all", group, 0, split=out_row, rows=out_rows, traffic_class="ep",
                                 name=f"{name}.ep_{'dispatch' if fwd else 'combine_grad'}",
                                 deps=[last] if apart else (), **a2a)
         wait: list[int] = [first] if apart else []
         if forward:  # DeepEP: the NVLink forwarding runs beside the RDMA hop (pipelined in chunks)
-            wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[0], traffic_class="ep",
+            wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[0], rows=forward_rows[0],
+                                        traffic_class="ep",
                                         name=f"{name}.ep_forward", deps=[last], **hop))
         if shared:
             yield g.compute(rank, parts=kernels[4], name=f"{name}.shared_1", category="gemm", **tags)
@@ -958,12 +982,13 @@ class _StepBuilder:
         if gather is not None:
             done = g.collective_op(rank, "reduce_scatter", gather, load * self.model.hidden * self.dtype,
                                    name=f"{name}.etp_scatter", traffic_class="tp", deps=[done], **a2a)
-        second = g.collective_op(rank, "all_to_all", group, 0, split=back_row, traffic_class="ep",
+        second = g.collective_op(rank, "all_to_all", group, 0, split=back_row, rows=back_rows, traffic_class="ep",
                                  name=f"{name}.ep_{'combine' if fwd else 'dispatch_grad'}",
                                  deps=[done] if apart else (), **a2a)
         wait = [second] if apart else []
         if forward:
-            wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[1], traffic_class="ep",
+            wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[1], rows=forward_rows[1],
+                                        traffic_class="ep",
                                         name=f"{name}.ep_forward_back", deps=[done], **hop))
         if shared:
             yield g.compute(rank, parts=kernels[5], name=f"{name}.shared_2", category="gemm", **tags)
@@ -1755,16 +1780,23 @@ class _StepBuilder:
         ep = self.par.ep
         if self.expert_grid:  # EP groups cross TP groups: TP peers run different programs, emit every rank
             representatives = None
-        if representatives == "stage" and self.t * self.cp * self.par.dp // ep > 1:
+        # Balanced routing gives every EP rank the same expert load and rows that are one another's relabelling:
+        # then every EP index runs one program, and one rank can stand for its whole EP group too.
+        self.whole_ep_groups = representatives == "stage" and self.expert_parallel and self.routing.kind == "balanced"
+        span = 1 if self.whole_ep_groups else ep  # EP indices with a representative of their own
+        if representatives == "stage" and self.t * self.cp * self.par.dp // span > 1:
             # Every rank of a pipeline stage runs the same program as the ranks with its EP index in the
             # other EP groups and their TP peers: same kernels, same TP collectives, the same all-to-all
             # rows (each draw, per layer and micro-batch, is the same in every EP group); its DP, EP, PP peers are the
             # same coordinates with their own indices. So emit the tp = 0 ranks of the first EP group (for
-            # dense models: the tp = 0, dp = 0 rank) of each stage; each stands for its expert-DP x TP
-            # block, listed DP-major (TP and DP groups are rows and columns: see engine.lanes).
-            ranks = [r for r in ranks if lay.coords(r).tp == 0 and lay.coords(r).cp == 0 and lay.coords(r).dp < ep]
-            self.graph.replicas = {r: tuple(x for d in lay.expert_dp_group(r) for c in lay.cp_group(d)
-                                            for x in lay.tp_group(c)) for r in ranks}
+            # dense models, and MoE models under balanced routing: the tp = 0, dp = 0 rank) of each stage; each
+            # stands for its expert-DP (DP) x TP block, listed DP-major (TP, DP and EP groups are rows, columns
+            # and column segments: see engine.lanes); under balanced routing its exchanges carry every EP
+            # member's rows (:meth:`_group_matrices`).
+            ranks = [r for r in ranks if lay.coords(r).tp == 0 and lay.coords(r).cp == 0 and lay.coords(r).dp < span]
+            block = lay.dp_group if self.whole_ep_groups else lay.expert_dp_group
+            self.graph.replicas = {r: tuple(x for d in block(r) for c in lay.cp_group(d) for x in lay.tp_group(c))
+                                   for r in ranks}
         elif representatives and self.t > 1:
             ranks = [r for r in ranks if lay.coords(r).tp == 0]
             self.graph.replicas = {r: lay.tp_group(r) for r in ranks}
