@@ -23,6 +23,10 @@ Rungs:
     The same steps with ``network.all_to_all: bulk`` (alltoallv dispatch and combine as at most four
     flows each; the default ``auto`` does the same for EP groups under one switch, as both benchmarks'
     are; see docs/DESIGN.md, "Bulk all-to-all").
+``deepseek-v3-2048``
+    The validation entry ``deepseek-v3-2048-h800`` (DeepSeek-V3, PP 16 EP 64 DP 128 on 2,048 H800s, DeepEP
+    dispatch, balanced routing, 120 micro-batches), one step in ``lockstep`` whatever ``--fidelity`` says: what
+    ``clustersim validate --only deepseek-v3-2048-h800 --fidelity lockstep`` simulates.
 ``mixtral-ep8-1024-grouped``
     Mixtral with ``network.all_to_all: grouped`` (staggered waves, one flow per wave and size: what
     ``auto`` ran for every alltoallv before it used bulk under one switch).
@@ -62,6 +66,7 @@ RUNGS = [
     ("mixtral-ep8-1024-bulk", 1024, "mixtral-8x7b-ep8-1024.yaml@bulk"),
     ("mixtral-ep8-1024-grouped", 1024, "mixtral-8x7b-ep8-1024.yaml@grouped"),
     ("deepseek-ep64-1024-bulk", 1024, "deepseek-v3-ep64-1024.yaml@bulk"),
+    ("deepseek-v3-2048", 2048, "../simulator/validation_runs/deepseek-v3-2048-h800.yaml", "lockstep"),
 ]
 FIELDS = ["rung", "gpus", "fidelity", "sim_time_s", "wall_s", "cpu_s", "process_s", "repeats", "events",
           "rate_solves", "component_solves", "flows", "net_flows", "calls", "replays", "peak_rss_mb"]
@@ -146,10 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'rung':20s} {'gpus':>5s} {'sim_s':>10s} {'wall_s':>7s} {'cpu_s':>7s} {'proc_s':>7s} {'events':>10s} "
           f"{'solves':>8s} {'comps':>8s} {'flows':>10s} {'net_flows':>10s} {'replays':>8s} {'peak_MB':>8s}")
     rows = []
-    for name, gpus, spec in RUNGS:
+    for name, gpus, spec, *fixed in RUNGS:
+        fidelity = fixed[0] if fixed else args.fidelity
         if (args.only and name not in args.only) or (args.max_gpus is not None and gpus > args.max_gpus):
             continue
-        cmd = [sys.executable, os.path.abspath(__file__), "--fidelity", args.fidelity, "--root", args.root,
+        cmd = [sys.executable, os.path.abspath(__file__), "--fidelity", fidelity, "--root", args.root,
                "--_child", spec]
         runs = []
         for _ in range(max(1, args.repeat)):
@@ -168,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         if not runs:
             continue
         best = min(runs, key=lambda r: r["cpu_s"])
-        row = {"rung": name, "gpus": gpus, "fidelity": args.fidelity if spec.endswith(".yaml") else "-",
+        row = {"rung": name, "gpus": gpus, "fidelity": fidelity if spec.endswith(".yaml") else "-",
                "repeats": len(runs), **best}
         rows.append(row)
         print(f"{name:20s} {gpus:5d} {row['sim_time_s']:10.6f} {row['wall_s']:7.2f} {row['cpu_s']:7.2f} "
