@@ -24,8 +24,9 @@ Rungs:
     flows each; the default ``auto`` does the same for EP groups under one switch, as both benchmarks'
     are; see docs/DESIGN.md, "Bulk all-to-all").
 ``deepseek-v3-2048``
-    The validation entry ``deepseek-v3-2048-h800`` (DeepSeek-V3, PP 16 EP 64 DP 128 on 2,048 H800s, DeepEP
-    dispatch, balanced routing, 120 micro-batches), one step in ``lockstep`` whatever ``--fidelity`` says: what
+    The validation entry ``deepseek-v3-2048-h800`` (DeepSeek-V3, DualPipe over PP 16, EP 64, DP 128 on 2,048
+    H800s, DeepEP dispatch, balanced routing, 120 micro-batches), one step in ``lockstep`` whatever
+    ``--fidelity`` says: what
     ``clustersim validate --only deepseek-v3-2048-h800 --fidelity lockstep`` simulates.
 ``mixtral-ep8-1024-grouped``
     Mixtral with ``network.all_to_all: grouped`` (staggered waves, one flow per wave and size: what

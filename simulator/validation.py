@@ -143,8 +143,8 @@ ENTRIES: tuple[Entry, ...] = (
           "v=4 assumed; no document masking; leaf-spine instead of 3-layer Clos"),
     # DeepSeek-V3 on 2,048 H800: GPU-hours per trillion tokens as tokens/s per GPU.
     Entry("deepseek-v3-2048-h800", 2048, "tokens_per_gpu_s", 1e12 / (180e3 * 3600), _DEEPSEEK_V3,
-          "1F1B instead of DualPipe, shared expert not overlapped; no MTP module; stage split assumed",
-          slow="2,048 ranks x 120 micro-batches of EP-64 all-to-alls: ~4 min of CPU and 6.4 GB with "
+          "no MTP module; stage split assumed; balanced routing; leaf-spine instead of multi-plane fat tree",
+          slow="2,048 ranks x 120 micro-batches of DualPipe with EP-64 all-to-alls: ~2.5 min of CPU with "
                "--fidelity lockstep"),
 )
 """Every validation entry, smallest first within each source."""
