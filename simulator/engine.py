@@ -196,10 +196,8 @@ def match_ops(graph: OpGraph) -> dict[int, tuple]:
             if need is None:
                 need = shapes[key[1]] = group_shape(key[1], replicas)[1]
             present = {o.rank for o in ops}
-            if first.split is not None and len(need) < len(key[1]) and first.rows is None:
-                # An alltoallv's matrix needs every member's row; members a representative stands for issue none.
-                raise OpGraphError(f"{_describe(first)}: alltoallv on group {list(key[1])} is issued by "
-                                   f"representative(s) {need} only; it must carry every member's row (rows=)")
+            if first.split is not None:
+                _check_rows(ops, key[1], len(need) < len(key[1]))
             missing = [r for r in need if r not in present]
             if missing:
                 problems.append(f"{_describe(first)} (collective #{key[2]} on group {list(key[1])}) "
@@ -226,6 +224,23 @@ def match_ops(graph: OpGraph) -> dict[int, tuple]:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise DeadlockError("deadlock: " + "; ".join(problems[:5]) + more)
     return keys
+
+
+def _check_rows(ops: list[Op], group: tuple[int, ...], absent: bool) -> None:
+    """Raise :class:`OpGraphError` unless the alltoallv ``ops`` (one key's members) give one matrix: the ops that
+    carry ``rows`` carry the same rows, every op's split is its row there, and when members are ``absent``
+    (represented, issuing nothing) the rows are given, since their sizes are known from nowhere else."""
+    rows = next((o.rows for o in ops if o.rows is not None), None)
+    if rows is None:
+        if absent:
+            raise OpGraphError(f"{_describe(ops[0])}: alltoallv on group {list(group)} is issued by "
+                               f"representative(s) {sorted(o.rank for o in ops)} only; it must carry every "
+                               f"member's row (rows=)")
+        return
+    for o in ops:
+        if (o.rows is not None and o.rows != rows) or o.split != rows[group.index(o.rank)]:
+            raise OpGraphError(f"{_describe(o)}: rows of the alltoallv on group {list(group)} disagree with "
+                               f"another member's rows or split")
 
 
 class Engine:
@@ -396,8 +411,9 @@ class Engine:
                 fabric.collectives_run += 1
                 done = _Countdown(1, finish, ids)
                 matrix = None
-                if op.rows is not None:  # a representative issuing for members it stands for: every row
-                    matrix = op.rows
+                rows = next((o.rows for o in group if o.rows is not None), None) if op.split is not None else None
+                if rows is not None:  # a representative issuing for members it stands for: every row (one matrix)
+                    matrix = rows
                 elif op.split is not None:  # alltoallv: row i = what the i-th member of the group sends
                     position = {r: k for k, r in enumerate(op.group)}
                     matrix = tuple(o.split for o in sorted(group, key=lambda o: position[o.rank]))

@@ -67,9 +67,11 @@ representative per TP group — the members of a TP group run identical programs
 network still carries every member's flows (each DP/PP flow and collective is replayed once per member,
 TP collectives run over the real group), so link loads and contention are those of the full run. The two
 agree on step time within 2% (``tests/test_fidelity.py``). ``lockstep`` goes further: one
-representative per pipeline stage (and EP index, for MoE) stands for its whole DP x TP block (expert-DP x
-TP), so DP replicas advance in lockstep, each op waiting for the slowest replica's flows; the network still
-carries every replica's flows. Exact when the replicas see the same contention; pessimistic otherwise
+representative per pipeline stage (and EP index, for MoE models unless ``moe.routing: balanced`` gives every
+EP rank one program) stands for its whole DP x TP block (expert-DP x TP), so DP replicas advance in lockstep,
+each op waiting for the slowest replica's flows; the network still carries every replica's flows. A MoE step
+whose DeepEP matrices differ between the EP groups of one stage (groups spread over nodes unalike) runs as
+``fast``. Exact when the replicas see the same contention; usually pessimistic otherwise
 (measured: +0.003% at 1,024 GPUs on the GPT-3 ladder, up to +14% on a deliberately comm-bound config with
 8:1 oversubscription and ECMP collisions — see docs/DESIGN.md). For large sweeps; check winners with
 ``fast``. Not to be confused with ``network.fidelity`` (pipelined rings vs every ring step)."""

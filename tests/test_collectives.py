@@ -173,7 +173,6 @@ def test_alltoallv_sends_what_each_pair_asks_for(node8):
 
 def test_an_alltoallv_issued_by_a_representative_carries_every_members_row(node8):
     from simulator import simulate
-    from simulator.engine import DeadlockError
     from workloads.ops import OpGraph, OpGraphError
     # The matrix of the test above, issued by rank 0 alone for the group it stands for (lockstep over
     # balanced routing): the same flows, so the same hand-worked time α + 5 GB / B.
@@ -184,16 +183,29 @@ def test_an_alltoallv_issued_by_a_representative_carries_every_members_row(node8
     res = simulate(g, node8, network=IDEAL_NET)
     assert res.step_time == pytest.approx(nvlink_alpha(node8) + 5e9 / node8.gpu.nvlink_bandwidth, rel=1e-6)
     assert res.bytes_by_class["ep"] == pytest.approx(5e9)
-    # Without the rows the other members' sizes are unknown: refused before the run, never guessed.
+    # Two representatives, one carrying the rows and one not: the same matrix, the same time.
     g = OpGraph(4)
-    g.replicas = {0: (0, 1, 2, 3)}
-    g.collective_op(0, "all_to_all", [0, 1, 2, 3], 0, split=rows[0], traffic_class="ep")
-    with pytest.raises((OpGraphError, DeadlockError), match="every member's row"):
-        simulate(g, node8, network=IDEAL_NET)
-    # Rows are checked when the op is made: one per member, sizes >= 0, the issuer's own row its split.
+    g.replicas = {0: (0, 1), 2: (2, 3)}
+    g.collective_op(2, "all_to_all", [0, 1, 2, 3], 0, split=rows[2], traffic_class="ep")
+    g.collective_op(0, "all_to_all", [0, 1, 2, 3], 0, split=rows[0], rows=rows, traffic_class="ep")
+    assert simulate(g, node8, network=IDEAL_NET).step_time == pytest.approx(res.step_time, rel=1e-12)
+    # Refused before the run, never guessed: no rows while members are absent; rows that disagree with another
+    # member's rows, or with a member's own split (in a full graph too).
+    other = ((0, 9e9, 0, 0), *rows[1:])  # what rank 0 sends, told otherwise by another member
+    for replicas, issued, match in (({0: (0, 1, 2, 3)}, {0: None}, "every member's row"),
+                                    ({0: (0, 1), 2: (2, 3)}, {0: rows, 2: other}, "disagree"),
+                                    (None, {0: None, 1: None, 2: None, 3: other}, "disagree")):
+        g = OpGraph(4)
+        g.replicas = replicas
+        for rank, given in issued.items():
+            g.collective_op(rank, "all_to_all", [0, 1, 2, 3], 0, split=rows[rank], rows=given, traffic_class="ep")
+        with pytest.raises(OpGraphError, match=match):
+            simulate(g, node8, network=IDEAL_NET)
+    # Rows are checked when the op is made: one per member, finite sizes >= 0, the issuer's own row its split.
     g = OpGraph(4)
-    for bad, match in (((rows[0],), "need 4 rows"), ((rows[0], rows[1], rows[2], [0, -1, 0, 0]), "non-negative"),
-                       ((rows[1], rows[0], rows[2], rows[3]), "differs from its split")):
+    for bad, match in (((rows[0],), "need 4 rows"), ((rows[0], rows[1], rows[2], [0, -1, 0, 0]), "row 3 needs"),
+                       ((rows[0], rows[1], rows[2], [0, float("nan"), 0, 0]), "row 3 needs"),
+                       ([0, 3e9, 0, 0], "sizes in bytes"), ((rows[1], rows[0], rows[2], rows[3]), "differs")):
         with pytest.raises(OpGraphError, match=match):
             g.collective_op(0, "all_to_all", [0, 1, 2, 3], 0, split=rows[0], rows=bad)
     with pytest.raises(OpGraphError, match="only an alltoallv"):

@@ -315,21 +315,29 @@ class OpGraph:
 
     def _checked_rows(self, rows: Sequence[Sequence[float]], grp: tuple[int, ...], rank: int,
                       split: tuple[float, ...] | None) -> tuple[tuple[float, ...], ...]:
-        """``rows`` of an alltoallv as a tuple of float tuples, checked once per rows object (a generator hands
-        the same matrix to every micro-batch of a draw): one row of ``len(grp)`` non-negative sizes per member,
-        the issuing rank's own row equal to its ``split``."""
+        """``rows`` of an alltoallv (bytes each member sends to each member) as a tuple of float tuples, checked
+        once per rows object (a generator hands the same matrix to every micro-batch of a draw): one row of
+        ``len(grp)`` finite non-negative sizes per member, the issuing rank's own row equal to its ``split``."""
+        if split is None:
+            raise OpGraphError("rows: only an alltoallv (an all_to_all with split) carries its members' rows")
         checked = self._valid_rows.get(id(rows))
-        if checked is not None and checked[0] is rows and len(rows) == len(grp):
+        if checked is not None and checked[0] is rows:
             out = checked[1]
         else:
-            if split is None:
-                raise OpGraphError("rows: only an alltoallv (an all_to_all with split) carries its members' rows")
-            out = tuple(tuple(map(float, row)) for row in rows)
-            if len(out) != len(grp) or any(len(row) != len(grp) or any(map((0.0).__gt__, row)) for row in out):
-                raise OpGraphError(f"rows: need {len(grp)} rows of {len(grp)} non-negative sizes (one row per "
-                                   f"group member), got {len(out)} rows")
+            try:
+                out = tuple(tuple(map(float, row)) for row in rows)
+            except (TypeError, ValueError):
+                raise OpGraphError(f"rows: need {len(grp)} rows of {len(grp)} sizes in bytes (one row per group "
+                                   f"member), got {rows!r:.80}") from None
+            if len(out) != len(grp):
+                raise OpGraphError(f"rows: need {len(grp)} rows (one per group member), got {len(out)}")
+            for i, row in enumerate(out):
+                if len(row) != len(grp) or not all(0.0 <= x < float("inf") for x in row):
+                    raise OpGraphError(f"rows: row {i} needs {len(grp)} finite non-negative sizes, got {row}")
             if isinstance(rows, tuple):
                 self._valid_rows[id(rows)] = (rows, out)
+        if len(out) != len(grp):
+            raise OpGraphError(f"rows: need {len(grp)} rows (one per group member), got {len(out)}")
         if out[grp.index(rank)] != split:
             raise OpGraphError(f"rows: row {grp.index(rank)} (rank {rank}'s own) differs from its split")
         return out

@@ -484,9 +484,9 @@ class _StepBuilder:
         self._deepep: dict[tuple, list] = {}  # (draw, node pattern) -> every EP index's rows (deepep_matrices)
         # Set by build(): one representative issues each EP exchange for its whole EP group (symmetric routing
         # under lockstep), carrying every member's row. (draw, group) -> those matrices; equal ones interned.
-        self.whole_ep_groups = False
+        self._whole_ep_groups = False
         self._ep_matrices: dict[tuple, tuple] = {}
-        self._interned: dict[tuple, tuple] = {}
+        self._equal_matrices: dict[tuple, tuple] = {}
         self._moe_kernels: dict[int, tuple] = {}  # id(segment's MoE split) -> (split, kernels before, after)
         self._end_params: dict[int, float] = {}
         self._stage_params: dict[int, tuple[float, float]] = {}
@@ -883,6 +883,22 @@ class _StepBuilder:
             rows = self._moe_rows[(draw, e)]
         return group, e, rows
 
+    def _ep_layouts_agree(self) -> bool:
+        """Whether, under ``moe.dispatch: deepep``, the EP groups of each pipeline stage spread over nodes alike
+        (the same members share a node). DeepEP's matrices depend on that (:meth:`_deepep_rows`), and a lockstep
+        representative's exchanges run on every EP group of its stage with its own group's matrix; the
+        all_to_all dispatcher's rows do not depend on nodes. True when nothing depends on it."""
+        if self.routing.dispatch != "deepep":
+            return True
+        lay, node_gpus = self.layout, self.routing.node_gpus
+        seen: dict[int, tuple[int, ...]] = {}
+        for rank in range(self.par.world_size):
+            nodes = [r // node_gpus for r in lay.ep_group(rank)]
+            pattern = tuple(n - nodes[0] for n in nodes)
+            if seen.setdefault(lay.coords(rank).pp, pattern) != pattern:
+                return False
+        return True
+
     def _group_matrices(self, rank: int, layer: int, mb: int) -> tuple[tuple[tuple[float, ...], ...], ...]:
         """Every member's rows of ``rank``'s EP group in micro-batch ``mb`` of ``layer``, one matrix per exchange
         (dispatch, combine, and DeepEP's forwards out and back): what a representative issuing for its whole EP
@@ -892,9 +908,10 @@ class _StepBuilder:
         draw = (layer, mb if self.routing.draw == "micro_batch" else None)
         found = self._ep_matrices.get((draw, group))
         if found is None:
-            per_member = [self._moe_rows_for(r, layer, mb)[2] for r in group]
-            found = tuple(self._interned.setdefault(m, m) for m in
-                          (tuple(rows[k] for rows in per_member) for k in (0, 1, *range(3, len(per_member[0])))))
+            # each member's (out, back, load, *forwards): the byte rows, without the load
+            rows = [(out, back, *forwards) for out, back, _load, *forwards in
+                    (self._moe_rows_for(r, layer, mb)[2] for r in group)]
+            found = tuple(self._equal_matrices.setdefault(m, m) for m in zip(*rows))
             self._ep_matrices[(draw, group)] = found
         return found
 
@@ -936,8 +953,8 @@ class _StepBuilder:
         before, experts, after, *shared = seg.moe
         group, _e, (out_row, back_row, load, *forward) = self._moe_rows_for(rank, seg.layer, mb)
         # rows of the whole group, when this rank issues the exchanges for its EP peers too (lockstep, symmetric)
-        out_rows, back_rows, *forward_rows = (self._group_matrices(rank, seg.layer, mb) if self.whole_ep_groups
-                                              else (None,) * (2 + len(forward)))
+        out_rows, back_rows, *forward_rows = (self._group_matrices(rank, seg.layer, mb) if self._whole_ep_groups
+                                              else (None,) * (2 + len(forward)))  # bytes, member x member
         gather = None
         if self.expert_grid:
             # Megatron-Core's alltoall dispatcher with etp > 1: all-gather the dispatched tokens over the expert
@@ -1780,10 +1797,12 @@ class _StepBuilder:
         ep = self.par.ep
         if self.expert_grid:  # EP groups cross TP groups: TP peers run different programs, emit every rank
             representatives = None
+        if representatives == "stage" and self.expert_parallel and not self._ep_layouts_agree():
+            representatives = "tp"  # one stage's EP groups need different DeepEP matrices: no lockstep
         # Balanced routing gives every EP rank the same expert load and rows that are one another's relabelling:
         # then every EP index runs one program, and one rank can stand for its whole EP group too.
-        self.whole_ep_groups = representatives == "stage" and self.expert_parallel and self.routing.kind == "balanced"
-        span = 1 if self.whole_ep_groups else ep  # EP indices with a representative of their own
+        self._whole_ep_groups = representatives == "stage" and self.expert_parallel and self.routing.kind == "balanced"
+        span = 1 if self._whole_ep_groups else ep  # EP indices with a representative of their own
         if representatives == "stage" and self.t * self.cp * self.par.dp // span > 1:
             # Every rank of a pipeline stage runs the same program as the ranks with its EP index in the
             # other EP groups and their TP peers: same kernels, same TP collectives, the same all-to-all
@@ -1794,7 +1813,7 @@ class _StepBuilder:
             # and column segments: see engine.lanes); under balanced routing its exchanges carry every EP
             # member's rows (:meth:`_group_matrices`).
             ranks = [r for r in ranks if lay.coords(r).tp == 0 and lay.coords(r).cp == 0 and lay.coords(r).dp < span]
-            block = lay.dp_group if self.whole_ep_groups else lay.expert_dp_group
+            block = lay.dp_group if self._whole_ep_groups else lay.expert_dp_group
             self.graph.replicas = {r: tuple(x for d in block(r) for c in lay.cp_group(d) for x in lay.tp_group(c))
                                    for r in ranks}
         elif representatives and self.t > 1:
@@ -1899,9 +1918,12 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
         member's DP/PP flows and the whole group's TP collectives on the
         network (``fidelity="fast"``). ``"stage"``: one representative per
         pipeline stage and EP index (the ``tp = 0`` ranks of the first EP
-        group; for dense models the ``tp = 0, dp = 0`` rank) standing for its
-        expert-DP x TP block, listed DP-major (``fidelity="lockstep"``).
-        Default None: every rank's program.
+        group; for dense models, and MoE models under balanced routing, the
+        ``tp = 0, dp = 0`` rank, whose exchanges then carry every EP member's
+        rows) standing for its expert-DP (DP) x TP block, listed DP-major
+        (``fidelity="lockstep"``); ``"tp"`` instead where DeepEP dispatch
+        meets EP groups of one stage spread over nodes unalike. Default None:
+        every rank's program.
 
     Examples
     --------
