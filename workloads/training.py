@@ -481,9 +481,13 @@ class _StepBuilder:
         self._etp_groups: dict[int, tuple[int, ...]] = {}
         self._moe_rows: dict[tuple, tuple[tuple[float, ...], tuple[float, ...], int]] = {}
         self._rank_tokens: dict[tuple, np.ndarray] = {}  # draw -> its EP rank matrix (every e's rows read it)
+        self._matrix_of: dict[int, tuple[LayerRouting, np.ndarray]] = {}  # id(routing) -> it, its rank matrix
+        # id(rank matrix) [, node pattern] -> the tables made from it, shared by every draw with that matrix
+        self._tables_of: dict[tuple, list] = {}
         self._deepep: dict[tuple, list] = {}  # (draw, node pattern) -> every EP index's rows (deepep_matrices)
         # Set by build(): one representative issues each EP exchange for its whole EP group (symmetric routing
-        # under lockstep), carrying every member's row. (draw, group) -> those matrices; equal ones interned.
+        # under lockstep), carrying every member's row. (id(rank matrix), group) -> those matrices; equal ones
+        # are one object.
         self._whole_ep_groups = False
         self._ep_matrices: dict[tuple, tuple] = {}
         self._equal_matrices: dict[tuple, tuple] = {}
@@ -496,6 +500,7 @@ class _StepBuilder:
         self.expert_grid = parallel.expert_grid  # etp != tp: experts on Megatron-Core's own expert grid
         self.routes: dict[int, LayerRouting] = {}
         self._draws: dict[tuple[int, int | None], LayerRouting] = {}
+        self._balanced_draw: LayerRouting | None = None  # balanced routing's one draw (the same every time)
         self.draw_imbalance: dict[tuple[int, int | None], float] = {}
         self._moe_parts: dict[tuple, tuple] = {}
         # distinct balanced expert kernel sets, one object each (kept alive: _moe_parts keys by their ids)
@@ -828,9 +833,16 @@ class _StepBuilder:
         key = (layer, mb if self.routing.draw == "micro_batch" else None)
         r = self._draws.get(key)
         if r is None:
-            tokens = self.par.micro_batch * self.train.seq_len // (self.t if self.expert_grid else 1)
-            r = self._draws[key] = route_layer(self.model.experts, self.model.top_k, tokens, self.par.ep,
-                                               self.routing, layer, key[1])
+            # Balanced routing draws the same routing every time: one object for every draw, so that the tables
+            # made from it (rows, DeepEP matrices) are made and kept once, not per (layer, micro-batch).
+            r = self._balanced_draw
+            if r is None:
+                tokens = self.par.micro_batch * self.train.seq_len // (self.t if self.expert_grid else 1)
+                r = route_layer(self.model.experts, self.model.top_k, tokens, self.par.ep, self.routing, layer,
+                                key[1])
+                if self.routing.kind == "balanced":
+                    self._balanced_draw = r
+            self._draws[key] = r
             self.draw_imbalance[key] = r.imbalance
             seen = self.routes.get(layer)
             self.routes[layer] = r if seen is None else LayerRouting(seen.choices + r.choices, seen.kept + r.kept,
@@ -870,17 +882,22 @@ class _StepBuilder:
         rows = self._moe_rows.get((draw, e))  # the same for every EP group (and every micro-batch: draw: layer)
         if rows is None:
             tokens = self._tokens(layer, mb, draw)
-            # etp = tp: the layer's tokens are routed once per TP group, each TP rank ships its 1/t of them.
-            # Expert grid: every rank routes its own sequence-parallel tokens (drawn as b s / t per rank).
-            per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
-            # Every EP index of the draw at once (each reads its rows of the same matrix). The array product is
-            # each ``float(count) * per_token`` exactly; the column sums are exact for integer counts.
-            scaled = tokens * per_token
-            for i, (out, back, load) in enumerate(zip(scaled.tolist(), scaled.T.tolist(), _column_sums(tokens))):
-                self._moe_rows[(draw, i)] = (tuple(out),   # owner → experts
-                                             tuple(back),  # experts → owners
-                                             int(load))    # token slots this rank's experts compute
-            rows = self._moe_rows[(draw, e)]
+            table = self._tables_of.get((id(tokens),))
+            if table is None:
+                # etp = tp: the layer's tokens are routed once per TP group, each TP rank ships its 1/t of them.
+                # Expert grid: every rank routes its own sequence-parallel tokens (drawn as b s / t per rank).
+                per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
+                # Every EP index of the draw at once (each reads its rows of the same matrix). The array product
+                # is each ``float(count) * per_token`` exactly; the column sums are exact for integer counts.
+                scaled = tokens * per_token
+                table = self._tables_of[(id(tokens),)] = [
+                    (tuple(out),   # owner → experts
+                     tuple(back),  # experts → owners
+                     int(load))    # token slots this rank's experts compute
+                    for out, back, load in zip(scaled.tolist(), scaled.T.tolist(), _column_sums(tokens))]
+            for i, row in enumerate(table):
+                self._moe_rows[(draw, i)] = row
+            rows = table[e]
         return group, e, rows
 
     def _ep_layouts_agree(self) -> bool:
@@ -906,13 +923,16 @@ class _StepBuilder:
         routing draws the same matrix every time), so the engine and network see a recurring exchange."""
         group, _e = self._ep_group(rank)
         draw = (layer, mb if self.routing.draw == "micro_batch" else None)
-        found = self._ep_matrices.get((draw, group))
+        # Only balanced routing issues for whole groups, and its draws share one rank matrix (:meth:`route`): the
+        # matrices are kept per that matrix and group, so a new draw costs a lookup.
+        key = (id(self._tokens(layer, mb, draw)), group)
+        found = self._ep_matrices.get(key)
         if found is None:
             # each member's (out, back, load, *forwards): the byte rows, without the load
             rows = [(out, back, *forwards) for out, back, _load, *forwards in
                     (self._moe_rows_for(r, layer, mb)[2] for r in group)]
             found = tuple(self._equal_matrices.setdefault(m, m) for m in zip(*rows))
-            self._ep_matrices[(draw, group)] = found
+            self._ep_matrices[key] = found
         return found
 
     def emit_moe(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
@@ -1016,7 +1036,11 @@ class _StepBuilder:
         per draw: every EP index's rows read it."""
         tokens = self._rank_tokens.get(draw)
         if tokens is None:
-            tokens = self._rank_tokens[draw] = self.route(layer, mb).rank_matrix()
+            r = self.route(layer, mb)
+            found = self._matrix_of.get(id(r))  # one matrix per routing object (balanced: one for all draws)
+            if found is None or found[0] is not r:
+                found = self._matrix_of[id(r)] = (r, r.rank_matrix())
+            tokens = self._rank_tokens[draw] = found[1]
         return tokens
 
     def _deepep_rows(self, layer: int, mb: int, group: tuple[int, ...], e: int) -> tuple:
@@ -1032,6 +1056,8 @@ class _StepBuilder:
         nodes, pattern = found
         key = (draw, pattern)  # the matrices read only which ranks share a node
         per_e = self._deepep.get(key)
+        if per_e is None and self._balanced_draw is not None:  # every draw the same (probabilities too)
+            per_e = self._deepep[key] = self._tables_of.get((id(tokens), pattern))
         if per_e is None:
             probs = self.routing.probabilities(experts, layer).reshape(ep, experts // ep).sum(axis=1)
             first, forward = deepep_matrices(tokens, probs, self.model.top_k, nodes, self.routing.max_nodes)
@@ -1047,6 +1073,7 @@ class _StepBuilder:
                 tables += [(forward * out_token).tolist(), (forward.T * per_token).tolist()]
             per_e = self._deepep[key] = [(tuple(out), tuple(back), int(load), *(tuple(row) for row in more))
                                          for out, back, load, *more in zip(*tables)]
+            self._tables_of[(id(tokens), pattern)] = per_e
         return per_e[e]
 
     def _tp_group(self, rank: int) -> tuple[int, ...]:
