@@ -40,7 +40,7 @@ BULK_CACHED_RANKS = 256  # groups up to this size keep their routed pairs (_rout
 # (a sweep over message sizes builds a new fabric per size): ("routes", seed, group) -> routed pairs
 # (_routed); ("plan", seed, group, latency model) -> a uniform plan (_fill of a _layout); ("layout", seed,
 # group, latency model) -> the last alltoallv layout of the group and the pairs it was made for;
-# ("one switch", group) -> under_one_switch.
+# ("one switch", group) -> under_one_switch; ("group", group) -> its arrays (_group_arrays).
 _BY_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -90,18 +90,15 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     network (:meth:`~simulator.network.FlowNetwork.declare`: weights and member counts) and its
     ``pairs_of`` (an :class:`AllToAllPairs`)."""
     n = len(group)
-    members = np.asarray(group, dtype=np.int64)
-    peer = offset_peers(n)  # peer[i, k] = (i + k) % n
-    offsets = np.arange(n, dtype=np.int32)
+    cache = _BY_GRAPH.setdefault(fabric.cluster.graph, {})
+    members, peer, offsets, servers, spans = _group_arrays(fabric, cache, group)
     # sizes[i, k]: bytes member i sends to its k-th peer, or None when all are S/n
     sizes = None
     if matrix is not None:
         sizes = np.asarray(matrix, dtype=float)[offsets[:, None], peer]
         sizes[:, 0] = 0.0
     chunk = nbytes / n if sizes is None else float(sizes.max())
-    servers = np.asarray(fabric._servers, dtype=np.int32)[members]
     nccl = fabric.config.nccl_latency
-    spans = bool((servers != servers[0]).any())
     protocol = p2p_protocol(chunk, spans) if nccl else "Simple"
     if nccl:
         base, intra, inter = step_latencies("direct", protocol, spans)
@@ -110,7 +107,6 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     factor = BANDWIDTH_FACTOR[protocol]
 
     sends = offsets > 0 if sizes is None else sizes > 0
-    cache = _BY_GRAPH.setdefault(fabric.cluster.graph, {})
     key = ("plan" if sizes is None else "layout", fabric.config.seed, group, nccl, base, intra, inter)
     if sizes is None:  # a uniform plan depends only on the fabric, the group and the latency constants
         plan = cache.get(key)
@@ -140,6 +136,24 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
         network.declare(links, len(pairs), weights)
         specs.append((links, count * largest / factor, count * (base + latency), count * payload))
     return tuple(specs)
+
+
+def _group_arrays(fabric, cache: dict, group: tuple[int, ...]) -> tuple:
+    """``(members, peer, offsets, servers, spans)`` of ``group``: its ranks (int64), :func:`offset_peers`, the
+    offsets ``0 .. n-1`` (int32), each member's server (int32) and whether they span servers; kept per group of
+    at most ``BULK_CACHED_RANKS`` ranks in ``cache`` (the cluster graph's), read only."""
+    key = ("group", group)
+    out = cache.get(key)
+    if out is None:
+        n = len(group)
+        members = np.asarray(group, dtype=np.int64)
+        servers = np.asarray(fabric._servers, dtype=np.int32)[members]
+        out = (members, offset_peers(n), np.arange(n, dtype=np.int32), servers, bool((servers != servers[0]).any()))
+        if n <= BULK_CACHED_RANKS:
+            for a in out[:4]:
+                a.flags.writeable = False
+            cache[key] = out
+    return out
 
 
 class _Flow:

@@ -84,8 +84,8 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections.abc import Callable, Sequence
-from itertools import chain
-from operator import attrgetter, itemgetter, lt, truediv
+from itertools import chain, compress
+from operator import attrgetter, gt, itemgetter, lt, not_, truediv
 
 import numpy as np
 import simpy
@@ -94,6 +94,7 @@ from simpy.events import Event
 
 from .maxmin import max_min_rates, max_min_rates_small
 
+_INF = float("inf")
 _LATE_PRIORITY = 2  # after every NORMAL (1) event of the same instant
 TINY_FLOW_S = 1e-6
 """A flow that its bottleneck link alone moves in under 1 µs is latency-bound: it completes at its solo
@@ -111,6 +112,8 @@ _LAZY_MIN_FLOWS = 32  # components at least this large mark their slack tight li
 _LAZY_SLACK = 0.02  # ... when at least this fraction of the link's capacity is left over
 _LAZY_STRIKES = 2  # a link found overloaded this often is never made lazy again
 _AGG_MIN = 16  # components of at least this many flows fold flows of equal rows into aggregates (see _Agg)
+_FEW_LINKS = 24  # calls over at most this many distinct links check and mark them in Python, not numpy
+_FEW_ENTRIES = 32  # replays of at most this many rate-log entries and busy intervals book them in Python
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
 
@@ -144,7 +147,7 @@ class _Route:
     """
 
     __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of", "idx", "weights", "arrays",
-                 "members", "cpairs", "cepoch", "wpairs", "lpairs", "larrays", "wepoch")
+                 "members", "cpairs", "cepoch", "wpairs", "lpairs", "larrays", "wepoch", "clinks", "wlinks")
 
     def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0,
                  weights: np.ndarray | None = None, members: int = 1) -> None:
@@ -155,6 +158,8 @@ class _Route:
         self.cpairs: tuple = ()  # (link, crossings) of the links that may be tight, as of network epoch cepoch
         self.cepoch = -1
         self.wpairs: tuple = ()  # cpairs of the links not lazy (network._lazy), as of network stamp wepoch
+        self.clinks: tuple = ()  # the links of cpairs
+        self.wlinks: tuple = ()  # the links of wpairs
         self.lpairs: tuple = ()  # cpairs of the lazy links, as of wepoch
         self.larrays: tuple | None = None  # lpairs as (link ids, crossings) arrays, made when first needed
         self.wepoch = -1
@@ -202,6 +207,7 @@ class _Route:
         route = _Route.__new__(_Route)
         route.links, route.idx, route.weights, route.members = links, idx, self.weights, self.members
         route.cpairs, route.cepoch, route.wpairs, route.lpairs, route.larrays, route.wepoch = (), -1, (), (), None, -1
+        route.clinks, route.wlinks = (), ()
         route.ulinks, route.mults, route.arrays = self.ulinks, self.mults, self.arrays
         route.solo_rate, route.demand, route._mult_of = self.solo_rate, self.demand, self._mult_of
         return route
@@ -266,7 +272,7 @@ class _Agg:
     """
 
     __slots__ = ("route", "id", "rate", "svc", "ts", "seq", "heap", "n", "rep", "_mult_of", "nlinks", "lsum",
-                 "lcount", "lwepoch", "wpairs", "lpairs", "larrays", "wepoch", "solo_rate", "rec")
+                 "lcount", "lwepoch", "wpairs", "lpairs", "larrays", "wepoch", "solo_rate", "rec", "wlinks")
 
     def __init__(self, agg_id: int, rep: _Route, rate: float, now: float) -> None:
         self.route = self
@@ -285,6 +291,7 @@ class _Agg:
         self.lcount: dict[int, int] = {}  # lazy link -> members crossing it, as of lwepoch
         self.lwepoch = -1
         self.wpairs: tuple = ()
+        self.wlinks: tuple = ()  # the links of wpairs
         self.lpairs: tuple = ()
         self.larrays: tuple | None = None
         self.wepoch = -1
@@ -319,7 +326,7 @@ class _Call:
     ``routes[i]``: the route of ``specs[i]``; ``tiny``: ``(route, nbytes, latency_s, payload)`` of the
     latency-bound specs (:meth:`FlowNetwork._tiny`); ``base``: id of the call's shape less the links'
     tightness thresholds, ``ids``: its links in order of first appearance; ``key``: the full shape id as of
-    network epoch ``epoch``; ``books``: per trajectory, what a replay of it books (:meth:`FlowNetwork._book`).
+    network epoch ``epoch``; ``books``: per trajectory, what a replay of it books (:meth:`FlowNetwork._new_book`).
     """
 
     __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books", "arr")
@@ -349,12 +356,13 @@ class _Session:
     """
 
     __slots__ = ("key", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done",
-                 "budget", "call", "held", "sid", "arr")
+                 "budget", "call", "held", "sid", "arr", "ids")
 
-    def __init__(self, key: tuple, t0: float, sid: int, arr: np.ndarray) -> None:
+    def __init__(self, key: tuple, t0: float, sid: int, arr: np.ndarray, ids: tuple) -> None:
         self.key = key
         self.sid = sid  # its id in the network's owner array (FlowNetwork._owner)
         self.arr = arr  # links as an array
+        self.ids = ids  # ... and as a tuple
         self.t0 = t0
         self.left = 0
         self.tainted = False
@@ -732,7 +740,8 @@ class FlowNetwork(_NetworkBase):
         self._next_sid = 0
         # Per link, the calls with real flows (not replayed) that are not done yet and cross it: a superset of
         # the links in use, checked with numpy before the links' flows are (_occupy).
-        self._occupied = np.zeros(len(self._cap), dtype=np.int32)
+        self._occupied_acc = array("i", bytes(4 * len(self._cap)))  # (read per link in Python for small calls)
+        self._occupied = np.frombuffer(self._occupied_acc, dtype=np.int32)
         self._memo: dict[int, _Trajectory] = {}
         self._memo_flows = 0  # entries (flows, rate changes) of the recorded trajectories
         self._shape_ids: dict[tuple, int] = {}  # (base shape id, dominated links as packed bits) -> shape id
@@ -795,16 +804,27 @@ class FlowNetwork(_NetworkBase):
         if self.replay and len(specs) <= _MEMO_RATE_CHANGES:
             key, links = self._session_key(call)
             arr = call.arr
-            # Every link idle and held by nobody. This check is made for every link of every call: numpy
-            # looks at the owners and at the links of real calls still running (a superset of the links in
-            # use); only if one of those is among the call's links are the links' flows looked at (dicts are
-            # truthy only when not empty).
-            if not (count_nonzero(self._owner_np[arr])  # (count_nonzero: .any() at a third of the cost)
-                    or (count_nonzero(self._occupied[arr]) and any(map(self._on_link.__getitem__, links)))):
+            # Every link idle and held by nobody. This check is made for every link of every call: numpy (or
+            # Python, for a few links) looks at the owners and at the links of real calls still running (a
+            # superset of the links in use); only if one of those is among the call's links are the links'
+            # flows looked at (dicts are truthy only when not empty).
+            if len(links) <= _FEW_LINKS:
+                owner = self._owner
+                taken = any(map(owner.__getitem__, links)) or (
+                    any(map(self._occupied_acc.__getitem__, links)) and any(map(self._on_link.__getitem__, links)))
+            else:
+                taken = count_nonzero(self._owner_np[arr]) or (  # (count_nonzero: .any() at a third of the cost)
+                    count_nonzero(self._occupied[arr]) and any(map(self._on_link.__getitem__, links)))
+            if not taken:
                 self._next_sid += 1
-                session = _Session(key, now, self._next_sid, arr)
+                session = _Session(key, now, self._next_sid, arr, links)
                 session.held = True
-                self._owner_np[arr] = session.sid
+                if len(links) <= _FEW_LINKS:
+                    sid = session.sid
+                    for link in links:
+                        owner[link] = sid
+                else:
+                    self._owner_np[arr] = session.sid
                 self._sessions[session.sid] = session
                 traj = self._memo.get(key)
                 if traj is not None:
@@ -900,10 +920,11 @@ class FlowNetwork(_NetworkBase):
             counts = [len(route.ulinks) for route in routes]
             total = sum(counts)
             if total < _SMALL_LINKS:  # the same bytes, without numpy's overhead per call
-                relabel: dict[int, int] = {}
-                labels = [relabel.setdefault(link, len(relabel)) for route in routes for link in route.ulinks]
-                ids = tuple(relabel)
-                mults = array("d", chain.from_iterable(route.mults for route in routes))
+                flat = list(chain.from_iterable([route.ulinks for route in routes]))
+                ids = tuple(dict.fromkeys(flat))  # in order of first appearance
+                relabel = dict(zip(ids, range(len(ids))))
+                labels = list(map(relabel.__getitem__, flat))
+                mults = array("d", chain.from_iterable([route.mults for route in routes]))
                 cap = self._cap
                 base_shape = (array("q", labels).tobytes(), array("q", counts).tobytes(), mults.tobytes(), sizes,
                               latencies, array("d", [cap[link] for link in ids]).tobytes())
@@ -948,7 +969,13 @@ class FlowNetwork(_NetworkBase):
         # Nobody else can have taken a link while the session held it: all are still its own.
         if session.held:
             session.held = False
-            self._owner_np[session.arr] = 0
+            ids = session.ids
+            if len(ids) <= _FEW_LINKS:
+                owner = self._owner
+                for link in ids:
+                    owner[link] = 0
+            else:
+                self._owner_np[session.arr] = 0
             del self._sessions[session.sid]
 
     def _stop_recording(self, session: _Session) -> None:
@@ -1005,13 +1032,13 @@ class FlowNetwork(_NetworkBase):
         heapq.heappush(self._replays_due, (end, self._pending_seq, session))
         self._wake(end)
 
-    def _book(self, call: _Call, traj: _Trajectory) -> tuple:
-        """What a whole replay of ``traj`` for ``call`` books, made once per (call, trajectory):
-        ``(finished flows as (route, nbytes, payload), rate log times relative to the start, route ids,
-        deltas, (links, busy seconds) arrays, flows)``, in the order the flows would have booked them."""
-        hit = call.books.get(id(traj))
-        if hit is not None and hit[0] is traj:
-            return hit[1]
+    def _new_book(self, call: _Call, traj: _Trajectory) -> tuple:
+        """What a whole replay of ``traj`` for ``call`` books, made once per (call, trajectory) and kept in
+        ``call.books`` as ``(traj, book, {traffic class: its ledger rows, bytes, payloads and members})`` (the
+        last filled by :meth:`_replay_done`); returns that entry. ``book``: ``(finished flows as (route, nbytes,
+        payload), rate log times relative to the start, route ids, deltas, (links, busy seconds), flows)``, in
+        the order the flows would have booked them (times and busy seconds as lists of floats when there are
+        a few, else arrays)."""
         done = []
         offs: list[float] = []
         ridx: list[int] = []
@@ -1034,12 +1061,17 @@ class FlowNetwork(_NetworkBase):
                 deltas.append(-prev)
             done.append((route, nbytes, payload))
         pos, a, b = traj.busy
-        book = (done, np.array(offs, dtype=float), array("q", ridx).tobytes(), array("d", deltas).tobytes(),
-                (call.arr[pos], b - a), i)
+        if len(offs) <= _FEW_ENTRIES and len(pos) <= _FEW_ENTRIES:
+            # a few entries: booked by Python floats (the same additions, one by one, as numpy's)
+            book = (done, offs, array("q", ridx).tobytes(), array("d", deltas).tobytes(),
+                    (call.arr[pos].tolist(), (b - a).tolist()), i)
+        else:
+            book = (done, np.array(offs, dtype=float), array("q", ridx).tobytes(), array("d", deltas).tobytes(),
+                    (call.arr[pos], b - a), i)
         if len(call.books) > 8:
             call.books.clear()
-        call.books[id(traj)] = (traj, book)
-        return book
+        entry = call.books[id(traj)] = (traj, book, {})
+        return entry
 
     def _replay_done(self, session: _Session) -> None:
         """Book a replay whose end has come (its call's ``on_done`` is told at the end of the update)."""
@@ -1047,13 +1079,22 @@ class FlowNetwork(_NetworkBase):
             return  # made real before its end
         session.done = True
         ledger = self.ledger
-        done, offs, ridx, deltas, (busy_links, busy_s), n = self._book(session.call, session.traj)
+        traj = session.traj
+        hit = session.call.books.get(id(traj))
+        if hit is None or hit[0] is not traj:
+            hit = self._new_book(session.call, traj)
+        (done, offs, ridx, deltas, (busy_links, busy_s), n), per_class = hit[1], hit[2]
         # The same additions as the flows would have made, in the same order (t0 + offset per entry).
-        ledger.rate_t.frombytes((session.t0 + offs).tobytes())
+        small = type(offs) is list
+        if small:
+            t0 = session.t0
+            ledger.rate_t.extend([t0 + off for off in offs])
+        else:
+            ledger.rate_t.frombytes((session.t0 + offs).tobytes())
         ledger.rate_route.frombytes(ridx)
         ledger.rate_delta.frombytes(deltas)
         cls = session.traffic_class
-        entries = session.call.books.get((id(session.traj), cls))
+        entries = per_class.get(cls)
         if entries is None:  # first replay of this trajectory in this class: the ledger's own bookkeeping
             record = ledger.record_route
             for route, nbytes, payload in done:
@@ -1066,8 +1107,7 @@ class FlowNetwork(_NetworkBase):
             if len(rows) >= _SMALL_COMPONENT:  # as arrays, for np.add.at
                 rows, sizes, payloads = (np.array(rows, dtype=np.intp), np.array(sizes, dtype=float),
                                          np.array(payloads, dtype=float))
-            session.call.books[(id(session.traj), cls)] = (rows, sizes, payloads,
-                                                           sum(route.members for route, _n, _p in done))
+            per_class[cls] = (rows, sizes, payloads, sum(route.members for route, _n, _p in done))
         else:  # the same additions record_route makes, in the same order
             rows, sizes, payloads, members = entries
             wire, paid, total = ledger._wire, ledger._payload, ledger._total
@@ -1083,7 +1123,12 @@ class FlowNetwork(_NetworkBase):
             if len(rows):
                 ledger._unfolded = True
             ledger.flows_completed += members
-        np.add.at(ledger._busy_np, busy_links, busy_s)  # in order, as a loop of += would (exact)
+        if small:
+            busy = ledger._busy_acc
+            for link, seconds in zip(busy_links, busy_s):
+                busy[link] += seconds
+        else:
+            np.add.at(ledger._busy_np, busy_links, busy_s)  # in order, as a loop of += would (exact)
         self._release(session)
         join = session.join
         join.left -= n
@@ -1529,6 +1574,7 @@ class FlowNetwork(_NetworkBase):
             self._refresh(rep)
         n = agg.n
         agg.wpairs = tuple([(link, m * n) for link, m in rep.wpairs])
+        agg.wlinks = rep.wlinks
         if self._lazy_count:
             if agg.lwepoch != self._wepoch:
                 agg.lsum, agg.lcount = {}, {}
@@ -1718,6 +1764,7 @@ class FlowNetwork(_NetworkBase):
                 starts.extend(f for f in on_link[link] if f.rate >= floor)
         wepoch = self._wepoch
         refresh = self._refresh
+        demand_of, tight_of = demand.__getitem__, tight_at.__getitem__
         for first in starts:
             if first in seen:
                 continue
@@ -1740,29 +1787,30 @@ class FlowNetwork(_NetworkBase):
                     refresh(route)
                 ls = []
                 ms = []
-                for link, m in route.wpairs:
-                    if demand[link] > tight_at[link]:
-                        j = local_get(link)
-                        if j is None:
-                            j = local[link] = len(capacity)
-                            if fixed:
-                                used = 0.0  # by fixed flows
-                                for other in on_link[link]:
-                                    if other.rate < floor:
-                                        mo = other.route._mult_of
-                                        used += (1 if mo is None else mo[link]) * other.rate
-                                    elif other not in seen:
-                                        seen_add(other)
-                                        push(other)
-                                capacity.append(cap[link] - used)
-                            else:  # arrivals: nobody is fixed
-                                fresh = [other for other in on_link[link] if other not in seen]
-                                if fresh:
-                                    seen_update(fresh)
-                                    extend(fresh)
-                                capacity.append(cap[link] - 0.0)
-                        ls.append(j)
-                        ms.append(m)
+                wlinks = route.wlinks
+                # (the tight ones picked in C: most links of a route are slack)
+                for link, m in compress(route.wpairs, map(gt, map(demand_of, wlinks), map(tight_of, wlinks))):
+                    j = local_get(link)
+                    if j is None:
+                        j = local[link] = len(capacity)
+                        if fixed:
+                            used = 0.0  # by fixed flows
+                            for other in on_link[link]:
+                                if other.rate < floor:
+                                    mo = other.route._mult_of
+                                    used += (1 if mo is None else mo[link]) * other.rate
+                                elif other not in seen:
+                                    seen_add(other)
+                                    push(other)
+                            capacity.append(cap[link] - used)
+                        else:  # arrivals: nobody is fixed
+                            fresh = [other for other in on_link[link] if other not in seen]
+                            if fresh:
+                                seen_update(fresh)
+                                extend(fresh)
+                            capacity.append(cap[link] - 0.0)
+                    ls.append(j)
+                    ms.append(m)
                 flow_links.append(tuple(ls))
                 flow_mults.append(tuple(ms))
             out.append((flows, flow_links, flow_mults, capacity, list(local)))
@@ -1775,23 +1823,31 @@ class FlowNetwork(_NetworkBase):
             self._refresh_agg(route)
             return
         if route.cepoch != self._epoch:
-            tight_at = self._tight_at
-            inf = float("inf")
-            route.cpairs = tuple((x, m) for x, m in zip(route.ulinks, route.mults) if tight_at[x] != inf)
+            ulinks = route.ulinks
+            at = list(map(self._tight_at.__getitem__, ulinks))
+            if _INF in at:
+                keep = list(map(_INF.__ne__, at))
+                route.cpairs = tuple(compress(zip(ulinks, route.mults), keep))
+                route.clinks = tuple(compress(ulinks, keep))
+            else:  # (the pairs as they are, as the filter keeps them all)
+                route.cpairs = tuple(zip(ulinks, route.mults))
+                route.clinks = ulinks
             route.cepoch = self._epoch
         if self._lazy_count:
-            lazy = self._lazy
-            cpairs = route.cpairs
-            lpairs = [p for p in cpairs if lazy[p[0]]]
-            if lpairs:
-                route.wpairs = tuple([p for p in cpairs if not lazy[p[0]]])
-                route.lpairs = tuple(lpairs)
+            cpairs, clinks = route.cpairs, route.clinks
+            flags = list(map(self._lazy.__getitem__, clinks))
+            if True in flags:
+                route.wpairs = tuple(compress(cpairs, map(not_, flags)))
+                route.wlinks = tuple(compress(clinks, map(not_, flags)))
+                route.lpairs = tuple(compress(cpairs, flags))
             else:  # no lazy link on the route (the common case): its pairs as they are
                 route.wpairs = cpairs
+                route.wlinks = clinks
                 route.lpairs = ()
             route.larrays = None
         else:
             route.wpairs = route.cpairs
+            route.wlinks = route.clinks
             route.lpairs = ()
         route.wepoch = self._wepoch
 
