@@ -36,11 +36,13 @@ from .nccl import BANDWIDTH_FACTOR, p2p_protocol, step_latencies
 
 BULK_OFFSETS_PER_BLOCK = 1 << 22  # transfers routed per array pass (bounds the memory of one pass)
 BULK_CACHED_RANKS = 256  # groups up to this size keep their routed pairs (_routed) and alltoallv layout
+BULK_CACHED_FILLS = 4096  # alltoallv sizes weighed per layout shape kept (then forgotten at once)
 # Cluster graph -> what depends only on it, the routing seed and the group, kept as long as the graph lives
 # (a sweep over message sizes builds a new fabric per size): ("routes", seed, group) -> routed pairs
 # (_routed); ("plan", seed, group, latency model) -> a uniform plan (_fill of a _layout); ("layout", seed,
 # group, latency model) -> the last alltoallv layout of the group and the pairs it was made for;
-# ("one switch", group) -> under_one_switch; ("group", group) -> its arrays (_group_arrays).
+# ("one switch", group) -> under_one_switch; ("group", group) -> its arrays (_group_arrays); "shapes" ->
+# {alltoallv layout shape: id} (_layout_shape); "fills" -> {(layout shape id, sizes): _weigh per flow}.
 _BY_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -118,24 +120,67 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
         mask_key = sends.tobytes()
         kept = cache.get(key)
         if kept is not None and kept[0] == mask_key:
-            layout = kept[1]
+            layout, shape = kept[1], kept[2]
         else:
             layout = _layout(fabric, group, members, peer, sends, servers, nccl, intra, inter, keep=True)
+            shape = None
             if n <= BULK_CACHED_RANKS:
-                cache[key] = (mask_key, layout)
-        plan = _fill(layout, sizes)
+                shape = _layout_shape(cache, layout)
+                cache[key] = (mask_key, layout, shape)
+        # What the sizes make of the layout's flows is a function of the layout's shape and the sizes: kept
+        # per (shape, sizes) (the same routing matrix recurs over the EP groups of every replica and stage).
+        weighed = None
+        if shape is not None:
+            fills = cache.setdefault("fills", {})
+            fill_key = (shape, sizes.tobytes())
+            weighed = fills.get(fill_key)
+        if weighed is None:
+            weighed = [_weigh(values, moved, largest) for _links, values, _lat, _pairs, moved, largest
+                       in _fill(layout, sizes, copy=False)]
+            if shape is not None:
+                if len(fills) >= BULK_CACHED_FILLS:
+                    fills.clear()
+                fills[fill_key] = weighed
+        # a fresh links array per flow: the network keys a flow's weights by the array (FlowNetwork.declare)
+        plan = [(f.links.copy(), *w, f.latency, f.pairs) for f, w in zip(layout, weighed)]
     network = fabric.network
     specs = []
-    for links, values, latency, pairs, moved, largest in plan:
-        if sizes is None:
-            largest, payload, weights = chunk, chunk * len(pairs), values
+    if sizes is None:
+        for links, values, latency, pairs, _moved, _largest in plan:
+            payload = chunk * len(pairs)
             fabric._pairs[id(links)] = (links, pairs)
-        else:
-            payload, weights = float(moved.sum()), values / largest
-            fabric._pairs[id(links)] = (links, pairs, moved / payload)
-        network.declare(links, len(pairs), weights)
-        specs.append((links, count * largest / factor, count * (base + latency), count * payload))
+            network.declare(links, len(pairs), values)
+            specs.append((links, count * chunk / factor, count * (base + latency), count * payload))
+    else:
+        for links, weights, largest, payload, shares, latency, pairs in plan:
+            fabric._pairs[id(links)] = (links, pairs, shares)
+            network.declare(links, len(pairs), weights)
+            specs.append((links, count * largest / factor, count * (base + latency), count * payload))
     return tuple(specs)
+
+
+def _weigh(values: np.ndarray, moved: np.ndarray, largest: float) -> tuple:
+    """``(link weights, largest transfer, payload, each transfer's share of the payload)`` of one alltoallv
+    flow from its links' ``values`` (bytes), its transfers' bytes ``moved`` and the ``largest`` of them (the
+    arrays read only: they are shared by every flow of that shape and sizes)."""
+    payload = float(moved.sum())
+    weights, shares = values / largest, moved / payload
+    weights.flags.writeable = shares.flags.writeable = False
+    return weights, largest, payload, shares
+
+
+def _layout_shape(cache: dict, layout: list) -> int:
+    """An id of what :func:`_fill` reads of an alltoallv ``layout`` besides the sizes (per flow: dense or not,
+    its links' count, its transfers and the positions of their crossings): layouts of one id weigh equal
+    sizes into equal flows. Ids are kept in ``cache``."""
+    parts = []
+    for f in layout:
+        parts += [f.dense, len(f.links), f.mask.shape, f.mask.tobytes(), len(f.blocks)]
+        for idx, local, width in f.blocks:
+            parts += [idx.dtype.str, idx.tobytes(), local.dtype.str, local.tobytes(),
+                      np.asarray(width).dtype.str, np.asarray(width).tobytes()]
+    shapes = cache.setdefault("shapes", {})
+    return shapes.setdefault(tuple(parts), len(shapes))
 
 
 def _group_arrays(fabric, cache: dict, group: tuple[int, ...]) -> tuple:
@@ -251,7 +296,7 @@ def _layout(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarra
     return flows
 
 
-def _fill(layout: list[_Flow], sizes: np.ndarray | None = None) -> list[tuple]:
+def _fill(layout: list[_Flow], sizes: np.ndarray | None = None, copy: bool = True) -> list[tuple]:
     """:func:`bulk_flows`' plan from a layout: per flow ``(links, loads, latency_s, pairs, bytes per pair or
     None, largest transfer or None)`` — ``loads`` the transfers crossing each link (uniform) or their bytes
     (alltoallv: ``sizes[i, k]`` bytes from member ``i`` to its ``k``-th peer), summed in the order the
@@ -269,8 +314,10 @@ def _fill(layout: list[_Flow], sizes: np.ndarray | None = None) -> list[tuple]:
         else:
             (_idx, inverse, widths), = f.blocks
             values = np.bincount(inverse, np.repeat(moved[0], widths)).astype(float)
-        # a fresh links array: the network keys a flow's weights by the array (FlowNetwork.declare)
-        plan.append((f.links.copy(), values, f.latency, f.pairs, sizes[f.mask], max(float(m.max()) for m in moved)))
+        # a fresh links array (unless ``copy`` is False): the network keys a flow's weights by the array
+        # (FlowNetwork.declare)
+        plan.append((f.links.copy() if copy else f.links, values, f.latency, f.pairs, sizes[f.mask],
+                     max(float(m.max()) for m in moved)))
     return plan
 
 

@@ -150,7 +150,7 @@ class _Route:
                  "members", "cpairs", "cepoch", "wpairs", "lpairs", "larrays", "wepoch", "clinks", "wlinks")
 
     def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0,
-                 weights: np.ndarray | None = None, members: int = 1) -> None:
+                 weights: np.ndarray | None = None, members: int = 1, known: tuple | None = None) -> None:
         self.links = links
         self.idx = idx  # position in its network's route list (the rate log names routes by it)
         self.weights = weights
@@ -175,6 +175,11 @@ class _Route:
             self.demand = (self.solo_rate,) * len(listed)
             self._mult_of = None
             return
+        elif known is not None:
+            # ``(ulinks, mults)`` of strictly increasing weighted links, as the general case below finds them
+            # (given by _Routes.get, which keeps them per links and per weights array)
+            self.ulinks, self.mults = known
+            self.arrays = (links, weights + 0.0) if len(links) >= _LONG_ROUTE else None
         else:
             entries = (links.tolist() if weights is not None and isinstance(links, np.ndarray) and links.ndim == 1
                        and len(weights) == len(links) else None)
@@ -606,6 +611,32 @@ class _Routes:
         # hops routed for another call) gets a route of its own (its own idx) derived from it, and on_new is not
         # told again (a route equal to one seen changes no dominated or twin link)
         self._by_content: dict[tuple, _Route] = {}
+        # (dtype, entries) -> the entries as a tuple if strictly increasing, else (); id(weights) -> (weights,
+        # their values as a tuple): what _Route derives of weighted links, kept (the links of a bulk alltoallv
+        # flow recur with other weights, and its weights with other links)
+        self._sorted: dict[tuple, tuple] = {}
+        self._mults: dict[int, tuple] = {}
+
+    def _increasing(self, key: tuple, links: np.ndarray, weights: np.ndarray) -> tuple | None:
+        """``(ulinks, mults)`` of weighted ``links`` (keyed ``key``: dtype and bytes) if strictly increasing
+        (:class:`_Route`'s fast case), else None."""
+        ulinks = self._sorted.get(key)
+        if ulinks is None:
+            entries = links.tolist()
+            ulinks = tuple(entries) if entries and all(map(lt, entries, entries[1:])) else ()
+            if len(self._sorted) > _MEMO_SHAPES:
+                self._sorted.clear()
+            self._sorted[key] = ulinks
+        if not ulinks:
+            return None
+        hit = self._mults.get(id(weights))
+        if hit is None or hit[0] is not weights:
+            # bincount gives each weight alone, 0.0 + w, which ``weights + 0.0`` is exactly (-0.0 too)
+            hit = (weights, tuple((weights + 0.0).tolist()))
+            if len(self._mults) > _MEMO_SHAPES:
+                self._mults.clear()
+            self._mults[id(weights)] = hit
+        return ulinks, hit[1]
 
     def get(self, links: np.ndarray) -> _Route:
         route = self._by_id.get(id(links))
@@ -619,7 +650,10 @@ class _Routes:
                 route = self._by_id[id(links)] = seen.like(links, len(self.all))
                 self.all.append(route)
                 return route
-            route = self._by_id[id(links)] = _Route(links, self._capacity, len(self.all), weights, members)
+            known = None
+            if weights is not None and key is not None and links.ndim == 1 and len(weights) == len(links):
+                known = self._increasing(key[:2], links, weights)
+            route = self._by_id[id(links)] = _Route(links, self._capacity, len(self.all), weights, members, known)
             if key is not None:
                 self._by_content[key] = route
             self.all.append(route)
@@ -747,6 +781,7 @@ class FlowNetwork(_NetworkBase):
         self._shape_ids: dict[tuple, int] = {}  # (base shape id, dominated links as packed bits) -> shape id
         self._next_shape = 0
         self._base_ids: dict[tuple, int] = {}  # shape less the links' thresholds -> base shape id
+        self._relabelled: dict[tuple, tuple] = {}  # routes' distinct links -> _relabel of them
         self._keys: dict[int, _Call] = {}  # id(spec tuple) -> its _Call
         self._epoch = 0  # bumped whenever a link's tightness threshold changes (dominance): shapes include it
         # Lazy links (see _rerate): tight links left out of components and max-min problems because the last
@@ -917,29 +952,18 @@ class FlowNetwork(_NetworkBase):
             routes = call.routes
             sizes = array("d", [spec[1] for spec in call.specs]).tobytes()
             latencies = array("d", [spec[2] for spec in call.specs]).tobytes()
-            counts = [len(route.ulinks) for route in routes]
-            total = sum(counts)
-            if total < _SMALL_LINKS:  # the same bytes, without numpy's overhead per call
-                flat = list(chain.from_iterable([route.ulinks for route in routes]))
-                ids = tuple(dict.fromkeys(flat))  # in order of first appearance
-                relabel = dict(zip(ids, range(len(ids))))
-                labels = list(map(relabel.__getitem__, flat))
-                mults = array("d", chain.from_iterable([route.mults for route in routes]))
-                cap = self._cap
-                base_shape = (array("q", labels).tobytes(), array("q", counts).tobytes(), mults.tobytes(), sizes,
-                              latencies, array("d", [cap[link] for link in ids]).tobytes())
-                arr = np.array(ids, dtype=np.intp)
-            else:
-                flat = np.fromiter(chain.from_iterable(route.ulinks for route in routes), dtype=np.intp, count=total)
-                uniq, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
-                order = np.argsort(first)  # the distinct links in order of first appearance
-                label = np.empty(len(uniq), dtype=np.int64)
-                label[order] = np.arange(len(uniq))
-                arr = uniq[order]
-                ids = tuple(arr.tolist())
-                mults = np.fromiter(chain.from_iterable(route.mults for route in routes), dtype=float, count=total)
-                base_shape = (label[inverse].tobytes(), array("q", counts).tobytes(), mults.tobytes(), sizes,
-                              latencies, self.capacity[arr].tobytes())
+            # What depends only on the routes' links: kept per sequence of links (calls over the same links
+            # with other sizes or crossings, as the alltoallvs of one EP group are, look it up).
+            ulinks = tuple([route.ulinks for route in routes])
+            relabelled = self._relabelled.get(ulinks)
+            if relabelled is None:
+                relabelled = self._relabel(ulinks)
+                if len(self._relabelled) > _MEMO_SHAPES:
+                    self._relabelled.clear()
+                self._relabelled[ulinks] = relabelled
+            labels, counts, ids, caps, arr = relabelled
+            mults = array("d", chain.from_iterable([route.mults for route in routes]))
+            base_shape = (labels, counts, mults.tobytes(), sizes, latencies, caps)
             base = self._base_ids.get(base_shape)
             if base is None:
                 base = self._base_ids[base_shape] = len(self._base_ids)
@@ -964,6 +988,34 @@ class FlowNetwork(_NetworkBase):
                 self._keys.clear()
             self._keys[id(call.specs)] = call
         return key, ids
+
+    def _relabel(self, ulinks: tuple[tuple[int, ...], ...]) -> tuple:
+        """``(labels, counts, ids, capacities, arr)`` of routes over ``ulinks`` (each route's distinct links):
+        every route's links relabelled in order of first appearance and how many each has (int64 bytes), the
+        distinct links in that order (a tuple, and an intp array ``arr``, read only) and their capacities
+        (float64 bytes)."""
+        counts = array("q", map(len, ulinks)).tobytes()
+        total = sum(map(len, ulinks))
+        if total < _SMALL_LINKS:  # the same bytes, without numpy's overhead per call
+            flat = list(chain.from_iterable(ulinks))
+            ids = tuple(dict.fromkeys(flat))  # in order of first appearance
+            relabel = dict(zip(ids, range(len(ids))))
+            labels = array("q", map(relabel.__getitem__, flat)).tobytes()
+            cap = self._cap
+            caps = array("d", [cap[link] for link in ids]).tobytes()
+            arr = np.array(ids, dtype=np.intp)
+        else:
+            flat = np.fromiter(chain.from_iterable(ulinks), dtype=np.intp, count=total)
+            uniq, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+            order = np.argsort(first)  # the distinct links in order of first appearance
+            label = np.empty(len(uniq), dtype=np.int64)
+            label[order] = np.arange(len(uniq))
+            arr = uniq[order]
+            ids = tuple(arr.tolist())
+            labels = label[inverse].tobytes()
+            caps = self.capacity[arr].tobytes()
+        arr.flags.writeable = False
+        return labels, counts, ids, caps, arr
 
     def _release(self, session: _Session) -> None:
         # Nobody else can have taken a link while the session held it: all are still its own.
@@ -1249,7 +1301,7 @@ class FlowNetwork(_NetworkBase):
             if d == -2:
                 continue
             if where is None:
-                where = dict(zip(ulinks, mults))
+                where = route._mult_of if route._mult_of is not None else dict(zip(ulinks, mults))
             if d == -1:
                 if entries is None:
                     entries = route.links.tolist()
