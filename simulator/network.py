@@ -314,14 +314,36 @@ class _Trajectory:
     that joins max-min sharing; ``busy = (pos, a, b)`` the merged busy intervals ``[a, b)`` of the call's
     links as three arrays, link by link (``pos``: its position among the call's links, in the order of
     :meth:`FlowNetwork._session_key`), each link's in order of time; ``duration`` the last finish.
+
+    Made from the recording: ``t0`` the call's start, ``recs`` each flow's ``[admitted, finished, [(time,
+    rate), ...]]`` (absolute times), ``links`` the call's links (array), and the routes, starts and ends (s
+    after ``t0``) of the flows that moved bytes. ``flows`` and ``busy`` are derived from them when first read
+    (most trajectories are never replayed: a later recording of their shape replaces them first).
     """
 
-    __slots__ = ("flows", "busy", "duration")
+    __slots__ = ("_flows", "_busy", "duration", "_made_of")
 
-    def __init__(self, flows: list, busy: list, duration: float) -> None:
-        self.flows = flows
-        self.busy = busy
+    def __init__(self, duration: float, t0: float, recs: list, links: np.ndarray, moved: list[_Route],
+                 starts: list[float], ends: list[float]) -> None:
         self.duration = duration
+        self._flows: list | None = None
+        self._busy: tuple | None = None
+        self._made_of = (t0, recs, links, moved, starts, ends)
+
+    @property
+    def flows(self) -> list:
+        if self._flows is None:
+            t0, recs = self._made_of[:2]
+            self._flows = [(admitted - t0, finished - t0, tuple([(t - t0, r) for t, r in rates]))
+                           for admitted, finished, rates in recs]
+        return self._flows
+
+    @property
+    def busy(self) -> tuple:
+        if self._busy is None:
+            _t0, _recs, links, moved, starts, ends = self._made_of
+            self._busy = _busy_intervals(links, moved, starts, ends)
+        return self._busy
 
 
 class _Call:
@@ -790,7 +812,10 @@ class FlowNetwork(_NetworkBase):
         self._lazy: list[bool] = [False] * len(self._cap)
         self._lazy_count = 0
         self._strikes: list[int] = [0] * len(self._cap)  # times a lazy link was found overloaded
-        self._lload = np.zeros(len(self._cap))  # of a lazy link: sum of crossings x rate of the flows on it
+        # Of a lazy link: sum of crossings x rate of the flows on it; a flat array of doubles (Python float adds
+        # per link) with a numpy view of it (vectorised checks and np.add.at).
+        self._lload_acc = array("d", bytes(8 * len(self._cap)))
+        self._lload = np.frombuffer(self._lload_acc, dtype=float)
         self._pending_loads: tuple | None = None  # (link ids, load changes) the rates being set bring
         self._wepoch = 0  # bumped whenever _epoch or a link's laziness changes (routes' wpairs / lpairs)
         self.lazy_misses = 0  # re-solves because a solution overloaded a lazy link
@@ -1045,27 +1070,29 @@ class FlowNetwork(_NetworkBase):
             return
         session.done = True
         t0 = session.t0
-        flows = []
+        recs = []
         moved: list[_Route] = []  # routes of the flows that moved bytes, with their spans
         starts: list[float] = []
         ends: list[float] = []
         duration = 0.0
+        size = 0
         for flow in session.flows:
-            admitted, finished, rates = flow.rec
-            flows.append((admitted - t0, finished - t0, tuple([(t - t0, r) for t, r in rates])))
+            rec = flow.rec
+            recs.append(rec)
+            admitted, finished, rates = rec
             if finished - t0 > duration:
                 duration = finished - t0
             if rates:
                 moved.append(flow.route)
                 starts.append(admitted - t0)
                 ends.append(finished - t0)
+            size += 1 + len(rates)
             flow.rec = None
-        size = len(flows) + sum(len(f[2]) for f in flows)
         self._memo_flows += size
         if self._memo_flows > _MEMO_ENTRIES:
             self._memo.clear()
             self._memo_flows = size
-        self._memo[session.key] = _Trajectory(flows, _busy_intervals(session.arr, moved, starts, ends), duration)
+        self._memo[session.key] = _Trajectory(duration, t0, recs, session.arr, moved, starts, ends)
 
     def _replay(self, session: _Session, traj: _Trajectory, call: _Call, traffic_class: str,
                 join: _Join) -> None:
@@ -2070,7 +2097,8 @@ class FlowNetwork(_NetworkBase):
                     break
         if small:
             cap = self._cap
-            candidates = [link for link, d in loads.items() if lload[link] + d > cap[link] * (1 + 1e-9)]
+            acc = self._lload_acc
+            candidates = [link for link, d in loads.items() if acc[link] + d > cap[link] * (1 + 1e-9)]
         else:
             larrays = self._larrays
             # Only the flows that cross a lazy link add entries (the others' arrays are empty): the same
@@ -2119,7 +2147,7 @@ class FlowNetwork(_NetworkBase):
             ids, mults = self._larrays(route)
             np.add.at(self._lload, ids, mults * delta)
             return
-        lload = self._lload
+        lload = self._lload_acc
         for link, m in route.lpairs:
             lload[link] += m * delta
 
@@ -2162,7 +2190,7 @@ class FlowNetwork(_NetworkBase):
                     for other in self._on_link[link]:
                         mo = other.route._mult_of
                         total += (1 if mo is None else mo[link]) * other.rate
-                    self._lload[link] = total
+                    self._lload_acc[link] = total
         if marked:
             self.lazy_marked += marked
             self._lazy_count += marked
