@@ -42,7 +42,9 @@ BULK_CACHED_FILLS = 4096  # alltoallv sizes weighed per layout shape kept (then 
 # (_routed); ("plan", seed, group, latency model) -> a uniform plan (_fill of a _layout); ("layout", seed,
 # group, latency model) -> the last alltoallv layout of the group and the pairs it was made for;
 # ("one switch", group) -> under_one_switch; ("group", group) -> its arrays (_group_arrays); "shapes" ->
-# {alltoallv layout shape: id} (_layout_shape); "fills" -> {(layout shape id, sizes): _weigh per flow}.
+# {alltoallv layout shape: id} (_layout_shape); "fills" -> {(layout shape id, sizes): _weigh per flow};
+# "sizes" -> (matrix, ranks, sizes, largest, senders, sizes' bytes, whether the matrix is tuples) of the last
+# alltoallv.
 _BY_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -97,9 +99,18 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     # sizes[i, k]: bytes member i sends to its k-th peer, or None when all are S/n
     sizes = None
     if matrix is not None:
-        sizes = np.asarray(matrix, dtype=float)[offsets[:, None], peer]
-        sizes[:, 0] = 0.0
-    chunk = nbytes / n if sizes is None else float(sizes.max())
+        # (the replicas of one alltoallv share its matrix: the last one's sizes are kept, read only)
+        last = cache.get("sizes")
+        if last is not None and last[0] is matrix and last[1] == n and last[6]:
+            sizes, largest, sends, sizes_key = last[2:6]
+        else:
+            sizes = np.asarray(matrix, dtype=float)[offsets[:, None], peer]
+            sizes[:, 0] = 0.0
+            largest, sends, sizes_key = float(sizes.max()), sizes > 0, sizes.tobytes()
+            sizes.flags.writeable = sends.flags.writeable = False
+            frozen = type(matrix) is tuple and all(type(row) is tuple for row in matrix)  # (never changes)
+            cache["sizes"] = (matrix, n, sizes, largest, sends, sizes_key, frozen)
+    chunk = nbytes / n if sizes is None else largest
     nccl = fabric.config.nccl_latency
     protocol = p2p_protocol(chunk, spans) if nccl else "Simple"
     if nccl:
@@ -108,7 +119,8 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
         base, intra, inter = 0.0, fabric.config.step_latency_s, fabric.config.step_latency_s
     factor = BANDWIDTH_FACTOR[protocol]
 
-    sends = offsets > 0 if sizes is None else sizes > 0
+    if sizes is None:
+        sends = offsets > 0
     key = ("plan" if sizes is None else "layout", fabric.config.seed, group, nccl, base, intra, inter)
     if sizes is None:  # a uniform plan depends only on the fabric, the group and the latency constants
         plan = cache.get(key)
@@ -132,7 +144,7 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
         weighed = None
         if shape is not None:
             fills = cache.setdefault("fills", {})
-            fill_key = (shape, sizes.tobytes())
+            fill_key = (shape, sizes_key)
             weighed = fills.get(fill_key)
         if weighed is None:
             weighed = [_weigh(values, moved, largest) for _links, values, _lat, _pairs, moved, largest

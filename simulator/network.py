@@ -1573,19 +1573,30 @@ class FlowNetwork(_NetworkBase):
         busy, busy_since = self.ledger._busy_acc, self._busy_since
         shared = False
         route = flow.route
-        if agg is not None:
-            nlinks, crossings = agg.nlinks, agg._mult_of
+        if agg is None:  # (the common case: a flow on its own, in a loop of its own)
+            for link, d in zip(route.ulinks, route.demand):
+                flows = on_link[link]
+                del flows[flow]
+                if flows:
+                    if demand[link] > tight_at[link]:  # (tight before it leaves)
+                        seeds[link] = None
+                        shared = True
+                    demand[link] -= d
+                else:
+                    demand[link] = 0.0
+                    if seeds:
+                        seeds.pop(link, None)
+                    busy[link] += now - busy_since[link]
+            return shared
+        nlinks, crossings = agg.nlinks, agg._mult_of
         for link, d, m in zip(route.ulinks, route.demand, route.mults):
             flows = on_link[link]
-            if agg is None:
-                del flows[flow]
+            c = nlinks[link] - 1
+            if c:
+                nlinks[link] = c
+                crossings[link] -= m
             else:
-                c = nlinks[link] - 1
-                if c:
-                    nlinks[link] = c
-                    crossings[link] -= m
-                else:
-                    del nlinks[link], crossings[link], flows[agg]
+                del nlinks[link], crossings[link], flows[agg]
             was_tight = demand[link] > tight_at[link]
             if flows:
                 demand[link] -= d
@@ -1840,7 +1851,7 @@ class FlowNetwork(_NetworkBase):
         lazy = self._lazy
         for link in seeds:
             if not lazy[link]:  # a lazy link couples nobody (see _rerate)
-                starts.extend(f for f in on_link[link] if f.rate >= floor)
+                starts += [f for f in on_link[link] if f.rate >= floor]
         wepoch = self._wepoch
         refresh = self._refresh
         demand_of, tight_of = demand.__getitem__, tight_at.__getitem__
