@@ -1316,17 +1316,16 @@ class FlowNetwork(_NetworkBase):
         """
         dominator = self._dominator
         ulinks, mults = route.ulinks, route.mults
-        if not ulinks or max(map(dominator.__getitem__, ulinks)) == -2:
+        marks = list(map(dominator.__getitem__, ulinks))
+        if not ulinks or max(marks) == -2:
             return []  # every link not dominated for good already (-2 is the least mark): nothing can change
         cap = self._cap
         changed: list[int] = []
         where: dict[int, float] | None = None
         entries: list[int] | None = None
         first: dict[int, int] = {}
-        for link, m in zip(ulinks, mults):
-            d = dominator[link]
-            if d == -2:
-                continue
+        # (the links not dominated for good picked in C; each link's mark is read before the loop sets it)
+        for link, m, d in compress(zip(ulinks, mults, marks), map((-2).__ne__, marks)):
             if where is None:
                 where = route._mult_of if route._mult_of is not None else dict(zip(ulinks, mults))
             if d == -1:
