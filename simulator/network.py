@@ -147,7 +147,8 @@ class _Route:
     """
 
     __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of", "idx", "weights", "arrays",
-                 "members", "cpairs", "cepoch", "wpairs", "lpairs", "larrays", "wepoch", "clinks", "wlinks")
+                 "members", "cpairs", "cepoch", "wpairs", "lpairs", "larrays", "wepoch", "clinks", "wlinks",
+                 "ckeep", "wflags")
 
     def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0,
                  weights: np.ndarray | None = None, members: int = 1, known: tuple | None = None) -> None:
@@ -160,6 +161,8 @@ class _Route:
         self.wpairs: tuple = ()  # cpairs of the links not lazy (network._lazy), as of network stamp wepoch
         self.clinks: tuple = ()  # the links of cpairs
         self.wlinks: tuple = ()  # the links of wpairs
+        self.ckeep: list | None = None  # which links cpairs keeps (None: all), as last derived
+        self.wflags: list | None = None  # which of clinks were lazy when wpairs and lpairs were last derived
         self.lpairs: tuple = ()  # cpairs of the lazy links, as of wepoch
         self.larrays: tuple | None = None  # lpairs as (link ids, crossings) arrays, made when first needed
         self.wepoch = -1
@@ -212,7 +215,7 @@ class _Route:
         route = _Route.__new__(_Route)
         route.links, route.idx, route.weights, route.members = links, idx, self.weights, self.members
         route.cpairs, route.cepoch, route.wpairs, route.lpairs, route.larrays, route.wepoch = (), -1, (), (), None, -1
-        route.clinks, route.wlinks = (), ()
+        route.clinks, route.wlinks, route.ckeep, route.wflags = (), (), None, None
         route.ulinks, route.mults, route.arrays = self.ulinks, self.mults, self.arrays
         route.solo_rate, route.demand, route._mult_of = self.solo_rate, self.demand, self._mult_of
         return route
@@ -1911,33 +1914,40 @@ class FlowNetwork(_NetworkBase):
         if type(route) is _Agg:
             self._refresh_agg(route)
             return
+        # (Tuples derived before from the same links are kept: a new epoch seldom changes a given route's.)
         if route.cepoch != self._epoch:
             ulinks = route.ulinks
             at = list(map(self._tight_at.__getitem__, ulinks))
-            if _INF in at:
-                keep = list(map(_INF.__ne__, at))
-                route.cpairs = tuple(compress(zip(ulinks, route.mults), keep))
-                route.clinks = tuple(compress(ulinks, keep))
-            else:  # (the pairs as they are, as the filter keeps them all)
-                route.cpairs = tuple(zip(ulinks, route.mults))
-                route.clinks = ulinks
+            keep = list(map(_INF.__ne__, at)) if _INF in at else None
+            if route.cepoch < 0 or keep != route.ckeep:
+                if keep is not None:
+                    route.cpairs = tuple(compress(zip(ulinks, route.mults), keep))
+                    route.clinks = tuple(compress(ulinks, keep))
+                else:  # (the pairs as they are, as the filter keeps them all)
+                    route.cpairs = tuple(zip(ulinks, route.mults))
+                    route.clinks = ulinks
+                route.ckeep = keep
+                route.wflags = None
             route.cepoch = self._epoch
         if self._lazy_count:
             cpairs, clinks = route.cpairs, route.clinks
             flags = list(map(self._lazy.__getitem__, clinks))
-            if True in flags:
-                route.wpairs = tuple(compress(cpairs, map(not_, flags)))
-                route.wlinks = tuple(compress(clinks, map(not_, flags)))
-                route.lpairs = tuple(compress(cpairs, flags))
-            else:  # no lazy link on the route (the common case): its pairs as they are
-                route.wpairs = cpairs
-                route.wlinks = clinks
-                route.lpairs = ()
-            route.larrays = None
+            if flags != route.wflags:
+                if True in flags:
+                    route.wpairs = tuple(compress(cpairs, map(not_, flags)))
+                    route.wlinks = tuple(compress(clinks, map(not_, flags)))
+                    route.lpairs = tuple(compress(cpairs, flags))
+                else:  # no lazy link on the route (the common case): its pairs as they are
+                    route.wpairs = cpairs
+                    route.wlinks = clinks
+                    route.lpairs = ()
+                route.larrays = None
+                route.wflags = flags
         else:
             route.wpairs = route.cpairs
             route.wlinks = route.clinks
             route.lpairs = ()
+            route.wflags = None
         route.wepoch = self._wepoch
 
     def _rerate(self, now: float, seeds: dict[int, None], seed_flows: list[Flow], lonely: list[Flow],
