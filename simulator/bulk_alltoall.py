@@ -148,7 +148,7 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
             weighed = fills.get(fill_key)
         if weighed is None:
             weighed = [_weigh(values, moved, largest) for _links, values, _lat, _pairs, moved, largest
-                       in _fill(layout, sizes, copy=False)]
+                       in _fill(layout, sizes)]
             if shape is not None:
                 if len(fills) >= BULK_CACHED_FILLS:
                     fills.clear()
@@ -308,7 +308,7 @@ def _layout(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarra
     return flows
 
 
-def _fill(layout: list[_Flow], sizes: np.ndarray | None = None, copy: bool = True) -> list[tuple]:
+def _fill(layout: list[_Flow], sizes: np.ndarray | None = None) -> list[tuple]:
     """:func:`bulk_flows`' plan from a layout: per flow ``(links, loads, latency_s, pairs, bytes per pair or
     None, largest transfer or None)`` — ``loads`` the transfers crossing each link (uniform) or their bytes
     (alltoallv: ``sizes[i, k]`` bytes from member ``i`` to its ``k``-th peer), summed in the order the
@@ -326,10 +326,7 @@ def _fill(layout: list[_Flow], sizes: np.ndarray | None = None, copy: bool = Tru
         else:
             (_idx, inverse, widths), = f.blocks
             values = np.bincount(inverse, np.repeat(moved[0], widths)).astype(float)
-        # a fresh links array (unless ``copy`` is False): the network keys a flow's weights by the array
-        # (FlowNetwork.declare)
-        plan.append((f.links.copy() if copy else f.links, values, f.latency, f.pairs, sizes[f.mask],
-                     max(float(m.max()) for m in moved)))
+        plan.append((f.links, values, f.latency, f.pairs, sizes[f.mask], max(float(m.max()) for m in moved)))
     return plan
 
 
