@@ -36,11 +36,15 @@ from .nccl import BANDWIDTH_FACTOR, p2p_protocol, step_latencies
 
 BULK_OFFSETS_PER_BLOCK = 1 << 22  # transfers routed per array pass (bounds the memory of one pass)
 BULK_CACHED_RANKS = 256  # groups up to this size keep their routed pairs (_routed) and alltoallv layout
+BULK_CACHED_FILLS = 4096  # alltoallv sizes weighed per layout shape kept (then forgotten at once)
 # Cluster graph -> what depends only on it, the routing seed and the group, kept as long as the graph lives
 # (a sweep over message sizes builds a new fabric per size): ("routes", seed, group) -> routed pairs
 # (_routed); ("plan", seed, group, latency model) -> a uniform plan (_fill of a _layout); ("layout", seed,
 # group, latency model) -> the last alltoallv layout of the group and the pairs it was made for;
-# ("one switch", group) -> under_one_switch.
+# ("one switch", group) -> under_one_switch; ("group", group) -> its arrays (_group_arrays); "shapes" ->
+# {alltoallv layout shape: id} (_layout_shape); "fills" -> {(layout shape id, sizes): _weigh per flow};
+# "sizes" -> (matrix, ranks, sizes, largest, senders, sizes' bytes, whether the matrix is tuples) of the last
+# alltoallv.
 _BY_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -90,18 +94,24 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     network (:meth:`~simulator.network.FlowNetwork.declare`: weights and member counts) and its
     ``pairs_of`` (an :class:`AllToAllPairs`)."""
     n = len(group)
-    members = np.asarray(group, dtype=np.int64)
-    peer = offset_peers(n)  # peer[i, k] = (i + k) % n
-    offsets = np.arange(n, dtype=np.int32)
+    cache = _BY_GRAPH.setdefault(fabric.cluster.graph, {})
+    members, peer, offsets, servers, spans = _group_arrays(fabric, cache, group)
     # sizes[i, k]: bytes member i sends to its k-th peer, or None when all are S/n
     sizes = None
     if matrix is not None:
-        sizes = np.asarray(matrix, dtype=float)[offsets[:, None], peer]
-        sizes[:, 0] = 0.0
-    chunk = nbytes / n if sizes is None else float(sizes.max())
-    servers = np.asarray(fabric._servers, dtype=np.int32)[members]
+        # (the replicas of one alltoallv share its matrix: the last one's sizes are kept, read only)
+        last = cache.get("sizes")
+        if last is not None and last[0] is matrix and last[1] == n and last[6]:
+            sizes, largest, sends, sizes_key = last[2:6]
+        else:
+            sizes = np.asarray(matrix, dtype=float)[offsets[:, None], peer]
+            sizes[:, 0] = 0.0
+            largest, sends, sizes_key = float(sizes.max()), sizes > 0, sizes.tobytes()
+            sizes.flags.writeable = sends.flags.writeable = False
+            frozen = type(matrix) is tuple and all(type(row) is tuple for row in matrix)  # (never changes)
+            cache["sizes"] = (matrix, n, sizes, largest, sends, sizes_key, frozen)
+    chunk = nbytes / n if sizes is None else largest
     nccl = fabric.config.nccl_latency
-    spans = bool((servers != servers[0]).any())
     protocol = p2p_protocol(chunk, spans) if nccl else "Simple"
     if nccl:
         base, intra, inter = step_latencies("direct", protocol, spans)
@@ -109,8 +119,8 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
         base, intra, inter = 0.0, fabric.config.step_latency_s, fabric.config.step_latency_s
     factor = BANDWIDTH_FACTOR[protocol]
 
-    sends = offsets > 0 if sizes is None else sizes > 0
-    cache = _BY_GRAPH.setdefault(fabric.cluster.graph, {})
+    if sizes is None:
+        sends = offsets > 0
     key = ("plan" if sizes is None else "layout", fabric.config.seed, group, nccl, base, intra, inter)
     if sizes is None:  # a uniform plan depends only on the fabric, the group and the latency constants
         plan = cache.get(key)
@@ -122,24 +132,85 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
         mask_key = sends.tobytes()
         kept = cache.get(key)
         if kept is not None and kept[0] == mask_key:
-            layout = kept[1]
+            layout, shape = kept[1], kept[2]
         else:
             layout = _layout(fabric, group, members, peer, sends, servers, nccl, intra, inter, keep=True)
+            shape = None
             if n <= BULK_CACHED_RANKS:
-                cache[key] = (mask_key, layout)
-        plan = _fill(layout, sizes)
+                shape = _layout_shape(cache, layout)
+                cache[key] = (mask_key, layout, shape)
+        # What the sizes make of the layout's flows is a function of the layout's shape and the sizes: kept
+        # per (shape, sizes) (the same routing matrix recurs over the EP groups of every replica and stage).
+        weighed = None
+        if shape is not None:
+            fills = cache.setdefault("fills", {})
+            fill_key = (shape, sizes_key)
+            weighed = fills.get(fill_key)
+        if weighed is None:
+            weighed = [_weigh(values, moved, largest) for _links, values, _lat, _pairs, moved, largest
+                       in _fill(layout, sizes)]
+            if shape is not None:
+                if len(fills) >= BULK_CACHED_FILLS:
+                    fills.clear()
+                fills[fill_key] = weighed
+        # a fresh links array per flow: the network keys a flow's weights by the array (FlowNetwork.declare)
+        plan = [(f.links.copy(), *w, f.latency, f.pairs) for f, w in zip(layout, weighed)]
     network = fabric.network
     specs = []
-    for links, values, latency, pairs, moved, largest in plan:
-        if sizes is None:
-            largest, payload, weights = chunk, chunk * len(pairs), values
+    if sizes is None:
+        for links, values, latency, pairs, _moved, _largest in plan:
+            payload = chunk * len(pairs)
             fabric._pairs[id(links)] = (links, pairs)
-        else:
-            payload, weights = float(moved.sum()), values / largest
-            fabric._pairs[id(links)] = (links, pairs, moved / payload)
-        network.declare(links, len(pairs), weights)
-        specs.append((links, count * largest / factor, count * (base + latency), count * payload))
+            network.declare(links, len(pairs), values)
+            specs.append((links, count * chunk / factor, count * (base + latency), count * payload))
+    else:
+        for links, weights, largest, payload, shares, latency, pairs in plan:
+            fabric._pairs[id(links)] = (links, pairs, shares)
+            network.declare(links, len(pairs), weights)
+            specs.append((links, count * largest / factor, count * (base + latency), count * payload))
     return tuple(specs)
+
+
+def _weigh(values: np.ndarray, moved: np.ndarray, largest: float) -> tuple:
+    """``(link weights, largest transfer, payload, each transfer's share of the payload)`` of one alltoallv
+    flow from its links' ``values`` (bytes), its transfers' bytes ``moved`` and the ``largest`` of them (the
+    arrays read only: they are shared by every flow of that shape and sizes)."""
+    payload = float(moved.sum())
+    weights, shares = values / largest, moved / payload
+    weights.flags.writeable = shares.flags.writeable = False
+    return weights, largest, payload, shares
+
+
+def _layout_shape(cache: dict, layout: list) -> int:
+    """An id of what :func:`_fill` reads of an alltoallv ``layout`` besides the sizes (per flow: dense or not,
+    its links' count, its transfers and the positions of their crossings): layouts of one id weigh equal
+    sizes into equal flows. Ids are kept in ``cache``."""
+    parts = []
+    for f in layout:
+        parts += [f.dense, len(f.links), f.mask.shape, f.mask.tobytes(), len(f.blocks)]
+        for idx, local, width in f.blocks:
+            parts += [idx.dtype.str, idx.tobytes(), local.dtype.str, local.tobytes(),
+                      np.asarray(width).dtype.str, np.asarray(width).tobytes()]
+    shapes = cache.setdefault("shapes", {})
+    return shapes.setdefault(tuple(parts), len(shapes))
+
+
+def _group_arrays(fabric, cache: dict, group: tuple[int, ...]) -> tuple:
+    """``(members, peer, offsets, servers, spans)`` of ``group``: its ranks (int64), :func:`offset_peers`, the
+    offsets ``0 .. n-1`` (int32), each member's server (int32) and whether they span servers; kept per group of
+    at most ``BULK_CACHED_RANKS`` ranks in ``cache`` (the cluster graph's), read only."""
+    key = ("group", group)
+    out = cache.get(key)
+    if out is None:
+        n = len(group)
+        members = np.asarray(group, dtype=np.int64)
+        servers = np.asarray(fabric._servers, dtype=np.int32)[members]
+        out = (members, offset_peers(n), np.arange(n, dtype=np.int32), servers, bool((servers != servers[0]).any()))
+        if n <= BULK_CACHED_RANKS:
+            for a in out[:4]:
+                a.flags.writeable = False
+            cache[key] = out
+    return out
 
 
 class _Flow:
@@ -255,8 +326,7 @@ def _fill(layout: list[_Flow], sizes: np.ndarray | None = None) -> list[tuple]:
         else:
             (_idx, inverse, widths), = f.blocks
             values = np.bincount(inverse, np.repeat(moved[0], widths)).astype(float)
-        # a fresh links array: the network keys a flow's weights by the array (FlowNetwork.declare)
-        plan.append((f.links.copy(), values, f.latency, f.pairs, sizes[f.mask], max(float(m.max()) for m in moved)))
+        plan.append((f.links, values, f.latency, f.pairs, sizes[f.mask], max(float(m.max()) for m in moved)))
     return plan
 
 

@@ -84,8 +84,8 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections.abc import Callable, Sequence
-from itertools import chain
-from operator import attrgetter, itemgetter, lt, truediv
+from itertools import chain, compress
+from operator import attrgetter, gt, itemgetter, lt, not_, truediv
 
 import numpy as np
 import simpy
@@ -94,6 +94,7 @@ from simpy.events import Event
 
 from .maxmin import max_min_rates, max_min_rates_small
 
+_INF = float("inf")
 _LATE_PRIORITY = 2  # after every NORMAL (1) event of the same instant
 TINY_FLOW_S = 1e-6
 """A flow that its bottleneck link alone moves in under 1 µs is latency-bound: it completes at its solo
@@ -111,6 +112,8 @@ _LAZY_MIN_FLOWS = 32  # components at least this large mark their slack tight li
 _LAZY_SLACK = 0.02  # ... when at least this fraction of the link's capacity is left over
 _LAZY_STRIKES = 2  # a link found overloaded this often is never made lazy again
 _AGG_MIN = 16  # components of at least this many flows fold flows of equal rows into aggregates (see _Agg)
+_FEW_LINKS = 24  # calls over at most this many distinct links check and mark them in Python, not numpy
+_FEW_ENTRIES = 32  # replays of at most this many rate-log entries and busy intervals book them in Python
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
 
@@ -144,10 +147,11 @@ class _Route:
     """
 
     __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of", "idx", "weights", "arrays",
-                 "members", "cpairs", "cepoch", "wpairs", "lpairs", "larrays", "wepoch")
+                 "members", "cpairs", "cepoch", "wpairs", "lpairs", "larrays", "wepoch", "clinks", "wlinks",
+                 "ckeep", "wflags")
 
     def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0,
-                 weights: np.ndarray | None = None, members: int = 1) -> None:
+                 weights: np.ndarray | None = None, members: int = 1, known: tuple | None = None) -> None:
         self.links = links
         self.idx = idx  # position in its network's route list (the rate log names routes by it)
         self.weights = weights
@@ -155,6 +159,10 @@ class _Route:
         self.cpairs: tuple = ()  # (link, crossings) of the links that may be tight, as of network epoch cepoch
         self.cepoch = -1
         self.wpairs: tuple = ()  # cpairs of the links not lazy (network._lazy), as of network stamp wepoch
+        self.clinks: tuple = ()  # the links of cpairs
+        self.wlinks: tuple = ()  # the links of wpairs
+        self.ckeep: list | None = None  # which links cpairs keeps (None: all), as last derived
+        self.wflags: list | None = None  # which of clinks were lazy when wpairs and lpairs were last derived
         self.lpairs: tuple = ()  # cpairs of the lazy links, as of wepoch
         self.larrays: tuple | None = None  # lpairs as (link ids, crossings) arrays, made when first needed
         self.wepoch = -1
@@ -170,6 +178,11 @@ class _Route:
             self.demand = (self.solo_rate,) * len(listed)
             self._mult_of = None
             return
+        elif known is not None:
+            # ``(ulinks, mults)`` of strictly increasing weighted links, as the general case below finds them
+            # (given by _Routes.get, which keeps them per links and per weights array)
+            self.ulinks, self.mults = known
+            self.arrays = (links, weights + 0.0) if len(links) >= _LONG_ROUTE else None
         else:
             entries = (links.tolist() if weights is not None and isinstance(links, np.ndarray) and links.ndim == 1
                        and len(weights) == len(links) else None)
@@ -202,6 +215,7 @@ class _Route:
         route = _Route.__new__(_Route)
         route.links, route.idx, route.weights, route.members = links, idx, self.weights, self.members
         route.cpairs, route.cepoch, route.wpairs, route.lpairs, route.larrays, route.wepoch = (), -1, (), (), None, -1
+        route.clinks, route.wlinks, route.ckeep, route.wflags = (), (), None, None
         route.ulinks, route.mults, route.arrays = self.ulinks, self.mults, self.arrays
         route.solo_rate, route.demand, route._mult_of = self.solo_rate, self.demand, self._mult_of
         return route
@@ -266,7 +280,7 @@ class _Agg:
     """
 
     __slots__ = ("route", "id", "rate", "svc", "ts", "seq", "heap", "n", "rep", "_mult_of", "nlinks", "lsum",
-                 "lcount", "lwepoch", "wpairs", "lpairs", "larrays", "wepoch", "solo_rate", "rec")
+                 "lcount", "lwepoch", "wpairs", "lpairs", "larrays", "wepoch", "solo_rate", "rec", "wlinks")
 
     def __init__(self, agg_id: int, rep: _Route, rate: float, now: float) -> None:
         self.route = self
@@ -285,6 +299,7 @@ class _Agg:
         self.lcount: dict[int, int] = {}  # lazy link -> members crossing it, as of lwepoch
         self.lwepoch = -1
         self.wpairs: tuple = ()
+        self.wlinks: tuple = ()  # the links of wpairs
         self.lpairs: tuple = ()
         self.larrays: tuple | None = None
         self.wepoch = -1
@@ -302,14 +317,36 @@ class _Trajectory:
     that joins max-min sharing; ``busy = (pos, a, b)`` the merged busy intervals ``[a, b)`` of the call's
     links as three arrays, link by link (``pos``: its position among the call's links, in the order of
     :meth:`FlowNetwork._session_key`), each link's in order of time; ``duration`` the last finish.
+
+    Made from the recording: ``t0`` the call's start, ``recs`` each flow's ``[admitted, finished, [(time,
+    rate), ...]]`` (absolute times), ``links`` the call's links (array), and the routes, starts and ends (s
+    after ``t0``) of the flows that moved bytes. ``flows`` and ``busy`` are derived from them when first read
+    (most trajectories are never replayed: a later recording of their shape replaces them first).
     """
 
-    __slots__ = ("flows", "busy", "duration")
+    __slots__ = ("_flows", "_busy", "duration", "_made_of")
 
-    def __init__(self, flows: list, busy: list, duration: float) -> None:
-        self.flows = flows
-        self.busy = busy
+    def __init__(self, duration: float, t0: float, recs: list, links: np.ndarray, moved: list[_Route],
+                 starts: list[float], ends: list[float]) -> None:
         self.duration = duration
+        self._flows: list | None = None
+        self._busy: tuple | None = None
+        self._made_of = (t0, recs, links, moved, starts, ends)
+
+    @property
+    def flows(self) -> list:
+        if self._flows is None:
+            t0, recs = self._made_of[:2]
+            self._flows = [(admitted - t0, finished - t0, tuple([(t - t0, r) for t, r in rates]))
+                           for admitted, finished, rates in recs]
+        return self._flows
+
+    @property
+    def busy(self) -> tuple:
+        if self._busy is None:
+            _t0, _recs, links, moved, starts, ends = self._made_of
+            self._busy = _busy_intervals(links, moved, starts, ends)
+        return self._busy
 
 
 class _Call:
@@ -319,7 +356,7 @@ class _Call:
     ``routes[i]``: the route of ``specs[i]``; ``tiny``: ``(route, nbytes, latency_s, payload)`` of the
     latency-bound specs (:meth:`FlowNetwork._tiny`); ``base``: id of the call's shape less the links'
     tightness thresholds, ``ids``: its links in order of first appearance; ``key``: the full shape id as of
-    network epoch ``epoch``; ``books``: per trajectory, what a replay of it books (:meth:`FlowNetwork._book`).
+    network epoch ``epoch``; ``books``: per trajectory, what a replay of it books (:meth:`FlowNetwork._new_book`).
     """
 
     __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books", "arr")
@@ -349,12 +386,13 @@ class _Session:
     """
 
     __slots__ = ("key", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done",
-                 "budget", "call", "held", "sid", "arr")
+                 "budget", "call", "held", "sid", "arr", "ids")
 
-    def __init__(self, key: tuple, t0: float, sid: int, arr: np.ndarray) -> None:
+    def __init__(self, key: tuple, t0: float, sid: int, arr: np.ndarray, ids: tuple) -> None:
         self.key = key
         self.sid = sid  # its id in the network's owner array (FlowNetwork._owner)
         self.arr = arr  # links as an array
+        self.ids = ids  # ... and as a tuple
         self.t0 = t0
         self.left = 0
         self.tainted = False
@@ -598,6 +636,32 @@ class _Routes:
         # hops routed for another call) gets a route of its own (its own idx) derived from it, and on_new is not
         # told again (a route equal to one seen changes no dominated or twin link)
         self._by_content: dict[tuple, _Route] = {}
+        # (dtype, entries) -> the entries as a tuple if strictly increasing, else (); id(weights) -> (weights,
+        # their values as a tuple): what _Route derives of weighted links, kept (the links of a bulk alltoallv
+        # flow recur with other weights, and its weights with other links)
+        self._sorted: dict[tuple, tuple] = {}
+        self._mults: dict[int, tuple] = {}
+
+    def _increasing(self, key: tuple, links: np.ndarray, weights: np.ndarray) -> tuple | None:
+        """``(ulinks, mults)`` of weighted ``links`` (keyed ``key``: dtype and bytes) if strictly increasing
+        (:class:`_Route`'s fast case), else None."""
+        ulinks = self._sorted.get(key)
+        if ulinks is None:
+            entries = links.tolist()
+            ulinks = tuple(entries) if entries and all(map(lt, entries, entries[1:])) else ()
+            if len(self._sorted) > _MEMO_SHAPES:
+                self._sorted.clear()
+            self._sorted[key] = ulinks
+        if not ulinks:
+            return None
+        hit = self._mults.get(id(weights))
+        if hit is None or hit[0] is not weights:
+            # bincount gives each weight alone, 0.0 + w, which ``weights + 0.0`` is exactly (-0.0 too)
+            hit = (weights, tuple((weights + 0.0).tolist()))
+            if len(self._mults) > _MEMO_SHAPES:
+                self._mults.clear()
+            self._mults[id(weights)] = hit
+        return ulinks, hit[1]
 
     def get(self, links: np.ndarray) -> _Route:
         route = self._by_id.get(id(links))
@@ -611,7 +675,10 @@ class _Routes:
                 route = self._by_id[id(links)] = seen.like(links, len(self.all))
                 self.all.append(route)
                 return route
-            route = self._by_id[id(links)] = _Route(links, self._capacity, len(self.all), weights, members)
+            known = None
+            if weights is not None and key is not None and links.ndim == 1 and len(weights) == len(links):
+                known = self._increasing(key[:2], links, weights)
+            route = self._by_id[id(links)] = _Route(links, self._capacity, len(self.all), weights, members, known)
             if key is not None:
                 self._by_content[key] = route
             self.all.append(route)
@@ -732,12 +799,14 @@ class FlowNetwork(_NetworkBase):
         self._next_sid = 0
         # Per link, the calls with real flows (not replayed) that are not done yet and cross it: a superset of
         # the links in use, checked with numpy before the links' flows are (_occupy).
-        self._occupied = np.zeros(len(self._cap), dtype=np.int32)
+        self._occupied_acc = array("i", bytes(4 * len(self._cap)))  # (read per link in Python for small calls)
+        self._occupied = np.frombuffer(self._occupied_acc, dtype=np.int32)
         self._memo: dict[int, _Trajectory] = {}
         self._memo_flows = 0  # entries (flows, rate changes) of the recorded trajectories
         self._shape_ids: dict[tuple, int] = {}  # (base shape id, dominated links as packed bits) -> shape id
         self._next_shape = 0
         self._base_ids: dict[tuple, int] = {}  # shape less the links' thresholds -> base shape id
+        self._relabelled: dict[tuple, tuple] = {}  # routes' distinct links -> _relabel of them
         self._keys: dict[int, _Call] = {}  # id(spec tuple) -> its _Call
         self._epoch = 0  # bumped whenever a link's tightness threshold changes (dominance): shapes include it
         # Lazy links (see _rerate): tight links left out of components and max-min problems because the last
@@ -746,7 +815,10 @@ class FlowNetwork(_NetworkBase):
         self._lazy: list[bool] = [False] * len(self._cap)
         self._lazy_count = 0
         self._strikes: list[int] = [0] * len(self._cap)  # times a lazy link was found overloaded
-        self._lload = np.zeros(len(self._cap))  # of a lazy link: sum of crossings x rate of the flows on it
+        # Of a lazy link: sum of crossings x rate of the flows on it; a flat array of doubles (Python float adds
+        # per link) with a numpy view of it (vectorised checks and np.add.at).
+        self._lload_acc = array("d", bytes(8 * len(self._cap)))
+        self._lload = np.frombuffer(self._lload_acc, dtype=float)
         self._pending_loads: tuple | None = None  # (link ids, load changes) the rates being set bring
         self._wepoch = 0  # bumped whenever _epoch or a link's laziness changes (routes' wpairs / lpairs)
         self.lazy_misses = 0  # re-solves because a solution overloaded a lazy link
@@ -795,16 +867,27 @@ class FlowNetwork(_NetworkBase):
         if self.replay and len(specs) <= _MEMO_RATE_CHANGES:
             key, links = self._session_key(call)
             arr = call.arr
-            # Every link idle and held by nobody. This check is made for every link of every call: numpy
-            # looks at the owners and at the links of real calls still running (a superset of the links in
-            # use); only if one of those is among the call's links are the links' flows looked at (dicts are
-            # truthy only when not empty).
-            if not (count_nonzero(self._owner_np[arr])  # (count_nonzero: .any() at a third of the cost)
-                    or (count_nonzero(self._occupied[arr]) and any(map(self._on_link.__getitem__, links)))):
+            # Every link idle and held by nobody. This check is made for every link of every call: numpy (or
+            # Python, for a few links) looks at the owners and at the links of real calls still running (a
+            # superset of the links in use); only if one of those is among the call's links are the links'
+            # flows looked at (dicts are truthy only when not empty).
+            if len(links) <= _FEW_LINKS:
+                owner = self._owner
+                taken = any(map(owner.__getitem__, links)) or (
+                    any(map(self._occupied_acc.__getitem__, links)) and any(map(self._on_link.__getitem__, links)))
+            else:
+                taken = count_nonzero(self._owner_np[arr]) or (  # (count_nonzero: .any() at a third of the cost)
+                    count_nonzero(self._occupied[arr]) and any(map(self._on_link.__getitem__, links)))
+            if not taken:
                 self._next_sid += 1
-                session = _Session(key, now, self._next_sid, arr)
+                session = _Session(key, now, self._next_sid, arr, links)
                 session.held = True
-                self._owner_np[arr] = session.sid
+                if len(links) <= _FEW_LINKS:
+                    sid = session.sid
+                    for link in links:
+                        owner[link] = sid
+                else:
+                    self._owner_np[arr] = session.sid
                 self._sessions[session.sid] = session
                 traj = self._memo.get(key)
                 if traj is not None:
@@ -897,28 +980,18 @@ class FlowNetwork(_NetworkBase):
             routes = call.routes
             sizes = array("d", [spec[1] for spec in call.specs]).tobytes()
             latencies = array("d", [spec[2] for spec in call.specs]).tobytes()
-            counts = [len(route.ulinks) for route in routes]
-            total = sum(counts)
-            if total < _SMALL_LINKS:  # the same bytes, without numpy's overhead per call
-                relabel: dict[int, int] = {}
-                labels = [relabel.setdefault(link, len(relabel)) for route in routes for link in route.ulinks]
-                ids = tuple(relabel)
-                mults = array("d", chain.from_iterable(route.mults for route in routes))
-                cap = self._cap
-                base_shape = (array("q", labels).tobytes(), array("q", counts).tobytes(), mults.tobytes(), sizes,
-                              latencies, array("d", [cap[link] for link in ids]).tobytes())
-                arr = np.array(ids, dtype=np.intp)
-            else:
-                flat = np.fromiter(chain.from_iterable(route.ulinks for route in routes), dtype=np.intp, count=total)
-                uniq, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
-                order = np.argsort(first)  # the distinct links in order of first appearance
-                label = np.empty(len(uniq), dtype=np.int64)
-                label[order] = np.arange(len(uniq))
-                arr = uniq[order]
-                ids = tuple(arr.tolist())
-                mults = np.fromiter(chain.from_iterable(route.mults for route in routes), dtype=float, count=total)
-                base_shape = (label[inverse].tobytes(), array("q", counts).tobytes(), mults.tobytes(), sizes,
-                              latencies, self.capacity[arr].tobytes())
+            # What depends only on the routes' links: kept per sequence of links (calls over the same links
+            # with other sizes or crossings, as the alltoallvs of one EP group are, look it up).
+            ulinks = tuple([route.ulinks for route in routes])
+            relabelled = self._relabelled.get(ulinks)
+            if relabelled is None:
+                relabelled = self._relabel(ulinks)
+                if len(self._relabelled) > _MEMO_SHAPES:
+                    self._relabelled.clear()
+                self._relabelled[ulinks] = relabelled
+            labels, counts, ids, caps, arr = relabelled
+            mults = array("d", chain.from_iterable([route.mults for route in routes]))
+            base_shape = (labels, counts, mults.tobytes(), sizes, latencies, caps)
             base = self._base_ids.get(base_shape)
             if base is None:
                 base = self._base_ids[base_shape] = len(self._base_ids)
@@ -944,11 +1017,45 @@ class FlowNetwork(_NetworkBase):
             self._keys[id(call.specs)] = call
         return key, ids
 
+    def _relabel(self, ulinks: tuple[tuple[int, ...], ...]) -> tuple:
+        """``(labels, counts, ids, capacities, arr)`` of routes over ``ulinks`` (each route's distinct links):
+        every route's links relabelled in order of first appearance and how many each has (int64 bytes), the
+        distinct links in that order (a tuple, and an intp array ``arr``, read only) and their capacities
+        (float64 bytes)."""
+        counts = array("q", map(len, ulinks)).tobytes()
+        total = sum(map(len, ulinks))
+        if total < _SMALL_LINKS:  # the same bytes, without numpy's overhead per call
+            flat = list(chain.from_iterable(ulinks))
+            ids = tuple(dict.fromkeys(flat))  # in order of first appearance
+            relabel = dict(zip(ids, range(len(ids))))
+            labels = array("q", map(relabel.__getitem__, flat)).tobytes()
+            cap = self._cap
+            caps = array("d", [cap[link] for link in ids]).tobytes()
+            arr = np.array(ids, dtype=np.intp)
+        else:
+            flat = np.fromiter(chain.from_iterable(ulinks), dtype=np.intp, count=total)
+            uniq, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+            order = np.argsort(first)  # the distinct links in order of first appearance
+            label = np.empty(len(uniq), dtype=np.int64)
+            label[order] = np.arange(len(uniq))
+            arr = uniq[order]
+            ids = tuple(arr.tolist())
+            labels = label[inverse].tobytes()
+            caps = self.capacity[arr].tobytes()
+        arr.flags.writeable = False
+        return labels, counts, ids, caps, arr
+
     def _release(self, session: _Session) -> None:
         # Nobody else can have taken a link while the session held it: all are still its own.
         if session.held:
             session.held = False
-            self._owner_np[session.arr] = 0
+            ids = session.ids
+            if len(ids) <= _FEW_LINKS:
+                owner = self._owner
+                for link in ids:
+                    owner[link] = 0
+            else:
+                self._owner_np[session.arr] = 0
             del self._sessions[session.sid]
 
     def _stop_recording(self, session: _Session) -> None:
@@ -966,27 +1073,29 @@ class FlowNetwork(_NetworkBase):
             return
         session.done = True
         t0 = session.t0
-        flows = []
+        recs = []
         moved: list[_Route] = []  # routes of the flows that moved bytes, with their spans
         starts: list[float] = []
         ends: list[float] = []
         duration = 0.0
+        size = 0
         for flow in session.flows:
-            admitted, finished, rates = flow.rec
-            flows.append((admitted - t0, finished - t0, tuple([(t - t0, r) for t, r in rates])))
+            rec = flow.rec
+            recs.append(rec)
+            admitted, finished, rates = rec
             if finished - t0 > duration:
                 duration = finished - t0
             if rates:
                 moved.append(flow.route)
                 starts.append(admitted - t0)
                 ends.append(finished - t0)
+            size += 1 + len(rates)
             flow.rec = None
-        size = len(flows) + sum(len(f[2]) for f in flows)
         self._memo_flows += size
         if self._memo_flows > _MEMO_ENTRIES:
             self._memo.clear()
             self._memo_flows = size
-        self._memo[session.key] = _Trajectory(flows, _busy_intervals(session.arr, moved, starts, ends), duration)
+        self._memo[session.key] = _Trajectory(duration, t0, recs, session.arr, moved, starts, ends)
 
     def _replay(self, session: _Session, traj: _Trajectory, call: _Call, traffic_class: str,
                 join: _Join) -> None:
@@ -1005,13 +1114,13 @@ class FlowNetwork(_NetworkBase):
         heapq.heappush(self._replays_due, (end, self._pending_seq, session))
         self._wake(end)
 
-    def _book(self, call: _Call, traj: _Trajectory) -> tuple:
-        """What a whole replay of ``traj`` for ``call`` books, made once per (call, trajectory):
-        ``(finished flows as (route, nbytes, payload), rate log times relative to the start, route ids,
-        deltas, (links, busy seconds) arrays, flows)``, in the order the flows would have booked them."""
-        hit = call.books.get(id(traj))
-        if hit is not None and hit[0] is traj:
-            return hit[1]
+    def _new_book(self, call: _Call, traj: _Trajectory) -> tuple:
+        """What a whole replay of ``traj`` for ``call`` books, made once per (call, trajectory) and kept in
+        ``call.books`` as ``(traj, book, {traffic class: its ledger rows, bytes, payloads and members})`` (the
+        last filled by :meth:`_replay_done`); returns that entry. ``book``: ``(finished flows as (route, nbytes,
+        payload), rate log times relative to the start, route ids, deltas, (links, busy seconds), flows)``, in
+        the order the flows would have booked them (times and busy seconds as lists of floats when there are
+        a few, else arrays)."""
         done = []
         offs: list[float] = []
         ridx: list[int] = []
@@ -1034,12 +1143,17 @@ class FlowNetwork(_NetworkBase):
                 deltas.append(-prev)
             done.append((route, nbytes, payload))
         pos, a, b = traj.busy
-        book = (done, np.array(offs, dtype=float), array("q", ridx).tobytes(), array("d", deltas).tobytes(),
-                (call.arr[pos], b - a), i)
+        if len(offs) <= _FEW_ENTRIES and len(pos) <= _FEW_ENTRIES:
+            # a few entries: booked by Python floats (the same additions, one by one, as numpy's)
+            book = (done, offs, array("q", ridx).tobytes(), array("d", deltas).tobytes(),
+                    (call.arr[pos].tolist(), (b - a).tolist()), i)
+        else:
+            book = (done, np.array(offs, dtype=float), array("q", ridx).tobytes(), array("d", deltas).tobytes(),
+                    (call.arr[pos], b - a), i)
         if len(call.books) > 8:
             call.books.clear()
-        call.books[id(traj)] = (traj, book)
-        return book
+        entry = call.books[id(traj)] = (traj, book, {})
+        return entry
 
     def _replay_done(self, session: _Session) -> None:
         """Book a replay whose end has come (its call's ``on_done`` is told at the end of the update)."""
@@ -1047,13 +1161,22 @@ class FlowNetwork(_NetworkBase):
             return  # made real before its end
         session.done = True
         ledger = self.ledger
-        done, offs, ridx, deltas, (busy_links, busy_s), n = self._book(session.call, session.traj)
+        traj = session.traj
+        hit = session.call.books.get(id(traj))
+        if hit is None or hit[0] is not traj:
+            hit = self._new_book(session.call, traj)
+        (done, offs, ridx, deltas, (busy_links, busy_s), n), per_class = hit[1], hit[2]
         # The same additions as the flows would have made, in the same order (t0 + offset per entry).
-        ledger.rate_t.frombytes((session.t0 + offs).tobytes())
+        small = type(offs) is list
+        if small:
+            t0 = session.t0
+            ledger.rate_t.extend([t0 + off for off in offs])
+        else:
+            ledger.rate_t.frombytes((session.t0 + offs).tobytes())
         ledger.rate_route.frombytes(ridx)
         ledger.rate_delta.frombytes(deltas)
         cls = session.traffic_class
-        entries = session.call.books.get((id(session.traj), cls))
+        entries = per_class.get(cls)
         if entries is None:  # first replay of this trajectory in this class: the ledger's own bookkeeping
             record = ledger.record_route
             for route, nbytes, payload in done:
@@ -1066,8 +1189,7 @@ class FlowNetwork(_NetworkBase):
             if len(rows) >= _SMALL_COMPONENT:  # as arrays, for np.add.at
                 rows, sizes, payloads = (np.array(rows, dtype=np.intp), np.array(sizes, dtype=float),
                                          np.array(payloads, dtype=float))
-            session.call.books[(id(session.traj), cls)] = (rows, sizes, payloads,
-                                                           sum(route.members for route, _n, _p in done))
+            per_class[cls] = (rows, sizes, payloads, sum(route.members for route, _n, _p in done))
         else:  # the same additions record_route makes, in the same order
             rows, sizes, payloads, members = entries
             wire, paid, total = ledger._wire, ledger._payload, ledger._total
@@ -1083,7 +1205,12 @@ class FlowNetwork(_NetworkBase):
             if len(rows):
                 ledger._unfolded = True
             ledger.flows_completed += members
-        np.add.at(ledger._busy_np, busy_links, busy_s)  # in order, as a loop of += would (exact)
+        if small:
+            busy = ledger._busy_acc
+            for link, seconds in zip(busy_links, busy_s):
+                busy[link] += seconds
+        else:
+            np.add.at(ledger._busy_np, busy_links, busy_s)  # in order, as a loop of += would (exact)
         self._release(session)
         join = session.join
         join.left -= n
@@ -1192,19 +1319,18 @@ class FlowNetwork(_NetworkBase):
         """
         dominator = self._dominator
         ulinks, mults = route.ulinks, route.mults
-        if not ulinks or max(map(dominator.__getitem__, ulinks)) == -2:
+        marks = list(map(dominator.__getitem__, ulinks))
+        if not ulinks or max(marks) == -2:
             return []  # every link not dominated for good already (-2 is the least mark): nothing can change
         cap = self._cap
         changed: list[int] = []
         where: dict[int, float] | None = None
         entries: list[int] | None = None
         first: dict[int, int] = {}
-        for link, m in zip(ulinks, mults):
-            d = dominator[link]
-            if d == -2:
-                continue
+        # (the links not dominated for good picked in C; each link's mark is read before the loop sets it)
+        for link, m, d in compress(zip(ulinks, mults, marks), map((-2).__ne__, marks)):
             if where is None:
-                where = dict(zip(ulinks, mults))
+                where = route._mult_of if route._mult_of is not None else dict(zip(ulinks, mults))
             if d == -1:
                 if entries is None:
                     entries = route.links.tolist()
@@ -1449,19 +1575,30 @@ class FlowNetwork(_NetworkBase):
         busy, busy_since = self.ledger._busy_acc, self._busy_since
         shared = False
         route = flow.route
-        if agg is not None:
-            nlinks, crossings = agg.nlinks, agg._mult_of
+        if agg is None:  # (the common case: a flow on its own, in a loop of its own)
+            for link, d in zip(route.ulinks, route.demand):
+                flows = on_link[link]
+                del flows[flow]
+                if flows:
+                    if demand[link] > tight_at[link]:  # (tight before it leaves)
+                        seeds[link] = None
+                        shared = True
+                    demand[link] -= d
+                else:
+                    demand[link] = 0.0
+                    if seeds:
+                        seeds.pop(link, None)
+                    busy[link] += now - busy_since[link]
+            return shared
+        nlinks, crossings = agg.nlinks, agg._mult_of
         for link, d, m in zip(route.ulinks, route.demand, route.mults):
             flows = on_link[link]
-            if agg is None:
-                del flows[flow]
+            c = nlinks[link] - 1
+            if c:
+                nlinks[link] = c
+                crossings[link] -= m
             else:
-                c = nlinks[link] - 1
-                if c:
-                    nlinks[link] = c
-                    crossings[link] -= m
-                else:
-                    del nlinks[link], crossings[link], flows[agg]
+                del nlinks[link], crossings[link], flows[agg]
             was_tight = demand[link] > tight_at[link]
             if flows:
                 demand[link] -= d
@@ -1529,6 +1666,7 @@ class FlowNetwork(_NetworkBase):
             self._refresh(rep)
         n = agg.n
         agg.wpairs = tuple([(link, m * n) for link, m in rep.wpairs])
+        agg.wlinks = rep.wlinks
         if self._lazy_count:
             if agg.lwepoch != self._wepoch:
                 agg.lsum, agg.lcount = {}, {}
@@ -1715,9 +1853,10 @@ class FlowNetwork(_NetworkBase):
         lazy = self._lazy
         for link in seeds:
             if not lazy[link]:  # a lazy link couples nobody (see _rerate)
-                starts.extend(f for f in on_link[link] if f.rate >= floor)
+                starts += [f for f in on_link[link] if f.rate >= floor]
         wepoch = self._wepoch
         refresh = self._refresh
+        demand_of, tight_of = demand.__getitem__, tight_at.__getitem__
         for first in starts:
             if first in seen:
                 continue
@@ -1740,29 +1879,30 @@ class FlowNetwork(_NetworkBase):
                     refresh(route)
                 ls = []
                 ms = []
-                for link, m in route.wpairs:
-                    if demand[link] > tight_at[link]:
-                        j = local_get(link)
-                        if j is None:
-                            j = local[link] = len(capacity)
-                            if fixed:
-                                used = 0.0  # by fixed flows
-                                for other in on_link[link]:
-                                    if other.rate < floor:
-                                        mo = other.route._mult_of
-                                        used += (1 if mo is None else mo[link]) * other.rate
-                                    elif other not in seen:
-                                        seen_add(other)
-                                        push(other)
-                                capacity.append(cap[link] - used)
-                            else:  # arrivals: nobody is fixed
-                                fresh = [other for other in on_link[link] if other not in seen]
-                                if fresh:
-                                    seen_update(fresh)
-                                    extend(fresh)
-                                capacity.append(cap[link] - 0.0)
-                        ls.append(j)
-                        ms.append(m)
+                wlinks = route.wlinks
+                # (the tight ones picked in C: most links of a route are slack)
+                for link, m in compress(route.wpairs, map(gt, map(demand_of, wlinks), map(tight_of, wlinks))):
+                    j = local_get(link)
+                    if j is None:
+                        j = local[link] = len(capacity)
+                        if fixed:
+                            used = 0.0  # by fixed flows
+                            for other in on_link[link]:
+                                if other.rate < floor:
+                                    mo = other.route._mult_of
+                                    used += (1 if mo is None else mo[link]) * other.rate
+                                elif other not in seen:
+                                    seen_add(other)
+                                    push(other)
+                            capacity.append(cap[link] - used)
+                        else:  # arrivals: nobody is fixed
+                            fresh = [other for other in on_link[link] if other not in seen]
+                            if fresh:
+                                seen_update(fresh)
+                                extend(fresh)
+                            capacity.append(cap[link] - 0.0)
+                    ls.append(j)
+                    ms.append(m)
                 flow_links.append(tuple(ls))
                 flow_mults.append(tuple(ms))
             out.append((flows, flow_links, flow_mults, capacity, list(local)))
@@ -1774,25 +1914,40 @@ class FlowNetwork(_NetworkBase):
         if type(route) is _Agg:
             self._refresh_agg(route)
             return
+        # (Tuples derived before from the same links are kept: a new epoch seldom changes a given route's.)
         if route.cepoch != self._epoch:
-            tight_at = self._tight_at
-            inf = float("inf")
-            route.cpairs = tuple((x, m) for x, m in zip(route.ulinks, route.mults) if tight_at[x] != inf)
+            ulinks = route.ulinks
+            at = list(map(self._tight_at.__getitem__, ulinks))
+            keep = list(map(_INF.__ne__, at)) if _INF in at else None
+            if route.cepoch < 0 or keep != route.ckeep:
+                if keep is not None:
+                    route.cpairs = tuple(compress(zip(ulinks, route.mults), keep))
+                    route.clinks = tuple(compress(ulinks, keep))
+                else:  # (the pairs as they are, as the filter keeps them all)
+                    route.cpairs = tuple(zip(ulinks, route.mults))
+                    route.clinks = ulinks
+                route.ckeep = keep
+                route.wflags = None
             route.cepoch = self._epoch
         if self._lazy_count:
-            lazy = self._lazy
-            cpairs = route.cpairs
-            lpairs = [p for p in cpairs if lazy[p[0]]]
-            if lpairs:
-                route.wpairs = tuple([p for p in cpairs if not lazy[p[0]]])
-                route.lpairs = tuple(lpairs)
-            else:  # no lazy link on the route (the common case): its pairs as they are
-                route.wpairs = cpairs
-                route.lpairs = ()
-            route.larrays = None
+            cpairs, clinks = route.cpairs, route.clinks
+            flags = list(map(self._lazy.__getitem__, clinks))
+            if flags != route.wflags:
+                if True in flags:
+                    route.wpairs = tuple(compress(cpairs, map(not_, flags)))
+                    route.wlinks = tuple(compress(clinks, map(not_, flags)))
+                    route.lpairs = tuple(compress(cpairs, flags))
+                else:  # no lazy link on the route (the common case): its pairs as they are
+                    route.wpairs = cpairs
+                    route.wlinks = clinks
+                    route.lpairs = ()
+                route.larrays = None
+                route.wflags = flags
         else:
             route.wpairs = route.cpairs
+            route.wlinks = route.clinks
             route.lpairs = ()
+            route.wflags = None
         route.wepoch = self._wepoch
 
     def _rerate(self, now: float, seeds: dict[int, None], seed_flows: list[Flow], lonely: list[Flow],
@@ -1962,7 +2117,8 @@ class FlowNetwork(_NetworkBase):
                     break
         if small:
             cap = self._cap
-            candidates = [link for link, d in loads.items() if lload[link] + d > cap[link] * (1 + 1e-9)]
+            acc = self._lload_acc
+            candidates = [link for link, d in loads.items() if acc[link] + d > cap[link] * (1 + 1e-9)]
         else:
             larrays = self._larrays
             # Only the flows that cross a lazy link add entries (the others' arrays are empty): the same
@@ -2011,7 +2167,7 @@ class FlowNetwork(_NetworkBase):
             ids, mults = self._larrays(route)
             np.add.at(self._lload, ids, mults * delta)
             return
-        lload = self._lload
+        lload = self._lload_acc
         for link, m in route.lpairs:
             lload[link] += m * delta
 
@@ -2054,7 +2210,7 @@ class FlowNetwork(_NetworkBase):
                     for other in self._on_link[link]:
                         mo = other.route._mult_of
                         total += (1 if mo is None else mo[link]) * other.rate
-                    self._lload[link] = total
+                    self._lload_acc[link] = total
         if marked:
             self.lazy_marked += marked
             self._lazy_count += marked

@@ -231,3 +231,34 @@ network: {all_to_all: grouped}
     assert main(["run", str(path)]) == 0
     err = capsys.readouterr().err
     assert err.count("clustersim: note: EP-4 all-to-alls") == 1 and "12 per exchange" in err
+
+
+def test_one_alltoallv_matrix_over_isomorphic_groups_is_weighed_once_and_each_group_moves_its_own(monkeypatch):
+    # Two EP groups laid out alike (two servers each, under one leaf) exchange the same matrix at once (as the
+    # replicas of one EP group do): the sizes are weighed once and shared, and each group moves what it moves
+    # alone on a fresh cluster (their links are disjoint, so bytes and time are exactly the lone group's).
+    import simulator.bulk_alltoall as bulk
+    from workloads.ops import OpGraph
+
+    filled = []
+    fill = bulk._fill
+    monkeypatch.setattr(bulk, "_fill", lambda *args, **kw: filled.append(1) or fill(*args, **kw))
+    m = _zipf_matrix(8, 256, 1.0, seed=3)
+    groups = [(0, 1, 2, 3, 8, 9, 10, 11), (16, 17, 18, 19, 24, 25, 26, 27)]
+
+    def graph(chosen):
+        g = OpGraph(32)
+        for group in chosen:
+            for i, rank in enumerate(group):
+                g.collective_op(rank, "all_to_all", list(group), 0, split=tuple(m[i]), traffic_class="ep")
+        return g
+
+    both, fabric = _run(leaf_spine("H100", **ONE_LEAF), graph(groups), "bulk")
+    assert len(filled) == 1
+    weights = [[fabric.network.weights_of(links) for links, *_ in fabric.phases(
+        "all_to_all", g, 0, "auto", 1, tuple(tuple(row) for row in m))[0]] for g in groups]
+    assert all(a is b and a is not None for a, b in zip(*weights)) and len(weights[0]) >= 2
+    alone = [_run(leaf_spine("H100", **ONE_LEAF), graph([g]), "bulk") for g in groups]
+    assert both.step_time_s == alone[0][0].step_time_s == alone[1][0].step_time_s
+    expected = alone[0][1].network.ledger.bytes + alone[1][1].network.ledger.bytes
+    assert (fabric.network.ledger.bytes == expected).all()
