@@ -36,13 +36,16 @@ from .nccl import BANDWIDTH_FACTOR, p2p_protocol, step_latencies
 
 BULK_OFFSETS_PER_BLOCK = 1 << 22  # transfers routed per array pass (bounds the memory of one pass)
 BULK_CACHED_RANKS = 256  # groups up to this size keep their routed pairs (_routed) and alltoallv layout
-BULK_CACHED_FILLS = 4096  # alltoallv sizes weighed per layout shape kept (then forgotten at once)
+BULK_CACHED_FILLS = 4096  # alltoallv sizes weighed per layout shape kept (then forgotten at once) ...
+BULK_CACHED_FILL_BYTES = 1 << 28  # ... or once their sizes' keys hold this many bytes (they grow as ranks²)
+BULK_CACHED_SHAPES = 1024  # alltoallv layout shapes given an id (then forgotten; ids are never reused)
 # Cluster graph -> what depends only on it, the routing seed and the group, kept as long as the graph lives
 # (a sweep over message sizes builds a new fabric per size): ("routes", seed, group) -> routed pairs
 # (_routed); ("plan", seed, group, latency model) -> a uniform plan (_fill of a _layout); ("layout", seed,
 # group, latency model) -> the last alltoallv layout of the group and the pairs it was made for;
 # ("one switch", group) -> under_one_switch; ("group", group) -> its arrays (_group_arrays); "shapes" ->
-# {alltoallv layout shape: id} (_layout_shape); "fills" -> {(layout shape id, sizes): _weigh per flow};
+# {alltoallv layout shape: id} (_layout_shape; "next shape" the last id); "fills" -> {(layout shape id,
+# sizes): _weigh per flow} ("fill bytes": what their sizes' keys hold);
 # "sizes" -> (matrix, ranks, sizes, largest, senders, sizes' bytes, whether the matrix is tuples) of the last
 # alltoallv.
 _BY_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -150,8 +153,11 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
             weighed = [_weigh(values, moved, largest) for _links, values, _lat, _pairs, moved, largest
                        in _fill(layout, sizes)]
             if shape is not None:
-                if len(fills) >= BULK_CACHED_FILLS:
+                held = cache.get("fill bytes", 0) + len(sizes_key)
+                if len(fills) >= BULK_CACHED_FILLS or held > BULK_CACHED_FILL_BYTES:
                     fills.clear()
+                    held = len(sizes_key)
+                cache["fill bytes"] = held
                 fills[fill_key] = weighed
         # a fresh links array per flow: the network keys a flow's weights by the array (FlowNetwork.declare)
         plan = [(f.links.copy(), *w, f.latency, f.pairs) for f, w in zip(layout, weighed)]
@@ -192,7 +198,13 @@ def _layout_shape(cache: dict, layout: list) -> int:
             parts += [idx.dtype.str, idx.tobytes(), local.dtype.str, local.tobytes(),
                       np.asarray(width).dtype.str, np.asarray(width).tobytes()]
     shapes = cache.setdefault("shapes", {})
-    return shapes.setdefault(tuple(parts), len(shapes))
+    key = tuple(parts)
+    found = shapes.get(key)
+    if found is None:
+        if len(shapes) >= BULK_CACHED_SHAPES:
+            shapes.clear()  # (ids come from a counter: a layout holding an old id never meets a new shape's)
+        found = shapes[key] = cache["next shape"] = cache.get("next shape", -1) + 1
+    return found
 
 
 def _group_arrays(fabric, cache: dict, group: tuple[int, ...]) -> tuple:

@@ -339,6 +339,8 @@ class _Trajectory:
             t0, recs = self._made_of[:2]
             self._flows = [(admitted - t0, finished - t0, tuple([(t - t0, r) for t, r in rates]))
                            for admitted, finished, rates in recs]
+            if self._busy is not None:
+                self._made_of = None  # both derived: the recording is no longer needed
         return self._flows
 
     @property
@@ -346,6 +348,8 @@ class _Trajectory:
         if self._busy is None:
             _t0, _recs, links, moved, starts, ends = self._made_of
             self._busy = _busy_intervals(links, moved, starts, ends)
+            if self._flows is not None:
+                self._made_of = None
         return self._busy
 
 
@@ -716,9 +720,12 @@ class _NetworkBase:
         """Declare that a flow over ``links`` stands for ``members`` point-to-point transfers (counted in
         ``ledger.flows_completed``) and, if ``weights`` is given, loads entry ``i`` of ``links`` with
         ``weights[i]`` times its rate (moving ``weights[i]`` times its bytes there). Must precede the
-        first flow over this very array."""
-        self._routes.declared[id(links)] = (links, None if weights is None else np.asarray(weights, dtype=float),
-                                            int(members))
+        first flow over this very array. The weights are made read-only here: what a route derives from them
+        is kept per weights object (:meth:`_Routes._increasing`), so they must not change after."""
+        if weights is not None:
+            weights = np.asarray(weights, dtype=float)
+            weights.flags.writeable = False
+        self._routes.declared[id(links)] = (links, weights, int(members))
 
     def transfer(self, links: np.ndarray, nbytes: float, latency_s: float, traffic_class: str,
                  payload_bytes: float | None = None) -> Event:
