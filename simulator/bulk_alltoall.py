@@ -150,8 +150,8 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
             fill_key = (shape, sizes_key)
             weighed = fills.get(fill_key)
         if weighed is None:
-            weighed = [_weigh(values, moved, largest) for _links, values, _lat, _pairs, moved, largest
-                       in _fill(layout, sizes)]
+            weighed = [_weigh(values, moved, flow_max) for _links, values, _lat, _pairs, moved, flow_max
+                       in _fill(layout, sizes)]  # (flow_max: the flow's largest transfer, not the matrix's)
             if shape is not None:
                 held = cache.get("fill bytes", 0) + len(sizes_key)
                 if len(fills) >= BULK_CACHED_FILLS or held > BULK_CACHED_FILL_BYTES:

@@ -889,12 +889,7 @@ class FlowNetwork(_NetworkBase):
                 self._next_sid += 1
                 session = _Session(key, now, self._next_sid, arr, links)
                 session.held = True
-                if len(links) <= _FEW_LINKS:
-                    sid = session.sid
-                    for link in links:
-                        owner[link] = sid
-                else:
-                    self._owner_np[arr] = session.sid
+                self._mark_owner(links, arr, session.sid)
                 self._sessions[session.sid] = session
                 traj = self._memo.get(key)
                 if traj is not None:
@@ -1056,14 +1051,18 @@ class FlowNetwork(_NetworkBase):
         # Nobody else can have taken a link while the session held it: all are still its own.
         if session.held:
             session.held = False
-            ids = session.ids
-            if len(ids) <= _FEW_LINKS:
-                owner = self._owner
-                for link in ids:
-                    owner[link] = 0
-            else:
-                self._owner_np[session.arr] = 0
+            self._mark_owner(session.ids, session.arr, 0)
             del self._sessions[session.sid]
+
+    def _mark_owner(self, ids: tuple[int, ...], arr: np.ndarray, sid: int) -> None:
+        """Mark links ``ids`` (``arr``: the same as an array) held by session ``sid`` (0: by nobody): one
+        buffer, written in Python for a few links and by numpy for many."""
+        if len(ids) <= _FEW_LINKS:
+            owner = self._owner
+            for link in ids:
+                owner[link] = sid
+        else:
+            self._owner_np[arr] = sid
 
     def _stop_recording(self, session: _Session) -> None:
         """Give up recording a session (another flow came onto its links, or it changes rates too often to

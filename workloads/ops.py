@@ -321,7 +321,8 @@ class OpGraph:
         if split is None:
             raise OpGraphError("rows: only an alltoallv (an all_to_all with split) carries its members' rows")
         checked = self._valid_rows.get(id(rows))
-        if checked is not None and checked[0] is rows:
+        known = checked is not None and checked[0] is rows
+        if known:
             out = checked[1]
         else:
             try:
@@ -329,15 +330,14 @@ class OpGraph:
             except (TypeError, ValueError):
                 raise OpGraphError(f"rows: need {len(grp)} rows of {len(grp)} sizes in bytes (one row per group "
                                    f"member), got {rows!r:.80}") from None
-            if len(out) != len(grp):
-                raise OpGraphError(f"rows: need {len(grp)} rows (one per group member), got {len(out)}")
+        if len(out) != len(grp):
+            raise OpGraphError(f"rows: need {len(grp)} rows (one per group member), got {len(out)}")
+        if not known:
             for i, row in enumerate(out):
                 if len(row) != len(grp) or not all(0.0 <= x < float("inf") for x in row):
                     raise OpGraphError(f"rows: row {i} needs {len(grp)} finite non-negative sizes, got {row}")
             if isinstance(rows, tuple):
                 self._valid_rows[id(rows)] = (rows, out)
-        if len(out) != len(grp):
-            raise OpGraphError(f"rows: need {len(grp)} rows (one per group member), got {len(out)}")
         if out[grp.index(rank)] != split:
             raise OpGraphError(f"rows: row {grp.index(rank)} (rank {rank}'s own) differs from its split")
         return out

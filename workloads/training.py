@@ -479,12 +479,12 @@ class _StepBuilder:
         self._tp_groups: dict[int, tuple[int, ...]] = {}
         self._ep_groups: dict[int, tuple[tuple[int, ...], int]] = {}
         self._etp_groups: dict[int, tuple[int, ...]] = {}
-        self._moe_rows: dict[tuple, tuple[tuple[float, ...], tuple[float, ...], int]] = {}
         self._rank_tokens: dict[tuple, np.ndarray] = {}  # draw -> its EP rank matrix (every e's rows read it)
         self._matrix_of: dict[int, tuple[LayerRouting, np.ndarray]] = {}  # id(routing) -> it, its rank matrix
-        # id(rank matrix) [, node pattern] -> the tables made from it, shared by every draw with that matrix
+        # (id(rank matrix),) -> every EP index's all-to-all rows; (id(rank matrix), node pattern) -> every EP
+        # index's DeepEP rows (deepep_matrices). A rank matrix is one draw's, or balanced routing's for every
+        # draw, whose probabilities do not depend on the layer either: the rows are a function of it.
         self._tables_of: dict[tuple, list] = {}
-        self._deepep: dict[tuple, list] = {}  # (draw, node pattern) -> every EP index's rows (deepep_matrices)
         # Set by build(): one representative issues each EP exchange for its whole EP group (symmetric routing
         # under lockstep), carrying every member's row. (id(rank matrix), group) -> those matrices; equal ones
         # are one object.
@@ -876,29 +876,23 @@ class _StepBuilder:
         bytes it sends to each EP peer in the dispatch (owner → experts), in the combine (experts → owners), the
         token slots its experts compute, and under ``moe.dispatch: deepep`` the NVLink forwards out and back."""
         group, e = self._ep_group(rank)
-        draw = (layer, mb if self.routing.draw == "micro_batch" else None)
-        if self.routing.dispatch == "deepep":  # kept per (draw, which ranks share a node): see _deepep_rows
-            return group, e, self._deepep_rows(layer, mb, group, e)
-        rows = self._moe_rows.get((draw, e))  # the same for every EP group (and every micro-batch: draw: layer)
-        if rows is None:
-            tokens = self._tokens(layer, mb, draw)
-            table = self._tables_of.get((id(tokens),))
-            if table is None:
-                # etp = tp: the layer's tokens are routed once per TP group, each TP rank ships its 1/t of them.
-                # Expert grid: every rank routes its own sequence-parallel tokens (drawn as b s / t per rank).
-                per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
-                # Every EP index of the draw at once (each reads its rows of the same matrix). The array product
-                # is each ``float(count) * per_token`` exactly; the column sums are exact for integer counts.
-                scaled = tokens * per_token
-                table = self._tables_of[(id(tokens),)] = [
-                    (tuple(out),   # owner → experts
-                     tuple(back),  # experts → owners
-                     int(load))    # token slots this rank's experts compute
-                    for out, back, load in zip(scaled.tolist(), scaled.T.tolist(), _column_sums(tokens))]
-            for i, row in enumerate(table):
-                self._moe_rows[(draw, i)] = row
-            rows = table[e]
-        return group, e, rows
+        tokens = self._tokens(layer, mb, (layer, mb if self.routing.draw == "micro_batch" else None))
+        if self.routing.dispatch == "deepep":  # kept per (matrix, which ranks share a node): see _deepep_rows
+            return group, e, self._deepep_rows(tokens, layer, group, e)
+        table = self._tables_of.get((id(tokens),))  # the same for every EP group (and micro-batch: draw: layer)
+        if table is None:
+            # etp = tp: the layer's tokens are routed once per TP group, each TP rank ships its 1/t of them.
+            # Expert grid: every rank routes its own sequence-parallel tokens (drawn as b s / t per rank).
+            per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
+            # Every EP index of the draw at once (each reads its rows of the same matrix). The array product is
+            # each ``float(count) * per_token`` exactly; the column sums are exact for integer counts.
+            scaled = tokens * per_token
+            table = self._tables_of[(id(tokens),)] = [
+                (tuple(out),   # owner → experts
+                 tuple(back),  # experts → owners
+                 int(load))    # token slots this rank's experts compute
+                for out, back, load in zip(scaled.tolist(), scaled.T.tolist(), _column_sums(tokens))]
+        return group, e, table[e]
 
     def _ep_layouts_agree(self) -> bool:
         """Whether, under ``moe.dispatch: deepep``, the EP groups of each pipeline stage spread over nodes alike
@@ -1043,21 +1037,18 @@ class _StepBuilder:
             tokens = self._rank_tokens[draw] = found[1]
         return tokens
 
-    def _deepep_rows(self, layer: int, mb: int, group: tuple[int, ...], e: int) -> tuple:
-        """EP rank ``e``'s rows under ``moe.dispatch: deepep`` (:func:`~workloads.moe.deepep_matrices`): first hop
-        out, first hop back (its transpose), expert slots, NVLink forward out, forward back."""
+    def _deepep_rows(self, tokens: np.ndarray, layer: int, group: tuple[int, ...], e: int) -> tuple:
+        """EP rank ``e``'s rows under ``moe.dispatch: deepep`` (:func:`~workloads.moe.deepep_matrices`) of the draw
+        whose rank matrix is ``tokens`` (of MoE layer ``layer``): first hop out, first hop back (its transpose),
+        expert slots, NVLink forward out, forward back; every EP index's at once, kept per (matrix, node pattern)."""
         ep, experts = self.par.ep, self.model.experts
-        draw = (layer, mb if self.routing.draw == "micro_batch" else None)
-        tokens = self._tokens(layer, mb, draw)
         found = self._node_patterns.get(group)
         if found is None:
             nodes = [x // self.routing.node_gpus for x in group]
             found = self._node_patterns[group] = (nodes, tuple(x - nodes[0] for x in nodes))
         nodes, pattern = found
-        key = (draw, pattern)  # the matrices read only which ranks share a node
-        per_e = self._deepep.get(key)
-        if per_e is None and self._balanced_draw is not None:  # every draw the same (probabilities too)
-            per_e = self._deepep[key] = self._tables_of.get((id(tokens), pattern))
+        key = (id(tokens), pattern)  # the matrices read only which ranks share a node
+        per_e = self._tables_of.get(key)
         if per_e is None:
             probs = self.routing.probabilities(experts, layer).reshape(ep, experts // ep).sum(axis=1)
             first, forward = deepep_matrices(tokens, probs, self.model.top_k, nodes, self.routing.max_nodes)
@@ -1071,9 +1062,8 @@ class _StepBuilder:
             tables = [(first * out_token).tolist(), (first.T * per_token).tolist(), _column_sums(tokens)]
             if forward.any():  # an EP group inside one node has nothing to forward
                 tables += [(forward * out_token).tolist(), (forward.T * per_token).tolist()]
-            per_e = self._deepep[key] = [(tuple(out), tuple(back), int(load), *(tuple(row) for row in more))
-                                         for out, back, load, *more in zip(*tables)]
-            self._tables_of[(id(tokens), pattern)] = per_e
+            per_e = self._tables_of[key] = [(tuple(out), tuple(back), int(load), *(tuple(row) for row in more))
+                                            for out, back, load, *more in zip(*tables)]
         return per_e[e]
 
     def _tp_group(self, rank: int) -> tuple[int, ...]:
