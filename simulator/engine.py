@@ -167,6 +167,11 @@ def match_ops(graph: OpGraph) -> dict[int, tuple]:
     In a graph with representatives (``graph.replicas``) only the
     representatives of a group issue its collectives (:func:`group_shape`).
     """
+    return _match(graph)[0]
+
+
+def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]]]:
+    """:func:`match_ops`'s keys, and every key's ops in order of first appearance (checked as it says)."""
     replicas = _replicas(graph)
     counters: dict[tuple, int] = {}
     keys: dict[int, tuple] = {}
@@ -223,7 +228,7 @@ def match_ops(graph: OpGraph) -> dict[int, tuple]:
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise DeadlockError("deadlock: " + "; ".join(problems[:5]) + more)
-    return keys
+    return keys, members
 
 
 def _check_rows(ops: list[Op], group: tuple[int, ...], absent: bool) -> None:
@@ -241,6 +246,32 @@ def _check_rows(ops: list[Op], group: tuple[int, ...], absent: bool) -> None:
         if (o.rows is not None and o.rows != rows) or o.split != rows[group.index(o.rank)]:
             raise OpGraphError(f"{_describe(o)}: rows of the alltoallv on group {list(group)} disagree with "
                                f"another member's rows or split")
+
+
+def _slots(members: dict[tuple, list[Op]], n: int, replicas: dict[int, tuple[int, ...]] | None
+           ) -> tuple[list[int], list[tuple], list[int], list[str]]:
+    """Number the rendezvous keys of :func:`match_ops` (``members``: key -> its ops, in order of first
+    appearance): returns per op id its slot (-1: a compute op), per slot its key, how many ops meet there (a
+    collective's issuing members, 2 for a send and its recv) and, for a collective, how it runs
+    (:func:`group_shape`'s first item; "" for point-to-point)."""
+    slot = [-1] * n
+    need: list[int] = []
+    shape_of: list[str] = []
+    by_group: dict[tuple[int, ...], tuple[str, int]] = {}
+    for s, (key, ops) in enumerate(members.items()):
+        for op in ops:
+            slot[op.id] = s
+        if key[0] == "c":
+            shape = by_group.get(key[1])
+            if shape is None:
+                kind, issuers = group_shape(key[1], replicas)
+                shape = by_group[key[1]] = (kind, len(issuers))
+            shape_of.append(shape[0])
+            need.append(shape[1])
+        else:
+            shape_of.append("")
+            need.append(2)
+    return slot, list(members), need, shape_of
 
 
 class Engine:
@@ -292,7 +323,9 @@ class Engine:
             for op in ops:
                 if op.rank not in replicas:
                     raise OpGraphError(f"{_describe(op)}: rank {op.rank} is not a representative of this graph")
-        keys = match_ops(graph)
+        # Every rendezvous key as a small int (its slot) and what it waits for, found once here: the hot path
+        # below then hashes no tuples (a collective's key holds its group).
+        slot, slot_keys, need, shape_of = _slots(_match(graph)[1], n, replicas)
         env, fabric, compute = self.env, self.fabric, self.compute
         network = fabric.network
 
@@ -350,8 +383,7 @@ class Engine:
         issue_s: list[float] = [nan] * n
         start_s: list[float] = [nan] * n
         end_s: list[float] = [nan] * n
-        arrived: dict[tuple, list[Op]] = {}
-        expected: dict[tuple, tuple[str, int, list]] = {}
+        arrived: dict[int, list[Op]] = {}  # slot -> the members that have issued it so far
         clone_groups: dict[tuple, list[tuple[int, ...]]] = {}
         p2p_specs: dict[tuple, tuple] = {}  # (src, dst, bytes) -> the flow specs of that send (all replicas)
         completed = 0
@@ -391,20 +423,17 @@ class Engine:
                 start_s[i] = now
                 timeout(duration[i], i).callbacks.append(on_compute)
                 return
-            key = keys[i]
-            group = arrived.get(key)
+            s = slot[i]
+            group = arrived.get(s)
             if group is None:
-                group = arrived[key] = [op]
+                group = arrived[s] = [op]
             else:
                 group.append(op)
+            if len(group) < need[s]:
+                return
+            del arrived[s]
             if op.kind == "collective":
-                shape = expected.get(key[1])
-                if shape is None:
-                    kind, members = group_shape(op.group, replicas)
-                    shape = expected[key[1]] = (kind, len(members))
-                if len(group) < shape[1]:
-                    return
-                del arrived[key]
+                shape = shape_of[s]
                 ids = [o.id for o in group]
                 for j in ids:
                     start_s[j] = now
@@ -417,11 +446,11 @@ class Engine:
                 elif op.split is not None:  # alltoallv: row i = what the i-th member of the group sends
                     position = {r: k for k, r in enumerate(op.group)}
                     matrix = tuple(o.split for o in sorted(group, key=lambda o: position[o.rank]))
-                if shape[0] == "internal":
+                if shape == "internal":
                     fabric.run_phases(fabric.phases(op.collective, op.group, op.nbytes, op.algorithm, op.count,
                                                     matrix), op.traffic_class, done.tick)
                 else:
-                    groups = clones(op.group, shape[0])
+                    groups = clones(op.group, shape)
                     together = fabric.replicated_phases(op.collective, groups, op.nbytes, op.algorithm, op.count,
                                                         matrix)
                     if together is not None:
@@ -434,9 +463,6 @@ class Engine:
                         for p in plans:
                             fabric.run_phases(p, op.traffic_class, done.tick)
                 return
-            if len(group) < 2:
-                return
-            del arrived[key]
             ids = [o.id for o in group]
             for j in ids:
                 start_s[j] = now
@@ -460,7 +486,7 @@ class Engine:
         env.run()
         issue_a, start_a, end_a = np.array(issue_s), np.array(start_s), np.array(end_s)
         if completed < n:
-            raise DeadlockError(self._deadlock_report(arrived, issue_a, end_a))
+            raise DeadlockError(self._deadlock_report({slot_keys[s]: g for s, g in arrived.items()}, issue_a, end_a))
         step = float(np.max(end_a)) if n else 0.0
         return RunRecord(self.graph, fabric, issue_a, start_a, end_a, _event_count(env), step)
 
