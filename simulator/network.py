@@ -324,11 +324,16 @@ class _Trajectory:
     (most trajectories are never replayed: a later recording of their shape replaces them first).
     """
 
-    __slots__ = ("_flows", "_busy", "duration", "_made_of")
+    __slots__ = ("_flows", "_busy", "duration", "_made_of", "joint")
 
     def __init__(self, duration: float, t0: float, recs: list, links: np.ndarray, moved: list[_Route],
-                 starts: list[float], ends: list[float]) -> None:
+                 starts: list[float], ends: list[float], joint: tuple | None = None) -> None:
         self.duration = duration
+        # Of a joint session (several calls started at one instant on shared links): per call, in order of
+        # their start, ``(shape, links, flows, end)``: its shape id, where its links fall among the calls'
+        # before it (:meth:`FlowNetwork._attach`; None for the first), how many of ``flows`` are its own and
+        # its last finish (s after the start). None for one call on its own.
+        self.joint = joint
         self._flows: list | None = None
         self._busy: tuple | None = None
         self._made_of = (t0, recs, links, moved, starts, ends)
@@ -363,7 +368,7 @@ class _Call:
     network epoch ``epoch``; ``books``: per trajectory, what a replay of it books (:meth:`FlowNetwork._new_book`).
     """
 
-    __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books", "arr")
+    __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books", "arr", "lead")
 
     def __init__(self, specs: Sequence[FlowSpec], routes: list) -> None:
         self.specs = specs
@@ -371,6 +376,10 @@ class _Call:
         self.tiny = [(route, nbytes, latency_s, payload)
                      for route, (_links, nbytes, latency_s, payload) in zip(routes, specs)
                      if nbytes / route.solo_rate <= TINY_FLOW_S]
+        # The least latency of its flows that join max-min sharing (inf: none do): when positive, none of
+        # them is admitted at the instant the call starts (see FlowNetwork._host).
+        self.lead = min([spec[2] for route, spec in zip(routes, specs) if spec[1] / route.solo_rate > TINY_FLOW_S],
+                        default=float("inf"))
         self.base = -1
         self.ids: tuple = ()
         self.arr: np.ndarray | None = None  # ids as an array (vectorised checks of the links' owners and use)
@@ -390,7 +399,7 @@ class _Session:
     """
 
     __slots__ = ("key", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done",
-                 "budget", "call", "held", "sid", "arr", "ids")
+                 "budget", "call", "held", "sid", "arr", "ids", "parts", "where", "open", "undecided", "matched")
 
     def __init__(self, key: tuple, t0: float, sid: int, arr: np.ndarray, ids: tuple) -> None:
         self.key = key
@@ -409,6 +418,39 @@ class _Session:
         self.budget = _MEMO_RATE_CHANGES  # rate changes it may still record
         self.call: _Call | None = None  # while replaying: the call's cached facts
         self.held = False  # whether it still holds its links (all of them: they were free when it took them)
+        # A joint session (several calls started at this instant on shared links): its calls (_Part), the
+        # position of each of its links among ``ids`` (made when the second call joins), whether no flow of
+        # it can have been admitted yet (another call starting now may still join it), whether it waits for
+        # the end of the instant to replay or start its flows (undecided) and whether its calls so far are
+        # the ones its trajectory recorded (matched).
+        self.parts: list[_Part] | None = None
+        self.where: dict[int, int] | None = None
+        self.open = False
+        self.undecided = False
+        self.matched = False
+
+
+class _Part:
+    """One call of a joint session: its cached facts, traffic class and join, where its flows start among
+    the session's (``first``) and how many there are (``n``), its shape id and links' positions (``key``,
+    ``sig``: see :attr:`_Trajectory.joint`), the pending-queue numbers reserved for its flows while the
+    session is undecided (``seqs``: latency -> number), its last finish as recorded (``end``, s after the
+    session's start) and whether a replay has booked it (``done``)."""
+
+    __slots__ = ("call", "traffic_class", "join", "first", "n", "key", "sig", "seqs", "end", "done")
+
+    def __init__(self, call: _Call, traffic_class: str, join: _Join, first: int, key: int,
+                 sig: tuple | None) -> None:
+        self.call = call
+        self.traffic_class = traffic_class
+        self.join = join
+        self.first = first
+        self.n = len(call.specs) - len(call.tiny)
+        self.key = key
+        self.sig = sig
+        self.seqs: dict[float, int] | None = None
+        self.end = 0.0
+        self.done = False
 
 
 class LinkLedger:
@@ -843,6 +885,10 @@ class FlowNetwork(_NetworkBase):
         self.aggregated = 0  # flows folded into aggregates (a flow counts each time it is folded)
         self.dissolved = 0  # aggregates dissolved (a link under them changed its role)
         self._replays_due: list[tuple[float, int, _Session]] = []  # (end, seq, replaying session)
+        # Joint sessions (see _attach): the instant the last session was made (only a call starting then can
+        # join one) and the sessions waiting for the end of this instant to replay or start their flows.
+        self._fresh_t = -1.0
+        self._undecided: list[_Session] = []
 
     # ----------------------------------------------------------- interface
     def start_flows(self, specs: Sequence[FlowSpec], traffic_class: str, on_done: Callable[[], None]) -> None:
@@ -891,20 +937,44 @@ class FlowNetwork(_NetworkBase):
                 session.held = True
                 self._mark_owner(links, arr, session.sid)
                 self._sessions[session.sid] = session
+                self._fresh_t = now
                 traj = self._memo.get(key)
                 if traj is not None:
-                    self._replay(session, traj, call, traffic_class, join)
+                    if traj.joint is None:
+                        self._replay(session, traj, call, traffic_class, join)
+                    else:
+                        self._expect(session, traj, call, traffic_class, join)
                     return
+                session.call, session.traffic_class, session.join = call, traffic_class, join
+                session.open = call.lead > 0
+            elif self._fresh_t == now and len(specs) > len(call.tiny):
+                # Its links are taken: perhaps only by a session that started at this very instant, whose
+                # flows are not admitted yet (DeepEP's NVLink forwarding beside its RDMA hop): then it joins it.
+                host = self._host(call, now)
+                if host is not None:
+                    if self._attach(host, call, key, traffic_class, join):
+                        return  # its flows wait for the end of the instant (a replay, or not yet decided)
+                    session = host  # its flows start now, recorded with the host's
             self._occupy(arr, join)
         elif self.replay:  # too many flows to record, but its links are in use all the same
             self._occupy(np.unique(np.fromiter(chain.from_iterable(route.ulinks for route in call.routes),
                                                dtype=np.intp)), join)
+        self._begin(call, traffic_class, join, session, None)
+
+    def _begin(self, call: _Call, traffic_class: str, join: _Join, session: _Session | None,
+               seqs: dict[float, int] | None) -> None:
+        """Make a call's flows and queue them for admission after their latencies (recorded by ``session``
+        if given). ``seqs``: the pending-queue numbers reserved for them when the call started (a joint
+        session's call whose flows waited for the end of the instant, :meth:`_decide`; its latency-bound
+        flows started then); None: numbered now."""
+        now = self.env.now
         by_latency: dict[float, list[Flow]] = {}
-        for route, (_links, nbytes, latency_s, payload) in zip(call.routes, specs):
+        for route, (_links, nbytes, latency_s, payload) in zip(call.routes, call.specs):
             flow = Flow(route, nbytes, payload, traffic_class, join, now)
             solo = nbytes / route.solo_rate
             if solo <= TINY_FLOW_S:
-                self._tiny(flow, latency_s, solo)
+                if seqs is None:
+                    self._tiny(flow, latency_s, solo)
                 continue
             if session is not None:
                 flow.session = session
@@ -921,9 +991,12 @@ class FlowNetwork(_NetworkBase):
                 self._release(session)
         pending = self._pending
         for latency_s, flows in by_latency.items():
-            self._pending_seq += 1
-            heapq.heappush(pending, (now + latency_s, self._pending_seq, flows))
-            self._wake(now + latency_s)
+            if seqs is None:
+                self._pending_seq += 1
+                heapq.heappush(pending, (now + latency_s, self._pending_seq, flows))
+                self._wake(now + latency_s)
+            else:
+                heapq.heappush(pending, (now + latency_s, seqs[latency_s], flows))
 
     def _occupy(self, arr: np.ndarray, join: _Join) -> None:
         """Count the links ``arr`` (distinct ids) as possibly in use until ``join``'s call is done (see
@@ -1101,7 +1174,13 @@ class FlowNetwork(_NetworkBase):
         if self._memo_flows > _MEMO_ENTRIES:
             self._memo.clear()
             self._memo_flows = size
-        self._memo[session.key] = _Trajectory(duration, t0, recs, session.arr, moved, starts, ends)
+        joint = None
+        if session.parts is not None:  # each call's shape, links' positions, flows and last finish
+            bounds = [part.first for part in session.parts[1:]] + [len(recs)]
+            joint = tuple((part.key, part.sig, stop - part.first,
+                           max([rec[1] for rec in recs[part.first:stop]], default=t0) - t0)
+                          for part, stop in zip(session.parts, bounds))
+        self._memo[session.key] = _Trajectory(duration, t0, recs, session.arr, moved, starts, ends, joint)
 
     def _replay(self, session: _Session, traj: _Trajectory, call: _Call, traffic_class: str,
                 join: _Join) -> None:
@@ -1111,6 +1190,7 @@ class FlowNetwork(_NetworkBase):
         session.call = call
         session.traffic_class = traffic_class
         session.join = join
+        session.open = True
         self.replays += 1
         now = self.env.now
         for route, nbytes, latency_s, payload in call.tiny:
@@ -1120,18 +1200,159 @@ class FlowNetwork(_NetworkBase):
         heapq.heappush(self._replays_due, (end, self._pending_seq, session))
         self._wake(end)
 
-    def _new_book(self, call: _Call, traj: _Trajectory) -> tuple:
-        """What a whole replay of ``traj`` for ``call`` books, made once per (call, trajectory) and kept in
-        ``call.books`` as ``(traj, book, {traffic class: its ledger rows, bytes, payloads and members})`` (the
-        last filled by :meth:`_replay_done`); returns that entry. ``book``: ``(finished flows as (route, nbytes,
-        payload), rate log times relative to the start, route ids, deltas, (links, busy seconds), flows)``, in
-        the order the flows would have booked them (times and busy seconds as lists of floats when there are
-        a few, else arrays)."""
+    # ------------------------------------------------------ joint sessions
+    # DeepEP starts its NVLink forwarding at the instant it starts the RDMA hop, over links the hop's flows
+    # cross too: neither call finds its links free, so neither was recorded or replayed. A call that starts
+    # at the instant a session started, whose links are taken by that session alone (the rest idle) and
+    # none of whose flows is admitted yet, joins it instead: the session records (and later replays) the
+    # calls together, each call told at its own end. Exact for the same reason one call's replay is: the
+    # calls' flows, alone on their links, follow one trajectory whenever they start together.
+
+    def _host(self, call: _Call, now: float) -> _Session | None:
+        """The session ``call`` (starting at ``now``, its links taken) can join, or None: the one session
+        holding any of its links, started at ``now`` with no flow admitted yet, its other links idle."""
+        arr = call.arr
+        owners = self._owner_np[arr]
+        held = owners != 0
+        sids = owners[held]
+        if not len(sids) or count_nonzero(sids != sids[0]):
+            return None
+        session = self._sessions[int(sids[0])]
+        if not session.open or session.t0 != now:
+            return None
+        free = arr[~held]
+        if len(free) and count_nonzero(self._occupied[free]) and any(map(self._on_link.__getitem__, free.tolist())):
+            return None
+        return session
+
+    def _attach(self, session: _Session, call: _Call, key: int, traffic_class: str, join: _Join) -> bool:
+        """Make ``call`` (see :meth:`_host`) a part of ``session``: it takes its links too. Returns whether
+        its flows wait for the end of the instant (the session replays, or is undecided: :meth:`_decide`);
+        else they start now and are recorded with the session's (the session records)."""
+        now = self.env.now
+        parts = session.parts
+        if parts is None:  # its own call becomes the first part
+            parts = session.parts = [_Part(session.call, session.traffic_class, session.join, 0, session.key, None)]
+            session.where = dict(zip(session.ids, range(len(session.ids))))
+        where = session.where
+        sig = tuple([where.get(link, -1) for link in call.ids])  # (its links' positions: part of the shape)
+        new = [link for link, pos in zip(call.ids, sig) if pos < 0]
+        if new:
+            for link in new:
+                where[link] = len(where)
+            added = np.array(new, dtype=np.intp)
+            session.ids += tuple(new)
+            session.arr = np.concatenate([session.arr, added])
+            session.arr.flags.writeable = False
+            self._mark_owner(tuple(new), added, session.sid)
+        last = parts[-1]
+        part = _Part(call, traffic_class, join, last.first + last.n, key, sig)  # (its flows follow the last's)
+        parts.append(part)
+        if session.traj is None:  # recording: its flows start now (as they would have anyway)
+            if call.lead <= 0:
+                session.open = False  # admitted this instant: nobody joins after it
+            return False
+        if not session.undecided:  # a replay begun this instant: undone (this call is not in its trajectory)
+            self.replays -= len(parts) - 1
+            for earlier in parts[:-1]:
+                if earlier.seqs is None:
+                    self._reserve(earlier)
+            session.undecided = True
+            session.matched = False
+            self._undecided.append(session)
+            self._wake(now)
+        elif session.matched:
+            joint, i = session.traj.joint, len(parts) - 1
+            session.matched = i < len(joint) and joint[i][0] == key and joint[i][1] == sig
+        self._reserve(part)
+        for route, nbytes, latency_s, payload in call.tiny:
+            self._tiny(Flow(route, nbytes, payload, traffic_class, join, now), latency_s, nbytes / route.solo_rate)
+        return True
+
+    def _expect(self, session: _Session, traj: _Trajectory, call: _Call, traffic_class: str, join: _Join) -> None:
+        """``call`` starts a session whose recorded trajectory is a joint one: it replays if the calls that
+        join it by the end of the instant are the ones recorded (:meth:`_decide`)."""
+        session.traj = traj
+        session.call, session.specs, session.traffic_class, session.join = call, call.specs, traffic_class, join
+        session.open = session.undecided = session.matched = True
+        session.parts = [_Part(call, traffic_class, join, 0, session.key, None)]
+        session.where = dict(zip(session.ids, range(len(session.ids))))
+        self._reserve(session.parts[0])
+        now = self.env.now
+        for route, nbytes, latency_s, payload in call.tiny:
+            self._tiny(Flow(route, nbytes, payload, traffic_class, join, now), latency_s, nbytes / route.solo_rate)
+        self._undecided.append(session)
+        self._wake(now)
+
+    def _reserve(self, part: _Part) -> None:
+        """Number a waiting call's flows in the pending queue now, as :meth:`_begin` would have, so that
+        when they are made at the end of the instant they are admitted in the same order."""
+        now = self.env.now
+        seqs: dict[float, int] = {}
+        for route, (_links, nbytes, latency_s, _payload) in zip(part.call.routes, part.call.specs):
+            if nbytes / route.solo_rate > TINY_FLOW_S and latency_s not in seqs:
+                self._pending_seq += 1
+                seqs[latency_s] = self._pending_seq
+                self._wake(now + latency_s)
+        part.seqs = seqs
+
+    def _decide(self, session: _Session) -> None:
+        """At the end of a joint session's first instant: replay it if its calls are the recorded ones, in
+        order and over links placed alike; else start their flows and record them together."""
+        session.undecided = False
+        parts = session.parts
+        joint = session.traj.joint
+        if session.matched and len(parts) == len(joint):
+            t0 = session.t0
+            for part, (_key, _sig, _n, end) in zip(parts, joint):
+                part.end = end
+                self._pending_seq += 1
+                heapq.heappush(self._replays_due, (t0 + end, self._pending_seq, session))
+                self._wake(t0 + end)
+            self.replays += len(parts)
+            return
+        session.traj = None  # recorded anew, every call's flows made now
+        session.open = all(part.call.lead > 0 for part in parts)
+        for part in parts:
+            self._occupy(part.call.arr, part.join)
+            self._begin(part.call, part.traffic_class, part.join, session, part.seqs)
+
+    def _joint_done(self, session: _Session) -> None:
+        """Book the calls of a replaying joint session whose end has come; at the last, its links' busy time."""
+        limit = self.env.now * (1 + _REL_TIME_EPS) + 1e-18
+        t0, traj = session.t0, session.traj
+        waiting = False
+        for part in session.parts:
+            if part.done:
+                continue
+            if t0 + part.end > limit:
+                waiting = True
+                continue
+            part.done = True
+            self._book(t0, part.call, part.traffic_class, traj, part.first)
+            join = part.join
+            join.left -= part.n
+            if join.left == 0:
+                self._joins_done.append(join)
+        if not waiting:
+            session.done = True
+            pos, a, b = traj.busy
+            np.add.at(self.ledger._busy_np, session.arr[pos], b - a)  # in order (exact)
+            self._release(session)
+
+    def _new_book(self, call: _Call, traj: _Trajectory, first: int) -> tuple:
+        """What a whole replay of ``traj`` for ``call`` books, made once per (call, trajectory, first) and kept
+        in ``call.books`` as ``(traj, book, {traffic class: its ledger rows, bytes, payloads and members})``
+        (the last filled by :meth:`_book`); returns that entry. ``first``: where the call's flows start among
+        the trajectory's (a joint session's call), or -1 for a call replayed on its own, whose book holds its
+        links' busy time too. ``book``: ``(finished flows as (route, nbytes, payload), rate log times relative
+        to the start, route ids, deltas, (links, busy seconds) or None, flows)``, in the order the flows would
+        have booked them (times and busy seconds as lists of floats when there are a few, else arrays)."""
         done = []
         offs: list[float] = []
         ridx: list[int] = []
         deltas: list[float] = []
-        i = 0
+        i = start = max(first, 0)
         for route, (_links, nbytes, _latency_s, payload) in zip(call.routes, call.specs):
             if nbytes / route.solo_rate <= TINY_FLOW_S:
                 continue
@@ -1148,40 +1369,58 @@ class FlowNetwork(_NetworkBase):
                 ridx.append(route.idx)
                 deltas.append(-prev)
             done.append((route, nbytes, payload))
-        pos, a, b = traj.busy
+        pos, a, b = traj.busy if first < 0 else ((), None, None)
         if len(offs) <= _FEW_ENTRIES and len(pos) <= _FEW_ENTRIES:
             # a few entries: booked by Python floats (the same additions, one by one, as numpy's)
-            book = (done, offs, array("q", ridx).tobytes(), array("d", deltas).tobytes(),
-                    (call.arr[pos].tolist(), (b - a).tolist()), i)
+            busy = (call.arr[pos].tolist(), (b - a).tolist()) if first < 0 else None
+            book = (done, offs, array("q", ridx).tobytes(), array("d", deltas).tobytes(), busy, i - start)
         else:
+            busy = (call.arr[pos], b - a) if first < 0 else None
             book = (done, np.array(offs, dtype=float), array("q", ridx).tobytes(), array("d", deltas).tobytes(),
-                    (call.arr[pos], b - a), i)
+                    busy, i - start)
         if len(call.books) > 8:
             call.books.clear()
-        entry = call.books[id(traj)] = (traj, book, {})
+        entry = call.books[id(traj) if first < 0 else (id(traj), first)] = (traj, book, {})
         return entry
 
     def _replay_done(self, session: _Session) -> None:
         """Book a replay whose end has come (its call's ``on_done`` is told at the end of the update)."""
-        if session.done:
-            return  # made real before its end
+        if session.done or session.traj is None:
+            return  # made real before its end (or a replay undone: _attach)
+        if session.parts is not None:
+            self._joint_done(session)
+            return
         session.done = True
         ledger = self.ledger
-        traj = session.traj
-        hit = session.call.books.get(id(traj))
+        busy_links, busy_s = self._book(session.t0, session.call, session.traffic_class, session.traj, -1)
+        if type(busy_s) is list:
+            busy = ledger._busy_acc
+            for link, seconds in zip(busy_links, busy_s):
+                busy[link] += seconds
+        else:
+            np.add.at(ledger._busy_np, busy_links, busy_s)  # in order, as a loop of += would (exact)
+        self._release(session)
+        join = session.join
+        join.left -= len(session.specs) - len(session.call.tiny)
+        if join.left == 0:
+            self._joins_done.append(join)
+
+    def _book(self, t0: float, call: _Call, cls: str, traj: _Trajectory, first: int) -> tuple | None:
+        """Book the rate log entries and the ledger rows of ``call``'s flows replayed from ``traj`` (started at
+        ``t0``; ``first``: see :meth:`_new_book`); returns the busy time its book holds (``first`` -1), else
+        None."""
+        ledger = self.ledger
+        hit = call.books.get(id(traj) if first < 0 else (id(traj), first))
         if hit is None or hit[0] is not traj:
-            hit = self._new_book(session.call, traj)
-        (done, offs, ridx, deltas, (busy_links, busy_s), n), per_class = hit[1], hit[2]
+            hit = self._new_book(call, traj, first)
+        (done, offs, ridx, deltas, busy, _n), per_class = hit[1], hit[2]
         # The same additions as the flows would have made, in the same order (t0 + offset per entry).
-        small = type(offs) is list
-        if small:
-            t0 = session.t0
+        if type(offs) is list:
             ledger.rate_t.extend([t0 + off for off in offs])
         else:
-            ledger.rate_t.frombytes((session.t0 + offs).tobytes())
+            ledger.rate_t.frombytes((t0 + offs).tobytes())
         ledger.rate_route.frombytes(ridx)
         ledger.rate_delta.frombytes(deltas)
-        cls = session.traffic_class
         entries = per_class.get(cls)
         if entries is None:  # first replay of this trajectory in this class: the ledger's own bookkeeping
             record = ledger.record_route
@@ -1211,17 +1450,7 @@ class FlowNetwork(_NetworkBase):
             if len(rows):
                 ledger._unfolded = True
             ledger.flows_completed += members
-        if small:
-            busy = ledger._busy_acc
-            for link, seconds in zip(busy_links, busy_s):
-                busy[link] += seconds
-        else:
-            np.add.at(ledger._busy_np, busy_links, busy_s)  # in order, as a loop of += would (exact)
-        self._release(session)
-        join = session.join
-        join.left -= n
-        if join.left == 0:
-            self._joins_done.append(join)
+        return busy
 
     def _materialize(self, session: _Session) -> list[Flow]:
         """Make a replaying session's flows real at the current instant, in the state its trajectory gives
@@ -1230,7 +1459,13 @@ class FlowNetwork(_NetworkBase):
         session.done = True
         self.materialized += 1
         self._release(session)
-        self._occupy(session.arr, session.join)  # its flows are real from now on
+        if session.parts is None:
+            calls = [(session.call, session.traffic_class, session.join, 0)]
+            self._occupy(session.arr, session.join)  # its flows are real from now on
+        else:  # a joint session: its calls not booked yet
+            calls = [(p.call, p.traffic_class, p.join, p.first) for p in session.parts if not p.done]
+            for call, _cls, join, _first in calls:
+                self._occupy(call.arr, join)
         env = self.env
         now = env.now
         limit = now * (1 + _REL_TIME_EPS) + 1e-18
@@ -1239,53 +1474,51 @@ class FlowNetwork(_NetworkBase):
         t0 = session.t0
         ledger = self.ledger
         log_t, log_route, log_delta = ledger.rate_t.append, ledger.rate_route.append, ledger.rate_delta.append
-        cls = session.traffic_class
-        join = session.join
         on_link, demand, busy_since = self._on_link, self._demand, self._busy_since
         now_arrivals: list[Flow] = []
         active: list[Flow] = []
-        i = 0
-        for route, (_links, nbytes, latency_s, payload) in zip(session.call.routes, session.specs):
-            if nbytes / route.solo_rate <= TINY_FLOW_S:
-                continue
-            admitted, finished, rates = traj.flows[i]
-            i += 1
-            flow = Flow(route, nbytes, payload, cls, join, now)
-            t_in = t0 + admitted
-            if t_in > limit:  # not admitted yet
-                self._pending_seq += 1
-                at = t0 + latency_s
-                heapq.heappush(self._pending, (at, self._pending_seq, [flow]))
-                self._wake(at)
-                continue
-            if t_in >= before:  # admitted at this very instant
-                now_arrivals.append(flow)
-                continue
-            prev = 0.0
-            remaining = nbytes
-            t_prev = t_in
-            for off, r in rates:
-                t = t0 + off
-                if t > limit:
-                    break
-                remaining -= prev * (t - t_prev)
-                log_t(t)
-                log_route(route.idx)
-                log_delta(r - prev)
-                prev, t_prev = r, t
-            if t0 + finished <= limit:  # done by now
-                if rates:
-                    log_t(t0 + finished)
+        for call, cls, join, i in calls:
+            for route, (_links, nbytes, latency_s, payload) in zip(call.routes, call.specs):
+                if nbytes / route.solo_rate <= TINY_FLOW_S:
+                    continue
+                admitted, finished, rates = traj.flows[i]
+                i += 1
+                flow = Flow(route, nbytes, payload, cls, join, now)
+                t_in = t0 + admitted
+                if t_in > limit:  # not admitted yet
+                    self._pending_seq += 1
+                    at = t0 + latency_s
+                    heapq.heappush(self._pending, (at, self._pending_seq, [flow]))
+                    self._wake(at)
+                    continue
+                if t_in >= before:  # admitted at this very instant
+                    now_arrivals.append(flow)
+                    continue
+                prev = 0.0
+                remaining = nbytes
+                t_prev = t_in
+                for off, r in rates:
+                    t = t0 + off
+                    if t > limit:
+                        break
+                    remaining -= prev * (t - t_prev)
+                    log_t(t)
                     log_route(route.idx)
-                    log_delta(-prev)
-                flow.seq = -2
-                ledger.record_route(route, nbytes, cls, payload)
-                join.left -= 1
-                continue
-            flow.remaining = remaining - prev * (now - t_prev)
-            flow.rate = prev
-            flow.t0 = now
-            active.append(flow)
+                    log_delta(r - prev)
+                    prev, t_prev = r, t
+                if t0 + finished <= limit:  # done by now
+                    if rates:
+                        log_t(t0 + finished)
+                        log_route(route.idx)
+                        log_delta(-prev)
+                    flow.seq = -2
+                    ledger.record_route(route, nbytes, cls, payload)
+                    join.left -= 1
+                    continue
+                flow.remaining = remaining - prev * (now - t_prev)
+                flow.rate = prev
+                flow.t0 = now
+                active.append(flow)
         pos, a, b = traj.busy
         begun = t0 + a < limit  # each link's intervals in order of time: those begun by now
         a, b = t0 + a[begun], t0 + b[begun]
@@ -1305,8 +1538,9 @@ class FlowNetwork(_NetworkBase):
             flow.seq = self._seq
             heapq.heappush(self._heap, (now + flow.remaining / flow.rate, self._seq, flow))
         self._active += len(active)
-        if join.left == 0:  # every flow had finished by now (the replay's own end is due this instant)
-            self._joins_done.append(join)
+        for _call, _cls, join, _first in calls:
+            if join.left == 0:  # every flow had finished by now (the replay's own end is due this instant)
+                self._joins_done.append(join)
         return now_arrivals
 
     # ------------------------------------------------------------ internals
@@ -1494,6 +1728,10 @@ class FlowNetwork(_NetworkBase):
         limit = now * (1 + _REL_TIME_EPS) + 1e-18
         ledger = self.ledger
         log_t, log_route, log_delta = ledger.rate_t.append, ledger.rate_route.append, ledger.rate_delta.append
+        if self._undecided:  # joint sessions begun this instant: every call that could join them has
+            undecided, self._undecided = self._undecided, []
+            for session in undecided:
+                self._decide(session)
         replays = self._replays_due
         while replays and replays[0][0] <= limit:
             self._replay_done(heapq.heappop(replays)[2])

@@ -380,3 +380,68 @@ def test_busy_intervals_merge_overlapping_and_touching_spans_per_link():
     pos, a, b = _busy_intervals(links, routes, [0.0, 1.0, 3.0, 5.0], [2.0, 3.0, 4.0, 6.0])
     got = list(zip(pos.tolist(), a.tolist(), b.tolist()))
     assert got == [(0, 3.0, 4.0), (1, 0.0, 2.0), (1, 5.0, 6.0), (2, 0.0, 4.0)]
+
+
+def _random_call(rng, num_links, flows, latencies=(0.5, 1.5)):
+    """A call of ``flows`` flows over 1-3 of ``num_links`` links each, with positive latencies."""
+    return tuple((rng.choice(num_links, size=rng.integers(1, 4), replace=False), float(rng.integers(1, 6)) * 10.0,
+                  float(rng.choice(latencies)), 1.0) for _ in range(flows))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_calls_started_together_on_shared_links_replay_as_simulated_ones(seed):
+    # Calls that start at one instant over shared links (DeepEP's RDMA hop and NVLink forwarding) take the
+    # links together: recorded together once, replayed together after, each told at its own end. Every
+    # 100 s one of a few groups starts: A and B together (mostly), A alone, A with another B, or A and B
+    # with a third call C that joins too; single flows thrown in at random instants cut some replays short.
+    # Every finish time, every link's bytes and busy time must be those of the network that simulates every
+    # flow (no replays).
+    rng = np.random.default_rng(700 + seed)
+    num_links = 8
+    capacity = rng.choice([5.0, 10.0, 20.0], size=num_links)
+    a, b, b2, c = (_random_call(rng, num_links, n) for n in (4, 3, 3, 2))
+    groups = [(a, b)] * 6 + [(a,), (a, b2), (a, b, c), (a, b)] * 2
+    calls = [(100.0 * k, call) for k, group in enumerate(groups) for call in group]
+    for k in rng.choice(len(groups), size=5, replace=False):
+        for _ in range(int(rng.integers(1, 3))):
+            links = rng.choice(num_links, size=rng.integers(1, 3), replace=False)
+            calls.append((100.0 * k + float(rng.uniform(0, 12)), ((links, float(rng.integers(1, 4)) * 10.0, 0.0, 1.0),)))
+    got, net = _calls_finish_times(calls, capacity, replay=True)
+    expected, ref = _calls_finish_times(calls, capacity, replay=False)
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    assert net.ledger.bytes == pytest.approx(ref.ledger.bytes, rel=1e-9)
+    assert net.ledger.busy_s == pytest.approx(ref.ledger.busy_s, rel=1e-9, abs=1e-9)
+    assert net.ledger.flows_completed == ref.ledger.flows_completed
+    assert net.replays >= 4 and ref.replays == 0
+
+
+def test_two_calls_started_together_by_hand():
+    # Link 0 (10 B/s) is shared: call A sends 10 B over links 0 and 1, call B 20 B over links 0 and 2, both
+    # after 1 s of latency, both starting at t = 0, 100, 200. Together on link 0 at 5 B/s each: A is done at
+    # 1 + 2 = 3 s, B then alone at 10 B/s with 10 B left: done at 4 s. Neither call finds its links free, so
+    # before joint sessions neither was ever replayed; now the pair is recorded at t = 0 and replayed twice,
+    # A told at 3 s and B at 4 s after each start.
+    capacity = np.array([10.0, 10.0, 10.0])
+    a = ((np.array([0, 1]), 10.0, 1.0, 10.0),)
+    b = ((np.array([0, 2]), 20.0, 1.0, 20.0),)
+    calls = [(t, call) for t in (0.0, 100.0, 200.0) for call in (a, b)]
+    got, net = _calls_finish_times(calls, capacity, replay=True)
+    assert got == pytest.approx([3.0, 4.0, 103.0, 104.0, 203.0, 204.0], rel=1e-12)
+    assert net.replays == 4  # two calls, twice
+    assert net.ledger.bytes.tolist() == pytest.approx([90.0, 30.0, 60.0])
+    assert net.ledger.busy_s.tolist() == pytest.approx([9.0, 6.0, 9.0])
+
+
+def test_a_replay_joined_at_its_start_is_undone_and_recorded_anew():
+    # The calls of the test above, A first alone (done at 1 + 10 / 10 = 2 s; recorded on its own), then A and
+    # B together three times. At t = 100 A's lone trajectory starts replaying and B joins it at that
+    # instant: the replay is undone, both calls' flows are made, and the pair is recorded; at t = 200 and
+    # 300 the pair replays. (Before joint sessions A replayed alone each time and B's flows cut it short.)
+    capacity = np.array([10.0, 10.0, 10.0])
+    a = ((np.array([0, 1]), 10.0, 1.0, 10.0),)
+    b = ((np.array([0, 2]), 20.0, 1.0, 20.0),)
+    calls = [(0.0, a)] + [(t, call) for t in (100.0, 200.0, 300.0) for call in (a, b)]
+    got, net = _calls_finish_times(calls, capacity, replay=True)
+    assert got == pytest.approx([2.0, 103.0, 104.0, 203.0, 204.0, 303.0, 304.0], rel=1e-12)
+    assert net.replays == 4 and net.materialized == 0  # the pair twice (A's undone replay does not count)
+    assert net.ledger.busy_s.tolist() == pytest.approx([10.0, 7.0, 9.0])  # link 0: 1 + 3 x 3 s
