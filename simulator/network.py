@@ -399,7 +399,7 @@ class _Session:
     """
 
     __slots__ = ("key", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done",
-                 "budget", "call", "held", "sid", "arr", "ids", "parts", "where", "open", "undecided", "matched")
+                 "budget", "call", "held", "sid", "arr", "ids", "parts", "open", "undecided", "matched")
 
     def __init__(self, key: tuple, t0: float, sid: int, arr: np.ndarray, ids: tuple) -> None:
         self.key = key
@@ -418,13 +418,11 @@ class _Session:
         self.budget = _MEMO_RATE_CHANGES  # rate changes it may still record
         self.call: _Call | None = None  # while replaying: the call's cached facts
         self.held = False  # whether it still holds its links (all of them: they were free when it took them)
-        # A joint session (several calls started at this instant on shared links): its calls (_Part), the
-        # position of each of its links among ``ids`` (made when the second call joins), whether no flow of
-        # it can have been admitted yet (another call starting now may still join it), whether it waits for
-        # the end of the instant to replay or start its flows (undecided) and whether its calls so far are
-        # the ones its trajectory recorded (matched).
+        # A joint session (several calls started at this instant on shared links): its calls (_Part),
+        # whether no flow of it can have been admitted yet (another call starting now may still join it),
+        # whether it waits for the end of the instant to replay or start its flows (undecided) and whether its
+        # calls so far are the ones its trajectory recorded (matched).
         self.parts: list[_Part] | None = None
-        self.where: dict[int, int] | None = None
         self.open = False
         self.undecided = False
         self.matched = False
@@ -889,6 +887,9 @@ class FlowNetwork(_NetworkBase):
         # join one) and the sessions waiting for the end of this instant to replay or start their flows.
         self._fresh_t = -1.0
         self._undecided: list[_Session] = []
+        # (id(session's links), id(joining call's links)) -> (those two tuples, the call's links' positions among
+        # the session's, its new links as a tuple and an array, the union as a tuple and an array): _attach
+        self._unions: dict[tuple[int, int], tuple] = {}
 
     # ----------------------------------------------------------- interface
     def start_flows(self, specs: Sequence[FlowSpec], traffic_class: str, on_done: Callable[[], None]) -> None:
@@ -1233,18 +1234,23 @@ class FlowNetwork(_NetworkBase):
         parts = session.parts
         if parts is None:  # its own call becomes the first part
             parts = session.parts = [_Part(session.call, session.traffic_class, session.join, 0, session.key, None)]
-            session.where = dict(zip(session.ids, range(len(session.ids))))
-        where = session.where
-        sig = tuple([where.get(link, -1) for link in call.ids])  # (its links' positions: part of the shape)
-        new = [link for link, pos in zip(call.ids, sig) if pos < 0]
-        if new:
-            for link in new:
-                where[link] = len(where)
+        ids = session.ids
+        union = self._unions.get((id(ids), id(call.ids)))  # (kept: the same two calls start together often)
+        if union is None or union[0] is not ids or union[1] is not call.ids:
+            where = dict(zip(ids, range(len(ids))))
+            sig = tuple([where.get(link, -1) for link in call.ids])  # its links' positions: part of the shape
+            new = tuple([link for link, pos in zip(call.ids, sig) if pos < 0])
             added = np.array(new, dtype=np.intp)
-            session.ids += tuple(new)
-            session.arr = np.concatenate([session.arr, added])
-            session.arr.flags.writeable = False
-            self._mark_owner(tuple(new), added, session.sid)
+            arr = np.concatenate([session.arr, added])
+            added.flags.writeable = arr.flags.writeable = False
+            union = (ids, call.ids, sig, new, added, ids + new, arr)
+            if len(self._unions) > _MEMO_SHAPES:
+                self._unions.clear()
+            self._unions[(id(ids), id(call.ids))] = union
+        sig, new, added = union[2:5]
+        if new:
+            session.ids, session.arr = union[5:]
+            self._mark_owner(new, added, session.sid)
         last = parts[-1]
         part = _Part(call, traffic_class, join, last.first + last.n, key, sig)  # (its flows follow the last's)
         parts.append(part)
@@ -1276,7 +1282,6 @@ class FlowNetwork(_NetworkBase):
         session.call, session.specs, session.traffic_class, session.join = call, call.specs, traffic_class, join
         session.open = session.undecided = session.matched = True
         session.parts = [_Part(call, traffic_class, join, 0, session.key, None)]
-        session.where = dict(zip(session.ids, range(len(session.ids))))
         self._reserve(session.parts[0])
         now = self.env.now
         for route, nbytes, latency_s, payload in call.tiny:
