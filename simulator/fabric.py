@@ -34,6 +34,8 @@ _LANES_MIN = 8  # replicated collectives over at least this many groups are plan
 _LANE_RANKS = 64  # ... when their groups have at most this many ranks (Fabric._lane_phases)
 MAX_ALL_TO_ALL_RANKS = 8192  # one all_to_all over more ranks is refused: n(n-1) transfers (67 M here: ~35 s, ~3 GB)
 BULK_ALL_TO_ALL_RANKS = 256  # all_to_all "auto": uniform all-to-alls over at least this many ranks run in bulk
+_IDENTITY_ENTRIES = 4096  # collectives remembered by identity of their groups and matrix (Fabric._by_identity)
+_UNSET = object()  # (a cached plan may be None: several phases per replica)
 _SHAPE_HOPS = 64  # plans with at most this many hops have their estimates cached per shape (Fabric._plan_shape)
 
 
@@ -184,6 +186,11 @@ class Fabric:
         self._estimate_cache: dict[tuple, list[float]] = {}  # plan shape (see _plan_shape) -> estimates
         self._route_latency: dict[tuple, tuple[np.ndarray, float]] = {}
         self._phases_cache: dict[tuple, tuple] = {}
+        # The same lookups by identity of the group list and matrix, in front of _phases_cache: hashing an
+        # alltoallv's matrix (64 x 64 sizes at EP 64) costs more than planning a cached collective, and a
+        # representative hands the same rows object for every layer and micro-batch. key -> (groups or group,
+        # matrix, result); forgotten past _IDENTITY_ENTRIES.
+        self._by_identity: dict[tuple, tuple] = {}
         self._server_array: np.ndarray | None = None  # rank -> server, made for _lane_phases
         self._last_choice: tuple | None = None  # (key, plan, protocol) of the latest choose()
         # a phase's transfers ((hops, label) each) -> their bottlenecks (s/B) and route latencies (_estimates)
@@ -479,9 +486,15 @@ class Fabric:
         ``matrix`` gives an all_to_all per-pair sizes (alltoallv, always ``direct``).
         Cached per ``(kind, group, nbytes, algorithm, count, matrix)``: plans and routes are pure functions of them.
         """
+        ident = (kind, group, nbytes, algorithm, count, id(matrix))
+        hit = self._by_identity.get(ident)
+        if hit is not None and hit[1] is matrix:
+            return hit[2]
         key = (kind, group, nbytes, algorithm, count, matrix)
         routed = self._phases_cache.get(key)
-        if routed is None:
+        if routed is not None:
+            self._remember(ident, group, matrix, routed)
+        else:
             if kind == "all_to_all" and len(group) > MAX_ALL_TO_ALL_RANKS:
                 n = len(group)
                 raise CollectiveError(f"all_to_all: {n:,} ranks make {n * (n - 1):,} transfers; the most one "
@@ -489,15 +502,22 @@ class Fabric:
                                       f"ranks squared)")
             if self._bulk(kind, group, nbytes, algorithm, matrix):
                 routed = self._phases_cache[key] = (bulk_flows(self, group, nbytes, count, matrix),)
-                return routed
-            if matrix is not None:
-                plan = plan_collective(kind, group, nbytes, self.server_of, "direct", self.config.fidelity, matrix,
-                                       stagger=self.config.nccl_latency)
-                protocol = self.protocols(plan)[0]
             else:
-                plan, protocol = self.choose(kind, group, nbytes, algorithm)
-            routed = self._phases_cache[key] = self._route_plan(plan, protocol, count)
+                if matrix is not None:
+                    plan = plan_collective(kind, group, nbytes, self.server_of, "direct", self.config.fidelity,
+                                           matrix, stagger=self.config.nccl_latency)
+                    protocol = self.protocols(plan)[0]
+                else:
+                    plan, protocol = self.choose(kind, group, nbytes, algorithm)
+                routed = self._phases_cache[key] = self._route_plan(plan, protocol, count)
+            self._remember(ident, group, matrix, routed)
         return routed
+
+    def _remember(self, ident: tuple, groups: object, matrix: object, routed: object) -> None:
+        """Keep ``routed`` under ``ident`` for lookups by identity (see ``_by_identity``)."""
+        if len(self._by_identity) >= _IDENTITY_ENTRIES:
+            self._by_identity.clear()
+        self._by_identity[ident] = (groups, matrix, routed)
 
     def _bulk(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str,
               matrix: tuple | None) -> bool:
@@ -601,9 +621,15 @@ class Fabric:
         Grouped all-to-alls (``all_to_all: grouped``) also merge the replicas' corresponding flows (equal
         position, bytes and latency: the same wave of every replica) into one flow each. Cached.
         """
+        ident = ("replicated", kind, id(groups), nbytes, algorithm, count, id(matrix))
+        hit = self._by_identity.get(ident)
+        if hit is not None and hit[0] is groups and hit[1] is matrix:
+            return hit[2]
         key = ("replicated", kind, tuple(groups), nbytes, algorithm, count, matrix)
-        if key in self._phases_cache:
-            return self._phases_cache[key]
+        routed = self._phases_cache.get(key, _UNSET)
+        if routed is not _UNSET:
+            self._remember(ident, groups, matrix, routed)
+            return routed
         plans = None
         if matrix is None and kind != "all_to_all" and not self._spray and len(groups) >= _LANES_MIN:
             plans = self._lane_phases(kind, groups, nbytes, algorithm, count)
@@ -618,6 +644,7 @@ class Fabric:
                 specs = self.group(specs, [(i, s[1], s[2]) for p in plans for i, s in enumerate(p[0])])
             routed = (tuple(specs),)
         self._phases_cache[key] = routed
+        self._remember(ident, groups, matrix, routed)
         return routed
 
     def _lane_phases(self, kind: str, groups: list[tuple[int, ...]], nbytes: float, algorithm: str,
