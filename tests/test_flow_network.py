@@ -405,7 +405,8 @@ def test_calls_started_together_on_shared_links_replay_as_simulated_ones(seed):
     for k in rng.choice(len(groups), size=5, replace=False):
         for _ in range(int(rng.integers(1, 3))):
             links = rng.choice(num_links, size=rng.integers(1, 3), replace=False)
-            calls.append((100.0 * k + float(rng.uniform(0, 12)), ((links, float(rng.integers(1, 4)) * 10.0, 0.0, 1.0),)))
+            spec = (links, float(rng.integers(1, 4)) * 10.0, 0.0, 1.0)
+            calls.append((100.0 * k + float(rng.uniform(0, 12)), (spec,)))
     got, net = _calls_finish_times(calls, capacity, replay=True)
     expected, ref = _calls_finish_times(calls, capacity, replay=False)
     assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
