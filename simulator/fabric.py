@@ -189,7 +189,8 @@ class Fabric:
         # The same lookups by identity of the group list and matrix, in front of _phases_cache: hashing an
         # alltoallv's matrix (64 x 64 sizes at EP 64) costs more than planning a cached collective, and a
         # representative hands the same rows object for every layer and micro-batch. key -> (groups or group,
-        # matrix, result); forgotten past _IDENTITY_ENTRIES.
+        # matrix, result), kept once _phases_cache has found the same one again (a matrix made afresh per
+        # call, as an alltoallv of every rank's splits is, never gets here); forgotten past _IDENTITY_ENTRIES.
         self._by_identity: dict[tuple, tuple] = {}
         self._server_array: np.ndarray | None = None  # rank -> server, made for _lane_phases
         self._last_choice: tuple | None = None  # (key, plan, protocol) of the latest choose()
@@ -486,14 +487,16 @@ class Fabric:
         ``matrix`` gives an all_to_all per-pair sizes (alltoallv, always ``direct``).
         Cached per ``(kind, group, nbytes, algorithm, count, matrix)``: plans and routes are pure functions of them.
         """
-        ident = (kind, group, nbytes, algorithm, count, id(matrix))
-        hit = self._by_identity.get(ident)
-        if hit is not None and hit[1] is matrix:
-            return hit[2]
+        if matrix is not None:  # (an alltoallv: see _by_identity)
+            ident = (kind, group, nbytes, algorithm, count, id(matrix))
+            hit = self._by_identity.get(ident)
+            if hit is not None and hit[1] is matrix:
+                return hit[2]
         key = (kind, group, nbytes, algorithm, count, matrix)
         routed = self._phases_cache.get(key)
         if routed is not None:
-            self._remember(ident, group, matrix, routed)
+            if matrix is not None:
+                self._remember(ident, group, matrix, routed)
         else:
             if kind == "all_to_all" and len(group) > MAX_ALL_TO_ALL_RANKS:
                 n = len(group)
@@ -510,7 +513,6 @@ class Fabric:
                 else:
                     plan, protocol = self.choose(kind, group, nbytes, algorithm)
                 routed = self._phases_cache[key] = self._route_plan(plan, protocol, count)
-            self._remember(ident, group, matrix, routed)
         return routed
 
     def _remember(self, ident: tuple, groups: object, matrix: object, routed: object) -> None:
@@ -644,7 +646,6 @@ class Fabric:
                 specs = self.group(specs, [(i, s[1], s[2]) for p in plans for i, s in enumerate(p[0])])
             routed = (tuple(specs),)
         self._phases_cache[key] = routed
-        self._remember(ident, groups, matrix, routed)
         return routed
 
     def _lane_phases(self, kind: str, groups: list[tuple[int, ...]], nbytes: float, algorithm: str,

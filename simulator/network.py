@@ -113,6 +113,7 @@ _LAZY_SLACK = 0.02  # ... when at least this fraction of the link's capacity is 
 _LAZY_STRIKES = 2  # a link found overloaded this often is never made lazy again
 _AGG_MIN = 16  # components of at least this many flows fold flows of equal rows into aggregates (see _Agg)
 _FEW_LINKS = 24  # calls over at most this many distinct links check and mark them in Python, not numpy
+_JOINT_UNIONS = 4096  # pairs of (session, joining call) links whose union is kept (FlowNetwork._attach)
 _FEW_ENTRIES = 32  # replays of at most this many rate-log entries and busy intervals book them in Python
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
@@ -998,6 +999,7 @@ class FlowNetwork(_NetworkBase):
                 self._wake(now + latency_s)
             else:
                 heapq.heappush(pending, (now + latency_s, seqs[latency_s], flows))
+                self._wake(now + latency_s)
 
     def _occupy(self, arr: np.ndarray, join: _Join) -> None:
         """Count the links ``arr`` (distinct ids) as possibly in use until ``join``'s call is done (see
@@ -1122,10 +1124,15 @@ class FlowNetwork(_NetworkBase):
         return labels, counts, ids, caps, arr
 
     def _release(self, session: _Session) -> None:
-        # Nobody else can have taken a link while the session held it: all are still its own.
+        # Nobody else can have taken a link while the session held it: all are still its own (a joint
+        # session's may have been given back call by call, _joint_done, and taken by another since).
         if session.held:
             session.held = False
-            self._mark_owner(session.ids, session.arr, 0)
+            if session.parts is None:
+                self._mark_owner(session.ids, session.arr, 0)
+            else:
+                owner, arr = self._owner_np, session.arr
+                owner[arr[owner[arr] == session.sid]] = 0
             del self._sessions[session.sid]
 
     def _mark_owner(self, ids: tuple[int, ...], arr: np.ndarray, sid: int) -> None:
@@ -1176,7 +1183,7 @@ class FlowNetwork(_NetworkBase):
             self._memo.clear()
             self._memo_flows = size
         joint = None
-        if session.parts is not None:  # each call's shape, links' positions, flows and last finish
+        if session.parts is not None and len(session.parts) > 1:  # each call's shape, links, flows, last finish
             bounds = [part.first for part in session.parts[1:]] + [len(recs)]
             joint = tuple((part.key, part.sig, stop - part.first,
                            max([rec[1] for rec in recs[part.first:stop]], default=t0) - t0)
@@ -1211,7 +1218,9 @@ class FlowNetwork(_NetworkBase):
 
     def _host(self, call: _Call, now: float) -> _Session | None:
         """The session ``call`` (starting at ``now``, its links taken) can join, or None: the one session
-        holding any of its links, started at ``now`` with no flow admitted yet, its other links idle."""
+        holding any of its links, started at ``now`` and still ``open`` (no flow of it admitted: a recording
+        session's flows all have positive latencies; a replaying or undecided one has no flows), its other
+        links idle."""
         arr = call.arr
         owners = self._owner_np[arr]
         held = owners != 0
@@ -1244,7 +1253,7 @@ class FlowNetwork(_NetworkBase):
             arr = np.concatenate([session.arr, added])
             added.flags.writeable = arr.flags.writeable = False
             union = (ids, call.ids, sig, new, added, ids + new, arr)
-            if len(self._unions) > _MEMO_SHAPES:
+            if len(self._unions) >= _JOINT_UNIONS:
                 self._unions.clear()
             self._unions[(id(ids), id(call.ids))] = union
         sig, new, added = union[2:5]
@@ -1292,13 +1301,11 @@ class FlowNetwork(_NetworkBase):
     def _reserve(self, part: _Part) -> None:
         """Number a waiting call's flows in the pending queue now, as :meth:`_begin` would have, so that
         when they are made at the end of the instant they are admitted in the same order."""
-        now = self.env.now
         seqs: dict[float, int] = {}
         for route, (_links, nbytes, latency_s, _payload) in zip(part.call.routes, part.call.specs):
             if nbytes / route.solo_rate > TINY_FLOW_S and latency_s not in seqs:
                 self._pending_seq += 1
                 seqs[latency_s] = self._pending_seq
-                self._wake(now + latency_s)
         part.seqs = seqs
 
     def _decide(self, session: _Session) -> None:
@@ -1326,14 +1333,16 @@ class FlowNetwork(_NetworkBase):
         """Book the calls of a replaying joint session whose end has come; at the last, its links' busy time."""
         limit = self.env.now * (1 + _REL_TIME_EPS) + 1e-18
         t0, traj = session.t0, session.traj
-        waiting = False
+        waiting = []
+        booked = []
         for part in session.parts:
             if part.done:
                 continue
             if t0 + part.end > limit:
-                waiting = True
+                waiting.append(part.call.arr)
                 continue
             part.done = True
+            booked.append(part.call.arr)
             self._book(t0, part.call, part.traffic_class, traj, part.first)
             join = part.join
             join.left -= part.n
@@ -1344,6 +1353,10 @@ class FlowNetwork(_NetworkBase):
             pos, a, b = traj.busy
             np.add.at(self.ledger._busy_np, session.arr[pos], b - a)  # in order (exact)
             self._release(session)
+        elif booked:  # links only finished calls crossed are free again (a call that follows one may take them)
+            gone = np.setdiff1d(np.concatenate(booked), np.concatenate(waiting))
+            owner = self._owner_np
+            owner[gone[owner[gone] == session.sid]] = 0
 
     def _new_book(self, call: _Call, traj: _Trajectory, first: int) -> tuple:
         """What a whole replay of ``traj`` for ``call`` books, made once per (call, trajectory, first) and kept

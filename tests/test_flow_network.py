@@ -446,3 +446,38 @@ def test_a_replay_joined_at_its_start_is_undone_and_recorded_anew():
     assert got == pytest.approx([2.0, 103.0, 104.0, 203.0, 204.0, 303.0, 304.0], rel=1e-12)
     assert net.replays == 4 and net.materialized == 0  # the pair twice (A's undone replay does not count)
     assert net.ledger.busy_s.tolist() == pytest.approx([10.0, 7.0, 9.0])  # link 0: 1 + 3 x 3 s
+
+
+def test_a_joint_replay_frees_a_finished_calls_own_links():
+    # A (10 B over links 0 and 1) and B (20 B over links 0 and 2) start together at t0 = 0, 100, 200, 300
+    # (as above: A done at t0 + 3, B at t0 + 4). From t0 = 100 on, A's end starts D: 10 B over link 1 alone,
+    # 0.5 s of latency, so done at t0 + 3 + 0.5 + 1 = t0 + 4.5. Link 1 is A's alone: a replay of the pair
+    # gives it back when A is booked, so D never cuts the replay short (B is still replaying until t0 + 4),
+    # and D, alone on its link, is recorded once and replayed after.
+    capacity = np.array([10.0, 10.0, 10.0])
+    a = ((np.array([0, 1]), 10.0, 1.0, 10.0),)
+    b = ((np.array([0, 2]), 20.0, 1.0, 20.0),)
+    d = ((np.array([1]), 10.0, 0.5, 10.0),)
+    env = simpy.Environment()
+    net = FlowNetwork(env, capacity)
+    done: list[tuple[str, float]] = []
+
+    def start(name, specs, then=None):
+        def finished():
+            done.append((name, env.now))
+            if then is not None:
+                start(*then)
+        net.start_flows(specs, "x", finished)
+
+    def rounds():
+        for t0 in (0.0, 100.0, 200.0, 300.0):
+            yield env.timeout(t0 - env.now)
+            start("A", a, ("D", d) if t0 > 0 else None)
+            start("B", b)
+
+    env.process(rounds())
+    env.run()
+    expected = [(name, t0 + dt) for t0 in (0.0, 100.0, 200.0, 300.0)
+                for name, dt in (("A", 3.0), ("B", 4.0), ("D", 4.5)) if t0 > 0 or name != "D"]
+    assert sorted(done, key=lambda x: x[1]) == [(n, pytest.approx(t, rel=1e-12)) for n, t in expected]
+    assert net.materialized == 0 and net.replays == 3 * 2 + 2  # the pair three times, D twice
