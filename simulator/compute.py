@@ -210,11 +210,33 @@ class ComputeModel:
             return op.duration_s
         parts = getattr(op, "parts", None)
         if parts:
-            return sum(self.duration(k) for k in parts)
+            kernel = self._kernel_duration
+            return sum(kernel(k) if type(k) is Kernel else self.duration(k) for k in parts)
         t_math = op.flops / self.achieved_flops(op) if op.flops else 0.0
         scores = op.category == "scores" or (op.category == "gemm" and getattr(op, "batch", 1) > 1)
         efficiency = self.score_memory_efficiency if scores else self.memory_efficiency
         t_mem = op.nbytes / (self.gpu.hbm_bandwidth * efficiency) if op.nbytes else 0.0
+        return max(t_math, t_mem) + self.op_overhead_s
+
+    def _kernel_duration(self, k: Kernel) -> float:
+        """:meth:`duration` of one :class:`~workloads.ops.Kernel` (no ``duration_s``, no ``parts``), the same
+        operations in the same order: the kernels of a coarsened op, thousands of distinct ones under skewed
+        MoE routing."""
+        category = k.category
+        flops = k.flops
+        if flops:
+            if category == "gemm" and k.shape is not None and not k.sm_reserved:
+                m, n, kk = k.shape
+                batch = k.batch
+                gemm = self.gemm
+                t_math = flops / (2.0 * batch * m * n * kk / gemm.time(m, n, kk, batch))
+            else:
+                t_math = flops / self.achieved_flops(k)
+        else:
+            t_math = 0.0
+        scores = category == "scores" or (category == "gemm" and k.batch > 1)
+        efficiency = self.score_memory_efficiency if scores else self.memory_efficiency
+        t_mem = k.nbytes / (self.gpu.hbm_bandwidth * efficiency) if k.nbytes else 0.0
         return max(t_math, t_mem) + self.op_overhead_s
 
 

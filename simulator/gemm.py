@@ -61,6 +61,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
 """Output tiles cuBLAS chooses among for 16-bit GEMMs on Ampere and Hopper (largest first)."""
 SPLITS: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -110,7 +112,7 @@ class GemmModel:
 
     def time(self, m: int, n: int, k: int, batch: int = 1) -> float:
         """Seconds of the tensor-core work of ``batch`` GEMMs of ``m × n × k`` (best tile and split)."""
-        return _best_time(self, int(m), int(n), int(k), int(batch))[0]
+        return _time(self, int(m), int(n), int(k), int(batch))
 
     def tile(self, m: int, n: int, k: int, batch: int = 1) -> tuple[int, int, int]:
         """``(tm, tn, split)`` the model picks (``split`` 0: a stream-K schedule)."""
@@ -160,3 +162,120 @@ def _best_time(model: GemmModel, m: int, n: int, k: int, batch: int) -> tuple[fl
             if t < best_t:
                 best_t, best = t, (tm, tn, split)
     return best_t, best
+
+
+BLOCK = 512
+"""Shapes timed together, along the one dimension that varies (:func:`_time`)."""
+VECTOR_AFTER = 4
+"""Distinct shapes of one block timed one by one before the whole block is timed at once."""
+_EXACT = float(2 ** 53)  # integers below this are exact doubles: Python's and numpy's arithmetic then agree
+
+
+class _Times:
+    """One model's GEMM times: every shape looked up so far, the blocks timed at once, and the distinct shapes
+    each block has missed."""
+
+    __slots__ = ("model", "times", "blocks", "misses")
+
+    def __init__(self, model: GemmModel) -> None:
+        self.model = model
+        self.times: dict[tuple[int, int, int, int], float] = {}
+        self.blocks: dict[tuple[int, int, int, int, int], list[float]] = {}
+        self.misses: dict[tuple[int, int, int, int, int], int] = {}
+
+
+_TIMES: dict[int, _Times] = {}  # id(model) -> its times (the model kept in them, so that its id stays its own)
+
+
+def _time(model: GemmModel, m: int, n: int, k: int, batch: int) -> float:
+    """:func:`_best_time`'s time of one shape, looked up. Skewed MoE routing gives every EP rank its own token
+    count, so one expert GEMM comes in thousands of shapes differing in one dimension (``m``, or ``k`` for the
+    weight gradient). A block is :data:`BLOCK` consecutive values of one dimension, the other two and the
+    batch fixed; once a block has missed :data:`VECTOR_AFTER` times, all its shapes are timed at once by
+    :func:`_block_times`, which does :func:`_best_time`'s arithmetic element by element (the same results)."""
+    st = _TIMES.get(id(model))
+    if st is None or st.model is not model:
+        if len(_TIMES) >= 64:
+            _TIMES.clear()
+        st = _TIMES[id(model)] = _Times(model)
+    key = (m, n, k, batch)
+    times = st.times
+    t = times.get(key)
+    if t is not None:
+        return t
+    if len(times) >= 1 << 20:
+        times.clear()
+        st.blocks.clear()
+        st.misses.clear()
+    if m < 1 or n < 1 or k < 1 or batch < 1:
+        t = times[key] = _best_time(model, m, n, k, batch)[0]
+        return t
+    blocks = st.blocks
+    wheres = [(0, n, k, batch, m // BLOCK), (1, m, k, batch, n // BLOCK), (2, m, n, batch, k // BLOCK)]
+    for where in wheres:
+        block = blocks.get(where)
+        if block is not None:
+            axis = where[0]
+            t = times[key] = block[key[axis] - where[4] * BLOCK]
+            return t
+    misses = st.misses
+    for axis, where in enumerate(wheres):
+        seen = misses[where] = misses.get(where, 0) + 1
+        if seen <= VECTOR_AFTER:
+            continue
+        index = where[4]
+        values = np.arange(index * BLOCK, (index + 1) * BLOCK, dtype=np.int64)
+        values[0] = max(1, index * BLOCK)  # (block 0: 0 is never asked for, 1 stands in its place)
+        dims: list = [m, n, k]
+        dims[axis] = values
+        found = _block_times(model, dims[0], dims[1], dims[2], batch)
+        if found is not None:
+            block = blocks[where] = found.tolist()
+            t = times[key] = block[key[axis] - index * BLOCK]
+            return t
+        misses[where] = -(1 << 62)  # not to be timed at once: not asked again
+    t = times[key] = _best_time(model, m, n, k, batch)[0]
+    return t
+
+
+def _block_times(model: GemmModel, m, n, k, batch: int) -> np.ndarray | None:
+    """:func:`_best_time`'s times of many shapes at once: ``m``, ``n``, ``k`` integers or int64 vectors (one
+    of them), every dimension at least 1. Every candidate (tile, then stream-K and each split, in
+    :func:`_best_time`'s order) is one row, each element going through the same operations in the same order as
+    there (numpy's float64 element-wise operations round as Python's floats do, and integers below 2**53
+    convert exactly); the minimum over the rows is the one :func:`_best_time` keeps (a minimum is exact). None
+    where an intermediate integer could reach 2**53 (Python's big integers would then round differently)."""
+    sm_count, k_overhead = model.sm_count, model.k_overhead
+    rates = _tile_rates(model)
+    hi = [int(d.max()) if isinstance(d, np.ndarray) else d for d in (m, n, k)]
+    lo = [int(d.min()) if isinstance(d, np.ndarray) else d for d in (m, n, k)]
+    if min(lo) < 1 or batch < 1 or sm_count < 1 or not all(rate > 0 for _tm, _tn, rate in rates) \
+            or float(batch) * hi[0] * hi[1] * max(hi[2], 2 * SPLITS[-1] * PARTIAL_BYTES + model.dtype_bytes,
+                                                  k_overhead + 1) * SPLITS[-1] >= _EXACT:
+        return None
+    ceil, i64 = np.ceil, np.int64
+    # one row per tile: (tiles, 1) columns broadcast against the shapes
+    tm = np.array([[r[0]] for r in rates], dtype=i64)
+    tn = np.array([[r[1]] for r in rates], dtype=i64)
+    rate = np.array([[r[2]] for r in rates])
+    tiles = batch * ceil(m / tm).astype(i64) * ceil(n / tn).astype(i64)
+    lanes = np.broadcast_shapes(tiles.shape, np.shape(k))
+    tiles = np.broadcast_to(tiles, lanes)
+    rows = []  # per tile, its candidates in _best_time's order
+    if model.stream_k:
+        segments = ceil(tiles / sm_count).astype(i64) + 1
+        t = 2.0 * tm * tn * (tiles * k / sm_count + segments * k_overhead) / rate
+        rows.append(np.where(tiles > sm_count, t, math.inf))
+    few = tiles < sm_count
+    for split in SPLITS:
+        if split > 1:
+            alive = few & (k // split >= 2 * k_overhead)
+            if not alive.any():
+                break
+        waves = ceil(tiles * split / sm_count).astype(i64)
+        t = waves * 2.0 * tm * tn * (ceil(k / split).astype(i64) + k_overhead) / rate
+        if split > 1:
+            t = t + batch * m * n * (2 * split * PARTIAL_BYTES + model.dtype_bytes) / model.hbm_bandwidth
+            t = np.where(alive, t, math.inf)
+        rows.append(t)
+    return np.min(np.concatenate(rows), axis=0)

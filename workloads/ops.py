@@ -291,19 +291,7 @@ class OpGraph:
         if split is not None:
             if collective != "all_to_all":
                 raise OpGraphError(f"split: only an all_to_all can have per-peer sizes, not {collective}")
-            checked = self._valid_splits.get(id(split))
-            if checked is not None and checked[0] is split and len(split) == len(grp):
-                split, nbytes = checked[1], checked[2]  # the same tuple again (a generator's cached row)
-            else:
-                given = split
-                split = tuple(map(float, split))
-                # (0.0).__gt__ is ``x < 0`` per size, run in C: MoE steps check tens of thousands of rows
-                if len(split) != len(grp) or any(map((0.0).__gt__, split)):
-                    raise OpGraphError(f"split: need {len(grp)} non-negative sizes (one per group member), "
-                                       f"got {split}")
-                nbytes = sum(split)
-                if isinstance(given, tuple):
-                    self._valid_splits[id(given)] = (given, split, nbytes)
+            split, nbytes = self._checked_split(split, grp)
         if rows is not None:
             rows = self._checked_rows(rows, grp, rank, split)
         ops = self.ops
@@ -311,6 +299,74 @@ class OpGraph:
         ops.append(Collective(n, rank, stream, self._deps(deps), name or collective, traffic_class, layer,
                               micro_batch, stage, collective, grp, float(nbytes), algorithm, int(count), split,
                               rows))
+        return n
+
+    def _checked_split(self, split: Sequence[float], grp: tuple[int, ...]) -> tuple[tuple[float, ...], float]:
+        """``split`` of an alltoallv as a tuple of floats and its sum, checked once per tuple object (a
+        generator hands the same cached row to many ops): one non-negative size per member of ``grp``."""
+        checked = self._valid_splits.get(id(split))
+        if checked is not None and checked[0] is split and len(split) == len(grp):
+            return checked[1], checked[2]  # the same tuple again (a generator's cached row)
+        given = split
+        split = tuple(map(float, split))
+        # (0.0).__gt__ is ``x < 0`` per size, run in C: MoE steps check tens of thousands of rows
+        if len(split) != len(grp) or any(map((0.0).__gt__, split)):
+            raise OpGraphError(f"split: need {len(grp)} non-negative sizes (one per group member), got {split}")
+        nbytes = sum(split)
+        if isinstance(given, tuple):
+            self._valid_splits[id(given)] = (given, split, nbytes)
+        return split, nbytes
+
+    def _known_splits(self, rows: Iterable[tuple[float, ...]]) -> None:
+        """Record ``rows`` as checked alltoallv splits (:meth:`_checked_split`): tuples of Python floats, each
+        size non-negative, as a generator made them (``tolist`` of a non-negative float64 array), so that the
+        ops using them skip the per-size check. Their length is still checked against each op's group."""
+        valid = self._valid_splits
+        for row in rows:
+            valid[id(row)] = (row, row, sum(row))
+
+    def _alltoallv(self, rank: int, group: tuple[int, ...], split: tuple[float, ...],
+                   rows: tuple[tuple[float, ...], ...] | None, name: str, deps: Iterable[int], stream: str,
+                   layer: int, micro_batch: int, stage: int) -> int:
+        """:meth:`collective_op` of an ``all_to_all`` with per-peer sizes (``split``, and ``rows`` when the rank
+        issues for its group) of traffic class ``ep``, positionally: the hot path of the MoE generators (two
+        exchanges per layer pass of every rank). The same checks, the same op."""
+        if not 0 <= rank < self.world_size:
+            self._check_rank(rank)
+        grp = group if type(group) is tuple else tuple(group)
+        if grp not in self._valid_groups:
+            if len(set(grp)) != len(grp) or not grp:
+                raise OpGraphError(f"group: must be a non-empty list of distinct ranks, got {grp}")
+            for r in grp:
+                self._check_rank(r, "group")
+            self._valid_groups.add(grp)
+        if rank not in grp:
+            raise OpGraphError(f"group: rank {rank} issues a collective on a group it is not in: {grp}")
+        split, nbytes = self._checked_split(split, grp)
+        if rows is not None:
+            rows = self._checked_rows(rows, grp, rank, split)
+        ops = self.ops
+        n = len(ops)
+        ops.append(Collective(n, rank, stream, self._deps(deps), name, "ep", layer, micro_batch, stage, "all_to_all",
+                              grp, float(nbytes), "auto", 1, split, rows))
+        return n
+
+    def _compute_parts(self, rank: int, parts: tuple[Kernel, ...], name: str, deps: Iterable[int], category: str,
+                       layer: int, micro_batch: int, stage: int, stream: str) -> int:
+        """:meth:`compute` of a coarsened op (``parts`` a tuple of kernels; no shape, no ``duration_s``, traffic
+        class ``compute``), positionally: the hot path of the MoE generators (three compute ops per layer pass
+        of every rank). The same checks, the same op."""
+        if not 0 <= rank < self.world_size:
+            self._check_rank(rank)
+        if category not in COMPUTE_CATEGORIES:
+            raise OpGraphError(f"category: {category!r} unknown; valid: {', '.join(COMPUTE_CATEGORIES)}")
+        cached = self._part_totals.get(id(parts))
+        if cached is None or cached[0] is not parts:
+            cached = self._part_totals[id(parts)] = (parts, sum(k.flops for k in parts), sum(k.nbytes for k in parts))
+        ops = self.ops
+        n = len(ops)
+        ops.append(Compute(n, rank, stream, self._deps(deps), name, "compute", layer, micro_batch, stage,
+                           float(cached[1]), float(cached[2]), category, None, None, parts))
         return n
 
     def _checked_rows(self, rows: Sequence[Sequence[float]], grp: tuple[int, ...], rank: int,

@@ -505,6 +505,7 @@ class _StepBuilder:
         self._moe_parts: dict[tuple, tuple] = {}
         # distinct balanced expert kernel sets, one object each (kept alive: _moe_parts keys by their ids)
         self._balanced_kernels: dict[tuple[Kernel, ...], tuple[Kernel, ...]] = {}
+        self._scale_plans: dict[int, list[tuple]] = {}  # id(balanced kernels) -> what _expert_parts reads of them
         self._unit_segments: dict[tuple, list[tuple[_Segment, Unit, str]]] = {}
         self._traces: dict[int, tuple[list[list[int]], list[Use], GatherSchedule]] = {}
 
@@ -860,7 +861,19 @@ class _StepBuilder:
         parts = self._moe_parts.get(key)
         if parts is None:
             tokens = self.par.micro_batch * self.train.seq_len * self.model.top_k
-            parts = self._moe_parts[key] = tuple(_scale_kernel(k, load / tokens, tokens) for k in balanced)
+            plan = self._scale_plans.get(id(balanced))
+            if plan is None:  # per kernel: its fields, and which of its dimensions are the tokens
+                plan = self._scale_plans[id(balanced)] = [
+                    (k.category, k.flops, k.nbytes, k.shape, k.batch,
+                     None if k.shape is None else tuple(d == tokens for d in k.shape)) for k in balanced]
+            # _scale_kernel of each kernel, unrolled: the same operations on the same values
+            factor = load / tokens
+            out = []
+            for category, flops, nbytes, shape, batch, scaled in plan:
+                if scaled is not None:
+                    shape = tuple(max(1, round(d * factor)) if s else d for d, s in zip(shape, scaled))
+                out.append(Kernel(category, flops * factor, nbytes * factor, shape, batch))
+            parts = self._moe_parts[key] = tuple(out)
         return parts
 
     def _ep_group(self, rank: int) -> tuple[tuple[int, ...], int]:
@@ -892,6 +905,8 @@ class _StepBuilder:
                  tuple(back),  # experts → owners
                  int(load))    # token slots this rank's experts compute
                 for out, back, load in zip(scaled.tolist(), scaled.T.tolist(), _column_sums(tokens))]
+            if scaled.dtype == np.float64 and not (scaled < 0).any():  # floats, none negative: checked here
+                self.graph._known_splits([row for out, back, _load in table for row in (out, back)])
         return group, e, table[e]
 
     def _ep_layouts_agree(self) -> bool:
@@ -984,46 +999,48 @@ class _StepBuilder:
             balanced = self._balanced_kernels.setdefault(balanced, balanced)  # one object per distinct set
             kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after), balanced,
                                                         *(_kernels(k) for k in shared))
-        tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage, "stream": COMPUTE_STREAM}
+        layer = seg.layer
         # off the compute stream: the exchanges are waited for explicitly
         apart = bool(shared) or stream is not None
-        a2a = dict(tags, stream=stream or ("ep" if shared else COMPUTE_STREAM))
-        hop = dict(tags, stream=f"{stream}_forward" if stream else "ep_forward")
+        a2a_stream = stream or ("ep" if shared else COMPUTE_STREAM)
+        hop_stream = f"{stream}_forward" if stream else "ep_forward"
         fwd = seg.phase == "F"
-        last = g.compute(rank, parts=kernels[1], name=f"{name}.pre", deps=deps, category="gemm", **tags)
+        # the hot ops by the graph's positional builders (the same checks and ops as compute / collective_op)
+        compute, alltoallv = g._compute_parts, g._alltoallv
+        last = compute(rank, kernels[1], f"{name}.pre", deps, "gemm", layer, mb, stage, COMPUTE_STREAM)
         last = self._emit_tp(rank, seg, name, last, mb, stage)
         yield last
-        first = g.collective_op(rank, "all_to_all", group, 0, split=out_row, rows=out_rows, traffic_class="ep",
-                                name=f"{name}.ep_{'dispatch' if fwd else 'combine_grad'}",
-                                deps=[last] if apart else (), **a2a)
+        first = alltoallv(rank, group, out_row, out_rows, f"{name}.ep_{'dispatch' if fwd else 'combine_grad'}",
+                          [last] if apart else (), a2a_stream, layer, mb, stage)
         wait: list[int] = [first] if apart else []
         if forward:  # DeepEP: the NVLink forwarding runs beside the RDMA hop (pipelined in chunks)
-            wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[0], rows=forward_rows[0],
-                                        traffic_class="ep",
-                                        name=f"{name}.ep_forward", deps=[last], **hop))
+            wait.append(alltoallv(rank, group, forward[0], forward_rows[0], f"{name}.ep_forward", [last], hop_stream,
+                                  layer, mb, stage))
         if shared:
-            yield g.compute(rank, parts=kernels[4], name=f"{name}.shared_1", category="gemm", **tags)
+            yield compute(rank, kernels[4], f"{name}.shared_1", (), "gemm", layer, mb, stage, COMPUTE_STREAM)
         if gather is not None:
             first = g.collective_op(rank, "all_gather", gather, load * self.model.hidden * self.dtype,
-                                    name=f"{name}.etp_gather", traffic_class="tp", deps=wait + [first], **a2a)
+                                    name=f"{name}.etp_gather", traffic_class="tp", deps=wait + [first],
+                                    layer=layer, micro_batch=mb, stage=stage,
+                                    stream=a2a_stream)
             wait = [first] if apart else []
-        done = g.compute(rank, parts=self._expert_parts(kernels[3], load), name=f"{name}.experts", category="gemm",
-                         deps=wait, **tags)
+        done = compute(rank, self._expert_parts(kernels[3], load), f"{name}.experts", wait, "gemm", layer, mb, stage,
+                       COMPUTE_STREAM)
         yield done
         if gather is not None:
             done = g.collective_op(rank, "reduce_scatter", gather, load * self.model.hidden * self.dtype,
-                                   name=f"{name}.etp_scatter", traffic_class="tp", deps=[done], **a2a)
-        second = g.collective_op(rank, "all_to_all", group, 0, split=back_row, rows=back_rows, traffic_class="ep",
-                                 name=f"{name}.ep_{'combine' if fwd else 'dispatch_grad'}",
-                                 deps=[done] if apart else (), **a2a)
+                                   name=f"{name}.etp_scatter", traffic_class="tp", deps=[done],
+                                   layer=layer, micro_batch=mb, stage=stage,
+                                   stream=a2a_stream)
+        second = alltoallv(rank, group, back_row, back_rows, f"{name}.ep_{'combine' if fwd else 'dispatch_grad'}",
+                           [done] if apart else (), a2a_stream, layer, mb, stage)
         wait = [second] if apart else []
         if forward:
-            wait.append(g.collective_op(rank, "all_to_all", group, 0, split=forward[1], rows=forward_rows[1],
-                                        traffic_class="ep",
-                                        name=f"{name}.ep_forward_back", deps=[done], **hop))
+            wait.append(alltoallv(rank, group, forward[1], forward_rows[1], f"{name}.ep_forward_back", [done],
+                                  hop_stream, layer, mb, stage))
         if shared:
-            yield g.compute(rank, parts=kernels[5], name=f"{name}.shared_2", category="gemm", **tags)
-        return g.compute(rank, parts=kernels[2], name=f"{name}.post", category="gemm", deps=wait, **tags)
+            yield compute(rank, kernels[5], f"{name}.shared_2", (), "gemm", layer, mb, stage, COMPUTE_STREAM)
+        return compute(rank, kernels[2], f"{name}.post", wait, "gemm", layer, mb, stage, COMPUTE_STREAM)
 
     def _tokens(self, layer: int, mb: int, draw: tuple) -> np.ndarray:
         """Tokens EP rank ``i`` sends to EP rank ``j`` in ``draw`` (:meth:`LayerRouting.rank_matrix`), made once
@@ -1059,11 +1076,15 @@ class _StepBuilder:
             out_token = per_token * (1 + 4 / 128) / self.dtype if self.fp8 else per_token
             # Every EP index's rows at once, as for the all-to-all (:meth:`_moe_rows_for`): the float64 products
             # are each ``float(x) * bytes per token`` exactly, the column sums of integer counts exact.
-            tables = [(first * out_token).tolist(), (first.T * per_token).tolist(), _column_sums(tokens)]
+            arrays = [first * out_token, first.T * per_token]
             if forward.any():  # an EP group inside one node has nothing to forward
-                tables += [(forward * out_token).tolist(), (forward.T * per_token).tolist()]
+                arrays += [forward * out_token, forward.T * per_token]
+            tables = [a.tolist() for a in arrays]
+            tables.insert(2, _column_sums(tokens))
             per_e = self._tables_of[key] = [(tuple(out), tuple(back), int(load), *(tuple(row) for row in more))
                                             for out, back, load, *more in zip(*tables)]
+            if all(a.dtype == np.float64 and not (a < 0).any() for a in arrays):  # floats, none negative
+                self.graph._known_splits([row for out, back, _load, *more in per_e for row in (out, back, *more)])
         return per_e[e]
 
     def _tp_group(self, rank: int) -> tuple[int, ...]:
