@@ -83,9 +83,8 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import chain, compress, repeat
+from itertools import chain, compress
 from operator import attrgetter, gt, itemgetter, lt, not_, truediv
 
 import numpy as np
@@ -115,8 +114,6 @@ _LAZY_STRIKES = 2  # a link found overloaded this often is never made lazy again
 _AGG_MIN = 16  # components of at least this many flows fold flows of equal rows into aggregates (see _Agg)
 _FEW_LINKS = 24  # calls over at most this many distinct links check and mark them in Python, not numpy
 _FEW_ENTRIES = 32  # replays of at most this many rate-log entries and busy intervals book them in Python
-_WIDE_ROUTE = 96  # distinct links; a flow on a route this long (a bulk all-to-all flow's) arrives and departs
-# with numpy over its links' demand, busy times and thresholds (see FlowNetwork._arrive_wide)
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
 
@@ -151,7 +148,7 @@ class _Route:
 
     __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of", "idx", "weights", "arrays",
                  "members", "cpairs", "cepoch", "wpairs", "lpairs", "larrays", "wepoch", "clinks", "wlinks",
-                 "ckeep", "wflags", "darray")
+                 "ckeep", "wflags")
 
     def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0,
                  weights: np.ndarray | None = None, members: int = 1, known: tuple | None = None) -> None:
@@ -169,7 +166,6 @@ class _Route:
         self.lpairs: tuple = ()  # cpairs of the lazy links, as of wepoch
         self.larrays: tuple | None = None  # lpairs as (link ids, crossings) arrays, made when first needed
         self.wepoch = -1
-        self.darray: np.ndarray | None = None  # demand as an array, made when first needed (wide routes)
         listed = links.tolist() if weights is None and isinstance(links, np.ndarray) else None
         if listed is not None and listed and len(set(listed)) == len(listed):
             # Every link distinct (the common case): what the general case below gives, without its cost
@@ -220,7 +216,6 @@ class _Route:
         route.links, route.idx, route.weights, route.members = links, idx, self.weights, self.members
         route.cpairs, route.cepoch, route.wpairs, route.lpairs, route.larrays, route.wepoch = (), -1, (), (), None, -1
         route.clinks, route.wlinks, route.ckeep, route.wflags = (), (), None, None
-        route.darray = self.darray
         route.ulinks, route.mults, route.arrays = self.ulinks, self.mults, self.arrays
         route.solo_rate, route.demand, route._mult_of = self.solo_rate, self.demand, self._mult_of
         return route
@@ -769,19 +764,14 @@ class FlowNetwork(_NetworkBase):
         _NetworkBase.__init__(self, env, capacity)
         # Active flows per link id, insertion-ordered (one persistent dict per link: no allocation per flow).
         self._on_link: list[dict[Flow, None]] = [{} for _ in self._cap]
-        # Per link, when it last became busy, and (below) its demand: flat arrays of doubles (Python float reads
-        # and writes per link) with numpy views (a wide route's links at once, _arrive_wide and _depart).
-        self._busy_since = array("d", bytes(8 * len(self._cap)))
-        self._busy_since_np = np.frombuffer(self._busy_since, dtype=float)
+        self._busy_since: list[float] = [0.0] * len(self._cap)
         # Sum over active flows of what they can ever ask of a link. A link whose demand stays within its
         # capacity can never saturate, so it constrains nobody and couples nobody: only *tight* links
         # (demand above capacity) enter the max-min problem and its connected components.
-        self._demand = array("d", bytes(8 * len(self._cap)))
-        self._demand_np = np.frombuffer(self._demand, dtype=float)
+        self._demand: list[float] = [0.0] * len(self._cap)
         # Tolerance: a link is slack while its demand is within 1e-9 of its capacity (so a flow alone on
         # its bottleneck is never "tight" through rounding); it can then be overloaded by at most 1e-9.
         self._tight_at: list[float] = [c * (1 + 1e-9) for c in self._cap]
-        self._tight_np = np.array(self._tight_at, dtype=float)  # the same, as an array (kept equal)
         # Dominated links (see _dominance): -1 no route seen yet, -2 not dominated, else the dominating link.
         self._dominator: list[int] = [-1] * len(self._cap)
         self._dominated = np.zeros(len(self._cap), dtype=bool)  # dominator >= 0, as an array (_session_key)
@@ -1449,7 +1439,6 @@ class FlowNetwork(_NetworkBase):
             t = inf if dominator[link] >= 0 or (c >= 0 and rep[c] != link) else cap[link] * (1 + 1e-9)
             if t != tight_at[link]:
                 tight_at[link] = t
-                self._tight_np[link] = t
                 bumped = True
         if bumped:
             self._epoch += 1
@@ -1545,12 +1534,6 @@ class FlowNetwork(_NetworkBase):
                 if flow.rec is not None:
                     flow.rec[0] = now
                 route = flow.route
-                if route.arrays is not None and len(route.ulinks) >= _WIDE_ROUTE:
-                    if self._arrive_wide(flow, now):
-                        seed_flows.append(flow)
-                    else:
-                        lonely.append(flow)
-                    continue
                 coupled = False
                 for link, d in zip(route.ulinks, route.demand):
                     flows = on_link[link]
@@ -1590,25 +1573,6 @@ class FlowNetwork(_NetworkBase):
             for join in joins:
                 join.on_done()
 
-    def _arrive_wide(self, flow: Flow, now: float) -> bool:
-        """Put an arriving ``flow`` on a wide route onto its links, as the arrival loop of :meth:`_update` does
-        link by link: the same demand and busy-since values (elementwise float adds of distinct links, with
-        numpy). Returns whether it came onto a link that was busy and is now tight."""
-        route = flow.route
-        ids = route.arrays[0]
-        d = route.darray
-        if d is None:
-            d = route.darray = np.array(route.demand, dtype=float)
-        dicts = list(map(self._on_link.__getitem__, route.ulinks))
-        was = np.fromiter(map(bool, dicts), dtype=bool, count=len(dicts))  # busy before it came
-        deque(map(dict.__setitem__, dicts, repeat(flow), repeat(None)), 0)
-        demand = self._demand_np
-        new = np.where(was, demand[ids] + d, d)
-        demand[ids] = new
-        if not was.all():
-            self._busy_since_np[ids[~was]] = now
-        return bool(count_nonzero((new > self._tight_np[ids]) & was))
-
     def _depart(self, flow: Flow, agg: _Agg | None, now: float, seeds: dict[int, None]) -> bool:
         """Take a finished ``flow`` (a member of ``agg``, or on its own) off its links: demand, busy time,
         and the tight links whose flows change company (into ``seeds``). Returns whether it shared a tight
@@ -1617,29 +1581,6 @@ class FlowNetwork(_NetworkBase):
         busy, busy_since = self.ledger._busy_acc, self._busy_since
         shared = False
         route = flow.route
-        if agg is None and route.arrays is not None and len(route.ulinks) >= _WIDE_ROUTE:
-            # A wide route: the loop below with numpy over its links (distinct), the same values.
-            ids = route.arrays[0]
-            d = route.darray
-            if d is None:
-                d = route.darray = np.array(route.demand, dtype=float)
-            dicts = list(map(on_link.__getitem__, route.ulinks))
-            deque(map(dict.__delitem__, dicts, repeat(flow)), 0)
-            left = np.fromiter(map(bool, dicts), dtype=bool, count=len(dicts))  # still busy
-            demand_np = self._demand_np
-            old = demand_np[ids]
-            stay = left & (old > self._tight_np[ids])  # tight before it leaves, flows stay
-            demand_np[ids] = np.where(left, old - d, 0.0)
-            if count_nonzero(stay):
-                seeds.update(dict.fromkeys(ids[stay].tolist()))
-                shared = True
-            if not left.all():
-                gone = ids[~left]
-                if seeds:
-                    for link in gone.tolist():
-                        seeds.pop(link, None)
-                self.ledger._busy_np[gone] += now - self._busy_since_np[gone]
-            return shared
         if agg is None:  # (the common case: a flow on its own, in a loop of its own)
             for link, d in zip(route.ulinks, route.demand):
                 flows = on_link[link]
