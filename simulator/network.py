@@ -148,7 +148,7 @@ class _Route:
 
     __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of", "idx", "weights", "arrays",
                  "members", "cpairs", "cepoch", "wpairs", "lpairs", "larrays", "wepoch", "clinks", "wlinks",
-                 "ckeep", "wflags", "split", "sepoch")
+                 "ckeep", "wflags")
 
     def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0,
                  weights: np.ndarray | None = None, members: int = 1, known: tuple | None = None) -> None:
@@ -166,8 +166,6 @@ class _Route:
         self.lpairs: tuple = ()  # cpairs of the lazy links, as of wepoch
         self.larrays: tuple | None = None  # lpairs as (link ids, crossings) arrays, made when first needed
         self.wepoch = -1
-        self.split: tuple = ()  # of a long route: its links that may be tight and the others (see FlowNetwork._split)
-        self.sepoch = -1  # ... as of this network epoch
         listed = links.tolist() if weights is None and isinstance(links, np.ndarray) else None
         if listed is not None and listed and len(set(listed)) == len(listed):
             # Every link distinct (the common case): what the general case below gives, without its cost
@@ -218,7 +216,6 @@ class _Route:
         route.links, route.idx, route.weights, route.members = links, idx, self.weights, self.members
         route.cpairs, route.cepoch, route.wpairs, route.lpairs, route.larrays, route.wepoch = (), -1, (), (), None, -1
         route.clinks, route.wlinks, route.ckeep, route.wflags = (), (), None, None
-        route.split, route.sepoch = (), -1
         route.ulinks, route.mults, route.arrays = self.ulinks, self.mults, self.arrays
         route.solo_rate, route.demand, route._mult_of = self.solo_rate, self.demand, self._mult_of
         return route
@@ -1532,44 +1529,22 @@ class FlowNetwork(_NetworkBase):
             arrivals += self._intrusions(arrivals)
         lonely: list[Flow] = []  # arrivals on slack links only: alone in their component (unless joined)
         if arrivals:
-            epoch = self._epoch
             for flow in arrivals:
                 flow.t0 = now
                 if flow.rec is not None:
                     flow.rec[0] = now
                 route = flow.route
                 coupled = False
-                if route.arrays is None:
-                    for link, d in zip(route.ulinks, route.demand):
-                        flows = on_link[link]
-                        if flows:
-                            dl = demand[link] = demand[link] + d
-                            if dl > tight_at[link]:
-                                coupled = True
-                        else:
-                            busy_since[link] = now
-                            demand[link] = d
-                        flows[flow] = None
-                else:  # a long route: the same, its links that can never be tight without the test
-                    tlinks, tdemand, olinks, odemand = route.split if route.sepoch == epoch else self._split(route)
-                    for link, d in zip(tlinks, tdemand):
-                        flows = on_link[link]
-                        if flows:
-                            dl = demand[link] = demand[link] + d
-                            if dl > tight_at[link]:
-                                coupled = True
-                        else:
-                            busy_since[link] = now
-                            demand[link] = d
-                        flows[flow] = None
-                    for link, d in zip(olinks, odemand):
-                        flows = on_link[link]
-                        if flows:
-                            demand[link] += d
-                        else:
-                            busy_since[link] = now
-                            demand[link] = d
-                        flows[flow] = None
+                for link, d in zip(route.ulinks, route.demand):
+                    flows = on_link[link]
+                    if flows:
+                        dl = demand[link] = demand[link] + d
+                        if dl > tight_at[link]:
+                            coupled = True
+                    else:
+                        busy_since[link] = now
+                        demand[link] = d
+                    flows[flow] = None
                 if coupled:
                     seed_flows.append(flow)
                 else:
@@ -1598,21 +1573,6 @@ class FlowNetwork(_NetworkBase):
             for join in joins:
                 join.on_done()
 
-    def _split(self, route: _Route) -> tuple:
-        """A long route's links split into those that may be tight (finite ``_tight_at``) and the others
-        (dominated links, twins left out: never tight until the epoch changes), each with its demand, in
-        route order: ``(links, demands, other links, their demands)``. Kept per route and epoch."""
-        ulinks, dem = route.ulinks, route.demand
-        flags = list(map(_INF.__ne__, map(self._tight_at.__getitem__, ulinks)))
-        if False not in flags:
-            split = (ulinks, dem, (), ())
-        else:
-            out = list(map(not_, flags))
-            split = (tuple(compress(ulinks, flags)), tuple(compress(dem, flags)),
-                     tuple(compress(ulinks, out)), tuple(compress(dem, out)))
-        route.split, route.sepoch = split, self._epoch
-        return split
-
     def _depart(self, flow: Flow, agg: _Agg | None, now: float, seeds: dict[int, None]) -> bool:
         """Take a finished ``flow`` (a member of ``agg``, or on its own) off its links: demand, busy time,
         and the tight links whose flows change company (into ``seeds``). Returns whether it shared a tight
@@ -1622,28 +1582,13 @@ class FlowNetwork(_NetworkBase):
         shared = False
         route = flow.route
         if agg is None:  # (the common case: a flow on its own, in a loop of its own)
-            if route.arrays is None:
-                tlinks, tdemand, olinks, odemand = route.ulinks, route.demand, (), ()
-            else:  # a long route: its links that can never be tight without the test (links are distinct: the
-                # same values, and the same seeds in the same order)
-                tlinks, tdemand, olinks, odemand = route.split if route.sepoch == self._epoch else self._split(route)
-            for link, d in zip(tlinks, tdemand):
+            for link, d in zip(route.ulinks, route.demand):
                 flows = on_link[link]
                 del flows[flow]
                 if flows:
                     if demand[link] > tight_at[link]:  # (tight before it leaves)
                         seeds[link] = None
                         shared = True
-                    demand[link] -= d
-                else:
-                    demand[link] = 0.0
-                    if seeds:
-                        seeds.pop(link, None)
-                    busy[link] += now - busy_since[link]
-            for link, d in zip(olinks, odemand):
-                flows = on_link[link]
-                del flows[flow]
-                if flows:
                     demand[link] -= d
                 else:
                     demand[link] = 0.0
