@@ -1,10 +1,10 @@
 """Wide routes (a bulk all-to-all flow crosses ~170 links) through FlowNetwork's long-route paths.
 
-A route of at least ``_LONG_ROUTE`` distinct links arrives and departs with its links that can never be
-tight (dominated links) walked apart from the others, and its arrival skips the intrusion loop when no
-other session holds its links. Neither may change a finish time, a link's bytes or its busy time: the
-checks are against the global max-min re-solve at every event (``test_flow_network.reference_finish_times``),
-against busy time as the union of the flows' spans per link, and against the network without replays.
+A route of at least ``_LONG_ROUTE`` distinct links keeps numpy copies of its links; its arrival skips the
+intrusion loop when numpy finds none of them held by another session. Wide routes whose faster links are
+dominated (never tight) must give the finish times of the global max-min re-solve at every event
+(``test_flow_network.reference_finish_times``), busy time as the union of the flows' spans per link, and
+with replays cut short by intruders, what the network without replays gives.
 """
 
 import numpy as np
