@@ -2071,9 +2071,15 @@ class FlowNetwork(_NetworkBase):
         not kept, a replaying one is made real now. Returns flows the replays admit at this instant."""
         owner, sessions = self._owner, self._sessions
         extra: list[Flow] = []
+        owner_np = self._owner_np
         for flow in arrivals:
             mine = 0 if flow.session is None else flow.session.sid
-            for link in flow.route.ulinks:
+            route = flow.route
+            if route.arrays is not None:  # a long route: the loop below only if it would find something
+                held = owner_np[route.arrays[0]]
+                if not count_nonzero((held != mine) & (held != 0) if mine else held):
+                    continue
+            for link in route.ulinks:
                 sid = owner[link]
                 if sid and sid != mine:
                     other = sessions[sid]
