@@ -397,6 +397,8 @@ class _Session:
     Replaying: no flows exist; one late event at ``t0 + duration`` books everything the recorded flows
     did, unless another flow comes onto one of the links first (then the flows are made real, in the
     state the trajectory says, and go on as any flow: :meth:`FlowNetwork._materialize`).
+    Joint (``parts``): several calls started at its instant on its links, recorded and replayed together,
+    each told at its own end (:meth:`FlowNetwork._attach`).
     """
 
     __slots__ = ("key", "t0", "left", "tainted", "flows", "traj", "specs", "traffic_class", "join", "done",
@@ -417,7 +419,7 @@ class _Session:
         self.join: _Join | None = None
         self.done = False
         self.budget = _MEMO_RATE_CHANGES  # rate changes it may still record
-        self.call: _Call | None = None  # while replaying: the call's cached facts
+        self.call: _Call | None = None  # the (first) call's cached facts
         self.held = False  # whether it still holds its links (all of them: they were free when it took them)
         # A joint session (several calls started at this instant on shared links): its calls (_Part),
         # whether no flow of it can have been admitted yet (another call starting now may still join it),
@@ -907,7 +909,8 @@ class FlowNetwork(_NetworkBase):
         flow comes onto one of its links first, its flows are made real in the recorded state at that
         instant and go on as if they had been simulated all along (:meth:`_materialize`). Exact: an
         isolated call's flows follow the same trajectory whenever it starts (up to the rounding of the
-        time shift, ~1e-16 s).
+        time shift, ~1e-16 s). Calls started at one instant on shared links hold them as one session,
+        recorded and replayed together (:meth:`_attach`).
         """
         env = self.env
         now = env.now
