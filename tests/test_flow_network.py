@@ -51,7 +51,9 @@ def reference_finish_times(flows, capacity, weights=None):
     return finish
 
 
-def network_finish_times(flows, capacity, weights=None):
+def network_finish_times(flows, capacity, weights=None, with_network=False):
+    """Finish time of every ``(start_s, links, nbytes)`` flow on a FlowNetwork (``weights[i]``: flow i's entry
+    weights, or None); with the network too if ``with_network``."""
     env = simpy.Environment()
     net = FlowNetwork(env, capacity)
     finish = [None] * len(flows)
@@ -60,7 +62,7 @@ def network_finish_times(flows, capacity, weights=None):
         yield env.timeout(start)
         links = np.array(links)
         if weights is not None:
-            net.declare(links, 1, weights[i])
+            net.declare(links, 1, np.asarray(weights[i], dtype=float))
         done = net.transfer(links, nbytes, 0.0, "x")
         yield done
         finish[i] = env.now
@@ -68,7 +70,7 @@ def network_finish_times(flows, capacity, weights=None):
     for i, (start, links, nbytes) in enumerate(flows):
         env.process(launch(i, start, links, nbytes))
     env.run()
-    return finish
+    return (finish, net) if with_network else finish
 
 
 def random_flows(rng, num_links, num_flows, simultaneous):
@@ -167,6 +169,31 @@ def test_components_of_the_same_shape_share_one_solve_and_keep_their_finish_time
     assert net.shape_hits > 0 and net.component_solves > 0
 
 
+def _replays_match(calls, capacity):
+    """Run ``calls`` with and without replays; assert every finish time, every link's bytes and busy time
+    agree (the network without replays simulates every flow: the truth replays must reproduce). Returns both
+    networks (with, without)."""
+    got, net = _calls_finish_times(calls, capacity, replay=True)
+    expected, ref = _calls_finish_times(calls, capacity, replay=False)
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    assert net.ledger.bytes == pytest.approx(ref.ledger.bytes, rel=1e-9)
+    assert net.ledger.busy_s == pytest.approx(ref.ledger.busy_s, rel=1e-9, abs=1e-9)
+    assert net.ledger.flows_completed == ref.ledger.flows_completed and ref.replays == 0
+    return net, ref
+
+
+def _intruders(rng, num_links, periods):
+    """One or two single-flow calls (10-30 B over 1-2 of ``num_links`` links, no latency) at random instants of
+    each 100 s period of ``periods``: they cut short whatever replay holds their links then."""
+    calls = []
+    for k in periods:
+        for _ in range(int(rng.integers(1, 3))):
+            links = rng.choice(num_links, size=rng.integers(1, 3), replace=False)
+            spec = (links, float(rng.integers(1, 4)) * 10.0, 0.0, 1.0)
+            calls.append((100.0 * k + float(rng.uniform(0, 12)), (spec,)))
+    return calls
+
+
 def _calls_finish_times(calls, capacity, replay):
     """Finish time of every ``(start_s, specs)`` call of :meth:`FlowNetwork.start_flows`, and the network."""
     env = simpy.Environment()
@@ -198,17 +225,9 @@ def test_replayed_calls_finish_as_simulated_ones_even_when_cut_short(seed):
     call = tuple((rng.choice(num_links, size=rng.integers(1, 4), replace=False), float(rng.integers(1, 6)) * 10.0,
                   float(rng.choice([0.0, 0.5, 1.5])), 1.0) for _ in range(6))
     calls = [(100.0 * k, call) for k in range(10)]
-    for k in rng.choice(10, size=4, replace=False):
-        for _ in range(int(rng.integers(1, 3))):
-            links = rng.choice(num_links, size=rng.integers(1, 3), replace=False)
-            spec = (links, float(rng.integers(1, 4)) * 10.0, 0.0, 1.0)
-            calls.append((100.0 * k + float(rng.uniform(0, 12)), (spec,)))
-    got, net = _calls_finish_times(calls, capacity, replay=True)
-    expected, ref = _calls_finish_times(calls, capacity, replay=False)
-    assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
-    assert net.ledger.bytes == pytest.approx(ref.ledger.bytes, rel=1e-9)
-    assert net.ledger.busy_s == pytest.approx(ref.ledger.busy_s, rel=1e-9, abs=1e-9)
-    assert net.replays >= 5 and net.materialized >= 1 and ref.replays == 0
+    calls += _intruders(rng, num_links, rng.choice(10, size=4, replace=False))
+    net, _ref = _replays_match(calls, capacity)
+    assert net.replays >= 5 and net.materialized >= 1
 
 
 def _finish_times(flows, capacity, **options):
@@ -402,18 +421,9 @@ def test_calls_started_together_on_shared_links_replay_as_simulated_ones(seed):
     a, b, b2, c = (_random_call(rng, num_links, n) for n in (4, 3, 3, 2))
     groups = [(a, b)] * 6 + [(a,), (a, b2), (a, b, c), (a, b)] * 2
     calls = [(100.0 * k, call) for k, group in enumerate(groups) for call in group]
-    for k in rng.choice(len(groups), size=5, replace=False):
-        for _ in range(int(rng.integers(1, 3))):
-            links = rng.choice(num_links, size=rng.integers(1, 3), replace=False)
-            spec = (links, float(rng.integers(1, 4)) * 10.0, 0.0, 1.0)
-            calls.append((100.0 * k + float(rng.uniform(0, 12)), (spec,)))
-    got, net = _calls_finish_times(calls, capacity, replay=True)
-    expected, ref = _calls_finish_times(calls, capacity, replay=False)
-    assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
-    assert net.ledger.bytes == pytest.approx(ref.ledger.bytes, rel=1e-9)
-    assert net.ledger.busy_s == pytest.approx(ref.ledger.busy_s, rel=1e-9, abs=1e-9)
-    assert net.ledger.flows_completed == ref.ledger.flows_completed
-    assert net.replays >= 4 and ref.replays == 0
+    calls += _intruders(rng, num_links, rng.choice(len(groups), size=5, replace=False))
+    net, _ref = _replays_match(calls, capacity)
+    assert net.replays >= 4
 
 
 def test_two_calls_started_together_by_hand():

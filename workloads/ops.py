@@ -275,15 +275,7 @@ class OpGraph:
             self._check_rank(rank)
         if collective not in COLLECTIVE_KINDS:
             raise OpGraphError(f"collective: {collective!r} unknown; valid: {', '.join(COLLECTIVE_KINDS)}")
-        grp = tuple(group)
-        if grp not in self._valid_groups:
-            if len(set(grp)) != len(grp) or not grp:
-                raise OpGraphError(f"group: must be a non-empty list of distinct ranks, got {grp}")
-            for r in grp:
-                self._check_rank(r, "group")
-            self._valid_groups.add(grp)
-        if rank not in grp:
-            raise OpGraphError(f"group: rank {rank} issues a collective on a group it is not in: {grp}")
+        grp = self._checked_group(rank, tuple(group))
         if nbytes < 0:
             raise OpGraphError(f"nbytes: must be >= 0, got {nbytes}")
         if count < 1:
@@ -300,6 +292,18 @@ class OpGraph:
                               micro_batch, stage, collective, grp, float(nbytes), algorithm, int(count), split,
                               rows))
         return n
+
+    def _checked_group(self, rank: int, grp: tuple[int, ...]) -> tuple[int, ...]:
+        """``grp``, checked (once per distinct group): non-empty distinct ranks of this graph, ``rank`` among them."""
+        if grp not in self._valid_groups:
+            if len(set(grp)) != len(grp) or not grp:
+                raise OpGraphError(f"group: must be a non-empty list of distinct ranks, got {grp}")
+            for r in grp:
+                self._check_rank(r, "group")
+            self._valid_groups.add(grp)
+        if rank not in grp:
+            raise OpGraphError(f"group: rank {rank} issues a collective on a group it is not in: {grp}")
+        return grp
 
     def _checked_split(self, split: Sequence[float], grp: tuple[int, ...]) -> tuple[tuple[float, ...], float]:
         """``split`` of an alltoallv as a tuple of floats and its sum, checked once per tuple object (a
@@ -333,15 +337,7 @@ class OpGraph:
         exchanges per layer pass of every rank). The same checks, the same op."""
         if not 0 <= rank < self.world_size:
             self._check_rank(rank)
-        grp = group if type(group) is tuple else tuple(group)
-        if grp not in self._valid_groups:
-            if len(set(grp)) != len(grp) or not grp:
-                raise OpGraphError(f"group: must be a non-empty list of distinct ranks, got {grp}")
-            for r in grp:
-                self._check_rank(r, "group")
-            self._valid_groups.add(grp)
-        if rank not in grp:
-            raise OpGraphError(f"group: rank {rank} issues a collective on a group it is not in: {grp}")
+        grp = self._checked_group(rank, group if type(group) is tuple else tuple(group))
         split, nbytes = self._checked_split(split, grp)
         if rows is not None:
             rows = self._checked_rows(rows, grp, rank, split)
