@@ -166,8 +166,11 @@ def _best_time(model: GemmModel, m: int, n: int, k: int, batch: int) -> tuple[fl
 
 BLOCK = 512
 """Shapes timed together, along the one dimension that varies (:func:`_time`)."""
-VECTOR_AFTER = 4
-"""Distinct shapes of one block timed one by one before the whole block is timed at once."""
+VECTOR_AFTER = 32
+"""Distinct shapes of one block timed one by one before the whole block is timed at once (a block costs about
+as much as 33 shapes timed one by one: measured in review)."""
+_MODELS = 8  # models whose times are kept (then all forgotten at once)
+_ENTRIES = 1 << 20  # shapes looked up plus shapes timed in blocks, per model (then all forgotten at once)
 _EXACT = float(2 ** 53)  # integers below this are exact doubles: Python's and numpy's arithmetic then agree
 
 
@@ -195,7 +198,7 @@ def _time(model: GemmModel, m: int, n: int, k: int, batch: int) -> float:
     :func:`_block_times`, which does :func:`_best_time`'s arithmetic element by element (the same results)."""
     st = _TIMES.get(id(model))
     if st is None or st.model is not model:
-        if len(_TIMES) >= 64:
+        if len(_TIMES) >= _MODELS:
             _TIMES.clear()
         st = _TIMES[id(model)] = _Times(model)
     key = (m, n, k, batch)
@@ -203,7 +206,7 @@ def _time(model: GemmModel, m: int, n: int, k: int, batch: int) -> float:
     t = times.get(key)
     if t is not None:
         return t
-    if len(times) >= 1 << 20:
+    if len(times) + BLOCK * len(st.blocks) >= _ENTRIES:
         times.clear()
         st.blocks.clear()
         st.misses.clear()
@@ -224,6 +227,9 @@ def _time(model: GemmModel, m: int, n: int, k: int, batch: int) -> float:
         if seen <= VECTOR_AFTER:
             continue
         index = where[4]
+        if (index + 1) * BLOCK >= _EXACT:  # beyond int64's exact doubles: shape by shape
+            misses[where] = -(1 << 62)
+            continue
         values = np.arange(index * BLOCK, (index + 1) * BLOCK, dtype=np.int64)
         values[0] = max(1, index * BLOCK)  # (block 0: 0 is never asked for, 1 stands in its place)
         dims: list = [m, n, k]
@@ -250,9 +256,17 @@ def _block_times(model: GemmModel, m, n, k, batch: int) -> np.ndarray | None:
     hi = [int(d.max()) if isinstance(d, np.ndarray) else d for d in (m, n, k)]
     lo = [int(d.min()) if isinstance(d, np.ndarray) else d for d in (m, n, k)]
     if min(lo) < 1 or batch < 1 or sm_count < 1 or not all(rate > 0 for _tm, _tn, rate in rates) \
+            or not model.hbm_bandwidth > 0 \
             or float(batch) * hi[0] * hi[1] * max(hi[2], 2 * SPLITS[-1] * PARTIAL_BYTES + model.dtype_bytes,
                                                   k_overhead + 1) * SPLITS[-1] >= _EXACT:
         return None
+    with np.errstate(over="ignore", invalid="ignore"):  # (Python's floats overflow to inf without a word)
+        return _candidate_times(model, rates, m, n, k, batch)
+
+
+def _candidate_times(model: GemmModel, rates: list, m, n, k, batch: int) -> np.ndarray:
+    """:func:`_block_times`' arithmetic, its inputs checked."""
+    sm_count, k_overhead = model.sm_count, model.k_overhead
     ceil, i64 = np.ceil, np.int64
     # one row per tile: (tiles, 1) columns broadcast against the shapes
     tm = np.array([[r[0]] for r in rates], dtype=i64)

@@ -55,11 +55,21 @@ def test_time_after_the_blocks_take_over():
     equals the scalar model shape by shape."""
     model = dataclasses.replace(MODELS[1], efficiency=0.7)  # a model object of this test's own
     rng = np.random.default_rng(7)
-    for m in rng.integers(1, 70000, 3000).tolist():
+    for m in rng.integers(1, 8000, 3000).tolist():  # ~190 shapes per block of 512: past VECTOR_AFTER
         for n, k in ((4096, 7168), (7168, 2048)):
             assert model.time(m, n, k) == _best_time(model, m, n, k, 1)[0]
             assert model.time(n, k, m) == _best_time(model, n, k, m, 1)[0]  # the token count as k (wgrad)
-    assert gemm_module._TIMES[id(model)].times  # the blocks were used
+    assert gemm_module._TIMES[id(model)].blocks  # the blocks were used
+
+
+def test_time_of_shapes_past_int64_stays_the_scalar_models():
+    """Dimensions past 2**63 (an imported graph's shapes are not bounded) are timed shape by shape, past the
+    point where a block would be, as the scalar model times them (review: numpy's int64 range overflowed)."""
+    model = dataclasses.replace(MODELS[0], efficiency=0.71)
+    for i in range(gemm_module.VECTOR_AFTER + 3):
+        m = 2**64 + i
+        assert model.time(m, 4096, 4096) == _best_time(model, m, 4096, 4096, 1)[0]
+        assert model.time(4096, 4096, 2**63 + i) == _best_time(model, 4096, 4096, 2**63 + i, 1)[0]
 
 
 KERNELS = [
