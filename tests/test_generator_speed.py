@@ -136,8 +136,8 @@ def test_positional_builders_make_the_same_ops():
     (lambda g: g._alltoallv(0, (0, 0), (1.0, 1.0), None, "x", (), "ep", 0, 0, 0), "group: must be a non-empty"),
     (lambda g: g._alltoallv(0, (0, 9), (1.0, 1.0), None, "x", (), "ep", 0, 0, 0), "group: 9 is outside"),
     (lambda g: g._alltoallv(1, (0, 2), (1.0, 1.0), None, "x", (), "ep", 0, 0, 0), "group: rank 1 issues"),
-    (lambda g: g._alltoallv(0, (0, 2), (1.0, -1.0), None, "x", (), "ep", 0, 0, 0), "split: need 2 non-negative"),
-    (lambda g: g._alltoallv(0, (0, 2), (1.0,), None, "x", (), "ep", 0, 0, 0), "split: need 2 non-negative"),
+    (lambda g: g._alltoallv(0, (0, 2), (1.0, -1.0), None, "x", (), "ep", 0, 0, 0), "split: need 2 finite non-negative"),
+    (lambda g: g._alltoallv(0, (0, 2), (1.0,), None, "x", (), "ep", 0, 0, 0), "split: need 2 finite non-negative"),
     (lambda g: g._alltoallv(0, (0, 2), (1.0, 1.0), ((1.0, 2.0), (0.0, 0.0)), "x", (), "ep", 0, 0, 0),
      "rows: row 0 (rank 0's own) differs"),
 ])
@@ -153,5 +153,5 @@ def test_known_splits_still_checked_against_the_group():
     g._known_splits([row])
     op = g.ops[g._alltoallv(0, (0, 1, 2), row, None, "x", (), "ep", 0, 0, 0)]
     assert op.split == row and op.nbytes == 6.0
-    with pytest.raises(OpGraphError, match="split: need 2 non-negative"):
+    with pytest.raises(OpGraphError, match="split: need 2 finite non-negative"):
         g._alltoallv(0, (0, 1), row, None, "x", (), "ep", 0, 0, 0)

@@ -85,3 +85,21 @@ def test_out_of_range_coordinates_name_the_dimension():
             lay.rank(**{dim: value})
     with pytest.raises(ConfigError, match="rank: 8"):
         lay.coords(8)
+
+
+@pytest.mark.parametrize("build, field", [
+    (lambda g: g.collective_op(0, "all_to_all", (0, 1), 0, split=("a", 1.0)), "split"),
+    (lambda g: g.collective_op(0, "all_to_all", (0, 1), 0, split=5), "split"),
+    (lambda g: g.collective_op(0, "all_to_all", (0, 1), 0, split=(float("nan"), 1.0)), "split"),
+    (lambda g: g.collective_op(0, "all_to_all", (0, 1), 0, split=(float("inf"), 1.0)), "split"),
+    (lambda g: g.collective_op(0, "all_reduce", (0, "x"), 8), "group"),
+    (lambda g: g.collective_op(0, "all_reduce", 3, 8), "group"),
+    (lambda g: g.compute(0, parts=(Kernel("gemm", -1.0, 0.0),)), "parts"),
+    (lambda g: g.compute(0, parts=(Kernel("gemm", float("nan"), 0.0),)), "parts"),
+])
+def test_malformed_splits_groups_and_kernels_get_one_line_errors(build, field):
+    # Found in review: these raised a TypeError or ValueError traceback, or were taken silently (a NaN size
+    # made the collective's bytes NaN; a kernel of -1 FLOPs was recorded as such).
+    with pytest.raises(OpGraphError, match=field) as info:
+        build(OpGraph(4))
+    assert "\n" not in str(info.value)

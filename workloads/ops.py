@@ -25,8 +25,10 @@ Semantics the engine relies on
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from numbers import Integral
 
 COLLECTIVE_KINDS = (
     "all_reduce",
@@ -239,11 +241,7 @@ class OpGraph:
             raise OpGraphError(f"duration_s: must be >= 0, got {duration_s}")
         if parts is not None:
             parts = parts if isinstance(parts, tuple) else tuple(parts)
-            cached = self._part_totals.get(id(parts))
-            if cached is None or cached[0] is not parts:
-                cached = self._part_totals[id(parts)] = (parts, sum(k.flops for k in parts),
-                                                         sum(k.nbytes for k in parts))
-            flops, nbytes = cached[1], cached[2]
+            flops, nbytes = self._part_sums(parts, name)
         ops = self.ops
         n = len(ops)
         # positional, in field order (Op's, then Compute's): the builders run once per op of every rank
@@ -275,7 +273,7 @@ class OpGraph:
             self._check_rank(rank)
         if collective not in COLLECTIVE_KINDS:
             raise OpGraphError(f"collective: {collective!r} unknown; valid: {', '.join(COLLECTIVE_KINDS)}")
-        grp = self._checked_group(rank, tuple(group))
+        grp = self._checked_group(rank, tuple(group) if isinstance(group, Iterable) else (group,))
         if nbytes < 0:
             raise OpGraphError(f"nbytes: must be >= 0, got {nbytes}")
         if count < 1:
@@ -293,10 +291,22 @@ class OpGraph:
                               rows))
         return n
 
+    def _part_sums(self, parts: tuple[Kernel, ...], name: str) -> tuple[float, float]:
+        """FLOPs and bytes of a coarsened op's kernels, checked and summed once per tuple object (a generator
+        hands one cached tuple to many ops): every kernel's FLOPs and bytes finite and non-negative."""
+        cached = self._part_totals.get(id(parts))
+        if cached is None or cached[0] is not parts:
+            for k in parts:
+                if not (isinstance(k, Kernel) and 0 <= k.flops < math.inf and 0 <= k.nbytes < math.inf):
+                    raise OpGraphError(f"compute {name!r}: parts must be Kernels of finite, non-negative flops "
+                                       f"and nbytes, got {k!r}")
+            cached = self._part_totals[id(parts)] = (parts, sum(k.flops for k in parts), sum(k.nbytes for k in parts))
+        return cached[1], cached[2]
+
     def _checked_group(self, rank: int, grp: tuple[int, ...]) -> tuple[int, ...]:
         """``grp``, checked (once per distinct group): non-empty distinct ranks of this graph, ``rank`` among them."""
         if grp not in self._valid_groups:
-            if len(set(grp)) != len(grp) or not grp:
+            if len(set(grp)) != len(grp) or not grp or not all(isinstance(r, Integral) for r in grp):
                 raise OpGraphError(f"group: must be a non-empty list of distinct ranks, got {grp}")
             for r in grp:
                 self._check_rank(r, "group")
@@ -312,10 +322,15 @@ class OpGraph:
         if checked is not None and checked[0] is split and len(split) == len(grp):
             return checked[1], checked[2]  # the same tuple again (a generator's cached row)
         given = split
-        split = tuple(map(float, split))
+        try:
+            split = tuple(map(float, split))
+        except (TypeError, ValueError):
+            split = None
         # (0.0).__gt__ is ``x < 0`` per size, run in C: MoE steps check tens of thousands of rows
-        if len(split) != len(grp) or any(map((0.0).__gt__, split)):
-            raise OpGraphError(f"split: need {len(grp)} non-negative sizes (one per group member), got {split}")
+        if split is None or len(split) != len(grp) or any(map((0.0).__gt__, split)) \
+                or not all(map(math.isfinite, split)):
+            raise OpGraphError(f"split: need {len(grp)} finite non-negative sizes (one per group member), "
+                               f"got {given!r}")
         nbytes = sum(split)
         if isinstance(given, tuple):
             self._valid_splits[id(given)] = (given, split, nbytes)
@@ -356,13 +371,11 @@ class OpGraph:
             self._check_rank(rank)
         if category not in COMPUTE_CATEGORIES:
             raise OpGraphError(f"category: {category!r} unknown; valid: {', '.join(COMPUTE_CATEGORIES)}")
-        cached = self._part_totals.get(id(parts))
-        if cached is None or cached[0] is not parts:
-            cached = self._part_totals[id(parts)] = (parts, sum(k.flops for k in parts), sum(k.nbytes for k in parts))
+        flops, nbytes = self._part_sums(parts, name)
         ops = self.ops
         n = len(ops)
         ops.append(Compute(n, rank, stream, self._deps(deps), name, "compute", layer, micro_batch, stage,
-                           float(cached[1]), float(cached[2]), category, None, None, parts))
+                           float(flops), float(nbytes), category, None, None, parts))
         return n
 
     def _checked_rows(self, rows: Sequence[Sequence[float]], grp: tuple[int, ...], rank: int,
