@@ -170,8 +170,9 @@ def match_ops(graph: OpGraph) -> dict[int, tuple]:
     return _match(graph)[0]
 
 
-def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]]]:
-    """:func:`match_ops`'s keys, and every key's ops in order of first appearance (checked as it says)."""
+def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]], dict[tuple, tuple[str, list[int]]]]:
+    """:func:`match_ops`'s keys, every key's ops in order of first appearance (checked as it says), and every
+    collective group's :func:`group_shape`."""
     replicas = _replicas(graph)
     counters: dict[tuple, int] = {}
     keys: dict[int, tuple] = {}
@@ -193,13 +194,14 @@ def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]]]:
         keys[op.id] = key
         members.setdefault(key, []).append(op)
     problems = []
-    shapes: dict[tuple, list[int]] = {}
+    shapes: dict[tuple, tuple[str, list[int]]] = {}
     for key, ops in members.items():
         first = ops[0]
         if key[0] == "c":
-            need = shapes.get(key[1])
-            if need is None:
-                need = shapes[key[1]] = group_shape(key[1], replicas)[1]
+            shape = shapes.get(key[1])
+            if shape is None:
+                shape = shapes[key[1]] = group_shape(key[1], replicas)
+            need = shape[1]
             present = {o.rank for o in ops}
             if first.split is not None:
                 _check_rows(ops, key[1], len(need) < len(key[1]))
@@ -228,7 +230,7 @@ def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]]]:
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise DeadlockError("deadlock: " + "; ".join(problems[:5]) + more)
-    return keys, members
+    return keys, members, shapes
 
 
 def _check_rows(ops: list[Op], group: tuple[int, ...], absent: bool) -> None:
@@ -248,26 +250,22 @@ def _check_rows(ops: list[Op], group: tuple[int, ...], absent: bool) -> None:
                                f"another member's rows or split")
 
 
-def _slots(members: dict[tuple, list[Op]], n: int, replicas: dict[int, tuple[int, ...]] | None
+def _slots(members: dict[tuple, list[Op]], shapes: dict[tuple, tuple[str, list[int]]], n: int
            ) -> tuple[list[int], list[tuple], list[int], list[str]]:
-    """Number the rendezvous keys of :func:`match_ops` (``members``: key -> its ops, in order of first
-    appearance): returns per op id its slot (-1: a compute op), per slot its key, how many ops meet there (a
-    collective's issuing members, 2 for a send and its recv) and, for a collective, how it runs
-    (:func:`group_shape`'s first item; "" for point-to-point)."""
+    """Number the rendezvous keys of :func:`_match` (``members``: key -> its ops, in order of first
+    appearance; ``shapes``: group -> :func:`group_shape`): returns per op id its slot (-1: a compute op), per
+    slot its key, how many ops meet there (a collective's issuing members, 2 for a send and its recv) and, for
+    a collective, how it runs (:func:`group_shape`'s first item; "" for point-to-point)."""
     slot = [-1] * n
     need: list[int] = []
     shape_of: list[str] = []
-    by_group: dict[tuple[int, ...], tuple[str, int]] = {}
     for s, (key, ops) in enumerate(members.items()):
         for op in ops:
             slot[op.id] = s
         if key[0] == "c":
-            shape = by_group.get(key[1])
-            if shape is None:
-                kind, issuers = group_shape(key[1], replicas)
-                shape = by_group[key[1]] = (kind, len(issuers))
-            shape_of.append(shape[0])
-            need.append(shape[1])
+            kind, issuers = shapes[key[1]]
+            shape_of.append(kind)
+            need.append(len(issuers))
         else:
             shape_of.append("")
             need.append(2)
@@ -325,7 +323,7 @@ class Engine:
                     raise OpGraphError(f"{_describe(op)}: rank {op.rank} is not a representative of this graph")
         # Every rendezvous key as a small int (its slot) and what it waits for, found once here: the hot path
         # below then hashes no tuples (a collective's key holds its group).
-        slot, slot_keys, need, shape_of = _slots(_match(graph)[1], n, replicas)
+        slot, slot_keys, need, shape_of = _slots(*_match(graph)[1:], n)
         env, fabric, compute = self.env, self.fabric, self.compute
         network = fabric.network
 
@@ -432,11 +430,11 @@ class Engine:
             if len(group) < need[s]:
                 return
             del arrived[s]
+            ids = [o.id for o in group]
+            for j in ids:
+                start_s[j] = now
             if op.kind == "collective":
                 shape = shape_of[s]
-                ids = [o.id for o in group]
-                for j in ids:
-                    start_s[j] = now
                 fabric.collectives_run += 1
                 done = _Countdown(1, finish, ids)
                 matrix = None
@@ -463,9 +461,6 @@ class Engine:
                         for p in plans:
                             fabric.run_phases(p, op.traffic_class, done.tick)
                 return
-            ids = [o.id for o in group]
-            for j in ids:
-                start_s[j] = now
             send = group[0] if group[0].kind == "send" else group[1]
             # The same send (every micro-batch's activations between two stages) recurs: its flows, one per
             # replica pair, are built once; handing the network the same tuple lets it find the call's shape

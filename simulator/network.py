@@ -1196,20 +1196,27 @@ class FlowNetwork(_NetworkBase):
     def _replay(self, session: _Session, traj: _Trajectory, call: _Call, traffic_class: str,
                 join: _Join) -> None:
         """Book ``traj`` for this call at ``t0 + duration`` unless another flow comes first."""
-        session.traj = traj
-        session.specs = call.specs
-        session.call = call
-        session.traffic_class = traffic_class
-        session.join = join
-        session.open = True
+        self._replaying(session, traj, call, traffic_class, join)
         self.replays += 1
+        self._pending_seq += 1
+        end = self.env.now + traj.duration
+        heapq.heappush(self._replays_due, (end, self._pending_seq, session))
+        self._wake(end)
+
+    def _replaying(self, session: _Session, traj: _Trajectory, call: _Call, traffic_class: str,
+                   join: _Join) -> None:
+        """Make ``session`` replay ``traj`` for ``call`` (no flow of it exists, so a call starting now may
+        still join it) and start the call's latency-bound flows, which are never recorded."""
+        session.traj = traj
+        session.call, session.specs, session.traffic_class, session.join = call, call.specs, traffic_class, join
+        session.open = True
+        self._start_tiny(call, traffic_class, join)
+
+    def _start_tiny(self, call: _Call, traffic_class: str, join: _Join) -> None:
+        """Start the latency-bound flows of a call whose other flows are replayed or wait (:meth:`_tiny`)."""
         now = self.env.now
         for route, nbytes, latency_s, payload in call.tiny:
             self._tiny(Flow(route, nbytes, payload, traffic_class, join, now), latency_s, nbytes / route.solo_rate)
-        self._pending_seq += 1
-        end = now + traj.duration
-        heapq.heappush(self._replays_due, (end, self._pending_seq, session))
-        self._wake(end)
 
     # ------------------------------------------------------ joint sessions
     # DeepEP starts its NVLink forwarding at the instant it starts the RDMA hop, over links the hop's flows
@@ -1283,23 +1290,18 @@ class FlowNetwork(_NetworkBase):
             joint, i = session.traj.joint, len(parts) - 1
             session.matched = i < len(joint) and joint[i][0] == key and joint[i][1] == sig
         self._reserve(part)
-        for route, nbytes, latency_s, payload in call.tiny:
-            self._tiny(Flow(route, nbytes, payload, traffic_class, join, now), latency_s, nbytes / route.solo_rate)
+        self._start_tiny(call, traffic_class, join)
         return True
 
     def _expect(self, session: _Session, traj: _Trajectory, call: _Call, traffic_class: str, join: _Join) -> None:
         """``call`` starts a session whose recorded trajectory is a joint one: it replays if the calls that
         join it by the end of the instant are the ones recorded (:meth:`_decide`)."""
-        session.traj = traj
-        session.call, session.specs, session.traffic_class, session.join = call, call.specs, traffic_class, join
-        session.open = session.undecided = session.matched = True
         session.parts = [_Part(call, traffic_class, join, 0, session.key, None)]
         self._reserve(session.parts[0])
-        now = self.env.now
-        for route, nbytes, latency_s, payload in call.tiny:
-            self._tiny(Flow(route, nbytes, payload, traffic_class, join, now), latency_s, nbytes / route.solo_rate)
+        self._replaying(session, traj, call, traffic_class, join)
+        session.undecided = session.matched = True
         self._undecided.append(session)
-        self._wake(now)
+        self._wake(self.env.now)
 
     def _reserve(self, part: _Part) -> None:
         """Number a waiting call's flows in the pending queue now, as :meth:`_begin` would have, so that
@@ -1346,9 +1348,9 @@ class FlowNetwork(_NetworkBase):
                 continue
             part.done = True
             booked.append(part.call.arr)
-            self._book(t0, part.call, part.traffic_class, traj, part.first)
+            n = self._book(t0, part.call, part.traffic_class, traj, part.first)[1]
             join = part.join
-            join.left -= part.n
+            join.left -= n
             if join.left == 0:
                 self._joins_done.append(join)
         if not waiting:
@@ -1413,7 +1415,7 @@ class FlowNetwork(_NetworkBase):
             return
         session.done = True
         ledger = self.ledger
-        busy_links, busy_s = self._book(session.t0, session.call, session.traffic_class, session.traj, -1)
+        (busy_links, busy_s), n = self._book(session.t0, session.call, session.traffic_class, session.traj, -1)
         if type(busy_s) is list:
             busy = ledger._busy_acc
             for link, seconds in zip(busy_links, busy_s):
@@ -1422,19 +1424,19 @@ class FlowNetwork(_NetworkBase):
             np.add.at(ledger._busy_np, busy_links, busy_s)  # in order, as a loop of += would (exact)
         self._release(session)
         join = session.join
-        join.left -= len(session.specs) - len(session.call.tiny)
+        join.left -= n
         if join.left == 0:
             self._joins_done.append(join)
 
-    def _book(self, t0: float, call: _Call, cls: str, traj: _Trajectory, first: int) -> tuple | None:
+    def _book(self, t0: float, call: _Call, cls: str, traj: _Trajectory, first: int) -> tuple:
         """Book the rate log entries and the ledger rows of ``call``'s flows replayed from ``traj`` (started at
-        ``t0``; ``first``: see :meth:`_new_book`); returns the busy time its book holds (``first`` -1), else
-        None."""
+        ``t0``; ``first``: see :meth:`_new_book`); returns ``(busy, n)``: the busy time its book holds (``first``
+        -1, else None) and how many of its flows were booked."""
         ledger = self.ledger
         hit = call.books.get(id(traj) if first < 0 else (id(traj), first))
         if hit is None or hit[0] is not traj:
             hit = self._new_book(call, traj, first)
-        (done, offs, ridx, deltas, busy, _n), per_class = hit[1], hit[2]
+        (done, offs, ridx, deltas, busy, n), per_class = hit[1], hit[2]
         # The same additions as the flows would have made, in the same order (t0 + offset per entry).
         if type(offs) is list:
             ledger.rate_t.extend([t0 + off for off in offs])
@@ -1471,7 +1473,7 @@ class FlowNetwork(_NetworkBase):
             if len(rows):
                 ledger._unfolded = True
             ledger.flows_completed += members
-        return busy
+        return busy, n
 
     def _materialize(self, session: _Session) -> list[Flow]:
         """Make a replaying session's flows real at the current instant, in the state its trajectory gives
