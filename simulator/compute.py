@@ -213,9 +213,14 @@ class ComputeModel:
             kernel = self._kernel_duration
             return sum(kernel(k) if type(k) is Kernel else self.duration(k) for k in parts)
         t_math = op.flops / self.achieved_flops(op) if op.flops else 0.0
-        scores = op.category == "scores" or (op.category == "gemm" and getattr(op, "batch", 1) > 1)
+        return self._roofline(op.category, getattr(op, "batch", 1), op.nbytes, t_math)
+
+    def _roofline(self, category: str, batch: int, nbytes: float, t_math: float) -> float:
+        """Seconds of a kernel whose math takes ``t_math`` s and which moves ``nbytes`` of HBM traffic: the
+        larger of the two, plus the per-op overhead (score and batched-GEMM traffic at their own efficiency)."""
+        scores = category == "scores" or (category == "gemm" and batch > 1)
         efficiency = self.score_memory_efficiency if scores else self.memory_efficiency
-        t_mem = op.nbytes / (self.gpu.hbm_bandwidth * efficiency) if op.nbytes else 0.0
+        t_mem = nbytes / (self.gpu.hbm_bandwidth * efficiency) if nbytes else 0.0
         return max(t_math, t_mem) + self.op_overhead_s
 
     def _kernel_duration(self, k: Kernel) -> float:
@@ -234,10 +239,7 @@ class ComputeModel:
                 t_math = flops / self.achieved_flops(k)
         else:
             t_math = 0.0
-        scores = category == "scores" or (category == "gemm" and k.batch > 1)
-        efficiency = self.score_memory_efficiency if scores else self.memory_efficiency
-        t_mem = k.nbytes / (self.gpu.hbm_bandwidth * efficiency) if k.nbytes else 0.0
-        return max(t_math, t_mem) + self.op_overhead_s
+        return self._roofline(category, k.batch, k.nbytes, t_math)
 
 
 _REDUCED: dict[tuple[GemmModel, int], GemmModel] = {}
