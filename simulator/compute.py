@@ -226,7 +226,8 @@ class ComputeModel:
     def _kernel_duration(self, k: Kernel) -> float:
         """:meth:`duration` of one :class:`~workloads.ops.Kernel` (no ``duration_s``, no ``parts``), the same
         operations in the same order: the kernels of a coarsened op, thousands of distinct ones under skewed
-        MoE routing."""
+        MoE routing. Its GEMM branch is :meth:`achieved_flops`' without the generic lookups (their cost was the
+        point): a change to the GEMM path there must be made here too."""
         category = k.category
         flops = k.flops
         if flops:
