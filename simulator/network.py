@@ -1359,9 +1359,13 @@ class FlowNetwork(_NetworkBase):
             np.add.at(self.ledger._busy_np, session.arr[pos], b - a)  # in order (exact)
             self._release(session)
         elif booked:  # links only finished calls crossed are free again (a call that follows one may take them)
-            gone = np.setdiff1d(np.concatenate(booked), np.concatenate(waiting))
-            owner = self._owner_np
-            owner[gone[owner[gone] == session.sid]] = 0
+            # (what setdiff1d of the two gave, without its sorts: the session's links among the finished calls'
+            # given back, then those the waiting calls cross taken again; duplicates set the same value)
+            owner, sid = self._owner_np, session.sid
+            freed, held = np.concatenate(booked), np.concatenate(waiting)
+            held = held[owner[held] == sid]
+            owner[freed[owner[freed] == sid]] = 0
+            owner[held] = sid
 
     def _new_book(self, call: _Call, traj: _Trajectory, first: int) -> tuple:
         """What a whole replay of ``traj`` for ``call`` books, made once per (call, trajectory, first) and kept
