@@ -154,3 +154,40 @@ def test_a_group_that_is_part_of_one_replica_set_runs_once_per_lane(node8):
     a, b = run(full, node8), run(reps, node8)
     assert b.step_time_s == pytest.approx(a.step_time_s, rel=1e-12)
     assert b.fabric.network.ledger.bytes.sum() == pytest.approx(a.fabric.network.ledger.bytes.sum(), rel=1e-12)
+
+
+def test_compute_end_events_run_as_simpy_timeouts_would():
+    """A compute op's end is pushed onto SimPy's queue directly (engine._schedule_end): it must run at
+    ``now + delay``, in insertion order among real timeouts of the same instant, and be counted as an event,
+    exactly as when every end is an ``env.timeout``."""
+    import simpy
+
+    from simulator.engine import _event_count, _schedule_end
+
+    def scenario(direct: bool) -> tuple[list, int]:
+        env = simpy.Environment()
+        seen = []
+
+        def note(event):
+            seen.append((env.now, event._value))
+
+        def end(delay, value):
+            if direct:
+                _schedule_end(env, delay, (note,), value)
+            else:
+                env.timeout(delay, value).callbacks.append(note)
+
+        env.timeout(0.5).callbacks.append(lambda _e: None)
+        env.run(until=0.5)  # ends scheduled from a clock that is not 0
+        for k in range(6):
+            if k % 2:
+                env.timeout(0.25, f"t{k}").callbacks.append(note)
+            else:
+                end(0.25, f"c{k}")
+        end(0.1, "early")
+        env.run()
+        return seen, _event_count(env)
+
+    expected = [(0.6, "early")] + [(0.75, f"{'t' if k % 2 else 'c'}{k}") for k in range(6)]
+    assert scenario(True) == scenario(False)
+    assert scenario(True)[0] == expected
