@@ -413,7 +413,13 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
         fabric += f" ({', '.join(switches)})"
     if "oversubscription" in p:
         ratio = p["oversubscription"]
-        fabric += ", non-blocking" if ratio == 1 else f", {ratio_text(ratio)} oversubscribed"
+        if ratio == 1:
+            fabric += ", non-blocking"
+        elif p.get("leaves") == 1 and not p.get("cores"):
+            # one leaf has no uplinks: nothing leaves it, so the ratio set in the file changes nothing
+            fabric += f", oversubscription {ratio_text(ratio)} has no effect (one leaf, no uplinks)"
+        else:
+            fabric += f", {ratio_text(ratio)} oversubscribed"
     if p.get("nic_bandwidth"):
         fabric += f", NIC {format_bandwidth(p['nic_bandwidth'])} per GPU"
     fabric += f", NVLink {format_bandwidth(p.get('nvlink_bandwidth') or c.gpu.nvlink_bandwidth)} per GPU"

@@ -121,7 +121,7 @@ class NetworkConfig:
                                                     and 0 <= self.step_latency_s < 1):
             raise ValueError(f"network.step_latency: must be 'nccl' or a time in [0, 1 s), got {self.step_latency_s!r}")
         if self.fidelity not in ("fast", "full"):
-            raise ValueError(f"fidelity: {self.fidelity!r} unknown; valid: fast, full")
+            raise ValueError(f"network.fidelity: {self.fidelity!r} unknown; valid: fast, full")
         eff = self.bandwidth_efficiency
         values = eff.items() if isinstance(eff, Mapping) else ([("", eff)] if eff is not None else [])
         for tier, v in values:

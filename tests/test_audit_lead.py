@@ -1,0 +1,34 @@
+"""Defects found by a new-user audit (2026-12-02) in the lead's files: each a case that was silently wrong or
+a traceback, with the behaviour the project's standards ask for."""
+
+from simulator.experiment import describe_setup, experiment_from_dict
+
+
+def _exp(nodes: int, oversubscription: float):
+    return experiment_from_dict({"cluster": {"preset": "dgx-h100", "nodes": nodes,
+                                             "oversubscription": oversubscription},
+                                 "model": {"preset": "gpt2-small"}, "parallel": {"tp": 4, "dp": 2 * nodes},
+                                 "training": {"seq_len": 512}})
+
+
+def test_oversubscription_on_one_leaf_is_said_to_have_no_effect():
+    """Two DGX nodes sit under one leaf: no uplink exists, so a 4:1 ratio changes nothing, and the summary
+    must not call the fabric oversubscribed (it did, while the step time equalled the 1:1 one)."""
+    one_leaf = describe_setup(_exp(2, 4))["fabric"]
+    assert "4:1 has no effect" in one_leaf and "oversubscribed" not in one_leaf
+    assert "non-blocking" in describe_setup(_exp(2, 1))["fabric"]
+    assert "4:1 oversubscribed" in describe_setup(_exp(64, 4))["fabric"]  # 4 leaves: the ratio is real
+
+
+def test_a_bandwidth_with_a_unit_below_one_megabyte_per_second_is_named_as_given():
+    """``1bps`` was parsed to 0.125 B/s and then refused downstream as a bare number "with no unit" under a
+    field name without its section; now it is refused where it is read, as written, with the floor."""
+    import pytest
+
+    from topologies import build_cluster
+    from topologies.cluster import TopologyError
+
+    with pytest.raises(TopologyError, match=r"^cluster\.nic_bandwidth: '1bps' is 0\.125 bytes/s; a link needs "
+                                            r"at least 1e\+06 bytes/s"):
+        build_cluster({"preset": "dgx-h100", "nodes": 2, "nic_bandwidth": "1bps"})
+    assert build_cluster({"preset": "dgx-h100", "nodes": 2, "nic_bandwidth": "8Mbps"}).num_gpus == 16
