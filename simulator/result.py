@@ -351,7 +351,10 @@ class Result:
 
     @cached_property
     def _breakdown_arrays(self) -> tuple[np.ndarray, list[str], np.ndarray]:
-        return _breakdown.breakdown_arrays(self._op_arrays, self.pipeline_window_s, self.step_time)
+        ranks, categories, seconds = _breakdown.breakdown_arrays(self._op_arrays, self.pipeline_window_s,
+                                                                  self.step_time)
+        ranks.flags.writeable = seconds.flags.writeable = False  # shared by every caller
+        return ranks, categories, seconds
 
     @cached_property
     def _time_breakdown(self) -> pd.DataFrame:

@@ -103,6 +103,9 @@ def test_stages_breakdown_and_summary_equal_the_dataframe_code(which, request):
     table = res.time_breakdown()
     expected = old_time_breakdown(res._op_arrays, res.pipeline_window_s, res.step_time)
     pd.testing.assert_frame_equal(table.drop(columns="replicas"), expected, check_exact=True)
+    replicas = getattr(res.record.graph, "replicas", None) or {}
+    expected.insert(0, "replicas", [len(replicas.get(r, (r,))) for r in expected.index])
+    pd.testing.assert_frame_equal(table, expected, check_exact=True)
     stages = old_pipeline_stages(res.pipeline_window_s, table, res.step.stage_of_rank, res.step.parallel.pp)
     pd.testing.assert_frame_equal(res.stages, stages, check_exact=True)
     pd.testing.assert_frame_equal(pipeline_stages(res, res.step), stages, check_exact=True)
