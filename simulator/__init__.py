@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import functools
+import sys
 import time
-from importlib.metadata import PackageNotFoundError, version
+import types
 
 from topologies.cluster import Cluster
 from workloads.ops import OpGraph
@@ -21,14 +23,38 @@ from .compute import ComputeModel
 from .engine import DeadlockError, Engine
 from .fabric import NetworkConfig
 from .result import Result
-from .sweep import sweep  # shadows the submodule attribute; the module is sys.modules["simulator.sweep"]
 
 __all__ = ["simulate", "Result", "ComputeModel", "NetworkConfig", "DeadlockError", "Engine", "sweep", "__version__"]
 
-try:
-    __version__ = version("clustersim")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+
+class _Package(types.ModuleType):
+    """This package, with two attributes resolved on first use so that ``import simulator`` (and the CLI, and
+    every run) does not pay for them: ``sweep`` (:func:`simulator.sweeps.sweep`; the sweep code imports pandas,
+    ~0.6 s) and ``__version__`` (``importlib.metadata``, ~0.05 s)."""
+
+    @property
+    def sweep(self):
+        from .sweeps import sweep
+        return sweep
+
+    @sweep.setter
+    def sweep(self, value: object) -> None:
+        """Ignored: importing the compatibility submodule ``simulator.sweep`` sets this attribute to the module;
+        the attribute stays the function, as when the package imported it eagerly."""
+
+    @functools.cached_property
+    def __version__(self) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            return version("clustersim")
+        except PackageNotFoundError:  # running from a source tree that was never installed
+            return "0+unknown"
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), "sweep", "__version__"})
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def simulate(graph: OpGraph, cluster: Cluster, compute: ComputeModel | None = None,

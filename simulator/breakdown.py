@@ -126,18 +126,31 @@ def time_breakdown(ops, window: float, step_time: float) -> pd.DataFrame:
     """Seconds per category for every rank in ``ops`` (one row per rank; columns sum to ``step_time``).
 
     ``ops``: a frame like ``Result.rep_ops``, or a mapping of its column names to arrays."""
-    import pandas as pd  # here, not at import: ``import simulator`` stays quick
+    return breakdown_frame(*breakdown_arrays(ops, window, step_time))
 
+
+def breakdown_arrays(ops, window: float, step_time: float) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """:func:`time_breakdown` as arrays, without pandas: ``(ranks, categories, seconds)``, the distinct ranks
+    (sorted), the categories present in reading order (:func:`category_order`) and seconds per rank and
+    category (``len(ranks) x len(categories)``)."""
     ranks, seg_rank, start, end, owner, layer_names = _partition_owners(ops, window, step_time)
     # the categories present, sorted, and each segment's index among them (layers share categories)
     present = sorted(set(np.asarray(layer_names, dtype=object)[np.unique(owner)].tolist()))
     position = {c: i for i, c in enumerate(present)}
     code = np.array([position.get(c, -1) for c in layer_names], dtype=np.int64)[owner]
-    names = np.array(present, dtype=object)
-    sums = np.bincount(seg_rank * len(names) + code, weights=end - start,
-                       minlength=len(ranks) * len(names)).reshape(len(ranks), len(names))
-    table = pd.DataFrame(sums, index=pd.Index(ranks, name="rank"), columns=pd.Index(names, name="category"))
-    return table[[c for c in category_order(table.columns) if c in table.columns]]
+    sums = np.bincount(seg_rank * len(present) + code, weights=end - start,
+                       minlength=len(ranks) * len(present)).reshape(len(ranks), len(present))
+    names = [c for c in category_order(present) if c in position]
+    return ranks, names, sums[:, [position[c] for c in names]]
+
+
+def breakdown_frame(ranks: np.ndarray, categories: list[str], seconds: np.ndarray) -> pd.DataFrame:
+    """The frame of :func:`time_breakdown` from :func:`breakdown_arrays`' arrays: index ``rank``, columns
+    ``category``."""
+    import pandas as pd  # here, not at import: ``import simulator`` stays quick
+
+    return pd.DataFrame(seconds, index=pd.Index(ranks, name="rank"),
+                        columns=pd.Index(np.array(categories, dtype=object), name="category"))
 
 
 def category_order(names) -> list[str]:

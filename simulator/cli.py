@@ -16,12 +16,14 @@ from collections.abc import Callable
 from topologies import build_cluster, format_bandwidth, format_bytes, format_time, load_cluster, parse_bytes
 from topologies.cluster import Cluster
 from topologies.loader import MAX_GPUS
+from workloads.ops import COLLECTIVE_KINDS
 
 from . import chakra_cli
-from .bench import BENCH_OPS, collective_sweep, size_ladder
 from .collectives import COLLECTIVE_ALGORITHMS
 from .engine import DeadlockError
 from .fabric import NetworkConfig
+
+_BENCH_OPS = (*COLLECTIVE_KINDS, "sendrecv")  # bench.BENCH_OPS, spelled out to keep pandas out of start-up (tested)
 
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = {}
 
@@ -97,7 +99,7 @@ def _plan():
 @command("collective", "simulated nccl-tests: time one collective over a range of sizes")
 def _collective():
     def configure(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--op", default="all_reduce", help=f"one of: {', '.join(BENCH_OPS)}")
+        p.add_argument("--op", default="all_reduce", help=f"one of: {', '.join(_BENCH_OPS)}")
         p.add_argument("--gpus", type=int, default=8, help="number of ranks (default 8)")
         p.add_argument("--min-size", default="1MiB", help="smallest size, e.g. 1MiB (default)")
         p.add_argument("--max-size", default="1GiB", help="largest size, e.g. 8GiB (default 1GiB)")
@@ -108,8 +110,9 @@ def _collective():
         p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
 
     def run(args: argparse.Namespace) -> int:
-        if args.op not in BENCH_OPS:
-            raise ValueError(f"--op: {args.op!r} unknown; valid: {', '.join(BENCH_OPS)}")
+        from .bench import collective_sweep, size_ladder
+        if args.op not in _BENCH_OPS:
+            raise ValueError(f"--op: {args.op!r} unknown; valid: {', '.join(_BENCH_OPS)}")
         if args.algo not in COLLECTIVE_ALGORITHMS:
             raise ValueError(f"--algo: {args.algo!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
         if not 2 <= args.gpus <= MAX_GPUS:
@@ -497,11 +500,22 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _Version(argparse.Action):
+    """``--version``, looked up (``importlib.metadata``, ~10 ms) only when asked for, not at every start."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from . import __version__
+        print(f"clustersim {__version__}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="clustersim", description="Simulate the traffic that parallel LLM training puts on a "
                                                            "GPU cluster: step time, bubbles, bytes per link.")
-    from . import __version__
-    parser.add_argument("--version", action="version", version=f"clustersim {__version__}")
+    parser.add_argument("--version", action=_Version, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
     for name, (configure, _run, help_text) in COMMANDS.items():
         configure(sub.add_parser(name, help=help_text, description=help_text))

@@ -27,9 +27,10 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import yaml
 
 from topologies import build_cluster, format_bandwidth, parse_time
@@ -58,6 +59,9 @@ from .compute import ComputeModel
 from .engine import Engine, paused_gc
 from .fabric import NetworkConfig
 from .result import Result
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SECTIONS = ("name", "cluster", "model", "parallel", "training", "moe", "network", "compute", "options", "sweep",
             "fidelity", "faults", "plan")
@@ -379,21 +383,42 @@ def pipeline_stages(result: Result, step: TrainingStep) -> pd.DataFrame:
     in flight on its compute stream and no activation transfer in flight); ``bubble_fraction`` is
     ``bubble / window``. Columns of the partition sum to the step time.
     """
+    return _stages_frame(stage_rows(result, step))
+
+
+def stage_rows(result: Result, step: TrainingStep) -> list[dict]:
+    """The rows of :func:`pipeline_stages` as dicts (column name -> value), computed with numpy alone: a run
+    needs the summary's figures, not the frame, and pandas costs ~0.6 s to import."""
     # With fidelity="fast" only representatives have rows; every rank a representative stands for
     # has the same timeline, so the representatives' partition, weighted by how many they stand for, is enough.
     window = result.pipeline_window_s
-    table = result.time_breakdown()
-    weight = table.pop("replicas").astype(float)
-    stage = pd.Series({r: step.stage_of_rank[r] for r in table.index})
+    ranks, categories, seconds, replicas = result.time_breakdown_arrays()
+    weight = replicas.astype(float)
+    stage = np.array([step.stage_of_rank[r] for r in ranks.tolist()], dtype=np.int64)
+    # One row per category, one column per rank, C-ordered: the very array pandas reduced when this was
+    # ``table.loc[ranks].mul(w, axis=0).sum()`` (the block of a frame is categories x ranks), so each
+    # category's sum is numpy's pairwise sum over the same values in the same order; NaN counts as 0 (skipna).
+    weighted = (seconds * weight[:, None]).T
+    weighted = np.ascontiguousarray(np.where(np.isnan(weighted), 0.0, weighted))
+    bubble_at = categories.index("bubble") if "bubble" in categories else None
     rows = []
     for s in range(step.parallel.pp):
-        sel = stage[stage == s].index
+        sel = np.flatnonzero(stage == s)
         w = weight[sel]
-        mean = (table.loc[sel].mul(w, axis=0).sum() / w.sum()) if len(sel) else table.iloc[:0].sum()
-        bubble = float(mean.get("bubble", 0.0))
+        # np.take keeps the rows C-contiguous (``weighted[:, sel]`` would not, and a strided sum adds in
+        # another order)
+        mean = np.take(weighted, sel, axis=1).sum(axis=1) / w.sum() if len(sel) else np.zeros(len(categories))
+        bubble = float(mean[bubble_at]) if bubble_at is not None else 0.0
         rows.append({"stage": s, "ranks": int(w.sum()), "busy_s": window - bubble, "bubble_s": bubble,
                      "bubble_fraction": bubble / window if window else 0.0,
-                     **{f"{c}_s": float(v) for c, v in mean.items()}})
+                     **{f"{c}_s": float(v) for c, v in zip(categories, mean.tolist())}})
+    return rows
+
+
+def _stages_frame(rows: list[dict]) -> pd.DataFrame:
+    """:func:`pipeline_stages`' frame of its rows (pandas imported here: see :func:`stage_rows`)."""
+    import pandas as pd
+
     return pd.DataFrame(rows)
 
 
@@ -466,20 +491,22 @@ def _runs(counts: tuple[int, ...]) -> str:
 
 
 def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment, memory: MemoryBreakdown) -> None:
-    """Add MFU, TFLOP/s, bubble and memory to ``result.summary`` and fill ``result.stages``."""
+    """Add MFU, TFLOP/s, bubble and memory to ``result.summary`` and fill ``result.stages`` (and, for a MoE
+    model, ``result.expert_load``); the frames are built when first read."""
     world = step.parallel.world_size
     peak = exp.cluster.gpu.peak(exp.training.base_dtype)  # FP8 training: MFU of the dense bf16 peak
-    stages = pipeline_stages(result, step)
-    result.stages = stages
-    window = stages["busy_s"].iloc[0] + stages["bubble_s"].iloc[0] if len(stages) else 0.0
+    stages = stage_rows(result, step)
+    result.defer("stages", partial(_stages_frame, stages))
+    bubble = [r["bubble_s"] for r in stages]
+    window = stages[0]["busy_s"] + stages[0]["bubble_s"] if stages else 0.0
     tflops = step.model_flops / result.step_time / world
     result.extra_summary.update({
         "name": exp.name,
         "setup": describe_setup(exp, step),
         "world_size": world,
         "num_micro_batches": step.num_micro_batches,
-        "bubble_fraction": max(0.0, float(stages["bubble_s"].mean() / window)) if window else 0.0,
-        "bubble_fraction_by_stage": [float(x) for x in stages["bubble_fraction"]],
+        "bubble_fraction": max(0.0, float(_nanmean(bubble) / window)) if window else 0.0,
+        "bubble_fraction_by_stage": [float(r["bubble_fraction"]) for r in stages],
         "time_breakdown_s": _mean_breakdown(stages),
         "model_flops_per_step": step.model_flops,
         "hardware_flops_per_step": step.hardware_flops,
@@ -495,18 +522,29 @@ def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment,
         "tokens_per_s": step.parallel.global_batch * exp.training.seq_len / result.step_time,
     })
     if step.routes:
-        result.expert_load = expert_load_table(step)
+        result.defer("expert_load", partial(expert_load_table, step))
         result.extra_summary["moe"] = moe_summary(step)
     result.step = step
 
 
-def _mean_breakdown(stages: pd.DataFrame) -> dict[str, float]:
-    """The partition of the step (:mod:`simulator.breakdown`) averaged over every rank: ``{category: s}``."""
-    if not len(stages):
+def _nanmean(values: list[float]) -> float:
+    """pandas' ``Series.mean()`` of floats: NaNs filled with 0 for a pairwise sum over the whole array, divided
+    by the number of values that are not NaN."""
+    a = np.array(values, dtype=float)
+    nan = np.isnan(a)
+    count = len(a) - int(nan.sum())
+    with np.errstate(all="ignore"):
+        return float(np.where(nan, 0.0, a).sum() / np.float64(count))
+
+
+def _mean_breakdown(stages: list[dict]) -> dict[str, float]:
+    """The partition of the step (:mod:`simulator.breakdown`) averaged over every rank: ``{category: s}``, of
+    :func:`stage_rows`' rows."""
+    if not stages:
         return {}
-    w = stages["ranks"].to_numpy(dtype=float)
-    cols = [c for c in stages.columns if c.endswith("_s") and c not in ("busy_s",)]
-    return {c[:-2]: float((stages[c].to_numpy() * w).sum() / w.sum()) for c in cols}
+    w = np.array([r["ranks"] for r in stages], dtype=float)
+    cols = [c for c in stages[0] if c.endswith("_s") and c not in ("busy_s",)]
+    return {c[:-2]: float((np.array([r[c] for r in stages], dtype=float) * w).sum() / w.sum()) for c in cols}
 
 
 def expert_load_table(step: TrainingStep) -> pd.DataFrame:
@@ -523,6 +561,8 @@ def expert_load_table(step: TrainingStep) -> pd.DataFrame:
         cols["ep_rank"].append(expert // per_rank)
         cols["tokens_routed"].append(r.choices.sum(axis=0).astype(np.int64))
         cols["tokens_kept"].append(r.kept.sum(axis=0).astype(np.int64))
+    import pandas as pd  # here: a run builds this frame only when ``result.expert_load`` is read
+
     if not step.routes:
         return pd.DataFrame([])
     return pd.DataFrame({c: np.concatenate(parts) for c, parts in cols.items()})

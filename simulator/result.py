@@ -46,18 +46,50 @@ class Result:
         self.events = record.events
         self.extra_summary: dict = {}
         self._stages: pd.DataFrame | None = None
+        self._deferred: dict[str, Callable[[], object]] = {}
 
     @property
     def stages(self) -> pd.DataFrame:
         """Where time went per pipeline stage (:func:`simulator.experiment.pipeline_stages`, set by
         :func:`~simulator.experiment.run_experiment`); an empty frame for a bare :func:`simulator.simulate`."""
         if self._stages is None:
-            self._stages = _pd().DataFrame()
+            build = self._deferred.pop("stages", None)
+            self._stages = build() if build is not None else _pd().DataFrame()
         return self._stages
 
     @stages.setter
     def stages(self, value: pd.DataFrame) -> None:
+        self._deferred.pop("stages", None)
         self._stages = value
+
+    @property
+    def expert_load(self) -> pd.DataFrame:
+        """Tokens per MoE layer and expert (:func:`simulator.experiment.expert_load_table`, set by
+        :func:`~simulator.experiment.run_experiment` for a MoE model; no such attribute otherwise)."""
+        if "expert_load" in self._deferred:
+            self._expert_load = self._deferred.pop("expert_load")()
+        try:
+            return self._expert_load
+        except AttributeError:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute 'expert_load' (a run of a "
+                                 f"MoE model has it)") from None
+
+    @expert_load.setter
+    def expert_load(self, value: pd.DataFrame) -> None:
+        self._deferred.pop("expert_load", None)
+        self._expert_load = value
+
+    _DEFERRABLE = ("stages", "expert_load")
+
+    def defer(self, name: str, build: Callable[[], pd.DataFrame]) -> None:
+        """Make attribute ``name`` (one of ``stages``, ``expert_load``) ``build()``, called when the attribute is
+        first read: a run whose summary alone is read never builds the frame (nor imports pandas, ~0.6 s)."""
+        if name not in self._DEFERRABLE:
+            raise ValueError(f"defer: {name!r} is not one of {', '.join(self._DEFERRABLE)}")
+        self.__dict__.pop("_" + name, None)
+        if name == "stages":
+            self._stages = None
+        self._deferred[name] = build
 
     # ------------------------------------------------------------- frames
     _OP_COLUMNS = ("id", "rank", "kind", "name", "stream", "traffic_class", "collective", "layer", "micro_batch",
@@ -93,7 +125,9 @@ class Result:
         arrays (strings as objects)."""
         out = {c: np.asarray(self._op_column(c), dtype=float) for c in ("issue_s", "start_s", "end_s")}
         out.update({c: self._op_column(c) for c in ("rank", "micro_batch")})
-        out.update({c: np.array(self._op_column(c), dtype=object) for c in ("kind", "name", "stream", "traffic_class")})
+        n = len(out["rank"])  # (fromiter: the same object array as np.array's, a third quicker)
+        out.update({c: np.fromiter(self._op_column(c), dtype=object, count=n)
+                    for c in ("kind", "name", "stream", "traffic_class")})
         return out
 
     @cached_property
@@ -223,9 +257,10 @@ class Result:
 
     @property
     def bytes_by_tier(self) -> dict[str, float]:
-        """Link bytes per tier."""
-        df = self.links
-        return {t: float(v) for t, v in df.groupby("tier")["bytes"].sum().items() if v > 0}
+        """Link bytes per tier (the sums of ``links.groupby("tier")["bytes"].sum()``, without the frame)."""
+        fabric = self.record.fabric
+        sums = _kahan_sums(fabric.tier.tolist(), fabric.network.ledger.bytes.tolist())
+        return {t: v for t, v in sorted(sums.items()) if v > 0}
 
     def bytes_by_class_and_tier(self) -> pd.DataFrame:
         """Link bytes, rows = traffic class, columns = tier."""
@@ -256,10 +291,10 @@ class Result:
         if not comm.any():
             return {}
         nr = len(ranks)
-        union = _intervals().grouped_union_length
-        comp_len = union(rank_idx[is_comp], s[is_comp], e[is_comp], nr)
+        union = _intervals().GroupedIntervals(rank_idx, s, e).union_length  # sorted once for every union
+        comp_len = union(is_comp, nr)
         has_comm = np.bincount(rank_idx[comm], minlength=nr) > 0
-        totals = {"total": _exposed_sum(union(rank_idx, s, e, nr) - comp_len, has_comm, weight)}
+        totals = {"total": _exposed_sum(union(None, nr) - comp_len, has_comm, weight)}
         comm_classes = cols["traffic_class"][comm].tolist()
         index = {c: i for i, c in enumerate(dict.fromkeys(comm_classes))}
         code = np.full(len(rank), -1, dtype=np.int64)  # the class of each communication op, as an index
@@ -268,8 +303,7 @@ class Result:
             mine = code == index[cls]
             sel = is_comp | mine
             in_cls = np.bincount(rank_idx[mine], minlength=nr) > 0
-            totals[cls] = _exposed_sum(union(rank_idx[sel], s[sel], e[sel], nr) - comp_len,
-                                       in_cls, weight)
+            totals[cls] = _exposed_sum(union(sel, nr) - comp_len, in_cls, weight)
         return {k: v / world for k, v in sorted(totals.items())}
 
     @property
@@ -306,11 +340,27 @@ class Result:
         stands for). A copy: computed once per result."""
         return self._time_breakdown.copy()
 
+    def time_breakdown_arrays(self) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
+        """:meth:`time_breakdown` as arrays, without pandas: ``(ranks, categories, seconds, replicas)``, the
+        simulated ranks, the categories (columns), seconds per rank and category (``len(ranks) x
+        len(categories)``) and how many ranks each stands for. Read-only: computed once per result."""
+        ranks, categories, seconds = self._breakdown_arrays
+        replicas = getattr(self.record.graph, "replicas", None) or {}
+        count = np.array([len(replicas.get(r, (r,))) for r in ranks.tolist()], dtype=np.int64)
+        return ranks, list(categories), seconds, count
+
+    @cached_property
+    def _breakdown_arrays(self) -> tuple[np.ndarray, list[str], np.ndarray]:
+        ranks, categories, seconds = _breakdown.breakdown_arrays(self._op_arrays, self.pipeline_window_s,
+                                                                  self.step_time)
+        ranks.flags.writeable = seconds.flags.writeable = False  # shared by every caller
+        return ranks, categories, seconds
+
     @cached_property
     def _time_breakdown(self) -> pd.DataFrame:
-        table = _breakdown.time_breakdown(self._op_arrays, self.pipeline_window_s, self.step_time)
-        replicas = getattr(self.record.graph, "replicas", None) or {}
-        table.insert(0, "replicas", [len(replicas.get(r, (r,))) for r in table.index])
+        ranks, categories, seconds, replicas = self.time_breakdown_arrays()
+        table = _breakdown.breakdown_frame(ranks, categories, seconds)
+        table.insert(0, "replicas", replicas)
         return table
 
     def timeline(self, ranks: list[int] | None = None) -> pd.DataFrame:
@@ -426,6 +476,23 @@ def _plotting():
     """:mod:`simulator.plotting`, imported when first needed (it imports matplotlib)."""
     from . import plotting
     return plotting
+
+
+def _kahan_sums(labels: list[str], values: list[float]) -> dict[str, float]:
+    """Sum of ``values`` per label, as pandas' ``groupby(...).sum()`` adds floats: in order, with Kahan's
+    compensation (the same operations on the same doubles, so the same result), NaNs skipped."""
+    total: dict[str, float] = {}
+    carry: dict[str, float] = {}
+    for label, v in zip(labels, values):
+        if v != v:
+            continue
+        s = total.get(label, 0.0)
+        y = v - carry.get(label, 0.0)
+        t = s + y
+        c = (t - s) - y
+        carry[label] = 0.0 if c != c else c  # an infinite value leaves NaN: pandas resets it
+        total[label] = t
+    return total
 
 
 def _exposed_sum(per_rank: np.ndarray, mask: np.ndarray, weight: np.ndarray) -> float:

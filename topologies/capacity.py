@@ -50,9 +50,11 @@ import math
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
 
-import pandas as pd
+import numpy as np
 
 from topologies.bisection import SWITCH_LEVELS, bisection_bandwidth, oversubscription_by_tier
 from topologies.cluster import Cluster
@@ -64,6 +66,9 @@ from topologies.components import (
     nvswitch_chips,
     plan_options,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["BOM_COLUMNS", "CapacityPlan", "capacity_plan", "bill_of_materials", "plan_summary", "plan_columns",
            "PLAN_COLUMNS"]
@@ -81,8 +86,17 @@ PLAN_COLUMNS = ("fabric_cost_usd", "fabric_power_kw", "bisection_bytes_s")
 class CapacityPlan:
     """A cluster's bill of materials (:data:`BOM_COLUMNS`) and headline numbers (see :func:`plan_summary`)."""
 
-    bom: pd.DataFrame
+    rows: tuple[dict, ...] = field(repr=False)
+    """The bill of materials, one dict per part (:data:`BOM_COLUMNS`)."""
     summary: dict
+
+    @cached_property
+    def bom(self) -> pd.DataFrame:
+        """The bill of materials as a frame, built when first read (a run's :func:`plan_columns` needs only
+        the summary, and pandas costs ~0.6 s to import)."""
+        import pandas as pd
+
+        return pd.DataFrame(list(self.rows), columns=list(BOM_COLUMNS))
 
 
 def _units(bandwidth: float, port_Bps: float) -> int:
@@ -175,7 +189,8 @@ def _cable_rows(cables: Counter, speed: int, opts: PlanOptions) -> list[dict]:
     return rows
 
 
-def _bom(cluster: Cluster, opts: PlanOptions) -> tuple[pd.DataFrame, dict]:
+def _bom(cluster: Cluster, opts: PlanOptions) -> tuple[list[dict], dict]:
+    """The bill of materials' rows (:data:`BOM_COLUMNS`) and the port speed and switch family chosen."""
     graph = cluster.graph
     g = _Adjacency(graph)
     family = _family(g, opts)
@@ -222,31 +237,48 @@ def _bom(cluster: Cluster, opts: PlanOptions) -> tuple[pd.DataFrame, dict]:
     rows += _cable_rows(cables, speed, opts)
     rows.append(_row("GPU", "gpu", cluster.gpu.name, f"{cluster.gpus_per_server} per NVLink domain",
                      cluster.num_gpus, opts, fabric=False))
-    bom = pd.DataFrame(rows, columns=list(BOM_COLUMNS))
-    return bom, {"port_speed_Gbps": speed, "switch_family": family}
+    return rows, {"port_speed_Gbps": speed, "switch_family": family}
 
 
-def _summary(cluster: Cluster, bom: pd.DataFrame, extra: dict) -> dict:
-    fabric = bom[bom["fabric"]]
-    gpus = bom[~bom["fabric"]]
+def _column_sum(rows: list[dict], column: str, keep: np.ndarray) -> float:
+    """``frame[keep][column].sum()`` of the frame of ``rows``, as pandas adds: the column's dtype as pandas
+    infers it of every row (numpy infers the same of ints and floats), NaNs as 0 (skipna), then numpy's sum
+    of the kept values in order."""
+    values = np.array([r[column] for r in rows])[keep]
+    if values.dtype.kind == "f":
+        values = np.where(np.isnan(values), 0.0, values)
+    return values.sum()
+
+
+def _count(rows: list[dict], items: tuple[str, ...]) -> int:
+    return sum(r["count"] for r in rows if r["item"] in items)
+
+
+def _summary(cluster: Cluster, rows: list[dict], extra: dict) -> dict:
+    """Headline numbers of a bill of materials (:func:`plan_summary`), of its rows: no frame is built."""
+    in_fabric = np.array([bool(r["fabric"]) for r in rows], dtype=bool)
+    fabric = [r for r in rows if r["fabric"]]
     n = cluster.num_gpus
     bisection = bisection_bandwidth(cluster)
-    per_tier = fabric[fabric["item"].str.endswith(" switch")].groupby("tier", sort=False)["count"].sum()
-    cost = float(fabric["cost_usd"].sum())
+    per_tier: dict[str, int] = {}  # in order of first appearance, as groupby(sort=False)
+    for r in fabric:
+        if r["item"].endswith(" switch"):
+            per_tier[r["tier"]] = per_tier.get(r["tier"], 0) + r["count"]
+    cost = float(_column_sum(rows, "cost_usd", in_fabric))
     return {
         "gpus": n,
         **extra,
-        "switches": int(per_tier.sum()),
+        "switches": int(sum(per_tier.values())),
         "switches_by_tier": {k: int(v) for k, v in per_tier.items()},
-        "nics": int(fabric.loc[fabric["item"] == "NIC", "count"].sum()),
-        "nvswitch_chips": int(fabric.loc[fabric["item"] == "NVSwitch chip", "count"].sum()),
-        "cables": int(fabric.loc[fabric["item"].isin(["fiber", "aoc cable", "dac cable"]), "count"].sum()),
-        "transceivers": int(fabric.loc[fabric["item"] == "transceiver", "count"].sum()),
-        "fabric_power_kw": float(fabric["power_w"].sum()) / 1e3,
+        "nics": _count(fabric, ("NIC",)),
+        "nvswitch_chips": _count(fabric, ("NVSwitch chip",)),
+        "cables": _count(fabric, ("fiber", "aoc cable", "dac cable")),
+        "transceivers": _count(fabric, ("transceiver",)),
+        "fabric_power_kw": float(_column_sum(rows, "power_w", in_fabric)) / 1e3,
         "fabric_cost_usd": cost,
         "fabric_cost_per_gpu_usd": cost / n if n else math.nan,
-        "gpu_power_kw": float(gpus["power_w"].sum()) / 1e3,
-        "gpu_cost_usd": float(gpus["cost_usd"].sum()),
+        "gpu_power_kw": float(_column_sum(rows, "power_w", ~in_fabric)) / 1e3,
+        "gpu_cost_usd": float(_column_sum(rows, "cost_usd", ~in_fabric)),
         "bisection_bytes_s": bisection,
         "bisection_per_gpu_bytes_s": bisection / n if n else math.nan,
         "oversubscription": oversubscription_by_tier(cluster),
@@ -290,8 +322,8 @@ def capacity_plan(cluster: Cluster, plan: Mapping[str, object] | PlanOptions | N
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-    bom, extra = _bom(cluster, opts)
-    result = CapacityPlan(bom, _summary(cluster, bom, extra))
+    rows, extra = _bom(cluster, opts)
+    result = CapacityPlan(tuple(rows), _summary(cluster, rows, extra))
     with _CACHE_LOCK:
         _CACHE[key] = result
         while len(_CACHE) > _CACHE_SIZE:
