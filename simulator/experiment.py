@@ -243,9 +243,12 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     parallel = parallel_from_dict(par)
     if parallel.world_size != cluster.num_gpus:
         cpw = ("cp*", f"{parallel.cp}*") if parallel.cp > 1 else ("", "")
+        replica = parallel.tp * parallel.cp * parallel.pp
+        fix = (f"set dp to {cluster.num_gpus // replica}" if cluster.num_gpus % replica == 0 else
+               f"tp*{cpw[0]}pp = {replica} does not divide {cluster.num_gpus}, so no dp fits: choose tp"
+               f"{', cp' if cpw[0] else ''} and pp whose product divides it")
         raise ConfigError(f"parallel: tp*{cpw[0]}pp*dp = {parallel.tp}*{cpw[1]}{parallel.pp}*{parallel.dp} = "
-                          f"{parallel.world_size} but the cluster has {cluster.num_gpus} GPUs; set dp to "
-                          f"{cluster.num_gpus / (parallel.tp * parallel.cp * parallel.pp):g} or resize "
+                          f"{parallel.world_size} but the cluster has {cluster.num_gpus} GPUs; {fix} or resize "
                           f"cluster.nodes")
     training = training_from_dict(_section(doc, "training"))
     validate(model, parallel, training)  # impossible combinations fail at load time, with the file's name

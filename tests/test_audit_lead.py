@@ -32,3 +32,23 @@ def test_a_bandwidth_with_a_unit_below_one_megabyte_per_second_is_named_as_given
                                             r"at least 1e\+06 bytes/s"):
         build_cluster({"preset": "dgx-h100", "nodes": 2, "nic_bandwidth": "1bps"})
     assert build_cluster({"preset": "dgx-h100", "nodes": 2, "nic_bandwidth": "8Mbps"}).num_gpus == 16
+
+
+def test_layout_errors_suggest_only_values_that_exist():
+    """``tp: 3`` on 16 GPUs suggested "set dp to 2.66667"; virtual_stages that divide no split of the layers
+    listed an empty set of valid pp values. Both now say what would work."""
+    import pytest
+
+    from workloads.errors import ConfigError
+
+    base = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "gpt2-small"},
+            "training": {"seq_len": 512}}
+    with pytest.raises(ConfigError, match=r"tp\*pp = 3 does not divide 16, so no dp fits") as err:
+        experiment_from_dict({**base, "parallel": {"tp": 3, "pp": 1, "dp": 5}})
+    assert "2.6" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"set dp to 4 or resize"):
+        experiment_from_dict({**base, "parallel": {"tp": 4, "pp": 1, "dp": 3}})
+    with pytest.raises(ConfigError, match=r"^parallel\.virtual_stages: 5 does not divide model\.layers=12, so no pp "
+                                          r"splits it .*; valid virtual_stages: 1, 2, 3, 4, 6, 12 "):
+        experiment_from_dict({**base, "parallel": {"tp": 1, "pp": 2, "dp": 8, "schedule": "interleaved",
+                                                   "virtual_stages": 5, "micro_batch": 1, "global_batch": 16}})

@@ -86,7 +86,8 @@ TINY_LEARNED = model_from_dict({"preset": "tiny"})  # learned positions, max_seq
     (GPT3, dict(pp=7), TRAIN, None,
      r"parallel\.pp: model\.layers=96 cannot be split into pp\*virtual_stages=7\*1 .*valid pp values"),
     (GPT3, dict(pp=8, virtual_stages=5, schedule="interleaved", global_batch=8), TRAIN, None,
-     r"parallel\.pp: model\.layers=96 cannot be split into pp\*virtual_stages=8\*5"),
+     r"parallel\.virtual_stages: 5 does not divide model\.layers=96, so no pp splits it .*valid virtual_stages: "
+     r"1, 2, 3, 4, 6, 8, 12"),
     (GPT3, dict(dp=16, micro_batch=2, global_batch=100), TRAIN, None,
      r"parallel\.global_batch: 100 is not a multiple of micro_batch\*dp=2\*16=32"),
     (GPT3, dict(pp=8, schedule="interleaved", global_batch=16), TRAIN, None,

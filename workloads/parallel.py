@@ -578,6 +578,10 @@ def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
         _check_stages(model, parallel)
     elif model.layers % (p * v):
         valid = [d for d in divisors(model.layers) if (model.layers // d) % v == 0]
+        if not valid:  # v itself does not divide the layers: no pp can help
+            raise ConfigError(f"parallel.virtual_stages: {v} does not divide model.layers={model.layers}, so no "
+                              f"pp splits it into pp*virtual_stages equal chunks; valid virtual_stages: "
+                              f"{_valid_list(divisors(model.layers))} (or give parallel.stage_layers)")
         raise ConfigError(f"parallel.pp: model.layers={model.layers} cannot be split into pp*virtual_stages="
                           f"{p}*{v} equal chunks; valid pp values for virtual_stages={v}: {_valid_list(valid)} "
                           f"(or give parallel.stage_layers)")
