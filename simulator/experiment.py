@@ -178,6 +178,17 @@ def _network_from_dict(section: Mapping) -> NetworkConfig:
     return NetworkConfig(**kwargs)
 
 
+def _check_moe_section(section: object, model: ModelSpec, routing: RoutingModel) -> None:
+    """Refuse a ``moe:`` section that could only be ignored (the model has no experts) and a custom expert
+    load of the wrong length (found here, with the file's name, rather than when the step is built)."""
+    if section and not model.is_moe:
+        raise ConfigError(f"moe: model {model.name} has no experts, so nothing would read this section; "
+                          f"remove it, or give model.experts and model.top_k")
+    load = routing.expert_load
+    if model.is_moe and routing.kind == "custom" and load is not None and len(load) != model.experts:
+        raise ConfigError(f"moe.expert_load: has {len(load)} entries but the model has {model.experts} experts")
+
+
 def _compute_from_dict(section: Mapping) -> dict:
     valid = [f.name for f in fields(ComputeModel) if f.name not in ("gpu", "dtype")]
     unknown = sorted(set(section) - set(valid))
@@ -262,6 +273,7 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
                      routing=dataclasses.replace(routing_from_dict(_section(doc, "moe")),
                                                  node_gpus=cluster.gpus_per_server))
     exp.faults, exp.healthy_cluster = faults, healthy
+    _check_moe_section(doc.get("moe"), model, exp.routing)
     for knob, used in (("tp_comm_overlap_sms", parallel.tp_comm_overlap),
                        ("dualpipe_comm_sms", parallel.schedule == "dualpipe" and model.is_moe)):
         sms = getattr(exp.options, knob)

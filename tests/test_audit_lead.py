@@ -52,3 +52,22 @@ def test_layout_errors_suggest_only_values_that_exist():
                                           r"splits it .*; valid virtual_stages: 1, 2, 3, 4, 6, 12 "):
         experiment_from_dict({**base, "parallel": {"tp": 1, "pp": 2, "dp": 8, "schedule": "interleaved",
                                                    "virtual_stages": 5, "micro_batch": 1, "global_batch": 16}})
+
+
+def test_a_moe_section_that_nothing_would_read_is_refused_at_load_time():
+    """A ``moe:`` section on a dense model was silently ignored, and a custom expert load of the wrong length
+    was found only when the step was built (without the file's name)."""
+    import pytest
+
+    from workloads.errors import ConfigError
+
+    dense = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "gpt2-small"},
+             "parallel": {"tp": 4, "dp": 4}, "training": {"seq_len": 512}}
+    with pytest.raises(ConfigError, match=r"^moe: model gpt2-small has no experts"):
+        experiment_from_dict({**dense, "moe": {"routing": "zipf"}})
+    moe = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "tiny", "experts": 8, "top_k": 2},
+           "parallel": {"tp": 1, "pp": 2, "dp": 8, "ep": 4, "micro_batch": 1, "global_batch": 32},
+           "training": {"seq_len": 128}}
+    with pytest.raises(ConfigError, match=r"^moe\.expert_load: has 2 entries but the model has 8 experts"):
+        experiment_from_dict({**moe, "moe": {"routing": "custom", "expert_load": [1, 2]}})
+    assert experiment_from_dict({**moe, "moe": {"routing": "custom", "expert_load": [1] * 8}}).model.is_moe
