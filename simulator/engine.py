@@ -300,6 +300,10 @@ class Engine:
     def __init__(self, graph: OpGraph, cluster: Cluster, compute: ComputeModel | None = None,
                  network: NetworkConfig | None = None, slowdown: Mapping[int, float] | None = None,
                  rank_compute: Mapping[int, ComputeModel] | None = None) -> None:
+        for name, value, kind, how in (("graph", graph, OpGraph, "an OpGraph (workloads.ops)"),
+                                       ("cluster", cluster, Cluster, "a Cluster (topologies.build_cluster)")):
+            if not isinstance(value, kind):
+                raise TypeError(f"{name}: must be {how}, got {type(value).__name__} {value!r:.60}")
         if graph.world_size > cluster.num_gpus:
             raise ValueError(f"world size {graph.world_size} exceeds the cluster's {cluster.num_gpus} GPUs")
         self.graph = graph

@@ -305,6 +305,9 @@ def _faults_from_list(value: object, cluster: Cluster) -> list[dict]:
 
 def read_experiment_file(path: str | os.PathLike) -> dict:
     """Parse an experiment YAML file into a dict; one-line ``ConfigError`` for unreadable or malformed files."""
+    if not isinstance(path, (str, os.PathLike)):  # (an int would be opened as a file descriptor)
+        raise TypeError(f"experiment file: must be a path (str or os.PathLike), got {type(path).__name__} "
+                        f"{path!r:.60}")
     try:
         with open(path) as fh:
             doc = load_yaml(fh)
@@ -366,6 +369,9 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
     memory, unless ``force``. ``fidelity`` (``"fast"`` or ``"full"``, see
     :data:`FIDELITIES`) overrides the experiment's.
     """
+    if not isinstance(exp, Experiment):
+        raise TypeError(f"run_experiment: needs an Experiment (load_experiment or experiment_from_dict), got "
+                        f"{type(exp).__name__}")
     t0 = time.perf_counter()
     memory = check_memory(exp, force)
     fidelity = _fidelity(exp.fidelity if fidelity is None else fidelity)

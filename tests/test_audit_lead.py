@@ -71,3 +71,24 @@ def test_a_moe_section_that_nothing_would_read_is_refused_at_load_time():
     with pytest.raises(ConfigError, match=r"^moe\.expert_load: has 2 entries but the model has 8 experts"):
         experiment_from_dict({**moe, "moe": {"routing": "custom", "expert_load": [1, 2]}})
     assert experiment_from_dict({**moe, "moe": {"routing": "custom", "expert_load": [1] * 8}}).model.is_moe
+
+
+def test_the_python_entry_points_name_a_wrong_argument_type():
+    """``load_experiment(3)`` read file descriptor 3; ``simulate(g, "dgx-h100")`` and ``run_experiment(dict)``
+    failed deep inside with an AttributeError."""
+    import pytest
+
+    from simulator import simulate
+    from simulator.experiment import load_experiment, run_experiment
+    from workloads.ops import OpGraph
+
+    with pytest.raises(TypeError, match=r"^experiment file: must be a path .*got int 3"):
+        load_experiment(3)
+    with pytest.raises(TypeError, match=r"^run_experiment: needs an Experiment .*got dict"):
+        run_experiment({"cluster": {}})
+    g = OpGraph(2)
+    g.compute(0, duration_s=1e-3, category="fixed")
+    with pytest.raises(TypeError, match=r"^cluster: must be a Cluster .*got str 'dgx-h100'"):
+        simulate(g, "dgx-h100")
+    with pytest.raises(TypeError, match=r"^graph: must be an OpGraph"):
+        simulate([], "dgx-h100")
