@@ -54,14 +54,17 @@ published microbenchmarks).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+import numpy as np
+
 from topologies.cluster import GPUSpec
-from workloads.ops import Compute, Kernel
+from workloads.ops import Compute, Kernel, Op
 
 from .attention import DEFAULT_KERNEL, attention_fraction, kernels_for
-from .gemm import K_OVERHEAD, GemmModel
+from .gemm import K_OVERHEAD, GemmModel, times
 
 _DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -241,6 +244,121 @@ class ComputeModel:
         else:
             t_math = 0.0
         return self._roofline(category, k.batch, k.nbytes, t_math)
+
+
+def op_durations(ops: Sequence[Op], compute: ComputeModel,
+                 rank_compute: Mapping[int, ComputeModel] | None = None) -> list[float]:
+    """Seconds of every compute op of ``ops`` (indexed by op id; NaN for the other ops) on its rank's model
+    (``rank_compute``, else ``compute``): :meth:`ComputeModel.duration`, once per distinct op shape.
+
+    A coarsened op is timed once per kernel tuple object and model, the first op holding that tuple giving the
+    value (generators share one tuple across many ops); an op without parts once per distinct value. Tuples of
+    plain kernels (no ``duration_s`` on the op) are timed together at the end by :func:`_parts_durations`: a
+    skewed MoE step holds ~10^5 distinct expert kernels, whose GEMMs are then timed in blocks."""
+    nan = float("nan")
+    duration: list[float] = [nan] * len(ops)
+    by_parts: dict[tuple[int, int], float | _Later] = {}
+    by_value: dict[tuple, float] = {}
+    later: list[tuple[ComputeModel, tuple[Kernel, ...]]] = []  # tuples to time together, in first-seen order
+    waiting: list[tuple[int, _Later]] = []  # (op id, its tuple's entry of ``later``)
+    for op in ops:
+        if op.kind != "compute":
+            continue
+        model = rank_compute.get(op.rank, compute) if rank_compute else compute
+        parts = op.parts
+        if parts is not None:
+            d = by_parts.get((id(parts), id(model)))
+            if d is None:
+                if parts and op.duration_s is None:  # duration() is then the sum over the kernels alone
+                    d = _Later(len(later))
+                    later.append((model, parts))
+                else:
+                    key = (id(model), op.category, op.duration_s, parts)
+                    d = by_value.get(key)
+                    if d is None:
+                        d = by_value[key] = model.duration(op)
+                by_parts[(id(parts), id(model))] = d
+            if type(d) is _Later:
+                waiting.append((op.id, d))
+                continue
+        else:
+            key = (id(model), op.category, op.flops, op.nbytes, op.shape, op.duration_s)
+            d = by_value.get(key)
+            if d is None:
+                d = by_value[key] = model.duration(op)
+        duration[op.id] = d
+    if later:
+        timed = _parts_durations(later)
+        for i, slot in waiting:
+            duration[i] = timed[slot.index]
+    return duration
+
+
+class _Later:
+    """A coarsened op's duration still to be timed: entry ``index`` of :func:`op_durations`' ``later``."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _parts_durations(later: Sequence[tuple[ComputeModel, tuple[Kernel, ...]]]) -> list[float]:
+    """:meth:`ComputeModel.duration` of each ``(model, parts)`` of ``later`` (an op of those non-empty parts and
+    no ``duration_s``): the sum over its kernels, in order. The plain GEMM kernels (those whose time
+    :meth:`ComputeModel._kernel_duration` works out from :meth:`GemmModel.time`) are timed as arrays, one model
+    at a time (:func:`_gemm_durations`); every other kernel by :meth:`ComputeModel._kernel_duration` (or
+    :meth:`ComputeModel.duration`, not a Kernel). The sums are Python's ``sum`` over the same floats in the same
+    order, so each total is the one :meth:`ComputeModel.duration` makes."""
+    values: list = []  # one per kernel of every tuple, in order; a plain GEMM's filled in below
+    plain: dict[int, tuple[ComputeModel, list[int], list[Kernel]]] = {}  # id(model) -> (model, where, kernels)
+    bounds = []
+    for model, parts in later:
+        start = len(values)
+        gemms = None
+        for k in parts:
+            if type(k) is Kernel and k.category == "gemm" and k.shape is not None and not k.sm_reserved and k.flops:
+                if gemms is None:
+                    gemms = plain.get(id(model))
+                    if gemms is None:
+                        gemms = plain[id(model)] = (model, [], [])
+                gemms[1].append(len(values))
+                gemms[2].append(k)
+                values.append(None)
+            else:
+                values.append(model._kernel_duration(k) if type(k) is Kernel else model.duration(k))
+        bounds.append((start, len(values)))
+    for model, where, kernels in plain.values():
+        for i, t in zip(where, _gemm_durations(model, kernels)):
+            values[i] = t
+    return [sum(values[a:b]) for a, b in bounds]
+
+
+def _gemm_durations(model: ComputeModel, kernels: Sequence[Kernel]) -> list[float]:
+    """:meth:`ComputeModel._kernel_duration` of plain GEMM kernels (category ``gemm``, a shape, no reserved SMs,
+    non-zero FLOPs), as arrays: ``t_math = flops / (2.0 · batch · m · n · k / time)``, then the roofline
+    (:meth:`ComputeModel._roofline`). Each element goes through the same float64 operations in the same order as
+    the scalar path (an integer below 2**53 converts to a double exactly, in Python's arithmetic as in numpy's;
+    ``max`` and a division of 0 bytes give the same values for these finite, non-negative operands). Kernels
+    whose shapes or batch are not all integers in ``1 .. 2**53``, or a model whose bandwidth terms are not
+    positive, take the scalar path."""
+    eff_plain = model.gpu.hbm_bandwidth * model.memory_efficiency
+    eff_batched = model.gpu.hbm_bandwidth * model.score_memory_efficiency
+    try:
+        dims = np.array([d for k in kernels for d in (*k.shape, k.batch)])  # int64 when all are integers
+    except (OverflowError, TypeError, ValueError):
+        dims = None
+    if dims is None or dims.dtype != np.int64 or dims.shape != (4 * len(kernels),) \
+            or not (eff_plain > 0 and eff_batched > 0) or int(dims.min()) < 1 or int(dims.max()) >= 2 ** 53:
+        return [model._kernel_duration(k) for k in kernels]
+    m, n, kk, batch = dims[0::4], dims[1::4], dims[2::4], dims[3::4]
+    t = times(model.gemm, m, n, kk, batch)
+    flops = np.array([k.flops for k in kernels], dtype=np.float64)
+    nbytes = np.array([k.nbytes for k in kernels], dtype=np.float64)
+    t_math = flops / (2.0 * batch.astype(np.float64) * m.astype(np.float64) * n.astype(np.float64)
+                      * kk.astype(np.float64) / t)
+    t_mem = nbytes / np.where(batch > 1, eff_batched, eff_plain)
+    return (np.maximum(t_math, t_mem) + model.op_overhead_s).tolist()
 
 
 _REDUCED: dict[tuple[GemmModel, int], GemmModel] = {}
