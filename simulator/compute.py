@@ -257,107 +257,135 @@ def op_durations(ops: Sequence[Op], compute: ComputeModel,
     skewed MoE step holds ~10^5 distinct expert kernels, whose GEMMs are then timed in blocks."""
     nan = float("nan")
     duration: list[float] = [nan] * len(ops)
-    by_parts: dict[tuple[int, int], float | _Later] = {}
+    one = not rank_compute  # one model: a tuple's key is its id alone (no key tuple made per op)
+    slot_of: dict = {}  # key of a (tuple, model) -> its entry of ``later``
+    by_parts: dict = {}  # key of a (tuple, model) timed at once -> seconds
     by_value: dict[tuple, float] = {}
     later: list[tuple[ComputeModel, tuple[Kernel, ...]]] = []  # tuples to time together, in first-seen order
-    waiting: list[tuple[int, _Later]] = []  # (op id, its tuple's entry of ``later``)
+    waiting: list[int] = []  # ids of the ops timed with ``later``
+    slots: list[int] = []  # ... and their entries of it
+    model = compute
     for op in ops:
         if op.kind != "compute":
             continue
-        model = rank_compute.get(op.rank, compute) if rank_compute else compute
+        if not one:
+            model = rank_compute.get(op.rank, compute)
         parts = op.parts
         if parts is not None:
-            d = by_parts.get((id(parts), id(model)))
-            if d is None:
-                if parts and op.duration_s is None:  # duration() is then the sum over the kernels alone
-                    d = _Later(len(later))
-                    later.append((model, parts))
-                else:
-                    key = (id(model), op.category, op.duration_s, parts)
-                    d = by_value.get(key)
-                    if d is None:
-                        d = by_value[key] = model.duration(op)
-                by_parts[(id(parts), id(model))] = d
-            if type(d) is _Later:
-                waiting.append((op.id, d))
+            key = id(parts) if one else (id(parts), id(model))
+            slot = slot_of.get(key)
+            if slot is None:
+                d = by_parts.get(key)
+                if d is None:
+                    if parts and op.duration_s is None:  # duration() is then the sum over the kernels alone
+                        slot = slot_of[key] = len(later)
+                        later.append((model, parts))
+                    else:
+                        vkey = (id(model), op.category, op.duration_s, parts)
+                        d = by_value.get(vkey)
+                        if d is None:
+                            d = by_value[vkey] = model.duration(op)
+                        by_parts[key] = d
+            if slot is not None:
+                waiting.append(op.id)
+                slots.append(slot)
                 continue
         else:
-            key = (id(model), op.category, op.flops, op.nbytes, op.shape, op.duration_s)
-            d = by_value.get(key)
+            vkey = (id(model), op.category, op.flops, op.nbytes, op.shape, op.duration_s)
+            d = by_value.get(vkey)
             if d is None:
-                d = by_value[key] = model.duration(op)
+                d = by_value[vkey] = model.duration(op)
         duration[op.id] = d
     if later:
         timed = _parts_durations(later)
-        for i, slot in waiting:
-            duration[i] = timed[slot.index]
+        for i, slot in zip(waiting, slots):
+            duration[i] = timed[slot]
     return duration
-
-
-class _Later:
-    """A coarsened op's duration still to be timed: entry ``index`` of :func:`op_durations`' ``later``."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
 
 
 def _parts_durations(later: Sequence[tuple[ComputeModel, tuple[Kernel, ...]]]) -> list[float]:
     """:meth:`ComputeModel.duration` of each ``(model, parts)`` of ``later`` (an op of those non-empty parts and
-    no ``duration_s``): the sum over its kernels, in order. The plain GEMM kernels (those whose time
-    :meth:`ComputeModel._kernel_duration` works out from :meth:`GemmModel.time`) are timed as arrays, one model
-    at a time (:func:`_gemm_durations`); every other kernel by :meth:`ComputeModel._kernel_duration` (or
+    no ``duration_s``): the sum over its kernels, in order. Kernels are timed as arrays, one model at a time:
+    the plain GEMMs (those whose time :meth:`ComputeModel._kernel_duration` works out from
+    :meth:`GemmModel.time`) by :func:`_gemm_durations`, the kernels without FLOPs (memory-bound: element-wise,
+    casts) by :func:`_memory_durations`; every other kernel by :meth:`ComputeModel._kernel_duration` (or
     :meth:`ComputeModel.duration`, not a Kernel). The sums are Python's ``sum`` over the same floats in the same
     order, so each total is the one :meth:`ComputeModel.duration` makes."""
-    values: list = []  # one per kernel of every tuple, in order; a plain GEMM's filled in below
-    plain: dict[int, tuple[ComputeModel, list[int], list[Kernel]]] = {}  # id(model) -> (model, where, kernels)
+    values: list = []  # one per kernel of every tuple, in order; the arrays' filled in below
+    # id(model) -> (model, (where, kernels) of its plain GEMMs, (where, kernels) of its kernels without FLOPs)
+    arrays: dict[int, tuple[ComputeModel, tuple[list[int], list[Kernel]], tuple[list[int], list[Kernel]]]] = {}
     bounds = []
     for model, parts in later:
         start = len(values)
-        gemms = None
+        mine = None
         for k in parts:
-            if type(k) is Kernel and k.category == "gemm" and k.shape is not None and not k.sm_reserved and k.flops:
-                if gemms is None:
-                    gemms = plain.get(id(model))
-                    if gemms is None:
-                        gemms = plain[id(model)] = (model, [], [])
-                gemms[1].append(len(values))
-                gemms[2].append(k)
+            if type(k) is Kernel:
+                if not k.flops:
+                    which = 2
+                elif k.category == "gemm" and k.shape is not None and not k.sm_reserved:
+                    which = 1
+                else:
+                    values.append(model._kernel_duration(k))
+                    continue
+                if mine is None:
+                    mine = arrays.get(id(model))
+                    if mine is None:
+                        mine = arrays[id(model)] = (model, ([], []), ([], []))
+                where, kernels = mine[which]
+                where.append(len(values))
+                kernels.append(k)
                 values.append(None)
             else:
-                values.append(model._kernel_duration(k) if type(k) is Kernel else model.duration(k))
+                values.append(model.duration(k))
         bounds.append((start, len(values)))
-    for model, where, kernels in plain.values():
-        for i, t in zip(where, _gemm_durations(model, kernels)):
-            values[i] = t
+    for model, gemms, memory in arrays.values():
+        for (where, kernels), timer in ((gemms, _gemm_durations), (memory, _memory_durations)):
+            if kernels:
+                for i, t in zip(where, timer(model, kernels)):
+                    values[i] = t
     return [sum(values[a:b]) for a, b in bounds]
 
 
 def _gemm_durations(model: ComputeModel, kernels: Sequence[Kernel]) -> list[float]:
     """:meth:`ComputeModel._kernel_duration` of plain GEMM kernels (category ``gemm``, a shape, no reserved SMs,
     non-zero FLOPs), as arrays: ``t_math = flops / (2.0 · batch · m · n · k / time)``, then the roofline
-    (:meth:`ComputeModel._roofline`). Each element goes through the same float64 operations in the same order as
-    the scalar path (an integer below 2**53 converts to a double exactly, in Python's arithmetic as in numpy's;
-    ``max`` and a division of 0 bytes give the same values for these finite, non-negative operands). Kernels
-    whose shapes or batch are not all integers in ``1 .. 2**53``, or a model whose bandwidth terms are not
-    positive, take the scalar path."""
-    eff_plain = model.gpu.hbm_bandwidth * model.memory_efficiency
-    eff_batched = model.gpu.hbm_bandwidth * model.score_memory_efficiency
+    (:func:`_roofline_durations`). Each element goes through the same float64 operations in the same order as
+    the scalar path (an integer below 2**53 converts to a double exactly, in Python's arithmetic as in numpy's).
+    Kernels whose shapes or batch are not all integers in ``1 .. 2**53`` take the scalar path."""
     try:
         dims = np.array([d for k in kernels for d in (*k.shape, k.batch)])  # int64 when all are integers
     except (OverflowError, TypeError, ValueError):
         dims = None
     if dims is None or dims.dtype != np.int64 or dims.shape != (4 * len(kernels),) \
-            or not (eff_plain > 0 and eff_batched > 0) or int(dims.min()) < 1 or int(dims.max()) >= 2 ** 53:
+            or int(dims.min()) < 1 or int(dims.max()) >= 2 ** 53:
         return [model._kernel_duration(k) for k in kernels]
     m, n, kk, batch = dims[0::4], dims[1::4], dims[2::4], dims[3::4]
     t = times(model.gemm, m, n, kk, batch)
     flops = np.array([k.flops for k in kernels], dtype=np.float64)
-    nbytes = np.array([k.nbytes for k in kernels], dtype=np.float64)
     t_math = flops / (2.0 * batch.astype(np.float64) * m.astype(np.float64) * n.astype(np.float64)
                       * kk.astype(np.float64) / t)
-    t_mem = nbytes / np.where(batch > 1, eff_batched, eff_plain)
+    return _roofline_durations(model, kernels, t_math)
+
+
+def _memory_durations(model: ComputeModel, kernels: Sequence[Kernel]) -> list[float]:
+    """:meth:`ComputeModel._kernel_duration` of kernels without FLOPs (``t_math`` 0), as arrays."""
+    return _roofline_durations(model, kernels, np.zeros(len(kernels)))
+
+
+def _roofline_durations(model: ComputeModel, kernels: Sequence[Kernel], t_math: np.ndarray) -> list[float]:
+    """:meth:`ComputeModel._roofline` of each kernel whose math takes ``t_math`` s, as arrays: the same operations
+    on the same doubles (``nbytes / (bandwidth · efficiency)``, 0 without bytes, the larger of the two, plus the
+    overhead; ``max`` of these finite non-negative values is exact). A model whose bandwidth terms are not
+    positive (the scalar path would raise or divide by zero) takes the scalar path."""
+    hbm = model.gpu.hbm_bandwidth
+    plain, scores = hbm * model.memory_efficiency, hbm * model.score_memory_efficiency
+    if not (plain > 0 and scores > 0):
+        return [model._kernel_duration(k) for k in kernels]
+    nbytes = np.array([k.nbytes for k in kernels], dtype=np.float64)
+    rate = np.array([scores if k.category == "scores" or (k.category == "gemm" and k.batch > 1) else plain
+                     for k in kernels])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_mem = np.where(nbytes == 0, 0.0, nbytes / rate)
     return (np.maximum(t_math, t_mem) + model.op_overhead_s).tolist()
 
 

@@ -130,7 +130,12 @@ def test_op_durations_keep_the_former_pass_corner_cases():
            Marked("gemm", 1e12, 1e8, (1000, 1000, 500)),
            Kernel("gemm", 0.0, 0.0, (1, 1, 1)),
            Kernel("gemm", 1e12, 1e8),
-           Kernel("scores", 1e9, 1e9))
+           Kernel("scores", 1e9, 1e9),
+           Kernel("scores", 0.0, 1e9),
+           Kernel("gemm", 0.0, 1e6, (8, 8, 8), batch=4),
+           Kernel("fp8_cast", 0.0, 3e8),
+           Kernel("elementwise", -0.0, 0.0),
+           Kernel("optimizer", 0.0, -0.0))
     floats = (Kernel("gemm", 1e12, 1e8, (1000.0, 2048, 512)),)
     huge = (Kernel("gemm", 1e12, 1e8, (2**53 + 1, 1, 1)),)
     g.compute(0, parts=plain, name="fixed first", duration_s=0.5)
