@@ -879,8 +879,8 @@ class _StepBuilder:
             found = self._scale_plans.get(id(balanced))
             if found is None:  # per kernel: its fields, and which of its dimensions are the tokens
                 found = self._scale_plans[id(balanced)] = (
-                    [(k.category, k.flops, k.nbytes, k.shape, k.batch, _token_dims(k.shape, tokens))
-                     for k in balanced],
+                    [(k.category, k.flops, k.nbytes, None if k.shape is None else tuple(k.shape), k.batch,
+                      _token_dims(k.shape, tokens)) for k in balanced],
                     all(0 <= k.flops < math.inf and 0 <= k.nbytes < math.inf for k in balanced))
             plan, sound = found
             # _scale_kernel of each kernel, unrolled: the same operations on the same values
