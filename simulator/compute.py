@@ -54,14 +54,17 @@ published microbenchmarks).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+import numpy as np
+
 from topologies.cluster import GPUSpec
-from workloads.ops import Compute, Kernel
+from workloads.ops import Compute, Kernel, Op
 
 from .attention import DEFAULT_KERNEL, attention_fraction, kernels_for
-from .gemm import K_OVERHEAD, GemmModel
+from .gemm import K_OVERHEAD, GemmModel, times
 
 _DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -241,6 +244,149 @@ class ComputeModel:
         else:
             t_math = 0.0
         return self._roofline(category, k.batch, k.nbytes, t_math)
+
+
+def op_durations(ops: Sequence[Op], compute: ComputeModel,
+                 rank_compute: Mapping[int, ComputeModel] | None = None) -> list[float]:
+    """Seconds of every compute op of ``ops`` (indexed by op id; NaN for the other ops) on its rank's model
+    (``rank_compute``, else ``compute``): :meth:`ComputeModel.duration`, once per distinct op shape.
+
+    A coarsened op is timed once per kernel tuple object and model, the first op holding that tuple giving the
+    value (generators share one tuple across many ops); an op without parts once per distinct value. Tuples of
+    plain kernels (no ``duration_s`` on the op) are timed together at the end by :func:`_parts_durations`: a
+    skewed MoE step holds ~10^5 distinct expert kernels, whose GEMMs are then timed in blocks."""
+    nan = float("nan")
+    duration: list[float] = [nan] * len(ops)
+    one = not rank_compute  # one model: a tuple's key is its id alone (no key tuple made per op)
+    slot_of: dict = {}  # key of a (tuple, model) -> its entry of ``later``
+    by_parts: dict = {}  # key of a (tuple, model) timed at once -> seconds
+    by_value: dict[tuple, float] = {}
+    later: list[tuple[ComputeModel, tuple[Kernel, ...]]] = []  # tuples to time together, in first-seen order
+    waiting: list[int] = []  # ids of the ops timed with ``later``
+    slots: list[int] = []  # ... and their entries of it
+    model = compute
+    for op in ops:
+        if op.kind != "compute":
+            continue
+        if not one:
+            model = rank_compute.get(op.rank, compute)
+        parts = op.parts
+        if parts is not None:
+            key = id(parts) if one else (id(parts), id(model))
+            slot = slot_of.get(key)
+            if slot is None:
+                d = by_parts.get(key)
+                if d is None:
+                    if parts and op.duration_s is None:  # duration() is then the sum over the kernels alone
+                        slot = slot_of[key] = len(later)
+                        later.append((model, parts))
+                    else:
+                        vkey = (id(model), op.category, op.duration_s, parts)
+                        d = by_value.get(vkey)
+                        if d is None:
+                            d = by_value[vkey] = model.duration(op)
+                        by_parts[key] = d
+            if slot is not None:
+                waiting.append(op.id)
+                slots.append(slot)
+                continue
+        else:
+            vkey = (id(model), op.category, op.flops, op.nbytes, op.shape, op.duration_s)
+            d = by_value.get(vkey)
+            if d is None:
+                d = by_value[vkey] = model.duration(op)
+        duration[op.id] = d
+    if later:
+        timed = _parts_durations(later)
+        for i, slot in zip(waiting, slots):
+            duration[i] = timed[slot]
+    return duration
+
+
+def _parts_durations(later: Sequence[tuple[ComputeModel, tuple[Kernel, ...]]]) -> list[float]:
+    """:meth:`ComputeModel.duration` of each ``(model, parts)`` of ``later`` (an op of those non-empty parts and
+    no ``duration_s``): the sum over its kernels, in order. Kernels are timed as arrays, one model at a time:
+    the plain GEMMs (those whose time :meth:`ComputeModel._kernel_duration` works out from
+    :meth:`GemmModel.time`) by :func:`_gemm_durations`, the kernels without FLOPs (memory-bound: element-wise,
+    casts) by :func:`_memory_durations`; every other kernel by :meth:`ComputeModel._kernel_duration` (or
+    :meth:`ComputeModel.duration`, not a Kernel). The sums are Python's ``sum`` over the same floats in the same
+    order, so each total is the one :meth:`ComputeModel.duration` makes."""
+    values: list = []  # one per kernel of every tuple, in order; the arrays' filled in below
+    # id(model) -> (model, (where, kernels) of its plain GEMMs, (where, kernels) of its kernels without FLOPs)
+    arrays: dict[int, tuple[ComputeModel, tuple[list[int], list[Kernel]], tuple[list[int], list[Kernel]]]] = {}
+    bounds = []
+    for model, parts in later:
+        start = len(values)
+        mine = None
+        for k in parts:
+            if type(k) is Kernel:
+                if not k.flops:
+                    which = 2
+                elif k.category == "gemm" and k.shape is not None and not k.sm_reserved:
+                    which = 1
+                else:
+                    values.append(model._kernel_duration(k))
+                    continue
+                if mine is None:
+                    mine = arrays.get(id(model))
+                    if mine is None:
+                        mine = arrays[id(model)] = (model, ([], []), ([], []))
+                where, kernels = mine[which]
+                where.append(len(values))
+                kernels.append(k)
+                values.append(None)
+            else:
+                values.append(model.duration(k))
+        bounds.append((start, len(values)))
+    for model, gemms, memory in arrays.values():
+        for (where, kernels), timer in ((gemms, _gemm_durations), (memory, _memory_durations)):
+            if kernels:
+                for i, t in zip(where, timer(model, kernels)):
+                    values[i] = t
+    return [sum(values[a:b]) for a, b in bounds]
+
+
+def _gemm_durations(model: ComputeModel, kernels: Sequence[Kernel]) -> list[float]:
+    """:meth:`ComputeModel._kernel_duration` of plain GEMM kernels (category ``gemm``, a shape, no reserved SMs,
+    non-zero FLOPs), as arrays: ``t_math = flops / (2.0 · batch · m · n · k / time)``, then the roofline
+    (:func:`_roofline_durations`). Each element goes through the same float64 operations in the same order as
+    the scalar path (an integer below 2**53 converts to a double exactly, in Python's arithmetic as in numpy's).
+    Kernels whose shapes or batch are not all integers in ``1 .. 2**53`` take the scalar path."""
+    try:
+        dims = np.array([d for k in kernels for d in (*k.shape, k.batch)])  # int64 when all are integers
+    except (OverflowError, TypeError, ValueError):
+        dims = None
+    if dims is None or dims.dtype != np.int64 or dims.shape != (4 * len(kernels),) \
+            or int(dims.min()) < 1 or int(dims.max()) >= 2 ** 53:
+        return [model._kernel_duration(k) for k in kernels]
+    m, n, kk, batch = dims[0::4], dims[1::4], dims[2::4], dims[3::4]
+    t = times(model.gemm, m, n, kk, batch)
+    flops = np.array([k.flops for k in kernels], dtype=np.float64)
+    t_math = flops / (2.0 * batch.astype(np.float64) * m.astype(np.float64) * n.astype(np.float64)
+                      * kk.astype(np.float64) / t)
+    return _roofline_durations(model, kernels, t_math)
+
+
+def _memory_durations(model: ComputeModel, kernels: Sequence[Kernel]) -> list[float]:
+    """:meth:`ComputeModel._kernel_duration` of kernels without FLOPs (``t_math`` 0), as arrays."""
+    return _roofline_durations(model, kernels, np.zeros(len(kernels)))
+
+
+def _roofline_durations(model: ComputeModel, kernels: Sequence[Kernel], t_math: np.ndarray) -> list[float]:
+    """:meth:`ComputeModel._roofline` of each kernel whose math takes ``t_math`` s, as arrays: the same operations
+    on the same doubles (``nbytes / (bandwidth · efficiency)``, 0 without bytes, the larger of the two, plus the
+    overhead; ``max`` of these finite non-negative values is exact). A model whose bandwidth terms are not
+    positive (the scalar path would raise or divide by zero) takes the scalar path."""
+    hbm = model.gpu.hbm_bandwidth
+    plain, scores = hbm * model.memory_efficiency, hbm * model.score_memory_efficiency
+    if not (plain > 0 and scores > 0):
+        return [model._kernel_duration(k) for k in kernels]
+    nbytes = np.array([k.nbytes for k in kernels], dtype=np.float64)
+    rate = np.array([scores if k.category == "scores" or (k.category == "gemm" and k.batch > 1) else plain
+                     for k in kernels])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_mem = np.where(nbytes == 0, 0.0, nbytes / rate)
+    return (np.maximum(t_math, t_mem) + model.op_overhead_s).tolist()
 
 
 _REDUCED: dict[tuple[GemmModel, int], GemmModel] = {}

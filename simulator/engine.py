@@ -32,7 +32,7 @@ from simpy.events import NORMAL
 from topologies.cluster import Cluster
 from workloads.ops import Collective, Op, OpGraph, OpGraphError, Recv, Send
 
-from .compute import ComputeModel
+from .compute import ComputeModel, op_durations
 from .fabric import Fabric, NetworkConfig
 
 
@@ -351,32 +351,9 @@ class Engine:
             waiting[i] = len(deps)
         del last_on_stream
 
-        # Compute durations, cached per distinct op shape (coarsened ops often share their kernel tuple).
+        # Compute durations, once per distinct op shape (coarsened ops often share their kernel tuple).
         nan = float("nan")
-        duration: list[float] = [nan] * n
-        by_parts: dict[tuple[int, int], float] = {}
-        by_value: dict[tuple, float] = {}
-        rank_compute = self.rank_compute
-        for op in ops:
-            if op.kind != "compute":
-                continue
-            model = rank_compute.get(op.rank, compute) if rank_compute else compute
-            parts = op.parts
-            if parts is not None:
-                d = by_parts.get((id(parts), id(model)))
-                if d is None:
-                    key = (id(model), op.category, op.duration_s, parts)
-                    d = by_value.get(key)
-                    if d is None:
-                        d = by_value[key] = model.duration(op)
-                    by_parts[(id(parts), id(model))] = d
-            else:
-                key = (id(model), op.category, op.flops, op.nbytes, op.shape, op.duration_s)
-                d = by_value.get(key)
-                if d is None:
-                    d = by_value[key] = model.duration(op)
-            duration[op.id] = d
-        del by_parts, by_value
+        duration = op_durations(ops, compute, self.rank_compute)
         if self.slowdown:
             factor = {r: max(self.slowdown.get(x, 1.0) for x in (replicas or {}).get(r, (r,)))
                       for r in {op.rank for op in ops}}

@@ -190,17 +190,53 @@ class _Times:
 _TIMES: dict[int, _Times] = {}  # id(model) -> its times (the model kept in them, so that its id stays its own)
 
 
+def _store(model: GemmModel) -> _Times:
+    """``model``'s :class:`_Times`, made on first use (at most :data:`_MODELS` kept)."""
+    st = _TIMES.get(id(model))
+    if st is None or st.model is not model:
+        if len(_TIMES) >= _MODELS:
+            _TIMES.clear()
+        st = _TIMES[id(model)] = _Times(model)
+    return st
+
+
+MANY = 16384
+"""Shapes timed together by :func:`times` (bounds its arrays: ~30 candidate rows of this many float64s)."""
+
+
+def times(model: GemmModel, m: np.ndarray, n: np.ndarray, k: np.ndarray, batch: np.ndarray) -> np.ndarray:
+    """:meth:`GemmModel.time` of many shapes at once: ``m``, ``n``, ``k``, ``batch`` int64 arrays of one length,
+    every element in ``1 .. 2**53``. A skewed MoE step's duration pass asks for ~10^5 distinct expert GEMMs,
+    which one by one (:func:`_time`) cost ~15 µs each. The shapes that :func:`_block_times` would take one by
+    one (their integers stay exact doubles) are timed together by its arithmetic, one batch count at a time in
+    chunks of :data:`MANY`: that arithmetic is element by element, so an element's time does not depend on the
+    others beside it. The rest (the LM head's wide GEMMs, say) are timed by :func:`_time`. Either way each time
+    is :func:`_best_time`'s."""
+    out = np.empty(len(m))
+    fast = np.zeros(len(m), dtype=bool)
+    if _vector_model(model):
+        fast = _bound(model, batch, m, n, k) < _EXACT
+    rates = _tile_rates(model)
+    for b in np.unique(batch[fast]).tolist():
+        where = np.flatnonzero(fast & (batch == b))
+        for start in range(0, len(where), MANY):
+            at = where[start:start + MANY]
+            with np.errstate(over="ignore", invalid="ignore"):  # as in _block_times
+                out[at] = _candidate_times(model, rates, m[at], n[at], k[at], b)
+    slow = np.flatnonzero(~fast)
+    if len(slow):
+        out[slow] = [_time(model, *shape) for shape in zip(m[slow].tolist(), n[slow].tolist(), k[slow].tolist(),
+                                                             batch[slow].tolist())]
+    return out
+
+
 def _time(model: GemmModel, m: int, n: int, k: int, batch: int) -> float:
     """:func:`_best_time`'s time of one shape, looked up. Skewed MoE routing gives every EP rank its own token
     count, so one expert GEMM comes in thousands of shapes differing in one dimension (``m``, or ``k`` for the
     weight gradient). A block is :data:`BLOCK` consecutive values of one dimension, the other two and the
     batch fixed; once a block has missed :data:`VECTOR_AFTER` times, all its shapes are timed at once by
     :func:`_block_times`, which does :func:`_best_time`'s arithmetic element by element (the same results)."""
-    st = _TIMES.get(id(model))
-    if st is None or st.model is not model:
-        if len(_TIMES) >= _MODELS:
-            _TIMES.clear()
-        st = _TIMES[id(model)] = _Times(model)
+    st = _store(model)
     key = (m, n, k, batch)
     times = st.times
     t = times.get(key)
@@ -251,17 +287,28 @@ def _block_times(model: GemmModel, m, n, k, batch: int) -> np.ndarray | None:
     there (numpy's float64 element-wise operations round as Python's floats do, and integers below 2**53
     convert exactly); the minimum over the rows is the one :func:`_best_time` keeps (a minimum is exact). None
     where an intermediate integer could reach 2**53 (Python's big integers would then round differently)."""
-    sm_count, k_overhead = model.sm_count, model.k_overhead
-    rates = _tile_rates(model)
     hi = [int(d.max()) if isinstance(d, np.ndarray) else d for d in (m, n, k)]
     lo = [int(d.min()) if isinstance(d, np.ndarray) else d for d in (m, n, k)]
-    if min(lo) < 1 or batch < 1 or sm_count < 1 or not all(rate > 0 for _tm, _tn, rate in rates) \
-            or not model.hbm_bandwidth > 0 \
-            or float(batch) * hi[0] * hi[1] * max(hi[2], 2 * SPLITS[-1] * PARTIAL_BYTES + model.dtype_bytes,
-                                                  k_overhead + 1) * SPLITS[-1] >= _EXACT:
+    if min(lo) < 1 or batch < 1 or not _vector_model(model) or _bound(model, batch, *hi) >= _EXACT:
         return None
     with np.errstate(over="ignore", invalid="ignore"):  # (Python's floats overflow to inf without a word)
-        return _candidate_times(model, rates, m, n, k, batch)
+        return _candidate_times(model, _tile_rates(model), m, n, k, batch)
+
+
+def _vector_model(model: GemmModel) -> bool:
+    """Whether ``model``'s constants let :func:`_candidate_times` time shapes (no division by a zero count or
+    rate, which the scalar model would raise on)."""
+    return model.sm_count >= 1 and all(rate > 0 for _tm, _tn, rate in _tile_rates(model)) \
+        and model.hbm_bandwidth > 0
+
+
+def _bound(model: GemmModel, batch, m, n, k):
+    """A bound on the integers :func:`_candidate_times` makes of a shape (floats; integers or arrays, element by
+    element): below :data:`_EXACT`, every one of them is an exact double."""
+    floor = max(2 * SPLITS[-1] * PARTIAL_BYTES + model.dtype_bytes, model.k_overhead + 1)
+    if isinstance(k, np.ndarray):
+        return batch.astype(np.float64) * m * n * np.maximum(k, floor) * SPLITS[-1]
+    return float(batch) * m * n * max(k, floor) * SPLITS[-1]
 
 
 def _candidate_times(model: GemmModel, rates: list, m, n, k, batch: int) -> np.ndarray:

@@ -185,6 +185,9 @@ class OpGraph:
         self.world_size = world_size
         self.ops: list[Op] = []
         self._valid_groups: set[tuple[int, ...]] = set()  # groups already checked (distinct, in range)
+        # (id(group tuple), rank) -> that tuple: a group object already checked with that rank in it (the tuple
+        # kept in the value so that its id cannot be reused while cached); the alltoallv builder's fast path
+        self._members: dict[tuple[int, int], tuple[int, ...]] = {}
         # id(split tuple given) -> (that tuple, as floats, its sum): alltoallv rows already checked
         self._valid_splits: dict[int, tuple[tuple, tuple[float, ...], float]] = {}
         self._valid_rows: dict[int, tuple[tuple, tuple[tuple[float, ...], ...]]] = {}  # the same, for rows
@@ -203,9 +206,12 @@ class OpGraph:
         if not 0 <= rank < self.world_size:
             raise OpGraphError(f"{field}: {rank} is outside 0..{self.world_size - 1}")
 
-    def _deps(self, deps: Iterable[int]) -> tuple[int, ...]:
+    def _deps(self, deps: Iterable[int], n: int | None = None) -> tuple[int, ...]:
+        """``deps`` as a tuple (a tuple given is kept), every id that of an op so far (``n`` of them: the
+        graph's, unless given)."""
         out = tuple(deps)
-        n = len(self.ops)
+        if n is None:
+            n = len(self.ops)
         for d in out:
             if not 0 <= d < n:
                 raise OpGraphError(f"deps: op id {d} does not exist (ops so far: {n})")
@@ -303,6 +309,12 @@ class OpGraph:
             cached = self._part_totals[id(parts)] = (parts, sum(k.flops for k in parts), sum(k.nbytes for k in parts))
         return cached[1], cached[2]
 
+    def _known_parts(self, parts: tuple[Kernel, ...], flops: float, nbytes: float) -> None:
+        """Record ``parts`` as checked kernels (:meth:`_part_sums`) whose totals are ``flops`` and ``nbytes``, as
+        a generator made them: Kernels of finite non-negative FLOPs and bytes, the totals Python's ``sum`` of
+        theirs in order. The ops using them then skip the per-kernel check."""
+        self._part_totals[id(parts)] = (parts, flops, nbytes)
+
     def _checked_group(self, rank: int, grp: tuple[int, ...]) -> tuple[int, ...]:
         """``grp``, checked (once per distinct group): non-empty distinct ranks of this graph, ``rank`` among them."""
         if grp not in self._valid_groups:
@@ -352,14 +364,23 @@ class OpGraph:
         exchanges per layer pass of every rank). The same checks, the same op."""
         if not 0 <= rank < self.world_size:
             self._check_rank(rank)
-        grp = self._checked_group(rank, group if type(group) is tuple else tuple(group))
-        split, nbytes = self._checked_split(split, grp)
+        grp = self._members.get((id(group), rank))
+        if grp is not group:  # not this group object with this rank before: check it (a generator's EP group
+            # is one cached tuple, whose 64-member hash and membership scan would otherwise be paid per op)
+            grp = self._checked_group(rank, group if type(group) is tuple else tuple(group))
+            if grp is group:
+                self._members[(id(group), rank)] = grp
+        checked = self._valid_splits.get(id(split))  # _checked_split's first step, inline (its common case)
+        if checked is not None and checked[0] is split and len(split) == len(grp):
+            split, nbytes = checked[1], checked[2]
+        else:
+            split, nbytes = self._checked_split(split, grp)
         if rows is not None:
             rows = self._checked_rows(rows, grp, rank, split)
         ops = self.ops
         n = len(ops)
-        ops.append(Collective(n, rank, stream, self._deps(deps), name, "ep", layer, micro_batch, stage, "all_to_all",
-                              grp, float(nbytes), "auto", 1, split, rows))
+        ops.append(Collective(n, rank, stream, self._deps(deps, n), name, "ep", layer, micro_batch, stage,
+                              "all_to_all", grp, float(nbytes), "auto", 1, split, rows))
         return n
 
     def _compute_parts(self, rank: int, parts: tuple[Kernel, ...], name: str, deps: Iterable[int], category: str,
@@ -371,10 +392,14 @@ class OpGraph:
             self._check_rank(rank)
         if category not in COMPUTE_CATEGORIES:
             raise OpGraphError(f"category: {category!r} unknown; valid: {', '.join(COMPUTE_CATEGORIES)}")
-        flops, nbytes = self._part_sums(parts, name)
+        cached = self._part_totals.get(id(parts))  # _part_sums' first step, inline (its common case)
+        if cached is not None and cached[0] is parts:
+            flops, nbytes = cached[1], cached[2]
+        else:
+            flops, nbytes = self._part_sums(parts, name)
         ops = self.ops
         n = len(ops)
-        ops.append(Compute(n, rank, stream, self._deps(deps), name, "compute", layer, micro_batch, stage,
+        ops.append(Compute(n, rank, stream, self._deps(deps, n), name, "compute", layer, micro_batch, stage,
                            float(flops), float(nbytes), category, None, None, parts))
         return n
 

@@ -402,6 +402,20 @@ def _scale_kernel(k: Kernel, factor: float, tokens: int) -> Kernel:
     return Kernel(k.category, k.flops * factor, k.nbytes * factor, shape, k.batch)
 
 
+def _token_dims(shape: tuple[int, int, int] | None, tokens: int) -> tuple | list[bool] | None:
+    """Which dimensions of a kernel's ``shape`` :func:`_scale_kernel` scales (those equal to ``tokens``): None for
+    none (or no shape); for one, ``(the dimensions before it, it, those after it)``; else a flag per dimension."""
+    if shape is None:
+        return None
+    scaled = [d == tokens for d in shape]
+    if not any(scaled):
+        return None
+    if sum(scaled) > 1:
+        return scaled
+    at = scaled.index(True)
+    return tuple(shape[:at]), shape[at], tuple(shape[at + 1:])
+
+
 def _column_sums(tokens: np.ndarray) -> list:
     """Each column's ``tokens[:, j].sum()`` (the token slots EP rank ``j``'s experts compute), in one pass: exact
     for the integer counts of a routing draw; column by column otherwise, as summed one at a time."""
@@ -485,6 +499,7 @@ class _StepBuilder:
         # index's DeepEP rows (deepep_matrices). A rank matrix is one draw's, or balanced routing's for every
         # draw, whose probabilities do not depend on the layer either: the rows are a function of it.
         self._tables_of: dict[tuple, list] = {}
+        self._draw_tables: dict[tuple[int, int], list] = {}  # (layer, micro-batch) -> its all-to-all rows' table
         # Set by build(): one representative issues each EP exchange for its whole EP group (symmetric routing
         # under lockstep), carrying every member's row. (id(rank matrix), group) -> those matrices; equal ones
         # are one object.
@@ -861,19 +876,36 @@ class _StepBuilder:
         parts = self._moe_parts.get(key)
         if parts is None:
             tokens = self.par.micro_batch * self.train.seq_len * self.model.top_k
-            plan = self._scale_plans.get(id(balanced))
-            if plan is None:  # per kernel: its fields, and which of its dimensions are the tokens
-                plan = self._scale_plans[id(balanced)] = [
-                    (k.category, k.flops, k.nbytes, k.shape, k.batch,
-                     None if k.shape is None else tuple(d == tokens for d in k.shape)) for k in balanced]
+            found = self._scale_plans.get(id(balanced))
+            if found is None:  # per kernel: its fields, and which of its dimensions are the tokens
+                found = self._scale_plans[id(balanced)] = (
+                    [(k.category, k.flops, k.nbytes, None if k.shape is None else tuple(k.shape), k.batch,
+                      _token_dims(k.shape, tokens)) for k in balanced],
+                    all(0 <= k.flops < math.inf and 0 <= k.nbytes < math.inf for k in balanced))
+            plan, sound = found
             # _scale_kernel of each kernel, unrolled: the same operations on the same values
             factor = load / tokens
-            out = []
-            for category, flops, nbytes, shape, batch, scaled in plan:
-                if scaled is not None:
-                    shape = tuple(max(1, round(d * factor)) if s else d for d, s in zip(shape, scaled))
-                out.append(Kernel(category, flops * factor, nbytes * factor, shape, batch))
+            out, all_flops, all_bytes = [], [], []
+            for category, flops, nbytes, shape, batch, at in plan:
+                if at is not None:
+                    if type(at) is tuple:  # one token dimension (a GEMM's m, or k of a weight gradient)
+                        head, dim, tail = at
+                        d = round(dim * factor)
+                        shape = head + (d if d > 1 else 1,) + tail  # max(1, d) in its place
+                    else:
+                        shape = tuple(max(1, round(d * factor)) if s else d for d, s in zip(shape, at))
+                flops *= factor
+                nbytes *= factor
+                all_flops.append(flops)
+                all_bytes.append(nbytes)
+                out.append(Kernel(category, flops, nbytes, shape, batch))
             parts = self._moe_parts[key] = tuple(out)
+            # The graph's totals of these kernels (:meth:`OpGraph._part_sums`: ``sum`` over the same floats in the
+            # same order), recorded as checked: finite non-negative kernels times a finite factor >= 0 are
+            # non-negative, and finite when their sums are.
+            flops, nbytes = sum(all_flops), sum(all_bytes)
+            if sound and 0 <= factor < math.inf and flops < math.inf and nbytes < math.inf:
+                self.graph._known_parts(parts, flops, nbytes)
         return parts
 
     def _ep_group(self, rank: int) -> tuple[tuple[int, ...], int]:
@@ -889,6 +921,9 @@ class _StepBuilder:
         bytes it sends to each EP peer in the dispatch (owner → experts), in the combine (experts → owners), the
         token slots its experts compute, and under ``moe.dispatch: deepep`` the NVLink forwards out and back."""
         group, e = self._ep_group(rank)
+        table = self._draw_tables.get((layer, mb))
+        if table is not None:  # (every EP index's rows of this layer and micro-batch, found below)
+            return group, e, table[e]
         tokens = self._tokens(layer, mb, (layer, mb if self.routing.draw == "micro_batch" else None))
         if self.routing.dispatch == "deepep":  # kept per (matrix, which ranks share a node): see _deepep_rows
             return group, e, self._deepep_rows(tokens, layer, group, e)
@@ -907,6 +942,7 @@ class _StepBuilder:
                 for out, back, load in zip(scaled.tolist(), scaled.T.tolist(), _column_sums(tokens))]
             if scaled.dtype == np.float64 and not (scaled < 0).any():  # floats, none negative: checked here
                 self.graph._known_splits([row for out, back, _load in table for row in (out, back)])
+        self._draw_tables[(layer, mb)] = table
         return group, e, table[e]
 
     def _ep_layouts_agree(self) -> bool:
@@ -979,11 +1015,15 @@ class _StepBuilder:
         it waits for it, so that the pair's other chunk computes meanwhile.
         """
         g = self.graph
-        before, experts, after, *shared = seg.moe
-        group, _e, (out_row, back_row, load, *forward) = self._moe_rows_for(rank, seg.layer, mb)
+        shared = seg.moe[3:]
+        group, _e, row = self._moe_rows_for(rank, seg.layer, mb)
+        out_row, back_row, load, forward = row[0], row[1], row[2], row[3:]
         # rows of the whole group, when this rank issues the exchanges for its EP peers too (lockstep, symmetric)
-        out_rows, back_rows, *forward_rows = (self._group_matrices(rank, seg.layer, mb) if self._whole_ep_groups
-                                              else (None,) * (2 + len(forward)))  # bytes, member x member
+        if self._whole_ep_groups:
+            out_rows, back_rows, *forward_rows = self._group_matrices(rank, seg.layer, mb)  # bytes, member x member
+        else:
+            out_rows = back_rows = None
+            forward_rows = (None, None)
         gather = None
         if self.expert_grid:
             # Megatron-Core's alltoall dispatcher with etp > 1: all-gather the dispatched tokens over the expert
@@ -995,6 +1035,7 @@ class _StepBuilder:
             load *= self.etp
         kernels = self._moe_kernels.get(id(seg.moe))
         if kernels is None or kernels[0] is not seg.moe:
+            before, experts, after = seg.moe[:3]
             balanced = _kernels(experts)
             balanced = self._balanced_kernels.setdefault(balanced, balanced)  # one object per distinct set
             kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after), balanced,
