@@ -251,8 +251,9 @@ def op_durations(ops: Sequence[Op], compute: ComputeModel,
     """Seconds of every compute op of ``ops`` (indexed by op id; NaN for the other ops) on its rank's model
     (``rank_compute``, else ``compute``): :meth:`ComputeModel.duration`, once per distinct op shape.
 
-    A coarsened op is timed once per kernel tuple object and model, the first op holding that tuple giving the
-    value (generators share one tuple across many ops); an op without parts once per distinct value. Tuples of
+    An op with ``duration_s`` takes it. A coarsened op is timed once per kernel tuple object and model, the
+    first op holding that tuple giving the value (generators share one tuple across many ops); an op without
+    parts once per distinct value. Tuples of
     plain kernels (no ``duration_s`` on the op) are timed together at the end by :func:`_parts_durations`: a
     skewed MoE step holds ~10^5 distinct expert kernels, whose GEMMs are then timed in blocks."""
     nan = float("nan")
@@ -268,6 +269,9 @@ def op_durations(ops: Sequence[Op], compute: ComputeModel,
     for op in ops:
         if op.kind != "compute":
             continue
+        if op.duration_s is not None:  # what duration() returns first, whatever the op's kernels
+            duration[op.id] = op.duration_s
+            continue
         if not one:
             model = rank_compute.get(op.rank, compute)
         parts = op.parts
@@ -277,7 +281,7 @@ def op_durations(ops: Sequence[Op], compute: ComputeModel,
             if slot is None:
                 d = by_parts.get(key)
                 if d is None:
-                    if parts and op.duration_s is None:  # duration() is then the sum over the kernels alone
+                    if parts:  # (no duration_s: duration() is the sum over the kernels alone)
                         slot = slot_of[key] = len(later)
                         later.append((model, parts))
                     else:

@@ -46,13 +46,17 @@ def test_times_equal_the_scalar_model(model):
 
 # ---------------------------------------------------------------- the duration pass
 def reference_durations(ops, compute, rank_compute=None):
-    """The engine's duration pass before round seven, verbatim."""
+    """The engine's duration pass before round seven, verbatim but for an op with ``duration_s``, which takes
+    it (the former pass gave a parts tuple the value of the first op holding it, ``duration_s`` or not)."""
     nan = float("nan")
     duration = [nan] * len(ops)
     by_parts = {}
     by_value = {}
     for op in ops:
         if op.kind != "compute":
+            continue
+        if op.duration_s is not None:
+            duration[op.id] = op.duration_s
             continue
         model = rank_compute.get(op.rank, compute) if rank_compute else compute
         parts = op.parts
@@ -118,7 +122,8 @@ class Marked(Kernel):
 
 
 def test_op_durations_keep_the_former_pass_corner_cases():
-    """One parts tuple on ops with and without ``duration_s`` (the first op seen gives its value to all),
+    """One parts tuple on ops with and without ``duration_s`` (each op with it takes it; the others share the
+    tuple's time, whichever op came first),
     empty parts, unusual kernels (reserved SMs, batched, FP8, a subclass, no FLOPs, shapes of floats, one past
     2**53), ops without parts (and a fixed one), on two models."""
     cm = ComputeModel(get_gpu("H100-SXM"), dtype="fp8")
@@ -153,7 +158,12 @@ def test_op_durations_keep_the_former_pass_corner_cases():
     g.compute(1, parts=tuple(plain), name="an equal tuple, another object")
     other = ComputeModel(get_gpu("H200-SXM"), dtype="fp8", op_overhead_s=0.0)
     for per_rank in (None, {1: other, 3: other}):
-        assert same(op_durations(g.ops, cm, per_rank), reference_durations(g.ops, cm, per_rank))
+        got = op_durations(g.ops, cm, per_rank)
+        assert same(got, reference_durations(g.ops, cm, per_rank))
+        by_name = {op.name: got[op.id] for op in g.ops if op.kind == "compute"}
+        assert by_name["fixed first"] == 0.5 and by_name["odd, fixed second"] == 0.25
+        rank1 = (per_rank or {}).get(1, cm)
+        assert by_name["then plain"] == sum(rank1._kernel_duration(k) for k in plain) != 0.5  # not the first's
 
 
 def test_op_durations_of_many_expert_kernels_use_the_arrays():
