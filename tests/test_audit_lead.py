@@ -92,3 +92,39 @@ def test_the_python_entry_points_name_a_wrong_argument_type():
         simulate(g, "dgx-h100")
     with pytest.raises(TypeError, match=r"^graph: must be an OpGraph"):
         simulate([], "dgx-h100")
+
+
+def test_op_graph_builders_refuse_non_finite_sizes_and_non_integer_ranks():
+    """An infinite FLOP count made the network loop forever; NaN made the step time NaN or a deadlock with no
+    reason; a fractional rank or world size was taken. Each is now a one-line OpGraphError naming the field."""
+    import math
+
+    import pytest
+
+    from topologies import single_server
+    from workloads.ops import OpGraph, OpGraphError
+
+    cases = [
+        (lambda g: g.compute(0, flops=math.inf), r"^compute 'compute': flops and nbytes must be finite"),
+        (lambda g: g.compute(0, nbytes=math.nan), r"^compute 'compute': flops and nbytes must be finite"),
+        (lambda g: g.compute(0, flops="1e12"), r"^compute 'compute': flops and nbytes must be finite .*'1e12'"),
+        (lambda g: g.compute(0, duration_s=math.inf), r"^duration_s: must be a finite number of seconds"),
+        (lambda g: g.send(0, 1, math.inf), r"^nbytes: must be a finite number of bytes >= 0, got inf"),
+        (lambda g: g.recv(1, 0, math.nan), r"^nbytes: must be a finite number of bytes >= 0, got nan"),
+        (lambda g: g.collective("all_reduce", [0, 1], math.nan), r"^nbytes: must be a finite number"),
+        (lambda g: g.collective("all_reduce", [0, 1], 1e6, count=1.5), r"^count: must be an integer >= 1"),
+        (lambda g: g.compute(0.5), r"^rank: must be an integer rank in 0\.\.1, got 0\.5"),
+        (lambda g: g.send(0, 1.0, 1e6), r"^peer: must be an integer rank in 0\.\.1, got 1\.0"),
+    ]
+    for build, message in cases:
+        with pytest.raises(OpGraphError, match=message):
+            build(OpGraph(2))
+    for size in (2.5, "2", True, 0):
+        with pytest.raises(OpGraphError, match=r"^world_size: must be an integer >= 1"):
+            OpGraph(size)
+    g = OpGraph(2)  # the largest finite values still run (and end)
+    a = g.compute(0, flops=1e300, category="gemm")
+    g.send(0, 1, 64e6, deps=[a])
+    g.recv(1, 0, 64e6)
+    from simulator import simulate
+    assert math.isfinite(simulate(g, single_server("H100", 2)).step_time)

@@ -168,6 +168,19 @@ class OpGraphError(ValueError):
     """An op graph that is malformed (unknown dependency, bad rank, bad size)."""
 
 
+_INF = math.inf
+
+
+def _finite(x: object) -> bool:
+    """Whether ``x`` is a finite real number >= 0 (a FLOP count, a byte count, seconds): NaN compares false,
+    infinity is not below ``_INF``, and a string or None is no number (they made the network loop forever or
+    the step time NaN)."""
+    try:
+        return not isinstance(x, bool) and 0 <= x < _INF
+    except TypeError:
+        return False
+
+
 class OpGraph:
     """Per-rank programs of operations for one training step.
 
@@ -180,8 +193,9 @@ class OpGraph:
     """
 
     def __init__(self, world_size: int) -> None:
-        if world_size < 1:
-            raise OpGraphError(f"world_size: must be >= 1, got {world_size}")
+        if isinstance(world_size, bool) or not isinstance(world_size, Integral) or world_size < 1:
+            raise OpGraphError(f"world_size: must be an integer >= 1, got {world_size!r}")
+        world_size = int(world_size)
         self.world_size = world_size
         self.ops: list[Op] = []
         self._valid_groups: set[tuple[int, ...]] = set()  # groups already checked (distinct, in range)
@@ -203,6 +217,8 @@ class OpGraph:
 
     # ------------------------------------------------------------------ helpers
     def _check_rank(self, rank: int, field: str = "rank") -> None:
+        if isinstance(rank, bool) or not isinstance(rank, Integral):
+            raise OpGraphError(f"{field}: must be an integer rank in 0..{self.world_size - 1}, got {rank!r}")
         if not 0 <= rank < self.world_size:
             raise OpGraphError(f"{field}: {rank} is outside 0..{self.world_size - 1}")
 
@@ -237,14 +253,15 @@ class OpGraph:
         stage: int = -1,
     ) -> int:
         """Append a :class:`Compute` op on ``rank``; return its id."""
-        if not 0 <= rank < self.world_size:
+        if type(rank) is not int or not 0 <= rank < self.world_size:
             self._check_rank(rank)
-        if flops < 0 or nbytes < 0:
-            raise OpGraphError(f"compute {name!r}: flops and nbytes must be >= 0, got {flops}, {nbytes}")
+        if not (_finite(flops) and _finite(nbytes)):
+            raise OpGraphError(f"compute {name!r}: flops and nbytes must be finite numbers >= 0, got {flops!r}, "
+                               f"{nbytes!r}")
         if category not in COMPUTE_CATEGORIES:
             raise OpGraphError(f"category: {category!r} unknown; valid: {', '.join(COMPUTE_CATEGORIES)}")
-        if duration_s is not None and duration_s < 0:
-            raise OpGraphError(f"duration_s: must be >= 0, got {duration_s}")
+        if duration_s is not None and not _finite(duration_s):
+            raise OpGraphError(f"duration_s: must be a finite number of seconds >= 0, got {duration_s!r}")
         if parts is not None:
             parts = parts if isinstance(parts, tuple) else tuple(parts)
             flops, nbytes = self._part_sums(parts, name)
@@ -275,15 +292,15 @@ class OpGraph:
         stage: int = -1,
     ) -> int:
         """Append one member's :class:`Collective` op; return its id."""
-        if not 0 <= rank < self.world_size:
+        if type(rank) is not int or not 0 <= rank < self.world_size:
             self._check_rank(rank)
         if collective not in COLLECTIVE_KINDS:
             raise OpGraphError(f"collective: {collective!r} unknown; valid: {', '.join(COLLECTIVE_KINDS)}")
         grp = self._checked_group(rank, tuple(group) if isinstance(group, Iterable) else (group,))
-        if nbytes < 0:
-            raise OpGraphError(f"nbytes: must be >= 0, got {nbytes}")
-        if count < 1:
-            raise OpGraphError(f"count: must be >= 1, got {count}")
+        if not _finite(nbytes):
+            raise OpGraphError(f"nbytes: must be a finite number of bytes >= 0, got {nbytes!r}")
+        if isinstance(count, bool) or not isinstance(count, Integral) or count < 1:
+            raise OpGraphError(f"count: must be an integer >= 1, got {count!r}")
         if split is not None:
             if collective != "all_to_all":
                 raise OpGraphError(f"split: only an all_to_all can have per-peer sizes, not {collective}")
@@ -455,8 +472,8 @@ class OpGraph:
         self._check_rank(peer, "peer")
         if peer == rank:
             raise OpGraphError(f"peer: rank {rank} cannot {cls.kind} to itself")
-        if nbytes < 0:
-            raise OpGraphError(f"nbytes: must be >= 0, got {nbytes}")
+        if not _finite(nbytes):
+            raise OpGraphError(f"nbytes: must be a finite number of bytes >= 0, got {nbytes!r}")
         ops = self.ops
         n = len(ops)
         ops.append(cls(n, rank, stream, self._deps(deps), name or cls.kind, traffic_class, layer, micro_batch, stage,
