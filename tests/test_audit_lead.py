@@ -128,3 +128,19 @@ def test_op_graph_builders_refuse_non_finite_sizes_and_non_integer_ranks():
     g.recv(1, 0, 64e6)
     from simulator import simulate
     assert math.isfinite(simulate(g, single_server("H100", 2)).step_time)
+
+
+def test_an_integer_zipf_exponent_does_not_overflow():
+    """``zipf_s: 21`` (a YAML integer, inside the documented [0, 100]) raised integers and overflowed int64:
+    NaN probabilities and numpy's "pvals" error. Zipf's law with s = 21 over 8 experts is hand-computable."""
+    import numpy as np
+
+    from workloads.moe import RoutingModel
+
+    for s, experts in ((21, 8), (11, 64), (8, 256), (100, 256)):
+        p = RoutingModel("zipf", zipf_s=s).probabilities(experts)
+        assert np.isfinite(p).all() and abs(p.sum() - 1) < 1e-12
+        ranked = np.sort(p)[::-1]
+        assert np.allclose(ranked[:3] / ranked[0], [1, 2.0 ** -s, 3.0 ** -s], rtol=1e-12, atol=0)
+    assert np.array_equal(RoutingModel("zipf", zipf_s=2).probabilities(16),
+                          RoutingModel("zipf", zipf_s=2.0).probabilities(16))

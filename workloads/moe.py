@@ -172,7 +172,8 @@ class RoutingModel:
             if len(load) != experts:
                 raise ConfigError(f"moe.expert_load: has {len(load)} entries but the model has {experts} experts")
             return load / load.sum()
-        weights = 1.0 / np.arange(1, experts + 1) ** self.zipf_s
+        # (in floats: an integer exponent would raise integers and overflow int64 from 64 experts at s = 11)
+        weights = 1.0 / np.arange(1, experts + 1, dtype=float) ** self.zipf_s
         order = np.random.default_rng([self.seed, layer, 1]).permutation(experts)
         probs = np.empty(experts)
         probs[order] = weights / weights.sum()
