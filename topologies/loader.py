@@ -51,7 +51,7 @@ from topologies.custom import GRAPHML_SUFFIXES, cluster_from_dict, is_topology_d
 from topologies.gpus import GPU_SPECS, get_gpu
 from topologies.presets import PRESETS, preset_names
 from topologies.units import parse_bandwidth, parse_time
-from topologies.yamlio import load_yaml
+from topologies.yamlio import load_yaml, not_utf8
 
 MAX_GPUS = 262_144
 """The largest cluster built (GPUs): twice a 16K-node, 131,072-GPU fabric. The graph and routes grow with it,
@@ -186,6 +186,8 @@ def _from_topology_file(section: Mapping[str, object], key: str, base_dir: str |
         return load_topology(path)  # type: ignore[arg-type]
     except TopologyError as e:
         raise TopologyError(f"cluster.{key}: {e}") from None
+    except UnicodeDecodeError as e:  # load_topology reads the whole text before parsing it
+        raise TopologyError(f"cluster.{key}: {path}: {not_utf8(e)}") from None
 
 
 def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLike[str] | None = None) -> Cluster:
@@ -340,6 +342,9 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
         problem = getattr(e, "problem", None) or type(e).__name__
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise TopologyError(f"{where}: malformed YAML: {problem}{at}") from None
+    if data is None:
+        raise TopologyError(f"{where}: the file is empty; expected a mapping with a 'cluster:' section or cluster "
+                            f"fields at top level, e.g. preset: dgx-h100")
     if not isinstance(data, Mapping):
         raise TopologyError(f"{where}: expected a mapping with a 'cluster:' section or cluster fields at top "
                             f"level, got {type(data).__name__}")

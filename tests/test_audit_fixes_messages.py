@@ -1,0 +1,40 @@
+"""Audit fixes of input messages: a file that is not UTF-8, an empty cluster file, --nodes with a topology file,
+``validate``'s own options, a port speed no transceiver has. Each is one line naming what is wrong, exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+
+
+def one_line(err: str) -> str:
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert err.startswith("clustersim: error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("argv", [["run", "{f}"], ["plan", "{f}"], ["topology", "{f}"], ["jobs", "{f}"],
+                                  ["collective", "--cluster", "{f}"], ["sweep", "{f}", "--grid", "parallel.tp=1,2"],
+                                  ["run", "{ref}"]])
+@pytest.mark.parametrize("data", [b"\xff\xfecluster: x\n", b"cluster: {preset: dgx-h100}\n# caf\xc3(\n"])
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path, capsys, argv, data):
+    f = tmp_path / "latin.yaml"
+    f.write_bytes(data)
+    ref = tmp_path / "ref.yaml"  # an experiment whose topology file is not UTF-8
+    ref.write_text("cluster: {topology: latin.yaml}\nmodel: {preset: tiny}\n")
+    assert main([a.format(f=f, ref=ref) for a in argv]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "latin.yaml" in err and "not UTF-8 text" in err, err
+
+
+@pytest.mark.parametrize("argv", [["collective", "--cluster", "{f}"], ["topology", "{f}"]])
+@pytest.mark.parametrize("text", ["", "# only a comment\n"])
+def test_an_empty_cluster_file_is_called_empty(tmp_path: Path, capsys, argv, text):
+    f = tmp_path / "empty.yaml"
+    f.write_text(text)
+    assert main([a.format(f=f) for a in argv]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "empty.yaml: the file is empty" in err and "NoneType" not in err, err
