@@ -38,3 +38,16 @@ def test_an_empty_cluster_file_is_called_empty(tmp_path: Path, capsys, argv, tex
     assert main([a.format(f=f) for a in argv]) == 2
     err = one_line(capsys.readouterr().err)
     assert "empty.yaml: the file is empty" in err and "NoneType" not in err, err
+
+
+@pytest.mark.parametrize("spec", ["examples/fabrics/two-racks.yaml", "examples/custom-fabric.yaml"])
+def test_plan_nodes_with_a_topology_file_says_so(capsys, spec):
+    root = Path(__file__).resolve().parents[1]
+    assert main(["plan", str(root / spec), "--nodes", "64"]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "--nodes: cannot be used with a topology file" in err and "non-empty list" not in err, err
+
+
+def test_plan_nodes_still_resizes_a_preset(capsys):
+    assert main(["plan", "dgx-h100", "--nodes", "4", "--json"]) == 0
+    assert "4x dgx-h100" in capsys.readouterr().out

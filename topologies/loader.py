@@ -59,7 +59,7 @@ so a larger value (``nodes: 10**18``) is refused before anything is allocated.""
 MAX_SWITCHES = 65_536
 """The most switches (or nodes per leaf) of one tier."""
 
-__all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster", "resolve_topology_path"]
+__all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster", "resolve_topology_path", "describes_topology"]
 
 FABRICS = ("leaf_spine", "rail_optimized", "fat_tree", "single_node")
 
@@ -153,6 +153,12 @@ def _topology_key(section: Mapping[str, object]) -> str | None:
     if isinstance(fabric, str) and fabric.strip().lower().endswith(_TOPOLOGY_SUFFIXES):
         return "fabric"
     return None
+
+
+def describes_topology(section: object) -> bool:
+    """Whether a cluster section is a topology: a topology document, or ``topology:`` (or ``fabric:``) naming a
+    topology file. Its nodes are listed one by one, so builder fields such as ``nodes: 64`` do not apply."""
+    return isinstance(section, Mapping) and (is_topology_document(section) or _topology_key(section) is not None)
 
 
 def resolve_topology_path(section: Mapping[str, object], base_dir: str | os.PathLike[str]) -> Mapping[str, object]:
