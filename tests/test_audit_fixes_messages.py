@@ -51,3 +51,15 @@ def test_plan_nodes_with_a_topology_file_says_so(capsys, spec):
 def test_plan_nodes_still_resizes_a_preset(capsys):
     assert main(["plan", "dgx-h100", "--nodes", "4", "--json"]) == 0
     assert "4x dgx-h100" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,words", [(["--only", "nope"], ["--only: 'nope'", "korthikanti22-22b"]),
+                                        (["--jobs", "0"], ["--jobs: must be an integer >= 1, got 0"]),
+                                        (["--only", "korthikanti22-22b", "--jobs", "-1"], ["--jobs", "got -1"])])
+def test_validate_options_are_checked_before_the_table_header(capsys, argv, words):
+    assert main(["validate", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "", captured.out
+    err = one_line(captured.err)
+    for w in words:
+        assert w in err, err
