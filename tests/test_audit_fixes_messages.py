@@ -63,3 +63,22 @@ def test_validate_options_are_checked_before_the_table_header(capsys, argv, word
     err = one_line(captured.err)
     for w in words:
         assert w in err, err
+
+
+@pytest.mark.parametrize("plan", ["{port_speed: 1600Gbps}", "{port_speed: 801Gbps, family: ethernet}",
+                                  "{port_speed: 1.6Tbps, family: infiniband}"])
+def test_plan_port_speed_above_every_switch_port_is_refused(tmp_path: Path, capsys, plan):
+    f = tmp_path / "p.yaml"
+    f.write_text(f"cluster: {{preset: dgx-h100, nodes: 4}}\nplan: {plan}\n")
+    assert main(["plan", str(f)]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "plan.port_speed" in err and "200Gbps, 400Gbps, 800Gbps" in err, err
+
+
+@pytest.mark.parametrize("speed,priced", [("7Gbps", 200), ("400Gbps", 400), ("800Gbps", 800)])
+def test_plan_port_speeds_up_to_the_fastest_still_round_up(tmp_path: Path, capsys, speed, priced):
+    import json
+    f = tmp_path / "p.yaml"
+    f.write_text(f"cluster: {{preset: dgx-h100, nodes: 4}}\nplan: {{port_speed: {speed}}}\n")
+    assert main(["plan", str(f), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["port_speed_Gbps"] == priced
