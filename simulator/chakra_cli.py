@@ -40,8 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """Refuse combinations that make no sense, before any work."""
+    """Refuse combinations that make no sense, and a missing ``protobuf``, before any work (an export
+    would otherwise fail only after the whole simulation)."""
     from .cli import check_folder
+    if args.chakra is not None or args.export_chakra is not None:
+        from workloads.chakra.schema import require_protobuf
+        require_protobuf()
     if args.chakra is None:
         if args.file is None:
             raise ValueError("run: give an experiment FILE, or --chakra DIR to simulate a Chakra trace")

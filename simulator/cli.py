@@ -445,7 +445,8 @@ def _validate():
         p.add_argument("--list", action="store_true", help="list the entries and their sources, simulate nothing")
 
     def run(args: argparse.Namespace) -> int:
-        from .validation import ENTRIES, validate_against_published
+        from .validation import ENTRIES, check_options, validate_against_published
+        check_options(args.only, args.jobs)  # before the table's header: a bad option prints only its error
         if args.max_gpus is not None and args.max_gpus < 1:
             raise ValueError(f"--max-gpus: must be >= 1, got {args.max_gpus}")
         if args.all and args.only:

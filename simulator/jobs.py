@@ -7,7 +7,7 @@ jobs, each with its own model, layout and node count::
     cluster: {preset: dgx-h100, nodes: 8, nodes_per_leaf: 2, oversubscription: 2}
     placement: contiguous          # contiguous | scattered (seeded shuffle of nodes) ; or nodes: [..] per job
     placement_seed: 0
-    steps: auto                    # steps each job runs (auto: enough to overlap the longest job; or an int)
+    steps: auto                    # steps each job runs (auto: enough to overlap the longest job; or 1..16)
     jobs:
       - name: gpt
         nodes: 4                   # a node count, or the node indices themselves: [0, 2, 4, 6]
@@ -61,7 +61,8 @@ PLACEMENTS = ("contiguous", "scattered")
 JOBS_SECTIONS = ("name", "cluster", "network", "fidelity", "placement", "placement_seed", "steps", "jobs")
 JOB_FIELDS = ("name", "nodes", "model", "parallel", "training", "moe", "compute", "options")
 MAX_AUTO_STEPS = 16
-"""The most steps ``steps: auto`` gives a short job (its time is per step either way)."""
+"""The most steps ``steps: auto`` gives a short job (its time is per step either way), and the most an explicit
+``steps:`` may ask for."""
 
 
 @dataclass
@@ -177,6 +178,9 @@ def jobs_from_dict(doc: Mapping) -> JobsSpec:
     steps = doc.get("steps", "auto")
     if steps != "auto":
         _positive(steps, "steps")
+        if steps > MAX_AUTO_STEPS:  # each step is simulated: 100,000 would run for tens of minutes
+            raise ConfigError(f"steps: {steps} is more than {MAX_AUTO_STEPS}, the most a jobs file runs (times are "
+                              f"per step); give 1..{MAX_AUTO_STEPS} or auto")
     jobs = []
     for i, (job, where) in enumerate(zip(entries, placed)):
         name = str(job.get("name", f"job{i}"))

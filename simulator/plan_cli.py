@@ -30,6 +30,7 @@ def load_plan_inputs(spec: str, nodes: int | None = None) -> tuple[object, objec
     from topologies import build_cluster
     from topologies.cluster import TopologyError
     from topologies.components import plan_options
+    from topologies.loader import describes_topology
 
     section: object = {"preset": spec}
     plan: object = None
@@ -41,6 +42,9 @@ def load_plan_inputs(spec: str, nodes: int | None = None) -> tuple[object, objec
         plan = doc.get("plan")
         section = doc["cluster"] if "cluster" in doc else {k: v for k, v in doc.items() if k != "plan"}
     if nodes is not None:
+        if describes_topology(section):
+            raise ValueError(f"--nodes: cannot be used with a topology file (the cluster of {spec} lists every "
+                             f"node and link); drop --nodes, or give a preset or builder fields (preset: dgx-h100)")
         if isinstance(section, str):  # ``cluster: dgx-h100`` is shorthand for a preset
             section = {"preset": section}
         if isinstance(section, Mapping):

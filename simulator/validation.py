@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["Entry", "ENTRIES", "METRICS", "VALIDATION_DIR", "entry_names", "get_entry",
+__all__ = ["Entry", "ENTRIES", "METRICS", "VALIDATION_DIR", "check_options", "entry_names", "get_entry",
            "validate_against_published", "load_entry"]
 
 VALIDATION_DIR = Path(__file__).resolve().parent / "validation_runs"
@@ -187,6 +187,17 @@ def select_entries(names: Iterable[str] | None = None, *, max_gpus: int | None =
     if max_gpus is not None:
         entries = tuple(e for e in entries if e.gpus <= max_gpus)
     return entries
+
+
+def check_options(only: Iterable[str] | None, jobs: object) -> None:
+    """``clustersim validate``'s ``--only`` and ``--jobs``, checked before anything is printed (a bad one is then
+    the only output: one line naming the option and what is valid)."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs: must be an integer >= 1, got {jobs!r}")
+    for name in only or ():
+        if name not in entry_names():
+            raise ValueError(f"--only: {name!r} is not a validation entry; valid: {', '.join(entry_names())} "
+                             f"(clustersim validate --list)")
 
 
 def _run_entry(name: str, fidelity: str) -> dict:

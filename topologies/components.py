@@ -312,8 +312,22 @@ def plan_options(section: Mapping[str, object] | PlanOptions | None = None) -> P
     port_speed = None if speed in (None, "auto") else parse_bandwidth(speed, "plan.port_speed")
     if port_speed is not None and port_speed < 1 * _G:
         raise TopologyError(f"plan.port_speed: {speed!r} is below 1 Gb/s; give e.g. 400Gbps or auto")
+    family = _choice(section.get("family", "auto"), "family", FAMILIES)
+    if port_speed is not None:
+        _check_port_speed(speed, port_speed, family)
     return PlanOptions(port_speed_Bps=port_speed,
                        nic_media=_choice(section.get("nic_media", "optics"), "nic_media", MEDIA),
                        switch_media=_choice(section.get("switch_media", "optics"), "switch_media", MEDIA),
-                       family=_choice(section.get("family", "auto"), "family", FAMILIES),
-                       components=_overrides(section.get("components")))
+                       family=family, components=_overrides(section.get("components")))
+
+
+def _check_port_speed(speed: object, port_speed_Bps: float, family: str) -> None:
+    """Refuse a ``plan.port_speed`` above every switch port of ``family`` (any family when ``auto``): a speed
+    between two offered ones rounds up to the next, but none is faster than the fastest, and pricing the
+    fastest instead would understate what the fabric needs."""
+    speeds = sorted({m.port_Gbps for m in SWITCH_MODELS if family == "auto" or m.family == family})
+    if port_speed_Bps > speeds[-1] * _G * (1 + 1e-9):  # the tolerance capacity._port_speed rounds up with
+        which = "" if family == "auto" else f" {family}"
+        raise TopologyError(f"plan.port_speed: {speed!r} is faster than any{which} switch port priced here; valid: "
+                            f"{', '.join(f'{s}Gbps' for s in speeds)} (a slower speed rounds up to the next one), "
+                            f"or auto")

@@ -51,7 +51,7 @@ from topologies.custom import GRAPHML_SUFFIXES, cluster_from_dict, is_topology_d
 from topologies.gpus import GPU_SPECS, get_gpu
 from topologies.presets import PRESETS, preset_names
 from topologies.units import BARE_BANDWIDTH_MIN, parse_bandwidth, parse_time
-from topologies.yamlio import load_yaml
+from topologies.yamlio import load_yaml, not_utf8
 
 MAX_GPUS = 262_144
 """The largest cluster built (GPUs): twice a 16K-node, 131,072-GPU fabric. The graph and routes grow with it,
@@ -59,7 +59,7 @@ so a larger value (``nodes: 10**18``) is refused before anything is allocated.""
 MAX_SWITCHES = 65_536
 """The most switches (or nodes per leaf) of one tier."""
 
-__all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster", "resolve_topology_path"]
+__all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster", "resolve_topology_path", "describes_topology"]
 
 FABRICS = ("leaf_spine", "rail_optimized", "fat_tree", "single_node")
 
@@ -163,6 +163,12 @@ def _topology_key(section: Mapping[str, object]) -> str | None:
     return None
 
 
+def describes_topology(section: object) -> bool:
+    """Whether a cluster section is a topology: a topology document, or ``topology:`` (or ``fabric:``) naming a
+    topology file. Its nodes are listed one by one, so builder fields such as ``nodes: 64`` do not apply."""
+    return isinstance(section, Mapping) and (is_topology_document(section) or _topology_key(section) is not None)
+
+
 def resolve_topology_path(section: Mapping[str, object], base_dir: str | os.PathLike[str]) -> Mapping[str, object]:
     """``section`` with a relative topology file path taken relative to ``base_dir`` (an experiment file's folder).
 
@@ -194,6 +200,8 @@ def _from_topology_file(section: Mapping[str, object], key: str, base_dir: str |
         return load_topology(path)  # type: ignore[arg-type]
     except TopologyError as e:
         raise TopologyError(f"cluster.{key}: {e}") from None
+    except UnicodeDecodeError as e:  # load_topology reads the whole text before parsing it
+        raise TopologyError(f"cluster.{key}: {path}: {not_utf8(e)}") from None
 
 
 def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLike[str] | None = None) -> Cluster:
@@ -348,6 +356,9 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
         problem = getattr(e, "problem", None) or type(e).__name__
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise TopologyError(f"{where}: malformed YAML: {problem}{at}") from None
+    if data is None:
+        raise TopologyError(f"{where}: the file is empty; expected a mapping with a 'cluster:' section or cluster "
+                            f"fields at top level, e.g. preset: dgx-h100")
     if not isinstance(data, Mapping):
         raise TopologyError(f"{where}: expected a mapping with a 'cluster:' section or cluster fields at top "
                             f"level, got {type(data).__name__}")

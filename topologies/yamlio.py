@@ -26,7 +26,7 @@ import yaml
 from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError, SafeConstructor
 
-__all__ = ["StrictLoader", "load_yaml", "load_large_yaml"]
+__all__ = ["StrictLoader", "load_yaml", "load_large_yaml", "not_utf8"]
 
 _INT = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o[0-7_]+|[-+]?[0-9][0-9_]*|[-+]?0x[0-9a-fA-F_]+)$")
 _FLOAT = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
@@ -89,12 +89,20 @@ StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 def load_yaml(stream: str | IO[str]) -> object:
     """Parse one YAML document with :class:`StrictLoader`.
 
-    Nesting deep enough to exhaust Python's recursion is reported as malformed YAML, not a crash.
+    Nesting deep enough to exhaust Python's recursion is reported as malformed YAML, not a crash; so is a
+    file opened as text that is not UTF-8 (its ``problem`` says so: callers name the file and print it).
     """
     try:
         return yaml.load(stream, Loader=StrictLoader)  # noqa: S506 (StrictLoader is a SafeLoader)
     except RecursionError:
         raise ComposerError(None, None, "nesting is too deep (hundreds of levels)", None) from None
+    except UnicodeDecodeError as exc:  # raised while the text stream reads: position is within its chunk
+        raise yaml.MarkedYAMLError(problem=not_utf8(exc)) from None
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """What to say of a configuration file that does not decode: it is not UTF-8 text, and the first bad byte."""
+    return f"the file is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}: {exc.reason}); save it as UTF-8"
 
 
 if getattr(yaml, "__with_libyaml__", False):

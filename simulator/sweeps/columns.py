@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from topologies.cluster import TIERS
+
 __all__ = ["STATUSES", "METRIC_COLUMNS", "CAPACITY_COLUMNS", "HIGHER_IS_BETTER", "KEY_COLUMN", "LAYOUT_COLUMNS",
-           "FIDELITY_COLUMN", "FIDELITIES", "SCREEN", "check_metric", "check_fidelity"]
+           "FIDELITY_COLUMN", "FIDELITIES", "SCREEN", "TRAFFIC_CLASSES", "check_metric",
+           "check_fidelity", "check_max_tp"]
 
 STATUSES = ("ok", "invalid", "oom", "failed")
 """Every row's ``status``, in reporting order."""
@@ -33,23 +36,36 @@ def check_fidelity(fidelity: str) -> None:
         raise ValueError(f"fidelity: {fidelity!r} unknown; valid: {', '.join(FIDELITIES)}")
 
 
-def check_metric(metric: str) -> None:
+TRAFFIC_CLASSES = ("tp", "pp", "dp", "ep", "cp", "zero", "sync")
+"""Traffic classes of a training step's communication (``traffic_class`` of its ops): the ``exposed_<class>_s``
+columns a sweep row can have."""
+
+
+def check_metric(metric: object, field: str = "metric") -> None:
     """Raise ``ValueError`` unless ``metric`` names a numeric column of an ``ok`` row.
 
     Parameters
     ----------
     metric : str
         One of :data:`METRIC_COLUMNS` or :data:`CAPACITY_COLUMNS`, ``memory_per_gpu_bytes`` (bytes),
-        ``exposed_<class>_s`` (seconds) or ``bytes_<tier>`` (bytes).
+        ``exposed_<class>_s`` (seconds; a class of :data:`TRAFFIC_CLASSES`) or ``bytes_<tier>`` (bytes; a tier
+        of :data:`topologies.cluster.TIERS`).
+    field : str
+        What the message calls it (``metric``, ``sweep.metric``).
 
     Raises
     ------
     ValueError
-        One line naming the valid choices.
+        One line naming the valid choices (a column no row has would rank every point alike).
     """
-    if metric in (*METRIC_COLUMNS, *CAPACITY_COLUMNS, "memory_per_gpu_bytes") or metric.startswith("bytes_") or (
-            metric.startswith("exposed_") and metric.endswith("_s")):
+    valid = (*METRIC_COLUMNS, *CAPACITY_COLUMNS, "memory_per_gpu_bytes",
+             *(f"exposed_{c}_s" for c in TRAFFIC_CLASSES), *(f"bytes_{t}" for t in TIERS))
+    if isinstance(metric, str) and metric in valid:
         return
-    raise ValueError(f"metric: {metric!r} unknown; valid: {', '.join(METRIC_COLUMNS + CAPACITY_COLUMNS)}, "
-                     f"memory_per_gpu_bytes, "
-                     f"exposed_<class>_s, bytes_<tier>")
+    raise ValueError(f"{field}: {metric!r} unknown; valid: {', '.join(valid)}")
+
+
+def check_max_tp(max_tp: object, field: str = "max_tp") -> None:
+    """Raise ``ValueError`` (one line) unless ``max_tp`` (the largest tp of ``layout: auto``) is an integer >= 1."""
+    if isinstance(max_tp, bool) or not isinstance(max_tp, int) or max_tp < 1:
+        raise ValueError(f"{field}: must be an integer >= 1 (the largest tp of layout: auto), got {max_tp!r}")

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from ..experiment import read_experiment_file
-from .columns import SCREEN, check_fidelity, check_metric
+from .columns import SCREEN, check_fidelity, check_max_tp, check_metric
 from .errors import SweepInterrupted
 from .execute import executor
 from .grid import Grid, check_fields, derives_dp, merge_grids, normalise_grid, param_columns, sweep_settings
@@ -122,7 +122,9 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
     check_metric(metric)
     if output is not None:
         output_format(output)
-    points = expand_grid(base_doc, full_grid, max_tp=max_tp or settings["max_tp"])
+    if max_tp is not None:
+        check_max_tp(max_tp)
+    points = expand_grid(base_doc, full_grid, max_tp=settings["max_tp"] if max_tp is None else max_tp)
     fast_points = {p.key: Point(p.params, p.overrides, point_key(fast_base, p.overrides)) for p in points} \
         if refine else {}
     with output_lock(output):

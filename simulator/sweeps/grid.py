@@ -11,7 +11,7 @@ from topologies.yamlio import load_yaml
 from workloads.errors import ConfigError
 
 from ..experiment import SECTIONS, experiment_from_dict
-from .columns import LAYOUT_COLUMNS
+from .columns import LAYOUT_COLUMNS, check_max_tp, check_metric
 from .errors import one_line
 from .paths import apply_overrides
 
@@ -213,6 +213,12 @@ def sweep_settings(doc: Mapping) -> dict[str, Any]:
     grid = section.get("grid") or {}
     if not isinstance(grid, Mapping):
         raise ConfigError("sweep.grid: must map dotted paths to lists of values, e.g. {parallel.tp: [1, 2, 4, 8]}")
+    for name, check in (("metric", check_metric), ("max_tp", check_max_tp)):
+        if section.get(name) is not None:
+            try:
+                check(section[name], f"sweep.{name}")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
     return {"grid": dict(grid), "metric": section.get("metric"), "max_tp": section.get("max_tp")}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -145,7 +146,8 @@ def read_chakra(path: str | Path, *, prefix: str | None = None, clustersim_attrs
     parts_cache: dict[tuple, tuple[Kernel, ...]] = {}
     for rank, p in enumerate(files):  # one file at a time: only the specs of the ops are kept
         meta, nodes = _parse_file(p)
-        fmt = _meta_attrs(meta).get(PREFIX + "format") if clustersim_attrs else None
+        meta_attrs = _meta_attrs(meta)
+        fmt = meta_attrs.get(PREFIX + "format") if clustersim_attrs else None
         if fmt is not None and fmt != FORMAT:
             raise ChakraError(f"{p}: clustersim.format {fmt} is not the supported {FORMAT}; read it with "
                               f"clustersim_attrs=False, or with the clustersim version that wrote it")
@@ -154,6 +156,8 @@ def read_chakra(path: str | Path, *, prefix: str | None = None, clustersim_attrs
         elif lossless != (fmt is not None):
             raise ChakraError(f"{p}: {'lacks' if lossless else 'has'} the clustersim.format that {files[0].name} "
                               f"{'has' if lossless else 'lacks'}; are these files of one trace?")
+        if lossless:
+            _check_rank_count(meta_attrs, p, rank, world, prefix)
         units = _rank_units(rank, nodes, p, groups, lossless)
         tables = _parts_tables(meta, p, parts_cache) if lossless else {}
         specs = []
@@ -182,6 +186,20 @@ def read_chakra(path: str | Path, *, prefix: str | None = None, clustersim_attrs
             raise ChakraError(f"{files[rank]}: node {sp.node_id} ({sp.kwargs.get('name')!r}): {exc}") from None
         per_rank[rank][index] = None  # type: ignore[call-overload]  # built: let it go
     return graph
+
+
+def _check_rank_count(meta_attrs: dict[str, Any], path: Path, rank: int, world: int, prefix: str) -> None:
+    """A trace clustersim wrote records its world size and each file's rank: refuse a set of files that is not
+    the whole trace (a partial write, a file copied from another trace) rather than simulate fewer ranks."""
+    recorded = meta_attrs.get(PREFIX + "world_size")
+    if isinstance(recorded, int) and recorded != world:
+        missing = f"; {prefix}.{world}.et ... {prefix}.{recorded - 1}.et are missing" if recorded > world else ""
+        raise ChakraError(f"{path}: clustersim.world_size says the trace has {recorded} ranks but the folder holds "
+                          f"{world} rank file(s){missing}; write the trace again")
+    own = meta_attrs.get(PREFIX + "rank")
+    if isinstance(own, int) and own != rank:
+        raise ChakraError(f"{path}: clustersim.rank says this is rank {own}'s program, not rank {rank}'s; are these "
+                          f"files of one trace?")
 
 
 def _parse_file(path: Path) -> tuple[Any, list[Any]]:
@@ -425,6 +443,11 @@ def _parts_tables(meta: Any, path: Path, cache: dict[tuple, tuple[Kernel, ...]])
                 from None
         if not len(cats) == len(flops) == len(nbytes) == len(batch) == len(shapes) // 3:
             raise ChakraError(f"{path}: GlobalMetadata: the lists of kernel table {k} differ in length")
+        bad = [(name, x) for name, xs in (("flops", flops), ("nbytes", nbytes)) for x in xs
+               if not math.isfinite(x) or x < 0]
+        if bad:
+            raise ChakraError(f"{path}: GlobalMetadata: clustersim.parts.{k}.{bad[0][0]} holds {bad[0][1]!r}; "
+                              f"FLOPs and bytes must be finite non-negative numbers")
         reserved = f.get("sm_reserved", [0] * len(cats))
         if len(reserved) != len(cats):
             raise ChakraError(f"{path}: GlobalMetadata: the lists of kernel table {k} differ in length")
@@ -446,11 +469,21 @@ def _spec(unit: _Unit, lossless: bool, tables: dict[int, tuple[Kernel, ...]]) ->
         value = a.get(name)
         if value is None:
             raise OpGraphError(f"a {type_name} needs the attribute {name!r}")
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise OpGraphError(f"attribute {name!r} must be a non-negative number, got {value!r}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise OpGraphError(f"attribute {name!r} must be a finite non-negative number, got {value!r}")
         return value
 
-    def number(name: str, default: float = 0.0) -> float:
+    def numbers(name: str) -> list[float] | None:
+        """An optional list attribute of finite non-negative numbers (``clustersim.split``)."""
+        values = a.get(name)
+        if values is None:
+            return None
+        bad = [values] if not isinstance(values, list) else [v for v in values if not math.isfinite(v) or v < 0]
+        if bad:
+            raise OpGraphError(f"attribute {name!r} must be a list of finite non-negative numbers, got {bad[0]!r}")
+        return values
+
+    def number(name: str, default: float | None = 0.0) -> float | None:
         return need(name) if a.get(name) is not None else default
 
     tags: dict[str, Any] = {}
@@ -467,7 +500,7 @@ def _spec(unit: _Unit, lossless: bool, tables: dict[int, tuple[Kernel, ...]]) ->
             shape = a.get(PREFIX + "shape")
             return spec("compute", (rank, number(PREFIX + "flops"), number(PREFIX + "nbytes")),
                         category=a.get(PREFIX + "category", "gemm"), shape=tuple(shape) if shape else None,
-                        duration_s=a.get(PREFIX + "duration_s"), parts=parts, **tags)
+                        duration_s=number(PREFIX + "duration_s", None), parts=parts, **tags)
         stream = "cpu" if a.get("is_cpu_op") else "compute"
         if node.duration_micros > 0:
             return spec("compute", (rank,), stream=stream, category="fixed", duration_s=node.duration_micros * 1e-6)
@@ -489,7 +522,7 @@ def _spec(unit: _Unit, lossless: bool, tables: dict[int, tuple[Kernel, ...]]) ->
             if count != len(unit.nodes):
                 raise OpGraphError(f"clustersim.count {count} but {len(unit.nodes)} chained nodes")
             return spec("collective_op", (rank, kind, None, number(PREFIX + "nbytes")), pg,
-                        algorithm=a.get(PREFIX + "algorithm", "auto"), count=count, split=a.get(PREFIX + "split"),
+                        algorithm=a.get(PREFIX + "algorithm", "auto"), count=count, split=numbers(PREFIX + "split"),
                         **tags)
         size = 0.0 if COLLECTIVE_COMM_TYPES[comm_type] == "BARRIER" else need("comm_size")
         return spec("collective_op", (rank, kind, None, size), pg, kind in PER_RANK_INPUT, stream="comm",

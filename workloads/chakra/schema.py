@@ -59,10 +59,22 @@ _ATTR_TYPES = ("double", "float", "int32", "int64", "uint32", "uint64", "sint32"
                "sfixed32", "sfixed64", "bool", "string", "bytes")
 
 
+def require_protobuf() -> None:
+    """Raise the one-line :class:`ChakraError` that says what to install when ``protobuf`` is absent.
+
+    ``find_spec("google.protobuf")`` raises ModuleNotFoundError (not returns None) when the parent
+    package ``google`` is absent too, the usual case on a bare install: both mean "not installed"."""
+    try:
+        found = importlib.util.find_spec("google.protobuf") is not None
+    except (ImportError, ValueError):  # no ``google`` package at all, or a broken ``google.__spec__``
+        found = False
+    if not found:
+        raise ChakraError("Chakra traces need the protobuf package (>= 4.22): pip install 'clustersim[chakra]'")
+
+
 def _build_classes() -> dict[str, type]:
     """Message classes of et_def.proto, made from a FileDescriptorProto in a private pool."""
-    if importlib.util.find_spec("google.protobuf") is None:
-        raise ChakraError("Chakra traces need the protobuf package (>= 4.22): pip install 'clustersim[chakra]'")
+    require_protobuf()
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     F = descriptor_pb2.FieldDescriptorProto

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -83,6 +84,7 @@ def write_chakra(graph: OpGraph, folder: str | Path, *, compute: DurationModel |
         if isinstance(op, (Send, Recv)) and not 0 <= op.tag <= _INT32_MAX:
             raise ChakraError(f"rank {op.rank} op {op.id} {op.name!r}: tag {op.tag} does not fit Chakra's comm_tag "
                               f"(int32, 0..{_INT32_MAX})")
+        _check_values(op)
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ChakraError(f"{folder}: exists and is not a folder")
@@ -101,17 +103,64 @@ def write_chakra(graph: OpGraph, folder: str | Path, *, compute: DurationModel |
         if isinstance(op, Collective) and op.group not in groups:
             groups[op.group] = str(len(groups) + 1)  # ASTRA-sim reads "" and "0" as all ranks: start at 1
     writer = _Writer(graph, groups, compute)
-    written = []
-    for rank, ops in enumerate(by_rank):
-        path = folder / f"{prefix}.{rank}.et"
-        with open(path, "wb") as fh:  # one rank at a time, message by message: memory stays flat
-            writer.write_rank(rank, ops, fh)
-        written.append(path)
-    if groups:
-        path = folder / f"{prefix}.comm_group.json"
-        path.write_text(json.dumps({name: list(g) for g, name in groups.items()}, indent=1) + "\n")
-        written.append(path)
+    written: list[Path] = []
+    try:  # every file under a temporary name first: a failure leaves no partial trace that reads as a smaller one
+        for rank, ops in enumerate(by_rank):
+            path = folder / f"{prefix}.{rank}.et"
+            with open(_partial(path), "wb") as fh:  # one rank at a time, message by message: memory stays flat
+                written.append(path)
+                writer.write_rank(rank, ops, fh)
+        if groups:
+            path = folder / f"{prefix}.comm_group.json"
+            written.append(path)
+            _partial(path).write_text(json.dumps({name: list(g) for g, name in groups.items()}, indent=1) + "\n")
+    except BaseException:
+        for path in written:
+            _partial(path).unlink(missing_ok=True)
+        raise
+    for path in written:
+        os.replace(_partial(path), path)
     return written
+
+
+def _partial(path: Path) -> Path:
+    """Where ``path`` is written before every file of the trace is (a name no trace reader takes for a rank)."""
+    return path.with_name("." + path.name + ".partial")
+
+
+_INT64_MAX = 2**63 - 1
+_UINT64_MAX = 2**64 - 1
+
+
+def _check_values(op: Op) -> None:
+    """Refuse, before any file is written, a value of ``op`` that Chakra's fields cannot hold: a negative or
+    non-finite FLOP count, byte count or duration, or one beyond its integer field (``num_ops`` and
+    ``comm_size`` are int64, ``tensor_size`` and ``duration_micros`` uint64)."""
+    if isinstance(op, Compute):
+        fields = [("flops", op.flops, "num_ops", _INT64_MAX, 1.0),
+                  ("nbytes", op.nbytes, "tensor_size", _UINT64_MAX, 1.0)]
+        if op.duration_s is not None:
+            fields.append(("duration_s", op.duration_s, "duration_micros", _UINT64_MAX, 1e6))
+        for k, part in enumerate(op.parts or ()):
+            fields += [(f"parts[{k}].flops", part.flops, None, 0, 1.0),
+                       (f"parts[{k}].nbytes", part.nbytes, None, 0, 1.0)]
+    else:
+        n = len(op.group) if isinstance(op, Collective) and op.collective in PER_RANK_INPUT else 1
+        fields = [("nbytes", op.nbytes, "comm_size", _INT64_MAX * n, 1.0)]
+        if isinstance(op, Collective) and op.split is not None:
+            fields += [(f"split[{k}]", x, None, 0, 1.0) for k, x in enumerate(op.split)]
+    for name, value, chakra_field, most, scale in fields:
+        _check_value(op, name, value, chakra_field, most, scale)
+
+
+def _check_value(op: Op, name: str, value: float, chakra_field: str | None, most: int, scale: float) -> None:
+    """One value of :func:`_check_values`: finite, non-negative and, times ``scale``, at most ``most``."""
+    where = f"write_chakra: rank {op.rank} op {op.id} {op.name!r}: {name}"
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ChakraError(f"{where} = {value!r}: must be a finite non-negative number")
+    if chakra_field is not None and round(value * scale) > most:
+        raise ChakraError(f"{where} = {value!r} does not fit Chakra's {chakra_field} (at most {most:,}"
+                          f"{' µs' if scale != 1.0 else ''})")
 
 
 class _Writer:
@@ -225,6 +274,8 @@ class _Writer:
             if seconds is None:
                 seconds = self.durations[key] = self.compute.duration(op)
         if seconds is not None:
+            if op.duration_s is None:  # the duration model's: checked here, the op's own in _check_values
+                _check_value(op, "duration (of the compute model)", seconds, "duration_micros", _UINT64_MAX, 1e6)
             node.duration_micros = _whole(seconds * 1e6)
 
     def _collective(self, op: Collective, deps: list[int], stream_dep: bool) -> None:
