@@ -26,6 +26,7 @@ import time
 
 from topologies import build_cluster, load_cluster
 from topologies.cluster import Cluster
+from workloads.errors import with_prefix
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -112,7 +113,7 @@ def run_trace(args: argparse.Namespace) -> int:
         if faults:
             cluster = apply_faults(cluster, faults)
     except ValueError as exc:
-        raise type(exc)(f"{args.file}: {exc}") from None
+        raise with_prefix(exc, str(args.file)) from None
     if world > cluster.num_gpus:
         raise ValueError(f"cluster: the trace has {world} ranks but {cluster.name} has {cluster.num_gpus} GPUs")
     if args.export_chakra is not None:
@@ -149,4 +150,4 @@ def trace_cluster(spec: str, ranks: int) -> Cluster:
         per_node = build_cluster({"preset": preset, "nodes": 1}).gpus_per_server
         return build_cluster({"preset": preset, "nodes": max(1, math.ceil(ranks / per_node))})
     except ValueError as exc:
-        raise type(exc)(f"--cluster {spec}: {exc}") from None
+        raise with_prefix(exc, f"--cluster {spec}") from None

@@ -41,7 +41,7 @@ from topologies.components import PlanOptions, plan_options
 from topologies.faults import apply_faults, check_fault
 from topologies.loader import resolve_topology_path
 from topologies.yamlio import load_yaml
-from workloads.errors import ConfigError
+from workloads.errors import ConfigError, with_prefix
 from workloads.memory import MemoryBreakdown, memory_per_gpu
 from workloads.models import ModelSpec, model_from_dict
 from workloads.moe import RoutingModel, routing_from_dict
@@ -341,7 +341,7 @@ def load_experiment(path: str | os.PathLike) -> Experiment:
     try:
         return experiment_from_dict(doc)
     except ValueError as exc:
-        raise type(exc)(f"{path}: {exc}") from None
+        raise with_prefix(exc, str(path)) from None
 
 
 # -------------------------------------------------------------------- running

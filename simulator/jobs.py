@@ -46,7 +46,7 @@ import pandas as pd
 
 from topologies import build_cluster
 from topologies.cluster import Cluster
-from workloads.errors import ConfigError
+from workloads.errors import ConfigError, with_prefix
 from workloads.ops import OpGraph, merge_graphs
 from workloads.training import training_step
 
@@ -192,7 +192,7 @@ def jobs_from_dict(doc: Mapping) -> JobsSpec:
         try:
             exp = experiment_from_dict(sub, cluster=view)
         except ValueError as exc:
-            raise type(exc)(f"jobs[{i}] ({name}): {exc}") from None
+            raise with_prefix(exc, f"jobs[{i}] ({name})") from None
         jobs.append(Job(name, exp, where))
     return JobsSpec(str(doc.get("name") or " + ".join(j.name for j in jobs)), cluster, jobs, steps)
 
@@ -203,7 +203,7 @@ def load_jobs(path: str | os.PathLike) -> JobsSpec:
     try:
         return jobs_from_dict(doc)
     except ValueError as exc:
-        raise type(exc)(f"{path}: {exc}") from None
+        raise with_prefix(exc, str(path)) from None
 
 
 class JobsResult:

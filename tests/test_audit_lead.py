@@ -144,3 +144,16 @@ def test_an_integer_zipf_exponent_does_not_overflow():
         assert np.allclose(ranked[:3] / ranked[0], [1, 2.0 ** -s, 3.0 ** -s], rtol=1e-12, atol=0)
     assert np.array_equal(RoutingModel("zipf", zipf_s=2).probabilities(16),
                           RoutingModel("zipf", zipf_s=2.0).probabilities(16))
+
+
+def test_an_error_led_by_the_file_name_keeps_its_type_or_becomes_a_config_error():
+    """Errors are re-raised with the file's name in front; one whose type takes more than a message (a
+    UnicodeDecodeError from a topology file that is not UTF-8) became an internal TypeError."""
+    from topologies.cluster import TopologyError
+    from workloads.errors import ConfigError, with_prefix
+
+    again = with_prefix(TopologyError("cluster.nodes: must be >= 1"), "exp.yaml")
+    assert type(again) is TopologyError and str(again) == "exp.yaml: cluster.nodes: must be >= 1"
+    decode = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+    again = with_prefix(decode, "latin.yaml")
+    assert type(again) is ConfigError and str(again).startswith("latin.yaml: 'utf-8' codec can't decode")

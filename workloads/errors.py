@@ -21,6 +21,17 @@ class ConfigError(ValueError):
     """An invalid workload configuration (model, parallel or training section)."""
 
 
+def with_prefix(exc: ValueError, prefix: str) -> ValueError:
+    """``exc`` again, its message led by ``prefix`` (a file name, a job): the same type when it takes one
+    message, else a :class:`ConfigError` (a ``UnicodeDecodeError`` needs five arguments: rebuilding it as its
+    own type raised a TypeError instead of the one-line error)."""
+    message = f"{prefix}: {exc}"
+    try:
+        return type(exc)(message)
+    except TypeError:
+        return ConfigError(message)
+
+
 # ----------------------------------------------------------------- checkers
 # Small helpers shared by ``models`` and ``parallel``; each raises ConfigError
 # naming ``field`` (e.g. "model.layers") and the valid choices.
