@@ -223,7 +223,7 @@ def _run():
         from workloads.parallel import RankLayout
 
         from .bulk_alltoall import slow_alltoallv_note, under_one_switch
-        from .experiment import load_experiment, run_experiment
+        from .experiment import load_experiment, run_experiment, unused_settings
         chakra_cli.check_arguments(args)
         if args.chakra is not None:
             return chakra_cli.run_trace(args)
@@ -237,10 +237,12 @@ def _run():
             raise ValueError(f"--trace-ranks: {bad[0]} is not a rank of this run; valid: 0..{world - 1}")
         one_switch = exp.model.is_moe and exp.parallel.ep > 1 and under_one_switch(
             exp.cluster, RankLayout(exp.parallel).ep_group(0))
-        note = slow_alltoallv_note(exp.parallel.ep, exp.network.all_to_all, exp.routing.kind, exp.model.is_moe,
+        slow = slow_alltoallv_note(exp.parallel.ep, exp.network.all_to_all, exp.routing.kind, exp.model.is_moe,
                                    one_switch)
-        if note:
+        for note in ([slow] if slow else []) + unused_settings(exp):
             print(f"clustersim: note: {note}", file=sys.stderr)
+        if args.trace_ranks != "stages" and not args.trace:  # (given: not the default)
+            print("clustersim: note: --trace-ranks has no effect without --trace", file=sys.stderr)
         result = run_experiment(exp, force=args.force, fidelity=args.fidelity)
         exported = chakra_cli.export_experiment(exp, args.export_chakra)
         write_outputs(result, args, trace_ranks)

@@ -344,6 +344,38 @@ def load_experiment(path: str | os.PathLike) -> Experiment:
         raise with_prefix(exc, str(path)) from None
 
 
+def unused_settings(exp: Experiment) -> list[str]:
+    """Settings the experiment file gives that this run never reads (each a one-line note naming the field and
+    what would make it count): knobs of a mechanism the layout does not use. They are not errors, since a
+    sweep's base file may set them for the points that do use them, but a user should not think they acted."""
+    raw = exp.raw or {}
+    par, model = exp.parallel, exp.model
+
+    def given(section: str, key: str) -> bool:
+        value = raw.get(section)
+        return isinstance(value, Mapping) and key in value
+
+    notes = []
+    if given("moe", "zipf_s") and exp.routing.kind != "zipf":
+        notes.append(f"moe.zipf_s has no effect with routing: {exp.routing.kind} (only routing: zipf reads it)")
+    if given("parallel", "cp_comm_type") and par.cp == 1:
+        notes.append("parallel.cp_comm_type has no effect without context parallelism (cp > 1)")
+    for key in ("zero_prefetch", "zero_reuse_distance", "zero_persistence"):
+        if given("parallel", key) and par.zero < 3:
+            notes.append(f"parallel.{key} has no effect below zero: 3 (it is ZeRO-3's parameter fetching)")
+    if given("options", "tp_comm_overlap_sms") and not par.tp_comm_overlap:
+        notes.append("options.tp_comm_overlap_sms has no effect without parallel.tp_comm_overlap")
+    if given("options", "dualpipe_comm_sms") and not (par.schedule == "dualpipe" and model.is_moe):
+        notes.append("options.dualpipe_comm_sms has no effect outside DualPipe with a MoE model")
+    if given("compute", "fp8_matmul_efficiency") and exp.training.dtype != "fp8":
+        notes.append(f"compute.fp8_matmul_efficiency has no effect with dtype: {exp.training.dtype} "
+                     f"(training.dtype: fp8 reads it)")
+    if given("network", "all_to_all") and not model.is_moe and not (par.cp > 1 and par.cp_comm_type == "a2a"):
+        notes.append("network.all_to_all has no effect: this layout runs no all-to-all (MoE experts or "
+                     "cp_comm_type: a2a do)")
+    return notes
+
+
 # -------------------------------------------------------------------- running
 def _fidelity(value: object) -> str:
     if value not in FIDELITIES:

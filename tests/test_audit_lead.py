@@ -157,3 +157,35 @@ def test_an_error_led_by_the_file_name_keeps_its_type_or_becomes_a_config_error(
     decode = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
     again = with_prefix(decode, "latin.yaml")
     assert type(again) is ConfigError and str(again).startswith("latin.yaml: 'utf-8' codec can't decode")
+
+
+def test_settings_no_part_of_the_run_reads_are_noted(tmp_path, capsys):
+    """Knobs of a mechanism the layout does not use were taken silently (the audit's list); each is now a
+    one-line note on stderr (not an error: a sweep's base file may set them for the points that use them)."""
+    from simulator.cli import main
+    from simulator.experiment import unused_settings
+
+    base = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "gpt2-small"},
+            "parallel": {"tp": 4, "dp": 4}, "training": {"seq_len": 512}}
+    assert unused_settings(experiment_from_dict(base)) == []
+    exp = experiment_from_dict({**base, "parallel": {"tp": 4, "dp": 4, "cp_comm_type": "a2a", "zero_prefetch": 1e6},
+                                "options": {"tp_comm_overlap_sms": 8},
+                                "compute": {"fp8_matmul_efficiency": 0.6}, "network": {"all_to_all": "bulk"}})
+    notes = unused_settings(exp)
+    assert [n.split(" ")[0] for n in notes] == ["parallel.cp_comm_type", "parallel.zero_prefetch",
+                                                "options.tp_comm_overlap_sms", "compute.fp8_matmul_efficiency",
+                                                "network.all_to_all"]
+    moe = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "tiny", "experts": 8, "top_k": 2},
+           "parallel": {"tp": 1, "pp": 2, "dp": 8, "ep": 4, "micro_batch": 1, "global_batch": 32},
+           "training": {"seq_len": 128}}
+    assert unused_settings(experiment_from_dict({**moe, "moe": {"routing": "uniform", "zipf_s": 3}})) == [
+        "moe.zipf_s has no effect with routing: uniform (only routing: zipf reads it)"]
+    assert unused_settings(experiment_from_dict({**moe, "moe": {"routing": "zipf", "zipf_s": 3},
+                                                 "network": {"all_to_all": "bulk"}})) == []
+    import yaml
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({**base, "parallel": {"tp": 4, "dp": 4, "cp_comm_type": "a2a"}}))
+    assert main(["run", str(path), "--json", "--trace-ranks", "all"]) == 0
+    err = capsys.readouterr().err
+    assert "clustersim: note: parallel.cp_comm_type has no effect" in err
+    assert "clustersim: note: --trace-ranks has no effect without --trace" in err
