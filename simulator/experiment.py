@@ -178,12 +178,10 @@ def _network_from_dict(section: Mapping) -> NetworkConfig:
     return NetworkConfig(**kwargs)
 
 
-def _check_moe_section(section: object, model: ModelSpec, routing: RoutingModel) -> None:
-    """Refuse a ``moe:`` section that could only be ignored (the model has no experts) and a custom expert
-    load of the wrong length (found here, with the file's name, rather than when the step is built)."""
-    if section and not model.is_moe:
-        raise ConfigError(f"moe: model {model.name} has no experts, so nothing would read this section; "
-                          f"remove it, or give model.experts and model.top_k")
+def _check_moe_section(model: ModelSpec, routing: RoutingModel) -> None:
+    """Refuse a custom expert load of the wrong length (found here, with the file's name, rather than when the
+    step is built). A ``moe:`` section on a dense model is a note (:func:`unused_settings`), not an error: the
+    README's annotated file shows every section on one dense model."""
     load = routing.expert_load
     if model.is_moe and routing.kind == "custom" and load is not None and len(load) != model.experts:
         raise ConfigError(f"moe.expert_load: has {len(load)} entries but the model has {model.experts} experts")
@@ -273,7 +271,7 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
                      routing=dataclasses.replace(routing_from_dict(_section(doc, "moe")),
                                                  node_gpus=cluster.gpus_per_server))
     exp.faults, exp.healthy_cluster = faults, healthy
-    _check_moe_section(doc.get("moe"), model, exp.routing)
+    _check_moe_section(model, exp.routing)
     for knob, used in (("tp_comm_overlap_sms", parallel.tp_comm_overlap),
                        ("dualpipe_comm_sms", parallel.schedule == "dualpipe" and model.is_moe)):
         sms = getattr(exp.options, knob)
@@ -356,7 +354,9 @@ def unused_settings(exp: Experiment) -> list[str]:
         return isinstance(value, Mapping) and key in value
 
     notes = []
-    if given("moe", "zipf_s") and exp.routing.kind != "zipf":
+    if raw.get("moe") and not model.is_moe:
+        notes.append(f"moe: has no effect: model {model.name} has no experts (model.experts, model.top_k)")
+    elif given("moe", "zipf_s") and exp.routing.kind != "zipf":
         notes.append(f"moe.zipf_s has no effect with routing: {exp.routing.kind} (only routing: zipf reads it)")
     if given("parallel", "cp_comm_type") and par.cp == 1:
         notes.append("parallel.cp_comm_type has no effect without context parallelism (cp > 1)")

@@ -54,17 +54,19 @@ def test_layout_errors_suggest_only_values_that_exist():
                                                    "virtual_stages": 5, "micro_batch": 1, "global_batch": 16}})
 
 
-def test_a_moe_section_that_nothing_would_read_is_refused_at_load_time():
-    """A ``moe:`` section on a dense model was silently ignored, and a custom expert load of the wrong length
-    was found only when the step was built (without the file's name)."""
+def test_a_moe_section_on_a_dense_model_is_noted_and_a_wrong_expert_load_refused_at_load_time():
+    """A ``moe:`` section on a dense model was silently ignored (now a note: the README's annotated file has
+    one), and a custom expert load of the wrong length was found only when the step was built (without the
+    file's name)."""
     import pytest
 
+    from simulator.experiment import unused_settings
     from workloads.errors import ConfigError
 
     dense = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "gpt2-small"},
              "parallel": {"tp": 4, "dp": 4}, "training": {"seq_len": 512}}
-    with pytest.raises(ConfigError, match=r"^moe: model gpt2-small has no experts"):
-        experiment_from_dict({**dense, "moe": {"routing": "zipf"}})
+    assert unused_settings(experiment_from_dict({**dense, "moe": {"routing": "zipf"}})) == [
+        "moe: has no effect: model gpt2-small has no experts (model.experts, model.top_k)"]
     moe = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "tiny", "experts": 8, "top_k": 2},
            "parallel": {"tp": 1, "pp": 2, "dp": 8, "ep": 4, "micro_batch": 1, "global_batch": 32},
            "training": {"seq_len": 128}}
