@@ -34,13 +34,23 @@ class _Package(types.ModuleType):
 
     @property
     def sweep(self):
+        patched = self.__dict__.get("_sweep_set")
+        if patched is not None:
+            return patched
         from .sweeps import sweep
         return sweep
 
     @sweep.setter
     def sweep(self, value: object) -> None:
-        """Ignored: importing the compatibility submodule ``simulator.sweep`` sets this attribute to the module;
-        the attribute stays the function, as when the package imported it eagerly."""
+        """Importing the compatibility submodule ``simulator.sweep`` sets this attribute to the module: that is
+        ignored (the attribute stays the function, as when the package imported it eagerly). Any other value
+        (``mock.patch``, a monkeypatch) is kept until deleted."""
+        if value is not sys.modules.get(__name__ + ".sweep"):
+            self.__dict__["_sweep_set"] = value
+
+    @sweep.deleter
+    def sweep(self) -> None:
+        self.__dict__.pop("_sweep_set", None)
 
     @functools.cached_property
     def __version__(self) -> str:

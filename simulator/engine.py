@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from heapq import heappush
+from numbers import Real
 
 import numpy as np
 import simpy
@@ -310,6 +312,9 @@ class Engine:
         self.cluster = cluster
         self.compute = compute or ComputeModel(cluster.gpu)
         self.slowdown = dict(slowdown or {})
+        for rank, factor in self.slowdown.items():  # (a compute end is scheduled unchecked: no negative delay)
+            if isinstance(factor, bool) or not isinstance(factor, Real) or not 0 < factor < math.inf:
+                raise ValueError(f"slowdown[{rank}]: must be a finite factor > 0, got {factor!r}")
         self.rank_compute = dict(rank_compute or {})
         self.env = simpy.Environment()
         self.fabric = Fabric(self.env, cluster, network)

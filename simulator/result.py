@@ -53,8 +53,9 @@ class Result:
         """Where time went per pipeline stage (:func:`simulator.experiment.pipeline_stages`, set by
         :func:`~simulator.experiment.run_experiment`); an empty frame for a bare :func:`simulator.simulate`."""
         if self._stages is None:
-            build = self._deferred.pop("stages", None)
+            build = self._deferred.get("stages")
             self._stages = build() if build is not None else _pd().DataFrame()
+            self._deferred.pop("stages", None)  # (only once built: a build that raises is tried again)
         return self._stages
 
     @stages.setter
@@ -67,7 +68,8 @@ class Result:
         """Tokens per MoE layer and expert (:func:`simulator.experiment.expert_load_table`, set by
         :func:`~simulator.experiment.run_experiment` for a MoE model; no such attribute otherwise)."""
         if "expert_load" in self._deferred:
-            self._expert_load = self._deferred.pop("expert_load")()
+            self._expert_load = self._deferred["expert_load"]()
+            del self._deferred["expert_load"]  # (only once built: a build that raises is tried again)
         try:
             return self._expert_load
         except AttributeError:
@@ -80,6 +82,14 @@ class Result:
         self._expert_load = value
 
     _DEFERRABLE = ("stages", "expert_load")
+
+    def __copy__(self) -> Result:
+        """A shallow copy with its own table of deferred frames (shared, the first copy to read a frame would
+        take its builder from the other)."""
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._deferred = dict(self._deferred)
+        return new
 
     def defer(self, name: str, build: Callable[[], pd.DataFrame]) -> None:
         """Make attribute ``name`` (one of ``stages``, ``expert_load``) ``build()``, called when the attribute is

@@ -468,8 +468,11 @@ class OpGraph:
 
     def _p2p(self, cls, rank, peer, nbytes, name, deps, stream, traffic_class, layer, micro_batch, stage,
              tag) -> int:
-        self._check_rank(rank)
-        self._check_rank(peer, "peer")
+        ws = self.world_size
+        if type(rank) is not int or not 0 <= rank < ws:
+            self._check_rank(rank)
+        if type(peer) is not int or not 0 <= peer < ws:
+            self._check_rank(peer, "peer")
         if peer == rank:
             raise OpGraphError(f"peer: rank {rank} cannot {cls.kind} to itself")
         if not _finite(nbytes):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -118,8 +119,17 @@ def write_chakra(graph: OpGraph, folder: str | Path, *, compute: DurationModel |
         for path in written:
             _partial(path).unlink(missing_ok=True)
         raise
+    # The old trace's files go first: a failure among the renames then leaves fewer rank files than the trace's
+    # recorded world size, which the reader refuses, never a mix of the old trace and the new one.
     for path in written:
-        os.replace(_partial(path), path)
+        path.unlink(missing_ok=True)
+    try:
+        for path in written:
+            os.replace(_partial(path), path)
+    except BaseException:
+        for path in written:
+            _partial(path).unlink(missing_ok=True)
+        raise
     return written
 
 
@@ -156,8 +166,9 @@ def _check_values(op: Op) -> None:
 def _check_value(op: Op, name: str, value: float, chakra_field: str | None, most: int, scale: float) -> None:
     """One value of :func:`_check_values`: finite, non-negative and, times ``scale``, at most ``most``."""
     where = f"write_chakra: rank {op.rank} op {op.id} {op.name!r}: {name}"
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
         raise ChakraError(f"{where} = {value!r}: must be a finite non-negative number")
+    value = float(value)  # (numpy scalars and fractions, as the op graph takes them)
     if chakra_field is not None and round(value * scale) > most:
         raise ChakraError(f"{where} = {value!r} does not fit Chakra's {chakra_field} (at most {most:,}"
                           f"{' µs' if scale != 1.0 else ''})")
