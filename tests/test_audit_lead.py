@@ -277,3 +277,14 @@ def test_chakra_writer_takes_the_numbers_the_op_graph_takes(tmp_path):
     g.compute(1, 1e9, duration_s=fractions.Fraction(1, 1000))
     write_chakra(g, tmp_path)
     assert len(read_chakra(tmp_path).ops) == 3
+
+
+def test_a_capacity_plan_built_from_a_frame_as_before_still_reads_back():
+    """``CapacityPlan`` holds its bill of materials as rows since the frame became lazy; a plan made from a
+    frame (the field's former type) must give that frame back."""
+    from topologies import build_cluster
+    from topologies.capacity import CapacityPlan, capacity_plan
+
+    plan = capacity_plan(build_cluster({"preset": "dgx-h100", "nodes": 4}))
+    again = CapacityPlan(plan.bom, plan.summary)
+    assert again.bom.equals(plan.bom) and again.rows == plan.rows

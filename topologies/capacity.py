@@ -90,6 +90,11 @@ class CapacityPlan:
     """The bill of materials, one dict per part (:data:`BOM_COLUMNS`)."""
     summary: dict
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.rows, tuple):  # a frame (what this field held before 2026-12-02) or a list
+            rows = self.rows.to_dict("records") if hasattr(self.rows, "to_dict") else list(self.rows)
+            object.__setattr__(self, "rows", tuple(rows))
+
     @cached_property
     def bom(self) -> pd.DataFrame:
         """The bill of materials as a frame, built when first read (a run's :func:`plan_columns` needs only
