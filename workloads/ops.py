@@ -171,7 +171,7 @@ class OpGraphError(ValueError):
 _INF = math.inf
 
 
-def _finite(x: object) -> bool:
+def is_size(x: object) -> bool:
     """Whether ``x`` is a finite real number >= 0 (a FLOP count, a byte count, seconds): NaN compares false,
     infinity is not below ``_INF``, and a string or None is no number (they made the network loop forever or
     the step time NaN)."""
@@ -255,12 +255,12 @@ class OpGraph:
         """Append a :class:`Compute` op on ``rank``; return its id."""
         if type(rank) is not int or not 0 <= rank < self.world_size:
             self._check_rank(rank)
-        if not (_finite(flops) and _finite(nbytes)):
+        if not (is_size(flops) and is_size(nbytes)):
             raise OpGraphError(f"compute {name!r}: flops and nbytes must be finite numbers >= 0, got {flops!r}, "
                                f"{nbytes!r}")
         if category not in COMPUTE_CATEGORIES:
             raise OpGraphError(f"category: {category!r} unknown; valid: {', '.join(COMPUTE_CATEGORIES)}")
-        if duration_s is not None and not _finite(duration_s):
+        if duration_s is not None and not is_size(duration_s):
             raise OpGraphError(f"duration_s: must be a finite number of seconds >= 0, got {duration_s!r}")
         if parts is not None:
             parts = parts if isinstance(parts, tuple) else tuple(parts)
@@ -297,7 +297,7 @@ class OpGraph:
         if collective not in COLLECTIVE_KINDS:
             raise OpGraphError(f"collective: {collective!r} unknown; valid: {', '.join(COLLECTIVE_KINDS)}")
         grp = self._checked_group(rank, tuple(group) if isinstance(group, Iterable) else (group,))
-        if not _finite(nbytes):
+        if not is_size(nbytes):
             raise OpGraphError(f"nbytes: must be a finite number of bytes >= 0, got {nbytes!r}")
         if isinstance(count, bool) or not isinstance(count, Integral) or count < 1:
             raise OpGraphError(f"count: must be an integer >= 1, got {count!r}")
@@ -475,7 +475,7 @@ class OpGraph:
             self._check_rank(peer, "peer")
         if peer == rank:
             raise OpGraphError(f"peer: rank {rank} cannot {cls.kind} to itself")
-        if not _finite(nbytes):
+        if not is_size(nbytes):
             raise OpGraphError(f"nbytes: must be a finite number of bytes >= 0, got {nbytes!r}")
         ops = self.ops
         n = len(ops)

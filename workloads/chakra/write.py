@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import os
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from ..ops import Collective, Compute, Op, OpGraph, Recv, Send
+from ..ops import Collective, Compute, Op, OpGraph, Recv, Send, is_size
 from .read import scan
 from .schema import (
     COLLECTIVE_COMM_TYPES,
@@ -166,7 +165,7 @@ def _check_values(op: Op) -> None:
 def _check_value(op: Op, name: str, value: float, chakra_field: str | None, most: int, scale: float) -> None:
     """One value of :func:`_check_values`: finite, non-negative and, times ``scale``, at most ``most``."""
     where = f"write_chakra: rank {op.rank} op {op.id} {op.name!r}: {name}"
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+    if not is_size(value):  # (what the op graph's builders take)
         raise ChakraError(f"{where} = {value!r}: must be a finite non-negative number")
     value = float(value)  # (numpy scalars and fractions, as the op graph takes them)
     if chakra_field is not None and round(value * scale) > most:
