@@ -74,7 +74,8 @@ def _zero():
         from workloads.sharding import parse_count, zero_figures
         if not 1 <= args.gpus <= 10**9:
             raise ValueError(f"--gpus: must be an integer in 1..1000000000, got {args.gpus}")
-        rows = zero_figures(parse_count(args.params, "--params"), args.gpus, args.dtype_bytes)
+        params = _whole(parse_count(args.params, "--params"), args.params, "--params", "parameters", "7.5e9 or 175B")
+        rows = zero_figures(params, args.gpus, args.dtype_bytes)
         if args.json:
             print(json.dumps(rows))
             return 0
@@ -117,8 +118,10 @@ def _collective():
             raise ValueError(f"--algo: {args.algo!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
         if not 2 <= args.gpus <= MAX_GPUS:
             raise ValueError(f"--gpus: must be in 2..{MAX_GPUS:,}, got {args.gpus:,}")
-        lo = parse_bytes(args.min_size, "--min-size", allow_zero=False)
-        hi = parse_bytes(args.max_size, "--max-size", allow_zero=False)
+        lo = _whole(parse_bytes(args.min_size, "--min-size", allow_zero=False), args.min_size, "--min-size",
+                    "bytes", "2B or 1MiB")
+        hi = _whole(parse_bytes(args.max_size, "--max-size", allow_zero=False), args.max_size, "--max-size",
+                    "bytes", "2B or 1GiB")
         sizes = size_ladder(lo, hi, args.step_factor)
         cluster = resolve_cluster(args.cluster, args.gpus)
         if args.gpus > cluster.num_gpus:
@@ -543,6 +546,14 @@ def _stdout_closed() -> int:
     except (AttributeError, OSError, ValueError):  # stdout replaced by an object without a file descriptor
         pass
     return SIGPIPE_EXIT
+
+
+def _whole(value: float, given: str, field: str, unit: str, example: str) -> float:
+    """``value`` (parsed from ``given``) if it is a whole number of ``unit`` (a message is whole bytes, a model
+    whole parameters), else a one-line error naming ``field``."""
+    if value != int(value):
+        raise ValueError(f"{field}: {given} is {value:.12g} {unit}, not a whole number; give e.g. {example}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

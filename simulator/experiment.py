@@ -264,7 +264,7 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     faults, healthy = _faults_from_list(doc.get("faults"), cluster), None
     if faults:
         healthy, cluster = cluster, apply_faults(cluster, faults)
-    name = doc.get("name") or f"{model.name} on {cluster.name}"
+    name = label(doc.get("name"), "name") or f"{model.name} on {cluster.name}"
     exp = Experiment(str(name), cluster, model, parallel, training, _network_from_dict(_section(doc, "network")),
                      _compute_from_dict(_section(doc, "compute")), _options_from_dict(_section(doc, "options")),
                      raw=copy.deepcopy(dict(doc)), fidelity=_fidelity(doc.get("fidelity", "fast")),
@@ -377,6 +377,16 @@ def unused_settings(exp: Experiment) -> list[str]:
 
 
 # -------------------------------------------------------------------- running
+def label(value: object, field: str) -> str | None:
+    """A name given in a file (``field`` names it in the error) as text: a string or a number; None when absent.
+    A list, a mapping or a YAML boolean is refused, as a name that reads back as ``['a', 'b']`` is a slip."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(f"{field}: must be text (a label), got a {type(value).__name__}: {value!r}")
+    return str(value)
+
+
 def _fidelity(value: object) -> str:
     if value not in FIDELITIES:
         raise ConfigError(f"fidelity: {value!r} unknown; valid: {', '.join(FIDELITIES)}")

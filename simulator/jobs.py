@@ -51,7 +51,14 @@ from workloads.ops import OpGraph, merge_graphs
 from workloads.training import training_step
 
 from .engine import Engine, RunRecord, paused_gc
-from .experiment import _REPRESENTATIVES, Experiment, OutOfMemoryError, experiment_from_dict, read_experiment_file
+from .experiment import (
+    _REPRESENTATIVES,
+    Experiment,
+    OutOfMemoryError,
+    experiment_from_dict,
+    label,
+    read_experiment_file,
+)
 from .result import Result
 
 __all__ = ["JOB_FIELDS", "PLACEMENTS", "Job", "JobsResult", "MAX_AUTO_STEPS", "jobs_from_dict", "load_jobs",
@@ -170,7 +177,7 @@ def jobs_from_dict(doc: Mapping) -> JobsSpec:
             raise ConfigError(f"jobs[{i}].{bad[0]}: unknown field; valid fields: {', '.join(JOB_FIELDS)}")
         if "nodes" not in job:
             raise ConfigError(f"jobs[{i}].nodes: required: a node count or a list of node indices")
-        name = str(job.get("name", f"job{i}"))
+        name = label(job.get("name"), f"jobs[{i}].name") or f"job{i}"
         if name in names:
             raise ConfigError(f"jobs[{i}].name: {name!r} is used twice; job names must differ")
         names.add(name)
@@ -183,7 +190,7 @@ def jobs_from_dict(doc: Mapping) -> JobsSpec:
                               f"per step); give 1..{MAX_AUTO_STEPS} or auto")
     jobs = []
     for i, (job, where) in enumerate(zip(entries, placed)):
-        name = str(job.get("name", f"job{i}"))
+        name = label(job.get("name"), f"jobs[{i}].name") or f"job{i}"
         gpus = [g for k in where for g in nodes[k]]
         view = _view(cluster, gpus, f"{name}: nodes {list(where)} of {cluster.name}")
         sub = {k: copy.deepcopy(v) for k, v in job.items() if k not in ("name", "nodes")}
@@ -194,7 +201,7 @@ def jobs_from_dict(doc: Mapping) -> JobsSpec:
         except ValueError as exc:
             raise with_prefix(exc, f"jobs[{i}] ({name})") from None
         jobs.append(Job(name, exp, where))
-    return JobsSpec(str(doc.get("name") or " + ".join(j.name for j in jobs)), cluster, jobs, steps)
+    return JobsSpec(label(doc.get("name"), "name") or " + ".join(j.name for j in jobs), cluster, jobs, steps)
 
 
 def load_jobs(path: str | os.PathLike) -> JobsSpec:
