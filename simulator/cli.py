@@ -401,6 +401,9 @@ def _sweep():
 
     def run(args: argparse.Namespace) -> int:
         from .sweeps import FIDELITIES, SCREEN, SweepInterrupted, counts_line, parse_grid_arg, sweep, top_table
+        from .sweeps.columns import check_metric
+        if args.metric is not None:
+            check_metric(args.metric, "--metric")  # (the flag's name, where the file's would say sweep.metric)
         for flag, value, least in (("--jobs", args.jobs, 1), ("--top", args.top, 0), ("--max-tp", args.max_tp, 1),
                                    ("--refine", args.refine, 1)):
             if value is not None and value < least:

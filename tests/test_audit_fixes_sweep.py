@@ -53,6 +53,7 @@ def test_unknown_metric_on_the_command_line_lists_the_valid_ones(tmp_path: Path,
                  "--no-progress"]) == 2
     err = one_line(capsys.readouterr().err)
     assert metric in err and "exposed_dp_s" in err and "bytes_spine" in err
+    assert err.startswith(f"clustersim: error: --metric: {metric!r} unknown")  # the flag, as the user typed it
 
 
 @pytest.mark.parametrize("max_tp", [0, -1, 2.5])
