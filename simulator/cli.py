@@ -7,11 +7,12 @@ in one line on stderr and exit status 2; a deadlocked op graph exits 3.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from topologies import build_cluster, format_bandwidth, format_bytes, format_time, load_cluster, parse_bytes
 from topologies.cluster import Cluster
@@ -209,6 +210,30 @@ def _json_summary(result) -> str:
     return json.dumps(result.summary, default=float)
 
 
+@contextlib.contextmanager
+def _ops_bar(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress callback for :func:`~simulator.experiment.run_experiment` drawing a tqdm bar of the ops
+    simulated on stderr, when ``enabled`` and stderr is a terminal (None otherwise: nothing to draw); the bar
+    is cleared when the run ends, so the summary prints as without it."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, unit="op", unit_scale=True, desc="simulating", leave=False, dynamic_ncols=True)
+        bar.update(done - bar.n)
+
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 @command("run", "simulate one training step described by an experiment YAML file, or a Chakra trace")
 def _run():
     def configure(p: argparse.ArgumentParser) -> None:
@@ -220,6 +245,8 @@ def _run():
         p.add_argument("--plots", metavar="DIR", help="write every figure as a PNG into DIR")
         p.add_argument("--force", action="store_true", help="simulate even if the config does not fit in memory")
         p.add_argument("--fidelity", choices=_FIDELITIES, help="override the file's fidelity (default: fast)")
+        p.add_argument("--no-progress", action="store_true",
+                       help="no progress bar (shown on a terminal while the step simulates)")
         chakra_cli.add_arguments(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -246,7 +273,8 @@ def _run():
             print(f"clustersim: note: {note}", file=sys.stderr)
         if args.trace_ranks != "stages" and not args.trace:  # (given: not the default)
             print("clustersim: note: --trace-ranks has no effect without --trace", file=sys.stderr)
-        result = run_experiment(exp, force=args.force, fidelity=args.fidelity)
+        with _ops_bar(not args.no_progress) as progress:
+            result = run_experiment(exp, force=args.force, fidelity=args.fidelity, progress=progress)
         exported = chakra_cli.export_experiment(exp, args.export_chakra)
         write_outputs(result, args, trace_ranks)
         if exported and not args.json:

@@ -297,11 +297,18 @@ class Engine:
         Rank -> the compute model of that rank's ops, where it is not
         ``compute`` (several jobs, each with its own dtype and knobs, sharing
         one fabric: :mod:`simulator.jobs`).
+    progress : callable, optional
+        ``progress(done, total)``: called with the ops finished so far and the
+        graph's op count each time another ~0.5% of the ops has finished, and
+        once more at the end if every op finished (a progress bar for a step
+        that simulates for a minute). It observes only: the simulation is the
+        same with or without it.
     """
 
     def __init__(self, graph: OpGraph, cluster: Cluster, compute: ComputeModel | None = None,
                  network: NetworkConfig | None = None, slowdown: Mapping[int, float] | None = None,
-                 rank_compute: Mapping[int, ComputeModel] | None = None) -> None:
+                 rank_compute: Mapping[int, ComputeModel] | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> None:
         for name, value, kind, how in (("graph", graph, OpGraph, "an OpGraph (workloads.ops)"),
                                        ("cluster", cluster, Cluster, "a Cluster (topologies.build_cluster)")):
             if not isinstance(value, kind):
@@ -316,6 +323,9 @@ class Engine:
             if isinstance(factor, bool) or not isinstance(factor, Real) or not 0 < factor < math.inf:
                 raise ValueError(f"slowdown[{rank}]: must be a finite factor > 0, got {factor!r}")
         self.rank_compute = dict(rank_compute or {})
+        if progress is not None and not callable(progress):
+            raise TypeError(f"progress: must be a callable progress(done, total), got {type(progress).__name__}")
+        self.progress = progress
         self.env = simpy.Environment()
         self.fabric = Fabric(self.env, cluster, network)
 
@@ -374,11 +384,19 @@ class Engine:
         clone_groups: dict[tuple, list[tuple[int, ...]]] = {}
         p2p_specs: dict[tuple, tuple] = {}  # (src, dst, bytes) -> the flow specs of that send (all replicas)
         completed = 0
+        progress = self.progress
+        every = max(1, -(-n // _PROGRESS_STEPS))  # ops between reports: ceil(n / steps)
+        report_at = every if progress is not None else math.inf  # ops finished at the next progress report
+        reported = 0  # ops finished at the last one
 
         def finish(op_ids: list[int]) -> None:
-            nonlocal completed
+            nonlocal completed, report_at, reported
             now = env.now
             completed += len(op_ids)
+            if completed >= report_at:
+                report_at = (completed // every + 1) * every
+                reported = completed
+                progress(completed, n)
             for i in op_ids:
                 end_s[i] = now
                 for d in dependents[i]:
@@ -469,6 +487,8 @@ class Engine:
             if waiting[op.id] == 0:
                 issue(op)
         env.run()
+        if progress is not None and completed == n != reported:  # the last report, unless finish() made it
+            progress(n, n)
         issue_a, start_a, end_a = np.array(issue_s), np.array(start_s), np.array(end_s)
         if completed < n:
             raise DeadlockError(self._deadlock_report({slot_keys[s]: g for s, g in arrived.items()}, issue_a, end_a))
@@ -492,6 +512,10 @@ class Engine:
                          f"waiting on op(s) {[d for d in op.deps if np.isnan(end_s[d])]}")
         unfinished = int(np.isnan(end_s).sum())
         return f"deadlock: {unfinished} op(s) can never finish: " + "; ".join(lines[:6])
+
+
+_PROGRESS_STEPS = 200
+"""Progress reports per run (:class:`Engine`'s ``progress``): one per ~0.5% of the ops."""
 
 
 class _ComputeEnd:

@@ -25,7 +25,7 @@ import copy
 import dataclasses
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import TYPE_CHECKING
@@ -404,12 +404,16 @@ def check_memory(exp: Experiment, force: bool = False) -> MemoryBreakdown:
     return memory
 
 
-def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None = None) -> Result:
+def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> Result:
     """Generate the step, simulate it and attach training metrics to the result.
 
     Raises :class:`OutOfMemoryError` when the config does not fit in GPU
     memory, unless ``force``. ``fidelity`` (``"fast"`` or ``"full"``, see
-    :data:`FIDELITIES`) overrides the experiment's.
+    :data:`FIDELITIES`) overrides the experiment's. ``progress(done, total)``
+    is told the step's ops finished so far as the simulation goes
+    (:class:`~simulator.engine.Engine`'s ``progress``; e.g. a progress bar's
+    update); it does not change the result.
     """
     if not isinstance(exp, Experiment):
         raise TypeError(f"run_experiment: needs an Experiment (load_experiment or experiment_from_dict), got "
@@ -423,7 +427,8 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
         healthy = None
         if exp.faults:  # the same step on the healthy cluster, for the cost of the faults
             healthy = Engine(step.graph, exp.healthy_cluster, exp.compute_model(), exp.network).run().step_time_s
-        record = Engine(step.graph, exp.cluster, exp.compute_model(), exp.network, exp.slowdown()).run()
+        record = Engine(step.graph, exp.cluster, exp.compute_model(), exp.network, exp.slowdown(),
+                        progress=progress).run()
     result = Result(record, sim_wall_s=time.perf_counter() - t0)
     # The summary describes what ran: the fidelity override, not the file's.
     attach_training_metrics(result, step, dataclasses.replace(exp, fidelity=fidelity), memory)
