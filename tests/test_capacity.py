@@ -157,8 +157,24 @@ def _dual_homed():
 @pytest.mark.parametrize("sending", [None, (0, 3, 5)])
 def test_reduced_max_flow_equals_max_flow_on_the_whole_graph(make, sending):
     c = make()
-    half = set(range(c.num_gpus // 2)) if sending is None else set(sending)
+    if sending is None:  # the default: the GPUs of the first floor(S/2) servers (five or nine servers here: odd)
+        servers = [c.graph.nodes[g]["server"] for g in c.gpus]
+        first = set(list(dict.fromkeys(servers))[: len(set(servers)) // 2])
+        half = {r for r, s in enumerate(servers) if s in first}
+    else:
+        half = set(sending)
     assert bisection_bandwidth(c, sending) == pytest.approx(_raw_max_flow(c, half), rel=1e-9)
+
+
+@pytest.mark.parametrize("servers", [2, 3, 4, 5, 7])
+def test_default_bisection_never_splits_a_server(servers):
+    """Audit: 3 servers read 100 GB/s per GPU and 2 servers 25, because the first half of the ranks split a
+    server and counted its NVLink. Non-blocking leaf-spine, 8 GPUs of 50 GB/s NICs per server: the first
+    floor(S/2) servers send through their NICs, floor(S/2) * 8 * 50 GB/s."""
+    c = leaf_spine("H100", servers=servers, servers_per_leaf=servers)
+    assert bisection_bandwidth(c) == pytest.approx(servers // 2 * 8 * 50e9, rel=1e-12)
+    # one server: half its GPUs send to the other half through their NVLink ports (4 x 450 GB/s)
+    assert bisection_bandwidth(single_server("H100", 8)) == pytest.approx(4 * 450e9, rel=1e-12)
 
 
 def test_bisection_halves_must_be_ranks():

@@ -10,10 +10,12 @@ The true bisection bandwidth is the minimum, over every split of the GPUs
 into two equal halves, of the bandwidth crossing the split; finding it is
 NP-hard in general (minimum bisection). :func:`bisection_bandwidth` computes
 instead the **maximum flow from one given half to the other**: by default
-the first ``floor(N/2)`` ranks against the rest. Ranks are numbered server by
+the GPUs of the first ``floor(S/2)`` of ``S`` servers against the rest (of one
+server, its first ``floor(N/2)`` ranks). Ranks are numbered server by
 server, leaf by leaf and pod by pod, so for the builders' fabrics this split
-runs along server, leaf and pod boundaries and forces the most traffic
-through the upper tiers: it is the structured worst case, and with halves of
+runs along server, leaf and pod boundaries (with an odd number of servers the
+halves differ by one server rather than split one, whose NVLink is not network
+bisection) and forces the most traffic through the upper tiers: it is the structured worst case, and with halves of
 whole leaves (pods) it equals the closed forms (``N/2 * B / r`` for a leaf-spine
 of NIC rate ``B`` and oversubscription ``r``; ``tests/test_capacity.py``).
 For another split pass ``halves``. It is an upper bound on the true
@@ -48,10 +50,24 @@ SWITCH_LEVELS: Mapping[str, int] = {"leaf": 1, "spine": 2, "core": 3}
 _SOURCE, _SINK = ("__bisection_source__",), ("__bisection_sink__",)
 
 
+def _default_half(cluster: Cluster) -> set[int]:
+    """Ranks of the default sending half: the first ``floor(S/2)`` of ``S`` servers when ranks are numbered
+    server by server (an odd ``S`` too, so that the split never runs through a server's NVLink, which would
+    count NVLink as network bisection: 3 servers read 4x 2 servers' figure per GPU); the first ``floor(N/2)``
+    ranks of one server, or where ranks are not grouped by server."""
+    n = cluster.num_gpus
+    nodes = cluster.graph.nodes
+    servers = [nodes[g].get("server") for g in cluster.gpus]
+    starts = [r for r in range(n) if r == 0 or servers[r] != servers[r - 1]]  # where each run of a server begins
+    if len(starts) < 2 or len(set(servers)) != len(starts) or None in servers:
+        return set(range(n // 2))
+    return set(range(starts[len(starts) // 2]))
+
+
 def _halves(cluster: Cluster, halves: Iterable[int] | None) -> tuple[list[Hashable], list[Hashable]]:
     n = cluster.num_gpus
     if halves is None:
-        a = set(range(n // 2))
+        a = _default_half(cluster)
     else:
         a = set()
         for r in halves:
@@ -153,8 +169,10 @@ def bisection_bandwidth(cluster: Cluster, halves: Iterable[int] | None = None) -
         Any cluster obeying the contract; only ``graph``, ``gpus`` and each
         edge's ``bandwidth`` are read.
     halves : iterable of int, optional
-        Ranks of the sending half; default the first ``floor(N/2)`` ranks
-        (see the module docstring for why). The other ranks receive.
+        Ranks of the sending half; default the first ``floor(S/2)`` of the
+        ``S`` servers (ranks are numbered server by server; the first
+        ``floor(N/2)`` ranks of a single server), see the module docstring
+        for why. The other ranks receive.
 
     Returns
     -------

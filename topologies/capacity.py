@@ -296,12 +296,14 @@ _CACHE_LOCK = threading.Lock()  # Dask workers run points in threads
 
 
 def _fingerprint(cluster: Cluster) -> tuple:
-    """What identifies a cluster for the cache, in one pass over the edges (faults change the edge set or
-    bandwidths, so they change the key)."""
+    """What identifies a cluster for the cache: its name, parameters and GPU, and every node (with its kind)
+    and edge (with its bandwidth) — the wiring itself, not counts and totals: two fabrics of one name and one
+    size wired differently (a custom file edited in a notebook session, a NIC moved between racks) differ in
+    bisection and parts. Faults change the edge set or bandwidths, so they change the key too."""
     g = cluster.graph
     return (cluster.name, json.dumps(cluster.params, sort_keys=True, default=str), cluster.gpu.name,
             cluster.gpu.arch, hash(cluster.gpus), g.number_of_nodes(), g.number_of_edges(),
-            sum(bw for _, _, bw in g.edges(data="bandwidth")))
+            hash(tuple(g.nodes(data="kind"))), hash(tuple(g.edges(data="bandwidth"))))
 
 
 def capacity_plan(cluster: Cluster, plan: Mapping[str, object] | PlanOptions | None = None) -> CapacityPlan:
