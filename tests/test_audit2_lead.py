@@ -30,3 +30,50 @@ def test_plan_cache_tells_apart_two_fabrics_of_one_name_and_size_wired_different
     for c in (a, b, a, b):  # each twice: the cached answer is each fabric's own
         assert plan_summary(c)["bisection_bytes_s"] == pytest.approx(bisection_bandwidth(c), rel=1e-12)
     assert bisection_bandwidth(a) != bisection_bandwidth(b)
+
+
+def _fabric_sweep(tmp_path):
+    import shutil
+    shutil.copy("examples/custom-fabric.yaml", tmp_path / "custom-fabric.yaml")
+    shutil.copytree("examples/fabrics", tmp_path / "fabrics")
+    return tmp_path / "custom-fabric.yaml", tmp_path / "fabrics" / "two-racks.yaml"
+
+
+def test_a_resumed_sweep_simulates_again_when_its_topology_file_changed(tmp_path):
+    from simulator.sweeps import sweep
+    experiment, fabric = _fabric_sweep(tmp_path)
+    out = tmp_path / "out.csv"
+    starts = []
+
+    def run():
+        return sweep(experiment, {"parallel.micro_batch": [2, 4]}, jobs=1, progress=False, output=out,
+                     on_start=lambda points, reused: starts.append((points, reused)))
+
+    first = run()
+    again = run()  # unchanged file: every row reused, the same numbers
+    assert starts[:2] == [(2, 0), (2, 2)]
+    assert list(again["step_time_s"]) == list(first["step_time_s"])
+    fabric.write_text(fabric.read_text().replace("800Gbps", "8Gbps"))  # the racks' cable, 100x slower
+    slower = run()
+    assert starts[2] == (2, 0)  # nothing reused: the file is not what the rows were simulated on
+    assert (slower.set_index("parallel.micro_batch")["step_time_s"]
+            > 5 * first.set_index("parallel.micro_batch")["step_time_s"]).all()
+
+
+def test_grid_topology_paths_resolve_like_the_files_own(tmp_path, monkeypatch):
+    """The file's sweep: grid names a fabric relative to the file (as its cluster: section does); a grid given
+    to sweep() names one relative to the working directory. Both ran as 'cannot read topology file' when the
+    working directory was elsewhere."""
+    from simulator.sweeps import sweep
+    experiment, fabric = _fabric_sweep(tmp_path)
+    doc = yaml.safe_load(experiment.read_text())
+    doc["sweep"] = {"grid": {"cluster.topology": ["fabrics/two-racks.yaml"], "parallel.micro_batch": [2]}}
+    experiment.write_text(yaml.safe_dump(doc))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    from_file = sweep(experiment, jobs=1, progress=False)
+    assert list(from_file["status"]) == ["ok"]
+    from_cwd = sweep(experiment, {"cluster.topology": ["../fabrics/two-racks.yaml"]}, jobs=1, progress=False)
+    assert list(from_cwd["status"]) == ["ok"]
+    assert from_cwd["step_time_s"].iloc[0] == from_file["step_time_s"].iloc[0]

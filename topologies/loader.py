@@ -59,7 +59,8 @@ so a larger value (``nodes: 10**18``) is refused before anything is allocated.""
 MAX_SWITCHES = 65_536
 """The most switches (or nodes per leaf) of one tier."""
 
-__all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster", "resolve_topology_path", "describes_topology"]
+__all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster", "resolve_topology_path", "describes_topology",
+           "topology_key"]
 
 FABRICS = ("leaf_spine", "rail_optimized", "fat_tree", "single_node")
 
@@ -153,7 +154,7 @@ def _describe(preset: str | None, nodes: int, gpus_per_node: int, gpu_name: str,
     return f"{text}, {fabric} {builders.ratio_text(oversubscription)}"
 
 
-def _topology_key(section: Mapping[str, object]) -> str | None:
+def topology_key(section: Mapping[str, object]) -> str | None:
     """``"topology"``, or ``"fabric"`` when it holds a file path, or ``None``."""
     if "topology" in section:
         return "topology"
@@ -166,7 +167,7 @@ def _topology_key(section: Mapping[str, object]) -> str | None:
 def describes_topology(section: object) -> bool:
     """Whether a cluster section is a topology: a topology document, or ``topology:`` (or ``fabric:``) naming a
     topology file. Its nodes are listed one by one, so builder fields such as ``nodes: 64`` do not apply."""
-    return isinstance(section, Mapping) and (is_topology_document(section) or _topology_key(section) is not None)
+    return isinstance(section, Mapping) and (is_topology_document(section) or topology_key(section) is not None)
 
 
 def resolve_topology_path(section: Mapping[str, object], base_dir: str | os.PathLike[str]) -> Mapping[str, object]:
@@ -177,7 +178,7 @@ def resolve_topology_path(section: Mapping[str, object], base_dir: str | os.Path
     """
     if not isinstance(section, Mapping):
         return section
-    key = _topology_key(section)
+    key = topology_key(section)
     value = section.get(key) if key else None
     if not isinstance(value, str) or not value.strip():
         return section
@@ -247,7 +248,7 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
         raise TopologyError(f"cluster: expected a mapping of fields or a preset name, got {type(section).__name__}")
     if is_topology_document(section):
         return cluster_from_dict(section, where="cluster.")
-    topology = _topology_key(section)
+    topology = topology_key(section)
     if topology is not None:
         return _from_topology_file(section, topology, base_dir)
     for key in section:

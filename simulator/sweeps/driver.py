@@ -13,6 +13,8 @@ from typing import Any
 
 import pandas as pd
 
+from topologies.loader import resolve_topology_path
+
 from ..experiment import read_experiment_file
 from .columns import SCREEN, check_fidelity, check_max_tp, check_metric
 from .errors import SweepInterrupted
@@ -114,7 +116,11 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
                              "(--fidelity screen)")
     # The refined points: the same overrides on the base without a fidelity (``fast``, the default).
     fast_base = {k: v for k, v in base_doc.items() if k != "fidelity"}
-    full_grid = normalise_grid(merge_grids(settings["grid"], grid))
+    # Topology files named in the grid: the file's own sweep: grid relative to the file (as its cluster:
+    # section is), a grid given here relative to the working directory (a path typed in a shell).
+    here = os.path.dirname(os.fspath(base)) if isinstance(base, (str, os.PathLike)) else os.getcwd()
+    full_grid = normalise_grid(merge_grids(_topology_paths(settings["grid"], here),
+                                           _topology_paths(grid, os.getcwd())))
     if not full_grid:
         raise ValueError("grid: nothing to sweep; give --grid PATH=V1,V2 or a sweep: {grid: {...}} section")
     check_fields(fast_base if screening else base_doc, full_grid)  # the loader refuses fidelity: screen
@@ -156,6 +162,19 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
         if output is not None:
             write_table(final if foreign.empty else pd.concat([final, foreign], ignore_index=True), output)
         return final
+
+
+def _topology_paths(grid: Grid | None, base_dir: str) -> Grid | None:
+    """``grid`` with its relative topology file paths (``cluster.topology``, or ``cluster.fabric`` naming a
+    file) made absolute against ``base_dir`` (:func:`topologies.loader.resolve_topology_path`)."""
+    if not isinstance(grid, Mapping):
+        return grid
+    out = dict(grid)
+    for path, values in grid.items():
+        field = path[len("cluster."):] if isinstance(path, str) and path.startswith("cluster.") else None
+        if field in ("topology", "fabric") and isinstance(values, (list, tuple)):
+            out[path] = [resolve_topology_path({field: v}, base_dir)[field] for v in values]
+    return out
 
 
 def _load_base(base: Mapping | str | os.PathLike) -> dict:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from topologies import build_cluster
+from topologies.loader import topology_key
 from workloads.errors import divisors
 
 from ..experiment import derived_dp
@@ -41,7 +43,8 @@ class Point:
 
 
 def point_key(base: Mapping, overrides: Mapping[str, Any]) -> str:
-    """Stable hash of a base experiment and a point's overrides.
+    """Stable hash of a base experiment and a point's overrides, and of the topology file the point's cluster
+    reads, if any (so that a resumed sweep re-simulates the points of a fabric file edited since).
 
     Parameters
     ----------
@@ -55,8 +58,38 @@ def point_key(base: Mapping, overrides: Mapping[str, Any]) -> str:
     str
         16 hex digits (the start of a SHA-256).
     """
-    text = json.dumps({"base": base, "overrides": overrides}, sort_keys=True, default=str)
+    content = {"base": base, "overrides": overrides}
+    digest = _topology_digest(base, overrides)
+    if digest is not None:  # (only then: the keys of every other sweep stay what they were)
+        content["topology_sha256"] = digest
+    text = json.dumps(content, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}  # (path, mtime ns, size) -> SHA-256 of the file's bytes
+
+
+def _topology_digest(base: Mapping, overrides: Mapping[str, Any]) -> str | None:
+    """SHA-256 of the topology file the point's ``cluster:`` section names, or None (none named, or no such
+    file: the point is then invalid and says so)."""
+    cluster = {k: v for k, v in overrides.items() if k.startswith("cluster.")}
+    section = get_path(apply_overrides({"cluster": base.get("cluster")}, cluster), "cluster")
+    if not isinstance(section, Mapping):
+        return None
+    key = topology_key(section)
+    path = section.get(key) if key else None
+    if not isinstance(path, str):
+        return None
+    path = os.path.expanduser(path.strip())
+    try:
+        stat = os.stat(path)
+        memo = (os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+        if memo not in _DIGESTS:
+            with open(path, "rb") as f:
+                _DIGESTS[memo] = hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+    return _DIGESTS[memo]
 
 
 def layouts(num_gpus: int, max_tp: int) -> list[tuple[int, int, int]]:
