@@ -98,11 +98,12 @@ def _plan():
 
 
 # ------------------------------------------------------------------ collective
+_DEFAULT_BENCH_GPUS = 8  # ranks of `collective` without --gpus (one DGX node, as nccl-tests on one server)
 @command("collective", "simulated nccl-tests: time one collective over a range of sizes")
 def _collective():
     def configure(p: argparse.ArgumentParser) -> None:
         p.add_argument("--op", default="all_reduce", help=f"one of: {', '.join(_BENCH_OPS)}")
-        p.add_argument("--gpus", type=int, default=8, help="number of ranks (default 8)")
+        p.add_argument("--gpus", type=int, help="number of ranks (default 8, or every GPU of a smaller --cluster)")
         p.add_argument("--min-size", default="1MiB", help="smallest size, e.g. 1MiB (default)")
         p.add_argument("--max-size", default="1GiB", help="largest size, e.g. 8GiB (default 1GiB)")
         p.add_argument("--step-factor", type=float, default=2.0, help="size multiplier between rows (default 2)")
@@ -117,15 +118,20 @@ def _collective():
             raise ValueError(f"--op: {args.op!r} unknown; valid: {', '.join(_BENCH_OPS)}")
         if args.algo not in COLLECTIVE_ALGORITHMS:
             raise ValueError(f"--algo: {args.algo!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
-        if not 2 <= args.gpus <= MAX_GPUS:
+        if args.gpus is not None and not 2 <= args.gpus <= MAX_GPUS:
             raise ValueError(f"--gpus: must be in 2..{MAX_GPUS:,}, got {args.gpus:,}")
         lo = _whole(parse_bytes(args.min_size, "--min-size", allow_zero=False), args.min_size, "--min-size",
                     "bytes", "2B or 1MiB")
         hi = _whole(parse_bytes(args.max_size, "--max-size", allow_zero=False), args.max_size, "--max-size",
                     "bytes", "2B or 1GiB")
         sizes = size_ladder(lo, hi, args.step_factor)
-        cluster = resolve_cluster(args.cluster, args.gpus)
-        if args.gpus > cluster.num_gpus:
+        cluster = resolve_cluster(args.cluster, args.gpus or _DEFAULT_BENCH_GPUS)
+        if args.gpus is None:  # (not given: 8, or every GPU of a smaller cluster)
+            args.gpus = min(_DEFAULT_BENCH_GPUS, cluster.num_gpus)
+            if args.gpus < 2:
+                raise ValueError(f"--cluster: {cluster.name!r} has {cluster.num_gpus} GPU; a collective needs 2 or "
+                                 f"more")
+        elif args.gpus > cluster.num_gpus:
             raise ValueError(f"--gpus: {args.gpus} exceeds the {cluster.num_gpus} GPUs of cluster {cluster.name!r}")
         table = collective_sweep(cluster, args.op, args.gpus, sizes,
                                  args.algo, NetworkConfig(fidelity=args.fidelity))

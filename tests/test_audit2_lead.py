@@ -77,3 +77,16 @@ def test_grid_topology_paths_resolve_like_the_files_own(tmp_path, monkeypatch):
     from_cwd = sweep(experiment, {"cluster.topology": ["../fabrics/two-racks.yaml"]}, jobs=1, progress=False)
     assert list(from_cwd["status"]) == ["ok"]
     assert from_cwd["step_time_s"].iloc[0] == from_file["step_time_s"].iloc[0]
+
+
+def test_collective_on_a_small_cluster_without_gpus_takes_every_gpu(tmp_path, capsys):
+    """A 4-GPU fabric file and no --gpus: 'the 8 GPUs' the default asked for blamed a flag never given."""
+    from simulator.cli import main
+    mesh = tmp_path / "mesh.yaml"
+    gpus = [f"gpu:0:{i}" for i in range(4)]
+    mesh.write_text(yaml.safe_dump({"gpu": "H100", "nodes": gpus, "links": [
+        {"a": a, "b": b, "bandwidth": "100GB/s", "latency": "1us"} for i, a in enumerate(gpus) for b in gpus[i + 1:]]}))
+    assert main(["collective", "--op", "all_reduce", "--cluster", str(mesh), "--max-size", "1MiB"]) == 0
+    assert "# all_reduce over 4 GPUs of" in capsys.readouterr().out
+    assert main(["collective", "--cluster", str(mesh), "--gpus", "8"]) == 2
+    assert "--gpus: 8 exceeds the 4 GPUs" in capsys.readouterr().err
