@@ -90,3 +90,15 @@ def test_collective_on_a_small_cluster_without_gpus_takes_every_gpu(tmp_path, ca
     assert "# all_reduce over 4 GPUs of" in capsys.readouterr().out
     assert main(["collective", "--cluster", str(mesh), "--gpus", "8"]) == 2
     assert "--gpus: 8 exceeds the 4 GPUs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rate", ["1bps", "1e-6bps", "8Kbps"])
+def test_topology_files_refuse_a_link_slower_than_1_mb_s_as_cluster_sections_do(rate):
+    """A topology file took 1bps (a step of 5.5e15 s); a cluster: section refused anything under 1 MB/s."""
+    from topologies.cluster import TopologyError
+    doc = _two_racks()
+    doc["links"][0]["bandwidth"] = rate
+    with pytest.raises(TopologyError, match=r"^links\[0\]\.bandwidth: .* a link needs at least 1e\+06 bytes/s"):
+        cluster_from_dict(doc)
+    doc["links"][0]["bandwidth"] = "8Mbps"  # 1 MB/s: the floor itself is a link
+    assert cluster_from_dict(doc).graph.number_of_edges() > 0

@@ -77,7 +77,7 @@ import yaml
 
 from topologies.cluster import LINK_KINDS, NODE_KINDS, TIERS, Cluster, GPUSpec, TopologyError
 from topologies.gpus import get_gpu
-from topologies.units import parse_bandwidth, parse_time
+from topologies.units import parse_link_bandwidth, parse_time
 from topologies.validate import validate_cluster
 from topologies.yamlio import load_large_yaml
 
@@ -251,7 +251,7 @@ def _edge_attrs(fields: Mapping, kinds: tuple[str, str], field: str, reverse: bo
     """``bandwidth, latency, kind, tier`` of one direction of a link entry, parsed and checked."""
     suffix = "_reverse" if reverse else ""
     attrs = {}
-    for key, parse in (("bandwidth", parse_bandwidth), ("latency", parse_time)):
+    for key, parse in (("bandwidth", parse_link_bandwidth), ("latency", parse_time)):
         name = key + suffix
         value = fields.get(name, fields.get(key))
         if value is None:

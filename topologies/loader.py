@@ -50,7 +50,7 @@ from topologies.cluster import Cluster, TopologyError
 from topologies.custom import GRAPHML_SUFFIXES, cluster_from_dict, is_topology_document, load_topology
 from topologies.gpus import GPU_SPECS, get_gpu
 from topologies.presets import PRESETS, preset_names
-from topologies.units import BARE_BANDWIDTH_MIN, parse_bandwidth, parse_time
+from topologies.units import parse_link_bandwidth, parse_time
 from topologies.yamlio import load_yaml, not_utf8
 
 MAX_GPUS = 262_144
@@ -120,15 +120,12 @@ def _ratio(value: object, key: str) -> float:
 
 
 def _bandwidth(value: object, key: str) -> float | None:
-    """``cluster.<key>`` in bytes/s (None: the GPU's default). A rate below :data:`BARE_BANDWIDTH_MIN` is
-    refused here, as written: the builders take bare numbers, which they refuse below it as a forgotten unit."""
+    """``cluster.<key>`` in bytes/s (None: the GPU's default); below 1 MB/s refused here, as written
+    (:func:`~topologies.units.parse_link_bandwidth`): the builders take bare numbers, which they refuse below it
+    as a forgotten unit."""
     if value is None:
         return None
-    rate = parse_bandwidth(value, f"cluster.{key}")
-    if rate < BARE_BANDWIDTH_MIN:
-        raise TopologyError(f"cluster.{key}: {value!r} is {rate:g} bytes/s; a link needs at least "
-                            f"{BARE_BANDWIDTH_MIN:g} bytes/s (e.g. 400Gbps, 50GB/s)")
-    return rate
+    return parse_link_bandwidth(value, f"cluster.{key}")
 
 
 def _fabric(value: object) -> str:

@@ -35,6 +35,7 @@ from topologies.cluster import TopologyError
 __all__ = [
     "parse_bytes",
     "parse_bandwidth",
+    "parse_link_bandwidth",
     "parse_time",
     "format_bytes",
     "format_bandwidth",
@@ -177,6 +178,23 @@ def parse_bandwidth(value: object, field: str = "bandwidth") -> float:
             per_unit = _prefix_factor(m.group(1)) / (8.0 if m.group(2) == "b" else 1.0)
             return _check(number * per_unit, value, field, what, _BW_EXAMPLES, False)
     raise TopologyError(f"{field}: {value!r} is not {what} ({_BW_EXAMPLES})")
+
+
+def parse_link_bandwidth(value: object, field: str = "bandwidth") -> float:
+    """:func:`parse_bandwidth` of a link's rate, refused below :data:`BARE_BANDWIDTH_MIN` (1 MB/s) even with a
+    unit: no GPU fabric link is that slow, and a ``1bps`` slip would otherwise read back as a step of ~10^15 s.
+    The one floor for every place a link's rate is given (``cluster:`` sections, topology files, GraphML).
+
+    Examples
+    --------
+    >>> parse_link_bandwidth("400Gbps")
+    50000000000.0
+    """
+    rate = parse_bandwidth(value, field)
+    if rate < BARE_BANDWIDTH_MIN:
+        raise TopologyError(f"{field}: {value!r} is {rate:g} bytes/s; a link needs at least {BARE_BANDWIDTH_MIN:g} "
+                            f"bytes/s ({_BW_EXAMPLES})")
+    return rate
 
 
 def parse_time(value: object, field: str = "time", *, allow_zero: bool = True) -> float:
