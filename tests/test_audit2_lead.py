@@ -102,3 +102,12 @@ def test_topology_files_refuse_a_link_slower_than_1_mb_s_as_cluster_sections_do(
         cluster_from_dict(doc)
     doc["links"][0]["bandwidth"] = "8Mbps"  # 1 MB/s: the floor itself is a link
     assert cluster_from_dict(doc).graph.number_of_edges() > 0
+
+
+@pytest.mark.parametrize("field, value", [("cost_usd", 1e300), ("power_w", 5e6)])
+def test_a_part_priced_or_powered_absurdly_is_refused(field, value):
+    from topologies.cluster import TopologyError
+    from topologies.components import plan_options
+    with pytest.raises(TopologyError, match=rf"^plan\.components\.QM9700\.{field}: .* is more than .* for one part"):
+        plan_options({"components": {"QM9700": {field: value}}})
+    assert plan_options({"components": {"QM9700": {"cost_usd": 25_000, "power_w": 650}}})

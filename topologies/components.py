@@ -247,9 +247,18 @@ def _choice(value: object, key: str, valid: tuple[str, ...]) -> str:
     raise TopologyError(f"plan.{key}: {value!r} is not valid; valid: {', '.join(valid)}")
 
 
+_UNIT_CEILING = {"power_w": 1e6, "cost_usd": 1e9}
+"""Largest power (W) and price (USD) of one part: a switch draws kW and costs tens of thousands; a value above
+these is a slip (``cost_usd: 1e300`` printed 300-digit totals), refused."""
+
+
 def _number(value: object, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise TopologyError(f"plan.{key}: {value!r} is not a number >= 0")
+    ceiling = _UNIT_CEILING.get(key.rsplit(".", 1)[-1])
+    if ceiling is not None and value > ceiling:
+        raise TopologyError(f"plan.{key}: {value!r} is more than {ceiling:g} for one part; give the unit's own "
+                            f"figure (e.g. 25000 USD, 650 W)")
     return float(value)
 
 
