@@ -375,7 +375,8 @@ def write_outputs(result, args: argparse.Namespace, trace_ranks: list[int] | str
         import matplotlib
         matplotlib.use("Agg")  # files only: no display needed
         paths = result.save_plots(args.plots)
-        lines.append(f"  figures written to   {args.plots}/ ({', '.join(os.path.basename(p) for p in paths)})")
+        folder = os.path.join(args.plots, "")  # one trailing separator, however the folder was typed
+        lines.append(f"  figures written to   {folder} ({', '.join(os.path.basename(p) for p in paths)})")
     if args.json:
         print(_json_summary(result))
         return

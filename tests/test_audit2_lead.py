@@ -111,3 +111,10 @@ def test_a_part_priced_or_powered_absurdly_is_refused(field, value):
     with pytest.raises(TopologyError, match=rf"^plan\.components\.QM9700\.{field}: .* is more than .* for one part"):
         plan_options({"components": {"QM9700": {field: value}}})
     assert plan_options({"components": {"QM9700": {"cost_usd": 25_000, "power_w": 650}}})
+
+
+def test_plots_folder_is_printed_with_one_separator(tmp_path, capsys):
+    from simulator.cli import main
+    assert main(["run", "examples/demo.yaml", "--plots", f"{tmp_path}/figs/", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"figures written to   {tmp_path}/figs/ (" in out and "figs//" not in out
