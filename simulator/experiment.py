@@ -40,7 +40,7 @@ from topologies.cluster import Cluster
 from topologies.components import PlanOptions, plan_options
 from topologies.faults import apply_faults, check_fault
 from topologies.loader import resolve_topology_path
-from topologies.yamlio import load_yaml
+from topologies.yamlio import load_yaml, malformed
 from workloads.errors import ConfigError, with_prefix
 from workloads.memory import MemoryBreakdown, memory_per_gpu
 from workloads.models import ModelSpec, model_from_dict
@@ -312,10 +312,7 @@ def read_experiment_file(path: str | os.PathLike) -> dict:
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such experiment file") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+        raise ConfigError(f"{path}: {malformed(exc)}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     if doc is None:

@@ -118,3 +118,15 @@ def test_plots_folder_is_printed_with_one_separator(tmp_path, capsys):
     assert main(["run", "examples/demo.yaml", "--plots", f"{tmp_path}/figs/", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert f"figures written to   {tmp_path}/figs/ (" in out and "figs//" not in out
+
+
+@pytest.mark.parametrize("command", [["run"], ["plan"]])
+def test_a_binary_file_is_told_apart_from_malformed_yaml(tmp_path, capsys, command):
+    """A binary file read 'malformed YAML: ReaderError' (PyYAML's class name, no position)."""
+    from simulator.cli import main
+    path = tmp_path / "model.yaml"
+    path.write_bytes(b"\x00\x01\x02binary")
+    assert main([*command, str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"clustersim: error: {path}: malformed YAML at byte 0: character #x0000 is not allowed in a "
+                   f"YAML text file (a binary file?)")

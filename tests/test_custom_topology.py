@@ -338,7 +338,7 @@ def test_ranks_follow_the_listing_or_rank_fields():
 
 @pytest.mark.parametrize("text, message", [
     (None, r"cannot read topology file"),
-    ("nodes: [a\n", r"malformed YAML: .* at line 2"),
+    ("nodes: [a\n", r"malformed YAML at line 2, column \d+: "),
     ("preset: dgx-h100\n", r"not a topology file"),
     ("gpu: H100\nnodes: [gpu:0:0]\nlinks: []\n", r"nodes\[0\]: GPU 'gpu:0:0' has no links"),
 ])

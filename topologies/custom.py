@@ -79,7 +79,7 @@ from topologies.cluster import LINK_KINDS, NODE_KINDS, TIERS, Cluster, GPUSpec, 
 from topologies.gpus import get_gpu
 from topologies.units import parse_link_bandwidth, parse_time
 from topologies.validate import validate_cluster
-from topologies.yamlio import load_large_yaml
+from topologies.yamlio import load_large_yaml, malformed
 
 __all__ = [
     "FILE_FIELDS",
@@ -557,10 +557,7 @@ def load_topology(path: str | os.PathLike[str]) -> Cluster:
     except OSError as e:
         raise TopologyError(f"{where}: cannot read topology file ({e.strerror or e})") from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        problem = getattr(e, "problem", None) or type(e).__name__
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise TopologyError(f"{where}: malformed YAML: {problem}{at}") from None
+        raise TopologyError(f"{where}: {malformed(e)}") from None
     if not is_topology_document(doc):
         raise TopologyError(f"{where}: not a topology file: expected a mapping with gpu, nodes (a list) and links")
     try:

@@ -51,7 +51,7 @@ from topologies.custom import GRAPHML_SUFFIXES, cluster_from_dict, is_topology_d
 from topologies.gpus import GPU_SPECS, get_gpu
 from topologies.presets import PRESETS, preset_names
 from topologies.units import parse_link_bandwidth, parse_time
-from topologies.yamlio import load_yaml, not_utf8
+from topologies.yamlio import load_yaml, malformed, not_utf8
 
 MAX_GPUS = 262_144
 """The largest cluster built (GPUs): twice a 16K-node, 131,072-GPU fabric. The graph and routes grow with it,
@@ -350,10 +350,7 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
     except OSError as e:
         raise TopologyError(f"{where}: cannot read cluster file ({e.strerror or e})") from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        problem = getattr(e, "problem", None) or type(e).__name__
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise TopologyError(f"{where}: malformed YAML: {problem}{at}") from None
+        raise TopologyError(f"{where}: {malformed(e)}") from None
     if data is None:
         raise TopologyError(f"{where}: the file is empty; expected a mapping with a 'cluster:' section or cluster "
                             f"fields at top level, e.g. preset: dgx-h100")

@@ -26,7 +26,7 @@ import yaml
 from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError, SafeConstructor
 
-__all__ = ["StrictLoader", "load_yaml", "load_large_yaml", "not_utf8"]
+__all__ = ["StrictLoader", "load_yaml", "load_large_yaml", "malformed", "not_utf8"]
 
 _INT = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o[0-7_]+|[-+]?[0-9][0-9_]*|[-+]?0x[0-9a-fA-F_]+)$")
 _FLOAT = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
@@ -98,6 +98,19 @@ def load_yaml(stream: str | IO[str]) -> object:
         raise ComposerError(None, None, "nesting is too deep (hundreds of levels)", None) from None
     except UnicodeDecodeError as exc:  # raised while the text stream reads: position is within its chunk
         raise yaml.MarkedYAMLError(problem=not_utf8(exc)) from None
+
+
+def malformed(exc: yaml.YAMLError) -> str:
+    """What to say of a YAML error in one phrase: ``malformed YAML at line L, column C: <problem>``. A
+    :class:`yaml.reader.ReaderError` (a control character: a binary file, or text in another encoding) has no
+    problem mark; it is told by its character and byte offset instead of PyYAML's class name."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        return (f"malformed YAML at byte {exc.position}: character #x{exc.character:04x} is not allowed in a YAML "
+                f"text file (a binary file?)" if isinstance(exc.character, int) else
+                f"malformed YAML at byte {exc.position}: {exc.reason}")
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"malformed YAML{where}: {getattr(exc, 'problem', None) or type(exc).__name__}"
 
 
 def not_utf8(exc: UnicodeDecodeError) -> str:
