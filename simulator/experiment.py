@@ -38,7 +38,7 @@ from topologies.builders import ratio_text
 from topologies.capacity import plan_columns
 from topologies.cluster import Cluster
 from topologies.components import PlanOptions, plan_options
-from topologies.faults import apply_faults, check_fault
+from topologies.faults import apply_faults, check_fault, fault_counts
 from topologies.loader import resolve_topology_path
 from topologies.yamlio import load_yaml, malformed
 from workloads.errors import ConfigError, with_prefix
@@ -514,7 +514,7 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
         fabric += f", NIC {format_bandwidth(p['nic_bandwidth'])} per GPU"
     fabric += f", NVLink {format_bandwidth(p.get('nvlink_bandwidth') or c.gpu.nvlink_bandwidth)} per GPU"
     if exp.faults:
-        fabric += f", {len(exp.faults)} fault(s)"
+        fabric += f", {fault_counts(exp.faults)}"  # as the title counts them (topology faults, stragglers)
     model = (f"{m.name}: {m.total_params() / 1e9:,.1f} B parameters, {m.layers} layers, hidden {m.hidden}, "
              f"{m.heads} heads" + (f" (MLA, KV latent {m.kv_lora_rank})" if m.is_mla else ""))
     if m.is_moe:

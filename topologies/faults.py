@@ -18,21 +18,27 @@ fault               effect
                     cable runs at ``fraction`` of its rate, both directions
 ``nic_down``        ``{kind: nic_down, gpu: 17}`` — rank 17's NIC is gone; its
                     traffic leaves through the NIC of the next GPU of its server
-                    over NVLink (NCCL's PXN), sharing that NIC
+                    whose own NIC works, over NVLink (NCCL's PXN), sharing it
 ``latency``         ``{kind: latency, tier: spine, extra: 2us}`` — every link of
                     the tier takes ``extra`` longer
 ==================  ===========================================================
 
-A set of faults that leaves some GPU unable to reach another is refused
-(:class:`~topologies.cluster.TopologyError`, naming both), never simulated
-into a hang. GPU stragglers are compute faults: :mod:`simulator.experiment`
-reads them from the same list.
+The order of the list does not matter. Each cable, switch, NIC, latency tier
+and straggler GPU is named by one entry at most (and no cable by an entry
+when another takes its switch or NIC down); a latency tier must have links in
+the cluster; a ``fraction`` is at least :data:`MIN_FRACTION`. A set of faults
+that leaves some GPU unable to reach another (every pair is checked; a server
+whose GPUs all lost their NICs is cut off) is refused
+(:class:`~topologies.cluster.TopologyError`, naming both and the entry that
+cuts them apart), never simulated into a hang. GPU stragglers are compute
+faults: :mod:`simulator.experiment` reads them from the same list.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Hashable, Mapping, Sequence
+from typing import NoReturn
 
 import networkx as nx
 
@@ -40,13 +46,16 @@ from topologies.cluster import TIERS, Cluster, TopologyError
 from topologies.custom import node_label
 from topologies.units import parse_time
 
-__all__ = ["FAULT_KINDS", "TOPOLOGY_FAULTS", "apply_faults", "node_name", "parse_node"]
+__all__ = ["FAULT_KINDS", "MIN_FRACTION", "TOPOLOGY_FAULTS", "apply_faults", "fault_counts", "node_name",
+           "parse_node"]
 
 TOPOLOGY_FAULTS = ("link_down", "switch_down", "degraded_link", "nic_down", "latency")
 FAULT_KINDS = TOPOLOGY_FAULTS + ("straggler",)
 """Every fault kind of the ``faults:`` list (``straggler`` is applied by the simulator)."""
 _FIELDS = {"link_down": ("link",), "switch_down": ("switch",), "degraded_link": ("link", "fraction"),
            "nic_down": ("gpu",), "latency": ("tier", "extra"), "straggler": ("gpu", "factor")}
+MIN_FRACTION = 1e-6
+"""The smallest ``degraded_link`` fraction: below it a cable is as good as down (use ``link_down``)."""
 
 
 def node_name(node: Hashable) -> str:
@@ -99,90 +108,232 @@ def check_fault(fault: object, index: int) -> dict:
     return dict(fault)
 
 
+def fault_counts(faults: Sequence[Mapping]) -> str:
+    """``"2 fault(s)"``, ``"1 fault(s), 1 straggler(s)"`` or ``"1 straggler(s)"``: what a run's title and its
+    fabric line say of ``faults`` (topology faults and compute stragglers counted apart)."""
+    stragglers = sum(1 for f in faults if isinstance(f, Mapping) and f.get("kind") == "straggler")
+    topology = len(faults) - stragglers
+    parts = [f"{topology} fault(s)"] if topology or not stragglers else []
+    return ", ".join(parts + ([f"{stragglers} straggler(s)"] if stragglers else []))
+
+
 def apply_faults(cluster: Cluster, faults: Sequence[Mapping]) -> Cluster:
     """A copy of ``cluster`` with the topology faults of ``faults`` applied (``straggler`` ones are skipped).
+
+    The result does not depend on the order of the list: cables and switches
+    go first, then every failed NIC's GPU borrows the NIC of a server
+    neighbour whose own NIC still works, then extra latency is added.
 
     Raises
     ------
     TopologyError
-        A malformed fault (field named ``faults[i].<field>``), a node or cable
-        that does not exist, or faults that partition the GPUs.
+        A malformed fault (field named ``faults[i].<field>``), a node, cable
+        or tier that does not exist, two entries for the same cable, switch,
+        NIC, tier or straggler (or one for a cable another takes down), or
+        faults that partition the GPUs.
     """
-    graph = cluster.graph.copy()
-    for i, raw in enumerate(faults):
-        fault = check_fault(raw, i)
+    graph, stranded = _faulty_graph(cluster, faults)
+    pair = _unreachable_pair(graph, cluster.gpus)
+    if pair is not None:
+        _refuse_partition(cluster, faults, pair, stranded)
+    out = copy.copy(cluster)
+    out.graph = graph
+    out.name = f"{cluster.name}, {fault_counts(faults)}"
+    return out
+
+
+def _cable(a: Hashable, b: Hashable) -> str:
+    return f"[{node_name(a)}, {node_name(b)}]"
+
+
+def _faulty_graph(cluster: Cluster, faults: Sequence[Mapping]) -> tuple[nx.DiGraph, dict[Hashable, int]]:
+    """The cluster's graph with ``faults`` applied, and the GPUs whose NIC is down with none to borrow
+    (-> their entry). Every entry is checked first, so no edit can fail half-way."""
+    g0 = cluster.graph
+    checked = [check_fault(raw, i) for i, raw in enumerate(faults)]
+    down: dict[Hashable, int] = {}                  # switch or NIC taken down -> its entry
+    cables: dict[frozenset, int] = {}               # cable named by link_down or degraded_link -> its entry
+    cables_at: dict[Hashable, list[tuple[Hashable, Hashable, int]]] = {}
+    failed_nic: dict[Hashable, int] = {}            # GPU whose NIC is down -> its entry
+    tiers: dict[str, int] = {}
+    stragglers: dict[int, int] = {}
+    edits: list[tuple] = []                         # (kind, what...) in the order of the list
+    present: list[str] | None = None                # the tiers that have links
+
+    def what(j: int) -> str:
+        return "down" if checked[j]["kind"] in ("link_down", "switch_down", "nic_down") else "degraded"
+
+    def take_down(node: Hashable, i: int, field: str) -> None:
+        if node in down:
+            raise TopologyError(f"{field}: {node_name(node)} is already down (faults[{down[node]}])")
+        if node in cables_at:
+            a, b, j = cables_at[node][0]
+            raise TopologyError(f"{field}: taking {node_name(node)} down takes the cable {_cable(a, b)} that "
+                                f"faults[{j}] already names ({checked[j]['kind']}); keep one of the two entries")
+        down[node] = i
+
+    for i, fault in enumerate(checked):
         kind, field = fault["kind"], f"faults[{i}]"
-        if kind == "link_down":
+        if kind in ("link_down", "degraded_link"):
             a, b = _link(fault["link"], cluster, f"{field}.link")
-            graph.remove_edges_from([(a, b), (b, a)])
+            key = frozenset((a, b))
+            if key in cables:
+                j = cables[key]
+                raise TopologyError(f"{field}.link: the cable {_cable(a, b)} is already {what(j)} (faults[{j}]); "
+                                    f"give one entry per cable")
+            for n in (a, b):
+                if n in down:
+                    raise TopologyError(f"{field}.link: the cable {_cable(a, b)} is already down with "
+                                        f"{node_name(n)} (faults[{down[n]}])")
+            if kind == "degraded_link":
+                frac = fault["fraction"]
+                if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not MIN_FRACTION <= frac <= 1:
+                    raise TopologyError(f"{field}.fraction: must be a number in [{MIN_FRACTION:g}, 1] (the share "
+                                        f"of the cable's rate left; link_down for none), got {frac!r}")
+                edits.append(("degraded_link", a, b, frac))
+            else:
+                edits.append(("link_down", a, b))
+            cables[key] = i
+            for n in (a, b):
+                cables_at.setdefault(n, []).append((a, b, i))
         elif kind == "switch_down":
             node = parse_node(fault["switch"], cluster, f"{field}.switch")
-            if cluster.graph.nodes[node]["kind"] in ("gpu", "nic"):
+            if g0.nodes[node]["kind"] in ("gpu", "nic"):
                 raise TopologyError(f"{field}.switch: {node_name(node)} is not a switch (use nic_down for a NIC)")
-            graph.remove_node(node)
-        elif kind == "degraded_link":
-            a, b = _link(fault["link"], cluster, f"{field}.link")
-            frac = fault["fraction"]
-            if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
-                raise TopologyError(f"{field}.fraction: must be a number in (0, 1], got {frac!r}")
-            for e in ((a, b), (b, a)):
-                if graph.has_edge(*e):
-                    graph.edges[e]["bandwidth"] *= frac
+            take_down(node, i, f"{field}.switch")
+            edits.append(("switch_down", node))
         elif kind == "nic_down":
-            _nic_down(graph, cluster, _gpu_rank(fault["gpu"], cluster, f"{field}.gpu"), f"{field}.gpu")
+            rank = _gpu_rank(fault["gpu"], cluster, f"{field}.gpu")
+            gpu = cluster.gpus[rank]
+            if gpu in failed_nic:
+                raise TopologyError(f"{field}.gpu: rank {rank}'s NIC is already down (faults[{failed_nic[gpu]}]); "
+                                    f"give one entry per GPU")
+            nics = [w for w in g0.successors(gpu) if g0.nodes[w]["kind"] == "nic"]
+            if not nics:
+                raise TopologyError(f"{field}.gpu: rank {rank} ({node_name(gpu)}) has no NIC to take down")
+            for nic in nics:
+                take_down(nic, i, f"{field}.gpu")
+            failed_nic[gpu] = i
         elif kind == "latency":
             tier = fault["tier"]
             if tier not in TIERS:
                 raise TopologyError(f"{field}.tier: {tier!r} unknown; valid: {', '.join(TIERS)}")
-            extra = parse_time(fault["extra"], f"{field}.extra")
+            if present is None:  # (one pass over the cables, only for a latency fault)
+                have = {t for _u, _v, t in g0.edges(data="tier")}
+                present = [t for t in TIERS if t in have]
+            if tier not in present:
+                raise TopologyError(f"{field}.tier: this cluster has no {tier} links; its tiers: {', '.join(present)}")
+            if tier in tiers:
+                raise TopologyError(f"{field}.tier: the {tier} links already have extra latency "
+                                    f"(faults[{tiers[tier]}]); give one entry per tier")
+            tiers[tier] = i
+            edits.append(("latency", tier, parse_time(fault["extra"], f"{field}.extra")))
+        else:  # straggler: applied by the simulator; one factor per GPU
+            rank = _gpu_rank(fault["gpu"], cluster, f"{field}.gpu")
+            if rank in stragglers:
+                raise TopologyError(f"{field}: gpu {rank} already has a straggler factor (faults[{stragglers[rank]}]); "
+                                    f"give one entry per GPU")
+            stragglers[rank] = i
+
+    # Cables and switches first, then failed NICs, then latency (on the borrowed NVLink too): no order matters.
+    graph = g0.copy()
+    for edit in edits:
+        if edit[0] == "link_down":
+            graph.remove_edges_from([edit[1:], edit[2:0:-1]])
+        elif edit[0] == "degraded_link":
+            _k, a, b, frac = edit
+            for e in ((a, b), (b, a)):
+                if graph.has_edge(*e):
+                    graph.edges[e]["bandwidth"] *= frac
+        elif edit[0] == "switch_down":
+            graph.remove_node(edit[1])
+    graph.remove_nodes_from([n for n in down if g0.nodes[n]["kind"] == "nic"])
+    stranded = {gpu: i for gpu, i in failed_nic.items() if not _borrow_nic(graph, cluster, gpu)}
+    for edit in edits:
+        if edit[0] == "latency":
             for _u, _v, data in graph.edges(data=True):
-                if data["tier"] == tier:
-                    data["latency"] += extra
-    out = copy.copy(cluster)
-    out.graph = graph
-    out.name = f"{cluster.name}, {len([f for f in faults if f.get('kind') != 'straggler'])} fault(s)"
-    _check_connected(out)
-    return out
+                if data["tier"] == edit[1]:
+                    data["latency"] += edit[2]
+    return graph, stranded
 
 
-def _nic_down(graph: nx.DiGraph, cluster: Cluster, rank: int, field: str) -> None:
-    gpu = cluster.gpus[rank]
-    nics = [w for w in graph.successors(gpu) if graph.nodes[w]["kind"] == "nic"]
-    if not nics:
-        raise TopologyError(f"{field}: rank {rank} ({node_name(gpu)}) has no NIC left to take down")
+def _borrow_nic(graph: nx.DiGraph, cluster: Cluster, gpu: Hashable) -> bool:
+    """Attach ``gpu`` (its NIC gone) over NVLink to the NIC of the next GPU of its server whose NIC still
+    works (is there and has a cable into the fabric); False if no GPU of its server has one."""
+    rank = cluster.gpus.index(gpu)
     server = graph.nodes[gpu]["server"]
     peers = [g for g in cluster.gpus if g != gpu and graph.nodes[g]["server"] == server]
-    graph.remove_nodes_from(nics)
-    for peer in peers[rank % len(peers):] + peers[:rank % len(peers)]:  # the next GPU of the server
-        peer_nics = [w for w in graph.successors(peer) if graph.nodes[w]["kind"] == "nic"]
+    start = rank % len(peers) if peers else 0
+    for peer in peers[start:] + peers[:start]:  # the next GPU of the server
+        peer_nics = [w for w in graph.successors(peer) if graph.nodes[w]["kind"] == "nic"
+                     and any(graph.nodes[x]["kind"] != "gpu" for x in graph.successors(w))]
         if peer_nics:
             nvlink = [graph.edges[gpu, w]["bandwidth"] for w in graph.successors(gpu)
                       if graph.nodes[w]["kind"] == "nvswitch"]
             bw = min(nvlink) if nvlink else cluster.gpu.nvlink_bandwidth
             for a, b in ((gpu, peer_nics[0]), (peer_nics[0], gpu)):
                 graph.add_edge(a, b, bandwidth=bw, latency=0.0, kind="nvlink", tier="nvlink")
-            return
+            return True
+    return False
 
 
-def _check_connected(cluster: Cluster) -> None:
-    """Every GPU must reach every other GPU without transiting a GPU (routes never do)."""
-    g = cluster.graph
-    gpus = list(cluster.gpus)
+def _unreachable_pair(graph: nx.DiGraph, gpus: Sequence[Hashable]) -> tuple[Hashable, Hashable] | None:
+    """A pair of GPUs ``(a, b)`` where ``a`` cannot reach ``b`` without transiting a GPU (routes never do),
+    or None: every ordered pair is checked.
+
+    As :func:`topologies.custom.check_reachable` does: GPUs reach each other through a strongly connected
+    piece of the non-GPU fabric that one sends into and the other receives from, or by a direct cable.
+    GPUs touching the same pieces are checked together, so a healthy fabric costs one pass.
+    """
     if len(gpus) < 2:
-        return
-    fabric = g.subgraph([n for n, k in g.nodes(data="kind") if k != "gpu"])
-    comp_of: dict[Hashable, int] = {}
+        return None
+    fabric = graph.subgraph([n for n, k in graph.nodes(data="kind") if k != "gpu"])
+    piece: dict[Hashable, int] = {}
     for i, comp in enumerate(nx.strongly_connected_components(fabric)):
         for n in comp:
-            comp_of[n] = i
-    reach = {}
+            piece[n] = i
+    groups: dict[tuple[frozenset, frozenset], list[Hashable]] = {}
     for gpu in gpus:
-        outs = {comp_of[w] for w in g.successors(gpu) if w in comp_of}
-        ins = {comp_of[w] for w in g.predecessors(gpu) if w in comp_of}
-        reach[gpu] = (outs, ins)
-    first = gpus[0]
-    for gpu in gpus[1:]:
-        for a, b in ((first, gpu), (gpu, first)):
-            if not reach[a][0] & reach[b][1]:
-                raise TopologyError(f"faults: the fabric is partitioned: {node_name(a)} can no longer reach "
-                                    f"{node_name(b)}; remove a fault or keep a path")
+        outs = frozenset(piece[w] for w in graph.successors(gpu) if w in piece)
+        ins = frozenset(piece[w] for w in graph.predecessors(gpu) if w in piece)
+        groups.setdefault((outs, ins), []).append(gpu)
+    items = list(groups.items())
+    for (outs, _ins), senders in items:
+        for (_outs, ins), receivers in items:
+            if outs & ins:
+                continue
+            for a in senders:
+                for b in receivers:
+                    if a != b and not graph.has_edge(a, b):
+                        return a, b
+    return None
+
+
+def _refuse_partition(cluster: Cluster, faults: Sequence[Mapping], pair: tuple[Hashable, Hashable],
+                      stranded: dict[Hashable, int]) -> NoReturn:
+    """Raise the one-line TopologyError for faults that leave ``pair[0]`` unable to reach ``pair[1]``,
+    naming the entry that cuts the fabric."""
+    rank = {g: r for r, g in enumerate(cluster.gpus)}
+
+    def show(gpu: Hashable) -> str:
+        return f"{node_name(gpu)} (rank {rank[gpu]})"
+
+    for gpu, other in (pair, pair[::-1]):
+        if gpu in stranded:
+            server = cluster.graph.nodes[gpu]["server"]
+            alone = not any(g != gpu and cluster.graph.nodes[g]["server"] == server for g in cluster.gpus)
+            why = ("is its server's only GPU, with no neighbour's NIC to borrow" if alone else
+                   "no other GPU of its server has a working NIC to borrow")
+            raise TopologyError(f"faults[{stranded[gpu]}].gpu: rank {rank[gpu]} ({node_name(gpu)}) loses its NIC and "
+                                f"{why}, so its server is cut off: the fabric is partitioned ({node_name(gpu)} can "
+                                f"no longer reach {show(other)}); remove the fault or keep a NIC of that server")
+    for k in range(len(faults)):  # the first entry from which on the GPUs are cut apart
+        found = _unreachable_pair(_faulty_graph(cluster, faults[:k + 1])[0], cluster.gpus)
+        if found is not None:
+            break
+    else:  # (unreachable: the whole list cuts pair apart)
+        k, found = len(faults) - 1, pair
+    a, b = found
+    raise TopologyError(f"faults[{k}]: the fabric is partitioned{' (with the faults before it)' if k else ''}: "
+                        f"{show(a)} can no longer reach {show(b)}; remove a fault or keep a path")
+
