@@ -15,7 +15,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.patches import Patch
 
-from .traffic import window_means
+from topologies.cluster import TIERS
+
+from .traffic import check_count, window_means
 
 CLASS_COLORS = {"compute": "#4C72B0", "tp": "#DD8452", "pp": "#55A868", "dp": "#C44E52", "zero": "#8172B3",
                 "ep": "#937860", "edp": "#DA8BC3", "sync": "#CCB974", "cp": "#64B5CD", "bench": "#8C8C8C"}
@@ -47,6 +49,8 @@ def plot_timeline(bars: pd.DataFrame, ranks: list[int] | None = None, ax=None, m
     if "lane" not in bars.columns:  # a frame of ops
         from .timeline import timeline_bars
         bars = timeline_bars(bars, None, ranks, max_ranks)
+    if bars.empty:
+        raise ValueError("bars: no timeline bars to draw (an empty frame)")
     rows = list(dict.fromkeys(bars["rank"].tolist()))
     y = {r: i for i, r in enumerate(rows)}
     ax = ax or plt.subplots(figsize=(13, 0.55 * len(rows) + 1.6))[1]
@@ -129,7 +133,11 @@ def plot_tier_bandwidth(tiers: pd.DataFrame, phases: list[tuple[str, float, floa
 
 def plot_link_heatmap(series: pd.DataFrame, bins: int = 200, ax=None, end_s: float | None = None):
     """Utilisation of links over time (``result.link_timeseries()``): one row per link, busiest first;
-    each cell is the exact mean over its time window."""
+    each cell is the exact mean over its time window; ``bins`` (>= 1) windows."""
+    bins = check_count(bins, "bins", 1)
+    if series.empty:
+        raise ValueError("series: no links to draw (an empty link_timeseries; did any link of the selection carry "
+                         "bytes?)")
     ax = ax or plt.subplots(figsize=(10, 0.22 * max(1, series["link"].nunique()) + 1.5))[1]
     end = end_s or float(series["time_s"].max()) or 1.0
     edges = np.linspace(0.0, end, bins + 1)
@@ -179,7 +187,9 @@ def plot_traffic_matrix(matrix: pd.DataFrame, ax=None, title: str | None = None,
 def plot_link_utilization(links: pd.DataFrame, ax=None):
     """Distribution of link utilisation (bytes / (bandwidth × step)) per tier, as box plots."""
     used = links[links["bytes"] > 0]
-    tiers = [t for t in ("nvlink", "pcie", "leaf", "spine", "core") if t in set(used["tier"])]
+    tiers = [t for t in TIERS if t in set(used["tier"])]
+    if not tiers:
+        raise ValueError("links: no link carried bytes, nothing to draw")
     ax = ax or plt.subplots(figsize=(6, 3))[1]
     ax.boxplot([used.loc[used["tier"] == t, "utilization"] for t in tiers], tick_labels=tiers)
     ax.set_ylabel("utilisation over the step (bytes / rate / step)")

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from topologies.cluster import TIERS
+
 from . import breakdown as _breakdown
 from .engine import RunRecord
 
@@ -196,8 +198,11 @@ class Result:
         return df
 
     def busiest_links(self, n: int = 10, tier: str | None = None) -> pd.DataFrame:
-        """The ``n`` links that carried the most bytes (optionally of one ``tier``): rows of :attr:`links`,
-        busiest first (ties by link id)."""
+        """The ``n`` links (a whole number >= 0) that carried the most bytes, optionally of one ``tier`` (one of
+        :data:`topologies.cluster.TIERS`): rows of :attr:`links`, busiest first (ties by link id). Only links
+        that carried bytes: a tier this cluster lacks, or whose links carried nothing, gives an empty frame."""
+        n = _traffic().check_count(n, "n")
+        _check_tier(tier)
         df = self.links
         if tier is not None:
             df = df[df["tier"] == tier]
@@ -218,9 +223,21 @@ class Result:
         ``level``: ``"gpu"`` (ranks), ``"node"`` (servers) or ``"leaf"`` (leaf switches; traffic is placed
         by the leaf each GPU's NIC plugs into). ``traffic_class``: one class (``"dp"``, ``"tp"``, ...) or a
         list; default all. Traffic inside a place (NVLink at node level) is on the diagonal.
+
+        A class is one of :func:`simulator.traffic.known_classes` (a training step's, or one this run's
+        communication ops carry); a known class this run sent nothing of gives zeros, an unknown name (a typo)
+        or an empty list raises ``ValueError``.
         """
-        labels = _traffic().rank_labels(self.record.fabric.cluster, level)
-        return _traffic().traffic_matrix(self.traffic, labels, traffic_class)
+        traffic = _traffic()
+        labels = traffic.rank_labels(self.record.fabric.cluster, level)
+        return traffic.traffic_matrix(self.traffic, labels, traffic_class, known=traffic.known_classes(
+            self._comm_classes))
+
+    @cached_property
+    def _comm_classes(self) -> list[str]:
+        """The traffic classes of this run's communication ops (every op but compute), sent bytes or not."""
+        comm = {c for k, c in zip(self._op_column("kind"), self._op_column("traffic_class")) if k != "compute"}
+        return sorted(comm | set(self.record.fabric.network.ledger.payload_bytes_by_class))
 
     # --------------------------------------------------- bandwidth over time
     def link_timeseries(self, links: list[int] | None = None, top: int = 10, tier: str | None = None
@@ -228,15 +245,16 @@ class Result:
         """Exact bandwidth of links over time (wire bytes/s, piecewise constant).
 
         ``links``: link ids (the index of :attr:`links`); default the ``top`` busiest (of ``tier``, if
-        given). Long form, one row per change point: ``link, src, dst, tier, time_s, rate_Bps,
-        utilization`` — the link carries ``rate_Bps`` from ``time_s`` until its next row; its last row
-        has rate 0. The integral of a link's series is its ``bytes`` in :attr:`links`.
+        given; see :meth:`busiest_links`). Long form, one row per change point: ``link, src, dst, tier, time_s,
+        rate_Bps, utilization`` — the link carries ``rate_Bps`` from ``time_s`` until its next row; its last
+        row has rate 0. The integral of a link's series is its ``bytes`` in :attr:`links`.
         """
         table = self.links
-        ids = list(self.busiest_links(top, tier).index) if links is None else [int(x) for x in links]
-        bad = [x for x in ids if not 0 <= x < len(table)]
-        if bad:
-            raise ValueError(f"links: {bad[0]} is not a link id; valid: 0..{len(table) - 1}")
+        if links is None:
+            ids = list(self.busiest_links(_traffic().check_count(top, "top"), tier).index)
+        else:
+            _check_tier(tier)
+            ids = _traffic().check_ids(links, "links", "link id", len(table), empty_ok=True)
         network = self.record.fabric.network
         pd = _pd()
         series = _traffic().link_series(network.ledger, network.routes, ids)
@@ -374,8 +392,10 @@ class Result:
         return table
 
     def timeline(self, ranks: list[int] | None = None) -> pd.DataFrame:
-        """Bars of the timeline (:func:`simulator.timeline.timeline_bars`): by default one representative
-        rank per pipeline stage."""
+        """Bars of the timeline (:func:`simulator.timeline.timeline_bars`) of ``ranks`` (a non-empty list of
+        ranks in ``0..world-1``): by default one representative rank per pipeline stage."""
+        if ranks is not None:
+            ranks = _traffic().check_ids(ranks, "ranks", "rank", self.record.graph.world_size)
         return _timeline().timeline_bars(self.rep_ops, self.step_time, ranks)
 
     def phases(self) -> list[tuple[str, float, float]]:
@@ -400,12 +420,21 @@ class Result:
         return _plotting().plot_tier_bandwidth(self.tier_timeseries, self.phases(), ax=ax, capacity=capacity)
 
     def plot_link_heatmap(self, top: int = 20, tier: str | None = None, bins: int = 200, ax=None):
-        return _plotting().plot_link_heatmap(self.link_timeseries(top=top, tier=tier), bins=bins, ax=ax,
-                                           end_s=self.step_time)
+        """The ``top`` (>= 1) busiest links (of ``tier``, if given) over ``bins`` (>= 1) time windows."""
+        series = self.link_timeseries(top=_traffic().check_count(top, "top", 1), tier=tier)
+        if series.empty:
+            used = ", ".join(sorted(self.bytes_by_tier)) or "none"
+            raise ValueError(f"tier: no {tier!r} link carried bytes in this run, nothing to draw (tiers that did: "
+                             f"{used})" if tier is not None else "plot_link_heatmap: no link carried bytes in "
+                             "this run, nothing to draw")
+        return _plotting().plot_link_heatmap(series, bins=bins, ax=ax, end_s=self.step_time)
 
     def plot_traffic_matrix(self, level: str = "node", traffic_class: str | list[str] | None = None, ax=None):
+        matrix = self.traffic_matrix(level, traffic_class)
         title = f"payload bytes per step, {level} to {level}" + (f", {traffic_class}" if traffic_class else "")
-        return _plotting().plot_traffic_matrix(self.traffic_matrix(level, traffic_class), ax=ax, title=title)
+        if not matrix.to_numpy().any():
+            title += " (none sent in this run)"  # a known class this run has no bytes of: an empty picture
+        return _plotting().plot_traffic_matrix(matrix, ax=ax, title=title)
 
     def plot_link_utilization(self, ax=None):
         return _plotting().plot_link_utilization(self.links, ax=ax)
@@ -448,12 +477,21 @@ class Result:
         return written
 
     # ------------------------------------------------------------- export
-    def to_chrome_trace(self, path: str, ranks: list[int] | None = None, *, counters: bool = True,
+    def to_chrome_trace(self, path: str | os.PathLike, ranks: list[int] | str | None = None, *, counters: bool = True,
                         flows: bool = True) -> int:
-        """Write a Chrome / Perfetto trace (:mod:`simulator.trace`): by default one rank per pipeline stage,
+        """Write a Chrome / Perfetto trace (:mod:`simulator.trace`) to ``path`` (a str or ``os.PathLike``):
         one thread per stream, flow arrows for point-to-point transfers and tier-bandwidth counters;
-        gzip-compressed when ``path`` ends in ``.gz``. Returns the number of events written."""
+        gzip-compressed when ``path`` ends in ``.gz``. ``ranks``: ``None`` or ``"stages"`` (one rank per
+        pipeline stage), ``"all"``, or a list of ranks in ``0..world-1`` (as ``clustersim run --trace-ranks``).
+        Returns the number of events written."""
         return _trace().write_trace(self, path, ranks, counters=counters, flows=flows)
+
+
+def _check_tier(tier: str | None) -> None:
+    """Refuse a ``tier`` that is not None nor one of :data:`topologies.cluster.TIERS` (a typo would select no
+    link, silently)."""
+    if tier is not None:
+        _traffic().check_choice(tier, TIERS, "tier")
 
 
 def _pd():

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .breakdown import COMPUTE_CATEGORIES, op_category, pipeline_window, rank_segments
+from .traffic import check_ids
 
 COLUMNS = ["rank", "stage", "lane", "category", "start_s", "end_s", "micro_batch", "chunk", "label"]
 
@@ -35,7 +36,7 @@ def timeline_bars(ops: pd.DataFrame, step_time: float | None, ranks: list[int] |
                   max_ranks: int = 16) -> pd.DataFrame:
     """Bars of the timeline of ``ranks`` (default: one representative per pipeline stage, else the first
     ``max_ranks`` ranks), from a frame like ``result.rep_ops``; ``step_time`` (s) ends the last row (None:
-    the last op's end).
+    the last op's end). ``ranks`` is a non-empty list of ranks that have ops in ``ops``.
 
     Columns: ``rank, stage, lane`` (``"main"``: the partition; ``"comm"``: communication in flight off
     the compute stream), ``category, start_s, end_s, micro_batch, chunk`` and ``label`` (the micro-batch
@@ -45,6 +46,8 @@ def timeline_bars(ops: pd.DataFrame, step_time: float | None, ranks: list[int] |
     reps = stage_representatives(ops)
     if ranks is None:
         ranks = list(reps.values()) if reps else sorted(ops["rank"].unique().tolist())[:max_ranks]
+    else:
+        ranks = check_ids(ranks, "ranks", "rank")
     stage_of = {r: s for s, r in reps.items()}
     missing = sorted(set(ranks) - set(ops["rank"].unique().tolist()))
     if missing:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -34,26 +35,43 @@ import pandas as pd
 from workloads.ops import Recv, Send
 
 from .timeline import stage_representatives
-from .traffic import window_means
+from .traffic import check_ids, window_means
 
 FABRIC_PID = 1 << 30
 """Process id of the fabric's counter tracks (above any rank)."""
 
 
-def trace_events(result, ranks: Sequence[int] | None = None, *, counters: bool = True, flows: bool = True,
+RANK_CHOICES = ("stages", "all")
+"""The named rank selections of a trace (as ``clustersim run --trace-ranks``): one rank per pipeline stage (the
+default), every rank."""
+
+
+def trace_ranks(ranks: Sequence[int] | str | None, world_size: int, stage_reps: dict[int, int], present: list[int]
+                ) -> list[int]:
+    """The ranks a trace shows: ``None``/``"stages"`` one per pipeline stage (``stage_reps``; ``present``, the
+    simulated ranks, without stages), ``"all"`` every rank, else a non-empty list of ranks in
+    ``0..world_size-1`` (no bools); ``ValueError`` naming ``trace ranks`` otherwise."""
+    if isinstance(ranks, str):
+        if ranks not in RANK_CHOICES:
+            raise ValueError(f"trace ranks: {ranks!r} unknown; valid: {', '.join(map(repr, RANK_CHOICES))} or a "
+                             f"list of ranks in 0..{world_size - 1}")
+        if ranks == "all":
+            return list(range(world_size))
+        ranks = None
+    if ranks is None:
+        return list(stage_reps.values()) if stage_reps else present
+    return check_ids(ranks, "trace ranks", "rank", world_size)
+
+
+def trace_events(result, ranks: Sequence[int] | str | None = None, *, counters: bool = True, flows: bool = True,
                  max_counter_points: int = 20_000) -> list[dict]:
-    """The trace's events (see the module docstring)."""
+    """The trace's events (see the module docstring); ``ranks`` as :func:`trace_ranks`."""
     rep_ops = result.rep_ops
     graph = result.record.graph
     replicas = getattr(graph, "replicas", None) or {}
     rep_of = {x: r for r, xs in replicas.items() for x in xs}
     reps = stage_representatives(rep_ops)
-    if ranks is None:
-        ranks = list(reps.values()) if reps else sorted(rep_ops["rank"].unique().tolist())
-    ranks = [int(r) for r in ranks]
-    bad = [r for r in ranks if not 0 <= r < graph.world_size]
-    if bad:
-        raise ValueError(f"trace ranks: {bad[0]} is not a rank; valid: 0..{graph.world_size - 1}")
+    ranks = trace_ranks(ranks, graph.world_size, reps, sorted(rep_ops["rank"].unique().tolist()))
     stage = {r: s for s, r in reps.items()}
     streams = {s: i for i, s in enumerate(sorted(rep_ops["stream"].unique()))}
     events: list[dict] = []
@@ -87,8 +105,11 @@ def trace_events(result, ranks: Sequence[int] | None = None, *, counters: bool =
     return events
 
 
-def write_trace(result, path: str, ranks: Sequence[int] | None = None, **options) -> int:
-    """Write the trace to ``path`` (gzip-compressed if it ends in ``.gz``); return the number of events."""
+def write_trace(result, path: str | os.PathLike, ranks: Sequence[int] | str | None = None, **options) -> int:
+    """Write the trace to ``path`` (a str or ``os.PathLike``; gzip-compressed if it ends in ``.gz``); return the
+    number of events."""
+    if not isinstance(path, (str, os.PathLike)):  # (open() would take an int as a file descriptor)
+        raise TypeError(f"path: need a file path (str or os.PathLike), got {type(path).__name__} {path!r}")
     events = trace_events(result, ranks, **options)
     doc = {"traceEvents": events, "displayTimeUnit": "ms",
            "otherData": {"generator": "clustersim", "step_time_s": result.step_time}}

@@ -22,7 +22,8 @@ GPUs send, as ``result.bytes_by_class``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -32,28 +33,94 @@ from topologies.cluster import Cluster
 from .bulk_alltoall import AllToAllPairs
 
 LEVELS = ("gpu", "node", "leaf")
+STEP_CLASSES = ("edp",)
+"""Traffic classes of a training step besides the sweep's (:data:`simulator.sweeps.columns.TRAFFIC_CLASSES`):
+MoE expert-data-parallel gradient reductions. :func:`known_classes` lists them all."""
+
+
+# ------------------------------------------------------------ argument checks
+# One-line errors naming the argument and what is valid, for what a notebook user passes to a result
+# (``Result.traffic_matrix``, ``busiest_links``, ``timeline``, ``to_chrome_trace``, the plots).
+def check_choice(value: object, valid: Sequence[str], field: str) -> str:
+    """``value`` if it is one of the names ``valid``; else ``ValueError``: ``<field>: 'x' unknown; valid: a, b``."""
+    if not isinstance(value, str) or value not in valid:
+        raise ValueError(f"{field}: {value!r} unknown; valid: {', '.join(valid)}")
+    return value
+
+
+def check_count(value: object, field: str, minimum: int = 0) -> int:
+    """``value`` as an ``int`` if it is a whole number (``int`` or numpy integer, not a bool) ``>= minimum``;
+    else ``ValueError`` naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{field}: need a whole number >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_ids(values: object, field: str, what: str, stop: int | None = None, empty_ok: bool = False
+              ) -> list[int]:
+    """``values`` (a list of ``what``: whole numbers in ``0..stop-1``, or ``>= 0`` when ``stop`` is None) as a
+    list of ``int``; else ``ValueError`` naming ``field`` and the valid range. Bools are refused (``True`` is not
+    rank 1), and an empty list unless ``empty_ok``."""
+    valid = f"0..{stop - 1}" if stop is not None else "whole numbers >= 0"
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{field}: need a list of {what}s ({valid}), got {values!r}")
+    items = list(values)
+    if not items and not empty_ok:
+        raise ValueError(f"{field}: an empty list selects no {what}; give at least one ({valid})")
+    for x in items:
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 0 or (stop is not None and x >= stop):
+            raise ValueError(f"{field}: {x!r} is not a {what}; valid: {valid}")
+    return [int(x) for x in items]
+
+
+def known_classes(run_classes: Iterable[str] = ()) -> tuple[str, ...]:
+    """The traffic classes a traffic matrix can be asked for: a training step's
+    (:data:`simulator.sweeps.columns.TRAFFIC_CLASSES` and :data:`STEP_CLASSES`), then ``run_classes`` (those
+    of a run's communication ops: a Chakra trace's or a hand-built graph's own names)."""
+    from .sweeps.columns import TRAFFIC_CLASSES  # (here: the sweeps package imports the experiment code)
+    return tuple(dict.fromkeys([*TRAFFIC_CLASSES, *STEP_CLASSES, *sorted(run_classes)]))
+
+
+def check_classes(traffic_class: object, known: Sequence[str]) -> list[str] | None:
+    """``traffic_class`` (None, a class name or a list of them) as a list of names each in ``known`` (None for
+    None); else ``ValueError`` naming ``traffic_class`` and the valid classes. A known class that carried no
+    bytes is valid (its matrix is zeros); an unknown name or an empty list is not."""
+    if traffic_class is None:
+        return None
+    if isinstance(traffic_class, str):
+        wanted = [traffic_class]
+    elif isinstance(traffic_class, Iterable) and not isinstance(traffic_class, bytes):
+        wanted = list(traffic_class)
+        if not wanted:
+            raise ValueError(f"traffic_class: an empty list selects no traffic; give one or more of "
+                             f"{', '.join(known)} (None: all)")
+    else:
+        raise ValueError(f"traffic_class: need a class name or a list of them, got {traffic_class!r}; valid: "
+                         f"{', '.join(known)}")
+    for c in wanted:
+        check_choice(c, known, "traffic_class")
+    return wanted
 
 
 def rank_labels(cluster: Cluster, level: str) -> list[str]:
     """A label per rank naming its place at ``level``: ``gpu`` (the rank), ``node`` (its server) or
     ``leaf`` (the leaf switch its NIC plugs into)."""
+    check_choice(level, LEVELS, "level")
     if level == "gpu":
         return [f"gpu{r}" for r in range(cluster.num_gpus)]
     if level == "node":
         return [f"node{cluster.server_of(r)}" for r in range(cluster.num_gpus)]
-    if level == "leaf":
-        g = cluster.graph
-        out = []
-        for gpu in cluster.gpus:
-            leaves = sorted((w for nic in g.successors(gpu) if g.nodes[nic]["kind"] == "nic"
-                             for w in g.successors(nic) if g.nodes[w]["kind"] == "leaf"), key=repr)
-            if not leaves:
-                raise ValueError(f"level: 'leaf' needs GPUs attached to leaf switches; {cluster.name} has none "
-                                 f"for {gpu} (use 'gpu' or 'node')")
-            leaf = leaves[0]  # ("leaf", i) from the builders; a custom fabric's id otherwise
-            out.append(f"leaf{leaf[1]}" if isinstance(leaf, tuple) and len(leaf) == 2 else f"leaf {leaf}")
-        return out
-    raise ValueError(f"level: {level!r} unknown; valid: {', '.join(LEVELS)}")
+    g = cluster.graph  # level "leaf"
+    out = []
+    for gpu in cluster.gpus:
+        leaves = sorted((w for nic in g.successors(gpu) if g.nodes[nic]["kind"] == "nic"
+                         for w in g.successors(nic) if g.nodes[w]["kind"] == "leaf"), key=repr)
+        if not leaves:
+            raise ValueError(f"level: 'leaf' needs GPUs attached to leaf switches; {cluster.name} has none "
+                             f"for {gpu} (use 'gpu' or 'node')")
+        leaf = leaves[0]  # ("leaf", i) from the builders; a custom fabric's id otherwise
+        out.append(f"leaf{leaf[1]}" if isinstance(leaf, tuple) and len(leaf) == 2 else f"leaf {leaf}")
+    return out
 
 
 def pair_bytes(payload_by_route: Sequence[tuple[np.ndarray, str, float]], pairs_of, shares_of=None) -> pd.DataFrame:
@@ -101,13 +168,18 @@ def pair_bytes(payload_by_route: Sequence[tuple[np.ndarray, str, float]], pairs_
     return df.groupby(["src", "dst", "traffic_class"], as_index=False, sort=True)["bytes"].sum()
 
 
-def traffic_matrix(pairs: pd.DataFrame, labels: list[str], traffic_class: str | Sequence[str] | None = None
-                   ) -> pd.DataFrame:
+def traffic_matrix(pairs: pd.DataFrame, labels: list[str], traffic_class: str | Sequence[str] | None = None,
+                   known: Sequence[str] | None = None) -> pd.DataFrame:
     """Square matrix of payload bytes, rows = source, columns = destination, at the level of ``labels``
     (one per rank, from :func:`rank_labels`); every place appears, idle ones with zeros. Traffic that stays
-    inside one place (e.g. NVLink traffic at ``node`` level) is on the diagonal."""
-    if traffic_class is not None:
-        wanted = [traffic_class] if isinstance(traffic_class, str) else list(traffic_class)
+    inside one place (e.g. NVLink traffic at ``node`` level) is on the diagonal.
+
+    ``traffic_class`` must name classes of ``known`` (default :func:`known_classes` of the classes in
+    ``pairs``): a typo raises ``ValueError`` rather than giving a matrix of zeros."""
+    if known is None:
+        known = known_classes(pairs["traffic_class"].unique().tolist())
+    wanted = check_classes(traffic_class, known)
+    if wanted is not None:
         pairs = pairs[pairs["traffic_class"].isin(wanted)]
     order = list(dict.fromkeys(labels))
     lab = np.array(labels, dtype=object)
