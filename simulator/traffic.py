@@ -33,9 +33,6 @@ from topologies.cluster import Cluster
 from .bulk_alltoall import AllToAllPairs
 
 LEVELS = ("gpu", "node", "leaf")
-STEP_CLASSES = ("edp",)
-"""Traffic classes of a training step besides the sweep's (:data:`simulator.sweeps.columns.TRAFFIC_CLASSES`):
-MoE expert-data-parallel gradient reductions. :func:`known_classes` lists them all."""
 
 
 # ------------------------------------------------------------ argument checks
@@ -75,10 +72,10 @@ def check_ids(values: object, field: str, what: str, stop: int | None = None, em
 
 def known_classes(run_classes: Iterable[str] = ()) -> tuple[str, ...]:
     """The traffic classes a traffic matrix can be asked for: a training step's
-    (:data:`simulator.sweeps.columns.TRAFFIC_CLASSES` and :data:`STEP_CLASSES`), then ``run_classes`` (those
+    (:data:`simulator.sweeps.columns.TRAFFIC_CLASSES`), then ``run_classes`` (those
     of a run's communication ops: a Chakra trace's or a hand-built graph's own names)."""
     from .sweeps.columns import TRAFFIC_CLASSES  # (here: the sweeps package imports the experiment code)
-    return tuple(dict.fromkeys([*TRAFFIC_CLASSES, *STEP_CLASSES, *sorted(run_classes)]))
+    return tuple(dict.fromkeys([*TRAFFIC_CLASSES, *sorted(run_classes)]))
 
 
 def check_classes(traffic_class: object, known: Sequence[str]) -> list[str] | None:

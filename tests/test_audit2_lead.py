@@ -130,3 +130,11 @@ def test_a_binary_file_is_told_apart_from_malformed_yaml(tmp_path, capsys, comma
     err = capsys.readouterr().err.strip()
     assert err == (f"clustersim: error: {path}: malformed YAML at byte 0: character #x0000 is not allowed in a "
                    f"YAML text file (a binary file?)")
+
+
+def test_a_moe_sweep_can_rank_by_exposed_expert_data_parallel_time():
+    """A MoE step's summary has exposed_edp_s (its expert-DP gradient reductions), which --metric refused."""
+    from simulator.sweeps.columns import check_metric
+    check_metric("exposed_edp_s")
+    with pytest.raises(ValueError, match="exposed_edq_s"):
+        check_metric("exposed_edq_s")

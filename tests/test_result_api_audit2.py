@@ -63,7 +63,7 @@ def independent_matrix(result, classes):
 
 
 def test_unknown_traffic_class_is_refused_naming_the_valid_classes(demo):
-    msg = refused(ValueError, "traffic_class: 'xx' unknown; valid: tp, pp, dp, ep, cp, zero, sync, edp",
+    msg = refused(ValueError, "traffic_class: 'xx' unknown; valid: tp, pp, dp, ep, edp, cp, zero, sync",
                   lambda: demo.traffic_matrix("gpu", traffic_class="xx"))
     assert "compute" not in msg  # compute is not traffic
     refused(ValueError, "traffic_class: 'xx' unknown", lambda: demo.traffic_matrix("gpu", traffic_class=["tp", "xx"]))
@@ -107,7 +107,7 @@ def test_a_hand_built_graphs_own_class_names_are_known(node8):
         independent_matrix(r, {"mine"}).sum(), rel=1e-12)
     assert r.traffic_matrix("gpu", traffic_class="mine").to_numpy().sum() > 0
     assert not r.traffic_matrix("gpu", traffic_class="empty_one").to_numpy().any()
-    refused(ValueError, "traffic_class: 'mime' unknown; valid: tp, pp, dp, ep, cp, zero, sync, edp, empty_one, mine",
+    refused(ValueError, "traffic_class: 'mime' unknown; valid: tp, pp, dp, ep, edp, cp, zero, sync, empty_one, mine",
             lambda: r.traffic_matrix("gpu", traffic_class="mime"))
 
 

@@ -36,9 +36,9 @@ def check_fidelity(fidelity: str) -> None:
         raise ValueError(f"fidelity: {fidelity!r} unknown; valid: {', '.join(FIDELITIES)}")
 
 
-TRAFFIC_CLASSES = ("tp", "pp", "dp", "ep", "cp", "zero", "sync")
+TRAFFIC_CLASSES = ("tp", "pp", "dp", "ep", "edp", "cp", "zero", "sync")
 """Traffic classes of a training step's communication (``traffic_class`` of its ops): the ``exposed_<class>_s``
-columns a sweep row can have."""
+columns a sweep row can have (``edp``: a MoE model's expert-data-parallel gradient reductions)."""
 
 
 def check_metric(metric: object, field: str = "metric") -> None:
