@@ -39,7 +39,7 @@ from topologies.capacity import plan_columns
 from topologies.cluster import Cluster
 from topologies.components import PlanOptions, plan_options
 from topologies.faults import apply_faults, check_fault, fault_counts
-from topologies.loader import resolve_topology_path
+from topologies.loader import describes_topology, resolve_topology_path
 from topologies.yamlio import load_yaml, malformed
 from workloads.errors import ConfigError, with_prefix
 from workloads.memory import MemoryBreakdown, memory_per_gpu
@@ -256,9 +256,11 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
         fix = (f"set dp to {cluster.num_gpus // replica}" if cluster.num_gpus % replica == 0 else
                f"tp*{cpw[0]}pp = {replica} does not divide {cluster.num_gpus}, so no dp fits: choose tp"
                f"{', cp' if cpw[0] else ''} and pp whose product divides it")
+        from_file = describes_topology(doc.get("cluster")) or cluster.params.get("fabric") == "custom"
+        # (a topology file's cluster takes no nodes: field)
+        resize = f"give the topology file {parallel.world_size} GPUs" if from_file else "resize cluster.nodes"
         raise ConfigError(f"parallel: tp*{cpw[0]}pp*dp = {parallel.tp}*{cpw[1]}{parallel.pp}*{parallel.dp} = "
-                          f"{parallel.world_size} but the cluster has {cluster.num_gpus} GPUs; {fix} or resize "
-                          f"cluster.nodes")
+                          f"{parallel.world_size} but the cluster has {cluster.num_gpus} GPUs; {fix} or {resize}")
     training = training_from_dict(_section(doc, "training"))
     validate(model, parallel, training)  # impossible combinations fail at load time, with the file's name
     faults, healthy = _faults_from_list(doc.get("faults"), cluster), None

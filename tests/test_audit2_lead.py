@@ -138,3 +138,17 @@ def test_a_moe_sweep_can_rank_by_exposed_expert_data_parallel_time():
     check_metric("exposed_edp_s")
     with pytest.raises(ValueError, match="exposed_edq_s"):
         check_metric("exposed_edq_s")
+
+
+def test_a_topology_files_layout_mismatch_does_not_suggest_cluster_nodes():
+    """cluster.nodes cannot be combined with a topology file, yet the layout error told the user to resize it."""
+    from simulator.experiment import experiment_from_dict
+    from workloads.errors import ConfigError
+    with open("examples/custom-fabric.yaml") as f:
+        doc = yaml.safe_load(f)
+    doc["cluster"] = {"topology": "examples/fabrics/two-racks.yaml"}
+    doc["parallel"]["dp"] = 3
+    with pytest.raises(ConfigError, match=r"set dp to 2 or give the topology file 12 GPUs$"):
+        experiment_from_dict(doc)
+    with pytest.raises(ConfigError, match=r"or resize cluster\.nodes$"):
+        experiment_from_dict({**doc, "cluster": {"preset": "dgx-h100", "nodes": 1}})
