@@ -58,8 +58,20 @@ def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8) -> 
         nodes = max(1, math.ceil(min_gpus / gpus_per_node))
         return build_cluster({"preset": "dgx-h100", "nodes": nodes})
     if spec.lower().endswith((".yaml", ".yml", ".graphml")):
-        return load_cluster(spec)
+        cluster = load_cluster(spec)
+        if spec.lower().endswith((".yaml", ".yml")) and _has_faults(spec):
+            print(f"clustersim: note: {spec}'s faults: section is not applied here: this is the healthy fabric "
+                  f"(clustersim run simulates the faults)", file=sys.stderr)
+        return cluster
     return build_cluster({"preset": spec})
+
+
+def _has_faults(path: str) -> bool:
+    """Whether the experiment file at ``path`` (read already: it is valid YAML) lists faults."""
+    from topologies.yamlio import load_yaml
+    with open(path, encoding="utf-8") as f:
+        doc = load_yaml(f)
+    return isinstance(doc, dict) and bool(doc.get("faults"))
 
 
 # ------------------------------------------------------------------ zero

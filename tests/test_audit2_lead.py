@@ -152,3 +152,17 @@ def test_a_topology_files_layout_mismatch_does_not_suggest_cluster_nodes():
         experiment_from_dict(doc)
     with pytest.raises(ConfigError, match=r"or resize cluster\.nodes$"):
         experiment_from_dict({**doc, "cluster": {"preset": "dgx-h100", "nodes": 1}})
+
+
+def test_topology_of_an_experiment_with_faults_says_it_is_the_healthy_fabric(tmp_path, capsys):
+    from simulator.cli import main
+    path = tmp_path / "faulty.yaml"
+    path.write_text("cluster: {preset: dgx-h100, nodes: 2}\nmodel: {preset: gpt2-small}\n"
+                    "parallel: {tp: 2, pp: 1, dp: 8}\ntraining: {seq_len: 1024}\n"
+                    "faults:\n  - {kind: straggler, gpu: 3, factor: 1.5}\n")
+    assert main(["topology", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert err.strip() == (f"clustersim: note: {path}'s faults: section is not applied here: this is the healthy "
+                           f"fabric (clustersim run simulates the faults)")
+    assert main(["topology", "examples/demo.yaml"]) == 0
+    assert capsys.readouterr().err == ""
