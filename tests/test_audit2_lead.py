@@ -166,3 +166,19 @@ def test_topology_of_an_experiment_with_faults_says_it_is_the_healthy_fabric(tmp
                            f"fabric (clustersim run simulates the faults)")
     assert main(["topology", "examples/demo.yaml"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_graphml_text_in_a_numeric_attribute_is_explained(tmp_path):
+    import re
+
+    from topologies.cluster import TopologyError
+    from topologies.custom import load_topology
+    from topologies.export import cluster_to_graphml
+    path = tmp_path / "racks.graphml"
+    cluster_to_graphml(cluster_from_dict(_two_racks()), path)
+    text = path.read_text()
+    key = re.search(r'<key id="(\w+)" for="edge" attr.name="bandwidth" attr.type="double"', text).group(1)
+    path.write_text(re.sub(rf'(<data key="{key}">)[^<]+', r"\1fast", text, count=1))
+    with pytest.raises(TopologyError, match="could not convert string to float: 'fast'; an attribute its <key> "
+                                            "declares numeric"):
+        load_topology(path)

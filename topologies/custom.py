@@ -545,8 +545,11 @@ def load_topology(path: str | os.PathLike[str]) -> Cluster:
         except OSError as e:
             raise TopologyError(f"{where}: cannot read topology file ({e.strerror or e})") from None
         except (ParseError, nx.NetworkXError, ValueError, KeyError, TypeError) as e:
+            # networkx converts a <data> value by its <key>'s attr.type and names neither the element nor the key
+            hint = ("; an attribute its <key> declares numeric (bandwidth in bytes/s, latency in s, rank) holds "
+                    "text here" if isinstance(e, ValueError) and str(e).startswith("could not convert") else "")
             raise TopologyError(f"{where}: malformed GraphML: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                                ) from None
+                                f"{hint}") from None
         try:
             return cluster_from_graph(h, where)
         except TopologyError as e:
