@@ -52,6 +52,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -301,9 +302,12 @@ def _fingerprint(cluster: Cluster) -> tuple:
     size wired differently (a custom file edited in a notebook session, a NIC moved between racks) differ in
     bisection and parts. Faults change the edge set or bandwidths, so they change the key too."""
     g = cluster.graph
+    bandwidth = itemgetter("bandwidth")
+    # (per node: its id, its successors and their links' rates, flat, from the adjacency dicts: ~1 us per edge)
+    wiring = hash(tuple((u, *out, *map(bandwidth, out.values())) for u, out in g.adjacency()))
     return (cluster.name, json.dumps(cluster.params, sort_keys=True, default=str), cluster.gpu.name,
             cluster.gpu.arch, hash(cluster.gpus), g.number_of_nodes(), g.number_of_edges(),
-            hash(tuple(g.nodes(data="kind"))), hash(tuple(g.edges(data="bandwidth"))))
+            hash(tuple(g.nodes(data="kind"))), wiring)
 
 
 def capacity_plan(cluster: Cluster, plan: Mapping[str, object] | PlanOptions | None = None) -> CapacityPlan:
