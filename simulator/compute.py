@@ -62,6 +62,7 @@ import numpy as np
 
 from topologies.cluster import GPUSpec
 from workloads.ops import Compute, Kernel, Op
+from workloads.parallel import DTYPE_BYTES
 
 from .attention import DEFAULT_KERNEL, attention_fraction, kernels_for
 from .gemm import K_OVERHEAD, GemmModel, times
@@ -121,7 +122,7 @@ class ComputeModel:
     def __post_init__(self) -> None:
         if self.dtype not in self.gpu.peak_flops:
             raise ValueError(f"training.dtype: {self.dtype!r} is not supported by {self.gpu.name}; valid: "
-                             f"{', '.join(sorted(self.gpu.peak_flops))}")
+                             f"{', '.join(self._trainable_dtypes())}")
         for name in ("matmul_efficiency", "fp8_matmul_efficiency", "attention_efficiency", "memory_efficiency",
                      "score_memory_efficiency"):
             v = getattr(self, name)
@@ -165,12 +166,17 @@ class ComputeModel:
         return GemmModel(self.peak_flops, self.gpu.sm_count, eff, self.gpu.gemm_critical_intensity,
                          self.gpu.hbm_bandwidth, _DTYPE_BYTES.get(self.base_dtype, 2), self.gemm_k_overhead)
 
+    def _trainable_dtypes(self) -> list[str]:
+        """The ``training.dtype`` values this GPU has a peak for (``tf32`` is a GEMM mode of fp32 training, not
+        a dtype the step can be given)."""
+        return [d for d in DTYPE_BYTES if d in self.gpu.peak_flops]
+
     @cached_property
     def fp8_gemm(self) -> GemmModel:
         """The wave/tile GEMM model of FP8 operands (module docstring, ``gemm_fp8``)."""
         if "fp8" not in self.gpu.peak_flops:
             raise ValueError(f"training.dtype: fp8 needs FP8 tensor cores; {self.gpu.name} has none "
-                             f"(valid: {', '.join(sorted(self.gpu.peak_flops))})")
+                             f"(valid: {', '.join(self._trainable_dtypes())})")
         eff = self.fp8_matmul_efficiency if self.fp8_matmul_efficiency is not None \
             else self.gpu.matmul_efficiency_fp8
         if eff is None:

@@ -182,3 +182,13 @@ def test_graphml_text_in_a_numeric_attribute_is_explained(tmp_path):
     with pytest.raises(TopologyError, match="could not convert string to float: 'fast'; an attribute its <key> "
                                             "declares numeric"):
         load_topology(path)
+
+
+def test_fp8_on_a100_lists_only_dtypes_a_step_can_be_given():
+    """The list offered tf32, which training.dtype then refused (tf32 is a GEMM mode of fp32 training)."""
+    from simulator.experiment import experiment_from_dict, run_experiment
+    doc = {"cluster": {"preset": "dgx-a100", "nodes": 1}, "model": {"preset": "gpt2-small"},
+           "parallel": {"tp": 4, "dp": 2}, "training": {"seq_len": 1024, "dtype": "fp8"}}
+    with pytest.raises(ValueError, match=r"^training\.dtype: 'fp8' is not supported by A100-80GB-SXM; valid: "
+                                         r"bf16, fp16, fp32$"):
+        run_experiment(experiment_from_dict(doc))

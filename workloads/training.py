@@ -89,7 +89,9 @@ TP communication overlap (``parallel.tp_comm_overlap``; Transformer Engine userb
     reduce-scatters of ``b s h`` elements (the all-gathers in FP8 under
     ``fp8``); the embedding and output-layer collectives stay blocking.
 Data parallel
-    Gradients (``grad_dtype_bytes`` per element, default the training dtype)
+    Gradients (``grad_dtype_bytes`` per element; default the ZeRO
+    implementation's: fp32 under Megatron for bf16/fp8, the training dtype
+    under DeepSpeed and FSDP — :func:`~workloads.sharding.sharding_plan`)
     of the rank's parameters are cut into buckets of
     ``parallel.grad_bucket_bytes`` in backward order and reduced as soon as a
     bucket's last layer has finished its final micro-batch backward
@@ -273,9 +275,11 @@ class StepOptions:
         Coarse ops per chunk of layers (fast) or one op per layer (detailed).
     grad_dtype_bytes : int or None
         Bytes per element of the gradient buffer, which is also what goes on
-        the wire; default the training dtype's (PyTorch DDP, DeepSpeed).
-        Megatron-LM keeps and reduces bf16 gradients in fp32: set 4 to model
-        that.
+        the wire; default (None) the ZeRO implementation's
+        (:func:`~workloads.sharding.sharding_plan`): Megatron-LM (``zero_impl``
+        ``auto`` for ZeRO 0-1) keeps and reduces bf16 and fp8 gradients in fp32
+        (4), DeepSpeed and FSDP in the training dtype. Set 2 to reduce bf16
+        gradients in bf16 under Megatron.
     causal : bool
         Count only the causal half of attention FLOPs (FlashAttention skips
         the masked half); default False, as Narayanan et al.'s formula.
