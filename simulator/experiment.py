@@ -135,14 +135,19 @@ class Experiment:
 
 
 # -------------------------------------------------------------------- loading
+_PRESET_SECTIONS = ("cluster", "model")
+"""Sections a bare name stands for: ``cluster: dgx-h100`` is ``cluster: {preset: dgx-h100}``."""
+
+
 def _section(doc: Mapping, key: str) -> dict:
     value = doc.get(key, {})
     if value is None:
         return {}
-    if isinstance(value, str):
+    if isinstance(value, str) and key in _PRESET_SECTIONS:
         return {"preset": value}
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{key}: must be a mapping of fields, got {type(value).__name__}")
+        got = f"the text {value!r}" if isinstance(value, str) else type(value).__name__
+        raise ConfigError(f"{key}: must be a mapping of fields (e.g. {key}: {{field: value}}), got {got}")
     return dict(value)
 
 

@@ -192,3 +192,17 @@ def test_fp8_on_a100_lists_only_dtypes_a_step_can_be_given():
     with pytest.raises(ValueError, match=r"^training\.dtype: 'fp8' is not supported by A100-80GB-SXM; valid: "
                                          r"bf16, fp16, fp32$"):
         run_experiment(experiment_from_dict(doc))
+
+
+@pytest.mark.parametrize("key, value", [("training", "bf16"), ("options", "x"), ("compute", "fast"),
+                                        ("parallel", "tp8"), ("moe", "zipf"), ("network", "fast")])
+def test_a_section_given_as_text_is_refused_as_such(key, value):
+    """'training: bf16' read 'training.preset: unknown field', a field the user never wrote; only cluster and
+    model take a bare preset name."""
+    from simulator.experiment import experiment_from_dict
+    from workloads.errors import ConfigError
+    doc = {"cluster": "dgx-h100", "model": "gpt2-small", "parallel": {"tp": 4, "dp": 8},
+           "training": {"seq_len": 1024}}
+    assert experiment_from_dict(doc).model.name == "gpt2-small"  # the two preset shorthands
+    with pytest.raises(ConfigError, match=rf"^{key}: must be a mapping of fields .* got the text '{value}'$"):
+        experiment_from_dict({**doc, key: value})
