@@ -392,6 +392,9 @@ def label(value: object, field: str) -> str | None:
 
 
 def _fidelity(value: object) -> str:
+    if value == "screen":  # (the sweeps' closed-form estimate: no step is simulated, so a run has nothing to show)
+        raise ConfigError(f"fidelity: 'screen' ranks sweep points without simulating them (clustersim sweep "
+                          f"--fidelity screen); a run simulates the step: valid: {', '.join(FIDELITIES)}")
     if value not in FIDELITIES:
         raise ConfigError(f"fidelity: {value!r} unknown; valid: {', '.join(FIDELITIES)}")
     return str(value)

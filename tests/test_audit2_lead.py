@@ -206,3 +206,14 @@ def test_a_section_given_as_text_is_refused_as_such(key, value):
     assert experiment_from_dict(doc).model.name == "gpt2-small"  # the two preset shorthands
     with pytest.raises(ConfigError, match=rf"^{key}: must be a mapping of fields .* got the text '{value}'$"):
         experiment_from_dict({**doc, key: value})
+
+
+def test_fidelity_screen_in_a_run_file_says_it_is_for_sweeps():
+    from simulator.experiment import experiment_from_dict
+    from workloads.errors import ConfigError
+    doc = {"cluster": "dgx-h100", "model": "gpt2-small", "parallel": {"tp": 4, "dp": 8},
+           "training": {"seq_len": 1024}, "fidelity": "screen"}
+    with pytest.raises(ConfigError, match=r"^fidelity: 'screen' ranks sweep points without simulating them \("
+                                          r"clustersim sweep --fidelity screen\); a run simulates the step: valid: "
+                                          r"fast, full, lockstep$"):
+        experiment_from_dict(doc)
