@@ -181,9 +181,10 @@ def print_summary(result, file=None) -> None:
         print(f"  pipeline bubble      {s['bubble_fraction'] * 100:.1f} % of the pipeline window"
               f"   ({s['num_micro_batches']} micro-batches)", file=out)
         mem = s["memory_breakdown_bytes"]
+        over = "" if s.get("fits_in_memory", True) else "   does not fit in the GPU (simulated with --force)"
         print(f"  memory per GPU       {s['memory_per_gpu_bytes'] * gb:.1f} GB (params {mem['parameters'] * gb:.1f}"
               f" + grads {mem['gradients'] * gb:.1f} + optimizer {mem['optimizer'] * gb:.1f}"
-              f" + activations {mem['activations'] * gb:.1f}; stage {mem['stage']})", file=out)
+              f" + activations {mem['activations'] * gb:.1f}; stage {mem['stage']}){over}", file=out)
     print(f"  exposed comm         {format_time(s['exposed_comm_s'])} per rank: " + ", ".join(
         f"{k} {format_time(v)}" for k, v in s["exposed_comm_by_class_s"].items()), file=out)
     print("  bytes sent by class  " + ", ".join(f"{k} {format_bytes(v)}" for k, v in s["bytes_by_class"].items()),
@@ -268,10 +269,11 @@ def _run():
         chakra_cli.add_arguments(p)
 
     def run(args: argparse.Namespace) -> int:
+        from workloads.errors import with_prefix
         from workloads.parallel import RankLayout
 
         from .bulk_alltoall import slow_alltoallv_note, under_one_switch
-        from .experiment import load_experiment, run_experiment, unused_settings
+        from .experiment import OutOfMemoryError, load_experiment, run_experiment, unused_settings
         chakra_cli.check_arguments(args)
         if args.chakra is not None:
             return chakra_cli.run_trace(args)
@@ -292,7 +294,10 @@ def _run():
         if args.trace_ranks != "stages" and not args.trace:  # (given: not the default)
             print("clustersim: note: --trace-ranks has no effect without --trace", file=sys.stderr)
         with _ops_bar(not args.no_progress) as progress:
-            result = run_experiment(exp, force=args.force, fidelity=args.fidelity, progress=progress)
+            try:
+                result = run_experiment(exp, force=args.force, fidelity=args.fidelity, progress=progress)
+            except OutOfMemoryError as exc:  # (found after loading: named by its file, as loading errors are)
+                raise with_prefix(exc, args.file) from None
         exported = chakra_cli.export_experiment(exp, args.export_chakra)
         write_outputs(result, args, trace_ranks)
         if exported and not args.json:

@@ -407,7 +407,9 @@ def check_memory(exp: Experiment, force: bool = False) -> MemoryBreakdown:
     hbm = exp.cluster.gpu.hbm_bytes
     if not memory.fits(hbm) and not force:
         raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of "
-                               f"{exp.cluster.gpu.name} (use --force to simulate anyway)")
+                               f"{exp.cluster.gpu.name}; lower it with parallel.zero (1-3), more tp or pp, "
+                               f"parallel.recompute: full or a smaller parallel.micro_batch (or use --force to "
+                               f"simulate anyway)")
     return memory
 
 

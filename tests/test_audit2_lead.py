@@ -217,3 +217,18 @@ def test_fidelity_screen_in_a_run_file_says_it_is_for_sweeps():
                                           r"clustersim sweep --fidelity screen\); a run simulates the step: valid: "
                                           r"fast, full, lockstep$"):
         experiment_from_dict(doc)
+
+
+def test_out_of_memory_names_the_file_and_the_remedies_and_force_flags_it(tmp_path, capsys):
+    from simulator.cli import main
+    path = tmp_path / "oom.yaml"
+    path.write_text("cluster: {preset: dgx-h100, nodes: 2}\nmodel: {preset: llama3-70b, layers: 8}\n"
+                    "parallel: {tp: 1, pp: 1, dp: 16, micro_batch: 1, global_batch: 16}\ntraining: {seq_len: 1024}\n")
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"clustersim: error: {path}: out of memory: stage 0: ") and "\n" not in err
+    assert err.endswith("lower it with parallel.zero (1-3), more tp or pp, parallel.recompute: full or a smaller "
+                        "parallel.micro_batch (or use --force to simulate anyway)")
+    assert main(["run", str(path), "--force", "--no-progress"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "memory per GPU" in x)
+    assert line.endswith("does not fit in the GPU (simulated with --force)")
