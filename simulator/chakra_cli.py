@@ -81,7 +81,7 @@ def _export_line(folder: str, ranks: int) -> str:
 def run_trace(args: argparse.Namespace) -> int:
     """``clustersim run [FILE] --chakra DIR``: simulate a Chakra trace and print what ``run`` prints."""
     from topologies.faults import apply_faults
-    from workloads.chakra import read_chakra, write_chakra
+    from workloads.chakra import ChakraError, read_chakra, write_chakra
     from workloads.parallel import training_from_dict
 
     from .cli import check_folder, check_writable, parse_trace_ranks, write_outputs
@@ -94,7 +94,10 @@ def run_trace(args: argparse.Namespace) -> int:
     trace_ranks = parse_trace_ranks(args.trace_ranks)
     check_folder(args.plots, "--plots")
     t0 = time.perf_counter()
-    graph = read_chakra(args.chakra)
+    try:
+        graph = read_chakra(args.chakra)
+    except ChakraError as exc:  # every error of the trace is one of --chakra's input
+        raise with_prefix(exc, "--chakra") from None
     world = graph.world_size
     bad = [r for r in trace_ranks if r >= world] if isinstance(trace_ranks, list) else []
     if bad:

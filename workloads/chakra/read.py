@@ -41,12 +41,7 @@ def trace_files(path: str | Path, prefix: str | None = None) -> tuple[str, list[
     """
     folder = Path(path)
     if not folder.is_dir():
-        parent = folder.parent
-        if prefix is None and parent.is_dir() and any(pre == folder.name for _, pre, _ in scan(parent)):
-            folder, prefix = parent, folder.name
-        else:
-            raise ChakraError(f"{path}: no such folder (give the folder of <prefix>.<rank>.et files, or "
-                              f"<folder>/<prefix>)")
+        folder, prefix = _prefix_form(path, folder, prefix)
     found = scan(folder)
     prefixes = sorted({pre for _, pre, _ in found})
     if prefix is not None:
@@ -57,7 +52,7 @@ def trace_files(path: str | Path, prefix: str | None = None) -> tuple[str, list[
         raise ChakraError(f"{folder}: holds traces of several prefixes ({', '.join(prefixes)}); choose one "
                           f"(prefix=..., or <folder>/<prefix> on the command line)")
     elif not prefixes:
-        raise ChakraError(f"{folder}: no Chakra trace files (<prefix>.<rank>.et, one per rank)")
+        raise ChakraError(f"{folder}: no Chakra trace files (<prefix>.<rank>.et, one per rank) in this folder")
     else:
         prefix = prefixes[0]
     by_rank: dict[int, Path] = {}
@@ -72,6 +67,44 @@ def trace_files(path: str | Path, prefix: str | None = None) -> tuple[str, list[
         names = ", ".join(f"{prefix}.{r}.et" for r in missing[:3]) + (" ..." if len(missing) > 3 else "")
         raise ChakraError(f"{folder}: missing rank file(s) {names}: a trace needs one file per rank 0..{max(by_rank)}")
     return prefix, [by_rank[r] for r in range(len(by_rank))]
+
+
+def _prefix_form(path: str | Path, folder: Path, prefix: str | None) -> tuple[Path, str]:
+    """``path``, which is not a folder, as ASTRA-sim's ``<folder>/<prefix>``: ``(folder, prefix)``, else a
+    one-line error saying what is there (a rank file, another file, another trace's prefix, nothing)."""
+    parent = folder.parent
+    if folder.exists():
+        m = _FILE_RE.fullmatch(folder.name)
+        if m:
+            raise ChakraError(f"{path} is a file; give its folder ({parent}) or {parent / m['prefix']} (the folder "
+                              f"and prefix)")
+        raise ChakraError(f"{path} is a file, not a folder of Chakra trace files (<prefix>.<rank>.et); give the "
+                          f"folder, or <folder>/<prefix>")
+    if prefix is None and parent.is_dir():
+        have = sorted({pre for _, pre, _ in scan(parent)})
+        if folder.name in have:
+            return parent, folder.name
+        if have:
+            shown = ", ".join(have[:5]) + (" ..." if len(have) > 5 else "")
+            hint = f"{parent} or {parent / have[0]}" if len(have) == 1 else f"{parent / have[0]} (or another prefix)"
+            raise ChakraError(f"{path}: no Chakra trace ({folder.name}.<rank>.et files) in {parent}; it has the "
+                              f"prefix(es) {shown}: give {hint}")
+        raise ChakraError(f"{path}: no such folder, nor Chakra trace files {folder.name}.<rank>.et in {parent} (the "
+                          f"<folder>/<prefix> form)")
+    raise ChakraError(f"{path}: no such folder (give the folder of <prefix>.<rank>.et files, or <folder>/<prefix>)")
+
+
+def _names(prefix: str, first: int, last: int) -> str:
+    """The rank files ``first..last``: one name, two, or ``A ... B``."""
+    if first == last:
+        return f"{prefix}.{first}.et"
+    sep = ", " if last == first + 1 else " ... "
+    return f"{prefix}.{first}.et{sep}{prefix}.{last}.et"
+
+
+def _are_missing(prefix: str, first: int, last: int) -> str:
+    """``t.15.et is missing``, ``t.14.et, t.15.et are missing``, ``t.3.et ... t.15.et are missing``."""
+    return f"{_names(prefix, first, last)} {'is' if first == last else 'are'} missing"
 
 
 def scan(folder: Path) -> list[tuple[Path, str, int]]:
@@ -139,7 +172,7 @@ def read_chakra(path: str | Path, *, prefix: str | None = None, clustersim_attrs
     classes()  # a one-line ChakraError if protobuf is missing
     prefix, files = trace_files(path, prefix)
     world = len(files)
-    groups = _Groups(world)
+    groups = _Groups(world, files[0].parent, prefix)
     groups.load_json(files[0].parent, prefix)
     per_rank: list[list[_Spec]] = []
     lossless = None
@@ -193,9 +226,9 @@ def _check_rank_count(meta_attrs: dict[str, Any], path: Path, rank: int, world: 
     the whole trace (a partial write, a file copied from another trace) rather than simulate fewer ranks."""
     recorded = meta_attrs.get(PREFIX + "world_size")
     if isinstance(recorded, int) and recorded != world:
-        missing = f"; {prefix}.{world}.et ... {prefix}.{recorded - 1}.et are missing" if recorded > world else ""
+        missing = f"; {_are_missing(prefix, world, recorded - 1)}" if recorded > world else ""
         raise ChakraError(f"{path}: clustersim.world_size says the trace has {recorded} ranks but the folder holds "
-                          f"{world} rank file(s){missing}; write the trace again")
+                          f"{world} rank file{'s' if world > 1 else ''}{missing}; write the trace again")
     own = meta_attrs.get(PREFIX + "rank")
     if isinstance(own, int) and own != rank:
         raise ChakraError(f"{path}: clustersim.rank says this is rank {own}'s program, not rank {rank}'s; are these "
@@ -248,8 +281,10 @@ def _meta_attrs(meta: Any) -> dict[str, Any]:
 class _Groups:
     """Process groups by name, from ``comm_group.json`` and METADATA nodes; ``""``/``"0"`` = all ranks."""
 
-    def __init__(self, world: int) -> None:
+    def __init__(self, world: int, folder: Path | None = None, prefix: str = "") -> None:
         self.world = world
+        self.folder = folder  # and prefix: to name the rank files that ranks beyond the world would be in
+        self.prefix = prefix
         self.by_name: dict[str, tuple[int, ...]] = {}
         self.source: dict[str, str] = {}
 
@@ -258,6 +293,8 @@ class _Groups:
             raise ChakraError(f"{where}: process group {name!r}: ranks must be a list of integers, got {ranks!r}")
         group = tuple(ranks) if ranks else tuple(range(self.world))  # ASTRA-sim: no ranks = every rank
         bad = [r for r in group if not 0 <= r < self.world]
+        if bad and min(bad) >= self.world and len(set(group)) == len(group):
+            raise self.beyond(max(bad), f"process group {name!r} ({where}) names")
         if bad or len(set(group)) != len(group):
             raise ChakraError(f"{where}: process group {name!r} = {list(group)}: ranks must be distinct and in "
                               f"0..{self.world - 1} (one file per rank)")
@@ -267,6 +304,11 @@ class _Groups:
                               f"{self.source[name]}")
         self.by_name[name] = group
         self.source[name] = where
+
+    def beyond(self, top: int, who: str) -> ChakraError:
+        """Ranks up to ``top`` named (by ``who`` ... "name(s)") with files for fewer: the missing files, by name."""
+        return ChakraError(f"{self.folder}: missing rank file(s) {_names(self.prefix, self.world, top)}: {who} ranks "
+                           f"up to {top} but the folder has files for ranks 0..{self.world - 1}")
 
     def load_json(self, folder: Path, prefix: str) -> None:
         """``<prefix>.comm_group.json`` or ``comm_group.json`` (ASTRA-sim's ``{"1": [0, 1], ...}``), if present."""
@@ -280,6 +322,10 @@ class _Groups:
                 raise ChakraError(f"{p}: not a readable JSON file of process groups ({exc})") from None
             if not isinstance(doc, dict):
                 raise ChakraError(f"{p}: must map group names to rank lists, e.g. {{\"1\": [0, 1]}}")
+            top = max((r for ranks in doc.values() if isinstance(ranks, list) for r in ranks
+                       if isinstance(r, int) and not isinstance(r, bool)), default=-1)
+            if top >= self.world:
+                raise self.beyond(top, f"the comm groups in {p.name} name")
             for name, ranks in doc.items():
                 self.define(str(name), ranks, str(p))
             return
