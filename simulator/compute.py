@@ -53,7 +53,6 @@ published microbenchmarks).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -68,6 +67,11 @@ from .attention import DEFAULT_KERNEL, attention_fraction, kernels_for
 from .gemm import K_OVERHEAD, GemmModel, times
 
 _DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+_MAX_OP_OVERHEAD_S = 1e-3
+"""Largest ``op_overhead_s``: a millisecond per op is 1,000 kernel launches; above it is a slip of unit
+(``1e9`` printed a step of 754,000,000,000 s)."""
 
 
 @dataclass(frozen=True)
@@ -128,9 +132,9 @@ class ComputeModel:
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and 0 < v <= 1):
                 raise ValueError(f"compute.{name}: must be a number in (0, 1], got {v!r}")
-        if not (isinstance(self.op_overhead_s, (int, float)) and 0 <= self.op_overhead_s < math.inf):
-            raise ValueError(f"compute.op_overhead_s: must be a finite number >= 0 (seconds), "
-                             f"got {self.op_overhead_s!r}")
+        if not (isinstance(self.op_overhead_s, (int, float)) and 0 <= self.op_overhead_s <= _MAX_OP_OVERHEAD_S):
+            raise ValueError(f"compute.op_overhead_s: must be a finite number of seconds in "
+                             f"[0, {_MAX_OP_OVERHEAD_S:g}] (a kernel launch is ~1e-6), got {self.op_overhead_s!r}")
         if not (isinstance(self.gemm_k_overhead, int) and 0 <= self.gemm_k_overhead <= 65536):
             raise ValueError(f"compute.gemm_k_overhead: must be an integer in 0..65536, got {self.gemm_k_overhead!r}")
         if self.attention_efficiency is None:

@@ -232,3 +232,13 @@ def test_out_of_memory_names_the_file_and_the_remedies_and_force_flags_it(tmp_pa
     assert main(["run", str(path), "--force", "--no-progress"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "memory per GPU" in x)
     assert line.endswith("does not fit in the GPU (simulated with --force)")
+
+
+@pytest.mark.parametrize("value", [1e9, 0.002, True])
+def test_op_overhead_above_a_millisecond_is_refused(value):
+    from simulator.compute import ComputeModel
+    from topologies import get_gpu
+    with pytest.raises(ValueError, match=r"^compute\.op_overhead_s: must be a finite number of seconds in \[0, "
+                                         r"0\.001\]"):
+        ComputeModel(get_gpu("H100"), op_overhead_s=value)
+    assert ComputeModel(get_gpu("H100"), op_overhead_s=1e-3).op_overhead_s == 1e-3
