@@ -527,8 +527,10 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
     fabric += f", NVLink {format_bandwidth(p.get('nvlink_bandwidth') or c.gpu.nvlink_bandwidth)} per GPU"
     if exp.faults:
         fabric += f", {fault_counts(exp.faults)}"  # as the title counts them (topology faults, stragglers)
-    model = (f"{m.name}: {m.total_params() / 1e9:,.1f} B parameters, {m.layers} layers, hidden {m.hidden}, "
-             f"{m.heads} heads" + (f" (MLA, KV latent {m.kv_lora_rank})" if m.is_mla else ""))
+    params = m.total_params()
+    size = f"{params / 1e9:,.1f} B" if params >= 1e9 else f"{params / 1e6:,.1f} M"  # (0.1 B read "0.0 B" at 38 M)
+    model = (f"{m.name}: {size} parameters, {m.layers} layers, hidden {m.hidden}, {m.heads} "
+             f"head{'s' if m.heads != 1 else ''}" + (f" (MLA, KV latent {m.kv_lora_rank})" if m.is_mla else ""))
     if m.is_moe:
         model += f", {m.experts} experts top-{m.top_k}"
     layout = f"TP {par.tp} x PP {par.pp} x DP {par.dp}"

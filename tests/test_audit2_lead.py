@@ -242,3 +242,22 @@ def test_op_overhead_above_a_millisecond_is_refused(value):
                                          r"0\.001\]"):
         ComputeModel(get_gpu("H100"), op_overhead_s=value)
     assert ComputeModel(get_gpu("H100"), op_overhead_s=1e-3).op_overhead_s == 1e-3
+
+
+def test_readme_lists_every_model_and_cluster_preset():
+    from topologies.loader import PRESETS as CLUSTERS
+    from workloads.models import PRESETS as MODELS
+    with open("README.md") as f:
+        text = f.read()
+    cluster_line = next(x for x in text.splitlines() if x.strip().startswith("preset: dgx-h100"))
+    model_line = next(x for x in text.splitlines() if x.strip().startswith("preset: gpt3-175b"))
+    assert all(name in cluster_line for name in CLUSTERS)
+    assert all(name in model_line or name.replace("llama3-", "") in model_line for name in MODELS)
+
+
+def test_a_small_models_size_reads_in_millions():
+    from simulator.experiment import describe_setup, experiment_from_dict
+    exp = experiment_from_dict({"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
+                                "parallel": {"tp": 1, "dp": 8}, "training": {"seq_len": 1024}})
+    line = describe_setup(exp)["model"]
+    assert line.startswith(f"gpt2-small: {exp.model.total_params() / 1e6:,.1f} M parameters, 12 layers")
