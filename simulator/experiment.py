@@ -358,6 +358,15 @@ def unused_settings(exp: Experiment) -> list[str]:
         return isinstance(value, Mapping) and key in value
 
     notes = []
+    if not model.is_moe:
+        for key in ("moe_ffn_hidden", "moe_layer_freq", "first_dense_layers", "shared_experts"):
+            if given("model", key):
+                notes.append(f"model.{key} has no effect: model {model.name} has no experts (model.experts, "
+                             f"model.top_k)")
+    elif not any(model.is_moe_layer(i) for i in range(model.layers)):
+        notes.append(f"model: no layer of {model.name} is a MoE layer (first_dense_layers "
+                     f"{model.first_dense_layers}, moe_layer_freq {model.moe_layer_freq}, {model.layers} layers): "
+                     f"its experts have no effect; the step is dense")
     if raw.get("moe") and not model.is_moe:
         notes.append(f"moe: has no effect: model {model.name} has no experts (model.experts, model.top_k)")
     elif given("moe", "zipf_s") and exp.routing.kind != "zipf":

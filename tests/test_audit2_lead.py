@@ -261,3 +261,22 @@ def test_a_small_models_size_reads_in_millions():
                                 "parallel": {"tp": 1, "dp": 8}, "training": {"seq_len": 1024}})
     line = describe_setup(exp)["model"]
     assert line.startswith(f"gpt2-small: {exp.model.total_params() / 1e6:,.1f} M parameters, 12 layers")
+
+
+def test_moe_model_fields_that_do_nothing_are_noted():
+    from simulator.experiment import experiment_from_dict, unused_settings
+    base = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "parallel": {"tp": 1, "dp": 8},
+            "training": {"seq_len": 1024}}
+    dense = experiment_from_dict({**base, "model": {"preset": "gpt2-small", "moe_ffn_hidden": 128,
+                                                    "first_dense_layers": 2}})
+    assert unused_settings(dense) == [
+        f"model.{k} has no effect: model gpt2-small has no experts (model.experts, model.top_k)"
+        for k in ("moe_ffn_hidden", "first_dense_layers")]
+    no_moe_layer = experiment_from_dict({**base, "parallel": {"tp": 1, "dp": 8, "ep": 2}, "model": {
+        "preset": "gpt2-small", "experts": 8, "top_k": 2, "first_dense_layers": 12}})
+    assert unused_settings(no_moe_layer) == [
+        "model: no layer of gpt2-small is a MoE layer (first_dense_layers 12, moe_layer_freq 1, 12 layers): its "
+        "experts have no effect; the step is dense"]
+    some = experiment_from_dict({**base, "parallel": {"tp": 1, "dp": 8, "ep": 2}, "model": {
+        "preset": "gpt2-small", "experts": 8, "top_k": 2, "first_dense_layers": 11}})
+    assert unused_settings(some) == []
