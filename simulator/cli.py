@@ -67,10 +67,16 @@ def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8) -> 
 
 
 def _has_faults(path: str) -> bool:
-    """Whether the experiment file at ``path`` (read already: it is valid YAML) lists faults."""
+    """Whether the experiment file at ``path`` (read already: it is valid YAML) lists faults. Parsed again only
+    when a top-level ``faults:`` key is in its text (a topology file of thousands of GPUs takes seconds)."""
+    import re
+
     from topologies.yamlio import load_yaml
     with open(path, encoding="utf-8") as f:
-        doc = load_yaml(f)
+        text = f.read()
+    if not re.search(r"^faults\s*:", text, re.MULTILINE):
+        return False
+    doc = load_yaml(text)
     return isinstance(doc, dict) and bool(doc.get("faults"))
 
 

@@ -32,6 +32,22 @@ def test_plan_cache_tells_apart_two_fabrics_of_one_name_and_size_wired_different
     assert bisection_bandwidth(a) != bisection_bandwidth(b)
 
 
+def test_plan_cache_tells_apart_infiniband_and_ethernet_links():
+    """The same fabric with its network links marked eth instead of ib is priced with Ethernet switches (found
+    in review: the key hashed rates, not kinds)."""
+    from topologies.capacity import bill_of_materials
+    ib = _two_racks()
+    eth = copy.deepcopy(ib)
+    for link in eth["links"]:  # every network cable (NIC to rack, rack to rack): ib by default or by name
+        if "rack" in link["a"] + link["b"]:
+            link["kind"] = "eth"
+    families = []
+    for doc in (ib, eth, ib):
+        bom = bill_of_materials(cluster_from_dict(doc))
+        families.append(frozenset(bom.loc[bom["item"].str.endswith("switch"), "component"]))
+    assert families[0] == families[2] != families[1]
+
+
 def _fabric_sweep(tmp_path):
     import shutil
     shutil.copy("examples/custom-fabric.yaml", tmp_path / "custom-fabric.yaml")
@@ -77,6 +93,13 @@ def test_grid_topology_paths_resolve_like_the_files_own(tmp_path, monkeypatch):
     from_cwd = sweep(experiment, {"cluster.topology": ["../fabrics/two-racks.yaml"]}, jobs=1, progress=False)
     assert list(from_cwd["status"]) == ["ok"]
     assert from_cwd["step_time_s"].iloc[0] == from_file["step_time_s"].iloc[0]
+    # a single value, and whole cluster sections, resolve the same way (found in review)
+    doc["sweep"]["grid"] = {"cluster.topology": "fabrics/two-racks.yaml", "parallel.micro_batch": [2]}
+    experiment.write_text(yaml.safe_dump(doc))
+    assert list(sweep(experiment, jobs=1, progress=False)["step_time_s"]) == list(from_file["step_time_s"])
+    doc["sweep"]["grid"] = {"cluster": [{"topology": "fabrics/two-racks.yaml"}], "parallel.micro_batch": [2]}
+    experiment.write_text(yaml.safe_dump(doc))
+    assert list(sweep(experiment, jobs=1, progress=False)["step_time_s"]) == list(from_file["step_time_s"])
 
 
 def test_collective_on_a_small_cluster_without_gpus_takes_every_gpu(tmp_path, capsys):
@@ -280,3 +303,31 @@ def test_moe_model_fields_that_do_nothing_are_noted():
     some = experiment_from_dict({**base, "parallel": {"tp": 1, "dp": 8, "ep": 2}, "model": {
         "preset": "gpt2-small", "experts": 8, "top_k": 2, "first_dense_layers": 11}})
     assert unused_settings(some) == []
+
+
+@pytest.mark.parametrize("base", [{"cluster": {"preset": "dgx-h100"}, "model": "gpt2-small"},
+                                  {"cluster": "dgx-h100"}, {"model": "tiny"}, {"cluster": 5}])
+def test_sweep_keys_without_a_topology_file_are_the_documented_hash(base):
+    """Keys of sweeps that read no topology file stay SHA-256 of the base and overrides alone (their outputs
+    resume as before the topology digest was added); a malformed cluster section gives a key, not an error."""
+    import hashlib
+    import json
+
+    from simulator.sweeps.points import point_key
+    overrides = {"parallel.tp": 2, "cluster.nodes": 2}
+    text = json.dumps({"base": base, "overrides": overrides}, sort_keys=True, default=str)
+    assert point_key(base, overrides) == hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def test_a_degraded_link_below_one_megabyte_per_second_is_refused():
+    """fraction 1e-6 of a 50 GB/s NIC cable left 5e4 B/s, under the 1 MB/s floor every other link obeys."""
+    from simulator.experiment import experiment_from_dict
+    from topologies.cluster import TopologyError
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": "gpt2-small", "parallel": {"tp": 4, "dp": 4},
+           "training": {"seq_len": 1024},
+           "faults": [{"kind": "degraded_link", "link": ["nic:0:0", "leaf:0"], "fraction": 1e-6}]}
+    with pytest.raises(TopologyError, match=r"^faults\[0\]\.fraction: 1e-06 leaves the cable \[nic:0:0, leaf:0\] "
+                                            r"at 50000 bytes/s, below the 1e\+06 a link needs"):
+        experiment_from_dict(doc)
+    doc["faults"][0]["fraction"] = 0.02  # 1 GB/s: a link
+    assert experiment_from_dict(doc).faults

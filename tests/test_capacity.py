@@ -173,6 +173,9 @@ def test_default_bisection_never_splits_a_server(servers):
     floor(S/2) servers send through their NICs, floor(S/2) * 8 * 50 GB/s."""
     c = leaf_spine("H100", servers=servers, servers_per_leaf=servers)
     assert bisection_bandwidth(c) == pytest.approx(servers // 2 * 8 * 50e9, rel=1e-12)
+    # per GPU: half a NIC's rate for any server count (non-blocking), where dividing by every GPU read 16.7 GB/s
+    # at 3 servers, as if oversubscribed 1.5:1 (found in review)
+    assert cap.plan_summary(c)["bisection_per_gpu_bytes_s"] == pytest.approx(50e9 / 2, rel=1e-12)
     # one server: half its GPUs send to the other half through their NVLink ports (4 x 450 GB/s)
     assert bisection_bandwidth(single_server("H100", 8)) == pytest.approx(4 * 450e9, rel=1e-12)
 

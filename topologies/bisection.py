@@ -42,7 +42,7 @@ import networkx as nx
 
 from topologies.cluster import Cluster, TopologyError
 
-__all__ = ["SWITCH_LEVELS", "bisection_bandwidth", "oversubscription_by_tier"]
+__all__ = ["SWITCH_LEVELS", "bisection_bandwidth", "default_half", "oversubscription_by_tier"]
 
 SWITCH_LEVELS: Mapping[str, int] = {"leaf": 1, "spine": 2, "core": 3}
 """Height of each fabric switch kind; every other node kind (gpu, nic, nvswitch) is a host at height 0."""
@@ -50,7 +50,7 @@ SWITCH_LEVELS: Mapping[str, int] = {"leaf": 1, "spine": 2, "core": 3}
 _SOURCE, _SINK = ("__bisection_source__",), ("__bisection_sink__",)
 
 
-def _default_half(cluster: Cluster) -> set[int]:
+def default_half(cluster: Cluster) -> set[int]:
     """Ranks of the default sending half: the first ``floor(S/2)`` of ``S`` servers when ranks are numbered
     server by server (an odd ``S`` too, so that the split never runs through a server's NVLink, which would
     count NVLink as network bisection: 3 servers read 4x 2 servers' figure per GPU); the first ``floor(N/2)``
@@ -67,7 +67,7 @@ def _default_half(cluster: Cluster) -> set[int]:
 def _halves(cluster: Cluster, halves: Iterable[int] | None) -> tuple[list[Hashable], list[Hashable]]:
     n = cluster.num_gpus
     if halves is None:
-        a = _default_half(cluster)
+        a = default_half(cluster)
     else:
         a = set()
         for r in halves:

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from topologies.bisection import SWITCH_LEVELS, bisection_bandwidth, oversubscription_by_tier
+from topologies.bisection import SWITCH_LEVELS, bisection_bandwidth, default_half, oversubscription_by_tier
 from topologies.cluster import Cluster
 from topologies.components import (
     NIC_MODELS,
@@ -266,6 +266,7 @@ def _summary(cluster: Cluster, rows: list[dict], extra: dict) -> dict:
     fabric = [r for r in rows if r["fabric"]]
     n = cluster.num_gpus
     bisection = bisection_bandwidth(cluster)
+    half = len(default_half(cluster))
     per_tier: dict[str, int] = {}  # in order of first appearance, as groupby(sort=False)
     for r in fabric:
         if r["item"].endswith(" switch"):
@@ -286,7 +287,9 @@ def _summary(cluster: Cluster, rows: list[dict], extra: dict) -> dict:
         "gpu_power_kw": float(_column_sum(rows, "power_w", ~in_fabric)) / 1e3,
         "gpu_cost_usd": float(_column_sum(rows, "cost_usd", ~in_fabric)),
         "bisection_bytes_s": bisection,
-        "bisection_per_gpu_bytes_s": bisection / n if n else math.nan,
+        # per GPU of the two halves (2x the smaller: n when they are equal, as for an even number of servers;
+        # with an odd number the halves differ by a server and n would read as oversubscription)
+        "bisection_per_gpu_bytes_s": bisection / (2 * min(half, n - half)) if 0 < half < n else math.nan,
         "oversubscription": oversubscription_by_tier(cluster),
     }
 
@@ -298,13 +301,18 @@ _CACHE_LOCK = threading.Lock()  # Dask workers run points in threads
 
 def _fingerprint(cluster: Cluster) -> tuple:
     """What identifies a cluster for the cache: its name, parameters and GPU, and every node (with its kind)
-    and edge (with its bandwidth) — the wiring itself, not counts and totals: two fabrics of one name and one
+    and edge (with its rate, kind and tier) — the wiring itself, not counts and totals: two fabrics of one name and one
     size wired differently (a custom file edited in a notebook session, a NIC moved between racks) differ in
     bisection and parts. Faults change the edge set or bandwidths, so they change the key too."""
     g = cluster.graph
-    bandwidth = itemgetter("bandwidth")
-    # (per node: its id, its successors and their links' rates, flat, from the adjacency dicts: ~1 us per edge)
-    wiring = hash(tuple((u, *out, *map(bandwidth, out.values())) for u, out in g.adjacency()))
+    # What the plan reads of a link: its rate (ports), kind (switch family) and tier; per node its id, its
+    # successors and their links' attributes, flat, from the adjacency dicts (~1-2 us per edge).
+    try:
+        link = itemgetter("bandwidth", "kind", "tier")
+        wiring = hash(tuple((u, *out, *map(link, out.values())) for u, out in g.adjacency()))
+    except KeyError:  # (a hand-built graph whose links lack kind: contract 2 requires only rate and tier)
+        wiring = hash(tuple((u, *out, *((d["bandwidth"], d.get("kind"), d.get("tier")) for d in out.values()))
+                            for u, out in g.adjacency()))
     return (cluster.name, json.dumps(cluster.params, sort_keys=True, default=str), cluster.gpu.name,
             cluster.gpu.arch, hash(cluster.gpus), g.number_of_nodes(), g.number_of_edges(),
             hash(tuple(g.nodes(data="kind"))), wiring)

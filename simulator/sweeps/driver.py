@@ -172,8 +172,15 @@ def _topology_paths(grid: Grid | None, base_dir: str) -> Grid | None:
     out = dict(grid)
     for path, values in grid.items():
         field = path[len("cluster."):] if isinstance(path, str) and path.startswith("cluster.") else None
-        if field in ("topology", "fabric") and isinstance(values, (list, tuple)):
-            out[path] = [resolve_topology_path({field: v}, base_dir)[field] for v in values]
+        if field in ("topology", "fabric"):
+            def resolve(v: Any, field: str = field) -> Any:
+                return resolve_topology_path({field: v}, base_dir)[field]
+        elif path == "cluster":  # whole cluster sections, e.g. [{topology: a.yaml}, {preset: dgx-h100}]
+            def resolve(v: Any) -> Any:
+                return resolve_topology_path(v, base_dir)
+        else:
+            continue
+        out[path] = [resolve(v) for v in values] if isinstance(values, (list, tuple)) else resolve(values)
     return out
 
 

@@ -73,7 +73,10 @@ def _topology_digest(base: Mapping, overrides: Mapping[str, Any]) -> str | None:
     """SHA-256 of the topology file the point's ``cluster:`` section names, or None (none named, or no such
     file: the point is then invalid and says so)."""
     cluster = {k: v for k, v in overrides.items() if k.startswith("cluster.")}
-    section = get_path(apply_overrides({"cluster": base.get("cluster")}, cluster), "cluster")
+    try:
+        section = get_path(apply_overrides({"cluster": base.get("cluster")}, cluster), "cluster")
+    except (ValueError, TypeError):  # (a malformed cluster section: the point is invalid and its run says why)
+        return None
     if not isinstance(section, Mapping):
         return None
     key = topology_key(section)
