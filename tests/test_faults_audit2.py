@@ -234,7 +234,7 @@ def test_a_vanishing_fraction_is_refused(tmp_path, capsys, fraction):
     assert "faults[0].fraction: must be a number in [1e-06, 1]" in _cli_error(tmp_path, capsys, doc)
 
 
-@pytest.mark.parametrize("fraction", [1e-6, 0.25, 1])
+@pytest.mark.parametrize("fraction", [1e-3, 0.25, 1])  # (1e-6 of this 50 GB/s cable is under the 1 MB/s floor)
 def test_fractions_in_range_still_scale_the_cable(fraction):
     c = leaf_spine("H100-SXM", servers=2, gpus_per_server=1, servers_per_leaf=1, spines=1)
     sick = apply_faults(c, [{"kind": "degraded_link", "link": ["leaf:0", "spine:0"], "fraction": fraction}])
