@@ -331,3 +331,19 @@ def test_a_degraded_link_below_one_megabyte_per_second_is_refused():
         experiment_from_dict(doc)
     doc["faults"][0]["fraction"] = 0.02  # 1 GB/s: a link
     assert experiment_from_dict(doc).faults
+
+
+def test_a_gpu_without_its_nic_and_nvswitch_borrows_nothing():
+    """nic_down with the server's NVSwitch down too simulated the GPU's traffic over an NVLink edge to a
+    neighbour's NIC that no longer exists (found by the faults helper); it is refused as a partition now, while
+    nic_down alone still borrows (and runs slower than the healthy fabric)."""
+    from simulator.experiment import experiment_from_dict, run_experiment
+    from topologies.cluster import TopologyError
+    base = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": "gpt2-small", "parallel": {"tp": 4, "dp": 4},
+            "training": {"seq_len": 1024}}
+    nic = {"kind": "nic_down", "gpu": 0}
+    with pytest.raises(TopologyError, match=r"^faults\[0\]\.gpu: rank 0 \(gpu:0:0\) loses its NIC and its NVSwitch is "
+                                            r"down, so it reaches no neighbour's NIC over NVLink"):
+        experiment_from_dict({**base, "faults": [nic, {"kind": "switch_down", "switch": "nvswitch:0"}]})
+    alone = run_experiment(experiment_from_dict({**base, "faults": [nic]}))
+    assert alone.summary["fault_slowdown"] > 1

@@ -135,7 +135,7 @@ def apply_faults(cluster: Cluster, faults: Sequence[Mapping]) -> Cluster:
     graph, stranded = _faulty_graph(cluster, faults)
     pair = _unreachable_pair(graph, cluster.gpus)
     if pair is not None:
-        _refuse_partition(cluster, faults, pair, stranded)
+        _refuse_partition(cluster, faults, pair, stranded, graph)
     out = copy.copy(cluster)
     out.graph = graph
     out.name = f"{cluster.name}, {fault_counts(faults)}"
@@ -262,19 +262,26 @@ def _faulty_graph(cluster: Cluster, faults: Sequence[Mapping]) -> tuple[nx.DiGra
     return graph, stranded
 
 
+def _nvswitches(graph: nx.DiGraph, gpu: Hashable) -> list[Hashable]:
+    return [w for w in graph.successors(gpu) if graph.nodes[w]["kind"] == "nvswitch"]
+
+
 def _borrow_nic(graph: nx.DiGraph, cluster: Cluster, gpu: Hashable) -> bool:
     """Attach ``gpu`` (its NIC gone) over NVLink to the NIC of the next GPU of its server whose NIC still
-    works (is there and has a cable into the fabric); False if no GPU of its server has one."""
+    works (is there and has a cable into the fabric) and that it still reaches over NVLink (an NVSwitch of both
+    is up, where the server has NVSwitches); False if no GPU of its server qualifies."""
     rank = cluster.gpus.index(gpu)
     server = graph.nodes[gpu]["server"]
     peers = [g for g in cluster.gpus if g != gpu and graph.nodes[g]["server"] == server]
     start = rank % len(peers) if peers else 0
+    switched = bool(_nvswitches(cluster.graph, gpu))  # (its NVLink runs through NVSwitches, which may be down)
+    mine = _nvswitches(graph, gpu)
     for peer in peers[start:] + peers[:start]:  # the next GPU of the server
         peer_nics = [w for w in graph.successors(peer) if graph.nodes[w]["kind"] == "nic"
                      and any(graph.nodes[x]["kind"] != "gpu" for x in graph.successors(w))]
-        if peer_nics:
-            nvlink = [graph.edges[gpu, w]["bandwidth"] for w in graph.successors(gpu)
-                      if graph.nodes[w]["kind"] == "nvswitch"]
+        shared = [w for w in mine if graph.has_edge(w, peer)]
+        if peer_nics and (shared or not switched):
+            nvlink = [graph.edges[gpu, w]["bandwidth"] for w in shared]
             bw = min(nvlink) if nvlink else cluster.gpu.nvlink_bandwidth
             for a, b in ((gpu, peer_nics[0]), (peer_nics[0], gpu)):
                 graph.add_edge(a, b, bandwidth=bw, latency=0.0, kind="nvlink", tier="nvlink")
@@ -315,7 +322,7 @@ def _unreachable_pair(graph: nx.DiGraph, gpus: Sequence[Hashable]) -> tuple[Hash
 
 
 def _refuse_partition(cluster: Cluster, faults: Sequence[Mapping], pair: tuple[Hashable, Hashable],
-                      stranded: dict[Hashable, int]) -> NoReturn:
+                      stranded: dict[Hashable, int], faulty: nx.DiGraph) -> NoReturn:
     """Raise the one-line TopologyError for faults that leave ``pair[0]`` unable to reach ``pair[1]``,
     naming the entry that cuts the fabric."""
     rank = {g: r for r, g in enumerate(cluster.gpus)}
@@ -327,6 +334,12 @@ def _refuse_partition(cluster: Cluster, faults: Sequence[Mapping], pair: tuple[H
         if gpu in stranded:
             server = cluster.graph.nodes[gpu]["server"]
             alone = not any(g != gpu and cluster.graph.nodes[g]["server"] == server for g in cluster.gpus)
+            switches = _nvswitches(cluster.graph, gpu)
+            if not alone and switches and not any(n in faulty for n in switches):  # (its NVLink is gone too)
+                raise TopologyError(f"faults[{stranded[gpu]}].gpu: rank {rank[gpu]} ({node_name(gpu)}) loses its NIC "
+                                    f"and its NVSwitch is down, so it reaches no neighbour's NIC over NVLink: the "
+                                    f"fabric is partitioned ({node_name(gpu)} can no longer reach {show(other)}); "
+                                    f"remove one of the two faults")
             why = ("is its server's only GPU, with no neighbour's NIC to borrow" if alone else
                    "no other GPU of its server has a working NIC to borrow")
             raise TopologyError(f"faults[{stranded[gpu]}].gpu: rank {rank[gpu]} ({node_name(gpu)}) loses its NIC and "
