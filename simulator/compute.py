@@ -261,16 +261,14 @@ def op_durations(ops: Sequence[Op], compute: ComputeModel,
     """Seconds of every compute op of ``ops`` (indexed by op id; NaN for the other ops) on its rank's model
     (``rank_compute``, else ``compute``): :meth:`ComputeModel.duration`, once per distinct op shape.
 
-    An op with ``duration_s`` takes it. A coarsened op is timed once per kernel tuple object and model, the
-    first op holding that tuple giving the value (generators share one tuple across many ops); an op without
-    parts once per distinct value. Tuples of
-    plain kernels (no ``duration_s`` on the op) are timed together at the end by :func:`_parts_durations`: a
-    skewed MoE step holds ~10^5 distinct expert kernels, whose GEMMs are then timed in blocks."""
+    An op with ``duration_s`` takes it. A coarsened op (non-empty ``parts``) is timed once per kernel tuple
+    object and model (generators share one tuple across many ops), all such tuples together at the end by
+    :func:`_parts_durations`: a skewed MoE step holds ~10^5 distinct expert kernels, whose GEMMs are then timed
+    in blocks. Any other op is timed once per distinct value of what :meth:`ComputeModel.duration` reads of it."""
     nan = float("nan")
     duration: list[float] = [nan] * len(ops)
     one = not rank_compute  # one model: a tuple's key is its id alone (no key tuple made per op)
     slot_of: dict = {}  # key of a (tuple, model) -> its entry of ``later``
-    by_parts: dict = {}  # key of a (tuple, model) timed at once -> seconds
     by_value: dict[tuple, float] = {}
     later: list[tuple[ComputeModel, tuple[Kernel, ...]]] = []  # tuples to time together, in first-seen order
     waiting: list[int] = []  # ids of the ops timed with ``later``
@@ -285,30 +283,20 @@ def op_durations(ops: Sequence[Op], compute: ComputeModel,
         if not one:
             model = rank_compute.get(op.rank, compute)
         parts = op.parts
-        if parts is not None:
+        if parts:  # (duration() is then the sum over the kernels alone)
             key = id(parts) if one else (id(parts), id(model))
             slot = slot_of.get(key)
             if slot is None:
-                d = by_parts.get(key)
-                if d is None:
-                    if parts:  # (no duration_s: duration() is the sum over the kernels alone)
-                        slot = slot_of[key] = len(later)
-                        later.append((model, parts))
-                    else:
-                        vkey = (id(model), op.category, op.duration_s, parts)
-                        d = by_value.get(vkey)
-                        if d is None:
-                            d = by_value[vkey] = model.duration(op)
-                        by_parts[key] = d
-            if slot is not None:
-                waiting.append(op.id)
-                slots.append(slot)
-                continue
-        else:
-            vkey = (id(model), op.category, op.flops, op.nbytes, op.shape, op.duration_s)
-            d = by_value.get(vkey)
-            if d is None:
-                d = by_value[vkey] = model.duration(op)
+                slot = slot_of[key] = len(later)
+                later.append((model, parts))
+            waiting.append(op.id)
+            slots.append(slot)
+            continue
+        # (no parts, or none in them: duration() reads the op's own category, FLOPs, bytes and shape)
+        vkey = (id(model), op.category, op.flops, op.nbytes, op.shape)
+        d = by_value.get(vkey)
+        if d is None:
+            d = by_value[vkey] = model.duration(op)
         duration[op.id] = d
     if later:
         timed = _parts_durations(later)

@@ -2,7 +2,7 @@
 
 * :func:`simulator.gemm.times` (many GEMM shapes at once) against :func:`simulator.gemm._best_time`;
 * :func:`simulator.compute.op_durations` (the engine's duration pass, the plain GEMM kernels of all coarsened ops
-  timed as arrays) against the engine's former loop, kept here as the reference;
+  timed as arrays) against :meth:`ComputeModel.duration` of each op, one by one;
 * the MoE generator's expert kernels and the totals it records for the graph against :func:`_scale_kernel` and
   :meth:`OpGraph._part_sums`; the alltoallv builder's group check by identity keeps its errors.
 """
@@ -46,35 +46,10 @@ def test_times_equal_the_scalar_model(model):
 
 # ---------------------------------------------------------------- the duration pass
 def reference_durations(ops, compute, rank_compute=None):
-    """The engine's duration pass before round seven, verbatim but for an op with ``duration_s``, which takes
-    it (the former pass gave a parts tuple the value of the first op holding it, ``duration_s`` or not)."""
-    nan = float("nan")
-    duration = [nan] * len(ops)
-    by_parts = {}
-    by_value = {}
-    for op in ops:
-        if op.kind != "compute":
-            continue
-        if op.duration_s is not None:
-            duration[op.id] = op.duration_s
-            continue
-        model = rank_compute.get(op.rank, compute) if rank_compute else compute
-        parts = op.parts
-        if parts is not None:
-            d = by_parts.get((id(parts), id(model)))
-            if d is None:
-                key = (id(model), op.category, op.duration_s, parts)
-                d = by_value.get(key)
-                if d is None:
-                    d = by_value[key] = model.duration(op)
-                by_parts[(id(parts), id(model))] = d
-        else:
-            key = (id(model), op.category, op.flops, op.nbytes, op.shape, op.duration_s)
-            d = by_value.get(key)
-            if d is None:
-                d = by_value[key] = model.duration(op)
-        duration[op.id] = d
-    return duration
+    """:meth:`ComputeModel.duration` of every compute op, one by one on its rank's model (NaN for the other ops):
+    the definition that :func:`op_durations` caches per shape and times as arrays, with neither."""
+    models = rank_compute or {}
+    return [models.get(op.rank, compute).duration(op) if op.kind == "compute" else float("nan") for op in ops]
 
 
 def same(a, b):
@@ -123,8 +98,7 @@ class Marked(Kernel):
 
 def test_op_durations_keep_the_former_pass_corner_cases():
     """One parts tuple on ops with and without ``duration_s`` (each op with it takes it; the others share the
-    tuple's time, whichever op came first),
-    empty parts, unusual kernels (reserved SMs, batched, FP8, a subclass, no FLOPs, shapes of floats, one past
+    tuple's time), empty parts, unusual kernels (reserved SMs, batched, FP8, a subclass, no FLOPs, shapes of floats, one past
     2**53), ops without parts (and a fixed one), on two models."""
     cm = ComputeModel(get_gpu("H100-SXM"), dtype="fp8")
     g = OpGraph(4)
