@@ -98,8 +98,8 @@ class Marked(Kernel):
 
 def test_op_durations_keep_the_former_pass_corner_cases():
     """One parts tuple on ops with and without ``duration_s`` (each op with it takes it; the others share the
-    tuple's time), empty parts, unusual kernels (reserved SMs, batched, FP8, a subclass, no FLOPs, shapes of floats, one past
-    2**53), ops without parts (and a fixed one), on two models."""
+    tuple's time), empty parts, unusual kernels (reserved SMs, batched, FP8, a subclass, no FLOPs, shapes of
+    floats, one past 2**53), ops without parts (and a fixed one), on two models."""
     cm = ComputeModel(get_gpu("H100-SXM"), dtype="fp8")
     g = OpGraph(4)
     plain = (Kernel("gemm", 2.0 * 5000 * 4096 * 7168, 1e8, (5000, 4096, 7168)), Kernel("elementwise", 0.0, 1e9))

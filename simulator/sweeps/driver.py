@@ -165,23 +165,26 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
 
 
 def _topology_paths(grid: Grid | None, base_dir: str) -> Grid | None:
-    """``grid`` with its relative topology file paths (``cluster.topology``, or ``cluster.fabric`` naming a
-    file) made absolute against ``base_dir`` (:func:`topologies.loader.resolve_topology_path`)."""
+    """``grid`` with its relative topology file paths (``cluster.topology``, ``cluster.fabric`` naming a file,
+    or whole ``cluster`` sections naming one) made absolute against ``base_dir``
+    (:func:`topologies.loader.resolve_topology_path`, which leaves anything else as it is)."""
     if not isinstance(grid, Mapping):
         return grid
     out = dict(grid)
     for path, values in grid.items():
-        field = path[len("cluster."):] if isinstance(path, str) and path.startswith("cluster.") else None
-        if field in ("topology", "fabric"):
-            def resolve(v: Any, field: str = field) -> Any:
-                return resolve_topology_path({field: v}, base_dir)[field]
-        elif path == "cluster":  # whole cluster sections, e.g. [{topology: a.yaml}, {preset: dgx-h100}]
-            def resolve(v: Any) -> Any:
-                return resolve_topology_path(v, base_dir)
-        else:
-            continue
-        out[path] = [resolve(v) for v in values] if isinstance(values, (list, tuple)) else resolve(values)
+        if path in ("cluster", "cluster.topology", "cluster.fabric"):
+            listed = isinstance(values, (list, tuple))
+            resolved = [_resolved(path, v, base_dir) for v in (values if listed else [values])]
+            out[path] = resolved if listed else resolved[0]
     return out
+
+
+def _resolved(path: str, value: Any, base_dir: str) -> Any:
+    """One grid value of ``path`` (a cluster section, or one field of it) with a relative topology path resolved."""
+    if path == "cluster":
+        return resolve_topology_path(value, base_dir)
+    field = path.removeprefix("cluster.")
+    return resolve_topology_path({field: value}, base_dir)[field]
 
 
 def _load_base(base: Mapping | str | os.PathLike) -> dict:
