@@ -456,10 +456,13 @@ def _sweep():
         p.add_argument("--refine", type=int, metavar="K",
                        help="with --fidelity screen: simulate the best K screened points again in fast; they "
                             "come first, with the screened value beside them")
+        p.add_argument("--checkpoint", type=float, metavar="SECONDS",
+                       help="rewrite --output every SECONDS while the sweep runs (default 30)")
 
     def run(args: argparse.Namespace) -> int:
         from .sweeps import FIDELITIES, SCREEN, SweepInterrupted, counts_line, parse_grid_arg, sweep, top_table
         from .sweeps.columns import check_metric
+        from .sweeps.driver import CHECKPOINT_S
         if args.metric is not None:
             check_metric(args.metric, "--metric")  # (the flag's name, where the file's would say sweep.metric)
         for flag, value, least in (("--jobs", args.jobs, 1), ("--top", args.top, 0), ("--max-tp", args.max_tp, 1),
@@ -468,6 +471,8 @@ def _sweep():
                 raise ValueError(f"{flag}: must be >= {least}, got {value}")
         if args.fidelity is not None and args.fidelity not in FIDELITIES:
             raise ValueError(f"--fidelity: {args.fidelity!r} unknown; valid: {', '.join(FIDELITIES)}")
+        if args.checkpoint is not None and not args.checkpoint > 0:  # (not > 0: also refuses nan)
+            raise ValueError(f"--checkpoint: must be a number of seconds > 0, got {args.checkpoint}")
         if args.refine is not None and args.fidelity not in (None, SCREEN):
             raise ValueError(f"--refine: re-simulates the best screened points; use it with --fidelity screen, "
                              f"not {args.fidelity}")
@@ -484,7 +489,8 @@ def _sweep():
             table = sweep(args.file, dict(parse_grid_arg(g) for g in args.grid), metric=args.metric, jobs=args.jobs,
                           scheduler=args.scheduler, output=args.output, progress=not args.no_progress,
                           max_tp=args.max_tp, on_start=started, fidelity=args.fidelity, refine=args.refine,
-                          on_refine=refining)
+                          on_refine=refining,
+                          checkpoint_s=CHECKPOINT_S if args.checkpoint is None else args.checkpoint)
         except SweepInterrupted as exc:
             where = f"; kept in {args.output}, rerun the same command to resume" if args.output else ""
             print(f"interrupted after {counts_line(exc.table)}{where}", file=sys.stderr)

@@ -293,11 +293,13 @@ def test_sigterm_writes_the_finished_rows_and_stops(tmp_path):
     # Its own session, so that a failing assertion can still kill the sweep and its workers (no orphans).
     proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "sweep", str(base), "-o", str(out),
                              "--grid", "parallel.micro_batch=1,2,4,8", "--grid", "cluster.nic_bandwidth="
-                             + ",".join(f"{100 + i}Gbps" for i in range(1000)), "--jobs", "2", "--no-progress"],
+                             + ",".join(f"{100 + i}Gbps" for i in range(1000)), "--jobs", "2", "--no-progress",
+                             "--checkpoint", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        # Interrupt once rows have certainly finished: the first checkpoint (every 30 s) writes the file. A
-        # fixed sleep raced the start-up on a loaded machine.
+        # Interrupt once rows have certainly finished: the first checkpoint (every second here) writes the file.
+        # A fixed sleep raced the start-up on a loaded machine; the default 30 s checkpoint let a fast machine
+        # finish all 4,000 points first.
         deadline = time.monotonic() + 240
         while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -311,3 +313,34 @@ def test_sigterm_writes_the_finished_rows_and_stops(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted after" in err
     assert out.exists() and len(pd.read_csv(out)) >= 1
+
+
+def test_checkpoint_interval_rewrites_the_output_while_the_sweep_runs(tmp_path, monkeypatch):
+    """``checkpoint_s`` near zero: the file is rewritten after every finished point (3 here) and once at the end;
+    at the 30 s default a sweep this short writes it only at the end."""
+    writes = []
+    driver = importlib.import_module("simulator.sweeps.driver")
+    real_write = driver.write_table
+    monkeypatch.setattr(driver, "write_table", lambda table, path: (writes.append(len(table)), real_write(table, path)))
+    simulator.sweep(BASE, {"parallel.tp": [1, 2, 4]}, jobs=1, progress=False, output=tmp_path / "a.csv",
+                    checkpoint_s=1e-9)
+    assert writes == [1, 2, 3, 3]
+    writes.clear()
+    simulator.sweep(BASE, {"parallel.tp": [1, 2, 4]}, jobs=1, progress=False, output=tmp_path / "b.csv")
+    assert writes == [3]
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), True, "30"])
+def test_bad_checkpoint_interval_is_one_line(value):
+    with pytest.raises(ValueError, match="checkpoint_s: must be a number of seconds > 0") as info:
+        simulator.sweep(BASE, {"parallel.tp": [1]}, jobs=1, progress=False, checkpoint_s=value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan"])
+def test_cli_bad_checkpoint_exits_2(tmp_path, capsys, value):
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump(BASE))
+    assert main(["sweep", str(base), "--grid", "parallel.tp=1", "--no-progress", "--checkpoint", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--checkpoint: must be a number of seconds > 0" in err and "\n" not in err

@@ -35,7 +35,8 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
           jobs: int | None = None, scheduler: str | None = None, output: str | os.PathLike | None = None,
           progress: bool = True, max_tp: int | None = None,
           on_start: Callable[[int, int], None] | None = None, fidelity: str | None = None,
-          refine: int | None = None, on_refine: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+          refine: int | None = None, on_refine: Callable[[int, int], None] | None = None,
+          checkpoint_s: float = CHECKPOINT_S) -> pd.DataFrame:
     """Simulate every point of a grid over a base experiment and rank the feasible ones.
 
     Parameters
@@ -58,7 +59,7 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
         overrides ``jobs``.
     output : path, optional
         ``.csv`` or ``.parquet`` file; rows already there are reused (resume).
-        Rewritten every :data:`CHECKPOINT_S` seconds (30 s) and at the end.
+        Rewritten every ``checkpoint_s`` seconds (30 s) and at the end.
     progress : bool, default True
         Show a tqdm progress bar (rate and ETA).
     max_tp : int, optional
@@ -79,6 +80,8 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
         ``screen_<metric>`` and ``screen_rank``, the screen's value and rank.
     on_refine : callable, optional
         Called as ``on_refine(points, reused)`` before the refined points run.
+    checkpoint_s : float, default :data:`CHECKPOINT_S`
+        Seconds between rewrites of ``output`` while the sweep runs (> 0).
 
     Returns
     -------
@@ -100,6 +103,8 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
     >>> df = sweep("examples/demo.yaml", {"parallel.tp": [1, 2, 4]}, jobs=1, progress=False)  # doctest: +SKIP
     >>> df[["parallel.tp", "parallel.dp", "status", "step_time_s"]]                            # doctest: +SKIP
     """
+    if isinstance(checkpoint_s, bool) or not isinstance(checkpoint_s, (int, float)) or not checkpoint_s > 0:
+        raise ValueError(f"checkpoint_s: must be a number of seconds > 0, got {checkpoint_s!r}")
     doc = _load_base(base)
     settings = sweep_settings(doc)
     base_doc = {k: v for k, v in doc.items() if k != "sweep"}
@@ -143,7 +148,7 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
         if on_start is not None:
             on_start(len(points), len(points) - len(todo))
         columns, derived = param_columns(full_grid), derives_dp(full_grid)
-        recorder = _Recorder(points, columns, metric, derived, output, rows, foreign)
+        recorder = _Recorder(points, columns, metric, derived, output, rows, foreign, checkpoint_s)
         _run(todo, base_doc, recorder, jobs, scheduler, progress)
         table = recorder.write()
         if not refine:
@@ -154,7 +159,7 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
             on_refine(len(winners), len(winners) - len(todo))
         # Checkpoints of the refinement keep the screened rows in the file (as rows of their own keys).
         keep = table if foreign.empty else pd.concat([table, foreign], ignore_index=True)
-        fast = _Recorder(winners, columns, metric, derived, output, rows, keep)
+        fast = _Recorder(winners, columns, metric, derived, output, rows, keep, checkpoint_s)
         _run(todo, fast_base, fast, jobs, scheduler, progress)
         refined = build_table([rows[p.key] for p in winners if p.key in rows], columns, metric)
         final = merge_refined(table, refined, {p.key: fast_points[p.key].key for p in points}, metric)
@@ -199,14 +204,16 @@ class _Recorder:
     """Collects rows, rewrites the output file on checkpoints and at the end."""
 
     def __init__(self, points: Sequence[Point], param_columns: Sequence[str], metric: str, derived_dp: bool,
-                 output: str | os.PathLike | None, rows: dict[str, dict], foreign: pd.DataFrame) -> None:
+                 output: str | os.PathLike | None, rows: dict[str, dict], foreign: pd.DataFrame,
+                 checkpoint_s: float) -> None:
         self.points, self.param_columns, self.metric = points, param_columns, metric
         self.derived_dp, self.output, self.rows, self.foreign = derived_dp, output, rows, foreign
+        self.checkpoint_s = checkpoint_s
         self.last_write = time.monotonic()
 
     def add(self, point: Point, result: Mapping[str, Any]) -> None:
         self.rows[point.key] = result_row(point, result, self.derived_dp)
-        if self.output is not None and time.monotonic() - self.last_write > CHECKPOINT_S:
+        if self.output is not None and time.monotonic() - self.last_write > self.checkpoint_s:
             self.write()
 
     def write(self) -> pd.DataFrame:
