@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
 import os
 import resource
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args._child:
         print(json.dumps(child(args._child, args.fidelity, os.path.abspath(args.root))))
+        gc.freeze()  # exit as the clustersim script does (simulator.cli.console): no final walk of the heap
         return 0
     print(f"{'rung':20s} {'gpus':>5s} {'sim_s':>10s} {'wall_s':>7s} {'cpu_s':>7s} {'proc_s':>7s} {'events':>10s} "
           f"{'solves':>8s} {'comps':>8s} {'flows':>10s} {'net_flows':>10s} {'replays':>8s} {'peak_MB':>8s}")
