@@ -204,25 +204,24 @@ def print_summary(result, file=None) -> None:
               file=out)
     print(f"  simulated in         {s['sim_wall_s']:.2f} s wall ({s['events']:,} events, "
           f"{s['rate_solves']:,} rate solves, {s['flows']:,} flows)", file=out)
-    stages = getattr(result, "stages", None)
-    if stages is not None and len(stages):
+    records = result.stage_records() if hasattr(result, "stage_records") else []
+    if records:
         print(file=out)
-        print(stage_time_table(stages), file=out)
+        print(stage_time_table(records), file=out)
 
 
-def stage_time_table(stages, max_rows: int = 32) -> str:
-    """Where the step time went on each pipeline stage (``result.stages``' partition columns), in ms."""
-    cols = [c for c in stages.columns if c.endswith("_s") and c != "busy_s"]
+def stage_time_table(stages: list[dict], max_rows: int = 32) -> str:
+    """Where the step time went on each pipeline stage (``result.stage_records()``: the rows of
+    ``result.stages``, partition columns), in ms."""
+    cols = [c for c in stages[0] if c.endswith("_s") and c != "busy_s"]
     cols = [c for c in cols if c != "bubble_s"] + ["bubble_s"] * ("bubble_s" in cols)  # bubble, then idle
     cols = [c for c in cols if c != "idle_s"] + ["idle_s"] * ("idle_s" in cols)
-    cols = [c for c in cols if stages[c].abs().max() > 0]
+    cols = [c for c in cols if any(abs(row[c]) > 0 for row in stages)]  # (NaN is not > 0: pandas' skipna max)
     names = [c[:-2].replace("exposed_", "") for c in cols]
     width = max(9, *(len(n) + 1 for n in names))
     lines = ["  where the step went per pipeline stage (ms; mean over the stage's ranks; exposed comm by class):",
              "  " + f"{'stage':>5}" + "".join(f"{n:>{width}}" for n in names)]
-    shown = stages.head(max_rows)
-    for row in shown.itertuples(index=False):
-        values = row._asdict()
+    for values in stages[:max_rows]:
         lines.append("  " + f"{values['stage']:>5}" + "".join(f"{values[c] * 1e3:>{width}.3f}" for c in cols))
     if len(stages) > max_rows:
         lines.append(f"  ... {len(stages) - max_rows} more stages (result.stages has them all)")

@@ -584,7 +584,7 @@ def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment,
     world = step.parallel.world_size
     peak = exp.cluster.gpu.peak(exp.training.base_dtype)  # FP8 training: MFU of the dense bf16 peak
     stages = stage_rows(result, step)
-    result.defer("stages", partial(_stages_frame, stages))
+    result.defer("stages", partial(_stages_frame, stages), records=stages)
     bubble = [r["bubble_s"] for r in stages]
     window = stages[0]["busy_s"] + stages[0]["bubble_s"] if stages else 0.0
     tflops = step.model_flops / result.step_time / world

@@ -159,7 +159,24 @@ def test_frames_are_built_on_first_access_and_can_be_replaced(moe):
     with pytest.raises(ValueError, match="defer"):
         res.defer("links", pd.DataFrame)
     bare = simulator.simulate(res.record.graph, res.record.fabric.cluster)
-    assert bare.stages.empty
+    assert bare.stages.empty and bare.stage_records() == []
+
+
+def test_stage_records_are_the_stage_frame_rows_before_and_after_it_is_built():
+    """Kept rows (no frame built yet) and the frame's rows read the same, values, column order and all; a frame
+    set or deferred anew replaces the kept rows."""
+    res = run_experiment(experiment_from_dict(DEMO_EXPERIMENT))
+    kept = res.stage_records()
+    assert res._stages is None  # read from the rows: nothing built
+    frame = res.stages.to_dict("records")
+    assert kept == frame and [list(r) for r in kept] == [list(r) for r in frame] and len(kept) == 2
+    assert res.stage_records() == frame  # (now from the frame)
+    res.stages = pd.DataFrame({"stage": [0], "x_s": [1.0]})
+    assert res.stage_records() == [{"stage": 0, "x_s": 1.0}]
+    res.defer("stages", lambda: pd.DataFrame({"stage": [3]}))
+    assert res.stage_records() == [{"stage": 3}]
+    with pytest.raises(ValueError, match="records are kept for stages only"):
+        res.defer("expert_load", pd.DataFrame, records=[])
 
 
 @pytest.mark.parametrize("which", ["dense", "moe"])
@@ -301,7 +318,12 @@ def test_a_run_that_reads_its_summary_never_imports_pandas():
     loaded = _modules_after("import contextlib, io\nfrom simulator.cli import main\n"
                             "with contextlib.redirect_stdout(io.StringIO()):\n"
                             "    assert main(['run', 'examples/demo.yaml', '--json']) == 0")
-    assert "pandas" not in loaded  # ``clustersim run --json``; the printed summary's stage table needs it
+    assert "pandas" not in loaded  # ``clustersim run --json``
+    loaded = _modules_after("import contextlib, io\nfrom simulator.cli import main\nout = io.StringIO()\n"
+                            "with contextlib.redirect_stdout(out):\n"
+                            "    assert main(['run', 'examples/demo.yaml', '--no-progress']) == 0\n"
+                            "assert 'where the step went per pipeline stage' in out.getvalue()")
+    assert "pandas" not in loaded  # the printed summary, its stage table too (from Result.stage_records)
     loaded = _modules_after(
         "from simulator.experiment import load_experiment, run_experiment\n"
         "r = run_experiment(load_experiment('examples/demo.yaml'))\nassert len(r.stages) == 2")
