@@ -296,10 +296,13 @@ class OpGraph:
             self._check_rank(rank)
         if collective not in COLLECTIVE_KINDS:
             raise OpGraphError(f"collective: {collective!r} unknown; valid: {', '.join(COLLECTIVE_KINDS)}")
-        grp = self._checked_group(rank, tuple(group) if isinstance(group, Iterable) else (group,))
+        # (exact types first: the abstract-class checks cost more than the rest of the call)
+        grp = self._checked_group(rank, group if type(group) is tuple else
+                                  tuple(group) if isinstance(group, Iterable) else (group,))
         if not is_size(nbytes):
             raise OpGraphError(f"nbytes: must be a finite number of bytes >= 0, got {nbytes!r}")
-        if isinstance(count, bool) or not isinstance(count, Integral) or count < 1:
+        if (type(count) is not int or count < 1) and (isinstance(count, bool) or not isinstance(count, Integral)
+                                                      or count < 1):
             raise OpGraphError(f"count: must be an integer >= 1, got {count!r}")
         if split is not None:
             if collective != "all_to_all":
