@@ -204,7 +204,7 @@ def print_summary(result, file=None) -> None:
               file=out)
     print(f"  simulated in         {s['sim_wall_s']:.2f} s wall ({s['events']:,} events, "
           f"{s['rate_solves']:,} rate solves, {s['flows']:,} flows)", file=out)
-    records = result.stage_records() if hasattr(result, "stage_records") else []
+    records = result.stage_records()
     if records:
         print(file=out)
         print(stage_time_table(records), file=out)

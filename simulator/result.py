@@ -69,10 +69,14 @@ class Result:
 
     def stage_records(self) -> list[dict]:
         """The rows of :attr:`stages` as dicts (column -> value, in column order): what a summary prints. Read
-        from the rows the run deferred the frame with, if it has not been built (no pandas import: ~0.2-0.6 s
-        of a ``clustersim run``), else from the frame."""
-        if self._stages is None and self._stage_records is not None and "stages" in self._deferred:
-            return [dict(row) for row in self._stage_records]
+        from the rows the run deferred the frame with while it is not built, and none for a result without
+        stages (a bare :func:`simulator.simulate`, a Chakra trace), without importing pandas (~0.2-0.6 s of a
+        ``clustersim run``); else from the frame."""
+        if self._stages is None:
+            if self._stage_records is not None:
+                return [dict(row) for row in self._stage_records]
+            if "stages" not in self._deferred:
+                return []
         return self.stages.to_dict("records")
 
     @property

@@ -324,6 +324,12 @@ def test_a_run_that_reads_its_summary_never_imports_pandas():
                             "    assert main(['run', 'examples/demo.yaml', '--no-progress']) == 0\n"
                             "assert 'where the step went per pipeline stage' in out.getvalue()")
     assert "pandas" not in loaded  # the printed summary, its stage table too (from Result.stage_records)
+    loaded = _modules_after("import simulator\nfrom simulator.experiment import load_experiment\n"
+                            "exp = load_experiment('examples/demo.yaml')\n"
+                            "from workloads.training import training_step\n"
+                            "g = training_step(exp.model, exp.parallel, exp.training).graph\n"
+                            "assert simulator.simulate(g, exp.cluster).stage_records() == []")
+    assert "pandas" not in loaded  # a bare result (a Chakra trace's too) has no stages to print
     loaded = _modules_after(
         "from simulator.experiment import load_experiment, run_experiment\n"
         "r = run_experiment(load_experiment('examples/demo.yaml'))\nassert len(r.stages) == 2")

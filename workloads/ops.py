@@ -301,8 +301,7 @@ class OpGraph:
                                   tuple(group) if isinstance(group, Iterable) else (group,))
         if not is_size(nbytes):
             raise OpGraphError(f"nbytes: must be a finite number of bytes >= 0, got {nbytes!r}")
-        if (type(count) is not int or count < 1) and (isinstance(count, bool) or not isinstance(count, Integral)
-                                                      or count < 1):
+        if (type(count) is not int and (isinstance(count, bool) or not isinstance(count, Integral))) or count < 1:
             raise OpGraphError(f"count: must be an integer >= 1, got {count!r}")
         if split is not None:
             if collective != "all_to_all":
