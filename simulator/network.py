@@ -38,7 +38,9 @@ the engine's fast path). Two backends stand behind it:
     * *twin* links: every route seen crosses them equally often (or not at
       all) and their capacities are equal — one constraint, kept once (the
       NIC ports at one position in every server, under grouped all-to-all
-      waves); classes are refined as routes appear;
+      waves), and one flow state, kept by the class's representative (flows
+      come onto and leave only the links they keep); classes are refined as
+      routes appear;
     * *lazy* links: tight links that the last large solve including them left
       with 2% of their capacity to spare (ECMP-hashed spine links under an
       all-to-all on a 1:1 fabric); each solution is checked against their
@@ -149,7 +151,7 @@ class _Route:
 
     __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of", "idx", "weights", "arrays",
                  "members", "cpairs", "cepoch", "wpairs", "lpairs", "larrays", "wepoch", "clinks", "wlinks",
-                 "ckeep", "wflags")
+                 "ckeep", "wflags", "klinks", "kdemand", "kmults", "kepoch")
 
     def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0,
                  weights: np.ndarray | None = None, members: int = 1, known: tuple | None = None) -> None:
@@ -167,6 +169,7 @@ class _Route:
         self.lpairs: tuple = ()  # cpairs of the lazy links, as of wepoch
         self.larrays: tuple | None = None  # lpairs as (link ids, crossings) arrays, made when first needed
         self.wepoch = -1
+        self.kepoch = -1  # klinks, kdemand, kmults: as of network stamp kepoch (FlowNetwork._keep)
         listed = links.tolist() if weights is None and isinstance(links, np.ndarray) else None
         if listed is not None and listed and len(set(listed)) == len(listed):
             # Every link distinct (the common case): what the general case below gives, without its cost
@@ -217,6 +220,7 @@ class _Route:
         route.links, route.idx, route.weights, route.members = links, idx, self.weights, self.members
         route.cpairs, route.cepoch, route.wpairs, route.lpairs, route.larrays, route.wepoch = (), -1, (), (), None, -1
         route.clinks, route.wlinks, route.ckeep, route.wflags = (), (), None, None
+        route.kepoch = -1
         route.ulinks, route.mults, route.arrays = self.ulinks, self.mults, self.arrays
         route.solo_rate, route.demand, route._mult_of = self.solo_rate, self.demand, self._mult_of
         return route
@@ -490,6 +494,9 @@ class LinkLedger:
         # additions in the same order).
         self._busy_acc = array("d", bytes(8 * num_links))
         self._busy_np = np.frombuffer(self._busy_acc, dtype=float)
+        # Links whose busy time is another's (FlowNetwork: twins that mirror their class's representative):
+        # a callable answering (link ids, the link each mirrors), applied before busy time is folded.
+        self.mirrors: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None
         self.flows_completed = 0  # point-to-point transfers finished (a grouped flow counts its members)
         self.rate_t = array("d")
         self.rate_route = array("q")
@@ -619,6 +626,9 @@ class LinkLedger:
             del wire  # (a view of the array's buffer stops it growing)
             self._unfolded = False
         acc = self._busy_np
+        if self.mirrors is not None:
+            ids, source = self.mirrors()
+            acc[ids] = acc[source]
         if acc.any():
             self._busy_s += acc
             acc[:] = 0.0
@@ -826,6 +836,15 @@ class FlowNetwork(_NetworkBase):
         self._next_twin = 0
         self._twin_alone = bytearray(len(self._cap))  # 1: the link's class is itself alone (it stays so)
         self.twins = twins
+        # Which links keep their own flow state (1) and which mirror their twin class's representative (0):
+        # twins carry the same flows at every instant, so a representative's flows, demand and busy time are
+        # every member's. A member's state is taken from its representative when it becomes one itself
+        # (_unmirror: classes only split), its busy time when busy time is read (LinkLedger.mirrors); flows
+        # come onto and leave only the links they keep (_Route.klinks, made again when _kepoch moves on).
+        self._kept = bytearray(b"\x01") * len(self._cap)
+        self._kepoch = 0
+        if twins:
+            self.ledger.mirrors = self._mirrors
         self._routes.on_new = self._new_route
         self.component_solves = 0  # max-min problems solved (not looked up in _solved)
         self._solved: dict[tuple, list[float]] = {}  # component shape -> its rates (see _solve)
@@ -1550,10 +1569,14 @@ class FlowNetwork(_NetworkBase):
         begun = t0 + a < limit  # each link's intervals in order of time: those begun by now
         a, b = t0 + a[begun], t0 + b[begun]
         np.add.at(ledger._busy_np, session.arr[pos[begun]], np.minimum(b, now) - a)  # in order (exact)
+        kepoch = self._kepoch
         for flow in active:
             if self._lazy_count:
                 self._track(flow, flow.rate)
-            for link, d in zip(flow.route.ulinks, flow.route.demand):
+            route = flow.route
+            if route.kepoch != kepoch:
+                self._keep(route)
+            for link, d in zip(route.klinks, route.kdemand):
                 flows = on_link[link]
                 if flows:
                     demand[link] += d
@@ -1666,6 +1689,11 @@ class FlowNetwork(_NetworkBase):
                 alone[links[0]] = 1
             if old < 0:
                 rep[new] = links[0]
+                if len(links) > 1:  # links no route crossed before (never under a flow): the others mirror it
+                    kept = self._kept
+                    for link in links[1:]:
+                        kept[link] = 0
+                    self._kepoch += 1
                 continue
             rest = members[old]
             rest -= moved
@@ -1674,10 +1702,52 @@ class FlowNetwork(_NetworkBase):
             if rep[old] in moved:
                 rep[new] = rep[old]
                 rep[old] = min(rest) if len(rest) < 64 else next(iter(rest))
+                self._unmirror(rep[old], rep[new])
                 changed.append(rep[old])
             else:
                 rep[new] = links[0]
+                self._unmirror(links[0], rep[old])
         return changed
+
+    def _unmirror(self, link: int, source: int) -> None:
+        """``link``, a twin that mirrored ``source`` (its class's representative until now, whose state is
+        every member's), keeps its own state from now on: ``source``'s flows (in their order), demand, busy
+        time, and each aggregate's count and crossings of it."""
+        self._kept[link] = 1
+        self._kepoch += 1
+        flows = self._on_link[source]
+        if flows:
+            self._on_link[link].update(flows)
+            self._busy_since[link] = self._busy_since[source]
+            for e in flows:
+                if type(e) is _Agg:
+                    e.nlinks[link] = e.nlinks[source]
+                    e._mult_of[link] = e._mult_of[source]
+        self._demand[link] = self._demand[source]
+        busy = self.ledger._busy_acc
+        busy[link] = busy[source]
+
+    def _mirrors(self) -> tuple[np.ndarray, np.ndarray]:
+        """The links that mirror another (see ``_kept``) and the representative each mirrors."""
+        ids = np.flatnonzero(np.frombuffer(self._kept, dtype=np.uint8) == 0)
+        if not len(ids):
+            return ids, ids
+        reps = np.full(self._next_twin, -1, dtype=np.int64)
+        reps[np.fromiter(self._twin_rep.keys(), dtype=np.int64)] = np.fromiter(self._twin_rep.values(), dtype=np.int64)
+        classes = np.fromiter(map(self._twin_of.__getitem__, ids.tolist()), dtype=np.int64, count=len(ids))
+        return ids, reps[classes]
+
+    def _keep(self, route: _Route) -> None:
+        """Bring a route's kept links (``klinks``, with their ``kdemand`` and ``kmults``) up to date."""
+        ulinks = route.ulinks
+        keep = bytes(map(self._kept.__getitem__, ulinks))
+        if keep.count(0):
+            route.klinks = tuple(compress(ulinks, keep))
+            route.kdemand = tuple(compress(route.demand, keep))
+            route.kmults = tuple(compress(route.mults, keep))
+        else:
+            route.klinks, route.kdemand, route.kmults = ulinks, route.demand, route.mults
+        route.kepoch = self._kepoch
 
     def _new_route(self, route: _Route) -> None:
         """A route was made: update dominated and twin links, and the tightness thresholds they imply
@@ -1794,13 +1864,16 @@ class FlowNetwork(_NetworkBase):
             arrivals += self._intrusions(arrivals)
         lonely: list[Flow] = []  # arrivals on slack links only: alone in their component (unless joined)
         if arrivals:
+            kepoch = self._kepoch
             for flow in arrivals:
                 flow.t0 = now
                 if flow.rec is not None:
                     flow.rec[0] = now
                 route = flow.route
+                if route.kepoch != kepoch:
+                    self._keep(route)
                 coupled = False
-                for link, d in zip(route.ulinks, route.demand):
+                for link, d in zip(route.klinks, route.kdemand):
                     flows = on_link[link]
                     if flows:
                         dl = demand[link] = demand[link] + d
@@ -1846,8 +1919,10 @@ class FlowNetwork(_NetworkBase):
         busy, busy_since = self.ledger._busy_acc, self._busy_since
         shared = False
         route = flow.route
+        if route.kepoch != self._kepoch:
+            self._keep(route)
         if agg is None:  # (the common case: a flow on its own, in a loop of its own)
-            for link, d in zip(route.ulinks, route.demand):
+            for link, d in zip(route.klinks, route.kdemand):
                 flows = on_link[link]
                 del flows[flow]
                 if flows:
@@ -1862,7 +1937,7 @@ class FlowNetwork(_NetworkBase):
                     busy[link] += now - busy_since[link]
             return shared
         nlinks, crossings = agg.nlinks, agg._mult_of
-        for link, d, m in zip(route.ulinks, route.demand, route.mults):
+        for link, d, m in zip(route.klinks, route.kdemand, route.kmults):
             flows = on_link[link]
             c = nlinks[link] - 1
             if c:
@@ -1977,7 +2052,10 @@ class FlowNetwork(_NetworkBase):
                     self._join(target, flow, goal - e.svc, now)
                 e.clear()
             else:
-                for link in e.route.ulinks:
+                route = e.route
+                if route.kepoch != self._kepoch:
+                    self._keep(route)
+                for link in route.klinks:
                     del on_link[link][e]
                 ledger.log_rate(now, e.route, -e.rate)
                 e.seq = -3  # its heap entry is stale: it finishes with the aggregate
@@ -1996,7 +2074,9 @@ class FlowNetwork(_NetworkBase):
         self.aggregated += 1
         nlinks, crossings, on_link = agg.nlinks, agg._mult_of, self._on_link
         route = flow.route
-        for link, m in zip(route.ulinks, route.mults):
+        if route.kepoch != self._kepoch:
+            self._keep(route)
+        for link, m in zip(route.klinks, route.kmults):
             c = nlinks.get(link)
             if c is None:
                 nlinks[link] = 1
@@ -2023,7 +2103,10 @@ class FlowNetwork(_NetworkBase):
             flow.rate = rate
             flow.remaining = goal - agg.svc
             flow.t0 = now
-            for link in flow.route.ulinks:
+            route = flow.route
+            if route.kepoch != self._kepoch:
+                self._keep(route)
+            for link in route.klinks:
                 on_link[link][flow] = None
             self._seq += 1
             flow.seq = self._seq

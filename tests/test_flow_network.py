@@ -281,6 +281,53 @@ def test_twin_links_change_no_finish_time(seed):
     assert left_out > sum(1 for t in ref_net._tight_at if t == float("inf"))
 
 
+@pytest.mark.parametrize("b_link", [0, 1])
+def test_a_twin_split_after_an_idle_gap_keeps_the_busy_time_before_it_by_hand(b_link):
+    # Links 0 and 1 (10 B/s) are twins: link 1 mirrors link 0. A (10 B) runs alone over both from 0 to 1;
+    # idle; B (20 B) from 2, alone at 10 B/s until C (10 B over link b_link and link 2) splits the class at
+    # 3. B has 10 B left and shares link b_link with C at 5 B/s each: both done at 5. Busy: links 0 and 1
+    # [0, 1] and [2, 5] = 4 s (link 1 keeps its own state from 3 on, its first second included), link 2 2 s.
+    capacity = np.array([10.0, 10.0, 10.0])
+    flows = [(0.0, [0, 1], 10.0), (2.0, [0, 1], 20.0), (3.0, [b_link, 2], 10.0)]
+    got, net = _finish_times(flows, capacity, twins=True)
+    assert got == pytest.approx([1.0, 5.0, 5.0], rel=1e-12)
+    assert net._kept[1]  # split: link 1 keeps its own state now
+    assert net.ledger.busy_s.tolist() == pytest.approx([4.0, 4.0, 2.0], rel=1e-12)
+    assert net.ledger.bytes.tolist() == pytest.approx([30.0 + 10.0 * (b_link == 0), 30.0 + 10.0 * (b_link == 1),
+                                                       10.0], rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("agg_min", [2, 16])
+def test_twin_classes_split_under_flows_keep_every_links_state(seed, agg_min, monkeypatch):
+    # Four blocks of three links (equal capacities per block). Most routes cross whole blocks, so a block's
+    # links are twins and only its representative keeps flows, demand and busy time; now and then a route
+    # crosses part of a block, splitting its class while flows are on it (the split-off links take their
+    # state from the representative, aggregates' counts included: agg_min 2 folds flows of equal rows
+    # into aggregates in small components too). Finish times, bytes and busy time per link are the
+    # network's that keeps every link's state (twins off), and the global re-solve's.
+    monkeypatch.setattr("simulator.network._AGG_MIN", agg_min)
+    rng = np.random.default_rng(seed)
+    capacity = np.repeat(rng.choice([5.0, 10.0, 20.0], size=4), 3)
+    flows = []
+    for i in range(50):
+        blocks = rng.choice(4, size=int(rng.integers(1, 3)), replace=False)
+        links = [3 * int(b) + k for b in blocks for k in range(3)]
+        if i > 10 and rng.random() < 0.15:
+            links = links[: int(rng.integers(1, 3))]  # a part of a block: splits its class
+        flows.append((float(rng.uniform(0, 6)), links, float(rng.integers(1, 6)) * 10.0))
+    got, net = _finish_times(flows, capacity, twins=True)
+    ref, ref_net = _finish_times(flows, capacity, twins=False)
+    assert got == pytest.approx(ref, rel=1e-12)
+    assert got == pytest.approx(reference_finish_times(flows, capacity), rel=1e-9, abs=1e-9)
+    assert net.ledger.bytes.tolist() == ref_net.ledger.bytes.tolist()
+    assert net.ledger.busy_s == pytest.approx(ref_net.ledger.busy_s, rel=1e-12, abs=1e-12)
+    assert net.ledger.busy_s.min() > 0  # every link was under a flow at some time (each block's too)
+    mirrored = [link for link in range(12) if not net._kept[link]]
+    assert mirrored  # some links never kept state of their own, yet report the busy time above
+    assert all(not flows for flows in net._on_link)  # every flow left every link it was put on
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_lazy_links_change_no_finish_time(seed):
     # 120 flows from 8 sources to 8 sinks (10 B/s each) through one of 6 middle links: roomy ones (60 B/s,
