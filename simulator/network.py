@@ -86,7 +86,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections.abc import Callable, Sequence
-from itertools import chain, compress
+from itertools import chain, compress, repeat
 from operator import attrgetter, gt, itemgetter, lt, not_, truediv
 
 import numpy as np
@@ -107,6 +107,7 @@ _SMALL_LINKS = 256  # tight links; above this (grouped all-to-all flows cross hu
 _SOLVED_CACHE_ENTRIES = 2_000_000  # flows, links and crossings over all component shapes remembered (then cleared:
 # ~150 MB at most)
 _LONG_ROUTE = 48  # distinct links; routes this long (grouped all-to-all flows) keep numpy copies of them
+_LONG_ROW = 16  # links that may be tight; a component search reuses what it found on rows this long (equal links)
 _MEMO_SHAPES = 100_000  # call shapes remembered (then forgotten at once, with their trajectories)
 _MEMO_ENTRIES = 2_000_000  # flows and rate changes over all recorded trajectories (then forgotten: ~200 MB)
 _MEMO_RATE_CHANGES = 20_000  # a call whose flows change rate more often than this is not recorded
@@ -843,6 +844,7 @@ class FlowNetwork(_NetworkBase):
         # come onto and leave only the links they keep (_Route.klinks, made again when _kepoch moves on).
         self._kept = bytearray(b"\x01") * len(self._cap)
         self._kepoch = 0
+        self._links_interned: dict[tuple, tuple] = {}  # see _interned
         if twins:
             self.ledger.mirrors = self._mirrors
         self._routes.on_new = self._new_route
@@ -2207,7 +2209,7 @@ class FlowNetwork(_NetworkBase):
         floor = level * (1 - 1e-9)
         fixed = floor > 0
         seen: set[Flow] = set()
-        seen_add, seen_update = seen.add, seen.update
+        seen_add, seen_update, seen_superset = seen.add, seen.update, seen.issuperset
         out = []
         starts = list(seed_flows)
         lazy = self._lazy
@@ -2217,17 +2219,22 @@ class FlowNetwork(_NetworkBase):
         wepoch = self._wepoch
         refresh = self._refresh
         demand_of, tight_of = demand.__getitem__, tight_at.__getitem__
-        for first in starts:
-            if first in seen:
+        first, second = itemgetter(0), itemgetter(1)
+        for start in starts:
+            if start in seen:
                 continue
-            seen_add(first)
+            seen_add(start)
             flows: list[Flow] = []
             flow_links: list[tuple] = []
             flow_mults: list[tuple] = []
             capacity: list[float] = []
             local: dict[int, int] = {}
             local_get = local.get
-            stack = [first]
+            # Long rows walked in this component, by their links tuple: (which are tight, their local ids).
+            # Flows over equal links (a bulk call's body and tail, DeepEP's hop and its forwarding) find
+            # the same tight links (tightness is the link's) and local ids; only their crossings differ.
+            walked: dict[int, tuple] = {}
+            stack = [start]
             pop, push, extend = stack.pop, stack.append, stack.extend
             # Hot loop (every flow of every re-rated component): names bound once, the common cases
             # (every link of the route tight; arrivals, where nobody is fixed) without per-item calls.
@@ -2237,14 +2244,26 @@ class FlowNetwork(_NetworkBase):
                 route = flow.route
                 if route.wepoch != wepoch:
                     refresh(route)
-                ls = []
-                ms = []
                 wlinks = route.wlinks
                 # (the tight ones picked in C: most links of a route are slack)
-                for link, m in compress(route.wpairs, map(gt, map(demand_of, wlinks), map(tight_of, wlinks))):
-                    j = local_get(link)
-                    if j is None:
-                        j = local[link] = len(capacity)
+                if len(wlinks) >= _LONG_ROW:
+                    hit = walked.get(id(wlinks))
+                    if hit is not None:
+                        flow_links.append(hit[1])
+                        flow_mults.append(tuple(map(second, compress(route.wpairs, hit[0]))))
+                        continue
+                    mask = list(map(gt, map(demand_of, wlinks), map(tight_of, wlinks)))
+                    tight = compress(route.wpairs, mask)
+                else:
+                    mask = None
+                    tight = compress(route.wpairs, map(gt, map(demand_of, wlinks), map(tight_of, wlinks)))
+                tight = list(tight)
+                ls = list(map(local_get, map(first, tight), repeat(-1)))  # (links met already: their ids, in C)
+                if -1 in ls:
+                    for i, (link, _m) in enumerate(tight):
+                        if ls[i] >= 0:
+                            continue
+                        ls[i] = local[link] = len(capacity)
                         if fixed:
                             used = 0.0  # by fixed flows
                             for other in on_link[link]:
@@ -2256,17 +2275,30 @@ class FlowNetwork(_NetworkBase):
                                     push(other)
                             capacity.append(cap[link] - used)
                         else:  # arrivals: nobody is fixed
-                            fresh = [other for other in on_link[link] if other not in seen]
-                            if fresh:
+                            here = on_link[link]
+                            if not seen_superset(here):  # (in C: mostly flows already found)
+                                fresh = [other for other in here if other not in seen]
                                 seen_update(fresh)
                                 extend(fresh)
                             capacity.append(cap[link] - 0.0)
-                    ls.append(j)
-                    ms.append(m)
-                flow_links.append(tuple(ls))
+                ms = list(map(second, tight))
+                row = tuple(ls)
+                flow_links.append(row)
                 flow_mults.append(tuple(ms))
+                if mask is not None:
+                    walked[id(wlinks)] = (mask, row)
             out.append((flows, flow_links, flow_mults, capacity, list(local)))
         return out, seen
+
+    def _interned(self, links: tuple) -> tuple:
+        """One tuple object for equal tuples of links (a component search recognises equal rows by identity)."""
+        table = self._links_interned
+        kept = table.get(links)
+        if kept is None:
+            if len(table) >= _MEMO_SHAPES:
+                table.clear()
+            kept = table[links] = links
+        return kept
 
     def _refresh(self, route: _Route) -> None:
         """Bring a route's links that may be tight (not dominated, not a twin left out) up to date, split
@@ -2282,7 +2314,7 @@ class FlowNetwork(_NetworkBase):
             if route.cepoch < 0 or keep != route.ckeep:
                 if keep is not None:
                     route.cpairs = tuple(compress(zip(ulinks, route.mults), keep))
-                    route.clinks = tuple(compress(ulinks, keep))
+                    route.clinks = self._interned(tuple(compress(ulinks, keep)))
                 else:  # (the pairs as they are, as the filter keeps them all)
                     route.cpairs = tuple(zip(ulinks, route.mults))
                     route.clinks = ulinks
@@ -2295,7 +2327,7 @@ class FlowNetwork(_NetworkBase):
             if flags != route.wflags:
                 if True in flags:
                     route.wpairs = tuple(compress(cpairs, map(not_, flags)))
-                    route.wlinks = tuple(compress(clinks, map(not_, flags)))
+                    route.wlinks = self._interned(tuple(compress(clinks, map(not_, flags))))
                     route.lpairs = tuple(compress(cpairs, flags))
                 else:  # no lazy link on the route (the common case): its pairs as they are
                     route.wpairs = cpairs
