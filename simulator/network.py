@@ -2212,10 +2212,13 @@ class FlowNetwork(_NetworkBase):
         seen_add, seen_update, seen_superset = seen.add, seen.update, seen.issuperset
         out = []
         starts = list(seed_flows)
-        lazy = self._lazy
-        for link in seeds:
-            if not lazy[link]:  # a lazy link couples nobody (see _rerate)
-                starts += [f for f in on_link[link] if f.rate >= floor]
+        if seeds:
+            # The flows on the seed links (each once, in order of first appearance; in C) at or above the
+            # level. A lazy link couples nobody (see _rerate).
+            lazy = self._lazy
+            coupling = compress(seeds, map(not_, map(lazy.__getitem__, seeds)))
+            starts += [f for f in dict.fromkeys(chain.from_iterable(map(on_link.__getitem__, coupling)))
+                       if f.rate >= floor]
         wepoch = self._wepoch
         refresh = self._refresh
         demand_of, tight_of = demand.__getitem__, tight_at.__getitem__
