@@ -86,7 +86,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections.abc import Callable, Sequence
-from itertools import chain, compress, repeat
+from itertools import chain, compress
 from operator import attrgetter, gt, itemgetter, lt, not_, truediv
 
 import numpy as np
@@ -2222,7 +2222,7 @@ class FlowNetwork(_NetworkBase):
         wepoch = self._wepoch
         refresh = self._refresh
         demand_of, tight_of = demand.__getitem__, tight_at.__getitem__
-        first, second = itemgetter(0), itemgetter(1)
+        second = itemgetter(1)
         for start in starts:
             if start in seen:
                 continue
@@ -2260,13 +2260,12 @@ class FlowNetwork(_NetworkBase):
                 else:
                     mask = None
                     tight = compress(route.wpairs, map(gt, map(demand_of, wlinks), map(tight_of, wlinks)))
-                tight = list(tight)
-                ls = list(map(local_get, map(first, tight), repeat(-1)))  # (links met already: their ids, in C)
-                if -1 in ls:
-                    for i, (link, _m) in enumerate(tight):
-                        if ls[i] >= 0:
-                            continue
-                        ls[i] = local[link] = len(capacity)
+                ls = []
+                ms = []
+                for link, m in tight:
+                    j = local_get(link)
+                    if j is None:
+                        j = local[link] = len(capacity)
                         if fixed:
                             used = 0.0  # by fixed flows
                             for other in on_link[link]:
@@ -2284,7 +2283,8 @@ class FlowNetwork(_NetworkBase):
                                 seen_update(fresh)
                                 extend(fresh)
                             capacity.append(cap[link] - 0.0)
-                ms = list(map(second, tight))
+                    ls.append(j)
+                    ms.append(m)
                 row = tuple(ls)
                 flow_links.append(row)
                 flow_mults.append(tuple(ms))
