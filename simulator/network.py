@@ -2118,8 +2118,10 @@ class FlowNetwork(_NetworkBase):
     def _dissolve_on(self, links) -> None:
         """Dissolve the aggregates on any of ``links``."""
         on_link, now = self._on_link, self.env.now
+        kept, twin_of, rep = self._kept, self._twin_of, self._twin_rep
         for link in links:
-            for e in [e for e in on_link[link] if type(e) is _Agg]:
+            held = link if kept[link] else rep[twin_of[link]]  # (a mirror's flows are on its representative)
+            for e in [e for e in on_link[held] if type(e) is _Agg]:
                 self._dissolve(e, now)
 
     def _merge(self, now: float, components: list) -> None:
