@@ -2365,6 +2365,19 @@ class FlowNetwork(_NetworkBase):
         self.rate_solves += 1
         while True:
             components, seen = self._components(seeds, seed_flows, level)
+            if lonely and self._lazy_count:
+                # Flows admitted onto slack links this instant may share a link that a later arrival of the
+                # instant made tight; if that link is lazy the search does not pass through it, so such a
+                # flow runs at its solo rate alone, as a component of its own: its load on lazy links is
+                # checked with the others' (a lazy link it overloads is made strict, and the search then
+                # finds it with the flows it shares that link with).
+                alone = [f for f in lonely if f not in seen]
+                if alone:
+                    for f in alone:
+                        if f.route.wepoch != self._wepoch:
+                            self._refresh(f.route)  # (its lazy links, which the check reads)
+                    components += [([f], [()], [()], [], []) for f in alone]
+                    seen.update(alone)
             solved = []
             for flows, flow_links, flow_mults, capacity, _glinks in components:
                 if len(flows) == 1:

@@ -344,6 +344,23 @@ def test_twin_classes_split_under_flows_keep_every_links_state(seed, agg_min, mo
     assert all(not flows for flows in net._on_link)  # every flow left every link it was put on
 
 
+def test_a_flow_admitted_alone_is_checked_against_a_lazy_link_a_later_arrival_tightens(monkeypatch):
+    # X and Y (60 B each over links 0, 4 and 1) share link 1 (6 B/s): 3 B/s each, done at 20. Link 0 (10 B/s;
+    # its neighbour on their route, link 4, is faster, so link 0 is not dominated) is tight (their solo
+    # rates ask 12) but left with 4 B/s: made lazy (components of 2 flows may mark, here). At 30, A (40 B
+    # over links 0 and 2, 8 B/s) is admitted first: link 0 is slack for it (demand 8), so it is alone. Then
+    # B (50 B over links 0 and 3, 10 B/s) makes link 0 tight; the search from B does not pass through the
+    # lazy link, so A is not in B's component, yet together they ask 18 of its 10 B/s: 5 each (A done at
+    # 38), then B 10 alone (done at 39). (Found in review: A ran at its solo 8 unchecked, both done at 35.)
+    monkeypatch.setattr("simulator.network._LAZY_MIN_FLOWS", 2)
+    capacity = np.array([10.0, 6.0, 8.0, 10.0, 100.0])
+    flows = [(0.0, [0, 4, 1], 60.0), (0.0, [0, 4, 1], 60.0), (30.0, [0, 2], 40.0), (30.0, [0, 3], 50.0)]
+    got, net = _finish_times(flows, capacity, replay=False)
+    assert net.lazy_marked >= 1
+    assert got == pytest.approx([20.0, 20.0, 38.0, 39.0], rel=1e-12)
+    assert got == pytest.approx(reference_finish_times(flows, capacity), rel=1e-9)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_lazy_links_change_no_finish_time(seed):
     # 120 flows from 8 sources to 8 sinks (10 B/s each) through one of 6 middle links: roomy ones (60 B/s,
