@@ -230,19 +230,27 @@ def test_replayed_calls_finish_as_simulated_ones_even_when_cut_short(seed):
     assert net.replays >= 5 and net.materialized >= 1
 
 
-def _finish_times(flows, capacity, **options):
-    """Finish time of every ``(start_s, links, nbytes)`` flow on a ``FlowNetwork(env, capacity, **options)``."""
+def _finish_times(flows, capacity, busy_reads=(), **options):
+    """Finish time of every ``(start_s, links, nbytes)`` flow on a ``FlowNetwork(env, capacity, **options)``;
+    ``busy_reads``: times (s) at which busy time per link is read mid-run (into ``net.busy_read``)."""
     env = simpy.Environment()
     net = FlowNetwork(env, capacity, **options)
     finish = [None] * len(flows)
+    net.busy_read = []
 
     def launch(i, start, links, nbytes):
         yield env.timeout(start)
         yield net.transfer(np.array(links), nbytes, 0.0, "x")
         finish[i] = env.now
 
+    def read():
+        for t in busy_reads:
+            yield env.timeout(t - env.now)
+            net.busy_read.append(net.ledger.busy_s.copy())
+
     for i, (start, links, nbytes) in enumerate(flows):
         env.process(launch(i, start, links, nbytes))
+    env.process(read())
     env.run()
     return finish, net
 
@@ -332,12 +340,15 @@ def test_twin_classes_split_under_flows_keep_every_links_state(seed, agg_min, mo
         if i > 10 and rng.random() < 0.15:
             links = links[: int(rng.integers(1, 3))]  # a part of a block: splits its class
         flows.append((float(rng.uniform(0, 6)), links, float(rng.integers(1, 6)) * 10.0))
-    got, net = _finish_times(flows, capacity, twins=True)
-    ref, ref_net = _finish_times(flows, capacity, twins=False)
+    reads = (1.5, 3.0, 4.5)  # busy time read (folded) mid-run too: mirrors fixed up at every read
+    got, net = _finish_times(flows, capacity, busy_reads=reads, twins=True)
+    ref, ref_net = _finish_times(flows, capacity, busy_reads=reads, twins=False)
     assert got == pytest.approx(ref, rel=1e-12)
     assert got == pytest.approx(reference_finish_times(flows, capacity), rel=1e-9, abs=1e-9)
     assert net.ledger.bytes.tolist() == ref_net.ledger.bytes.tolist()
     assert net.ledger.busy_s == pytest.approx(ref_net.ledger.busy_s, rel=1e-12, abs=1e-12)
+    for mid, ref_mid in zip(net.busy_read, ref_net.busy_read, strict=True):
+        assert mid == pytest.approx(ref_mid, rel=1e-12, abs=1e-12)
     assert net.ledger.busy_s.min() > 0  # every link was under a flow at some time (each block's too)
     mirrored = [link for link in range(12) if not net._kept[link]]
     assert mirrored  # some links never kept state of their own, yet report the busy time above
