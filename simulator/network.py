@@ -2350,7 +2350,8 @@ class FlowNetwork(_NetworkBase):
     def _rerate(self, now: float, seeds: dict[int, None], seed_flows: list[Flow], lonely: list[Flow],
                 level: float) -> None:
         """Re-solve the components of ``seeds`` and ``seed_flows`` above ``level`` (see
-        :meth:`_components`); ``lonely`` arrivals not in them run solo.
+        :meth:`_components`); ``lonely`` arrivals not in them run solo (with lazy links, as components of one
+        flow, checked against the lazy links with the rest).
 
         *Lazy links* (exact): a tight link that the last large solve including it left with at least
         ``_LAZY_SLACK`` of its capacity unused (an ECMP-hashed spine link under a uniform all-to-all on a
