@@ -12,7 +12,7 @@ import pytest
 from simulator.experiment import experiment_from_dict, run_experiment
 from workloads.errors import ConfigError
 from workloads.flops import fp8_weight_params, layer_ops
-from workloads.memory import memory_per_gpu
+from workloads.memory import activation_bytes_per_layer, memory_per_gpu
 from workloads.models import get_preset, model_from_dict
 from workloads.parallel import ParallelConfig, TrainingSpec, validate
 from workloads.training import training_step
@@ -82,8 +82,53 @@ def test_memory_adds_the_fp8_weight_copy_and_transpose_unless_params_are_fp8():
     gathered = memory_per_gpu(DENSE, par, TrainingSpec(seq_len=512, dtype="fp8", fp8_param_gather=True), stage=1)
     weights = 2 * (4 * H * H + 2 * H * F) // 2  # two layers on the stage, one TP half each
     assert fp8.parameters - bf16.parameters == 2 * weights  # FP8 copy + FP8 transpose
-    assert (fp8.gradients, fp8.optimizer, fp8.activations) == (bf16.gradients, bf16.optimizer, bf16.activations)
-    assert gathered.total == bf16.total  # 1-byte weight + 1-byte transpose = a bf16 weight
+    assert (fp8.gradients, fp8.optimizer) == (bf16.gradients, bf16.optimizer)
+    assert gathered.parameters == bf16.parameters  # 1-byte weight + 1-byte transpose = a bf16 weight
+    assert gathered.activations == fp8.activations
+
+
+def test_fp8_keeps_the_fp8_gemms_inputs_in_one_byte_by_hand():
+    """Transformer Engine saves an FP8 GEMM's input as its FP8 copy: per layer and micro-batch the QKV and MLP
+    inputs (``s b h`` each, replicated over TP without SP) and the projection and fc2 inputs (``s b h / t`` and
+    ``s b f / t``) take 1 byte instead of 2. The last of 2 stages holds 2 layers of 1 micro-batch (1F1B)."""
+    s, b, t = 512, 1, 2
+    par = ParallelConfig(tp=2, pp=2, dp=2, zero=1, global_batch=8)
+    bf16 = memory_per_gpu(DENSE, par, TrainingSpec(seq_len=s), stage=1)
+    fp8 = memory_per_gpu(DENSE, par, TrainingSpec(seq_len=s, dtype="fp8"), stage=1)
+    per_layer = 2 * s * b * H + s * b * (H + F) // t  # elements, one byte saved each
+    assert bf16.activations - fp8.activations == 2 * 1 * per_layer
+
+
+def test_fp8_activations_of_a_gpt_layer_with_sp_and_selective_recompute_are_27_sbh_over_t():
+    """Korthikanti et al.'s ``34 s b h / t`` (SP + selective) under FP8: the QKV and MLP inputs (1 sbh each),
+    the projection input (1) and the fc2 input (4) of its 34 go from 2 bytes to 1: ``27 s b h / t``."""
+    s, b, t = 2048, 1, 8
+    gpt = model_from_dict({"name": "g", "layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 8,
+                           "ffn_hidden": 4096, "vocab": 1024, "gated_mlp": False, "tied_embeddings": False})
+    got = activation_bytes_per_layer(gpt, 0, b, s, t, sequence_parallel=True, recompute="selective", fp8=True)
+    assert got == 27 * s * b * 1024 / t
+    assert activation_bytes_per_layer(gpt, 0, b, s, t, sequence_parallel=True, recompute="selective") \
+        == 34 * s * b * 1024 / t
+
+
+@pytest.mark.parametrize("shared", [0, 1])
+def test_fp8_activations_of_a_moe_layer_by_hand(shared):
+    """A MoE layer under FP8 saves one byte per element of: the QKV input (``s b h``), the routed copies
+    entering the experts (``k s b h``), the projection input (``s b q / t``) and the experts' fc2 inputs
+    (``s b f_e (k + shared) / t``). Its MLP input stays bf16 for the router (a bf16 GEMM); a shared expert
+    adds its own FP8 copy of it (one byte more)."""
+    from dataclasses import replace
+
+    from workloads.models import get_preset
+
+    m = replace(get_preset("mixtral-8x7b"), shared_experts=shared)
+    s, b, t = 1024, 2, 2
+    h, k = m.hidden, m.top_k
+    kw = dict(sequence_parallel=False, recompute="selective")
+    bf16 = activation_bytes_per_layer(m, 0, b, s, t, **kw)
+    fp8 = activation_bytes_per_layer(m, 0, b, s, t, fp8=True, **kw)
+    saved = s * b * h * (1 + k - shared) + s * b * (m.q_hidden + m.expert_ffn_hidden * (k + shared)) / t
+    assert bf16 - fp8 == saved
 
 
 # -------------------------------------------------------------- op graph
@@ -177,3 +222,21 @@ def test_the_mlperf_style_gpt3_example_loads_and_fits():
     par = exp.parallel
     assert (par.tp, par.pp, par.virtual_stages, exp.training.dtype) == (4, 8, 4, "fp8")
     assert exp.memory().fits(80e9)
+
+
+def test_fp8_activations_of_an_mla_moe_layer_by_hand():
+    """DeepSeek-V3's MLA MoE layer: besides the MoE terms (above, one shared expert), the latents' up
+    projection inputs (``s b (q_lora + kv_lora)``, the latent norms' outputs) and the projection input at its
+    width ``o`` are FP8; the down projections' input is the QKV input (the input norm's output)."""
+    from workloads.models import get_preset
+
+    m = get_preset("deepseek-v3")
+    s, b, t = 4096, 1, 1
+    layer = 5
+    assert m.is_moe_layer(layer) and m.shared_experts == 1
+    _q, _k, _v, ow = m.attention_widths
+    bf16 = activation_bytes_per_layer(m, layer, b, s, t, flash_attention=True)
+    fp8 = activation_bytes_per_layer(m, layer, b, s, t, flash_attention=True, fp8=True)
+    saved = (s * b * m.hidden * m.top_k + s * b * (m.q_lora_rank + m.kv_lora_rank)
+             + s * b * (ow + m.expert_ffn_hidden * (m.top_k + 1)))
+    assert bf16 - fp8 == saved

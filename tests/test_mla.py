@@ -96,9 +96,10 @@ def test_activation_bytes_by_hand():
     m = get_preset("deepseek-v3")
     s, b, t = 4096, 1, 4
     sbh = s * b * H
-    # replicated: 2 norm inputs, attention and MLP inputs (2 bytes), 2 dropout masks (1 byte); the latents:
-    # q_down and kv_down outputs, the normed latents (up-projection inputs) and the key's rotary part
-    replicated = (4 * 2 + 2) * sbh + 2 * s * b * (2 * RQ + 2 * RKV + ROPE)
+    # replicated: 2 norm inputs, attention and MLP inputs (2 bytes), no dropout masks (DeepSeek-V3 trains
+    # without dropout); the latents: q_down and kv_down outputs, the normed latents (up-projection inputs)
+    # and the key's rotary part
+    replicated = 4 * 2 * sbh + 2 * s * b * (2 * RQ + 2 * RKV + ROPE)
     split = 2 * s * b * (A * QK + A * QK + A * V + A * V) + 2 * s * b * 18432 * 3   # Q, K, V, O; MLP
     got = activation_bytes_per_layer(m, 0, b, s, t, flash_attention=True)
     assert got == replicated + split / t

@@ -69,19 +69,20 @@ default). Per FP8 GEMM ``Y[m,n] = X[m,k] W[k,n]``:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from .errors import ConfigError
 from .models import ModelSpec
 from .ops import Kernel
-from .parallel import padded_vocab
+from .parallel import padded_vocab, resolve_recompute_modules
 
 __all__ = [
     "LayerOp", "PassOps", "layer_ops", "embedding_ops", "logits_ops", "optimizer_op", "optimizer_step_ops",
     "accumulate_gradients",
     "backward_of", "model_flops_per_step", "hardware_flops_per_step", "narayanan_flops_per_step",
-    "fp8_weight_params", "fp8_gemm_modules",
+    "fp8_weight_params", "fp8_gemm_modules", "base_name", "RECOMPUTED_KERNELS",
     "ADAM_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM", "FP8_CAST_BYTES",
 ]
 
@@ -100,6 +101,29 @@ three (12). Both are 28.
 """
 ADAM_FLOPS_PER_PARAM = 12
 """Approximate FLOPs per parameter of an Adam update with weight decay."""
+RECOMPUTED_KERNELS: dict[str, dict[str, frozenset[str]]] = {
+    "layernorm": {"input_norm": frozenset({"qkv", "q_proj", "q_down", "kv_down"}),
+                  "mlp_norm": frozenset({"mlp_up", "shared_up", "router"})},
+    "mla_up_proj": {name: frozenset({"attention"}) for name in ("q_proj", "q_up", "kv_up")},
+    "moe_act": {"experts_activation": frozenset({"experts_down"})},
+}
+"""The output-discarding recompute modules (Megatron-Core's ``layernorm``, ``mla_up_proj``, ``moe_act``):
+module -> forward kernel it re-runs (by name; its FP8 cast, ``q_up.fp8_cast``, with it) -> the layers whose
+backward first needs that kernel's output: the kernel is re-run right before them (where the backward first
+touches the discarded tensor). ``core_attn`` (normal checkpointing) re-runs every kernel named
+``attention…`` (the fused core, or the unfused scores, softmax, dropout and values) at the start of the
+layer's backward, as ``full`` re-runs the whole forward."""
+
+MLA_UP_PROJECTIONS = frozenset(RECOMPUTED_KERNELS["mla_up_proj"])
+"""MLA's up projections (``q_proj`` stands for ``q_up`` without a query latent): what ``mla_up_proj``
+recomputes, from the latents kept (Megatron-Core's ``qkv_up_proj_and_rope_apply``)."""
+
+
+def base_name(name: str) -> str:
+    """The layer a kernel belongs to: ``q_up`` of ``q_up.fp8_cast``, ``attention`` of ``attention.bwd``."""
+    return name.split(".", 1)[0]
+
+
 LOSS_BYTES = 4
 """Cross-entropy works on fp32 logits (Megatron's vocab-parallel loss upcasts)."""
 
@@ -276,7 +300,7 @@ def _unfused_attention(model: ModelSpec, b: int, s: int, t: int, d: int, causal:
     Per TP rank with ``a/t`` heads of width ``d_h``: batched GEMM ``Q Kᵀ``
     (``b·a/t`` GEMMs of ``s × s × d_h``: ``2 b s² h / t`` FLOPs, writes the
     scores), fused scale-mask-softmax (reads and writes them), dropout (reads
-    them, writes them and a 1-byte mask), batched GEMM ``P V`` (``b·a/t`` GEMMs
+    them, writes them and a 1-byte mask; none when ``model.dropout`` is 0), batched GEMM ``P V`` (``b·a/t`` GEMMs
     of ``s × d_h × s``, reads the scores). Every score is computed, masked or
     not; ``causal`` only halves what is counted.
     """
@@ -289,10 +313,11 @@ def _unfused_attention(model: ModelSpec, b: int, s: int, t: int, d: int, causal:
     pv = _gemm("attention_values", s, model.v_dim, s, d, batch, counted)
     # Q and K (V and O) are ``b s h / t`` (``b s kv / t``) wide: GQA shares K, V between query heads
     # (MLA: the widths of :attr:`ModelSpec.attention_widths`).
+    dropout = [LayerOp("attention_dropout", "scores", 0.0, scores * (2 * d + 1))] if model.dropout else []
     return [
         LayerOp(qk.name, "gemm", qk.flops, d * (b * s * (qw + kw) / t + scores), qk.shape, batch, qk.executed),
         LayerOp("attention_softmax", "scores", 0.0, float(2 * scores * d)),
-        LayerOp("attention_dropout", "scores", 0.0, scores * (2 * d + 1)),
+        *dropout,  # none at model.dropout 0 (PyTorch's dropout returns its input)
         LayerOp(pv.name, "gemm", pv.flops, d * (scores + b * s * (vw + ow) / t), pv.shape, batch, pv.executed),
     ]
 
@@ -656,22 +681,33 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, *,
 
 
 def hardware_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, *,
-                            recompute: str = "none", causal: bool = False) -> float:
+                            recompute: str = "none", causal: bool = False,
+                            recompute_modules: Sequence[str] | None = None) -> float:
     """Model FLOPs plus what activation recomputation executes again.
 
     ``full`` repeats the forward of every layer (Narayanan et al.'s 96 instead
-    of 72 for the layer terms); ``selective`` repeats only the attention core
-    (``4 B s^2 l h``, halved with ``causal``), as Korthikanti et al. 2022.
+    of 72 for the layer terms); ``selective`` repeats what ``recompute_modules``
+    names (default ``core_attn``, :class:`~workloads.parallel.ParallelConfig`):
+    the attention core (``4 B s^2 l h``, halved with ``causal``, as Korthikanti
+    et al. 2022) and, with ``mla_up_proj``, MLA's query and key/value up
+    projections (``2 k n`` per token and layer each). ``layernorm`` and
+    ``moe_act`` re-run element-wise kernels, which model FLOPs do not count.
     """
     flops = model_flops_per_step(model, global_batch, seq_len, causal=causal)
     tokens = global_batch * seq_len
     if recompute == "full":
         flops += _layer_forward_flops(model, tokens, seq_len, causal)
     elif recompute == "selective":
-        if model.is_mla:
-            flops += _attention_core_flops(model, seq_len, causal) * tokens
-        else:
-            flops += 4.0 * seq_len * model.q_hidden * model.layers * tokens * (0.5 if causal else 1.0)
+        modules = resolve_recompute_modules(recompute, recompute_modules)
+        if "core_attn" in modules:
+            if model.is_mla:
+                flops += _attention_core_flops(model, seq_len, causal) * tokens
+            else:
+                flops += 4.0 * seq_len * model.q_hidden * model.layers * tokens * (0.5 if causal else 1.0)
+        if "mla_up_proj" in modules:
+            up = sum(2.0 * k * n for name, (k, n, _split) in model.mla_projections().items()
+                     if name in MLA_UP_PROJECTIONS)
+            flops += up * model.layers * tokens
     elif recompute != "none":
         raise ConfigError(f"parallel.recompute: {recompute!r} is not valid; valid: none, selective, full")
     return flops

@@ -23,8 +23,16 @@ for the whole step, the FP8 copy and FP8 transpose of every FP8 GEMM weight it
 cast on the first micro-batch (:func:`~workloads.flops.fp8_weight_params`):
 ``+2`` bytes per such weight. With ``training.fp8_param_gather`` the weights
 themselves are FP8 (1 byte) and only the transpose is added: the same 2 bytes
-as a bf16 weight. Activations are counted in bf16 as below (TE saves some GEMM
-inputs as FP8 copies instead, which this leaves out: an upper bound).
+as a bf16 weight. Activations are counted in bf16 as below, except the inputs
+of the FP8 GEMMs (QKV or MLA's projections, output projection, MLP or expert up
+and down, shared experts): TE's ``Linear`` saves the FP8 copy of its input for
+the weight gradient (``saved_inputmat = inputmat``, the quantized tensor; newer
+releases keep only its column-wise FP8 data) and not the bf16 one, so those
+terms are 1 byte per element. The router is a bf16 GEMM: a MoE layer's MLP input
+stays in bf16 for it (plus the shared expert's FP8 copy). DeepSeek-V3 does the
+same (report section 3.3.4, "cache the activations in FP8 format for the
+backward pass of the Linear operator"); its further FP8 caching of the SwiGLU
+inputs (custom, not TE) is not modelled.
 
 Context parallelism (``parallel.cp``): the distributed optimizer shards over
 the ``dp x cp`` ranks that hold the same weights, and a rank keeps the
@@ -53,7 +61,16 @@ the replicated latents: ``2 q_lora_rank + 2 kv_lora_rank + qk_rope_head_dim`` pe
 projections' outputs and the latent norms' outputs).
 For GPT-shaped models it equals the table exactly. Embedding-dropout and
 small per-stage terms are left out; the last stage adds the fp32 logits
-``4 s b V / t`` of the loss.
+``4 s b V / t`` of the loss. A model trained without dropout (``model.dropout``
+0: Llama 3, Mixtral, DeepSeek-V3, Qwen3) stores no masks (``2 s b h`` less,
+and of the scores only the softmax output ``2 a s^2 b``).
+
+Selective recomputation by module (``parallel.recompute_modules``, Megatron-Core's
+``--recompute-modules``; ``core_attn`` alone is Korthikanti's ``selective``):
+``core_attn`` drops the scores, ``layernorm`` the two norms' outputs (the
+attention's and the MLP's GEMM inputs), ``mla_up_proj`` MLA's Q, K, V (rebuilt
+from the kept latents), ``moe_act`` the routed experts' activation output (their
+fc2 input); the last three are Megatron-Core's output-discarding checkpoints.
 
 Micro-batches whose activations stage ``i`` (0-based) of ``p`` holds at peak,
 with ``m`` micro-batches per step: GPipe ``m``; 1F1B ``min(p - i, m)``;
@@ -68,6 +85,7 @@ within a stage count as the stage's average chunk.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .flops import LOSS_BYTES, fp8_weight_params
@@ -78,6 +96,7 @@ from .parallel import (
     chunk_layers,
     num_micro_batches,
     padded_vocab,
+    resolve_recompute_modules,
     stage_layers,
     validate,
 )
@@ -91,6 +110,9 @@ __all__ = [
 
 MASK_BYTES = 1
 """Bytes per element of a dropout mask (Korthikanti et al. store masks as bytes)."""
+
+FP8_INPUT_BYTES = 1
+"""Bytes per element of an FP8 GEMM's saved input under FP8 training (Transformer Engine keeps the FP8 copy)."""
 
 
 @dataclass(frozen=True)
@@ -201,12 +223,21 @@ def stage_params(model: ModelSpec, parallel: ParallelConfig, stage: int) -> tupl
 def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, seq_len: int,
                                tp: int = 1, *, sequence_parallel: bool = False,
                                recompute: str = "none", dtype_bytes: int = 2,
-                               flash_attention: bool = False) -> float:
+                               flash_attention: bool = False, fp8: bool = False,
+                               recompute_modules: Sequence[str] | None = None) -> float:
     """Bytes layer ``layer`` stores for backward, per micro-batch, on one TP rank.
 
     See the module docstring for the terms (Korthikanti et al. 2022, Table 2).
     ``flash_attention=True`` drops the ``5 a s^2 b`` score terms (a fused
     kernel never stores the score matrix), which is what ``selective`` also does.
+    ``fp8=True`` (FP8 training): the inputs of the FP8 GEMMs are kept as their
+    1-byte FP8 copies, as Transformer Engine saves them for the weight gradient
+    (module docstring); every other term keeps ``dtype_bytes``.
+    ``recompute_modules`` (``selective`` only; default ``core_attn``, see
+    :class:`~workloads.parallel.ParallelConfig`): each module named drops what
+    it recomputes: ``core_attn`` the scores, ``layernorm`` the two norms'
+    outputs, ``mla_up_proj`` MLA's Q, K, V, ``moe_act`` the routed experts'
+    fc2 input (Megatron-Core's output-discarding checkpoints).
 
     Examples
     --------
@@ -218,30 +249,43 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
     552.0
     """
     s, b, h, t, d = seq_len, micro_batch, model.hidden, tp, dtype_bytes
+    g = FP8_INPUT_BYTES if fp8 else d  # bytes per element of a saved FP8-GEMM input
     sbh = s * b * h
     sp = t if (sequence_parallel and tp > 1) else 1
     if recompute == "full":
         return d * sbh / sp
-    replicated = (4 * d + 2 * MASK_BYTES) * sbh  # 2 norm inputs, QKV and MLP inputs, 2 masks
+    modules = resolve_recompute_modules(recompute, recompute_modules)
+    moe = model.is_moe_layer(layer)
+    # 2 norm inputs, the attention's and the MLP's GEMM inputs (the norms' outputs), 2 masks. A MoE layer's
+    # MLP input is the router's (a bf16 GEMM) and, under FP8, also the shared expert's FP8 copy.
+    mlp_input = (d + (g if model.shared_experts else 0) if fp8 else d) if moe else g
+    norm_outputs = 0 if "layernorm" in modules else g + mlp_input
+    masks = MASK_BYTES if model.dropout else 0  # no dropout, no mask (PyTorch returns the input at p = 0)
+    replicated = (2 * d + norm_outputs + 2 * masks) * sbh
     if model.is_mla:
-        # MLA: the latents (norm inputs and up-projection inputs; the key's rotary part) are replicated
-        # over TP, Q, K, V and the projection input split by heads at their own widths
-        replicated += d * s * b * (2 * (model.q_lora_rank or 0) + 2 * model.kv_lora_rank  # type: ignore[operator]
-                                   + model.qk_rope_head_dim)
-        split = d * s * b * sum(model.attention_widths)
+        # MLA: the latents (the down projections' outputs = the latent norms' inputs, and the norms' outputs =
+        # the up projections' inputs; the key's rotary part) are replicated over TP, Q, K, V and the
+        # projection input split by heads at their own widths
+        latent = (model.q_lora_rank or 0) + model.kv_lora_rank  # type: ignore[operator]
+        replicated += s * b * ((d + g) * latent + d * model.qk_rope_head_dim)
+        qw, kw, vw, ow = model.attention_widths
+        qkv = 0 if "mla_up_proj" in modules else qw + kw + vw
+        split = s * b * (d * qkv + g * ow)
     else:
-        split = d * s * b * (2 * model.q_hidden + 2 * model.kv_hidden)  # Q, K, V, projection input
+        split = s * b * (d * (model.q_hidden + 2 * model.kv_hidden) + g * model.q_hidden)  # Q, K, V; proj input
     gates = model.mlp_matrices - 1
-    if model.is_moe_layer(layer):
+    if moe:
         k = model.top_k
-        replicated += d * sbh * k  # routed copies of the tokens entering the experts
+        replicated += g * sbh * k  # routed copies of the tokens entering the experts
         width = model.expert_ffn_hidden * (k + model.shared_experts)
-        split += d * s * b * width * (gates + 1)
+        fc2_inputs = model.expert_ffn_hidden * (model.shared_experts + (0 if "moe_act" in modules else k))
+        split += s * b * (width * d * gates + fc2_inputs * g)  # fc1 output(s), fc2 input
     else:
-        split += d * s * b * model.ffn_hidden * (gates + 1)  # fc1 output(s) + fc2 input
+        split += s * b * model.ffn_hidden * (d * gates + g)  # fc1 output(s) + fc2 input
     total = replicated / sp + split / t
-    if recompute == "none" and not flash_attention:
-        total += (2 * d + MASK_BYTES) * model.heads * s * s * b / t  # softmax, mask, dropout out
+    if "core_attn" not in modules and not flash_attention:
+        scores = 2 * d + masks if model.dropout else d  # softmax out (and with dropout: its mask and output)
+        total += scores * model.heads * s * s * b / t
     return total
 
 
@@ -294,7 +338,9 @@ def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: Tra
     def per_mb(layers: list[int]) -> float:
         return sum(activation_bytes_per_layer(model, i, b, s, t, sequence_parallel=parallel.sp,
                                               recompute=parallel.recompute, dtype_bytes=d,
-                                              flash_attention=flash_attention or parallel.cp > 1) for i in layers)
+                                              flash_attention=flash_attention or parallel.cp > 1,
+                                              fp8=training.fp8, recompute_modules=parallel.recompute_modules)
+                   for i in layers)
 
     if parallel.schedule == "dualpipe":  # the two chunks can differ (uneven stages): weigh each by its layers
         chunks = tuple(per_mb(chunk_layers(model.layers, parallel, stage, c)) for c in (0, 1))

@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields, replace
 
-from .errors import ConfigError, check_bool, check_int, check_keys
+from .errors import ConfigError, check_bool, check_int, check_keys, check_number
 
 __all__ = ["ModelSpec", "PRESETS", "model_from_dict", "preset_names", "get_preset"]
 
@@ -101,6 +101,13 @@ class ModelSpec:
     qk_nope_head_dim, qk_rope_head_dim, v_head_dim : int or None, default None
         MLA: per-head widths of the non-rotary and rotary parts of queries and keys (the
         query/key head width is their sum) and of the values; required with ``kv_lora_rank``.
+    dropout : float, default 0.1
+        Dropout probability of the hidden states and attention probabilities (Megatron-LM's
+        ``hidden_dropout`` / ``attention_dropout``, whose default is 0.1; GPT-3 trained with it).
+        Only whether it is 0 matters here: at 0 PyTorch's dropout returns its input, so no
+        mask is stored and unfused attention runs no dropout kernel. The Llama 3, Mixtral,
+        DeepSeek-V3 and Qwen3 presets are 0 (their configs' ``attention_dropout: 0.0``; no
+        hidden dropout).
 
     Examples
     --------
@@ -135,6 +142,7 @@ class ModelSpec:
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
+    dropout: float = 0.1
 
     def __post_init__(self) -> None:
         _validate_model(self)
@@ -398,6 +406,9 @@ def _validate_model(m: ModelSpec) -> None:
         for f in _MLA_FIELDS:
             if getattr(m, f) is not None:
                 raise ConfigError(f"model.{f}: needs model.kv_lora_rank (multi-head latent attention)")
+    check_number("model.dropout", m.dropout, maximum=1.0)
+    if m.dropout == 1.0:
+        raise ConfigError("model.dropout: must be below 1 (a probability of dropping), got 1")
     if m.first_dense_layers > m.layers:
         raise ConfigError(f"model.first_dense_layers: {m.first_dense_layers} exceeds model.layers={m.layers}")
 
@@ -410,7 +421,7 @@ def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int, seq: int) 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, seq: int) -> ModelSpec:
     return ModelSpec(name, layers, hidden, heads, kv, ffn, 128256, gated_mlp=True,
-                     tied_embeddings=False, max_seq_len=seq)
+                     tied_embeddings=False, max_seq_len=seq, dropout=0.0)
 
 
 PRESETS: dict[str, ModelSpec] = {
@@ -430,7 +441,7 @@ PRESETS: dict[str, ModelSpec] = {
     # Jiang et al. 2024; HF mistralai/Mixtral-8x7B-v0.1 config.json.
     "mixtral-8x7b": ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, gated_mlp=True,
                               tied_embeddings=False, experts=8, top_k=2, moe_ffn_hidden=14336,
-                              max_seq_len=32768),
+                              max_seq_len=32768, dropout=0.0),
     # DeepSeek-AI 2024 (arXiv:2412.19437); HF deepseek-ai/DeepSeek-V3 config.json: multi-head latent
     # attention with q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64,
     # v_head_dim 128 (187,107,328 attention parameters per layer). total_params 671.0B is the report's
@@ -439,14 +450,14 @@ PRESETS: dict[str, ModelSpec] = {
                              tied_embeddings=False, experts=256, top_k=8, moe_ffn_hidden=2048,
                              shared_experts=1, max_seq_len=163840, first_dense_layers=3,
                              q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-                             v_head_dim=128),
+                             v_head_dim=128, dropout=0.0),
     # Qwen Team 2025 (arXiv:2505.09388, Table 2); HF Qwen/Qwen3-235B-A22B config.json: 94 layers,
     # hidden 4096, 64 query heads / 4 KV heads of head_dim 128 (Q width 8192 > hidden), 128 experts,
     # top-8, moe_intermediate_size 1536, no shared experts, vocab 151936, untied embeddings,
     # max_position_embeddings 40960. QK-norm (2 x 128 weights per layer) is left out.
     "qwen3-235b-a22b": ModelSpec("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, gated_mlp=True,
                                  tied_embeddings=False, experts=128, top_k=8, moe_ffn_hidden=1536,
-                                 max_seq_len=40960, kv_channels=128),
+                                 max_seq_len=40960, kv_channels=128, dropout=0.0),
 }
 
 

@@ -58,6 +58,7 @@ __all__ = [
     "TrainingSpec", "ParallelConfig", "RankLayout", "RankCoords",
     "parallel_from_dict", "training_from_dict", "validate", "num_micro_batches",
     "padded_vocab", "stage_layers", "chunk_layers", "layers_per_stage", "DTYPE_BYTES", "SCHEDULES", "RECOMPUTE",
+    "RECOMPUTE_MODULES", "resolve_recompute_modules",
     "DP_SYNC", "CP_COMM_TYPES",
 ]
 
@@ -67,6 +68,8 @@ DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 its FP8 GEMMs to 1-byte copies (:mod:`workloads.flops`), hence 2."""
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "dualpipe")
 RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act")
+"""What ``recompute: selective`` may recompute (Megatron-Core's ``--recompute-modules``; default ``core_attn``)."""
 DP_SYNC = ("allreduce", "parameter_server")
 DIMS = ("tp", "dp", "pp")
 """The default placement, innermost first (Megatron: TP in a server, PP outermost)."""
@@ -182,6 +185,14 @@ class ParallelConfig:
         Megatron sequence parallelism (needs ``tp > 1`` to have an effect).
     recompute : {"none", "selective", "full"}
         Activation recomputation (Korthikanti et al. 2022).
+    recompute_modules : tuple of str or None
+        What ``selective`` recomputes, as Megatron-Core's ``--recompute-modules``
+        (:data:`RECOMPUTE_MODULES`): ``core_attn`` (the attention core: its
+        scores are not stored), ``layernorm`` (the two norms' outputs, the
+        attention's and the MLP's inputs), ``mla_up_proj`` (MLA's Q, K, V from
+        the up projections), ``moe_act`` (the routed experts' activation
+        output, their fc2 input). None: ``(core_attn,)`` under ``selective``,
+        ``()`` otherwise; only ``selective`` takes a list.
     placement : tuple of str
         Order of the dimensions over the cluster's GPU order, innermost
         (fastest-varying) first; a permutation of ``("tp", "dp", "pp")`` or
@@ -277,6 +288,7 @@ class ParallelConfig:
     zero_prefetch: float = 5e7
     zero_reuse_distance: float = 1e9
     zero_persistence: float = 1e5
+    recompute_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "ep", "cp", "micro_batch", "virtual_stages"):
@@ -305,6 +317,8 @@ class ParallelConfig:
         check_choice("parallel.dp_sync", self.dp_sync, DP_SYNC)
         check_choice("parallel.schedule", self.schedule, SCHEDULES)
         check_choice("parallel.recompute", self.recompute, RECOMPUTE)
+        modules = resolve_recompute_modules(self.recompute, self.recompute_modules)
+        object.__setattr__(self, "recompute_modules", modules)
         check_bool("parallel.sequence_parallel", self.sequence_parallel)
         for f in ("overlap_grad_reduce", "overlap_param_gather", "align_param_gather", "tp_comm_overlap"):
             check_bool(f"parallel.{f}", getattr(self, f))
@@ -787,6 +801,23 @@ def _check_positions(model: ModelSpec, training: TrainingSpec) -> None:
                           f"of its learned position table")
 
 
+def resolve_recompute_modules(recompute: str, modules: object) -> tuple[str, ...]:
+    """``parallel.recompute_modules`` checked and resolved (see :class:`ParallelConfig`)."""
+    if modules is None:
+        return ("core_attn",) if recompute == "selective" else ()
+    if isinstance(modules, str) or not isinstance(modules, Sequence):
+        raise ConfigError(f"parallel.recompute_modules: must be a list such as [core_attn, layernorm], got "
+                          f"{modules!r}")
+    modules = tuple(modules)
+    if modules and recompute != "selective":
+        raise ConfigError(f"parallel.recompute_modules: needs parallel.recompute: selective (got {recompute!r})")
+    for m in modules:
+        check_choice("parallel.recompute_modules", m, RECOMPUTE_MODULES)
+    if len(set(modules)) != len(modules):
+        raise ConfigError(f"parallel.recompute_modules: {list(modules)} names a module twice")
+    return modules
+
+
 def validate(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
              world_size: int | None = None) -> None:
     """Raise :class:`ConfigError` if the combination cannot be trained.
@@ -818,6 +849,11 @@ def validate(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
             cp = ("cp*", f"{parallel.cp}*") if parallel.cp > 1 else ("", "")
             raise ConfigError(f"parallel: tp*{cp[0]}pp*dp = {parallel.tp}*{cp[1]}{parallel.pp}*{parallel.dp} = "
                               f"{parallel.world_size} does not equal the cluster's {world_size} GPUs{hint}")
+    if "mla_up_proj" in parallel.recompute_modules and not model.is_mla:
+        raise ConfigError(f"parallel.recompute_modules: mla_up_proj needs multi-head latent attention "
+                          f"(model.kv_lora_rank); {model.name} has standard attention")
+    if "moe_act" in parallel.recompute_modules and not model.experts:
+        raise ConfigError(f"parallel.recompute_modules: moe_act needs a MoE model; {model.name} has no experts")
     _check_limits(parallel, training)
     _check_tp(model, parallel, training)
     _check_batch(parallel)

@@ -165,8 +165,10 @@ import numpy as np
 from .errors import ConfigError
 from .flops import (
     FP8_CAST_BYTES,
+    RECOMPUTED_KERNELS,
     LayerOp,
     accumulate_gradients,
+    base_name,
     embedding_ops,
     fp8_gemm_modules,
     fp8_weight_params,
@@ -456,9 +458,32 @@ def _kernels(ops: Sequence[LayerOp]) -> tuple[Kernel, ...]:
     return tuple(o.kernel() for o in ops)
 
 
-def _leading(n: int, total: int) -> list[bool]:
-    """A mask of ``total`` kernels whose first ``n`` are recomputed."""
-    return [True] * n + [False] * (total - n)
+def _leading(mask: Sequence[bool]) -> int:
+    """How many kernels at the front of a recompute mask are recomputed (``full``, ``core_attn``)."""
+    return next((i for i, again in enumerate(mask) if not again), len(mask))
+
+
+def _recompute_before_use(forward: list[LayerOp], backward: list[LayerOp],
+                          modules: Sequence[str]) -> list[tuple[LayerOp, bool]]:
+    """``backward`` with the forward kernels that ``modules`` re-run (output-discarding checkpoints,
+    :data:`~workloads.flops.RECOMPUTED_KERNELS`) inserted right before the first backward kernel of a layer
+    that needs their output, in forward order; ``(kernel, recomputed)`` pairs. A kernel none of whose
+    consumers runs in this backward (``B`` of a split backward without weight gradients) is not re-run."""
+    consumers: dict[str, frozenset[str]] = {}
+    for m in modules:
+        consumers.update(RECOMPUTED_KERNELS.get(m, {}))
+    before: dict[int, list[LayerOp]] = {}
+    for op in forward:
+        users = consumers.get(base_name(op.name))
+        if users:
+            at = next((i for i, b in enumerate(backward) if base_name(b.name) in users), None)
+            if at is not None:
+                before.setdefault(at, []).append(op)
+    out: list[tuple[LayerOp, bool]] = []
+    for i, op in enumerate(backward):
+        out.extend((again, True) for again in before.get(i, ()))
+        out.append((op, False))
+    return out
 
 
 class _StepBuilder:
@@ -615,27 +640,38 @@ class _StepBuilder:
             self._end_params[stage] = dense_extra - dense_layers
         return self._end_params[stage]
 
-    def _layer_pass(self, layer: int, phase: str, tp: int | None = None) -> tuple[list[LayerOp], int]:
-        """The kernels of one layer in one pass, and how many of them (at the front) are recomputed forward
-        kernels (activation recomputation: all of the forward for ``full``, the attention core for
-        ``selective``). ``tp``: build it for another TP degree (the routed experts' ``etp``)."""
+    def _layer_pass(self, layer: int, phase: str, tp: int | None = None) -> tuple[list[LayerOp], tuple[bool, ...]]:
+        """The kernels of one layer in one pass, and which of them are recomputed forward kernels (activation
+        recomputation): all of the forward for ``full`` and the attention core for ``selective``'s
+        ``core_attn``, at the front; each kernel of ``selective``'s other modules right before the first
+        backward kernel that needs its output (:data:`~workloads.flops.RECOMPUTED_KERNELS`). ``tp``: build it
+        for another TP degree (the routed experts' ``etp``)."""
         ops = layer_ops(self.model, self.par.micro_batch, self.train.seq_len, tp or self.t, layer=layer,
                         sequence_parallel=self.sp, dtype_bytes=self.dtype, causal=self.opt.causal,
                         flash_attention=self.opt.flash_attention, fp8=self.fp8, cp=self.cp,
                         cp_comm_type=self.par.cp_comm_type)
         if phase == "F":
-            return ops.forward, 0
+            return ops.forward, (False,) * len(ops.forward)
         backward = accumulate_gradients(ops.backward, self.model.params_per_layer(layer, self.t, self.par.ep,
                                                                                   self.etp),
                                         self.grad_bytes, self.dtype, self.opt.grad_accumulation_fusion)
         if self.split_backward and phase != "BW":  # "B" computes the input gradient, "W" the weight gradients
             if phase == "W":
-                return [o for o in backward if _weight_gradient(o)], 0
+                kernels = [o for o in backward if _weight_gradient(o)]
+                return kernels, (False,) * len(kernels)
             backward = [o for o in backward if not _weight_gradient(o)]
-        recompute = self.par.recompute
-        again = (ops.forward if recompute == "full" else
-                 [o for o in ops.forward if o.name.startswith("attention")] if recompute == "selective" else [])
-        return again + backward, len(again)
+        recompute, modules = self.par.recompute, self.par.recompute_modules
+        first: list[LayerOp] = []
+        if recompute == "full":
+            first = list(ops.forward)
+        elif recompute == "selective":
+            if "core_attn" in modules:
+                first = [o for o in ops.forward if o.name.startswith("attention")]
+            if modules != ("core_attn",):
+                placed = _recompute_before_use(ops.forward, backward, modules)
+                return first + [o for o, _again in placed], \
+                    (True,) * len(first) + tuple(again for _o, again in placed)
+        return first + backward, (True,) * len(first) + (False,) * len(backward)
 
     def segments(self, stage: int, chunk: int, phase: str, per_layer: bool) -> list[_Segment]:
         """The compute segments of one forward/backward of one chunk (cached: identical for every micro-batch)."""
@@ -666,8 +702,7 @@ class _StepBuilder:
         if per_layer or self.expert_parallel or self.cp > 1:
             segs = []
             for i in order:
-                kernels, again = self._layer_pass(i, phase)
-                mask = tuple(_leading(again, len(kernels)))
+                kernels, mask = self._layer_pass(i, phase)
                 moe = self._moe_split(i, phase)
                 segs.append(_Segment(kernels, {} if ub else self._layer_tp_counts(i, phase), i,
                                      grads[i][0] * gb, grads[i][1] * gb, moe=moe,
@@ -686,9 +721,9 @@ class _StepBuilder:
             kernels = list(head)
             again: list[bool] = [False] * len(head)
             for i in order:
-                layer_kernels, n = self._layer_pass(i, phase)
+                layer_kernels, layer_mask = self._layer_pass(i, phase)
                 kernels += layer_kernels
-                again += _leading(n, len(layer_kernels))
+                again += layer_mask
             kernels += tail
             again += [False] * len(tail)
             segs = [_Segment(kernels, self._tp_counts(0 if ub else len(layers), phase, first, last), order[0],
@@ -713,8 +748,7 @@ class _StepBuilder:
         """The layers of one pass as runs of consecutive identical layers: ``(kernels, recompute mask, count)``."""
         runs: list[tuple[list[LayerOp], tuple[bool, ...], int]] = []
         for i in order:
-            kernels, n = self._layer_pass(i, phase)
-            mask = tuple(_leading(n, len(kernels)))
+            kernels, mask = self._layer_pass(i, phase)
             if runs and runs[-1][0] == kernels and runs[-1][1] == mask:
                 runs[-1] = (runs[-1][0], mask, runs[-1][2] + 1)
             else:
@@ -836,12 +870,14 @@ class _StepBuilder:
         expert GEMMs run at the balanced load)."""
         if not (self.expert_parallel and self.model.is_moe_layer(layer)) or phase == "W":
             return None
-        ops, start = self._layer_pass(layer, phase)
+        ops, mask = self._layer_pass(layer, phase)
+        start = _leading(mask)
         # Recomputed forward kernels (the first ``start``) run first and stay local to the rank.
         idx = [i for i in range(start, len(ops)) if ops[i].name.startswith("experts")]
         before, experts, after = ops[:idx[0]], ops[idx[0]:idx[-1] + 1], ops[idx[-1] + 1:]
         if self.expert_grid:  # the routed experts' GEMMs are split over etp, not tp
-            eops, estart = self._layer_pass(layer, phase, self.etp)
+            eops, emask = self._layer_pass(layer, phase, self.etp)
+            estart = _leading(emask)
             experts = [o for o in eops[estart:] if o.name.startswith("experts")]
         if not (self.routing.shared_expert_overlap and self.model.shared_experts):
             return before, experts, after
@@ -2039,7 +2075,8 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     graph = builder.build(representatives)
     flops = model_flops_per_step(model, parallel.global_batch, training.seq_len, causal=options.causal)
     hw_flops = hardware_flops_per_step(model, parallel.global_batch, training.seq_len,
-                                       recompute=parallel.recompute, causal=options.causal)
+                                       recompute=parallel.recompute, causal=options.causal,
+                                       recompute_modules=parallel.recompute_modules)
     if not options.embedding_and_loss:
         output_layer = 6.0 * model.hidden * model.vocab * parallel.global_batch * training.seq_len
         flops -= output_layer

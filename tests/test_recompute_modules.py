@@ -1,0 +1,187 @@
+"""Selective recomputation by module (``parallel.recompute_modules``, Megatron-Core's ``--recompute-modules``):
+what each module stops storing and what it re-runs, against hand counts.
+
+Megatron-Core (TransformerConfig.recompute_modules): ``core_attn`` recomputes the attention core (normal
+checkpointing; the default), ``layernorm`` the input and pre-MLP norms, ``mla_up_proj`` MLA's up projections
+and RoPE, ``moe_act`` the MoE experts' activation function (all three output-discarding: the module's output,
+the next GEMM's saved input, is dropped and recomputed). DeepSeek-V3 (report section 3.3.3) recomputes the
+RMSNorms and MLA up projections, and recomputes the SwiGLU output from its cached input.
+"""
+
+import dataclasses
+
+import pytest
+
+from workloads.errors import ConfigError
+from workloads.flops import hardware_flops_per_step, layer_ops, model_flops_per_step
+from workloads.memory import activation_bytes_per_layer
+from workloads.models import get_preset, model_from_dict
+from workloads.parallel import ParallelConfig, TrainingSpec, parallel_from_dict, validate
+from workloads.training import training_step
+
+GPT = model_from_dict({"name": "g", "layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096,
+                       "vocab": 1024, "gated_mlp": False, "tied_embeddings": False})
+
+
+# ------------------------------------------------------------------ config
+def test_default_modules_are_core_attn_under_selective_and_none_otherwise():
+    assert ParallelConfig(recompute="selective").recompute_modules == ("core_attn",)
+    assert ParallelConfig().recompute_modules == ()
+    assert ParallelConfig(recompute="full").recompute_modules == ()
+    assert parallel_from_dict({"recompute": "selective", "recompute_modules": ["layernorm", "moe_act"]}) \
+        .recompute_modules == ("layernorm", "moe_act")
+
+
+@pytest.mark.parametrize("given, words", [
+    ({"recompute_modules": ["layernorm"]}, "needs parallel.recompute: selective"),
+    ({"recompute": "full", "recompute_modules": ["layernorm"]}, "needs parallel.recompute: selective"),
+    ({"recompute": "selective", "recompute_modules": ["mlp"]}, "'mlp' is not valid; valid: core_attn"),
+    ({"recompute": "selective", "recompute_modules": "layernorm"}, "must be a list"),
+    ({"recompute": "selective", "recompute_modules": ["moe_act", "moe_act"]}, "names a module twice"),
+])
+def test_bad_modules_one_line_errors(given, words):
+    with pytest.raises(ConfigError, match="parallel.recompute_modules") as err:
+        parallel_from_dict(given)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("module, model, words", [
+    ("mla_up_proj", GPT, "needs multi-head latent attention"),
+    ("moe_act", GPT, "needs a MoE model"),
+])
+def test_modules_the_model_lacks_are_refused(module, model, words):
+    par = ParallelConfig(recompute="selective", recompute_modules=(module,))
+    with pytest.raises(ConfigError, match=words):
+        validate(model, par, TrainingSpec())
+
+
+# ------------------------------------------------------------------ memory
+def test_layernorm_drops_the_two_norm_outputs_of_korthikanti_34():
+    """SP + selective: ``34 s b h / t`` holds the QKV and MLP inputs (2 sbh each, the norms' outputs);
+    ``layernorm`` besides ``core_attn`` leaves ``30 s b h / t``."""
+    s, b, t, h = 2048, 1, 8, 1024
+    got = activation_bytes_per_layer(GPT, 0, b, s, t, sequence_parallel=True, recompute="selective",
+                                     recompute_modules=("core_attn", "layernorm"))
+    assert got == 30 * s * b * h / t
+
+
+def test_selective_without_core_attn_stores_the_scores_like_none():
+    kw = dict(sequence_parallel=True, flash_attention=False)
+    assert activation_bytes_per_layer(GPT, 0, 1, 512, 2, recompute="selective", recompute_modules=(), **kw) \
+        == activation_bytes_per_layer(GPT, 0, 1, 512, 2, recompute="none", **kw)
+
+
+def test_mla_up_proj_and_moe_act_by_hand_on_deepseek_v3():
+    """``mla_up_proj`` drops Q, K, V (``s b (q + k + v)`` at 2 bytes, split by heads); ``moe_act`` the routed
+    experts' fc2 input (``s b f_e k``, the SwiGLU output; 1 byte under FP8). The shared expert's stays."""
+    m = get_preset("deepseek-v3")
+    s, b, t, layer = 4096, 1, 2, 5
+    qw, kw, vw, _ow = m.attention_widths
+    base = dict(flash_attention=True, recompute="selective")
+    for fp8, g in ((False, 2), (True, 1)):
+        full = activation_bytes_per_layer(m, layer, b, s, t, fp8=fp8, recompute_modules=("core_attn",), **base)
+        up = activation_bytes_per_layer(m, layer, b, s, t, fp8=fp8, recompute_modules=("mla_up_proj",), **base)
+        act = activation_bytes_per_layer(m, layer, b, s, t, fp8=fp8, recompute_modules=("moe_act",), **base)
+        assert full - up == 2 * s * b * (qw + kw + vw) / t
+        assert full - act == g * s * b * m.expert_ffn_hidden * m.top_k / t
+
+
+def test_deepseek_v3_recompute_cuts_its_layout_memory():
+    """DeepSeek-V3's published layout (the validation entry's), FP8: what its recomputation saves, per GPU."""
+    from simulator.experiment import check_memory, load_experiment
+
+    exp = load_experiment("simulator/validation_runs/deepseek-v3-2048-h800.yaml")
+    plain = dataclasses.replace(exp, parallel=dataclasses.replace(exp.parallel, recompute="none",
+                                                                  recompute_modules=None))
+    assert exp.parallel.recompute_modules == ("layernorm", "mla_up_proj", "moe_act")
+    a, b = check_memory(plain, True), check_memory(exp, True)
+    assert (a.parameters, a.gradients, a.optimizer) == (b.parameters, b.gradients, b.optimizer)
+    assert b.activations < 0.6 * a.activations
+
+
+# ------------------------------------------------------------------ compute
+def _step(model, modules, **par):
+    parallel = ParallelConfig(recompute="selective", recompute_modules=modules, **par)
+    return training_step(model, parallel, TrainingSpec(seq_len=1024, dtype="fp8"))
+
+
+CUT_V3 = dataclasses.replace(get_preset("deepseek-v3"), layers=4, first_dense_layers=2, experts=8, top_k=2,
+                             vocab=1024)
+
+def test_output_discarding_recomputes_run_right_before_their_first_use():
+    """Each kernel an output-discarding module re-runs goes right before the first backward kernel that needs
+    its output (Megatron-Core recomputes such a module when the backward first touches the discarded
+    tensor): the block norms before the GEMMs they feed, the up projections before the attention core's
+    backward, the experts' activation before the experts' down projection."""
+    from workloads.training import _recompute_before_use
+
+    m = get_preset("deepseek-v3")
+    ops = layer_ops(m, 1, 1024, 1, layer=5, fp8=True)
+    out = _recompute_before_use(ops.forward, ops.backward, ("layernorm", "mla_up_proj", "moe_act"))
+    assert [o for o, again in out if not again] == ops.backward  # the backward itself, in order
+    names = [o.name for o, _again in out]
+    again = [o.name for o, flag in out if flag]
+    assert again == ["mlp_norm", "experts_activation", "q_up.fp8_cast", "q_up", "kv_up.fp8_cast", "kv_up",
+                     "input_norm"]
+
+    def next_after(name):
+        return names[names.index(name) + 1]
+
+    assert next_after("mlp_norm") == "shared_up.fp8_cast_grad"   # the first of shared_up, router
+    assert next_after("experts_activation") == "experts_down.fp8_cast_grad"
+    assert next_after("kv_up") == "attention.bwd"
+    assert next_after("input_norm") == "kv_down.fp8_cast_grad"   # the first of q_down, kv_down
+    assert names.index("q_up.fp8_cast") == names.index("attention.bwd") - 4
+
+
+def test_recompute_runs_the_modules_kernels_in_the_step():
+    """On a cut DeepSeek-V3 (4 layers, the last two MoE): a dense layer's recompute op (``R…``) runs the block
+    norms and the up projections (with their FP8 casts); a MoE layer's backward pieces run them where they
+    are used, the experts' activation in the experts' piece (scaled by the routed load with the rest)."""
+    step = _step(CUT_V3, ("layernorm", "mla_up_proj", "moe_act"), ep=2, dp=2)
+    plain = _step(CUT_V3, (), ep=2, dp=2)  # selective, nothing recomputed
+    ops = [op for op in step.graph.ops if op.kind == "compute" and op.rank == 0]
+    for layer in (0, 1):
+        again = {op.parts for op in ops if op.name.startswith("R") and op.layer == layer}
+        f = {o.name: o.kernel() for o in layer_ops(CUT_V3, 1, 1024, 1, layer=layer, fp8=True).forward}
+        assert again == {tuple(f[n] for n in ("mlp_norm", "q_up.fp8_cast", "q_up", "kv_up.fp8_cast", "kv_up",
+                                              "input_norm"))}
+    assert not any(op.name.startswith("R") and op.layer in (2, 3) for op in ops)
+
+    def parts(graph_step, suffix):
+        return [len(op.parts) for op in graph_step.graph.ops
+                if op.rank == 0 and op.name.startswith("B") and op.name.endswith(suffix)]
+
+    for piece, more in ((".pre", 1), (".experts", 1), (".post", 5)):  # mlp_norm; the activation; up + norm
+        assert [a - b for a, b in zip(parts(step, "L3" + piece), parts(plain, "L3" + piece))] \
+            == [more] * len(parts(step, "L3" + piece))
+
+
+def test_recompute_adds_the_up_projections_flops_to_the_step():
+    """Executed FLOPs grow by the up projections' GEMMs once per layer and micro-batch (the norms and the
+    activation are element-wise); hardware FLOPs say the same."""
+    plain = _step(CUT_V3, ("core_attn",), ep=2, dp=2)
+    again = _step(CUT_V3, ("core_attn", "layernorm", "mla_up_proj", "moe_act"), ep=2, dp=2)
+    m = CUT_V3
+    per_layer = 2 * 1024 * (m.q_lora_rank * m.attention_widths[0]
+                            + m.kv_lora_rank * m.heads * (m.qk_nope_head_dim + m.v_dim))
+    fwd = {o.name: o for o in layer_ops(m, 1, 1024, 1, layer=0, fp8=True).forward}
+    assert fwd["q_up"].flops + fwd["kv_up"].flops == per_layer
+    micro_batches = plain.num_micro_batches * 2  # per replica, 2 replicas (dp 2, pp 1)
+    assert again.executed_flops - plain.executed_flops == pytest.approx(per_layer * m.layers * micro_batches,
+                                                                        rel=1e-12)
+    assert again.hardware_flops - plain.hardware_flops == pytest.approx(per_layer * m.layers * micro_batches,
+                                                                        rel=1e-12)
+
+
+def test_hardware_flops_add_the_up_projections_per_token_and_layer():
+    m = get_preset("deepseek-v3")
+    B, s = 8, 4096
+    up = 2 * (m.q_lora_rank * m.attention_widths[0] + m.kv_lora_rank * m.heads * (m.qk_nope_head_dim + m.v_dim))
+    model = model_flops_per_step(m, B, s)
+    assert hardware_flops_per_step(m, B, s, recompute="selective", recompute_modules=("mla_up_proj",)) \
+        == pytest.approx(model + up * m.layers * B * s, rel=1e-12)
+    assert hardware_flops_per_step(m, B, s, recompute="selective", recompute_modules=("layernorm", "moe_act")) \
+        == model
+    assert hardware_flops_per_step(m, B, s, recompute="selective") \
+        == hardware_flops_per_step(m, B, s, recompute="selective", recompute_modules=("core_attn",))
