@@ -226,8 +226,10 @@ def test_the_mlperf_style_gpt3_example_loads_and_fits():
 
 def test_fp8_activations_of_an_mla_moe_layer_by_hand():
     """DeepSeek-V3's MLA MoE layer: besides the MoE terms (above, one shared expert), the latents' up
-    projection inputs (``s b (q_lora + kv_lora)``, the latent norms' outputs) and the projection input at its
-    width ``o`` are FP8; the down projections' input is the QKV input (the input norm's output)."""
+    projection inputs (``s b (q_lora + kv_lora)``, the latent norms' outputs) are FP8; the down projections'
+    input is the QKV input (the input norm's output). The projection input (width ``o``) stays bf16: the fused
+    attention core keeps it for its own backward and the projection reuses it (recomputing the core, below,
+    leaves only the projection's FP8 copy)."""
     from workloads.models import get_preset
 
     m = get_preset("deepseek-v3")
@@ -238,5 +240,9 @@ def test_fp8_activations_of_an_mla_moe_layer_by_hand():
     bf16 = activation_bytes_per_layer(m, layer, b, s, t, flash_attention=True)
     fp8 = activation_bytes_per_layer(m, layer, b, s, t, flash_attention=True, fp8=True)
     saved = (s * b * m.hidden * m.top_k + s * b * (m.q_lora_rank + m.kv_lora_rank)
-             + s * b * (ow + m.expert_ffn_hidden * (m.top_k + 1)))
+             + s * b * m.expert_ffn_hidden * (m.top_k + 1))
     assert bf16 - fp8 == saved
+    kw = dict(flash_attention=True, recompute="selective", recompute_modules=("core_attn",))
+    assert activation_bytes_per_layer(m, layer, b, s, t, **kw) - activation_bytes_per_layer(m, layer, b, s, t,
+                                                                                             fp8=True, **kw) \
+        == saved + s * b * ow

@@ -25,9 +25,11 @@ GPT = model_from_dict({"name": "g", "layers": 2, "hidden": 1024, "heads": 8, "kv
 
 # ------------------------------------------------------------------ config
 def test_default_modules_are_core_attn_under_selective_and_none_otherwise():
-    assert ParallelConfig(recompute="selective").recompute_modules == ("core_attn",)
-    assert ParallelConfig().recompute_modules == ()
-    assert ParallelConfig(recompute="full").recompute_modules == ()
+    assert ParallelConfig(recompute="selective").selective_modules == ("core_attn",)
+    assert ParallelConfig().selective_modules == ()
+    assert ParallelConfig(recompute="full").selective_modules == ()
+    # a default config's recomputation can be replaced (the default list is resolved, not stored)
+    assert dataclasses.replace(ParallelConfig(recompute="selective"), recompute="full").selective_modules == ()
     assert parallel_from_dict({"recompute": "selective", "recompute_modules": ["layernorm", "moe_act"]}) \
         .recompute_modules == ("layernorm", "moe_act")
 
@@ -72,18 +74,35 @@ def test_selective_without_core_attn_stores_the_scores_like_none():
 
 
 def test_mla_up_proj_and_moe_act_by_hand_on_deepseek_v3():
-    """``mla_up_proj`` drops Q, K, V (``s b (q + k + v)`` at 2 bytes, split by heads); ``moe_act`` the routed
-    experts' fc2 input (``s b f_e k``, the SwiGLU output; 1 byte under FP8). The shared expert's stays."""
+    """``mla_up_proj`` drops Q, K, V (``s b (q + k + v)`` at 2 bytes, split by heads) and the normed latents
+    (the up projections' inputs, ``s b (q_lora + kv_lora)``, replicated; Megatron-Core's TE layout fuses the
+    latent norms into the up projections); ``moe_act`` the routed experts' fc2 input (``s b f_e k``, the
+    SwiGLU output). The shared expert's stays. FP8 inputs are 1 byte (``g``)."""
     m = get_preset("deepseek-v3")
     s, b, t, layer = 4096, 1, 2, 5
     qw, kw, vw, _ow = m.attention_widths
     base = dict(flash_attention=True, recompute="selective")
     for fp8, g in ((False, 2), (True, 1)):
-        full = activation_bytes_per_layer(m, layer, b, s, t, fp8=fp8, recompute_modules=("core_attn",), **base)
+        none = activation_bytes_per_layer(m, layer, b, s, t, fp8=fp8, recompute_modules=(), **base)
         up = activation_bytes_per_layer(m, layer, b, s, t, fp8=fp8, recompute_modules=("mla_up_proj",), **base)
         act = activation_bytes_per_layer(m, layer, b, s, t, fp8=fp8, recompute_modules=("moe_act",), **base)
-        assert full - up == 2 * s * b * (qw + kw + vw) / t
-        assert full - act == g * s * b * m.expert_ffn_hidden * m.top_k / t
+        assert none - up == 2 * s * b * (qw + kw + vw) / t + g * s * b * (m.q_lora_rank + m.kv_lora_rank)
+        assert none - act == g * s * b * m.expert_ffn_hidden * m.top_k / t
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_a_fused_core_keeps_its_output_unless_recomputed(fp8):
+    """The attention core's output is the output projection's input. A fused core saves it (bf16) for its own
+    backward and the projection reuses it; with ``core_attn`` recomputed only the projection keeps it, as its
+    FP8 copy under FP8 training (Megatron-Core's MLA comment: "the output of the fused core_attn is saved by
+    itself, and linear_proj also saves the quantized tensor of this output"). No difference in bf16."""
+    m = get_preset("deepseek-v3")
+    s, b, t, layer = 4096, 1, 2, 5
+    ow = m.attention_widths[3]
+    kw = dict(flash_attention=True, recompute="selective", fp8=fp8)
+    kept = activation_bytes_per_layer(m, layer, b, s, t, recompute_modules=(), **kw)
+    recomputed = activation_bytes_per_layer(m, layer, b, s, t, recompute_modules=("core_attn",), **kw)
+    assert kept - recomputed == (s * b * ow / t if fp8 else 0)
 
 
 def test_deepseek_v3_recompute_cuts_its_layout_memory():
@@ -121,8 +140,8 @@ def test_output_discarding_recomputes_run_right_before_their_first_use():
     assert [o for o, again in out if not again] == ops.backward  # the backward itself, in order
     names = [o.name for o, _again in out]
     again = [o.name for o, flag in out if flag]
-    assert again == ["mlp_norm", "experts_activation", "q_up.fp8_cast", "q_up", "kv_up.fp8_cast", "kv_up",
-                     "input_norm"]
+    assert again == ["mlp_norm", "experts_activation", "q_norm", "kv_norm", "q_up.fp8_cast", "q_up",
+                     "kv_up.fp8_cast", "kv_up", "input_norm"]
 
     def next_after(name):
         return names[names.index(name) + 1]
@@ -131,7 +150,7 @@ def test_output_discarding_recomputes_run_right_before_their_first_use():
     assert next_after("experts_activation") == "experts_down.fp8_cast_grad"
     assert next_after("kv_up") == "attention.bwd"
     assert next_after("input_norm") == "kv_down.fp8_cast_grad"   # the first of q_down, kv_down
-    assert names.index("q_up.fp8_cast") == names.index("attention.bwd") - 4
+    assert names.index("q_norm") == names.index("attention.bwd") - 6
 
 
 def test_recompute_runs_the_modules_kernels_in_the_step():
@@ -144,15 +163,15 @@ def test_recompute_runs_the_modules_kernels_in_the_step():
     for layer in (0, 1):
         again = {op.parts for op in ops if op.name.startswith("R") and op.layer == layer}
         f = {o.name: o.kernel() for o in layer_ops(CUT_V3, 1, 1024, 1, layer=layer, fp8=True).forward}
-        assert again == {tuple(f[n] for n in ("mlp_norm", "q_up.fp8_cast", "q_up", "kv_up.fp8_cast", "kv_up",
-                                              "input_norm"))}
+        assert again == {tuple(f[n] for n in ("mlp_norm", "q_norm", "kv_norm", "q_up.fp8_cast", "q_up",
+                                              "kv_up.fp8_cast", "kv_up", "input_norm"))}
     assert not any(op.name.startswith("R") and op.layer in (2, 3) for op in ops)
 
     def parts(graph_step, suffix):
         return [len(op.parts) for op in graph_step.graph.ops
                 if op.rank == 0 and op.name.startswith("B") and op.name.endswith(suffix)]
 
-    for piece, more in ((".pre", 1), (".experts", 1), (".post", 5)):  # mlp_norm; the activation; up + norm
+    for piece, more in ((".pre", 1), (".experts", 1), (".post", 7)):  # mlp_norm; the activation; up + 3 norms
         assert [a - b for a, b in zip(parts(step, "L3" + piece), parts(plain, "L3" + piece))] \
             == [more] * len(parts(step, "L3" + piece))
 
@@ -185,3 +204,30 @@ def test_hardware_flops_add_the_up_projections_per_token_and_layer():
         == model
     assert hardware_flops_per_step(m, B, s, recompute="selective") \
         == hardware_flops_per_step(m, B, s, recompute="selective", recompute_modules=("core_attn",))
+
+
+def test_zero3_module_granularity_takes_selective_recomputes_inside_the_backward():
+    """DeepSpeed ZeRO-3 cuts layers at their modules; a selective module's kernel re-run inside the backward
+    goes with the backward's gather (only ``full`` recomputation is a use of its own). Found in review: the
+    up projections re-run before the attention core's backward made the ZeRO trace refuse the step."""
+    m = dataclasses.replace(get_preset("deepseek-v3"), layers=4, first_dense_layers=4, experts=0, top_k=0,
+                            shared_experts=0, vocab=32000)
+    par = ParallelConfig(tp=2, pp=2, dp=4, global_batch=16, sequence_parallel=True, recompute="selective",
+                         recompute_modules=("mla_up_proj",), zero=3, zero_impl="deepspeed")
+    step = training_step(m, par, TrainingSpec(seq_len=2048))
+    plain = training_step(m, dataclasses.replace(par, recompute_modules=()), TrainingSpec(seq_len=2048))
+    # the up projections' FLOPs of one sequence and layer (split over the TP pair, summed over both ranks)
+    per_layer = 2 * 2048 * (m.q_lora_rank * m.attention_widths[0]
+                            + m.kv_lora_rank * m.heads * (m.qk_nope_head_dim + m.v_dim))
+    assert step.executed_flops - plain.executed_flops == pytest.approx(per_layer * 4 * 16, rel=1e-12)
+
+
+def test_context_parallel_recompute_ops_hold_only_recomputed_kernels():
+    """Under CP the layer is cut at its attention kernels; a recomputed attention core's last ring step used
+    to take the backward kernels after it into its ``R`` op (recompute time reported as backward's). Every
+    ``R`` op of a CP 2 step with ``core_attn`` recomputed now holds attention kernels only."""
+    m = dataclasses.replace(get_preset("llama3-8b"), layers=4)
+    par = ParallelConfig(tp=2, cp=2, pp=2, dp=2, global_batch=8, sequence_parallel=True, recompute="selective")
+    step = training_step(m, par, TrainingSpec(seq_len=8192))
+    again = [op for op in step.graph.ops if op.kind == "compute" and op.name.startswith("R")]
+    assert again and {p.category for op in again for p in op.parts} == {"attention"}

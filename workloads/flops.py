@@ -104,7 +104,7 @@ ADAM_FLOPS_PER_PARAM = 12
 RECOMPUTED_KERNELS: dict[str, dict[str, frozenset[str]]] = {
     "layernorm": {"input_norm": frozenset({"qkv", "q_proj", "q_down", "kv_down"}),
                   "mlp_norm": frozenset({"mlp_up", "shared_up", "router"})},
-    "mla_up_proj": {name: frozenset({"attention"}) for name in ("q_proj", "q_up", "kv_up")},
+    "mla_up_proj": {name: frozenset({"attention"}) for name in ("q_norm", "kv_norm", "q_proj", "q_up", "kv_up")},
     "moe_act": {"experts_activation": frozenset({"experts_down"})},
 }
 """The output-discarding recompute modules (Megatron-Core's ``layernorm``, ``mla_up_proj``, ``moe_act``):
@@ -114,9 +114,10 @@ touches the discarded tensor). ``core_attn`` (normal checkpointing) re-runs ever
 ``attention…`` (the fused core, or the unfused scores, softmax, dropout and values) at the start of the
 layer's backward, as ``full`` re-runs the whole forward."""
 
-MLA_UP_PROJECTIONS = frozenset(RECOMPUTED_KERNELS["mla_up_proj"])
-"""MLA's up projections (``q_proj`` stands for ``q_up`` without a query latent): what ``mla_up_proj``
-recomputes, from the latents kept (Megatron-Core's ``qkv_up_proj_and_rope_apply``)."""
+MLA_UP_PROJECTIONS = frozenset({"q_proj", "q_up", "kv_up"})
+"""MLA's up projections (``q_proj`` stands for ``q_up`` without a query latent): the GEMMs ``mla_up_proj``
+recomputes (with the latent norms before them, fused into them in Megatron-Core's TE layout) from the
+latents kept (Megatron-Core's ``qkv_up_proj_and_rope_apply``)."""
 
 
 def base_name(name: str) -> str:

@@ -25,7 +25,8 @@ cast on the first micro-batch (:func:`~workloads.flops.fp8_weight_params`):
 themselves are FP8 (1 byte) and only the transpose is added: the same 2 bytes
 as a bf16 weight. Activations are counted in bf16 as below, except the inputs
 of the FP8 GEMMs (QKV or MLA's projections, output projection, MLP or expert up
-and down, shared experts): TE's ``Linear`` saves the FP8 copy of its input for
+and down, shared experts; the output projection's only where no fused attention
+core keeps that tensor in bf16): TE's ``Linear`` saves the FP8 copy of its input for
 the weight gradient (``saved_inputmat = inputmat``, the quantized tensor; newer
 releases keep only its column-wise FP8 data) and not the bf16 one, so those
 terms are 1 byte per element. The router is a bf16 GEMM: a MoE layer's MLP input
@@ -68,9 +69,12 @@ and of the scores only the softmax output ``2 a s^2 b``).
 Selective recomputation by module (``parallel.recompute_modules``, Megatron-Core's
 ``--recompute-modules``; ``core_attn`` alone is Korthikanti's ``selective``):
 ``core_attn`` drops the scores, ``layernorm`` the two norms' outputs (the
-attention's and the MLP's GEMM inputs), ``mla_up_proj`` MLA's Q, K, V (rebuilt
-from the kept latents), ``moe_act`` the routed experts' activation output (their
-fc2 input); the last three are Megatron-Core's output-discarding checkpoints.
+attention's and the MLP's GEMM inputs), ``mla_up_proj`` MLA's Q, K, V and the
+normed latents (rebuilt from the kept latents), ``moe_act`` the routed experts'
+activation output (their fc2 input); the last three are Megatron-Core's
+output-discarding checkpoints. The attention core's output (the output
+projection's input) is kept once: by a fused core in bf16 unless ``core_attn``
+recomputes it (the projection reuses it), else by the projection.
 
 Micro-batches whose activations stage ``i`` (0-based) of ``p`` holds at peak,
 with ``m`` micro-batches per step: GPipe ``m``; 1F1B ``min(p - i, m)``;
@@ -236,8 +240,8 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
     ``recompute_modules`` (``selective`` only; default ``core_attn``, see
     :class:`~workloads.parallel.ParallelConfig`): each module named drops what
     it recomputes: ``core_attn`` the scores, ``layernorm`` the two norms'
-    outputs, ``mla_up_proj`` MLA's Q, K, V, ``moe_act`` the routed experts'
-    fc2 input (Megatron-Core's output-discarding checkpoints).
+    outputs, ``mla_up_proj`` MLA's Q, K, V and normed latents, ``moe_act`` the
+    routed experts' fc2 input (Megatron-Core's output-discarding checkpoints).
 
     Examples
     --------
@@ -262,17 +266,22 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
     norm_outputs = 0 if "layernorm" in modules else g + mlp_input
     masks = MASK_BYTES if model.dropout else 0  # no dropout, no mask (PyTorch returns the input at p = 0)
     replicated = (2 * d + norm_outputs + 2 * masks) * sbh
+    # The output projection's input is the attention core's output: a fused core keeps it (bf16) for its own
+    # backward unless the core is recomputed, and then the projection reuses it (Megatron-Core's MLA saves
+    # the original, not a second, FP8 copy); otherwise only the projection keeps it (FP8 under FP8 training).
+    o_bytes = d if flash_attention and "core_attn" not in modules else g
+    up = "mla_up_proj" in modules
     if model.is_mla:
         # MLA: the latents (the down projections' outputs = the latent norms' inputs, and the norms' outputs =
         # the up projections' inputs; the key's rotary part) are replicated over TP, Q, K, V and the
-        # projection input split by heads at their own widths
+        # projection input split by heads at their own widths. mla_up_proj re-runs the latent norms with the
+        # up projections (Megatron-Core's TE layout fuses each norm into its up projection).
         latent = (model.q_lora_rank or 0) + model.kv_lora_rank  # type: ignore[operator]
-        replicated += s * b * ((d + g) * latent + d * model.qk_rope_head_dim)
+        replicated += s * b * ((d + (0 if up else g)) * latent + d * model.qk_rope_head_dim)
         qw, kw, vw, ow = model.attention_widths
-        qkv = 0 if "mla_up_proj" in modules else qw + kw + vw
-        split = s * b * (d * qkv + g * ow)
-    else:
-        split = s * b * (d * (model.q_hidden + 2 * model.kv_hidden) + g * model.q_hidden)  # Q, K, V; proj input
+        split = s * b * (d * (0 if up else qw + kw + vw) + o_bytes * ow)
+    else:  # Q, K, V; projection input
+        split = s * b * (d * (model.q_hidden + 2 * model.kv_hidden) + o_bytes * model.q_hidden)
     gates = model.mlp_matrices - 1
     if moe:
         k = model.top_k

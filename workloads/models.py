@@ -36,10 +36,11 @@ norm ``h`` (``2h`` with bias).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields, replace
 
-from .errors import ConfigError, check_bool, check_int, check_keys, check_number
+from .errors import ConfigError, check_bool, check_int, check_keys
 
 __all__ = ["ModelSpec", "PRESETS", "model_from_dict", "preset_names", "get_preset"]
 
@@ -406,9 +407,9 @@ def _validate_model(m: ModelSpec) -> None:
         for f in _MLA_FIELDS:
             if getattr(m, f) is not None:
                 raise ConfigError(f"model.{f}: needs model.kv_lora_rank (multi-head latent attention)")
-    check_number("model.dropout", m.dropout, maximum=1.0)
-    if m.dropout == 1.0:
-        raise ConfigError("model.dropout: must be below 1 (a probability of dropping), got 1")
+    x = m.dropout
+    if not (isinstance(x, numbers.Real) and not isinstance(x, bool) and 0.0 <= x < 1.0):
+        raise ConfigError(f"model.dropout: must be a probability in [0, 1), got {x!r}")
     if m.first_dense_layers > m.layers:
         raise ConfigError(f"model.first_dense_layers: {m.first_dense_layers} exceeds model.layers={m.layers}")
 

@@ -192,7 +192,8 @@ class ParallelConfig:
         attention's and the MLP's inputs), ``mla_up_proj`` (MLA's Q, K, V from
         the up projections), ``moe_act`` (the routed experts' activation
         output, their fc2 input). None: ``(core_attn,)`` under ``selective``,
-        ``()`` otherwise; only ``selective`` takes a list.
+        ``()`` otherwise (:attr:`selective_modules` resolves it); only
+        ``selective`` takes a list.
     placement : tuple of str
         Order of the dimensions over the cluster's GPU order, innermost
         (fastest-varying) first; a permutation of ``("tp", "dp", "pp")`` or
@@ -317,8 +318,10 @@ class ParallelConfig:
         check_choice("parallel.dp_sync", self.dp_sync, DP_SYNC)
         check_choice("parallel.schedule", self.schedule, SCHEDULES)
         check_choice("parallel.recompute", self.recompute, RECOMPUTE)
-        modules = resolve_recompute_modules(self.recompute, self.recompute_modules)
-        object.__setattr__(self, "recompute_modules", modules)
+        if self.recompute_modules is not None:  # given: checked, and kept as a tuple (None resolves late, so
+            # that dataclasses.replace(recompute=...) of a default config stays valid)
+            object.__setattr__(self, "recompute_modules",
+                               resolve_recompute_modules(self.recompute, self.recompute_modules))
         check_bool("parallel.sequence_parallel", self.sequence_parallel)
         for f in ("overlap_grad_reduce", "overlap_param_gather", "align_param_gather", "tp_comm_overlap"):
             check_bool(f"parallel.{f}", getattr(self, f))
@@ -363,6 +366,12 @@ class ParallelConfig:
     def world_size(self) -> int:
         """GPUs this configuration needs, ``tp * cp * pp * dp``."""
         return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def selective_modules(self) -> tuple[str, ...]:
+        """What ``recompute: selective`` re-runs: :attr:`recompute_modules`, or ``(core_attn,)`` when not
+        given; ``()`` unless selective (:func:`resolve_recompute_modules`)."""
+        return resolve_recompute_modules(self.recompute, self.recompute_modules)
 
     @property
     def rank_order(self) -> tuple[str, ...]:
@@ -849,10 +858,10 @@ def validate(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
             cp = ("cp*", f"{parallel.cp}*") if parallel.cp > 1 else ("", "")
             raise ConfigError(f"parallel: tp*{cp[0]}pp*dp = {parallel.tp}*{cp[1]}{parallel.pp}*{parallel.dp} = "
                               f"{parallel.world_size} does not equal the cluster's {world_size} GPUs{hint}")
-    if "mla_up_proj" in parallel.recompute_modules and not model.is_mla:
+    if "mla_up_proj" in parallel.selective_modules and not model.is_mla:
         raise ConfigError(f"parallel.recompute_modules: mla_up_proj needs multi-head latent attention "
                           f"(model.kv_lora_rank); {model.name} has standard attention")
-    if "moe_act" in parallel.recompute_modules and not model.experts:
+    if "moe_act" in parallel.selective_modules and not model.experts:
         raise ConfigError(f"parallel.recompute_modules: moe_act needs a MoE model; {model.name} has no experts")
     _check_limits(parallel, training)
     _check_tp(model, parallel, training)

@@ -660,7 +660,7 @@ class _StepBuilder:
                 kernels = [o for o in backward if _weight_gradient(o)]
                 return kernels, (False,) * len(kernels)
             backward = [o for o in backward if not _weight_gradient(o)]
-        recompute, modules = self.par.recompute, self.par.recompute_modules
+        recompute, modules = self.par.recompute, self.par.selective_modules
         first: list[LayerOp] = []
         if recompute == "full":
             first = list(ops.forward)
@@ -776,25 +776,35 @@ class _StepBuilder:
         for seg in self.segments(stage, chunk, phase, True):
             end_seg = all(module_of(k.name) in (None, "embedding", "output") for k in seg.kernels) and any(
                 module_of(k.name) in ("embedding", "output") for k in seg.kernels)
+            mask = seg.recompute or (False,) * len(seg.kernels)
             if end_seg:
                 unit = ends["embedding" if any(module_of(k.name) == "embedding" for k in seg.kernels) else "output"]
-                pieces = [(unit, phase, seg.kernels)]
+                pieces = [(unit, phase, seg.kernels, list(mask))]
             elif gran == "layer" or seg.moe is not None:
                 unit = layer_units(self.model, seg.layer, t, ep, "layer")["layer"]
-                pieces = [(unit, phase, seg.kernels)]
+                pieces = [(unit, phase, seg.kernels, list(mask))]
             else:
                 units = layer_units(self.model, seg.layer, t, ep, "module")
                 pieces = []
-                waiting: list[LayerOp] = []
-                for op in seg.kernels:
+                waiting: list[tuple[LayerOp, bool]] = []
+                full = self.par.recompute == "full"
+                for op, again_op in zip(seg.kernels, mask):
                     mod = module_of(op.name)
-                    use = "F" if phase == "F" else ("B" if "." in op.name else "R")
+                    # a recomputed forward is its own use under full recomputation (DeepSpeed re-gathers for
+                    # it); a selective module's kernel re-run inside the backward uses the backward's gather
+                    use = "F" if phase == "F" else ("R" if again_op and full else "B")
                     if mod is None:
-                        (pieces[-1][2] if pieces else waiting).append(op)
+                        if pieces:
+                            pieces[-1][2].append(op)
+                            pieces[-1][3].append(again_op)
+                        else:
+                            waiting.append((op, again_op))
                     elif pieces and pieces[-1][0] is units[mod] and pieces[-1][1] == use:
                         pieces[-1][2].append(op)
+                        pieces[-1][3].append(again_op)
                     else:
-                        pieces.append((units[mod], use, waiting + [op]))
+                        pieces.append((units[mod], use, [o for o, _a in waiting] + [op],
+                                       [a for _o, a in waiting] + [again_op]))
                         waiting = []
             modules = not end_seg and gran != "layer" and seg.moe is None
             # persistent parameters (module granularity) are reduced, never gathered: a layer's norms with its
@@ -802,10 +812,10 @@ class _StepBuilder:
             persistent = (self.model.norm_params() if modules else
                           self.model.final_norm_params() if end_seg and unit.key == ("embedding",)
                           and any(k.name.startswith("final_norm") for k in seg.kernels) else 0)
-            for i, (unit, use, ops) in enumerate(pieces):
+            for i, (unit, use, ops, flags) in enumerate(pieces):
                 extra = persistent and use == "B" and i == next(k for k, p in enumerate(pieces) if p[1] == "B")
                 whole = len(pieces) == 1 and len(ops) == len(seg.kernels)
-                again = seg.recompute if whole else (use == "R",) * len(ops)
+                again = seg.recompute if whole else tuple(flags)
                 final = i == len(pieces) - 1  # the pass's TP collectives (and re-gathers) go with its last piece
                 sub = _Segment(list(ops), dict(seg.tp) if final else {}, seg.layer,
                                persistent * gb if extra else 0.0, moe=seg.moe, phase=phase, recompute=again,
@@ -1354,6 +1364,8 @@ class _StepBuilder:
 
         for op, recomputed in zip(seg.kernels, again):
             k = op.kernel()
+            if buf and state["recompute"] != recomputed:  # recomputed and backward kernels are separate ops
+                flush()
             if not buf:
                 state["recompute"] = recomputed
             if op.category not in ("attention", "attention_bwd"):
