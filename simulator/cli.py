@@ -303,7 +303,7 @@ def _run():
             try:
                 result = run_experiment(exp, force=args.force, fidelity=args.fidelity, progress=progress)
             except OutOfMemoryError as exc:  # (found after loading: named by its file, as loading errors are)
-                raise with_prefix(exc, args.file) from None
+                raise with_prefix(exc.with_remedies(exp), args.file) from None
         exported = chakra_cli.export_experiment(exp, args.export_chakra)
         write_outputs(result, args, trace_ranks)
         if exported and not args.json:

@@ -97,6 +97,16 @@ DEMO_EXPERIMENT = {
 class OutOfMemoryError(ValueError):
     """The configuration does not fit in GPU memory; the message has the breakdown."""
 
+    def with_remedies(self, exp: Experiment) -> OutOfMemoryError:
+        """The same error, its generic hint replaced by the single changes that make ``exp`` fit
+        (:func:`memory_remedies`), when there are any."""
+        remedies = memory_remedies(exp)
+        if not remedies:
+            return self
+        head = str(self).split("; lower it with", 1)[0]
+        fits = ", or ".join(f"{what} ({m.total / 1e9:.1f} GB)" for what, m in remedies)
+        return OutOfMemoryError(f"{head}; fits with {fits} (or use --force to simulate anyway)")
+
 
 @dataclass
 class Experiment:
@@ -407,6 +417,40 @@ def _fidelity(value: object) -> str:
     if value not in FIDELITIES:
         raise ConfigError(f"fidelity: {value!r} unknown; valid: {', '.join(FIDELITIES)}")
     return str(value)
+
+
+def memory_remedies(exp: Experiment) -> list[tuple[str, MemoryBreakdown]]:
+    """Single changes of ``exp``'s parallel layout that make its step fit in GPU memory, cheapest first by
+    the usual cost to throughput: what each is (a YAML fragment) and the memory it leaves. Tried: selective
+    recomputation of every module the model has (Megatron-Core's output-discarding checkpoints, cheap), ZeRO
+    stages above the current one (more DP traffic), full recomputation (another forward), half the
+    micro-batch. Only valid layouts are offered (:func:`~workloads.parallel.validate`); empty when none fits.
+    Memory model only: nothing is simulated (milliseconds per candidate)."""
+    par, model = exp.parallel, exp.model
+    modules = ["layernorm"] + (["mla_up_proj"] if model.is_mla else []) + (["moe_act"] if model.is_moe else [])
+    candidates: list[tuple[str, dict]] = []
+    if par.recompute != "full" and set(modules) - set(par.selective_modules):
+        keep = [m for m in par.selective_modules if m not in modules]
+        candidates.append((f"parallel.recompute: selective with recompute_modules: [{', '.join(keep + modules)}]",
+                           {"recompute": "selective", "recompute_modules": tuple(keep + modules)}))
+    if par.dp * par.cp > 1:
+        candidates += [(f"parallel.zero: {z}", {"zero": z}) for z in (1, 2, 3) if z > par.zero]
+    if par.recompute != "full":
+        candidates.append(("parallel.recompute: full", {"recompute": "full", "recompute_modules": None}))
+    if par.micro_batch > 1 and par.micro_batch % 2 == 0:
+        candidates.append((f"parallel.micro_batch: {par.micro_batch // 2}", {"micro_batch": par.micro_batch // 2}))
+    hbm = exp.cluster.gpu.hbm_bytes
+    out = []
+    for what, change in candidates:
+        try:
+            parallel = dataclasses.replace(par, **change)
+            validate(model, parallel, exp.training, exp.cluster.num_gpus)
+            memory = dataclasses.replace(exp, parallel=parallel).memory()
+        except ConfigError:
+            continue
+        if memory.fits(hbm):
+            out.append((what, memory))
+    return out
 
 
 def check_memory(exp: Experiment, force: bool = False) -> MemoryBreakdown:

@@ -1,6 +1,7 @@
 """Defects found by the second new-user audit (fabrics, plan, sweeps, CLI), each with its reproducer."""
 
 import copy
+import re
 
 import pytest
 import yaml
@@ -250,8 +251,17 @@ def test_out_of_memory_names_the_file_and_the_remedies_and_force_flags_it(tmp_pa
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"clustersim: error: {path}: out of memory: stage 0: ") and "\n" not in err
-    assert err.endswith("lower it with parallel.zero (1-3), more tp or pp, parallel.recompute: full or a smaller "
-                        "parallel.micro_batch (or use --force to simulate anyway)")
+    # the remedies that fit, each one change of the layout, with the memory it leaves: ZeRO-1 shards the Adam
+    # state over the 16 DP ranks (Rajbhandari et al.; by hand from the breakdown), ZeRO-2 the gradients too
+    # (in the implementation's own buffers: less again), ZeRO-3 the parameters
+    p, g, o, a = map(float, re.search(r"params ([\d.]+) GB \+ grads ([\d.]+) GB \+ optimizer ([\d.]+) GB \+ "
+                                      r"activations ([\d.]+) GB", err).groups())
+    fits = dict(re.findall(r"(parallel\.zero: \d) \(([\d.]+) GB\)", err))
+    assert set(fits) == {"parallel.zero: 1", "parallel.zero: 2", "parallel.zero: 3"}
+    assert float(fits["parallel.zero: 1"]) == pytest.approx(p + g + o / 16 + a, abs=0.2)
+    assert float(fits["parallel.zero: 3"]) < float(fits["parallel.zero: 2"]) < float(fits["parallel.zero: 1"])
+    assert "recompute" not in err  # full recomputation would leave 2.8 GB of activations: still over 80 GB
+    assert err.endswith("(or use --force to simulate anyway)")
     assert main(["run", str(path), "--force", "--no-progress"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "memory per GPU" in x)
     assert line.endswith("does not fit in the GPU (simulated with --force)")
@@ -347,3 +357,15 @@ def test_a_gpu_without_its_nic_and_nvswitch_borrows_nothing():
         experiment_from_dict({**base, "faults": [nic, {"kind": "switch_down", "switch": "nvswitch:0"}]})
     alone = run_experiment(experiment_from_dict({**base, "faults": [nic]}))
     assert alone.summary["fault_slowdown"] > 1
+
+
+def test_out_of_memory_without_a_single_change_that_fits_gives_the_general_hint(tmp_path, capsys):
+    """Llama 3 405B on one server (TP 8, no DP to shard over): no one change of the layout fits."""
+    from simulator.cli import main
+    path = tmp_path / "oom.yaml"
+    path.write_text("cluster: {preset: dgx-h100, nodes: 1}\nmodel: {preset: llama3-405b, layers: 16}\n"
+                    "parallel: {tp: 8, pp: 1, dp: 1}\ntraining: {seq_len: 1024}\n")
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("lower it with parallel.zero (1-3), more tp or pp, parallel.recompute: full or a smaller "
+                        "parallel.micro_batch (or use --force to simulate anyway)")
