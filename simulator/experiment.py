@@ -421,24 +421,31 @@ def _fidelity(value: object) -> str:
 
 def memory_remedies(exp: Experiment) -> list[tuple[str, MemoryBreakdown]]:
     """Single changes of ``exp``'s parallel layout that make its step fit in GPU memory, cheapest first by
-    the usual cost to throughput: what each is (a YAML fragment) and the memory it leaves. Tried: selective
-    recomputation of every module the model has (Megatron-Core's output-discarding checkpoints, cheap), ZeRO
-    stages above the current one (more DP traffic), full recomputation (another forward), half the
-    micro-batch. Only valid layouts are offered (:func:`~workloads.parallel.validate`); empty when none fits.
-    Memory model only: nothing is simulated (milliseconds per candidate)."""
+    the usual cost to throughput: what each is (the fields to set) and the memory it leaves. Tried: selective
+    recomputation of every module the model has (Megatron-Core's output-discarding checkpoints, cheap; the
+    attention core too where its scores go through HBM), ZeRO stages above the current one (more DP
+    traffic), full recomputation (another forward), half the micro-batch (the global batch kept). Only valid
+    layouts are offered (:func:`~workloads.parallel.validate`); empty when none fits. Memory model only:
+    nothing is simulated (milliseconds per candidate)."""
     par, model = exp.parallel, exp.model
-    modules = ["layernorm"] + (["mla_up_proj"] if model.is_mla else []) + (["moe_act"] if model.is_moe else [])
+    modules = ((["core_attn"] if not exp.options.flash_attention else []) + ["layernorm"]
+               + (["mla_up_proj"] if model.is_mla else []) + (["moe_act"] if model.is_moe else []))
     candidates: list[tuple[str, dict]] = []
     if par.recompute != "full" and set(modules) - set(par.selective_modules):
-        keep = [m for m in par.selective_modules if m not in modules]
-        candidates.append((f"parallel.recompute: selective with recompute_modules: [{', '.join(keep + modules)}]",
-                           {"recompute": "selective", "recompute_modules": tuple(keep + modules)}))
-    if par.dp * par.cp > 1:
+        both = list(dict.fromkeys([*par.selective_modules, *modules]))
+        candidates.append((f"parallel.recompute: selective, parallel.recompute_modules: [{', '.join(both)}]",
+                           {"recompute": "selective", "recompute_modules": tuple(both)}))
+    if par.grad_dp * par.weight_copies > 1:  # (DualPipe shards over the mirror stage's copy too)
         candidates += [(f"parallel.zero: {z}", {"zero": z}) for z in (1, 2, 3) if z > par.zero]
     if par.recompute != "full":
-        candidates.append(("parallel.recompute: full", {"recompute": "full", "recompute_modules": None}))
+        what = "parallel.recompute: full" + (" without parallel.recompute_modules"
+                                             if par.recompute_modules is not None else "")
+        candidates.append((what, {"recompute": "full", "recompute_modules": None}))
     if par.micro_batch > 1 and par.micro_batch % 2 == 0:
-        candidates.append((f"parallel.micro_batch: {par.micro_batch // 2}", {"micro_batch": par.micro_batch // 2}))
+        given = "global_batch" in ((exp.raw or {}).get("parallel") or {})
+        candidates.append((f"parallel.micro_batch: {par.micro_batch // 2}"
+                           + ("" if given else f" with parallel.global_batch: {par.global_batch}"),
+                           {"micro_batch": par.micro_batch // 2}))
     hbm = exp.cluster.gpu.hbm_bytes
     out = []
     for what, change in candidates:
