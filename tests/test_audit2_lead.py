@@ -243,13 +243,20 @@ def test_fidelity_screen_in_a_run_file_says_it_is_for_sweeps():
         experiment_from_dict(doc)
 
 
-def test_out_of_memory_names_the_file_and_the_remedies_and_force_flags_it(tmp_path, capsys):
+def _run_out_of_memory(tmp_path, capsys, text: str) -> tuple:
+    """``clustersim run`` of the experiment ``text``, which must not fit: (its path, the one-line error)."""
     from simulator.cli import main
     path = tmp_path / "oom.yaml"
-    path.write_text("cluster: {preset: dgx-h100, nodes: 2}\nmodel: {preset: llama3-70b, layers: 8}\n"
-                    "parallel: {tp: 1, pp: 1, dp: 16, micro_batch: 1, global_batch: 16}\ntraining: {seq_len: 1024}\n")
+    path.write_text(text)
     assert main(["run", str(path)]) == 2
-    err = capsys.readouterr().err.strip()
+    return path, capsys.readouterr().err.strip()
+
+
+def test_out_of_memory_names_the_file_and_the_remedies_and_force_flags_it(tmp_path, capsys):
+    from simulator.cli import main
+    path, err = _run_out_of_memory(
+        tmp_path, capsys, "cluster: {preset: dgx-h100, nodes: 2}\nmodel: {preset: llama3-70b, layers: 8}\n"
+        "parallel: {tp: 1, pp: 1, dp: 16, micro_batch: 1, global_batch: 16}\ntraining: {seq_len: 1024}\n")
     assert err.startswith(f"clustersim: error: {path}: out of memory: stage 0: ") and "\n" not in err
     # the remedies that fit, each one change of the layout, with the memory it leaves: ZeRO-1 shards the Adam
     # state over the 16 DP ranks (Rajbhandari et al.; by hand from the breakdown), ZeRO-2 the gradients too
@@ -361,11 +368,8 @@ def test_a_gpu_without_its_nic_and_nvswitch_borrows_nothing():
 
 def test_out_of_memory_without_a_single_change_that_fits_gives_the_general_hint(tmp_path, capsys):
     """Llama 3 405B on one server (TP 8, no DP to shard over): no one change of the layout fits."""
-    from simulator.cli import main
-    path = tmp_path / "oom.yaml"
-    path.write_text("cluster: {preset: dgx-h100, nodes: 1}\nmodel: {preset: llama3-405b, layers: 16}\n"
-                    "parallel: {tp: 8, pp: 1, dp: 1}\ntraining: {seq_len: 1024}\n")
-    assert main(["run", str(path)]) == 2
-    err = capsys.readouterr().err.strip()
+    _path, err = _run_out_of_memory(
+        tmp_path, capsys, "cluster: {preset: dgx-h100, nodes: 1}\nmodel: {preset: llama3-405b, layers: 16}\n"
+        "parallel: {tp: 8, pp: 1, dp: 1}\ntraining: {seq_len: 1024}\n")
     assert err.endswith("lower it with parallel.zero (1-3), more tp or pp, parallel.recompute: full or a smaller "
                         "parallel.micro_batch (or use --force to simulate anyway)")
