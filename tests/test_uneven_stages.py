@@ -178,3 +178,21 @@ def test_the_uneven_example_loads_with_126_layers_and_fits():
     assert exp.model.layers == 126
     assert layers_per_stage(126, exp.parallel) == (7,) + (8,) * 14 + (7,)
     assert exp.memory().fits(80e9)
+
+
+def test_zero3_module_gathers_follow_uneven_chunks():
+    """DeepSpeed ZeRO-3 cuts each chunk's kernels at its modules' gathers; the gather trace split a stage's
+    layers evenly over its chunks, so per-chunk counts of unequal size ([1, 2, 2, 2]) stopped the step with the
+    trace's AssertionError (found 2026-12-02). ZeRO changes no compute: the step executes the FLOPs of the same
+    layout under ZeRO-1."""
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 4}, "model": {"preset": "llama3-8b", "layers": 30},
+           "parallel": {"tp": 2, "pp": 4, "dp": 4, "micro_batch": 1, "global_batch": 32, "schedule": "interleaved",
+                        "virtual_stages": 4, "sequence_parallel": True, "zero": 3, "zero_impl": "deepspeed",
+                        "stage_layers": [[1, 2, 2, 2], 8, 8, [2, 2, 2, 1]]},
+           "training": {"seq_len": 1024}}
+    zero3 = experiment_from_dict(doc)
+    one = experiment_from_dict({**doc, "parallel": {**doc["parallel"], "zero": 1, "zero_impl": "auto"}})
+    a = training_step(zero3.model, zero3.parallel, zero3.training, zero3.options)
+    b = training_step(one.model, one.parallel, one.training, one.options)
+    assert a.executed_flops == pytest.approx(b.executed_flops, rel=1e-12)
+    assert run_experiment(zero3, force=True).step_time > 0

@@ -54,7 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .models import ModelSpec
-from .parallel import ParallelConfig, num_micro_batches, padded_vocab, stage_layers
+from .parallel import ParallelConfig, chunk_layers, num_micro_batches, padded_vocab
 from .schedules import pipeline_schedule
 
 __all__ = ["ShardingPlan", "sharding_plan", "Unit", "Use", "GatherSchedule", "gather_schedule", "layer_units",
@@ -302,14 +302,12 @@ def stage_uses(model: ModelSpec, parallel: ParallelConfig, plan: ShardingPlan, s
     exactly these uses.
     """
     p, v = parallel.pp, parallel.virtual_stages
-    layers = stage_layers(model.layers, parallel, stage)
-    per = len(layers) // v
     ends = end_units(model, parallel, plan.gather or "module", stage)
     per_action: list[list[int]] = []
     uses: list[Use] = []
     for a in pipeline_schedule(parallel.schedule, p, num_micro_batches(parallel), v)[stage]:
         j = a.chunk * p + stage
-        chunk = layers[a.chunk * per:(a.chunk + 1) * per]
+        chunk = chunk_layers(model.layers, parallel, stage, a.chunk)  # (chunks of a stage may differ in size)
         new = [Use(u.unit, u.phase, a.micro_batch)
                for u in _pass_uses(model, parallel, plan, chunk, a.phase, embedding_and_loss and j == 0,
                                    embedding_and_loss and j == p * v - 1, ends)]
