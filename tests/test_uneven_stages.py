@@ -196,3 +196,49 @@ def test_zero3_module_gathers_follow_uneven_chunks():
     b = training_step(one.model, one.parallel, one.training, one.options)
     assert a.executed_flops == pytest.approx(b.executed_flops, rel=1e-12)
     assert run_experiment(zero3, force=True).step_time > 0
+
+
+# ------------------------------------------- embedding-only and output-only chunks
+END_CHUNKS = {"cluster": {"preset": "dgx-h100", "nodes": 4}, "model": {"preset": "llama3-8b", "layers": 14},
+              "parallel": {"tp": 2, "pp": 4, "dp": 4, "micro_batch": 1, "global_batch": 32,
+                           "schedule": "interleaved", "virtual_stages": 4, "sequence_parallel": True,
+                           "stage_layers": [[0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]]},
+              "training": {"seq_len": 1024}}
+
+
+def test_end_chunks_may_hold_the_embedding_or_the_output_layer_alone():
+    """Llama 3's schedule (Dubey et al. 2024, section 3.3.2: "the first model chunk on the first stage has only
+    the embedding, and the last model chunk on the last stage has only output projection and loss") and
+    Megatron-Core's account_for_embedding / loss_in_pipeline_split: the two end chunks may hold no layer.
+    Their forward ops are exactly the embedding's and the output layer's kernels; every layer is still run
+    once per micro-batch, so the step executes the FLOPs of the same model on an even 1F1B split."""
+    from workloads.flops import embedding_ops, logits_ops
+
+    exp = experiment_from_dict(END_CHUNKS)
+    assert chunk_layers(14, exp.parallel, 0, 0) == [] and chunk_layers(14, exp.parallel, 3, 3) == []
+    assert chunk_layers(14, exp.parallel, 0, 1) == [3]  # virtual stage 4 follows the first chunks of stages 1-3
+    step = training_step(exp.model, exp.parallel, exp.training, exp.options)
+    forward = [op for op in step.graph.ops if op.kind == "compute" and op.micro_batch == 0 and op.name[0] == "F"]
+    last_rank = next(op.rank for op in forward if step.stage_of_rank[op.rank] == 3)
+    first = [op for op in forward if op.rank == 0 and ".c0." in op.name]
+    last = [op for op in forward if op.rank == last_rank and ".c3." in op.name]
+    emb = tuple(o.kernel() for o in embedding_ops(exp.model, 1, 1024, 2, dtype_bytes=2).forward)
+    out = tuple(o.kernel() for o in logits_ops(exp.model, 1, 1024, 2, sequence_parallel=True, dtype_bytes=2).forward)
+    assert [op.parts for op in first] == [emb]
+    assert [op.parts for op in last] == [out]
+    even = experiment_from_dict({**END_CHUNKS, "parallel": {**END_CHUNKS["parallel"], "schedule": "1f1b",
+                                                            "virtual_stages": 1, "stage_layers": [4, 4, 3, 3]}})
+    plain = training_step(even.model, even.parallel, even.training, even.options)
+    assert step.executed_flops == pytest.approx(plain.executed_flops, rel=1e-12)
+    assert run_experiment(exp).step_time > 0
+
+
+@pytest.mark.parametrize("counts, where", [
+    ([[1, 0, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]], r"stage_layers\[0\]\[1\]"),
+    ([[1, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]], r"stage_layers\[1\]\[0\]"),
+    ([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 1]], r"stage_layers\[3\]\[2\]"),
+])
+def test_only_the_end_chunks_may_be_empty(counts, where):
+    doc = {**END_CHUNKS, "parallel": {**END_CHUNKS["parallel"], "stage_layers": counts}}
+    with pytest.raises(ConfigError, match=where + ": must be a positive integer"):
+        experiment_from_dict(doc)

@@ -203,7 +203,12 @@ class ParallelConfig:
         Transformer layers of each pipeline stage: ``pp`` entries summing to
         ``model.layers``, each a count (a multiple of ``virtual_stages``,
         split evenly over the stage's chunks) or a list of ``virtual_stages``
-        per-chunk counts (each >= 1); None: even.
+        per-chunk counts (each >= 1, but the model's first chunk, stage 0's
+        first, and its last, the last stage's last, may be 0: the embedding,
+        or the output layer and loss, alone, as Megatron-Core's
+        ``account_for_embedding_in_pipeline_split`` /
+        ``account_for_loss_in_pipeline_split`` and Llama 3's schedule do);
+        None: even.
     first_stage_layers, last_stage_layers : int or None
         Megatron-Core's ``num_layers_in_first_pipeline_stage`` /
         ``num_layers_in_last_pipeline_stage``: layers of the first (last)
@@ -344,7 +349,10 @@ class ParallelConfig:
                         raise ConfigError(f"parallel.stage_layers[{i}]: {len(n)} chunk counts for "
                                           f"virtual_stages={self.virtual_stages}; give one per chunk")
                     for c, x in enumerate(n):
-                        check_int(f"parallel.stage_layers[{i}][{c}]", x)
+                        # the model's two end chunks may hold no layer: only the embedding / the output layer
+                        # and loss (Megatron-Core's account_for_embedding / loss_in_pipeline_split)
+                        end = (i, c) in ((0, 0), (self.pp - 1, len(n) - 1))
+                        check_int(f"parallel.stage_layers[{i}][{c}]", x, minimum=0 if end else 1)
                     counts.append(tuple(n))
                 else:
                     check_int(f"parallel.stage_layers[{i}]", n)

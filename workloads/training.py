@@ -692,6 +692,9 @@ class _StepBuilder:
             out = logits_ops(self.model, mb, s, t, sequence_parallel=self.sp, dtype_bytes=self.dtype)
             (tail if phase == "F" else head).extend(out.forward if phase == "F" else self._split(out.backward, phase))
         order = layers if phase == "F" else list(reversed(layers))
+        # an embedding-only or output-only chunk (Megatron-Core's account_for_embedding/loss_in_pipeline_split)
+        # has no layer of its own: its ops carry the layer next to them
+        at = order or ([0] if j == 0 else [self.model.layers - 1])
         emb_params = self.end_params(stage, chunk)
         first, last = first and ends, last and ends  # no embedding / output-layer TP collectives without them
         grads = {i: (self.model.params_per_layer(i, t, self.par.ep, self.etp)
@@ -709,9 +712,9 @@ class _StepBuilder:
                                      recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None,
                                      regather=self._regathers(1, phase) if moe is None and self.cp == 1 else 0))
             if head:
-                segs.insert(0, _Segment(head, {}, order[0]))
+                segs.insert(0, _Segment(head, {}, at[0]))
             if tail:
-                segs.append(_Segment(tail, {}, order[-1]))
+                segs.append(_Segment(tail, {}, at[-1]))
             # The embedding / output-layer collectives: counted on the last segment (order inside a pass
             # does not change its time).
             for kind, n in self._tp_counts(0, phase, first, last).items():
@@ -726,7 +729,7 @@ class _StepBuilder:
                 again += layer_mask
             kernels += tail
             again += [False] * len(tail)
-            segs = [_Segment(kernels, self._tp_counts(0 if ub else len(layers), phase, first, last), order[0],
+            segs = [_Segment(kernels, self._tp_counts(0 if ub else len(layers), phase, first, last), at[0],
                              (sum(g[0] for g in grads.values()) + emb_params) * gb,
                              sum(g[1] for g in grads.values()) * gb, recompute=tuple(again),
                              ub=(head, self._layer_runs(order, phase), tail) if ub else None,
@@ -1792,7 +1795,7 @@ class _StepBuilder:
         nbytes = self.param_gather_bytes(stage)
         mb = next(a.micro_batch for a in self.schedules[stage] if a.phase == "F" and a.chunk == chunk)
         group = self.layout.grad_group(rank)
-        layer = self.chunk_layers(stage, chunk)[0]
+        layer = (self.chunk_layers(stage, chunk) or [0 if stage == chunk == 0 else self.model.layers - 1])[0]
         return [self.graph.collective_op(rank, "all_gather", group, sizes[b] * nbytes, name="param_all_gather",
                                          stream="dp", deps=deps, traffic_class="zero", micro_batch=mb, stage=stage,
                                          layer=layer)
