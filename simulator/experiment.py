@@ -53,7 +53,7 @@ from workloads.parallel import (
     training_from_dict,
     validate,
 )
-from workloads.training import StepOptions, TrainingStep, training_step
+from workloads.training import StepOptions, TrainingStep, check_step_options, training_step
 
 from .compute import ComputeModel
 from .engine import Engine, paused_gc
@@ -287,6 +287,7 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
                      raw=copy.deepcopy(dict(doc)), fidelity=_fidelity(doc.get("fidelity", "fast")),
                      routing=dataclasses.replace(routing_from_dict(_section(doc, "moe")),
                                                  node_gpus=cluster.gpus_per_server))
+    check_step_options(model, parallel, exp.options)  # (at load time too: the error then names the file)
     exp.faults, exp.healthy_cluster = faults, healthy
     _check_moe_section(model, exp.routing)
     for knob, used in (("tp_comm_overlap_sms", parallel.tp_comm_overlap),

@@ -242,3 +242,32 @@ def test_only_the_end_chunks_may_be_empty(counts, where):
     doc = {**END_CHUNKS, "parallel": {**END_CHUNKS["parallel"], "stage_layers": counts}}
     with pytest.raises(ConfigError, match=where + ": must be a positive integer"):
         experiment_from_dict(doc)
+
+
+@pytest.mark.parametrize("doc, plain", [
+    # zb-h1 splits the backward: the embedding-only chunk's input-gradient pass has nothing to run
+    ({"model": {"preset": "llama3-8b", "layers": 12},
+      "parallel": {"tp": 2, "pp": 4, "dp": 2, "global_batch": 8, "schedule": "zb-h1",
+                   "stage_layers": [[0], [6], [6], [0]]}, "options": {"granularity": "layer"}}, [3, 3, 3, 3]),
+    # DualPipe with a MoE model (layer-by-layer segments) and an embedding-only first stage
+    ({"model": {"preset": "mixtral-8x7b", "layers": 6},
+      "parallel": {"tp": 1, "pp": 4, "dp": 4, "ep": 2, "global_batch": 32, "schedule": "dualpipe",
+                   "stage_layers": [[0], [2], [2], [2]]}}, [1, 2, 2, 1]),
+])
+def test_empty_end_chunks_under_split_backwards_run_and_conserve_flops(doc, plain):
+    """Found in review: an empty input-gradient pass left no segment to hang the pass's collectives on. The
+    step executes the FLOPs of the same model and schedule on a split with a layer on every stage."""
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "training": {"seq_len": 1024}, **doc}
+    exp = experiment_from_dict(doc)
+    even = experiment_from_dict({**doc, "parallel": {**doc["parallel"], "stage_layers": plain}})
+    a = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing)
+    b = training_step(even.model, even.parallel, even.training, even.options, even.routing)
+    assert a.executed_flops == pytest.approx(b.executed_flops, rel=1e-12)
+    assert run_experiment(exp, force=True).step_time > 0
+
+
+def test_empty_end_chunk_needs_the_embedding_and_loss():
+    doc = {**END_CHUNKS, "options": {"embedding_and_loss": False}}
+    with pytest.raises(ConfigError, match=r"^parallel\.stage_layers: an empty end chunk .* needs "
+                                          r"options\.embedding_and_loss: true$"):
+        experiment_from_dict(doc)

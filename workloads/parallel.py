@@ -352,6 +352,10 @@ class ParallelConfig:
                         # the model's two end chunks may hold no layer: only the embedding / the output layer
                         # and loss (Megatron-Core's account_for_embedding / loss_in_pipeline_split)
                         end = (i, c) in ((0, 0), (self.pp - 1, len(n) - 1))
+                        if x == 0 and not end and not isinstance(x, bool):
+                            raise ConfigError(f"parallel.stage_layers[{i}][{c}]: must be a positive integer, got 0 "
+                                              f"(only the model's first chunk, stage 0's first, and its last may "
+                                              f"be empty)")
                         check_int(f"parallel.stage_layers[{i}][{c}]", x, minimum=0 if end else 1)
                     counts.append(tuple(n))
                 else:

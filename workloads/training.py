@@ -486,10 +486,21 @@ def _recompute_before_use(forward: list[LayerOp], backward: list[LayerOp],
     return out
 
 
+def check_step_options(model: ModelSpec, parallel: ParallelConfig, options: StepOptions) -> None:
+    """Raise :class:`ConfigError` for generator options the layout cannot take: an empty end chunk (the
+    embedding, or the output layer and loss, alone) with ``options.embedding_and_loss: false`` would have
+    nothing to run."""
+    if not options.embedding_and_loss and any(not chunk_layers(model.layers, parallel, s, c)
+                                              for s in range(parallel.pp) for c in range(parallel.model_chunks)):
+        raise ConfigError("parallel.stage_layers: an empty end chunk holds the embedding or the output layer "
+                          "alone; it needs options.embedding_and_loss: true")
+
+
 class _StepBuilder:
     def __init__(self, model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
                  options: StepOptions, routing: RoutingModel | None = None) -> None:
         self.model, self.par, self.train, self.opt = model, parallel, training, options
+        check_step_options(model, parallel, options)
         self.layout = RankLayout(parallel)
         self.m = num_micro_batches(parallel)
         self.p, self.v, self.t = parallel.pp, parallel.model_chunks, parallel.tp
@@ -715,6 +726,8 @@ class _StepBuilder:
                 segs.insert(0, _Segment(head, {}, at[0]))
             if tail:
                 segs.append(_Segment(tail, {}, at[-1]))
+            if not segs:  # an embedding-only chunk's input-gradient pass (zb-h1, DualPipe): nothing to compute
+                segs.append(_Segment([], {}, at[0]))
             # The embedding / output-layer collectives: counted on the last segment (order inside a pass
             # does not change its time).
             for kind, n in self._tp_counts(0, phase, first, last).items():
