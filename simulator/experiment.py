@@ -95,17 +95,21 @@ DEMO_EXPERIMENT = {
 
 
 class OutOfMemoryError(ValueError):
-    """The configuration does not fit in GPU memory; the message has the breakdown."""
+    """The configuration does not fit in GPU memory: ``summary`` (the breakdown against the GPU's memory),
+    then ``hint`` (what to do about it) when given."""
+
+    def __init__(self, summary: str, hint: str | None = None) -> None:
+        super().__init__(summary if hint is None else f"{summary}; {hint}")
+        self.summary = summary
 
     def with_remedies(self, exp: Experiment) -> OutOfMemoryError:
-        """The same error, its generic hint replaced by the single changes that make ``exp`` fit
+        """The same error, its hint replaced by the single changes that make ``exp`` fit
         (:func:`memory_remedies`), when there are any."""
         remedies = memory_remedies(exp)
         if not remedies:
             return self
-        head = str(self).split("; lower it with", 1)[0]
         fits = ", or ".join(f"{what} ({m.total / 1e9:.1f} GB)" for what, m in remedies)
-        return OutOfMemoryError(f"{head}; fits with {fits} (or use --force to simulate anyway)")
+        return OutOfMemoryError(self.summary, f"fits with {fits} (or use --force to simulate anyway)")
 
 
 @dataclass
@@ -467,10 +471,9 @@ def check_memory(exp: Experiment, force: bool = False) -> MemoryBreakdown:
     memory = exp.memory()
     hbm = exp.cluster.gpu.hbm_bytes
     if not memory.fits(hbm) and not force:
-        raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of "
-                               f"{exp.cluster.gpu.name}; lower it with parallel.zero (1-3), more tp or pp, "
-                               f"parallel.recompute: full or a smaller parallel.micro_batch (or use --force to "
-                               f"simulate anyway)")
+        raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of {exp.cluster.gpu.name}",
+                               "lower it with parallel.zero (1-3), more tp or pp, parallel.recompute: full or a "
+                               "smaller parallel.micro_batch (or use --force to simulate anyway)")
     return memory
 
 

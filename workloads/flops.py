@@ -101,6 +101,7 @@ three (12). Both are 28.
 """
 ADAM_FLOPS_PER_PARAM = 12
 """Approximate FLOPs per parameter of an Adam update with weight decay."""
+
 RECOMPUTED_KERNELS: dict[str, dict[str, frozenset[str]]] = {
     "layernorm": {"input_norm": frozenset({"qkv", "q_proj", "q_down", "kv_down"}),
                   "mlp_norm": frozenset({"mlp_up", "shared_up", "router"})},

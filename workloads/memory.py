@@ -262,7 +262,7 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
     moe = model.is_moe_layer(layer)
     # 2 norm inputs, the attention's and the MLP's GEMM inputs (the norms' outputs), 2 masks. A MoE layer's
     # MLP input is the router's (a bf16 GEMM) and, under FP8, also the shared expert's FP8 copy.
-    mlp_input = (d + (g if model.shared_experts else 0) if fp8 else d) if moe else g
+    mlp_input = d + (g if fp8 and model.shared_experts else 0) if moe else g
     norm_outputs = 0 if "layernorm" in modules else g + mlp_input
     masks = MASK_BYTES if model.dropout else 0  # no dropout, no mask (PyTorch returns the input at p = 0)
     replicated = (2 * d + norm_outputs + 2 * masks) * sbh

@@ -586,6 +586,11 @@ class _StepBuilder:
         """Action ``a`` computes weight gradients (a whole backward, or the ``W`` of a split one)."""
         return self.pass_of(stage, a) in ("W", "BW") if self.split_backward else a.phase == "B"
 
+    def _end_layer(self, stage: int, chunk: int) -> int:
+        """The layer an embedding-only or output-only chunk's ops are tagged with (it has none of its own:
+        Megatron-Core's account_for_embedding/loss_in_pipeline_split): the one next to it."""
+        return 0 if self.position(stage, chunk) == 0 else self.model.layers - 1
+
     def chunk_layers(self, stage: int, chunk: int) -> list[int]:
         key = (stage, chunk)
         layers = self._chunk_layers.get(key)
@@ -671,18 +676,11 @@ class _StepBuilder:
                 kernels = [o for o in backward if _weight_gradient(o)]
                 return kernels, (False,) * len(kernels)
             backward = [o for o in backward if not _weight_gradient(o)]
-        recompute, modules = self.par.recompute, self.par.selective_modules
-        first: list[LayerOp] = []
-        if recompute == "full":
-            first = list(ops.forward)
-        elif recompute == "selective":
-            if "core_attn" in modules:
-                first = [o for o in ops.forward if o.name.startswith("attention")]
-            if modules != ("core_attn",):
-                placed = _recompute_before_use(ops.forward, backward, modules)
-                return first + [o for o, _again in placed], \
-                    (True,) * len(first) + tuple(again for _o, again in placed)
-        return first + backward, (True,) * len(first) + (False,) * len(backward)
+        modules = self.par.selective_modules  # () unless selective
+        first = (list(ops.forward) if self.par.recompute == "full" else
+                 [o for o in ops.forward if o.name.startswith("attention")] if "core_attn" in modules else [])
+        placed = _recompute_before_use(ops.forward, backward, modules)
+        return first + [o for o, _again in placed], (True,) * len(first) + tuple(again for _o, again in placed)
 
     def segments(self, stage: int, chunk: int, phase: str, per_layer: bool) -> list[_Segment]:
         """The compute segments of one forward/backward of one chunk (cached: identical for every micro-batch)."""
@@ -703,9 +701,7 @@ class _StepBuilder:
             out = logits_ops(self.model, mb, s, t, sequence_parallel=self.sp, dtype_bytes=self.dtype)
             (tail if phase == "F" else head).extend(out.forward if phase == "F" else self._split(out.backward, phase))
         order = layers if phase == "F" else list(reversed(layers))
-        # an embedding-only or output-only chunk (Megatron-Core's account_for_embedding/loss_in_pipeline_split)
-        # has no layer of its own: its ops carry the layer next to them
-        at = order or ([0] if j == 0 else [self.model.layers - 1])
+        at = order or [self._end_layer(stage, chunk)]
         emb_params = self.end_params(stage, chunk)
         first, last = first and ends, last and ends  # no embedding / output-layer TP collectives without them
         grads = {i: (self.model.params_per_layer(i, t, self.par.ep, self.etp)
@@ -908,8 +904,8 @@ class _StepBuilder:
         if not (self.routing.shared_expert_overlap and self.model.shared_experts):
             return before, experts, after
         shared = [o for o in ops[start:] if o.name.startswith("shared")]
-        base = shared[0].name.split(".")[0]  # shared_up in the forward, shared_down in the backward
-        cut = max(i for i, o in enumerate(shared) if o.name.split(".")[0] == base) + 1
+        base = base_name(shared[0].name)  # shared_up in the forward, shared_down in the backward
+        cut = max(i for i, o in enumerate(shared) if base_name(o.name) == base) + 1
         ids = {id(o) for o in shared}
         return ([o for i, o in enumerate(before) if i < start or id(o) not in ids], experts,
                 [o for o in after if id(o) not in ids], shared[:cut], shared[cut:])
@@ -1808,7 +1804,7 @@ class _StepBuilder:
         nbytes = self.param_gather_bytes(stage)
         mb = next(a.micro_batch for a in self.schedules[stage] if a.phase == "F" and a.chunk == chunk)
         group = self.layout.grad_group(rank)
-        layer = (self.chunk_layers(stage, chunk) or [0 if stage == chunk == 0 else self.model.layers - 1])[0]
+        layer = (self.chunk_layers(stage, chunk) or [self._end_layer(stage, chunk)])[0]
         return [self.graph.collective_op(rank, "all_gather", group, sizes[b] * nbytes, name="param_all_gather",
                                          stream="dp", deps=deps, traffic_class="zero", micro_batch=mb, stage=stage,
                                          layer=layer)
