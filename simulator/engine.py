@@ -180,23 +180,40 @@ def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]], dic
     replicas = _replicas(graph)
     counters: dict[tuple, int] = {}
     keys: dict[int, tuple] = {}
-    members: dict[tuple, list[Op]] = {}
+    # A group is a tuple of up to thousands of ranks, and Python does not cache a tuple's hash: each group
+    # object is looked up once by identity (generators share a few objects among many ops) and numbered,
+    # and the per-op dicts below are keyed by that number. ``keyed``: (number, k) or a point-to-point key
+    # -> (the public key, its ops), in order of first appearance.
+    group_ids: dict[int, tuple[tuple[int, ...], int]] = {}  # id(group object) -> (that object, its number)
+    numbers: dict[tuple[int, ...], int] = {}  # group -> its number
+    keyed: dict[tuple, tuple[tuple, list[Op]]] = {}
     for op in graph.ops:
         if isinstance(op, Collective):
-            c = (op.rank, op.group)
+            group = op.group
+            hit = group_ids.get(id(group))
+            if hit is None or hit[0] is not group:
+                hit = group_ids[id(group)] = (group, numbers.setdefault(group, len(numbers)))
+            c = (op.rank, hit[1])
             k = counters.get(c, 0)
             counters[c] = k + 1
-            key = ("c", op.group, k)
+            inner = (hit[1], k)
+            entry = keyed.get(inner)
+            if entry is None:
+                entry = keyed[inner] = (("c", group, k), [])
         elif isinstance(op, (Send, Recv)):
             src, dst = (op.rank, op.peer) if isinstance(op, Send) else (op.peer, op.rank)
             c = (op.kind, src, dst, op.tag)
             k = counters.get(c, 0)
             counters[c] = k + 1
-            key = ("p", src, dst, k, op.tag)
+            inner = ("p", src, dst, k, op.tag)
+            entry = keyed.get(inner)
+            if entry is None:
+                entry = keyed[inner] = (inner, [])
         else:
             continue
-        keys[op.id] = key
-        members.setdefault(key, []).append(op)
+        keys[op.id] = entry[0]
+        entry[1].append(op)
+    members: dict[tuple, list[Op]] = dict(keyed.values())
     problems = []
     shapes: dict[tuple, tuple[str, list[int]]] = {}
     for key, ops in members.items():
@@ -351,13 +368,16 @@ class Engine:
 
         dependents: list[list[int]] = [[] for _ in range(n)]
         waiting: list[int] = [0] * n
-        last_on_stream: dict[tuple, int] = {}
+        last_on_stream: dict[str, list[int]] = {}  # stream -> per rank, its last op so far (-1: none)
         for op in ops:
             i = op.id
             deps = op.deps
-            prev = last_on_stream.get((op.rank, op.stream))
-            last_on_stream[(op.rank, op.stream)] = i
-            if prev is not None and prev not in deps:
+            last = last_on_stream.get(op.stream)
+            if last is None:
+                last = last_on_stream[op.stream] = [-1] * graph.world_size
+            prev = last[op.rank]
+            last[op.rank] = i
+            if prev >= 0 and prev not in deps:
                 deps = (*deps, prev)
             if len(deps) > 1 and len(set(deps)) != len(deps):
                 deps = tuple(dict.fromkeys(deps))

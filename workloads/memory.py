@@ -82,15 +82,19 @@ interleaved 1F1B with ``v`` chunks per stage: Megatron-LM runs
 ``w = 2 (p - i - 1) + (v - 1) p`` warm-up chunk-forwards, so ``min(w + 1, m v)``
 chunks of ``1/v`` of the stage's layers are live: ``(p v + p - 1) / v`` stage
 equivalents on the first stage, ``1 + (p - 1)/(p v)`` times 1F1B's ``p``
-(Narayanan et al. 2021, section 2.2.2). Uneven stages
-(``parallel.stage_layers``) hold their own layers; chunks of unequal size
-within a stage count as the stage's average chunk.
+(Narayanan et al. 2021, section 2.2.2); with ``m = p`` Megatron-Core runs
+every forward first (``m v`` chunks live). The count is read off the
+schedule's order of actions, each chunk weighted by its own layers' bytes:
+uneven stages (``parallel.stage_layers``, per stage or per chunk, an
+embedding-only end chunk) and dense and MoE layers in one stage are exact,
+not the stage's average chunk.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from .flops import LOSS_BYTES, fp8_weight_params
 from .models import ModelSpec
@@ -302,7 +306,9 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
     """Micro-batches' worth of stage ``stage``'s activations live at the peak.
 
     GPipe ``m``; 1F1B ``min(p - i, m)``; interleaved ``min(w + 1, m v) / v``
-    with ``w = 2 (p - i - 1) + (v - 1) p`` (Megatron-LM's warm-up count);
+    with ``w = 2 (p - i - 1) + (v - 1) p`` (Megatron-LM's warm-up count), or
+    ``m`` when ``m = p`` (Megatron-Core then runs every forward first; both
+    read off the schedule's order, :func:`_peak_in_flight`);
     Zero Bubble H1 ``p`` on every stage (a micro-batch's inputs stay until its
     weight gradient; :func:`~workloads.schedules.max_in_flight`), counted as
     whole activations (an upper bound: after ``B`` only the linear layers'
@@ -310,24 +316,33 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
     ``PP + 1`` micro-batches of one of the rank's two chunks; its schedule's
     :func:`~workloads.schedules.max_in_flight`), the same upper bound.
     """
-    p, v, m, i = parallel.pp, parallel.virtual_stages, num_micro_batches(parallel), stage
+    p, m, i = parallel.pp, num_micro_batches(parallel), stage
     if parallel.schedule == "gpipe":
         return float(m)
-    if parallel.schedule == "dualpipe":
-        return _dualpipe_in_flight(parallel, stage, (1.0, 1.0)) / 2
+    if parallel.schedule in ("dualpipe", "interleaved"):  # chunk-micro-batches in flight, over the chunks
+        return _peak_in_flight(parallel, stage, (1.0,) * parallel.model_chunks) / parallel.model_chunks
     if parallel.schedule == "zb-h1":
         return float(min(p, m))
-    if parallel.schedule == "interleaved":
-        warmup = 2 * (p - i - 1) + (v - 1) * p
-        return min(warmup + 1, m * v) / v
     return float(min(p - i, m))
 
 
-def _dualpipe_in_flight(parallel: ParallelConfig, stage: int, per_chunk: tuple[float, float]) -> float:
-    """The peak, over ``stage``'s DualPipe order, of the summed ``per_chunk`` weights of the (micro-batch,
-    chunk) pairs whose forward has run and whose weight gradient has not (the forward of an overlapped pair
-    counted before its backward frees anything)."""
-    actions = pipeline_schedule("dualpipe", parallel.pp, num_micro_batches(parallel))[stage]
+@lru_cache(maxsize=16)
+def _schedule(kind: str, pp: int, micro_batches: int, virtual_stages: int) -> list[list]:
+    """:func:`~workloads.schedules.pipeline_schedule`, kept (memory is asked per stage, and per layout change
+    by :func:`simulator.experiment.memory_remedies`); read only."""
+    return pipeline_schedule(kind, pp, micro_batches, virtual_stages)
+
+
+def _peak_in_flight(parallel: ParallelConfig, stage: int, per_chunk: Sequence[float]) -> float:
+    """The peak, over ``stage``'s order of actions (interleaved or DualPipe), of the summed ``per_chunk``
+    weights of the (micro-batch, chunk) pairs whose forward has run and whose backward (weight gradient,
+    where the backward is split) has not; the forward of an overlapped pair counted before its backward
+    frees anything. With equal weights this is :func:`~workloads.schedules.max_in_flight` (interleaved:
+    Megatron-LM's warm-up ``2 (p - i - 1) + (v - 1) p`` plus one, or every forward first when ``m = p``, as
+    Megatron-Core runs it); weighted by each chunk's layers it is exact for chunks of unequal size
+    (``parallel.stage_layers`` per chunk, an embedding-only end chunk, dense and MoE layers in one stage)."""
+    v = parallel.virtual_stages if parallel.schedule == "interleaved" else 1
+    actions = _schedule(parallel.schedule, parallel.pp, num_micro_batches(parallel), v)[stage]
     split = {(a.micro_batch, a.chunk) for a in actions if a.phase == "W"}
     live = peak = 0.0
     for a in actions:
@@ -351,9 +366,9 @@ def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: Tra
                                               fp8=training.fp8, recompute_modules=parallel.recompute_modules)
                    for i in layers)
 
-    if parallel.schedule == "dualpipe":  # the two chunks can differ (uneven stages): weigh each by its layers
-        chunks = tuple(per_mb(chunk_layers(model.layers, parallel, stage, c)) for c in (0, 1))
-        acts = _dualpipe_in_flight(parallel, stage, chunks)  # type: ignore[arg-type]
+    if parallel.schedule in ("dualpipe", "interleaved"):  # chunks can differ: weigh each by its own layers
+        acts = _peak_in_flight(parallel, stage, [per_mb(chunk_layers(model.layers, parallel, stage, c))
+                                                 for c in range(parallel.model_chunks)])
     else:
         acts = micro_batches_in_flight(parallel, stage) * per_mb(stage_layers(model.layers, parallel, stage))
     if stage == parallel.pp - 1 or (parallel.schedule == "dualpipe" and stage == 0):

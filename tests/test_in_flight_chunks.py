@@ -1,0 +1,73 @@
+"""Activations in flight under the interleaved schedule, chunk by chunk.
+
+The memory model reads how many (micro-batch, chunk) forwards a stage holds at its peak off the schedule's
+order of actions, each chunk weighted by its own layers. The truth here is independent of that replay: the
+simulated timeline of a real step (which forwards have started and whose backward has not, on one rank), and
+Megatron-Core's rule that with as many micro-batches as stages every forward runs first.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_training import run_step, small_model
+
+from topologies import single_server
+from workloads.memory import memory_per_gpu, micro_batches_in_flight
+from workloads.parallel import ParallelConfig, TrainingSpec
+
+
+def _peak_live_layers(result, rank: int, layers_of_chunk: dict[str, int]) -> int:
+    """Layers' worth of micro-batch activations live on ``rank`` at the worst moment of the simulated timeline:
+    every forward started whose backward has not, weighted by its chunk's layers (``"c0"`` -> count)."""
+    ops = result.ops
+    fb = ops[(ops["rank"] == rank) & (ops["kind"] == "compute") & (ops["micro_batch"] >= 0)]
+    events = []
+    for row in fb.itertuples(index=False):
+        phase, chunk = row.name[0], row.name.split(".")[1]
+        events.append((row.start_s, 0 if phase == "B" else 1, phase, (row.micro_batch, chunk)))
+    live: set = set()
+    started: set = set()
+    peak = 0
+    for _t, _order, phase, key in sorted(events):  # at equal times a backward frees before a forward adds
+        if phase == "F" and key not in started:
+            started.add(key)
+            live.add(key)
+            peak = max(peak, sum(layers_of_chunk[c] for _mb, c in live))
+        elif phase == "B":
+            live.discard(key)
+    return peak
+
+
+def test_as_many_micro_batches_as_stages_runs_every_forward_first():
+    # Megatron-Core (forward_backward_pipelining_with_interleaving): "if num_microbatches ==
+    # pipeline_parallel_size ... all_warmup_microbatches = True": every stage holds all m v chunk-forwards.
+    # The warm-up formula min(2 (p - i - 1) + (v - 1) p + 1, m v) says 7 and 5 on the last two stages.
+    par = ParallelConfig(pp=4, global_batch=4, schedule="interleaved", virtual_stages=2)
+    assert [micro_batches_in_flight(par, i) for i in range(4)] == [4.0] * 4
+    _step, res = run_step(small_model(layers=8), par, TrainingSpec(seq_len=128), single_server("H100-SXM", 4))
+    one_layer_chunks = {"c0": 1, "c1": 1}
+    assert [_peak_live_layers(res, r, one_layer_chunks) / 2 for r in range(4)] == [4.0] * 4
+
+
+def test_more_micro_batches_keep_megatrons_warm_up_count():
+    par = ParallelConfig(pp=4, global_batch=8, schedule="interleaved", virtual_stages=2)
+    warm_up = [2 * (4 - i - 1) + (2 - 1) * 4 for i in range(4)]  # Megatron-LM's num_warmup_microbatches
+    assert [micro_batches_in_flight(par, i) for i in range(4)] == [(w + 1) / 2 for w in warm_up]
+
+
+def test_empty_end_chunks_count_their_own_layers():
+    # Stage 0's first chunk is the embedding only, the last stage's last chunk the output layer only
+    # (Llama 3's pipeline, section 3.3.2): their activations are the other chunk's alone, at the moments the
+    # schedule holds them, not the stage's average chunk times the chunk-forwards in flight.
+    layers = [[0, 1], [1, 1], [1, 1], [1, 0]]
+    par = ParallelConfig(pp=4, global_batch=8, schedule="interleaved", virtual_stages=2, stage_layers=layers)
+    model, train = small_model(layers=6), TrainingSpec(seq_len=128)
+    _step, res = run_step(model, par, train, single_server("H100-SXM", 4))
+    peaks = [_peak_live_layers(res, r, {f"c{c}": n for c, n in enumerate(layers[r])}) for r in range(4)]
+    acts = [memory_per_gpu(model, par, train, stage=r).activations for r in range(3)]
+    # stages 1 and 2 hold one layer per chunk: the stage's bytes per layer-micro-batch
+    per_layer = acts[1] / peaks[1]
+    assert acts[2] / peaks[2] == pytest.approx(per_layer, rel=1e-12)
+    assert acts[0] == pytest.approx(peaks[0] * per_layer, rel=1e-12)
+    # the averaged count (5.5 chunk-forwards x one layer) would overstate stage 0
+    assert peaks[0] < micro_batches_in_flight(par, 0) * 1
