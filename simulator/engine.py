@@ -322,6 +322,10 @@ class Engine:
         same with or without it.
     """
 
+    share_compute_ends: bool = True
+    """Compute ends due at one instant and scheduled back to back share one SimPy event (:class:`_ComputeEnd`;
+    the same run, fewer events). False gives one event per end: the reference the tests compare with."""
+
     def __init__(self, graph: OpGraph, cluster: Cluster, compute: ComputeModel | None = None,
                  network: NetworkConfig | None = None, slowdown: Mapping[int, float] | None = None,
                  rank_compute: Mapping[int, ComputeModel] | None = None,
@@ -426,9 +430,15 @@ class Engine:
                         issue(ops[d])
 
         def on_compute(event) -> None:
-            finish([event._value])
+            finish(event._value)
 
         compute_done = (on_compute,)  # every compute end's callbacks (SimPy sets each event's to None after)
+        queue, next_eid = env._queue, env._eid.__next__
+        # The compute end scheduled last (see _ComputeEnd: ends due at one instant, scheduled back to back,
+        # share one event), its time and SimPy insertion id; ``merged``: ends that joined an earlier one's event.
+        batch: _ComputeEnd | None = None
+        batch_t, batch_eid, merged = nan, -2, 0
+        share = self.share_compute_ends
 
         def clones(group: tuple[int, ...], shape: str) -> list[tuple[int, ...]]:
             out = clone_groups.get(group)
@@ -442,12 +452,22 @@ class Engine:
             return out
 
         def issue(op: Op) -> None:
+            nonlocal batch, batch_t, batch_eid, merged
             i = op.id
             now = env.now
             issue_s[i] = now
             if op.kind == "compute":
                 start_s[i] = now
-                _schedule_end(env, duration[i], compute_done, i)
+                t = now + duration[i]
+                eid = next_eid()
+                if eid == batch_eid + 1 and t == batch_t and share and batch.callbacks is not None:
+                    batch._value.append(i)  # nothing scheduled since the batch's last end, due at the same time
+                    merged += 1
+                else:
+                    batch = _ComputeEnd(compute_done, [i])
+                    heappush(queue, (t, NORMAL, eid, batch))
+                    batch_t = t
+                batch_eid = eid
                 return
             s = slot[i]
             group = arrived.get(s)
@@ -513,7 +533,7 @@ class Engine:
         if completed < n:
             raise DeadlockError(self._deadlock_report({slot_keys[s]: g for s, g in arrived.items()}, issue_a, end_a))
         step = float(np.max(end_a)) if n else 0.0
-        return RunRecord(self.graph, fabric, issue_a, start_a, end_a, _event_count(env), step)
+        return RunRecord(self.graph, fabric, issue_a, start_a, end_a, _event_count(env) - merged, step)
 
     def _deadlock_report(self, arrived: dict, issue_s: np.ndarray, end_s: np.ndarray) -> str:
         ops = self.graph.ops
@@ -539,25 +559,24 @@ _PROGRESS_STEPS = 200
 
 
 class _ComputeEnd:
-    """The SimPy event of a compute op's end: what ``env.timeout(duration, op_id)`` schedules, without a
-    :class:`simpy.Timeout` (its construction was a tenth of the engine's own time per compute op).
+    """The SimPy event of the end of one or more compute ops: what ``env.timeout(duration, op_id)`` schedules,
+    without a :class:`simpy.Timeout` (its construction was a tenth of the engine's own time per compute op).
 
-    :meth:`simpy.Environment.step` reads only ``callbacks`` (set to None once run), ``_ok`` and ``_value``;
-    :func:`_schedule_end` pushes it as :meth:`simpy.Environment.schedule` would (``now + delay``, NORMAL
-    priority, the next insertion id), so events run in the same order at the same times."""
+    :meth:`simpy.Environment.step` reads only ``callbacks`` (set to None once run), ``_ok`` and ``_value`` (here
+    the op ids). The engine pushes it as :meth:`simpy.Environment.schedule` would (``now + delay``, NORMAL
+    priority, the next insertion id), so events run in the same order at the same times. Ends due at the same
+    instant whose scheduling nothing came between (every rank of a stage starting the same kernels when an
+    all-to-all completes) share one event: their insertion ids were consecutive, so they ran back to back,
+    and whatever one's successors schedule for that instant gets a later id and ran after all of them, as it
+    does after the shared event. The step, every op's times and the order of everything else are those of
+    one event per end; only the events SimPy processes are fewer."""
 
     __slots__ = ("callbacks", "_value")
     _ok = True
 
-    def __init__(self, callbacks: tuple, op_id: int) -> None:
+    def __init__(self, callbacks: tuple, op_ids: list[int]) -> None:
         self.callbacks = callbacks
-        self._value = op_id
-
-
-def _schedule_end(env: simpy.Environment, delay: float, callbacks: tuple, op_id: int) -> None:
-    """Schedule :class:`_ComputeEnd` ``op_id`` ``delay`` seconds from now (what ``env.timeout(delay,
-    op_id).callbacks.append(callback)`` does, for ``callbacks == (callback,)``)."""
-    heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), _ComputeEnd(callbacks, op_id)))
+        self._value = op_ids
 
 
 class _Countdown:

@@ -1,10 +1,12 @@
 """The engine: streams, dependencies, rendezvous, deadlock detection, records."""
 
+import numpy as np
 import pytest
 
 from simulator import DeadlockError, simulate
 from simulator.engine import run
 from workloads.ops import OpGraph, OpGraphError
+from workloads.training import training_step
 
 
 def test_stream_order_and_cross_rank_dependencies(node8):
@@ -156,38 +158,63 @@ def test_a_group_that_is_part_of_one_replica_set_runs_once_per_lane(node8):
     assert b.fabric.network.ledger.bytes.sum() == pytest.approx(a.fabric.network.ledger.bytes.sum(), rel=1e-12)
 
 
-def test_compute_end_events_run_as_simpy_timeouts_would():
-    """A compute op's end is pushed onto SimPy's queue directly (engine._schedule_end): it must run at
-    ``now + delay``, in insertion order among real timeouts of the same instant, and be counted as an event,
-    exactly as when every end is an ``env.timeout``."""
-    import simpy
+def test_compute_ends_due_together_share_one_event(node8):
+    """Four ranks leave an all-reduce at one instant and each runs 1 ms of compute: their four ends are due at
+    the same time and scheduled back to back, so one SimPy event ends them all (three fewer events than one
+    per end); the times are the hand-worked ones either way."""
+    from simulator.engine import Engine
 
-    from simulator.engine import _event_count, _schedule_end
+    def record(share: bool):
+        g = OpGraph(4)
+        ids = g.collective("all_reduce", [0, 1, 2, 3], 1e6, algorithm="ring")
+        for r in range(4):
+            g.compute(r, duration_s=1e-3, category="fixed", name=f"after{r}", deps=[ids[r]])
+        engine = Engine(g, node8)
+        engine.share_compute_ends = share
+        return engine.run()
 
-    def scenario(direct: bool) -> tuple[list, int]:
-        env = simpy.Environment()
-        seen = []
+    shared, apart = record(True), record(False)
+    done = apart.end_s[0]
+    assert list(apart.end_s[4:]) == [done + 1e-3] * 4
+    assert list(shared.end_s) == list(apart.end_s) and list(shared.start_s) == list(apart.start_s)
+    assert shared.events == apart.events - 3
 
-        def note(event):
-            seen.append((env.now, event._value))
 
-        def end(delay, value):
-            if direct:
-                _schedule_end(env, delay, (note,), value)
-            else:
-                env.timeout(delay, value).callbacks.append(note)
+def _moe_pipeline_doc() -> dict:
+    """A skewed MoE step across two servers: pipeline sends, alltoallv whose members' expert kernels differ
+    in length, DP gradient reductions, TP collectives."""
+    model = {"name": "moe", "layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096,
+             "vocab": 32000, "gated_mlp": True, "tied_embeddings": False, "experts": 8, "top_k": 2,
+             "moe_ffn_hidden": 1024}
+    return {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": model,
+            "parallel": {"tp": 2, "pp": 2, "dp": 4, "ep": 4, "micro_batch": 1, "global_batch": 16,
+                         "sequence_parallel": True},
+            "training": {"seq_len": 1024}, "moe": {"routing": "zipf", "zipf_s": 1.0, "seed": 3}}
 
-        env.timeout(0.5).callbacks.append(lambda _e: None)
-        env.run(until=0.5)  # ends scheduled from a clock that is not 0
-        for k in range(6):
-            if k % 2:
-                env.timeout(0.25, f"t{k}").callbacks.append(note)
-            else:
-                end(0.25, f"c{k}")
-        end(0.1, "early")
-        env.run()
-        return seen, _event_count(env)
 
-    expected = [(0.6, "early")] + [(0.75, f"{'t' if k % 2 else 'c'}{k}") for k in range(6)]
-    assert scenario(True) == scenario(False)
-    assert scenario(True)[0] == expected
+@pytest.mark.parametrize("fidelity, schedule", [("full", "1f1b"), ("fast", "1f1b"), ("lockstep", "interleaved"),
+                                                ("fast", "dualpipe")])
+def test_shared_compute_ends_change_nothing_but_the_event_count(fidelity, schedule):
+    # The reference is the engine with one event per compute end: every op's issue, start and end time, the
+    # step and the bytes on every link must be bit-identical, with fewer (never more) events.
+    from simulator.engine import Engine
+    from simulator.experiment import _REPRESENTATIVES, experiment_from_dict
+
+    doc = _moe_pipeline_doc()
+    doc["parallel"]["schedule"] = schedule
+    if schedule == "interleaved":
+        doc["parallel"]["virtual_stages"] = 2
+    exp = experiment_from_dict(doc)
+    step = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing,
+                         representatives=_REPRESENTATIVES[fidelity])
+    records = []
+    for share in (False, True):
+        engine = Engine(step.graph, exp.cluster, exp.compute_model(), exp.network)
+        engine.share_compute_ends = share
+        records.append(engine.run())
+    apart, shared = records
+    for column in ("issue_s", "start_s", "end_s"):
+        assert np.array_equal(getattr(shared, column), getattr(apart, column), equal_nan=True), column
+    assert shared.step_time_s == apart.step_time_s
+    assert np.array_equal(shared.fabric.network.ledger.bytes, apart.fabric.network.ledger.bytes)
+    assert shared.events < apart.events

@@ -61,9 +61,10 @@ def test_fast_agrees_with_full(name, fidelity):
     assert fast.summary["hardware_flops_per_step"] == pytest.approx(full.summary["hardware_flops_per_step"])
     assert fast.summary["bubble_fraction"] == pytest.approx(full.summary["bubble_fraction"], abs=TOLERANCE)
     assert fast.exposed_comm_s == pytest.approx(full.exposed_comm_s, rel=TOLERANCE, abs=1e-3 * full.step_time)
-    # Representatives simulate fewer ops, hence fewer engine events (fast: when TP > 1).
+    # Representatives simulate fewer ops (fast: when TP > 1). (Not "fewer events": compute ends due together
+    # share one event, and the DP replicas of a full run end theirs together.)
     if fidelity == "lockstep" or exp.parallel.tp > 1:
-        assert fast.events < full.events
+        assert len(fast.record.graph.ops) < len(full.record.graph.ops)
 
 
 def test_lockstep_stands_one_rank_for_each_stage_block():
@@ -93,7 +94,7 @@ def test_lockstep_of_a_moe_model_stands_one_rank_for_each_ep_index(routing):
     for cls, b in full.bytes_by_class.items():
         assert lockstep.bytes_by_class[cls] == pytest.approx(b, rel=1e-9)
     assert lockstep.summary["moe"] == full.summary["moe"]
-    assert lockstep.events < full.events
+    assert len(lockstep.record.graph.ops) < len(full.record.graph.ops)
 
 
 BALANCED = {  # name -> (parallel, moe, cluster) overrides of a 32-GPU, 2-stage tiny Mixtral with 16 experts
@@ -135,7 +136,6 @@ def test_lockstep_of_a_balanced_moe_model_stands_one_rank_for_each_stage(name):
     assert lockstep.links["bytes"].to_numpy() == pytest.approx(full.links["bytes"].to_numpy(), rel=1e-9)
     assert lockstep.summary["moe"] == full.summary["moe"]
     assert len(lockstep.record.graph.ops) * 16 == len(full.record.graph.ops)  # each stands for 16 ranks' ops
-    assert lockstep.events < full.events / 2
 
 
 def test_lockstep_runs_as_fast_where_one_stages_ep_groups_need_different_deepep_matrices():
@@ -163,7 +163,7 @@ def test_lockstep_on_the_256_gpu_benchmark_rung():
     lockstep = run_experiment(exp, force=True, fidelity="lockstep")
     assert lockstep.step_time == pytest.approx(full.step_time, rel=TOLERANCE)
     assert lockstep.summary["flows"] == full.summary["flows"]
-    assert lockstep.events < full.events / 4
+    assert len(lockstep.record.graph.ops) < len(full.record.graph.ops) / 4
 
 
 def test_fast_is_the_default_and_deterministic():
@@ -189,7 +189,7 @@ def test_lockstep_with_blocking_pipeline_transfers_matches_full():
     full = run_experiment(exp, force=True, fidelity="full")
     lockstep = run_experiment(exp, force=True, fidelity="lockstep")
     assert lockstep.step_time == pytest.approx(full.step_time, rel=TOLERANCE)
-    assert lockstep.events < full.events
+    assert len(lockstep.record.graph.ops) < len(full.record.graph.ops)
 
 
 def test_lockstep_is_pessimistic_where_replicas_see_different_contention():
