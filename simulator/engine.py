@@ -32,7 +32,7 @@ import simpy
 from simpy.events import NORMAL
 
 from topologies.cluster import Cluster
-from workloads.ops import Collective, Op, OpGraph, OpGraphError, Recv, Send
+from workloads.ops import Op, OpGraph, OpGraphError
 
 from .compute import ComputeModel, op_durations
 from .fabric import Fabric, NetworkConfig
@@ -188,7 +188,10 @@ def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]], dic
     numbers: dict[tuple[int, ...], int] = {}  # group -> its number
     keyed: dict[tuple, tuple[tuple, list[Op]]] = {}
     for op in graph.ops:
-        if isinstance(op, Collective):
+        kind = op.kind
+        if kind == "compute":
+            continue
+        if kind == "collective":
             group = op.group
             hit = group_ids.get(id(group))
             if hit is None or hit[0] is not group:
@@ -200,9 +203,9 @@ def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]], dic
             entry = keyed.get(inner)
             if entry is None:
                 entry = keyed[inner] = (("c", group, k), [])
-        elif isinstance(op, (Send, Recv)):
-            src, dst = (op.rank, op.peer) if isinstance(op, Send) else (op.peer, op.rank)
-            c = (op.kind, src, dst, op.tag)
+        elif kind == "send" or kind == "recv":
+            src, dst = (op.rank, op.peer) if kind == "send" else (op.peer, op.rank)
+            c = (kind, src, dst, op.tag)
             k = counters.get(c, 0)
             counters[c] = k + 1
             inner = ("p", src, dst, k, op.tag)
@@ -223,10 +226,13 @@ def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]], dic
             if shape is None:
                 shape = shapes[key[1]] = group_shape(key[1], replicas)
             need = shape[1]
-            present = {o.rank for o in ops}
             if first.split is not None:
                 _check_rows(ops, key[1], len(need) < len(key[1]))
-            missing = [r for r in need if r not in present]
+            if len(ops) == 1 == len(need):  # (most keys of a graph of representatives: one issuer)
+                missing = [] if first.rank == need[0] else need
+            else:
+                present = {o.rank for o in ops}
+                missing = [r for r in need if r not in present]
             if missing:
                 problems.append(f"{_describe(first)} (collective #{key[2]} on group {list(key[1])}) "
                                 f"never joined by rank(s) {missing}")
