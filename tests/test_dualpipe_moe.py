@@ -219,3 +219,38 @@ def test_a_bad_dualpipe_comm_sms_is_refused_naming_the_field(value, expected):
 
     with pytest.raises(ConfigError, match=r"options\.dualpipe_comm_sms: .*" + expected.replace(".", r"\.")):
         experiment_from_dict(dict(option_doc("deepep"), options={"dualpipe_comm_sms": value}))
+
+
+# ------------------------------------------------------------------ weight gradients at the drawn load
+def _gemm_flops(op) -> float:
+    return sum(k.flops for k in op.parts if k.category in ("gemm", "gemm_fp8"))
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_split_weight_gradients_of_routed_experts_follow_each_ranks_drawn_load(name):
+    # An expert's weight-gradient GEMMs do what its forward GEMMs do (2 x tokens x the same two dimensions per
+    # matrix), so under skewed routing the W pass of a MoE layer differs from rank to rank exactly as the
+    # forward's routed-expert piece does; the rest of the W pass (attention, router, shared expert) does not
+    # depend on routing. (Until 2026-12-02 the W pass ran every rank's experts at the balanced load.)
+    step = training_step(*_step_args(option_doc(name, routing="zipf")))
+    forward = {(op.rank, op.layer, op.micro_batch): _gemm_flops(op) for op in step.graph.ops
+               if op.kind == "compute" and op.name.startswith("F") and op.name.endswith(".experts")}
+    weight: dict[tuple, float] = {}  # W pass GEMM FLOPs per (rank, layer, micro-batch), over its ops
+    for op in step.graph.ops:
+        key = (op.rank, op.layer, op.micro_batch)
+        if op.kind == "compute" and op.name.startswith("W") and key in forward and op.parts:
+            weight[key] = weight.get(key, 0.0) + _gemm_flops(op)
+    rest: dict[int, set] = {}
+    loads: dict[int, set] = {}
+    for (rank, layer, mb), flops in weight.items():
+        rest.setdefault(layer, set()).add(round(flops - forward[rank, layer, mb]))
+        loads.setdefault(layer, set()).add(forward[rank, layer, mb])
+    assert rest, "the schedule splits some MoE backward passes"
+    for layer, values in rest.items():
+        assert len(values) == 1, (layer, sorted(values))  # the routing-independent part, the same everywhere
+        assert len(loads[layer]) > 1  # ... while the experts' work differs between ranks
+
+
+def _step_args(d):
+    exp = experiment_from_dict(d)
+    return exp.model, exp.parallel, exp.training, exp.options, exp.routing

@@ -399,6 +399,10 @@ class _Segment:
     # sequence parallelism, backward: all-gathers of the column-parallel layers' saved (sequence-split) inputs
     # for their weight gradients, run beside the pass's compute (see :meth:`_StepBuilder._regathers`)
     regather: int = 0
+    # a MoE layer's weight-gradient pass under skewed routing: (kernels before the routed experts' weight
+    # gradients, those at the balanced load, kernels after them); the experts' part is scaled per rank and
+    # micro-batch by its drawn load (:meth:`_StepBuilder._expert_wgrads`)
+    expert_w: tuple[tuple[Kernel, ...], tuple[Kernel, ...], tuple[Kernel, ...]] | None = None
 
 
 def _scale_kernel(k: Kernel, factor: float, tokens: int) -> Kernel:
@@ -717,7 +721,8 @@ class _StepBuilder:
                 segs.append(_Segment(kernels, {} if ub else self._layer_tp_counts(i, phase), i,
                                      grads[i][0] * gb, grads[i][1] * gb, moe=moe,
                                      recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None,
-                                     regather=self._regathers(1, phase) if moe is None and self.cp == 1 else 0))
+                                     regather=self._regathers(1, phase) if moe is None and self.cp == 1 else 0,
+                                     expert_w=None if ub else self._expert_wgrads(i, phase, kernels, mask)))
             if head:
                 segs.insert(0, _Segment(head, {}, at[0]))
             if tail:
@@ -889,7 +894,7 @@ class _StepBuilder:
         """A MoE layer's kernels cut at the two all-to-alls: (before dispatch, experts, after combine), and with
         ``moe.shared_expert_overlap`` two more: the shared-expert kernels run beside the first and the second
         all-to-all (taken out of before / after). None for a weight-gradient pass, which exchanges nothing (its
-        expert GEMMs run at the balanced load)."""
+        routed experts' GEMMs run at each rank's drawn load: :meth:`_expert_wgrads`)."""
         if not (self.expert_parallel and self.model.is_moe_layer(layer)) or phase == "W":
             return None
         ops, mask = self._layer_pass(layer, phase)
@@ -909,6 +914,28 @@ class _StepBuilder:
         ids = {id(o) for o in shared}
         return ([o for i, o in enumerate(before) if i < start or id(o) not in ids], experts,
                 [o for o in after if id(o) not in ids], shared[:cut], shared[cut:])
+
+    def _expert_wgrads(self, layer: int, phase: str, kernels: list[LayerOp], mask: Sequence[bool]
+                       ) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...], tuple[Kernel, ...]] | None:
+        """The weight-gradient pass (``W``, DualPipe's split backward) of MoE layer ``layer`` cut around its routed
+        experts' GEMMs: (kernels before, the experts' at the balanced load, kernels after), for
+        :meth:`emit_segment` to scale the experts' by each rank's drawn load, as the forward and the input
+        gradient scale theirs (a rank whose experts took more tokens has more weight gradient to compute).
+        None where nothing is to scale: another pass, a dense layer, no expert parallelism, balanced routing
+        (every rank's load is the balanced one), or no expert kernels in the pass."""
+        if (phase != "W" or not (self.expert_parallel and self.model.is_moe_layer(layer))
+                or self.routing.kind == "balanced" or any(mask)):
+            return None
+        at = [i for i, k in enumerate(kernels) if k.name.startswith("experts")]
+        if not at:
+            return None
+        experts = [kernels[i] for i in at]
+        if self.expert_grid:  # the routed experts' GEMMs are split over etp, not tp (as in _moe_split)
+            eops, emask = self._layer_pass(layer, phase, self.etp)
+            experts = [o for o in eops[_leading(emask):] if o.name.startswith("experts")]
+        rest = set(at)
+        return (_kernels([k for i, k in enumerate(kernels[:at[0]]) if i not in rest]), _kernels(experts),
+                _kernels([k for i, k in enumerate(kernels) if i > at[0] and i not in rest]))
 
     def route(self, layer: int, mb: int = 0) -> LayerRouting:
         """Token routing of MoE layer ``layer`` in micro-batch ``mb`` over one EP group: drawn per (layer,
@@ -1451,8 +1478,13 @@ class _StepBuilder:
             # Recomputed forward kernels first, as their own op ("R…"), so timelines can tell them apart.
             last = g.compute(rank, parts=seg.recompute_parts, name=RECOMPUTE_PHASE + name[1:], deps=deps, **tags)
             deps = [last]
-        if seg.parts or last is None:
-            last = g.compute(rank, parts=seg.parts, name=name, deps=deps, **tags)
+        parts = seg.parts
+        if seg.expert_w is not None:  # the routed experts' weight gradients at this rank's load
+            before, balanced, after = seg.expert_w
+            load = self._moe_rows_for(rank, seg.layer, mb)[2][2] * (self.etp if self.expert_grid else 1)
+            parts = before + self._expert_parts(balanced, load) + after
+        if parts or last is None:
+            last = g.compute(rank, parts=parts, name=name, deps=deps, **tags)
         return self._emit_tp(rank, seg, name, last, mb, stage, after=(regather,) if regather is not None else ())
 
     def build_rank(self, rank: int) -> None:
