@@ -3,7 +3,7 @@
 The memory model reads how many (micro-batch, chunk) forwards a stage holds at its peak off the schedule's
 order of actions, each chunk weighted by its own layers. The truth here is independent of that replay: the
 simulated timeline of a real step (which forwards have started and whose backward has not, on one rank), and
-Megatron-Core's rule that with as many micro-batches as stages every forward runs first.
+Megatron-Core's warm-up counts.
 """
 
 from __future__ import annotations
@@ -38,15 +38,15 @@ def _peak_live_layers(result, rank: int, layers_of_chunk: dict[str, int]) -> int
     return peak
 
 
-def test_as_many_micro_batches_as_stages_runs_every_forward_first():
-    # Megatron-Core (forward_backward_pipelining_with_interleaving): "if num_microbatches ==
-    # pipeline_parallel_size ... all_warmup_microbatches = True": every stage holds all m v chunk-forwards.
-    # The warm-up formula min(2 (p - i - 1) + (v - 1) p + 1, m v) says 7 and 5 on the last two stages.
+def test_few_micro_batches_follow_the_schedule_rank_by_rank():
+    # Megatron-Core (get_pp_rank_microbatches): a rank whose warm-up 2 (p - r - 1) + (v - 1) p reaches its
+    # m v forwards runs them all first. p = m = 4, v = 2: warm-ups 10, 8, 6, 4 of 8 chunk-forwards, so 8, 8, 7
+    # and 5 are live at the peaks: 4, 4, 3.5 and 2.5 micro-batches' worth. The simulated timeline agrees.
     par = ParallelConfig(pp=4, global_batch=4, schedule="interleaved", virtual_stages=2)
-    assert [micro_batches_in_flight(par, i) for i in range(4)] == [4.0] * 4
+    assert [micro_batches_in_flight(par, i) for i in range(4)] == [4.0, 4.0, 3.5, 2.5]
     _step, res = run_step(small_model(layers=8), par, TrainingSpec(seq_len=128), single_server("H100-SXM", 4))
     one_layer_chunks = {"c0": 1, "c1": 1}
-    assert [_peak_live_layers(res, r, one_layer_chunks) / 2 for r in range(4)] == [4.0] * 4
+    assert [_peak_live_layers(res, r, one_layer_chunks) / 2 for r in range(4)] == [4.0, 4.0, 3.5, 2.5]
 
 
 def test_more_micro_batches_keep_megatrons_warm_up_count():

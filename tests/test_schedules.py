@@ -117,11 +117,17 @@ def test_interleaved_order_by_hand():
     assert max_in_flight(r1) == 3
 
 
-def test_interleaved_m_equals_p_all_forwards_first():
-    # Megatron runs every forward before any backward when m == p.
-    for acts in pipeline_schedule("interleaved", 4, 4, 3):
+def test_interleaved_all_forwards_first_where_the_warm_up_reaches_them():
+    # Megatron-Core (get_pp_rank_microbatches): warm-up 2 (p - r - 1) + (v - 1) p, and a rank whose warm-up
+    # is at least its m v forwards runs them all before any backward. p = m = 4, v = 3: warm-ups 14, 12, 10, 8
+    # of 12, so ranks 0 and 1 run every forward first, ranks 2 and 3 start 1F1B after 10 and 8. (Megatron-LM
+    # 2021 ran every forward first on every rank when m == p.)
+    for r, acts in enumerate(pipeline_schedule("interleaved", 4, 4, 3)):
         phases = [a.phase for a in acts]
-        assert phases == [F] * 12 + [B] * 12
+        warm_up = min(2 * (4 - r - 1) + (3 - 1) * 4, 12)
+        assert phases[:warm_up] == [F] * warm_up
+        assert phases[warm_up:warm_up + 2] == ([F, B] if warm_up < 12 else [B, B])
+        assert phases.count(F) == phases.count(B) == 12
 
 
 def test_interleaved_in_flight_is_warmup_plus_one():

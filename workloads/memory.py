@@ -82,8 +82,7 @@ interleaved 1F1B with ``v`` chunks per stage: Megatron-LM runs
 ``w = 2 (p - i - 1) + (v - 1) p`` warm-up chunk-forwards, so ``min(w + 1, m v)``
 chunks of ``1/v`` of the stage's layers are live: ``(p v + p - 1) / v`` stage
 equivalents on the first stage, ``1 + (p - 1)/(p v)`` times 1F1B's ``p``
-(Narayanan et al. 2021, section 2.2.2); with ``m = p`` Megatron-Core runs
-every forward first (``m v`` chunks live). The count is read off the
+(Narayanan et al. 2021, section 2.2.2). The count is read off the
 schedule's order of actions, each chunk weighted by its own layers' bytes:
 uneven stages (``parallel.stage_layers``, per stage or per chunk, an
 embedding-only end chunk) and dense and MoE layers in one stage are exact,
@@ -306,8 +305,7 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
     """Micro-batches' worth of stage ``stage``'s activations live at the peak.
 
     GPipe ``m``; 1F1B ``min(p - i, m)``; interleaved ``min(w + 1, m v) / v``
-    with ``w = 2 (p - i - 1) + (v - 1) p`` (Megatron-LM's warm-up count), or
-    ``m`` when ``m = p`` (Megatron-Core then runs every forward first; both
+    with ``w = 2 (p - i - 1) + (v - 1) p`` (Megatron-Core's warm-up count;
     read off the schedule's order, :func:`_peak_in_flight`);
     Zero Bubble H1 ``p`` on every stage (a micro-batch's inputs stay until its
     weight gradient; :func:`~workloads.schedules.max_in_flight`), counted as
@@ -338,8 +336,8 @@ def _peak_in_flight(parallel: ParallelConfig, stage: int, per_chunk: Sequence[fl
     weights of the (micro-batch, chunk) pairs whose forward has run and whose backward (weight gradient,
     where the backward is split) has not; the forward of an overlapped pair counted before its backward
     frees anything. With equal weights this is :func:`~workloads.schedules.max_in_flight` (interleaved:
-    Megatron-LM's warm-up ``2 (p - i - 1) + (v - 1) p`` plus one, or every forward first when ``m = p``, as
-    Megatron-Core runs it); weighted by each chunk's layers it is exact for chunks of unequal size
+    Megatron-Core's warm-up ``2 (p - i - 1) + (v - 1) p`` plus one, at most ``m v``); weighted by each
+    chunk's layers it is exact for chunks of unequal size
     (``parallel.stage_layers`` per chunk, an embedding-only end chunk, dense and MoE layers in one stage)."""
     v = parallel.virtual_stages if parallel.schedule == "interleaved" else 1
     actions = _schedule(parallel.schedule, parallel.pp, num_micro_batches(parallel), v)[stage]

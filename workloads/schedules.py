@@ -48,9 +48,12 @@ Orderings reproduced
     rank map to chunk ``(k // p) % v`` and micro-batch
     ``(k // (p * v)) * p + k % p``; backward iteration ``k`` uses chunk
     ``v - 1 - (k // p) % v`` and the same micro-batch formula. Warm-up is
-    ``(p - r - 1) * 2 + (v - 1) * p`` forwards (capped at ``m * v``), except
-    that when ``m == p`` Megatron runs *all* forwards as warm-up (then all
-    backwards); this module reproduces that special case too.
+    ``(p - r - 1) * 2 + (v - 1) * p`` forwards, capped at ``m * v`` (a rank
+    whose warm-up reaches every forward runs them all, then every backward):
+    Megatron-Core's ``get_pp_rank_microbatches`` (with
+    ``microbatch_group_size_per_vp_stage`` at its default ``p``). Megatron-LM
+    2021 and Megatron-Core up to 0.9 ran all forwards first on *every* rank
+    when ``m == p``; this module followed it until 2026-12-02.
 ``"dualpipe"``
     DualPipe (DeepSeek-V3 technical report, arXiv 2412.19437, section 3.2.1;
     the order of ``DualPipe.step`` in github.com/deepseek-ai/DualPipe,
@@ -350,9 +353,8 @@ def chain_neighbour(kind: str, stages: int, rank: int, chunk: int, step: int) ->
 
 
 def _interleaved_warmup(p: int, m: int, v: int, r: int) -> int:
-    """Megatron's warm-up forwards of rank ``r`` in the interleaved schedule (all of them when ``m == p``)."""
-    if m == p:
-        return m * v
+    """Megatron-Core's warm-up forwards of rank ``r`` in the interleaved schedule (all ``m v`` of them where
+    the warm-up count reaches them: ``get_pp_rank_microbatches``' ``are_all_microbatches_in_warmup``)."""
     return min((p - r - 1) * 2 + (v - 1) * p, m * v)
 
 
@@ -370,8 +372,7 @@ def _interleaved(p: int, m: int, v: int, r: int) -> list[PipeAction]:
     def bwd(k: int) -> PipeAction:
         return PipeAction("B", mb(k), v - 1 - (k % group) // p)
 
-    # Megatron-LM 2021: "Run all forward passes and then all backward passes if number of microbatches is
-    # just the number of pipeline stages" (current Megatron-Core decides per rank: warm-up >= total).
+    # (Megatron-LM 2021 ran all forwards first on every rank when m == p; Megatron-Core decides per rank.)
     warmup = _interleaved_warmup(p, m, v, r)
     remaining = total - warmup
     out = [fwd(k) for k in range(warmup)]
