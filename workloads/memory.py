@@ -107,7 +107,7 @@ from .parallel import (
     stage_layers,
     validate,
 )
-from .schedules import pipeline_schedule
+from .schedules import rank_schedule
 from .sharding import gather_schedule, sharding_plan, stage_uses
 
 __all__ = [
@@ -324,11 +324,17 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
     return float(min(p - i, m))
 
 
-@lru_cache(maxsize=16)
-def _schedule(kind: str, pp: int, micro_batches: int, virtual_stages: int) -> list[list]:
-    """:func:`~workloads.schedules.pipeline_schedule`, kept (memory is asked per stage, and per layout change
-    by :func:`simulator.experiment.memory_remedies`); read only."""
-    return pipeline_schedule(kind, pp, micro_batches, virtual_stages)
+@lru_cache(maxsize=64)
+def _holding_changes(kind: str, pp: int, micro_batches: int, virtual_stages: int, stage: int
+                     ) -> tuple[tuple[int, int], ...]:
+    """``(chunk, +1 or -1)`` for each action of ``stage``'s order (:func:`~workloads.schedules.rank_schedule`)
+    that changes the activations it holds: a forward adds its chunk's, a backward (the weight gradient, where
+    the backward is split) frees them. Kept: memory is asked per stage, and per layout change by
+    :func:`simulator.experiment.memory_remedies`."""
+    actions = rank_schedule(kind, pp, micro_batches, virtual_stages, stage)
+    split = {(a.micro_batch, a.chunk) for a in actions if a.phase == "W"}
+    return tuple((a.chunk, 1) if a.phase == "F" else (a.chunk, -1) for a in actions
+                 if a.phase in ("F", "W") or (a.micro_batch, a.chunk) not in split)
 
 
 def _peak_in_flight(parallel: ParallelConfig, stage: int, per_chunk: Sequence[float]) -> float:
@@ -340,15 +346,13 @@ def _peak_in_flight(parallel: ParallelConfig, stage: int, per_chunk: Sequence[fl
     chunk's layers it is exact for chunks of unequal size
     (``parallel.stage_layers`` per chunk, an embedding-only end chunk, dense and MoE layers in one stage)."""
     v = parallel.virtual_stages if parallel.schedule == "interleaved" else 1
-    actions = _schedule(parallel.schedule, parallel.pp, num_micro_batches(parallel), v)[stage]
-    split = {(a.micro_batch, a.chunk) for a in actions if a.phase == "W"}
     live = peak = 0.0
-    for a in actions:
-        if a.phase == "F":
-            live += per_chunk[a.chunk]
+    for chunk, sign in _holding_changes(parallel.schedule, parallel.pp, num_micro_batches(parallel), v, stage):
+        if sign > 0:
+            live += per_chunk[chunk]
             peak = max(peak, live)
-        elif a.phase == "W" or (a.micro_batch, a.chunk) not in split:
-            live -= per_chunk[a.chunk]
+        else:
+            live -= per_chunk[chunk]
     return peak
 
 

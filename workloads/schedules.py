@@ -86,13 +86,14 @@ Orderings reproduced
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
     "SCHEDULE_KINDS",
     "PipeAction",
     "pipeline_schedule",
+    "rank_schedule",
     "max_in_flight",
     "simulate_unit_times",
     "chain_position",
@@ -192,6 +193,24 @@ def pipeline_schedule(
         ``stages`` or ``micro_batches``, or ``micro_batches < 2 * stages``,
         for ``"dualpipe"``.
     """
+    build = _rank_builder(kind, stages, micro_batches, virtual_stages)
+    return [build(r) for r in range(stages)]
+
+
+def rank_schedule(kind: str, stages: int, micro_batches: int, virtual_stages: int, rank: int
+                  ) -> list[PipeAction]:
+    """``pipeline_schedule(kind, stages, micro_batches, virtual_stages)[rank]``, without building the other
+    ranks' orders (the memory model asks one stage at a time). Raises as :func:`pipeline_schedule` does, and
+    on a ``rank`` outside ``0..stages-1``."""
+    build = _rank_builder(kind, stages, micro_batches, virtual_stages)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < stages:
+        raise ValueError(f"rank must be in 0..{stages - 1}, got {rank!r}")
+    return build(rank)
+
+
+def _rank_builder(kind: str, stages: int, micro_batches: int, virtual_stages: int
+                  ) -> Callable[[int], list[PipeAction]]:
+    """The checks of :func:`pipeline_schedule`; then what builds one rank's order."""
     if kind not in SCHEDULE_KINDS:
         raise ValueError(
             f"parallel.schedule must be one of {', '.join(SCHEDULE_KINDS)}; "
@@ -207,27 +226,27 @@ def pipeline_schedule(
             f"parallel.schedule 'interleaved', got {kind!r}"
         )
     if kind == "gpipe":
-        return [_gpipe(m) for _ in range(p)]
+        return lambda r: _gpipe(m)
     if kind == "1f1b":
-        return [_one_f_one_b(p, m, r) for r in range(p)]
+        return lambda r: _one_f_one_b(p, m, r)
     if kind == "zb-h1":
         if m < p:
             raise ValueError(f"micro_batches = {m} must be at least stages (parallel.pp) = {p} for "
                              f"parallel.schedule 'zb-h1'")
-        return [_zb_h1(p, m, r) for r in range(p)]
+        return lambda r: _zb_h1(p, m, r)
     if kind == "dualpipe":
         if p % 2:
             raise ValueError(f"stages (parallel.pp) = {p} must be even for parallel.schedule 'dualpipe'")
         if m % 2 or m < 2 * p:
             raise ValueError(f"micro_batches = {m} must be even and at least 2 * stages (parallel.pp) = {2 * p} "
                              f"for parallel.schedule 'dualpipe'")
-        return [_dualpipe(p, m, r) for r in range(p)]
+        return lambda r: _dualpipe(p, m, r)
     if m % p != 0:
         raise ValueError(
             f"micro_batches = {m} must be a multiple of stages "
             f"(parallel.pp) = {p} for parallel.schedule 'interleaved'"
         )
-    return [_interleaved(p, m, v, r) for r in range(p)]
+    return lambda r: _interleaved(p, m, v, r)
 
 
 def _gpipe(m: int) -> list[PipeAction]:
