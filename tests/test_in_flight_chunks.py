@@ -9,33 +9,12 @@ Megatron-Core's warm-up counts.
 from __future__ import annotations
 
 import pytest
+from test_training import _peak_live_forwards as _peak_live_layers
 from test_training import run_step, small_model
 
 from topologies import single_server
 from workloads.memory import memory_per_gpu, micro_batches_in_flight
 from workloads.parallel import ParallelConfig, TrainingSpec
-
-
-def _peak_live_layers(result, rank: int, layers_of_chunk: dict[str, int]) -> int:
-    """Layers' worth of micro-batch activations live on ``rank`` at the worst moment of the simulated timeline:
-    every forward started whose backward has not, weighted by its chunk's layers (``"c0"`` -> count)."""
-    ops = result.ops
-    fb = ops[(ops["rank"] == rank) & (ops["kind"] == "compute") & (ops["micro_batch"] >= 0)]
-    events = []
-    for row in fb.itertuples(index=False):
-        phase, chunk = row.name[0], row.name.split(".")[1]
-        events.append((row.start_s, 0 if phase == "B" else 1, phase, (row.micro_batch, chunk)))
-    live: set = set()
-    started: set = set()
-    peak = 0
-    for _t, _order, phase, key in sorted(events):  # at equal times a backward frees before a forward adds
-        if phase == "F" and key not in started:
-            started.add(key)
-            live.add(key)
-            peak = max(peak, sum(layers_of_chunk[c] for _mb, c in live))
-        elif phase == "B":
-            live.discard(key)
-    return peak
 
 
 def test_few_micro_batches_follow_the_schedule_rank_by_rank():

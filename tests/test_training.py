@@ -133,8 +133,9 @@ def test_step_options_reject_non_bool():
 
 
 # ------------------------------------------------------- 2. activations in flight
-def _peak_live_forwards(result, rank: int) -> int:
-    """Forwards started on ``rank`` whose backward has not started, at the worst moment of the timeline."""
+def _peak_live_forwards(result, rank: int, layers_of_chunk: dict[str, int] | None = None) -> int:
+    """Forwards started on ``rank`` whose backward has not started, at the worst moment of the timeline; with
+    ``layers_of_chunk`` (``"c0"`` -> count) each weighted by its chunk's layers."""
     ops = result.ops
     fb = ops[(ops["rank"] == rank) & (ops["kind"] == "compute") & (ops["micro_batch"] >= 0)]
     events = []
@@ -149,7 +150,7 @@ def _peak_live_forwards(result, rank: int) -> int:
         if phase == "F" and key not in started:
             started.add(key)
             live.add(key)
-            peak = max(peak, len(live))
+            peak = max(peak, len(live) if layers_of_chunk is None else sum(layers_of_chunk[c] for _mb, c in live))
         elif phase == "B":
             live.discard(key)
     return peak
