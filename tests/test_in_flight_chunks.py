@@ -8,6 +8,7 @@ Megatron-Core's warm-up counts.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from test_training import _peak_live_forwards as _peak_live_layers
 from test_training import run_step, small_model
@@ -23,6 +24,7 @@ def test_few_micro_batches_follow_the_schedule_rank_by_rank():
     # and 5 are live at the peaks: 4, 4, 3.5 and 2.5 micro-batches' worth. The simulated timeline agrees.
     par = ParallelConfig(pp=4, global_batch=4, schedule="interleaved", virtual_stages=2)
     assert [micro_batches_in_flight(par, i) for i in range(4)] == [4.0, 4.0, 3.5, 2.5]
+    assert micro_batches_in_flight(par, np.int64(2)) == 3.5  # a stage as numpy gives it
     _step, res = run_step(small_model(layers=8), par, TrainingSpec(seq_len=128), single_server("H100-SXM", 4))
     one_layer_chunks = {"c0": 1, "c1": 1}
     assert [_peak_live_layers(res, r, one_layer_chunks) / 2 for r in range(4)] == [4.0, 4.0, 3.5, 2.5]

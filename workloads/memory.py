@@ -325,15 +325,15 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
 
 
 @lru_cache(maxsize=64)
-def _holding_changes(kind: str, pp: int, micro_batches: int, virtual_stages: int, stage: int
-                     ) -> tuple[tuple[int, int], ...]:
-    """``(chunk, +1 or -1)`` for each action of ``stage``'s order (:func:`~workloads.schedules.rank_schedule`)
-    that changes the activations it holds: a forward adds its chunk's, a backward (the weight gradient, where
-    the backward is split) frees them. Kept: memory is asked per stage, and per layout change by
-    :func:`simulator.experiment.memory_remedies`."""
+def _holding_changes(kind: str, pp: int, micro_batches: int, virtual_stages: int, stage: int) -> tuple[int, ...]:
+    """``chunk + 1`` or ``-(chunk + 1)`` for each action of ``stage``'s order
+    (:func:`~workloads.schedules.rank_schedule`) that changes the activations it holds: a forward adds its
+    chunk's, a backward (the weight gradient, where the backward is split) frees them. Kept (memory is asked per
+    stage, and per layout change by :func:`simulator.experiment.memory_remedies`) as small ints, which Python
+    shares: 8 bytes an action."""
     actions = rank_schedule(kind, pp, micro_batches, virtual_stages, stage)
     split = {(a.micro_batch, a.chunk) for a in actions if a.phase == "W"}
-    return tuple((a.chunk, 1) if a.phase == "F" else (a.chunk, -1) for a in actions
+    return tuple(a.chunk + 1 if a.phase == "F" else -(a.chunk + 1) for a in actions
                  if a.phase in ("F", "W") or (a.micro_batch, a.chunk) not in split)
 
 
@@ -347,12 +347,12 @@ def _peak_in_flight(parallel: ParallelConfig, stage: int, per_chunk: Sequence[fl
     (``parallel.stage_layers`` per chunk, an embedding-only end chunk, dense and MoE layers in one stage)."""
     v = parallel.virtual_stages if parallel.schedule == "interleaved" else 1
     live = peak = 0.0
-    for chunk, sign in _holding_changes(parallel.schedule, parallel.pp, num_micro_batches(parallel), v, stage):
-        if sign > 0:
-            live += per_chunk[chunk]
+    for change in _holding_changes(parallel.schedule, parallel.pp, num_micro_batches(parallel), v, int(stage)):
+        if change > 0:
+            live += per_chunk[change - 1]
             peak = max(peak, live)
         else:
-            live -= per_chunk[chunk]
+            live -= per_chunk[-change - 1]
     return peak
 
 

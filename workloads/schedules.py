@@ -88,6 +88,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 
 __all__ = [
     "SCHEDULE_KINDS",
@@ -203,9 +204,9 @@ def rank_schedule(kind: str, stages: int, micro_batches: int, virtual_stages: in
     ranks' orders (the memory model asks one stage at a time). Raises as :func:`pipeline_schedule` does, and
     on a ``rank`` outside ``0..stages-1``."""
     build = _rank_builder(kind, stages, micro_batches, virtual_stages)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < stages:
-        raise ValueError(f"rank must be in 0..{stages - 1}, got {rank!r}")
-    return build(rank)
+    if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank < stages:
+        raise ValueError(f"rank must be an integer in 0..{stages - 1}, got {rank!r}")
+    return build(int(rank))
 
 
 def _rank_builder(kind: str, stages: int, micro_batches: int, virtual_stages: int
