@@ -107,7 +107,7 @@ from .parallel import (
     stage_layers,
     validate,
 )
-from .schedules import rank_schedule
+from .schedules import holding_changes, rank_schedule
 from .sharding import gather_schedule, sharding_plan, stage_uses
 
 __all__ = [
@@ -326,15 +326,9 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
 
 @lru_cache(maxsize=64)
 def _holding_changes(kind: str, pp: int, micro_batches: int, virtual_stages: int, stage: int) -> tuple[int, ...]:
-    """``chunk + 1`` or ``-(chunk + 1)`` for each action of ``stage``'s order
-    (:func:`~workloads.schedules.rank_schedule`) that changes the activations it holds: a forward adds its
-    chunk's, a backward (the weight gradient, where the backward is split) frees them. Kept (memory is asked per
-    stage, and per layout change by :func:`simulator.experiment.memory_remedies`) as small ints, which Python
-    shares: 8 bytes an action."""
-    actions = rank_schedule(kind, pp, micro_batches, virtual_stages, stage)
-    split = {(a.micro_batch, a.chunk) for a in actions if a.phase == "W"}
-    return tuple(a.chunk + 1 if a.phase == "F" else -(a.chunk + 1) for a in actions
-                 if a.phase in ("F", "W") or (a.micro_batch, a.chunk) not in split)
+    """:func:`~workloads.schedules.holding_changes` of ``stage``'s order, kept (memory is asked per stage, and per
+    layout change by :func:`simulator.experiment.memory_remedies`)."""
+    return holding_changes(rank_schedule(kind, pp, micro_batches, virtual_stages, stage))
 
 
 def _peak_in_flight(parallel: ParallelConfig, stage: int, per_chunk: Sequence[float]) -> float:

@@ -96,6 +96,7 @@ __all__ = [
     "pipeline_schedule",
     "rank_schedule",
     "max_in_flight",
+    "holding_changes",
     "simulate_unit_times",
     "chain_position",
     "chain_neighbour",
@@ -545,28 +546,48 @@ def max_in_flight(actions: Sequence[PipeAction]) -> int:
         If a backward appears before its forward, a ``W`` before its ``B``,
         or a phase is unknown.
     """
+    live = peak = 0
+    for change in holding_changes(actions):
+        live += 1 if change > 0 else -1
+        peak = max(peak, live)
+    return peak
+
+
+def holding_changes(actions: Sequence[PipeAction]) -> tuple[int, ...]:
+    """The actions of one rank's order that change which ``(micro_batch, chunk)`` activations it holds, as
+    ``chunk + 1`` (a forward stores them) or ``-(chunk + 1)`` (the backward frees them; under a split backward
+    its weight gradient ``W``, which still reads them): what :func:`max_in_flight` counts, and what the
+    memory model weighs by each chunk's bytes. Small ints, which Python shares (8 bytes an action).
+
+    Raises
+    ------
+    ValueError
+        As :func:`max_in_flight`.
+    """
     split = {(a.micro_batch, a.chunk) for a in actions if a.phase == "W"}
     live: set[tuple[int, int]] = set()
     done_b: set[tuple[int, int]] = set()
-    peak = 0
+    out: list[int] = []
     for a in actions:
         key = (a.micro_batch, a.chunk)
         if a.phase == "F":
             live.add(key)
-            peak = max(peak, len(live))
+            out.append(a.chunk + 1)
         elif a.phase == "B":
             if key not in live:
                 raise ValueError(f"backward {a} runs before its forward")
             done_b.add(key)
             if key not in split:
                 live.remove(key)
+                out.append(-(a.chunk + 1))
         elif a.phase == "W":
             if key not in done_b:
                 raise ValueError(f"weight gradient {a} runs before its backward")
             live.remove(key)
+            out.append(-(a.chunk + 1))
         else:
             raise ValueError(f"unknown phase {a.phase!r} in {a}")
-    return peak
+    return tuple(out)
 
 
 def _per_vstage(value: float | Sequence[float], n: int, name: str) -> list[float]:

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from .models import ModelSpec
 from .parallel import ParallelConfig, chunk_layers, num_micro_batches, padded_vocab
-from .schedules import pipeline_schedule
+from .schedules import rank_schedule
 
 __all__ = ["ShardingPlan", "sharding_plan", "Unit", "Use", "GatherSchedule", "gather_schedule", "layer_units",
            "end_units", "stage_uses", "module_of", "zero_figures", "parse_count",
@@ -305,7 +305,7 @@ def stage_uses(model: ModelSpec, parallel: ParallelConfig, plan: ShardingPlan, s
     ends = end_units(model, parallel, plan.gather or "module", stage)
     per_action: list[list[int]] = []
     uses: list[Use] = []
-    for a in pipeline_schedule(parallel.schedule, p, num_micro_batches(parallel), v)[stage]:
+    for a in rank_schedule(parallel.schedule, p, num_micro_batches(parallel), v, stage):
         j = a.chunk * p + stage
         chunk = chunk_layers(model.layers, parallel, stage, a.chunk)  # (chunks of a stage may differ in size)
         new = [Use(u.unit, u.phase, a.micro_batch)

@@ -722,7 +722,7 @@ class _StepBuilder:
                                      grads[i][0] * gb, grads[i][1] * gb, moe=moe,
                                      recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None,
                                      regather=self._regathers(1, phase) if moe is None and self.cp == 1 else 0,
-                                     expert_w=None if ub else self._expert_wgrads(i, phase, kernels, mask)))
+                                     expert_w=None if ub else self._expert_wgrads(i, phase, kernels)))
             if head:
                 segs.insert(0, _Segment(head, {}, at[0]))
             if tail:
@@ -902,10 +902,8 @@ class _StepBuilder:
         # Recomputed forward kernels (the first ``start``) run first and stay local to the rank.
         idx = [i for i in range(start, len(ops)) if ops[i].name.startswith("experts")]
         before, experts, after = ops[:idx[0]], ops[idx[0]:idx[-1] + 1], ops[idx[-1] + 1:]
-        if self.expert_grid:  # the routed experts' GEMMs are split over etp, not tp
-            eops, emask = self._layer_pass(layer, phase, self.etp)
-            estart = _leading(emask)
-            experts = [o for o in eops[estart:] if o.name.startswith("experts")]
+        if self.expert_grid:
+            experts = self._grid_experts(layer, phase)
         if not (self.routing.shared_expert_overlap and self.model.shared_experts):
             return before, experts, after
         shared = [o for o in ops[start:] if o.name.startswith("shared")]
@@ -915,26 +913,30 @@ class _StepBuilder:
         return ([o for i, o in enumerate(before) if i < start or id(o) not in ids], experts,
                 [o for o in after if id(o) not in ids], shared[:cut], shared[cut:])
 
-    def _expert_wgrads(self, layer: int, phase: str, kernels: list[LayerOp], mask: Sequence[bool]
+    def _grid_experts(self, layer: int, phase: str) -> list[LayerOp]:
+        """The routed experts' kernels of one pass of ``layer`` under an expert grid: split over ``etp``, not
+        ``tp`` (the recomputed forward kernels at the front left out: they stay local to the rank)."""
+        ops, mask = self._layer_pass(layer, phase, self.etp)
+        return [o for o in ops[_leading(mask):] if o.name.startswith("experts")]
+
+    def _expert_wgrads(self, layer: int, phase: str, kernels: list[LayerOp]
                        ) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...], tuple[Kernel, ...]] | None:
         """The weight-gradient pass (``W``, DualPipe's split backward) of MoE layer ``layer`` cut around its routed
         experts' GEMMs: (kernels before, the experts' at the balanced load, kernels after), for
         :meth:`emit_segment` to scale the experts' by each rank's drawn load, as the forward and the input
         gradient scale theirs (a rank whose experts took more tokens has more weight gradient to compute).
         None where nothing is to scale: another pass, a dense layer, no expert parallelism, balanced routing
-        (every rank's load is the balanced one), or no expert kernels in the pass."""
+        (every rank's load is the balanced one), or no expert kernels in the pass. (A ``W`` pass recomputes
+        nothing: :meth:`_layer_pass`.)"""
         if (phase != "W" or not (self.expert_parallel and self.model.is_moe_layer(layer))
-                or self.routing.kind == "balanced" or any(mask)):
+                or self.routing.kind == "balanced"):
             return None
         at = [i for i, k in enumerate(kernels) if k.name.startswith("experts")]
         if not at:
             return None
-        experts = [kernels[i] for i in at]
-        if self.expert_grid:  # the routed experts' GEMMs are split over etp, not tp (as in _moe_split)
-            eops, emask = self._layer_pass(layer, phase, self.etp)
-            experts = [o for o in eops[_leading(emask):] if o.name.startswith("experts")]
+        experts = self._grid_experts(layer, phase) if self.expert_grid else [kernels[i] for i in at]
         rest = set(at)
-        return (_kernels([k for i, k in enumerate(kernels[:at[0]]) if i not in rest]), _kernels(experts),
+        return (_kernels(kernels[:at[0]]), _kernels(experts),
                 _kernels([k for i, k in enumerate(kernels) if i > at[0] and i not in rest]))
 
     def route(self, layer: int, mb: int = 0) -> LayerRouting:
