@@ -16,7 +16,8 @@ the CLI pauses it), with a clock around the parts of the run that the speed work
 ``plan``        collective plans and routes (:meth:`simulator.fabric.Fabric.phases` and
                 ``replicated_phases``; bulk all-to-all layouts and weights);
 ``network``     the flow network's work at each instant (``FlowNetwork.start_flows`` and ``_on_wake``:
-                arrivals, departures, max-min re-solves) less the planning it calls;
+                arrivals, departures, max-min re-solves) less the planning and the engine's callbacks (a
+                collective's end) it calls;
 ``engine``      the rest of :meth:`simulator.engine.Engine.run` (SimPy's loop, issuing ops, ends, count-downs);
 ``metrics``     :func:`simulator.experiment.attach_training_metrics` (stage table, breakdowns, link tables);
 ``other``       the rest of :func:`simulator.experiment.run_experiment` (memory model, engine set-up: fabric,
@@ -77,6 +78,11 @@ def _child(path: str, fidelity: str | None) -> dict:
             (network.FlowNetwork, "start_flows", "network"), (network.FlowNetwork, "_on_wake", "network"),
             (engine.Engine, "run", "engine"), (experiment, "attach_training_metrics", "metrics")]:
         setattr(owner, name, clocked(phase, getattr(owner, name)))
+    # A collective's last flow ends inside the network's update, which calls the engine back there (the op's end,
+    # its dependents issued): that is the engine's time, not the network's.
+    run_phases = fabric.Fabric.run_phases
+    fabric.Fabric.run_phases = lambda self, phases, traffic_class, on_done: run_phases(
+        self, phases, traffic_class, clocked("engine", on_done))
 
     exp = experiment.load_experiment(path)
     result = experiment.run_experiment(exp, force=True, fidelity=fidelity)
