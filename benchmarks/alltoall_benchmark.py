@@ -33,14 +33,15 @@ Rungs:
     ``auto`` ran for every alltoallv before it used bulk under one switch).
 
 Per rung it prints the simulated time (collective or step), the wall time of the simulation inside the
-child, the CPU time and the wall time of the whole child process (interpreter start and imports included,
-as a CLI user waits), engine events, rate solves (instants at which rates were recomputed), max-min
-components solved, the point-to-point transfers (``flows``), the flows the network simulated or replayed
-for them (``net_flows``: a grouped all-to-all wave is one), calls replayed from a recorded trajectory and
-the peak resident memory. CPU time (of the whole child) is the steadier figure on a shared machine;
-``--repeat`` keeps the run with the least of it (every run simulates the same thing). ``--root`` runs
-another checkout's simulator (a "before" measurement). Results go to ``benchmarks/alltoall-results.csv``.
-Figures measured before and after twin and lazy links: README.md, "All-to-all and MoE speed (issue 15)".
+child, the CPU time (``sys_s`` of it in the kernel) and the wall time of the whole child process
+(interpreter start and imports included, as a CLI user waits), engine events, rate solves (instants at
+which rates were recomputed), max-min components solved, the point-to-point transfers (``flows``), the
+flows the network simulated or replayed for them (``net_flows``: a grouped all-to-all wave is one), calls
+replayed from a recorded trajectory and the peak resident memory. CPU time (of the whole child) is the
+steadier figure on a shared machine; ``--repeat`` keeps the run with the least of it (every run simulates the
+same thing). ``--root`` runs another checkout's simulator (a "before" measurement). Results go to
+``benchmarks/alltoall-results.csv``. Figures measured before and after twin and lazy links: README.md,
+"All-to-all and MoE speed (issue 15)".
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ RUNGS = [
     ("deepseek-ep64-1024-bulk", 1024, "deepseek-v3-ep64-1024.yaml@bulk"),
     ("deepseek-v3-2048", 2048, "../simulator/validation_runs/deepseek-v3-2048-h800.yaml", "lockstep"),
 ]
-FIELDS = ["rung", "gpus", "fidelity", "sim_time_s", "wall_s", "cpu_s", "process_s", "repeats", "events",
+FIELDS = ["rung", "gpus", "fidelity", "sim_time_s", "wall_s", "cpu_s", "sys_s", "process_s", "repeats", "events",
           "rate_solves", "component_solves", "flows", "net_flows", "calls", "replays", "peak_rss_mb"]
 
 
@@ -133,6 +134,9 @@ def child(spec: str, fidelity: str, root: str) -> dict:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out["peak_rss_mb"] = usage.ru_maxrss / 1024
     out["cpu_s"] = usage.ru_utime + usage.ru_stime  # the whole process: imports included
+    # The kernel's share (first touches of fresh memory, mostly): 0.36 to 1.7 s on the same DeepSeek EP64 run of
+    # this VM, 2026-12-02, as the host's page-fault cost varied; compare user time (cpu_s - sys_s) when it swings.
+    out["sys_s"] = usage.ru_stime
     return out
 
 
@@ -151,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args._child, args.fidelity, os.path.abspath(args.root))))
         gc.freeze()  # exit as the clustersim script does (simulator.cli.console): no final walk of the heap
         return 0
-    print(f"{'rung':20s} {'gpus':>5s} {'sim_s':>10s} {'wall_s':>7s} {'cpu_s':>7s} {'proc_s':>7s} {'events':>10s} "
-          f"{'solves':>8s} {'comps':>8s} {'flows':>10s} {'net_flows':>10s} {'replays':>8s} {'peak_MB':>8s}")
+    print(f"{'rung':20s} {'gpus':>5s} {'sim_s':>10s} {'wall_s':>7s} {'cpu_s':>7s} {'sys_s':>6s} "
+          f"{'proc_s':>7s} {'events':>10s} {'solves':>8s} {'comps':>8s} {'flows':>10s} {'net_flows':>10s} "
+          f"{'replays':>8s} {'peak_MB':>8s}")
     rows = []
     for name, gpus, spec, *fixed in RUNGS:
         fidelity = fixed[0] if fixed else args.fidelity
@@ -181,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                "repeats": len(runs), **best}
         rows.append(row)
         print(f"{name:20s} {gpus:5d} {row['sim_time_s']:10.6f} {row['wall_s']:7.2f} {row['cpu_s']:7.2f} "
+              f"{row['sys_s']:6.2f} "
               f"{row['process_s']:7.2f} {row['events']:10,d} {row['rate_solves']:8,d} {row['component_solves']:8,d} "
               f"{row['flows']:10,d} {row['net_flows']:10,d} {row['replays']:8,d} {row['peak_rss_mb']:8.0f}",
               flush=True)
