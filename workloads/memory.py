@@ -79,8 +79,9 @@ recomputes it (the projection reuses it), else by the projection.
 Micro-batches whose activations stage ``i`` (0-based) of ``p`` holds at peak,
 with ``m`` micro-batches per step: GPipe ``m``; 1F1B ``min(p - i, m)``;
 interleaved 1F1B with ``v`` chunks per stage: Megatron-LM runs
-``w = 2 (p - i - 1) + (v - 1) p`` warm-up chunk-forwards, so ``min(w + 1, m v)``
-chunks of ``1/v`` of the stage's layers are live: ``(p v + p - 1) / v`` stage
+``w = 2 (p - i - 1) + (v - 1) N`` warm-up chunk-forwards (``N`` the micro-batch
+group size, ``p`` by default), so ``min(w + 1, m v)`` chunks of ``1/v`` of the
+stage's layers are live: with ``N = p``, ``(p v + p - 1) / v`` stage
 equivalents on the first stage, ``1 + (p - 1)/(p v)`` times 1F1B's ``p``
 (Narayanan et al. 2021, section 2.2.2). The count is read off the
 schedule's order of actions, each chunk weighted by its own layers' bytes:
@@ -305,7 +306,8 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
     """Micro-batches' worth of stage ``stage``'s activations live at the peak.
 
     GPipe ``m``; 1F1B ``min(p - i, m)``; interleaved ``min(w + 1, m v) / v``
-    with ``w = 2 (p - i - 1) + (v - 1) p`` (Megatron-Core's warm-up count;
+    with ``w = 2 (p - i - 1) + (v - 1) N`` (Megatron-Core's warm-up count, ``N``
+    ``parallel.microbatch_group_size``, ``p`` by default;
     read off the schedule's order, :func:`_peak_in_flight`);
     Zero Bubble H1 ``p`` on every stage (a micro-batch's inputs stay until its
     weight gradient; :func:`~workloads.schedules.max_in_flight`), counted as
@@ -325,10 +327,11 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
 
 
 @lru_cache(maxsize=64)
-def _holding_changes(kind: str, pp: int, micro_batches: int, virtual_stages: int, stage: int) -> tuple[int, ...]:
+def _holding_changes(kind: str, pp: int, micro_batches: int, virtual_stages: int, stage: int,
+                     group_size: int | None = None) -> tuple[int, ...]:
     """:func:`~workloads.schedules.holding_changes` of ``stage``'s order, kept (memory is asked per stage, and per
     layout change by :func:`simulator.experiment.memory_remedies`)."""
-    return holding_changes(rank_schedule(kind, pp, micro_batches, virtual_stages, stage))
+    return holding_changes(rank_schedule(kind, pp, micro_batches, virtual_stages, stage, group_size))
 
 
 def _peak_in_flight(parallel: ParallelConfig, stage: int, per_chunk: Sequence[float]) -> float:
@@ -336,12 +339,13 @@ def _peak_in_flight(parallel: ParallelConfig, stage: int, per_chunk: Sequence[fl
     weights of the (micro-batch, chunk) pairs whose forward has run and whose backward (weight gradient,
     where the backward is split) has not; the forward of an overlapped pair counted before its backward
     frees anything. With equal weights this is :func:`~workloads.schedules.max_in_flight` (interleaved:
-    Megatron-Core's warm-up ``2 (p - i - 1) + (v - 1) p`` plus one, at most ``m v``); weighted by each
+    Megatron-Core's warm-up ``2 (p - i - 1) + (v - 1) N`` plus one, at most ``m v``); weighted by each
     chunk's layers it is exact for chunks of unequal size
     (``parallel.stage_layers`` per chunk, an embedding-only end chunk, dense and MoE layers in one stage)."""
     v = parallel.virtual_stages if parallel.schedule == "interleaved" else 1
     live = peak = 0.0
-    for change in _holding_changes(parallel.schedule, parallel.pp, num_micro_batches(parallel), v, int(stage)):
+    for change in _holding_changes(parallel.schedule, parallel.pp, num_micro_batches(parallel), v, int(stage),
+                                   parallel.microbatch_group_size):
         if change > 0:
             live += per_chunk[change - 1]
             peak = max(peak, live)

@@ -262,6 +262,17 @@ class ParallelConfig:
     zero_persistence : float
         DeepSpeed ``stage3_param_persistence_threshold``, elements (default
         1e5): smaller parameters (norms, biases) are never partitioned.
+    microbatch_group_size : int or None
+        Interleaved schedule only: contiguous micro-batches each model chunk
+        runs before the next chunk, ``N`` (Megatron-Core's
+        ``microbatch_group_size_per_vp_stage``,
+        ``--microbatch-group-size-per-virtual-pipeline-stage``; the Llama 3
+        paper's ``N``, section 3.3.2). None: ``pp`` (depth-first, Megatron's
+        default). ``pp <= N <=`` micro-batches, and the micro-batches a
+        multiple of ``N`` or leaving at least ``pp``: then they need not be a
+        multiple of ``pp``. A larger ``N`` runs ``(v - 1)(N - pp)`` more
+        warm-up forwards (more activations in flight) and leaves the pipeline
+        more slack to hide transfers (:mod:`workloads.schedules`).
     """
 
     tp: int = 1
@@ -295,10 +306,13 @@ class ParallelConfig:
     zero_reuse_distance: float = 1e9
     zero_persistence: float = 1e5
     recompute_modules: tuple[str, ...] | None = None
+    microbatch_group_size: int | None = None
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "ep", "cp", "micro_batch", "virtual_stages"):
             check_int(f"parallel.{f}", getattr(self, f))
+        if self.microbatch_group_size is not None:
+            check_int("parallel.microbatch_group_size", self.microbatch_group_size)
         if self.etp is not None:
             check_int("parallel.etp", self.etp)
         if self.grad_bucket_bytes is not None:
@@ -626,9 +640,23 @@ def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
                               f"got {v}")
         if p < 2:
             raise ConfigError("parallel.schedule: interleaved needs pp >= 2; use 1f1b for pp=1")
-        if m % p:
-            raise ConfigError(f"parallel.global_batch: the interleaved schedule needs the number of "
-                              f"micro-batches ({m}) to be a multiple of pp={p} (Megatron-LM)")
+        n = parallel.microbatch_group_size
+        if n is None:
+            if m % p:
+                raise ConfigError(f"parallel.global_batch: the interleaved schedule needs the number of "
+                                  f"micro-batches ({m}) to be a multiple of pp={p} (Megatron-LM), or set "
+                                  f"parallel.microbatch_group_size")
+        elif not p <= n <= m:
+            raise ConfigError(f"parallel.microbatch_group_size: {n} must be in pp={p} .. the number of "
+                              f"micro-batches ({m}) (Megatron-Core)")
+        elif 0 < m % n < p:
+            raise ConfigError(f"parallel.microbatch_group_size: {n} leaves a last group of {m % n} of the {m} "
+                              f"micro-batches, fewer than pp={p}; Megatron-Core needs the micro-batches to be a "
+                              f"multiple of it or to leave at least pp (valid: "
+                              f"{_valid_list([x for x in range(p, m + 1) if not 0 < m % x < p])})")
+    elif parallel.microbatch_group_size is not None:
+        raise ConfigError(f"parallel.microbatch_group_size: needs schedule: interleaved "
+                          f"(schedule is {parallel.schedule}); leave it out")
     elif v != 1:
         raise ConfigError(f"parallel.virtual_stages: {v} needs schedule: interleaved "
                           f"(schedule is {parallel.schedule}); use virtual_stages: 1")

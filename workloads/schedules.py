@@ -50,10 +50,18 @@ Orderings reproduced
     ``v - 1 - (k // p) % v`` and the same micro-batch formula. Warm-up is
     ``(p - r - 1) * 2 + (v - 1) * p`` forwards, capped at ``m * v`` (a rank
     whose warm-up reaches every forward runs them all, then every backward):
-    Megatron-Core's ``get_pp_rank_microbatches`` (with
-    ``microbatch_group_size_per_vp_stage`` at its default ``p``). Megatron-LM
-    2021 and Megatron-Core up to 0.9 ran all forwards first on *every* rank
-    when ``m == p``; this module followed it until 2026-12-02.
+    Megatron-Core's ``get_pp_rank_microbatches``. Megatron-LM 2021 and
+    Megatron-Core up to 0.9 ran all forwards first on *every* rank when
+    ``m == p``; this module followed it until 2026-12-02. With a micro-batch
+    group size ``N`` (Megatron-Core's ``microbatch_group_size_per_vp_stage``,
+    ``--microbatch-group-size-per-virtual-pipeline-stage``; default ``p``,
+    the depth-first order above; ``N = m`` is breadth-first): iterations run
+    ``N`` contiguous micro-batches per chunk, chunk by chunk, group by group
+    (the last group holds what is left: ``get_schedule_table``), and warm-up
+    is ``(p - r - 1) * 2 + (v - 1) * N``. Megatron-Core asks ``p <= N <= m``
+    and ``m mod N`` either 0 or at least ``p`` (else dependency bubbles); ``m``
+    need then not be a multiple of ``p`` (the Llama 3 paper's "N = 5" with
+    4 stages, section 3.3.2).
 ``"dualpipe"``
     DualPipe (DeepSeek-V3 technical report, arXiv 2412.19437, section 3.2.1;
     the order of ``DualPipe.step`` in github.com/deepseek-ai/DualPipe,
@@ -157,6 +165,7 @@ def pipeline_schedule(
     stages: int,
     micro_batches: int,
     virtual_stages: int = 1,
+    group_size: int | None = None,
 ) -> list[list[PipeAction]]:
     """Per-rank ordered forward/backward actions of one training step.
 
@@ -168,8 +177,10 @@ def pipeline_schedule(
     stages : int
         Pipeline ranks ``p`` (``parallel.pp``), >= 1.
     micro_batches : int
-        Micro-batches per step ``m``, >= 1. Must be a multiple of ``stages``
-        for ``"interleaved"`` (Megatron-LM asserts the same); even and at
+        Micro-batches per step ``m``, >= 1. For ``"interleaved"``: a
+        multiple of ``group_size`` or leaving a remainder of at least
+        ``stages`` (Megatron-Core asserts the same; with the default group
+        size, a multiple of ``stages``); even and at
         least ``2 * stages`` for ``"dualpipe"`` (both directions together;
         DualPipe asserts the same), with ``stages`` even.
     virtual_stages : int, optional
@@ -178,6 +189,11 @@ def pipeline_schedule(
         ``v == 1`` follows Megatron's interleaved code literally (warm-up
         ``2 * (p - r - 1)``), which has the 1F1B bubble but more activations
         in flight than ``"1f1b"``.
+    group_size : int, optional
+        ``"interleaved"`` only: contiguous micro-batches per model chunk
+        ``N`` (``parallel.microbatch_group_size``; Megatron-Core's
+        ``microbatch_group_size_per_vp_stage``), in ``stages..micro_batches``;
+        None: ``stages``.
 
     Returns
     -------
@@ -190,27 +206,28 @@ def pipeline_schedule(
     ValueError
         On an unknown ``kind`` (message names ``parallel.schedule``), on
         ``stages``/``micro_batches``/``virtual_stages`` < 1, on
-        ``virtual_stages > 1`` with a non-interleaved kind, on
-        ``micro_batches % stages != 0`` for ``"interleaved"``, or on an odd
+        ``virtual_stages > 1`` with a non-interleaved kind, on a
+        ``group_size`` or ``micro_batches`` that ``"interleaved"`` refuses (or
+        a ``group_size`` with another kind), or on an odd
         ``stages`` or ``micro_batches``, or ``micro_batches < 2 * stages``,
         for ``"dualpipe"``.
     """
-    build = _rank_builder(kind, stages, micro_batches, virtual_stages)
+    build = _rank_builder(kind, stages, micro_batches, virtual_stages, group_size)
     return [build(r) for r in range(stages)]
 
 
-def rank_schedule(kind: str, stages: int, micro_batches: int, virtual_stages: int, rank: int
-                  ) -> list[PipeAction]:
-    """``pipeline_schedule(kind, stages, micro_batches, virtual_stages)[rank]``, without building the other
-    ranks' orders (the memory model asks one stage at a time). Raises as :func:`pipeline_schedule` does, and
-    on a ``rank`` outside ``0..stages-1``."""
-    build = _rank_builder(kind, stages, micro_batches, virtual_stages)
+def rank_schedule(kind: str, stages: int, micro_batches: int, virtual_stages: int, rank: int,
+                  group_size: int | None = None) -> list[PipeAction]:
+    """``pipeline_schedule(kind, stages, micro_batches, virtual_stages, group_size)[rank]``, without building the
+    other ranks' orders (the memory model asks one stage at a time). Raises as :func:`pipeline_schedule` does,
+    and on a ``rank`` outside ``0..stages-1``."""
+    build = _rank_builder(kind, stages, micro_batches, virtual_stages, group_size)
     if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank < stages:
         raise ValueError(f"rank must be an integer in 0..{stages - 1}, got {rank!r}")
     return build(int(rank))
 
 
-def _rank_builder(kind: str, stages: int, micro_batches: int, virtual_stages: int
+def _rank_builder(kind: str, stages: int, micro_batches: int, virtual_stages: int, group_size: int | None = None
                   ) -> Callable[[int], list[PipeAction]]:
     """The checks of :func:`pipeline_schedule`; then what builds one rank's order."""
     if kind not in SCHEDULE_KINDS:
@@ -227,6 +244,9 @@ def _rank_builder(kind: str, stages: int, micro_batches: int, virtual_stages: in
             f"virtual_stages (parallel.virtual_stages) = {v} requires "
             f"parallel.schedule 'interleaved', got {kind!r}"
         )
+    if kind != "interleaved" and group_size is not None:
+        raise ValueError(f"group_size (parallel.microbatch_group_size) = {group_size} requires "
+                         f"parallel.schedule 'interleaved', got {kind!r}")
     if kind == "gpipe":
         return lambda r: _gpipe(m)
     if kind == "1f1b":
@@ -243,12 +263,23 @@ def _rank_builder(kind: str, stages: int, micro_batches: int, virtual_stages: in
             raise ValueError(f"micro_batches = {m} must be even and at least 2 * stages (parallel.pp) = {2 * p} "
                              f"for parallel.schedule 'dualpipe'")
         return lambda r: _dualpipe(p, m, r)
-    if m % p != 0:
-        raise ValueError(
-            f"micro_batches = {m} must be a multiple of stages "
-            f"(parallel.pp) = {p} for parallel.schedule 'interleaved'"
-        )
-    return lambda r: _interleaved(p, m, v, r)
+    if group_size is None:
+        if m % p != 0:
+            raise ValueError(
+                f"micro_batches = {m} must be a multiple of stages "
+                f"(parallel.pp) = {p} for parallel.schedule 'interleaved'"
+            )
+        n = p
+    else:
+        n = _check_positive_int(group_size, "group_size (parallel.microbatch_group_size)")
+        if not p <= n <= m:
+            raise ValueError(f"group_size (parallel.microbatch_group_size) = {n} must be in stages (parallel.pp) "
+                             f"= {p} .. micro_batches = {m} (Megatron-Core)")
+        if 0 < m % n < p:
+            raise ValueError(f"micro_batches = {m} leaves a last group of {m % n} < stages (parallel.pp) = {p} "
+                             f"micro-batches with group_size (parallel.microbatch_group_size) = {n}: Megatron-Core "
+                             f"needs m mod N to be 0 or at least pp")
+    return lambda r: _interleaved(p, m, v, r, n)
 
 
 def _gpipe(m: int) -> list[PipeAction]:
@@ -373,28 +404,39 @@ def chain_neighbour(kind: str, stages: int, rank: int, chunk: int, step: int) ->
     return (chunk * stages + rank + step) % stages
 
 
-def _interleaved_warmup(p: int, m: int, v: int, r: int) -> int:
-    """Megatron-Core's warm-up forwards of rank ``r`` in the interleaved schedule (all ``m v`` of them where
-    the warm-up count reaches them: ``get_pp_rank_microbatches``' ``are_all_microbatches_in_warmup``)."""
-    return min((p - r - 1) * 2 + (v - 1) * p, m * v)
+def _interleaved_warmup(p: int, m: int, v: int, r: int, n: int) -> int:
+    """Megatron-Core's warm-up forwards of rank ``r`` in the interleaved schedule with micro-batch groups of
+    ``n`` (all ``m v`` of them where the warm-up count reaches them: ``get_pp_rank_microbatches``'
+    ``are_all_microbatches_in_warmup``)."""
+    return min((p - r - 1) * 2 + (v - 1) * n, m * v)
 
 
-def _interleaved(p: int, m: int, v: int, r: int) -> list[PipeAction]:
-    """Megatron-LM interleaved 1F1B order for rank ``r``."""
+def _interleaved_table(m: int, v: int, n: int) -> list[tuple[int, int]]:
+    """``(micro_batch, chunk)`` of each forward iteration: Megatron-Core's ``get_schedule_table`` (groups of
+    ``n`` micro-batches, each run chunk by chunk; the last group holds what is left). The backward iteration
+    ``k`` runs the same micro-batch on chunk ``v - 1 - chunk``."""
+    table = []
+    for first in range(0, m, n):
+        last = m if first + n >= m else first + n
+        table += [(mb, chunk) for chunk in range(v) for mb in range(first, last)]
+    return table
+
+
+def _interleaved(p: int, m: int, v: int, r: int, n: int) -> list[PipeAction]:
+    """Megatron-LM interleaved 1F1B order for rank ``r`` (micro-batch groups of ``n``)."""
     total = m * v
-    group = p * v
-
-    def mb(k: int) -> int:
-        return (k // group) * p + k % p
+    table = _interleaved_table(m, v, n)
 
     def fwd(k: int) -> PipeAction:
-        return PipeAction("F", mb(k), (k % group) // p)
+        mb, chunk = table[k]
+        return PipeAction("F", mb, chunk)
 
     def bwd(k: int) -> PipeAction:
-        return PipeAction("B", mb(k), v - 1 - (k % group) // p)
+        mb, chunk = table[k]
+        return PipeAction("B", mb, v - 1 - chunk)
 
     # (Megatron-LM 2021 ran all forwards first on every rank when m == p; Megatron-Core decides per rank.)
-    warmup = _interleaved_warmup(p, m, v, r)
+    warmup = _interleaved_warmup(p, m, v, r, n)
     remaining = total - warmup
     out = [fwd(k) for k in range(warmup)]
     for k in range(remaining):
@@ -431,7 +473,7 @@ class Exchange:
 
 
 def interleaved_exchanges(stages: int, micro_batches: int, virtual_stages: int,
-                          rank: int) -> list[tuple[Exchange, ...]]:
+                          rank: int, group_size: int | None = None) -> list[tuple[Exchange, ...]]:
     """Where Megatron-LM's interleaved schedule posts its blocking transfers, for one rank.
 
     Follows ``forward_backward_pipelining_with_interleaving`` in
@@ -456,6 +498,8 @@ def interleaved_exchanges(stages: int, micro_batches: int, virtual_stages: int,
     stages, micro_batches, virtual_stages, rank : int
         ``p``, ``m``, ``v`` (>= 2) and the pipeline rank, as for
         :func:`pipeline_schedule` with ``"interleaved"``.
+    group_size : int, optional
+        Micro-batches per group ``N`` (:func:`pipeline_schedule`); None: ``p``.
 
     Returns
     -------
@@ -471,20 +515,22 @@ def interleaved_exchanges(stages: int, micro_batches: int, virtual_stages: int,
         On arguments :func:`pipeline_schedule` refuses, ``virtual_stages <
         2`` or ``rank`` outside ``0..stages-1``.
     """
-    acts = pipeline_schedule("interleaved", stages, micro_batches, virtual_stages)
+    acts = pipeline_schedule("interleaved", stages, micro_batches, virtual_stages, group_size)
     p, m, v = stages, micro_batches, virtual_stages
+    n = p if group_size is None else group_size
     if v < 2:
         raise ValueError(f"virtual_stages (parallel.virtual_stages) = {v} must be at least 2")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < p:
         raise ValueError(f"rank must be in 0..{p - 1}, got {rank!r}")
     r, total = rank, m * v
-    warmup = _interleaved_warmup(p, m, v, r)
+    warmup = _interleaved_warmup(p, m, v, r, n)
     all_warmup = warmup == total
     remaining = total - warmup
     first_rank, last_rank = r == 0, r == p - 1
+    chunks = [c for _mb, c in _interleaved_table(m, v, n)]
 
-    def chunk(k: int, forward: bool) -> int:
-        c = (k % (p * v)) // p
+    def chunk(k: int, forward: bool) -> int:  # Megatron-Core's get_model_chunk_id
+        c = chunks[k % total]
         return c if forward else v - 1 - c
 
     def recv_from_prev(k: int, forward: bool) -> bool:

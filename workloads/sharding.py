@@ -305,7 +305,7 @@ def stage_uses(model: ModelSpec, parallel: ParallelConfig, plan: ShardingPlan, s
     ends = end_units(model, parallel, plan.gather or "module", stage)
     per_action: list[list[int]] = []
     uses: list[Use] = []
-    for a in rank_schedule(parallel.schedule, p, num_micro_batches(parallel), v, stage):
+    for a in rank_schedule(parallel.schedule, p, num_micro_batches(parallel), v, stage, parallel.microbatch_group_size):
         j = a.chunk * p + stage
         chunk = chunk_layers(model.layers, parallel, stage, a.chunk)  # (chunks of a stage may differ in size)
         new = [Use(u.unit, u.phase, a.micro_batch)

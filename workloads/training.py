@@ -535,7 +535,10 @@ class _StepBuilder:
         self.p2p_bytes = self.act_elems * self.dtype / (self.t if (self.sp or self.pp_gather) else 1)
         self.tp_bytes = self.act_elems * self.dtype
         self.graph = OpGraph(parallel.world_size)
-        self.schedules = pipeline_schedule(parallel.schedule, self.p, self.m, parallel.virtual_stages)
+        self.schedules = pipeline_schedule(parallel.schedule, self.p, self.m, parallel.virtual_stages,
+                                           parallel.microbatch_group_size)
+        # contiguous micro-batches per chunk of the interleaved schedule (Megatron-Core's default: pp)
+        self.group = parallel.microbatch_group_size or self.p
         self.split_backward = parallel.schedule in ("zb-h1", "dualpipe")
         # (micro-batch, chunk) whose backward is split into B and a later W, per stage; other backwards are whole
         self.split_keys = [{(a.micro_batch, a.chunk) for a in acts if a.phase == "W"} for acts in self.schedules]
@@ -1524,7 +1527,8 @@ class _StepBuilder:
         # Megatron's interleaved schedule with blocking transfers: batched exchanges at fixed points, each
         # waited for before the next computation; received tensors queued for the actions that need them
         batched = blocking and par.schedule == "interleaved"
-        posts = interleaved_exchanges(self.p, self.m, self.v, stage) if batched else []
+        posts = (interleaved_exchanges(self.p, self.m, self.v, stage, par.microbatch_group_size) if batched
+                 else [])
         queues: dict[str, list[int]] = {"act": [], "grad": []}
         barrier = self._exchanges(rank, posts[0], actions, None, queues) if batched else []
         idx = 0
@@ -1533,7 +1537,7 @@ class _StepBuilder:
             a = group[0]
             if aligned and a.phase == "F":
                 for chunk in range(2, self.v):
-                    if (chunk - 1) * self.p - stage == forwards:
+                    if (chunk - 1) * self.group - stage == forwards:
                         gathers[chunk] = self._param_gathers(rank, stage, chunk, list(range(len(
                             self.param_buckets(stage, chunk)[0]))), [last_op] if last_op is not None else [])
                 forwards += 1
