@@ -53,6 +53,7 @@ from typing import NamedTuple
 
 from .errors import ConfigError, check_bool, check_choice, check_int, check_keys, check_number, divisors
 from .models import ModelSpec
+from .schedules import group_size_problem
 
 __all__ = [
     "TrainingSpec", "ParallelConfig", "RankLayout", "RankCoords",
@@ -646,14 +647,8 @@ def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
                 raise ConfigError(f"parallel.global_batch: the interleaved schedule needs the number of "
                                   f"micro-batches ({m}) to be a multiple of pp={p} (Megatron-LM), or set "
                                   f"parallel.microbatch_group_size")
-        elif not p <= n <= m:
-            raise ConfigError(f"parallel.microbatch_group_size: {n} must be in pp={p} .. the number of "
-                              f"micro-batches ({m}) (Megatron-Core)")
-        elif 0 < m % n < p:
-            raise ConfigError(f"parallel.microbatch_group_size: {n} leaves a last group of {m % n} of the {m} "
-                              f"micro-batches, fewer than pp={p}; Megatron-Core needs the micro-batches to be a "
-                              f"multiple of it or to leave at least pp (valid: "
-                              f"{_valid_list([x for x in range(p, m + 1) if not 0 < m % x < p])})")
+        elif group_size_problem(p, m, n) is not None:
+            raise ConfigError(f"parallel.microbatch_group_size: {n} {group_size_problem(p, m, n)}")
     elif parallel.microbatch_group_size is not None:
         raise ConfigError(f"parallel.microbatch_group_size: needs schedule: interleaved "
                           f"(schedule is {parallel.schedule}); leave it out")

@@ -103,6 +103,7 @@ __all__ = [
     "PipeAction",
     "pipeline_schedule",
     "rank_schedule",
+    "group_size_problem",
     "max_in_flight",
     "holding_changes",
     "simulate_unit_times",
@@ -272,14 +273,26 @@ def _rank_builder(kind: str, stages: int, micro_batches: int, virtual_stages: in
         n = p
     else:
         n = _check_positive_int(group_size, "group_size (parallel.microbatch_group_size)")
-        if not p <= n <= m:
-            raise ValueError(f"group_size (parallel.microbatch_group_size) = {n} must be in stages (parallel.pp) "
-                             f"= {p} .. micro_batches = {m} (Megatron-Core)")
-        if 0 < m % n < p:
-            raise ValueError(f"micro_batches = {m} leaves a last group of {m % n} < stages (parallel.pp) = {p} "
-                             f"micro-batches with group_size (parallel.microbatch_group_size) = {n}: Megatron-Core "
-                             f"needs m mod N to be 0 or at least pp")
+        problem = group_size_problem(p, m, n)
+        if problem is not None:
+            raise ValueError(f"group_size (parallel.microbatch_group_size) = {n} {problem}")
     return lambda r: _interleaved(p, m, v, r, n)
+
+
+def group_size_problem(stages: int, micro_batches: int, group_size: int) -> str | None:
+    """Why Megatron-Core's interleaved schedule refuses ``group_size`` contiguous micro-batches per chunk with
+    ``stages`` pipeline ranks and ``micro_batches`` per step (a phrase to follow the value), or None:
+    ``forward_backward_pipelining_with_interleaving`` asks ``p <= N <= m`` and ``m mod N`` 0 or at least ``p``
+    (a shorter last group stalls the pipeline)."""
+    p, m, n = stages, micro_batches, group_size
+    if not p <= n <= m:
+        return f"must be in pp={p} .. the number of micro-batches ({m}) (Megatron-Core)"
+    if 0 < m % n < p:
+        fits = [x for x in range(p, m + 1) if not 0 < m % x < p]
+        valid = ", ".join(map(str, fits[:12])) + (", ..." if len(fits) > 12 else "")
+        return (f"leaves a last group of {m % n} of the {m} micro-batches, fewer than pp={p}; Megatron-Core needs "
+                f"the micro-batches to be a multiple of it or to leave at least pp (valid: {valid})")
+    return None
 
 
 def _gpipe(m: int) -> list[PipeAction]:
