@@ -605,6 +605,8 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
     layout += f", {par.schedule}"
     if par.virtual_stages > 1:
         layout += f" x{par.virtual_stages} virtual"
+        if par.microbatch_group_size is not None:
+            layout += f" (micro-batch groups of {par.microbatch_group_size})"
     counts = layers_per_stage(m.layers, par)
     if len(set(counts)) > 1:
         layout += f", layers per stage {_runs(counts)}"

@@ -17,8 +17,9 @@ import pytest
 
 from simulator.experiment import experiment_from_dict, run_experiment
 from workloads.errors import ConfigError
-from workloads.memory import micro_batches_in_flight
-from workloads.parallel import ParallelConfig, parallel_from_dict
+from workloads.memory import memory_per_gpu, micro_batches_in_flight
+from workloads.models import model_from_dict
+from workloads.parallel import ParallelConfig, parallel_from_dict, training_from_dict
 from workloads.schedules import interleaved_exchanges, max_in_flight, pipeline_schedule, simulate_unit_times
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -109,11 +110,37 @@ def test_activations_in_flight_grow_with_the_group_size():
         assert micro_batches_in_flight(par, 0) == pytest.approx(min(w + 1, 32) / 2)
 
 
+def test_first_and_last_ranks_hold_the_early_receipts():
+    # Rank 0 receives the last rank's chunk outputs N - pp iterations before their forward, the last rank rank 0's
+    # gradients N - pp iterations before their backward (Megatron-Core: fwd_recv_buffer_size = N - pp + 1, one of
+    # which every rank holds for its next pass): N - pp tensors of b s h / t elements more than the chunks in
+    # flight on those two stages; the middle stages hold only their chunks in flight.
+    model, training = model_from_dict({"preset": "llama3-8b"}), training_from_dict({"seq_len": 4096})
+    tensor = 1 * 4096 * model.hidden * 2 / 2  # micro_batch 1, bf16, tp 2 with sequence parallelism
+    base = {"tp": 2, "pp": 4, "dp": 1, "global_batch": 32, "schedule": "interleaved", "virtual_stages": 2,
+            "sequence_parallel": True, "recompute": "full"}
+
+    def acts(stage: int, n: int | None) -> float:
+        return memory_per_gpu(model, ParallelConfig(**base, microbatch_group_size=n), training, stage).activations
+
+    def chunks(stage: int, n: int) -> float:  # the chunk-forwards in flight, each of half the stage's layers
+        return min(2 * (4 - stage - 1) + n + 1, 64)
+
+    per_chunk = (acts(1, 8) - acts(1, 4)) / (chunks(1, 8) - chunks(1, 4))  # stage 1: chunks only
+    for stage in (0, 3):
+        for n in (8, 16, 32):
+            grown = acts(stage, n) - acts(stage, 4)
+            assert grown == pytest.approx((chunks(stage, n) - chunks(stage, 4)) * per_chunk + (n - 4) * tensor)
+    assert acts(0, 4) == acts(0, None)
+
+
 @pytest.mark.parametrize("fields, match", [
     ({"microbatch_group_size": 3}, r"parallel\.microbatch_group_size: 3 must be in pp=4"),
     ({"microbatch_group_size": 17}, r"must be in pp=4 \.\. the number of micro-batches \(16\)"),
     ({"microbatch_group_size": 7}, r"leaves a last group of 2 of the 16 micro-batches, fewer than pp=4"),
-    ({"global_batch": 18}, r"multiple of pp=4.*or set parallel\.microbatch_group_size"),
+    ({"global_batch": 18}, r"multiple of pp=4.*or set parallel\.microbatch_group_size \(Megatron-Core; valid: "
+                           r"6, 7, 9, 10, 11, 12, 13, 14, 18\)"),
+    ({"global_batch": 2}, r"multiple of pp=4 \(Megatron-LM\)$"),  # (no group size can help: fewer than pp)
     ({"schedule": "1f1b", "virtual_stages": 1, "microbatch_group_size": 4}, r"needs schedule: interleaved"),
     ({"microbatch_group_size": 0}, r"parallel\.microbatch_group_size"),
 ])

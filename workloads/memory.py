@@ -371,6 +371,13 @@ def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: Tra
                                                  for c in range(parallel.model_chunks)])
     else:
         acts = micro_batches_in_flight(parallel, stage) * per_mb(stage_layers(model.layers, parallel, stage))
+    group = parallel.microbatch_group_size
+    if parallel.schedule == "interleaved" and group is not None and stage in (0, parallel.pp - 1):
+        # With groups of N > pp the first rank receives the last rank's outputs N - pp iterations before their
+        # forward (the last rank the first rank's gradients before their backward): Megatron-Core sizes its
+        # receive buffers for N - pp + 1 (fwd_recv_buffer_size), one of which any rank holds for its next pass.
+        # The tensor between stages: this rank's tokens, split over TP with SP or Megatron's scatter/gather.
+        acts += (group - parallel.pp) * b * s * model.hidden * d / t
     if stage == parallel.pp - 1 or (parallel.schedule == "dualpipe" and stage == 0):
         # fp32 logits kept by the loss; 1 live except under GPipe
         live = num_micro_batches(parallel) if parallel.schedule == "gpipe" else 1

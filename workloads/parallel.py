@@ -644,9 +644,12 @@ def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
         n = parallel.microbatch_group_size
         if n is None:
             if m % p:
+                # (groups of N in pp..m with m mod N 0 or >= pp: N = m always is one when m > pp)
+                fits = [x for x in range(p, m + 1) if group_size_problem(p, m, x) is None]
+                other = (f", or set parallel.microbatch_group_size (Megatron-Core; valid: {_valid_list(fits)})"
+                         if fits else "")
                 raise ConfigError(f"parallel.global_batch: the interleaved schedule needs the number of "
-                                  f"micro-batches ({m}) to be a multiple of pp={p} (Megatron-LM), or set "
-                                  f"parallel.microbatch_group_size")
+                                  f"micro-batches ({m}) to be a multiple of pp={p} (Megatron-LM){other}")
         elif group_size_problem(p, m, n) is not None:
             raise ConfigError(f"parallel.microbatch_group_size: {n} {group_size_problem(p, m, n)}")
     elif parallel.microbatch_group_size is not None:
