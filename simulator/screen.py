@@ -41,8 +41,8 @@ memory
 The agreement with ``fast`` is measured, not assumed: ``tests/test_screen.py``
 (a 64-GPU sweep, Spearman and top-k) and ``benchmarks/screen_benchmark.py``
 (the 1,024-GPU GPT-3 layout sweep). Configurations the closed form does not
-cover (MoE, context parallelism, TP communication overlap, ZeRO-3 / FSDP
-gathers, per-micro-batch gradient reduction, overlapped parameter gathers,
+cover (MoE, context parallelism, TP communication overlap, Megatron's aligned
+gradient reductions, ZeRO-3 / FSDP gathers, per-micro-batch gradient reduction, overlapped parameter gathers,
 blocking p2p, faults, a parameter server) raise :class:`ScreenUnsupported`,
 a ``ValueError`` naming what is not modelled.
 """
@@ -96,6 +96,7 @@ def unsupported_reason(exp: Experiment) -> str | None:
         (exp.model.is_moe, "mixture-of-experts layers"),
         (par.cp > 1, "context parallelism (parallel.cp > 1)"),
         (par.tp_comm_overlap, "parallel.tp_comm_overlap"),
+        (par.align_grad_reduce and par.overlap_grad_reduce and par.pp > 1, "parallel.align_grad_reduce"),
         (par.overlap_param_gather, "parallel.overlap_param_gather"),
         (par.dp_sync == "parameter_server", "parallel.dp_sync: parameter_server"),
         (opt.p2p != "async", "options.p2p: blocking"),

@@ -234,6 +234,21 @@ class ParallelConfig:
         start and of chunk ``c >= 2`` at the same virtual micro-batch, instead
         of each bucket prefetching the next. Megatron forces it off without
         interleaving.
+    align_grad_reduce : bool
+        Megatron's ``align_grad_reduce`` (default False here; Megatron's default
+        is True, ``--no-align-grad-reduce`` turns it off there; False is what
+        PyTorch DDP, FSDP and DeepSpeed do), with ``overlap_grad_reduce`` and
+        Megatron's pipeline schedules (``1f1b``, ``interleaved``; ``pp > 1``)
+        and its distributed data parallelism (``zero_impl`` megatron): the
+        pipeline stages launch their gradient reductions together instead of
+        as each bucket fills.
+        Non-interleaved, the first stage reduces buckets during its last
+        backward and the other stages reduce everything after their last
+        backward ("during the pipeline bubble"); interleaved, rank ``r``
+        launches all buckets of a chunk ``r`` backward iterations after the
+        chunk's last micro-batch, the chunks not yet launched after its last
+        backward (``forward_backward_pipelining_*``' ``grad_sync_func``).
+        False: every stage reduces each bucket as soon as it fills.
     tp_comm_overlap : bool
         Megatron-Core's ``--tp-comm-overlap`` (default False): Transformer
         Engine's userbuffers overlap the sequence-parallel all-gathers and
@@ -299,6 +314,7 @@ class ParallelConfig:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = False
     align_param_gather: bool = True
+    align_grad_reduce: bool = False
     tp_comm_overlap: bool = False
     zero_impl: str = "auto"
     zero_grad_sync: str = "auto"
@@ -343,7 +359,8 @@ class ParallelConfig:
             object.__setattr__(self, "recompute_modules",
                                resolve_recompute_modules(self.recompute, self.recompute_modules))
         check_bool("parallel.sequence_parallel", self.sequence_parallel)
-        for f in ("overlap_grad_reduce", "overlap_param_gather", "align_param_gather", "tp_comm_overlap"):
+        for f in ("overlap_grad_reduce", "overlap_param_gather", "align_param_gather", "align_grad_reduce",
+                  "tp_comm_overlap"):
             check_bool(f"parallel.{f}", getattr(self, f))
         if isinstance(self.placement, str) or not isinstance(self.placement, Sequence):
             raise ConfigError(f"parallel.placement: must be a list such as [tp, cp, dp, pp], got {self.placement!r}")

@@ -104,6 +104,7 @@ __all__ = [
     "pipeline_schedule",
     "rank_schedule",
     "group_size_problem",
+    "interleaved_table",
     "max_in_flight",
     "holding_changes",
     "simulate_unit_times",
@@ -424,10 +425,11 @@ def _interleaved_warmup(p: int, m: int, v: int, r: int, n: int) -> int:
     return min((p - r - 1) * 2 + (v - 1) * n, m * v)
 
 
-def _interleaved_table(m: int, v: int, n: int) -> list[tuple[int, int]]:
-    """``(micro_batch, chunk)`` of each forward iteration: Megatron-Core's ``get_schedule_table`` (groups of
-    ``n`` micro-batches, each run chunk by chunk; the last group holds what is left). The backward iteration
-    ``k`` runs the same micro-batch on chunk ``v - 1 - chunk``."""
+def interleaved_table(m: int, v: int, n: int) -> list[tuple[int, int]]:
+    """``(micro_batch, chunk)`` of each forward iteration of the interleaved schedule with ``m`` micro-batches,
+    ``v`` chunks and groups of ``n``: Megatron-Core's ``get_schedule_table`` (groups of ``n`` micro-batches,
+    each run chunk by chunk; the last group holds what is left). The backward iteration ``k`` runs the same
+    micro-batch on chunk ``v - 1 - chunk``."""
     table = []
     for first in range(0, m, n):
         last = m if first + n >= m else first + n
@@ -438,7 +440,7 @@ def _interleaved_table(m: int, v: int, n: int) -> list[tuple[int, int]]:
 def _interleaved(p: int, m: int, v: int, r: int, n: int) -> list[PipeAction]:
     """Megatron-LM interleaved 1F1B order for rank ``r`` (micro-batch groups of ``n``)."""
     total = m * v
-    table = _interleaved_table(m, v, n)
+    table = interleaved_table(m, v, n)
 
     def fwd(k: int) -> PipeAction:
         mb, chunk = table[k]
@@ -540,7 +542,7 @@ def interleaved_exchanges(stages: int, micro_batches: int, virtual_stages: int,
     all_warmup = warmup == total
     remaining = total - warmup
     first_rank, last_rank = r == 0, r == p - 1
-    chunks = [c for _mb, c in _interleaved_table(m, v, n)]
+    chunks = [c for _mb, c in interleaved_table(m, v, n)]
 
     def chunk(k: int, forward: bool) -> int:  # Megatron-Core's get_model_chunk_id
         c = chunks[k % total]

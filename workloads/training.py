@@ -192,7 +192,15 @@ from .parallel import (
     stage_layers,
     validate,
 )
-from .schedules import Exchange, PipeAction, chain_neighbour, chain_position, interleaved_exchanges, pipeline_schedule
+from .schedules import (
+    Exchange,
+    PipeAction,
+    chain_neighbour,
+    chain_position,
+    interleaved_exchanges,
+    interleaved_table,
+    pipeline_schedule,
+)
 from .sharding import (
     GatherSchedule,
     Unit,
@@ -1511,6 +1519,21 @@ class _StepBuilder:
         use_end: dict[int, int] = {}
         gather_of: dict[int, int] = {}
         pending = _Buckets(self, rank, dp_group)
+        # Megatron's aligned launch of the gradient reductions (parallel.align_grad_reduce; grad_sync_func of
+        # forward_backward_pipelining_*): non-interleaved, stages after the first reduce everything after their
+        # last backward; interleaved, a chunk's buckets are launched `stage` backward iterations after its last
+        # micro-batch's backward (the same iteration on every stage), the rest after the last backward.
+        align = (overlap and par.align_grad_reduce and self.p > 1 and plan.impl == "megatron"
+                 and plan.grad_sync == "step" and par.schedule in ("1f1b", "interleaved"))
+        defer = align and par.schedule == "1f1b" and stage > 0
+        hold = align and par.schedule == "interleaved"
+        launch_at: dict[int, int] = {}  # backward iteration -> the chunk whose reductions are launched after it
+        if hold:
+            table = interleaved_table(self.m, self.v, self.group)
+            for j, (mb, chunk) in enumerate(table):
+                if mb == self.m - 1 and j + stage < len(table):
+                    launch_at[j + stage] = self.v - 1 - chunk
+        backwards = 0
         last_op = None
         blocking = self.opt.p2p == "blocking"
         started: set[int] = set()  # chunks whose first forward of the step has run (FP8 casts, param gathers)
@@ -1604,16 +1627,23 @@ class _StepBuilder:
                         if reduce_now:
                             pending.add(seg, last_op if overlap else None)
                 elif not (param_gather and first_forward):
-                    per_layer = self.opt.granularity == "layer" or (overlap and reduce_now)
+                    per_layer = self.opt.granularity == "layer" or (overlap and reduce_now and not (defer or hold))
                     for seg in self.segments(stage, a.chunk, phase, per_layer):
                         last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
                         deps = []
                         if reduce_now:
-                            pending.add(seg, last_op if overlap else None)
+                            if hold:
+                                pending.hold(seg, a.chunk)
+                            else:
+                                pending.add(seg, last_op if overlap and not defer else None)
                 if self.fp8 and a.phase != "W":
                     last_op = self._fp8_amax(rank, a, stage, last_op)
                 if reduce_now and every_mb:
                     pending.flush(last_op)  # the end of every backward (DeepSpeed's epilogue, FSDP's last unit)
+                if a.phase == "B":
+                    if backwards in launch_at:
+                        pending.launch(launch_at[backwards], last_op)
+                    backwards += 1
             if batched:
                 barrier = self._exchanges(rank, posts[idx + 1], actions, last_op, queues) or barrier
                 idx += 1
@@ -1627,6 +1657,8 @@ class _StepBuilder:
                 outbox.remove(item)
                 sent.append(self._send(rank, item[1], last_op))
         # Gradient synchronisation that is not overlapped, then the optimizer.
+        for chunk in range(self.v):  # (aligned, interleaved: the chunks not launched yet, in chunk order)
+            pending.launch(chunk, last_op)
         pending.flush(last_op)
         dp_ops = pending.emitted
         tied = self._tied_embedding_sync(rank, stage, last_op)
@@ -2032,6 +2064,7 @@ class _Buckets:
         self.fill = 0.0
         self.expert_fill = 0.0
         self.emitted: list[int] = []
+        self.held: dict[int, tuple[float, float]] = {}  # chunk -> (dense, expert) gradient bytes held (hold)
         self.reduced: dict[float, int] = {}  # bucket bytes -> how many buckets of that size were reduced
         par = builder.par
         self.kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
@@ -2070,6 +2103,21 @@ class _Buckets:
         full = int(total // self.size)
         self._emit(self.size, deps, group, traffic_class, count=full)
         self._emit(total - full * self.size, deps, group, traffic_class)
+
+    def hold(self, seg: _Segment, chunk: int) -> None:
+        """Keep ``seg``'s gradients with model chunk ``chunk``'s, for :meth:`launch` (Megatron's aligned launch:
+        each chunk is its own DDP module with its own buckets)."""
+        if len(self.group) == 1 and len(self.expert_group) == 1:
+            return
+        dense, experts = self.held.get(chunk, (0.0, 0.0))
+        self.held[chunk] = (dense + seg.grad_bytes, experts + seg.expert_grad_bytes)
+
+    def launch(self, chunk: int, after: int) -> None:
+        """Reduce all of chunk ``chunk``'s held gradients (its full buckets and its last, partial one) once
+        ``after`` is done; nothing if none are held."""
+        dense, experts = self.held.pop(chunk, (0.0, 0.0))
+        self._emit_all(dense, [after], self.group, "dp")
+        self._emit_all(experts, [after], self.expert_group, "edp" if self.b.par.ep > 1 else "dp")
 
     def flush(self, last_op: int) -> None:
         """Reduce whatever is left after the backward (or everything, without overlap)."""

@@ -1,0 +1,80 @@
+"""Megatron's aligned launch of gradient reductions (``parallel.align_grad_reduce``).
+
+Truth used: Megatron-Core's ``forward_backward_pipelining_without_interleaving`` (with ``grad_sync_func``, set by
+``align_grad_reduce``: only the first stage enables grad sync for its last backward, "other pipeline stages do
+grad reduction during pipeline bubble", launched after the cool-down) and ``..._with_interleaving``
+(``backward_step_helper_postprocess``: chunk ``c``'s ``grad_sync_func`` runs after backward iteration
+``j + r``, ``j`` the iteration of the chunk's last micro-batch, ``r`` the pipeline rank; the chunks left after
+the loop). Worked by hand for p = 2, m = 4 below; and the bytes reduced do not depend on when they are.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator.experiment import experiment_from_dict, run_experiment
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_training import uniform_model  # noqa: E402
+
+
+def _run(align: bool, schedule: str = "1f1b", chunks: int = 1):
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 4},
+           "model": uniform_model(8),
+           "parallel": {"pp": 2, "dp": 2, "micro_batch": 1, "global_batch": 8, "schedule": schedule,
+                        "virtual_stages": chunks, "grad_bucket_bytes": 200_000, "align_grad_reduce": align,
+                        "placement": ["tp", "dp", "pp"]},
+           "training": {"seq_len": 512}, "options": {"embedding_and_loss": False}}
+    return run_experiment(experiment_from_dict(doc), force=True, fidelity="full")
+
+
+def _grads(ops, rank):
+    mine = ops[(ops["rank"] == rank) & (ops["kind"] == "collective") & ops["name"].str.startswith("grad_")]
+    return mine.sort_values("start_s")
+
+
+def _end_of(ops, rank, prefix):
+    mine = ops[(ops["rank"] == rank) & (ops["kind"] == "compute") & ops["name"].str.startswith(prefix)]
+    return mine["end_s"].max()
+
+
+def _last_backward_end(ops, rank):
+    mine = ops[(ops["rank"] == rank) & (ops["kind"] == "compute") & ops["name"].str.match(r"B\d")]
+    return mine["end_s"].max()
+
+
+def test_non_interleaved_first_stage_overlaps_the_others_reduce_after_their_last_backward():
+    aligned, free = _run(True).ops, _run(False).ops
+    # ranks 0, 1: stage 0 (placement dp innermost); ranks 2, 3: stage 1
+    for rank in (0, 1):  # the first stage reduces buckets during its last backward either way
+        for ops in (aligned, free):
+            assert _grads(ops, rank)["start_s"].iloc[0] < _last_backward_end(ops, rank)
+    for rank in (2, 3):
+        assert _grads(free, rank)["start_s"].iloc[0] < _last_backward_end(free, rank)
+        assert _grads(aligned, rank)["start_s"].iloc[0] >= _last_backward_end(aligned, rank)
+
+
+def test_interleaved_chunks_launch_stage_iterations_after_their_last_micro_batch():
+    # p = 2, v = 2, m = 4: forward table (0,0) (1,0) (0,1) (1,1) (2,0) (3,0) (2,1) (3,1); backward iteration k
+    # runs the entry's micro-batch on chunk 1 - chunk. Micro-batch 3 is at j = 5 (backward chunk 1, "B3.c1") and
+    # j = 7 (backward chunk 0, "B3.c0", the last backward). Stage 0 (r = 0) launches chunk 1 right after B3.c1,
+    # chunk 0 after B3.c0; stage 1 (r = 1) chunk 1 after iteration 6 ("B2.c0") and chunk 0 after the loop.
+    aligned, free = _run(True, "interleaved", 2).ops, _run(False, "interleaved", 2).ops
+    first = _grads(aligned, 0)["start_s"].iloc[0]
+    assert _end_of(aligned, 0, "B3.c1") <= first < _last_backward_end(aligned, 0)
+    assert _grads(free, 0)["start_s"].iloc[0] < _end_of(free, 0, "B3.c1")  # per bucket, during the backward
+    first = _grads(aligned, 2)["start_s"].iloc[0]
+    assert _end_of(aligned, 2, "B2.c0") <= first < _last_backward_end(aligned, 2)
+
+
+@pytest.mark.parametrize("schedule, chunks", [("1f1b", 1), ("interleaved", 2)])
+def test_the_same_bytes_are_reduced(schedule, chunks):
+    def reduced(result, rank):
+        return sum(op.nbytes * op.count for op in result.record.graph.ops
+                   if op.rank == rank and op.kind == "collective" and op.name.startswith("grad_"))
+
+    aligned, free = _run(True, schedule, chunks), _run(False, schedule, chunks)
+    for rank in range(4):
+        assert reduced(free, rank) > 0
+        assert reduced(aligned, rank) == pytest.approx(reduced(free, rank))
