@@ -174,6 +174,15 @@ def test_unmodelled_configurations_are_invalid_rows_naming_what():
         screen_experiment(experiment_from_dict(doc))
 
 
+def test_aligned_gradient_reductions_are_refused_only_where_they_apply():
+    doc = copy.deepcopy(SMALL)
+    doc["parallel"].update(align_grad_reduce=True, pp=2, dp=2)
+    with pytest.raises(ScreenUnsupported, match="parallel.align_grad_reduce"):
+        screen_experiment(experiment_from_dict(doc))
+    doc["parallel"].update(pp=1, dp=4)  # nothing to align without a pipeline: priced as before
+    assert screen_experiment(experiment_from_dict(doc))["step_time_s"] > 0
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"fidelity": "screen", "refine": 0}, "refine: must be an integer >= 1"),
     ({"fidelity": "screen", "refine": True}, "refine: must be an integer >= 1"),
