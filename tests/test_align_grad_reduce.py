@@ -18,19 +18,28 @@ from simulator.experiment import experiment_from_dict, run_experiment
 sys.path.insert(0, str(Path(__file__).parent))
 from test_training import uniform_model  # noqa: E402
 
+MOE = {"name": "moe-small", "layers": 4, "hidden": 256, "heads": 4, "kv_heads": 4, "ffn_hidden": 1024,
+       "vocab": 32000, "gated_mlp": True, "tied_embeddings": False, "experts": 4, "top_k": 2,
+       "moe_ffn_hidden": 512, "max_seq_len": 4096}
 
-def _run(align: bool, schedule: str = "1f1b", chunks: int = 1):
-    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 4},
-           "model": uniform_model(8),
-           "parallel": {"pp": 2, "dp": 2, "micro_batch": 1, "global_batch": 8, "schedule": schedule,
-                        "virtual_stages": chunks, "grad_bucket_bytes": 200_000, "align_grad_reduce": align,
-                        "placement": ["tp", "dp", "pp"]},
-           "training": {"seq_len": 512}, "options": {"embedding_and_loss": False}}
-    return run_experiment(experiment_from_dict(doc), force=True, fidelity="full")
+
+def _doc(align: bool, schedule: str = "1f1b", chunks: int = 1, pp: int = 2, **parallel) -> dict:
+    return {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 2 * pp},
+            "model": uniform_model(4 * pp),
+            "parallel": {"pp": pp, "dp": 2, "micro_batch": 1, "global_batch": 8, "schedule": schedule,
+                         "virtual_stages": chunks, "grad_bucket_bytes": 200_000, "align_grad_reduce": align,
+                         "placement": ["tp", "dp", "pp"], **parallel},
+            "training": {"seq_len": 512}, "options": {"embedding_and_loss": False}}
+
+
+def _run(align: bool, schedule: str = "1f1b", chunks: int = 1, pp: int = 2, **parallel):
+    return run_experiment(experiment_from_dict(_doc(align, schedule, chunks, pp, **parallel)), force=True,
+                          fidelity="full")
 
 
 def _grads(ops, rank):
-    mine = ops[(ops["rank"] == rank) & (ops["kind"] == "collective") & ops["name"].str.startswith("grad_")]
+    mine = ops[(ops["rank"] == rank) & (ops["kind"] == "collective") & ops["name"].str.startswith("grad_")
+               & ops["traffic_class"].isin(["dp", "edp"])]  # (not the gradient norm's all-reduce)
     return mine.sort_values("start_s")
 
 
@@ -55,6 +64,19 @@ def test_non_interleaved_first_stage_overlaps_the_others_reduce_after_their_last
         assert _grads(aligned, rank)["start_s"].iloc[0] >= _last_backward_end(aligned, rank)
 
 
+def test_every_stage_after_the_first_waits_and_reduces_each_chunk_whole():
+    # p = 3: stages 1 and 2 both defer (not only the last), and Megatron turns their bucketing off (one
+    # collective per chunk); stage 0 keeps its buckets (grad_bucket_bytes 200 kB: several per layer).
+    aligned, free = _run(True, pp=3), _run(False, pp=3)
+    for rank in range(6):  # ranks 2 s, 2 s + 1: stage s
+        grads, ops = _grads(aligned.ops, rank), aligned.ops
+        if rank < 2:
+            assert grads["start_s"].iloc[0] < _last_backward_end(ops, rank) and len(grads) > 1
+        else:
+            assert grads["start_s"].iloc[0] >= _last_backward_end(ops, rank) and len(grads) == 1
+            assert _grads(free.ops, rank)["start_s"].iloc[0] < _last_backward_end(free.ops, rank)
+
+
 def test_interleaved_chunks_launch_stage_iterations_after_their_last_micro_batch():
     # p = 2, v = 2, m = 4: forward table (0,0) (1,0) (0,1) (1,1) (2,0) (3,0) (2,1) (3,1); backward iteration k
     # runs the entry's micro-batch on chunk 1 - chunk. Micro-batch 3 is at j = 5 (backward chunk 1, "B3.c1") and
@@ -68,13 +90,42 @@ def test_interleaved_chunks_launch_stage_iterations_after_their_last_micro_batch
     assert _end_of(aligned, 2, "B2.c0") <= first < _last_backward_end(aligned, 2)
 
 
+def _reduced(result, rank: int, traffic_class: str = "dp") -> float:
+    return sum(op.nbytes * op.count for op in result.record.graph.ops
+               if op.rank == rank and op.kind == "collective" and op.traffic_class == traffic_class
+               and op.name.startswith("grad_"))
+
+
 @pytest.mark.parametrize("schedule, chunks", [("1f1b", 1), ("interleaved", 2)])
 def test_the_same_bytes_are_reduced(schedule, chunks):
-    def reduced(result, rank):
-        return sum(op.nbytes * op.count for op in result.record.graph.ops
-                   if op.rank == rank and op.kind == "collective" and op.name.startswith("grad_"))
-
     aligned, free = _run(True, schedule, chunks), _run(False, schedule, chunks)
     for rank in range(4):
-        assert reduced(free, rank) > 0
-        assert reduced(aligned, rank) == pytest.approx(reduced(free, rank))
+        assert _reduced(free, rank) > 0
+        assert _reduced(aligned, rank) == pytest.approx(_reduced(free, rank))
+
+
+@pytest.mark.parametrize("schedule, chunks", [("1f1b", 1), ("interleaved", 2)])
+def test_expert_gradients_are_reduced_too(schedule, chunks):
+    def run(align: bool):
+        doc = _doc(align, schedule, chunks, pp=2, ep=2)
+        doc["cluster"]["gpus_per_node"] = 8
+        doc["parallel"].update(dp=4, global_batch=16)
+        doc["model"] = MOE
+        return run_experiment(experiment_from_dict(doc), force=True, fidelity="full")
+
+    aligned, free = run(True), run(False)
+    for rank in range(8):
+        for cls in ("dp", "edp"):
+            assert _reduced(free, rank, cls) > 0
+            assert _reduced(aligned, rank, cls) == pytest.approx(_reduced(free, rank, cls))
+
+
+@pytest.mark.parametrize("parallel", [{"schedule": "gpipe"}, {"schedule": "zb-h1"}, {"zero": 2},
+                                      {"zero": 1, "zero_impl": "deepspeed"}, {"overlap_grad_reduce": False}])
+def test_outside_megatrons_pipelines_and_ddp_the_flag_changes_nothing(parallel):
+    def graph(align: bool):
+        ops = run_experiment(experiment_from_dict(_doc(align, **parallel)), force=True,
+                             fidelity="full").record.graph.ops
+        return [(op.rank, op.kind, op.name, op.deps) for op in ops]
+
+    assert graph(True) == graph(False)

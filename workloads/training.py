@@ -1523,8 +1523,7 @@ class _StepBuilder:
         # forward_backward_pipelining_*): non-interleaved, stages after the first reduce everything after their
         # last backward; interleaved, a chunk's buckets are launched `stage` backward iterations after its last
         # micro-batch's backward (the same iteration on every stage), the rest after the last backward.
-        align = (overlap and par.align_grad_reduce and self.p > 1 and plan.impl == "megatron"
-                 and plan.grad_sync == "step" and par.schedule in ("1f1b", "interleaved"))
+        align = self.aligned_grad_reduce
         defer = align and par.schedule == "1f1b" and stage > 0
         hold = align and par.schedule == "interleaved"
         launch_at: dict[int, int] = {}  # backward iteration -> the chunk whose reductions are launched after it
@@ -1642,7 +1641,8 @@ class _StepBuilder:
                     pending.flush(last_op)  # the end of every backward (DeepSpeed's epilogue, FSDP's last unit)
                 if a.phase == "B":
                     if backwards in launch_at:
-                        pending.launch(launch_at[backwards], last_op)
+                        chunk = launch_at[backwards]
+                        pending.launch(chunk, last_op, whole=stage > 0 or chunk > 0)
                     backwards += 1
             if batched:
                 barrier = self._exchanges(rank, posts[idx + 1], actions, last_op, queues) or barrier
@@ -1658,8 +1658,8 @@ class _StepBuilder:
                 sent.append(self._send(rank, item[1], last_op))
         # Gradient synchronisation that is not overlapped, then the optimizer.
         for chunk in range(self.v):  # (aligned, interleaved: the chunks not launched yet, in chunk order)
-            pending.launch(chunk, last_op)
-        pending.flush(last_op)
+            pending.launch(chunk, last_op, whole=stage > 0 or chunk > 0)
+        pending.flush(last_op, whole=defer)
         dp_ops = pending.emitted
         tied = self._tied_embedding_sync(rank, stage, last_op)
         dense, experts = self.stage_params(stage)
@@ -1678,6 +1678,19 @@ class _StepBuilder:
                            category="optimizer", stage=stage)
         if plan.step_gather and len(dp_group) > 1 and not param_gather:
             pending.gather_params(opt_id)
+
+    @property
+    def aligned_grad_reduce(self) -> bool:
+        """Whether the gradient reductions follow Megatron's aligned launch (``parallel.align_grad_reduce``):
+        only with overlapped reduction of Megatron's distributed data parallelism (reduced once per step, over
+        more than one rank) under its pipeline schedules (``1f1b``, ``interleaved``, ``pp > 1``). There Megatron
+        also turns bucketing off on every stage but the first and every chunk but the first
+        (``per_chunk_bucket_sizes`` in megatron/training/training.py; DistributedDataParallel's
+        ``bucket_size = None`` for ``pp_rank > 0``): each such chunk is reduced as one collective."""
+        par, plan = self.par, self.plan
+        return (par.align_grad_reduce and par.overlap_grad_reduce and par.grad_dp * par.weight_copies > 1
+                and self.p > 1 and plan.impl == "megatron" and plan.grad_sync == "step"
+                and par.schedule in ("1f1b", "interleaved"))
 
     def stage_params(self, stage: int) -> tuple[float, float]:
         """:func:`~workloads.memory.stage_params` of ``stage``, made once per stage (every rank asks)."""
@@ -2112,19 +2125,26 @@ class _Buckets:
         dense, experts = self.held.get(chunk, (0.0, 0.0))
         self.held[chunk] = (dense + seg.grad_bytes, experts + seg.expert_grad_bytes)
 
-    def launch(self, chunk: int, after: int) -> None:
-        """Reduce all of chunk ``chunk``'s held gradients (its full buckets and its last, partial one) once
-        ``after`` is done; nothing if none are held."""
+    def launch(self, chunk: int, after: int, whole: bool = False) -> None:
+        """Reduce all of chunk ``chunk``'s held gradients (its full buckets and its last, partial one; one
+        collective if ``whole``: an unbucketed chunk) once ``after`` is done; nothing if none are held."""
         dense, experts = self.held.pop(chunk, (0.0, 0.0))
-        self._emit_all(dense, [after], self.group, "dp")
-        self._emit_all(experts, [after], self.expert_group, "edp" if self.b.par.ep > 1 else "dp")
+        self._reduce(dense, experts, after, whole)
 
-    def flush(self, last_op: int) -> None:
-        """Reduce whatever is left after the backward (or everything, without overlap)."""
-        self._emit_all(self.fill, [last_op], self.group, "dp")
-        self.fill = 0.0
-        self._emit_all(self.expert_fill, [last_op], self.expert_group, "edp" if self.b.par.ep > 1 else "dp")
-        self.expert_fill = 0.0
+    def flush(self, last_op: int, whole: bool = False) -> None:
+        """Reduce whatever is left after the backward (or everything, without overlap; as one collective if
+        ``whole``: an unbucketed module)."""
+        self._reduce(self.fill, self.expert_fill, last_op, whole)
+        self.fill = self.expert_fill = 0.0
+
+    def _reduce(self, dense: float, experts: float, after: int, whole: bool) -> None:
+        cls = "edp" if self.b.par.ep > 1 else "dp"
+        if whole:
+            self._emit(dense, [after], self.group, "dp")
+            self._emit(experts, [after], self.expert_group, cls)
+        else:
+            self._emit_all(dense, [after], self.group, "dp")
+            self._emit_all(experts, [after], self.expert_group, cls)
 
     def gather_params(self, after: int) -> None:
         """ZeRO-1/2: all-gather the updated 16-bit (FP8, with ``fp8_param_gather``) parameters of every
