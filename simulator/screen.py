@@ -41,7 +41,7 @@ memory
 The agreement with ``fast`` is measured, not assumed: ``tests/test_screen.py``
 (a 64-GPU sweep, Spearman and top-k) and ``benchmarks/screen_benchmark.py``
 (the 1,024-GPU GPT-3 layout sweep). Configurations the closed form does not
-cover (MoE, context parallelism, TP communication overlap, Megatron's aligned
+cover (MoE, DualPipe, context parallelism, TP communication overlap, Megatron's aligned
 gradient reductions where they apply, ZeRO-3 / FSDP gathers, per-micro-batch
 gradient reduction, overlapped parameter gathers, blocking p2p, faults, a
 parameter server) raise :class:`ScreenUnsupported`, a ``ValueError`` naming
@@ -97,6 +97,7 @@ def unsupported_reason(exp: Experiment) -> str | None:
         (exp.model.is_moe, "mixture-of-experts layers"),
         (par.cp > 1, "context parallelism (parallel.cp > 1)"),
         (par.tp_comm_overlap, "parallel.tp_comm_overlap"),
+        (par.schedule == "dualpipe", "parallel.schedule: dualpipe (its two directions and overlapped pairs)"),
         (par.overlap_param_gather, "parallel.overlap_param_gather"),
         (par.dp_sync == "parameter_server", "parallel.dp_sync: parameter_server"),
         (opt.p2p != "async", "options.p2p: blocking"),

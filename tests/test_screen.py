@@ -174,6 +174,14 @@ def test_unmodelled_configurations_are_invalid_rows_naming_what():
         screen_experiment(experiment_from_dict(doc))
 
 
+def test_dualpipe_is_refused_naming_it():
+    # (it used to reach the list scheduler without DualPipe's pairing and stop there as a deadlock)
+    doc = copy.deepcopy(SMALL)
+    doc["parallel"].update(pp=2, dp=2, schedule="dualpipe", global_batch=8)
+    with pytest.raises(ScreenUnsupported, match="parallel.schedule: dualpipe"):
+        screen_experiment(experiment_from_dict(doc))
+
+
 def test_aligned_gradient_reductions_are_refused_only_where_they_apply():
     doc = copy.deepcopy(SMALL)
     doc["parallel"].update(align_grad_reduce=True, pp=2, dp=2)
