@@ -77,9 +77,16 @@ def test_every_transfer_is_sent_and_received_once(p, v, m, n):
         assert sum(e.recv_grad for e in ex) == sum(a.phase == "B" and a.chunk * p + r < last for a in s[r])
 
 
-def test_group_size_pp_is_the_default_order():
+def test_group_size_pp_is_narayanans_order():
+    # N = pp is Megatron's default: forward iteration k runs micro-batch (k // pv) p + k mod p on chunk
+    # (k mod pv) // p (Narayanan et al. 2021, as Megatron-LM computed it before the schedule table); the backward
+    # the same micro-batch on chunk v - 1 - that. Given explicitly, or left to its default.
     for p, v, m in [(2, 2, 4), (4, 2, 8), (4, 3, 12), (8, 2, 16)]:
-        assert pipeline_schedule("interleaved", p, m, v, p) == pipeline_schedule("interleaved", p, m, v)
+        order = [((k // (p * v)) * p + k % p, (k % (p * v)) // p) for k in range(m * v)]
+        for n in (p, None):
+            for acts in pipeline_schedule("interleaved", p, m, v, n):
+                assert _forwards(acts) == order
+                assert [(a.micro_batch, a.chunk) for a in acts if a.phase == "B"] == [(i, v - 1 - c) for i, c in order]
         assert all(interleaved_exchanges(p, m, v, r, p) == interleaved_exchanges(p, m, v, r) for r in range(p))
 
 

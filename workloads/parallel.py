@@ -53,7 +53,7 @@ from typing import NamedTuple
 
 from .errors import ConfigError, check_bool, check_choice, check_int, check_keys, check_number, divisors
 from .models import ModelSpec
-from .schedules import group_size_problem
+from .schedules import group_size_problem, group_sizes
 
 __all__ = [
     "TrainingSpec", "ParallelConfig", "RankLayout", "RankCoords",
@@ -661,14 +661,13 @@ def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
         n = parallel.microbatch_group_size
         if n is None:
             if m % p:
-                # (groups of N in pp..m with m mod N 0 or >= pp: N = m always is one when m > pp)
-                fits = [x for x in range(p, m + 1) if group_size_problem(p, m, x) is None]
+                fits = group_sizes(p, m)
                 other = (f", or set parallel.microbatch_group_size (Megatron-Core; valid: {_valid_list(fits)})"
                          if fits else "")
                 raise ConfigError(f"parallel.global_batch: the interleaved schedule needs the number of "
                                   f"micro-batches ({m}) to be a multiple of pp={p} (Megatron-LM){other}")
-        elif group_size_problem(p, m, n) is not None:
-            raise ConfigError(f"parallel.microbatch_group_size: {n} {group_size_problem(p, m, n)}")
+        elif (problem := group_size_problem(p, m, n)) is not None:
+            raise ConfigError(f"parallel.microbatch_group_size: {n} {problem}")
     elif parallel.microbatch_group_size is not None:
         raise ConfigError(f"parallel.microbatch_group_size: needs schedule: interleaved "
                           f"(schedule is {parallel.schedule}); leave it out")

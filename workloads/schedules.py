@@ -104,6 +104,7 @@ __all__ = [
     "pipeline_schedule",
     "rank_schedule",
     "group_size_problem",
+    "group_sizes",
     "interleaved_table",
     "max_in_flight",
     "holding_changes",
@@ -289,11 +290,18 @@ def group_size_problem(stages: int, micro_batches: int, group_size: int) -> str 
     if not p <= n <= m:
         return f"must be in pp={p} .. the number of micro-batches ({m}) (Megatron-Core)"
     if 0 < m % n < p:
-        fits = [x for x in range(p, m + 1) if not 0 < m % x < p]
+        fits = group_sizes(p, m)
         valid = ", ".join(map(str, fits[:12])) + (", ..." if len(fits) > 12 else "")
         return (f"leaves a last group of {m % n} of the {m} micro-batches, fewer than pp={p}; Megatron-Core needs "
                 f"the micro-batches to be a multiple of it or to leave at least pp (valid: {valid})")
     return None
+
+
+def group_sizes(stages: int, micro_batches: int) -> list[int]:
+    """Every group size :func:`group_size_problem` accepts, in increasing order (none when there are fewer
+    micro-batches than stages; ``micro_batches`` itself otherwise)."""
+    p, m = stages, micro_batches
+    return [n for n in range(p, m + 1) if not 0 < m % n < p]
 
 
 def _gpipe(m: int) -> list[PipeAction]:

@@ -1641,8 +1641,7 @@ class _StepBuilder:
                     pending.flush(last_op)  # the end of every backward (DeepSpeed's epilogue, FSDP's last unit)
                 if a.phase == "B":
                     if backwards in launch_at:
-                        chunk = launch_at[backwards]
-                        pending.launch(chunk, last_op, whole=stage > 0 or chunk > 0)
+                        pending.launch(launch_at[backwards], last_op)
                     backwards += 1
             if batched:
                 barrier = self._exchanges(rank, posts[idx + 1], actions, last_op, queues) or barrier
@@ -1657,8 +1656,9 @@ class _StepBuilder:
                 outbox.remove(item)
                 sent.append(self._send(rank, item[1], last_op))
         # Gradient synchronisation that is not overlapped, then the optimizer.
-        for chunk in range(self.v):  # (aligned, interleaved: the chunks not launched yet, in chunk order)
-            pending.launch(chunk, last_op, whole=stage > 0 or chunk > 0)
+        if hold:  # the chunks not launched yet, in chunk order
+            for chunk in range(self.v):
+                pending.launch(chunk, last_op)
         pending.flush(last_op, whole=defer)
         dp_ops = pending.emitted
         tied = self._tied_embedding_sync(rank, stage, last_op)
@@ -2078,6 +2078,7 @@ class _Buckets:
         self.expert_fill = 0.0
         self.emitted: list[int] = []
         self.held: dict[int, tuple[float, float]] = {}  # chunk -> (dense, expert) gradient bytes held (hold)
+        self.stage = builder.layout.coords(rank).pp
         self.reduced: dict[float, int] = {}  # bucket bytes -> how many buckets of that size were reduced
         par = builder.par
         self.kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
@@ -2125,11 +2126,12 @@ class _Buckets:
         dense, experts = self.held.get(chunk, (0.0, 0.0))
         self.held[chunk] = (dense + seg.grad_bytes, experts + seg.expert_grad_bytes)
 
-    def launch(self, chunk: int, after: int, whole: bool = False) -> None:
-        """Reduce all of chunk ``chunk``'s held gradients (its full buckets and its last, partial one; one
-        collective if ``whole``: an unbucketed chunk) once ``after`` is done; nothing if none are held."""
+    def launch(self, chunk: int, after: int) -> None:
+        """Reduce all of chunk ``chunk``'s held gradients once ``after`` is done (nothing if none are held): in
+        buckets on the first stage's first chunk, as one collective elsewhere (Megatron buckets only those:
+        :attr:`_StepBuilder.aligned_grad_reduce`)."""
         dense, experts = self.held.pop(chunk, (0.0, 0.0))
-        self._reduce(dense, experts, after, whole)
+        self._reduce(dense, experts, after, whole=self.stage > 0 or chunk > 0)
 
     def flush(self, last_op: int, whole: bool = False) -> None:
         """Reduce whatever is left after the backward (or everything, without overlap; as one collective if
