@@ -59,22 +59,32 @@ def test_non_interleaved_first_stage_overlaps_the_others_reduce_after_their_last
     for rank in (0, 1):  # the first stage reduces buckets during its last backward either way
         for ops in (aligned, free):
             assert _grads(ops, rank)["start_s"].iloc[0] < _last_backward_end(ops, rank)
-    for rank in (2, 3):
-        assert _grads(free, rank)["start_s"].iloc[0] < _last_backward_end(free, rank)
-        assert _grads(aligned, rank)["start_s"].iloc[0] >= _last_backward_end(aligned, rank)
+    for rank in (2, 3):  # stage 1 is not bucketed (Megatron: bucket_size None for pp_rank > 0): one reduction
+        for ops in (aligned, free):  # once its gradients are all ready, after its last backward, either way
+            assert _grads(ops, rank)["start_s"].iloc[0] >= _last_backward_end(ops, rank)
+            assert len(_grads(ops, rank)) == 1
+
+
+def test_non_interleaved_the_flag_does_not_move_the_step():
+    # Without interleaving the aligned launch and Megatron's unbucketed stages agree: stage 0 reduces its
+    # buckets as they fill, every other stage everything after its last backward.
+    aligned, free = _run(True), _run(False)
+    assert aligned.step_time == free.step_time
+    for rank in range(4):
+        assert _grads(aligned.ops, rank)["start_s"].tolist() == _grads(free.ops, rank)["start_s"].tolist()
 
 
 def test_every_stage_after_the_first_waits_and_reduces_each_chunk_whole():
     # p = 3: stages 1 and 2 both defer (not only the last), and Megatron turns their bucketing off (one
     # collective per chunk); stage 0 keeps its buckets (grad_bucket_bytes 200 kB: several per layer).
-    aligned, free = _run(True, pp=3), _run(False, pp=3)
-    for rank in range(6):  # ranks 2 s, 2 s + 1: stage s
-        grads, ops = _grads(aligned.ops, rank), aligned.ops
-        if rank < 2:
-            assert grads["start_s"].iloc[0] < _last_backward_end(ops, rank) and len(grads) > 1
-        else:
-            assert grads["start_s"].iloc[0] >= _last_backward_end(ops, rank) and len(grads) == 1
-            assert _grads(free.ops, rank)["start_s"].iloc[0] < _last_backward_end(free.ops, rank)
+    for result in (_run(True, pp=3), _run(False, pp=3)):
+        ops = result.ops
+        for rank in range(6):  # ranks 2 s, 2 s + 1: stage s
+            grads = _grads(ops, rank)
+            if rank < 2:
+                assert grads["start_s"].iloc[0] < _last_backward_end(ops, rank) and len(grads) > 1
+            else:
+                assert grads["start_s"].iloc[0] >= _last_backward_end(ops, rank) and len(grads) == 1
 
 
 def test_interleaved_chunks_launch_stage_iterations_after_their_last_micro_batch():
@@ -82,12 +92,37 @@ def test_interleaved_chunks_launch_stage_iterations_after_their_last_micro_batch
     # runs the entry's micro-batch on chunk 1 - chunk. Micro-batch 3 is at j = 5 (backward chunk 1, "B3.c1") and
     # j = 7 (backward chunk 0, "B3.c0", the last backward). Stage 0 (r = 0) launches chunk 1 right after B3.c1,
     # chunk 0 after B3.c0; stage 1 (r = 1) chunk 1 after iteration 6 ("B2.c0") and chunk 0 after the loop.
+    # Unaligned, every chunk Megatron leaves unbucketed (all but stage 0's chunk 0) is reduced once its last
+    # backward ("B3.c1": the chunk's last micro-batch) is done.
     aligned, free = _run(True, "interleaved", 2).ops, _run(False, "interleaved", 2).ops
-    first = _grads(aligned, 0)["start_s"].iloc[0]
-    assert _end_of(aligned, 0, "B3.c1") <= first < _last_backward_end(aligned, 0)
-    assert _grads(free, 0)["start_s"].iloc[0] < _end_of(free, 0, "B3.c1")  # per bucket, during the backward
+    for ops in (aligned, free):
+        first = _grads(ops, 0)["start_s"].iloc[0]
+        assert first == _end_of(ops, 0, "B3.c1") < _last_backward_end(ops, 0)
     first = _grads(aligned, 2)["start_s"].iloc[0]
     assert _end_of(aligned, 2, "B2.c0") <= first < _last_backward_end(aligned, 2)
+    assert _grads(free, 2)["start_s"].iloc[0] == _end_of(free, 2, "B3.c1") < _end_of(free, 2, "B2.c0")
+
+
+@pytest.mark.parametrize("align", [False, True])
+def test_megatron_buckets_only_the_first_stages_first_chunk(align):
+    # megatron/training/training.py per_chunk_bucket_sizes: None for chunk > 0 or pp_rank > 0. With 200 kB
+    # buckets every layer spans several, so a bucketed chunk is reduced in several collectives (bucket count
+    # coarsened by `count`) and an unbucketed one in exactly one, of all the chunk's gradient bytes.
+    result = _run(align, "interleaved", 2)
+    graph = result.record.graph
+    for rank in range(4):
+        grads = [op for op in graph.ops if op.rank == rank and op.kind == "collective"
+                 and op.name.startswith("grad_") and op.traffic_class == "dp"]
+        calls = sum(op.count for op in grads)
+        assert calls > 3 if rank < 2 else calls == 2  # stage 0: chunk 0 in buckets + chunk 1 whole
+
+
+def test_other_frameworks_bucket_every_stage():
+    # DeepSpeed's ZeRO-1 (and PyTorch DDP) bucket every stage alike: stage 1 reduces during its last backward.
+    ops = _run(False, zero=1, zero_impl="deepspeed").ops
+    for rank in (2, 3):
+        assert len(_grads(ops, rank)) > 1
+        assert _grads(ops, rank)["start_s"].iloc[0] < _last_backward_end(ops, rank)
 
 
 def _reduced(result, rank: int, traffic_class: str = "dp") -> float:

@@ -156,3 +156,13 @@ def test_bad_configs_are_one_line_errors(par, match):
     with pytest.raises(ConfigError, match=match):
         validate(model_from_dict(MODEL), ParallelConfig(**{"dp": 2, "overlap_param_gather": True, **par}),
                  TrainingSpec(seq_len=4096))
+
+
+def test_stages_after_the_first_gather_one_bucket():
+    # Megatron-Core turns bucketing off for pp_rank > 0 (DistributedDataParallel: bucket_size None), and the
+    # parameter all-gathers use the same buckets: stage 1 gathers its chunk at once, stage 0 layer by layer.
+    r = _run(grad_bucket_bytes=LAYER * GRAD, pp=2, m=2, placement=["tp", "dp", "pp"])
+    gathers = r.ops[r.ops["name"] == "param_all_gather"]
+    per_rank = gathers.groupby("rank")["nbytes"].agg(["count", "sum"])
+    assert per_rank.loc[0, "count"] > 1 and per_rank.loc[2, "count"] == 1
+    assert per_rank.loc[2, "sum"] == pytest.approx(per_rank.loc[0, "sum"], rel=0.01)  # equal stages

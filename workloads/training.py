@@ -1626,15 +1626,21 @@ class _StepBuilder:
                         if reduce_now:
                             pending.add(seg, last_op if overlap else None)
                 elif not (param_gather and first_forward):
-                    per_layer = self.opt.granularity == "layer" or (overlap and reduce_now and not (defer or hold))
+                    # Megatron-Core reduces a chunk that it does not bucket as one collective once the chunk's
+                    # last backward is done (without aligned launches; with them, launch_at and defer decide)
+                    single = overlap and reduce_now and not (defer or hold) and self.unbucketed(stage, a.chunk)
+                    per_layer = self.opt.granularity == "layer" or (overlap and reduce_now
+                                                                    and not (defer or hold or single))
                     for seg in self.segments(stage, a.chunk, phase, per_layer):
                         last_op = self.emit_segment(rank, seg, deps, f"{name}.L{seg.layer}", a.micro_batch, stage)
                         deps = []
                         if reduce_now:
-                            if hold:
+                            if hold or single:
                                 pending.hold(seg, a.chunk)
                             else:
                                 pending.add(seg, last_op if overlap and not defer else None)
+                    if single:
+                        pending.launch(a.chunk, last_op)
                 if self.fp8 and a.phase != "W":
                     last_op = self._fp8_amax(rank, a, stage, last_op)
                 if reduce_now and every_mb:
@@ -1680,17 +1686,30 @@ class _StepBuilder:
             pending.gather_params(opt_id)
 
     @property
+    def megatron_overlap(self) -> bool:
+        """Whether the gradients are reduced by Megatron-Core's distributed data parallelism with overlap
+        (``zero_impl`` megatron, reduced once per step over more than one rank) under Megatron's pipeline
+        schedules (``1f1b``, ``interleaved``): where its bucketing rule (:meth:`unbucketed`) and its aligned
+        launch (:attr:`aligned_grad_reduce`) apply."""
+        par, plan = self.par, self.plan
+        return (par.overlap_grad_reduce and par.grad_dp * par.weight_copies > 1 and plan.impl == "megatron"
+                and plan.grad_sync == "step" and par.schedule in ("1f1b", "interleaved"))
+
+    def unbucketed(self, stage: int, chunk: int) -> bool:
+        """Whether Megatron-Core reduces (and, with ``overlap_param_gather``, gathers) virtual stage ``(stage,
+        chunk)``'s gradients as one bucket: its DistributedDataParallel turns bucketing off on every pipeline
+        rank but the first (``bucket_size = None`` for ``pp_rank > 0``: "data-parallel communication on these
+        stages is not on the critical path") and megatron/training/training.py on every model chunk but the
+        first (``per_chunk_bucket_sizes``). Such a chunk's reduction starts once all its gradients are ready,
+        after its last backward; only stage 0's chunk 0 is reduced bucket by bucket during the backward."""
+        return (stage > 0 or chunk > 0) and self.megatron_overlap
+
+    @property
     def aligned_grad_reduce(self) -> bool:
         """Whether the gradient reductions follow Megatron's aligned launch (``parallel.align_grad_reduce``):
-        only with overlapped reduction of Megatron's distributed data parallelism (reduced once per step, over
-        more than one rank) under its pipeline schedules (``1f1b``, ``interleaved``, ``pp > 1``). There Megatron
-        also turns bucketing off on every stage but the first and every chunk but the first
-        (``per_chunk_bucket_sizes`` in megatron/training/training.py; DistributedDataParallel's
-        ``bucket_size = None`` for ``pp_rank > 0``): each such chunk is reduced as one collective."""
-        par, plan = self.par, self.plan
-        return (par.align_grad_reduce and par.overlap_grad_reduce and par.grad_dp * par.weight_copies > 1
-                and self.p > 1 and plan.impl == "megatron" and plan.grad_sync == "step"
-                and par.schedule in ("1f1b", "interleaved"))
+        :attr:`megatron_overlap` with ``pp > 1``. Each chunk Megatron does not bucket (:meth:`unbucketed`) is
+        then reduced as one collective."""
+        return self.par.align_grad_reduce and self.p > 1 and self.megatron_overlap
 
     def stage_params(self, stage: int) -> tuple[float, float]:
         """:func:`~workloads.memory.stage_params` of ``stage``, made once per stage (every rank asks)."""
@@ -1868,7 +1887,7 @@ class _StepBuilder:
         for x in pieces:
             edges.append(edges[-1] + max(0, round(x)))
         total, size = edges[-1], self.plan.bucket_bytes / self.grad_bytes
-        if not size < float("inf"):
+        if not size < float("inf") or self.unbucketed(stage, chunk):  # one bucket (Megatron: stage > 0, chunk > 0)
             size = max(total, 1)
         n = math.ceil(total / size)
         starts = [max(0, total - (n - g) * size) for g in range(n)]
@@ -2129,7 +2148,7 @@ class _Buckets:
     def launch(self, chunk: int, after: int) -> None:
         """Reduce all of chunk ``chunk``'s held gradients once ``after`` is done (nothing if none are held): in
         buckets on the first stage's first chunk, as one collective elsewhere (Megatron buckets only those:
-        :attr:`_StepBuilder.aligned_grad_reduce`)."""
+        :meth:`_StepBuilder.unbucketed`)."""
         dense, experts = self.held.pop(chunk, (0.0, 0.0))
         self._reduce(dense, experts, after, whole=self.stage > 0 or chunk > 0)
 
