@@ -32,7 +32,9 @@ pipeline
 data parallelism
     The last backward's gradient buckets, filled layer by layer as the
     generator fills them, reduced back to back on the DP stream: what is left
-    after the backward ends is exposed. Then the gradient-norm all-reduces
+    after the backward ends is exposed. Megatron's data parallelism buckets
+    only the first stage's first chunk; every other chunk is one collective
+    after its last backward (``_StepBuilder.unbucketed``). Then the gradient-norm all-reduces
     (every stage waits for the slowest), the optimizer kernels and the ZeRO-1
     parameter all-gather.
 memory
@@ -423,11 +425,20 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
         fill = 0.0
         if overlap:  # chunk 0's backward is the stage's last; the other chunks' buckets were hidden before
             # (reduced during the backwards of the later chunks: counted for the gather, not timed here)
-            fill = sum(s.grad_bytes for c in range(1, v) for s in b.segments(stage, c, grad_phase, False))
-            if fill >= size:
-                full = int(fill // size)
-                hidden[stage][size] = hidden[stage].get(size, 0) + full
-                fill -= full * size
+            if b.megatron_overlap:  # Megatron buckets only stage 0's chunk 0: the others one collective each
+                for c in range(1, v):
+                    whole = sum(s.grad_bytes for s in b.segments(stage, c, grad_phase, False))
+                    if whole > 0:
+                        hidden[stage][whole] = hidden[stage].get(whole, 0) + 1
+                if b.unbucketed(stage, 0):  # reduced once the last backward is done
+                    whole = sum(s.grad_bytes for s in b.segments(stage, 0, grad_phase, False))
+                    return [(finish[stage], whole, 1)] if whole > 0 else []
+            else:
+                fill = sum(s.grad_bytes for c in range(1, v) for s in b.segments(stage, c, grad_phase, False))
+                if fill >= size:
+                    full = int(fill // size)
+                    hidden[stage][size] = hidden[stage].get(size, 0) + full
+                    fill -= full * size
             segs = b.segments(stage, 0, grad_phase, True)
             at = finish[stage] - timer(k for s in segs for k in s.kernels)
             for s in segs:

@@ -242,13 +242,15 @@ class ParallelConfig:
         and its distributed data parallelism (``zero_impl`` megatron): the
         pipeline stages launch their gradient reductions together instead of
         as each bucket fills.
-        Non-interleaved, the first stage reduces buckets during its last
-        backward and the other stages reduce everything after their last
-        backward ("during the pipeline bubble"); interleaved, rank ``r``
-        launches all buckets of a chunk ``r`` backward iterations after the
-        chunk's last micro-batch, the chunks not yet launched after its last
-        backward (``forward_backward_pipelining_*``' ``grad_sync_func``).
-        False: every stage reduces each bucket as soon as it fills.
+        Interleaved, rank ``r`` launches all buckets of a chunk ``r`` backward
+        iterations after the chunk's last micro-batch, the chunks not yet
+        launched after its last backward (``forward_backward_pipelining_*``'
+        ``grad_sync_func``). False: each chunk's reduction starts when its
+        gradients are ready. Either way Megatron buckets only the first
+        stage's first chunk; every other chunk is one bucket, reduced after its
+        last backward (so non-interleaved the two settings coincide: the first
+        stage reduces buckets during its last backward, the others everything
+        after theirs). Other frameworks bucket every stage.
     tp_comm_overlap : bool
         Megatron-Core's ``--tp-comm-overlap`` (default False): Transformer
         Engine's userbuffers overlap the sequence-parallel all-gathers and
