@@ -107,22 +107,36 @@ def test_interleaved_chunks_launch_stage_iterations_after_their_last_micro_batch
 def test_megatron_buckets_only_the_first_stages_first_chunk(align):
     # megatron/training/training.py per_chunk_bucket_sizes: None for chunk > 0 or pp_rank > 0. With 200 kB
     # buckets every layer spans several, so a bucketed chunk is reduced in several collectives (bucket count
-    # coarsened by `count`) and an unbucketed one in exactly one, of all the chunk's gradient bytes.
-    result = _run(align, "interleaved", 2)
-    graph = result.record.graph
+    # coarsened by `count`) and an unbucketed one in exactly one, of all the chunk's fp32 gradients (Megatron's
+    # buffer under bf16). Hand count: a layer 4h^2 + 2hf + 2h parameters, 2 layers per chunk; the embedding
+    # (V h) on virtual stage 0 (stage 0, chunk 0), the output layer (V h) and final norm (h) on the last
+    # (stage 1, chunk 1).
+    h, f, V = 256, 1024, 512
+    layer, table = 4 * h * h + 2 * h * f + 2 * h, V * h
+    chunks = {0: [2 * layer + table, 2 * layer], 1: [2 * layer, 2 * layer + table + h]}  # stage -> chunk params
+    graph = _run(align, "interleaved", 2).record.graph
     for rank in range(4):
+        stage = rank // 2
         grads = [op for op in graph.ops if op.rank == rank and op.kind == "collective"
                  and op.name.startswith("grad_") and op.traffic_class == "dp"]
-        calls = sum(op.count for op in grads)
-        assert calls > 3 if rank < 2 else calls == 2  # stage 0: chunk 0 in buckets + chunk 1 whole
+        assert sum(op.nbytes * op.count for op in grads) == 4 * sum(chunks[stage])
+        whole = sorted(op.nbytes for op in grads if op.count == 1)
+        if stage == 0:  # chunk 1 whole, chunk 0 in buckets
+            assert 4 * chunks[0][1] in whole and sum(op.count for op in grads) > 3
+        else:  # both chunks whole
+            assert whole == sorted(4 * c for c in chunks[1]) and len(grads) == 2
 
 
-def test_other_frameworks_bucket_every_stage():
-    # DeepSpeed's ZeRO-1 (and PyTorch DDP) bucket every stage alike: stage 1 reduces during its last backward.
-    ops = _run(False, zero=1, zero_impl="deepspeed").ops
+@pytest.mark.parametrize("parallel", [{"zero": 1, "zero_impl": "deepspeed"}, {"schedule": "gpipe"},
+                                      {"schedule": "zb-h1"}])
+def test_other_frameworks_and_schedules_bucket_every_stage(parallel):
+    # DeepSpeed's ZeRO-1 (and PyTorch DDP) bucket every stage alike, and so does this model outside Megatron's
+    # pipeline schedules: stage 1 reduces buckets during its last gradient pass (zb-h1: its weight passes).
+    ops = _run(False, **parallel).ops
     for rank in (2, 3):
+        grad_passes = ops[(ops["rank"] == rank) & (ops["kind"] == "compute") & ops["name"].str.match(r"[BW]\d")]
         assert len(_grads(ops, rank)) > 1
-        assert _grads(ops, rank)["start_s"].iloc[0] < _last_backward_end(ops, rank)
+        assert _grads(ops, rank)["start_s"].iloc[0] < grad_passes["end_s"].max()
 
 
 def _reduced(result, rank: int, traffic_class: str = "dp") -> float:

@@ -166,3 +166,12 @@ def test_stages_after_the_first_gather_one_bucket():
     per_rank = gathers.groupby("rank")["nbytes"].agg(["count", "sum"])
     assert per_rank.loc[0, "count"] > 1 and per_rank.loc[2, "count"] == 1
     assert per_rank.loc[2, "sum"] == pytest.approx(per_rank.loc[0, "sum"], rel=0.01)  # equal stages
+
+
+def test_chunks_after_the_first_gather_one_bucket():
+    # per_chunk_bucket_sizes is None for chunk > 0 too: with quarter-layer buckets, stage 0 gathers its chunk 0
+    # (layer 0 and the embedding) in several buckets and its chunk 1 (layer 2: virtual stage 2) in one.
+    r = _run(grad_bucket_bytes=LAYER * GRAD // 4, pp=2, m=2, schedule="interleaved", virtual_stages=2,
+             placement=["tp", "dp", "pp"])
+    gathers = r.ops[(r.ops["name"] == "param_all_gather") & (r.ops["rank"] == 0)]
+    assert (gathers["layer"] == 0).sum() > 4 and (gathers["layer"] == 2).sum() == 1
