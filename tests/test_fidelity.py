@@ -129,7 +129,13 @@ def test_lockstep_of_a_balanced_moe_model_stands_one_rank_for_each_stage(name):
     replicas = lockstep.record.graph.replicas
     assert len(replicas) == 2 and all(len(block) == 16 for block in replicas.values())  # one per stage block
     assert {op.rank for op in lockstep.record.graph.ops} == set(replicas)
-    assert lockstep.step_time == pytest.approx(full.step_time, rel=1e-9)  # measured: equal to the last bit
+    # Measured: equal to the last bit, but on 4-GPU nodes (two EP groups per stage), whose expert-DP pairs cross
+    # unlike paths (some over a spine, some not) while their gradient buckets overlap the backward's
+    # exchanges: the block's members then finish their reductions at different times and lockstep prices them
+    # all as its representative's: -0.03% (deepep-two-groups), -0.09% (dualpipe-deepep) (docs/DESIGN.md:
+    # exact only where replicas see the same contention).
+    tolerance = 1e-3 if cluster.get("gpus_per_node") == 4 else 1e-9
+    assert lockstep.step_time == pytest.approx(full.step_time, rel=tolerance)
     assert lockstep.summary["flows"] == full.summary["flows"]
     for cls, b in full.bytes_by_class.items():
         assert lockstep.bytes_by_class[cls] == pytest.approx(b, rel=1e-9)

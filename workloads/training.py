@@ -1682,8 +1682,10 @@ class _StepBuilder:
         norm = self._norm_all_reduce(rank, norm, stage)
         opt_id = g.compute(rank, parts=_kernels(after), name="optimizer", deps=[norm], stream=COMPUTE_STREAM,
                            category="optimizer", stage=stage)
-        if plan.step_gather and len(dp_group) > 1 and not param_gather:
-            pending.gather_params(opt_id)
+        if plan.step_gather and len(dp_group) > 1:
+            # (with overlap_param_gather the dense buckets are gathered in the next forward; the routed experts'
+            # are not modelled there and are gathered here, after the optimizer step, not overlapped)
+            pending.gather_params(opt_id, experts_only=param_gather)
 
     @property
     def megatron_overlap(self) -> bool:
@@ -2098,11 +2100,15 @@ class _Buckets:
         self.emitted: list[int] = []
         self.held: dict[int, tuple[float, float]] = {}  # chunk -> (dense, expert) gradient bytes held (hold)
         self.stage = builder.layout.coords(rank).pp
-        self.reduced: dict[float, int] = {}  # bucket bytes -> how many buckets of that size were reduced
+        # (group, bucket bytes, of the experts' buffer) -> how many buckets of that size were reduced over that
+        # group (the dense gradients' DP group, the routed experts' expert-DP group): what the distributed
+        # optimizer gathers back
+        self.reduced: dict[tuple[tuple[int, ...], float, bool], int] = {}
         par = builder.par
         self.kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
         self.algorithm = "parameter_server" if par.dp_sync == "parameter_server" else "auto"
         self.expert_group = builder.expert_grad_group(rank) if builder.model.is_moe else dp_group
+        self.expert_class = "edp" if par.ep > 1 else "dp"
 
     def add(self, seg: _Segment, ready_op: int | None) -> None:
         if len(self.group) == 1 and len(self.expert_group) == 1:
@@ -2117,25 +2123,32 @@ class _Buckets:
             full = int(self.fill // self.size)
             self._emit(self.size, [ready_op], count=full)
             self.fill -= full * self.size
+        if ready_op is not None and self.expert_fill >= self.size:  # the experts' own buffer, its own buckets
+            full = int(self.expert_fill // self.size)
+            self._emit(self.size, [ready_op], self.expert_group, self.expert_class, count=full, experts=True)
+            self.expert_fill -= full * self.size
 
     def _emit(self, nbytes: float, deps: list[int], group: tuple[int, ...] | None = None,
-              traffic_class: str = "dp", count: int = 1) -> None:
+              traffic_class: str = "dp", count: int = 1, experts: bool = False) -> None:
+        """One reduction (``count`` buckets of ``nbytes``) over ``group`` (default the dense DP group);
+        ``experts``: of the routed experts' buffer."""
         group = group or self.group
         if len(group) < 2 or nbytes <= 0 or count < 1:
             return
         self.emitted.append(self.b.graph.collective_op(
             self.rank, self.kind, group, nbytes, name=f"grad_{self.kind}", stream="dp", deps=deps, count=count,
             algorithm=self.algorithm if self.kind == "all_reduce" else "auto", traffic_class=traffic_class))
-        if group == self.group:
-            self.reduced[nbytes] = self.reduced.get(nbytes, 0) + count
+        key = (group, nbytes, experts)
+        self.reduced[key] = self.reduced.get(key, 0) + count
 
-    def _emit_all(self, total: float, deps: list[int], group: tuple[int, ...], traffic_class: str) -> None:
+    def _emit_all(self, total: float, deps: list[int], group: tuple[int, ...], traffic_class: str,
+                  experts: bool = False) -> None:
         if self.size is None or self.size == float("inf"):
-            self._emit(total, deps, group, traffic_class)
+            self._emit(total, deps, group, traffic_class, experts=experts)
             return
         full = int(total // self.size)
-        self._emit(self.size, deps, group, traffic_class, count=full)
-        self._emit(total - full * self.size, deps, group, traffic_class)
+        self._emit(self.size, deps, group, traffic_class, count=full, experts=experts)
+        self._emit(total - full * self.size, deps, group, traffic_class, experts=experts)
 
     def hold(self, seg: _Segment, chunk: int) -> None:
         """Keep ``seg``'s gradients with model chunk ``chunk``'s, for :meth:`launch` (Megatron's aligned launch:
@@ -2159,20 +2172,22 @@ class _Buckets:
         self.fill = self.expert_fill = 0.0
 
     def _reduce(self, dense: float, experts: float, after: int, whole: bool) -> None:
-        cls = "edp" if self.b.par.ep > 1 else "dp"
         if whole:
             self._emit(dense, [after], self.group, "dp")
-            self._emit(experts, [after], self.expert_group, cls)
+            self._emit(experts, [after], self.expert_group, self.expert_class, experts=True)
         else:
             self._emit_all(dense, [after], self.group, "dp")
-            self._emit_all(experts, [after], self.expert_group, cls)
+            self._emit_all(experts, [after], self.expert_group, self.expert_class, experts=True)
 
-    def gather_params(self, after: int) -> None:
+    def gather_params(self, after: int, experts_only: bool = False) -> None:
         """ZeRO-1/2: all-gather the updated 16-bit (FP8, with ``fp8_param_gather``) parameters of every
-        reduced bucket."""
+        reduced bucket, over the group that reduced it (the routed experts' too: the distributed optimizer
+        shards them over the expert-DP group); ``experts_only``: the expert-DP groups' buckets only."""
         ratio = self.b.param_gather_bytes(self.b.layout.coords(self.rank).pp) / self.b.grad_bytes
-        for nbytes, count in self.reduced.items():
-            self.b.graph.collective_op(self.rank, "all_gather", self.group, nbytes * ratio, name="param_all_gather",
+        for (group, nbytes, experts), count in self.reduced.items():
+            if experts_only and not experts:
+                continue
+            self.b.graph.collective_op(self.rank, "all_gather", group, nbytes * ratio, name="param_all_gather",
                                        stream="dp", deps=[after], count=count, traffic_class="zero")
 
 
