@@ -61,3 +61,46 @@ def test_with_overlapped_dense_gathers_the_expert_parameters_are_still_gathered(
         for size in (2, 4):
             assert _bytes(overlapped, rank, "param_all_gather", size) == \
                 pytest.approx(_bytes(plain, rank, "param_all_gather", size))
+
+
+def test_fp8_expert_parameters_are_gathered_in_fp8():
+    # fp8_param_gather: the routed experts are all FP8 GEMM weights (1 byte each, a quarter of their fp32
+    # gradients); the dense stage mixes FP8 weights and 16-bit norms, between a quarter and a half.
+    doc = _doc(False, "1f1b", 1, pp=2, ep=2, zero=1)
+    doc["cluster"]["gpus_per_node"] = 8
+    doc["parallel"].update(dp=4, global_batch=16)
+    doc["model"] = MOE
+    doc["training"].update(dtype="fp8", fp8_param_gather=True)
+    result = run_experiment(experiment_from_dict(doc), force=True, fidelity="full")
+    for rank in range(8):
+        expert = _bytes(result, rank, "param_all_gather", 2) / _bytes(result, rank, "grad_reduce_scatter", 2)
+        dense = _bytes(result, rank, "param_all_gather", 4) / _bytes(result, rank, "grad_reduce_scatter", 4)
+        assert expert == pytest.approx(0.25) and 0.25 < dense < 0.5
+
+
+def test_experts_are_gathered_when_the_dense_weights_have_no_dp():
+    # TP 4 with expert TP 1 and EP 2 on 4 GPUs per stage: dense DP 1, expert DP 2 (the experts' optimizer
+    # shards over 2 ranks, so their parameters come back over 2), nothing dense to reduce or gather.
+    doc = _doc(False, "1f1b", 1, pp=2, tp=4, etp=1, ep=2, zero=1, sequence_parallel=True)
+    doc["cluster"]["gpus_per_node"] = 8
+    doc["parallel"].update(dp=1, global_batch=4)
+    doc["model"] = MOE
+    result = run_experiment(experiment_from_dict(doc), force=True, fidelity="full")
+    for rank in range(8):
+        assert _bytes(result, rank, "grad_reduce_scatter", 2) > 0
+        assert _bytes(result, rank, "param_all_gather", 2) == \
+            pytest.approx(_bytes(result, rank, "grad_reduce_scatter", 2) / 2)
+
+
+@pytest.mark.parametrize("zero_impl", ["auto", "deepspeed"])
+def test_gradients_reduced_every_micro_batch_are_gathered_back_once(zero_impl):
+    # ZeRO-2 (DeepSpeed's: gradients reduced after every micro-batch's backward, 4 here) gathers each updated
+    # 16-bit parameter once per step. Hand count of stage 0 (4 layers of 4h^2 + 2hf + 2h and the V x h
+    # embedding; h = 256, f = 1024, V = 512), 2 bytes each.
+    doc = _doc(False, "1f1b", 1, pp=2, zero=2, zero_impl=zero_impl)
+    result = run_experiment(experiment_from_dict(doc), force=True, fidelity="full")
+    h, f, V = 256, 1024, 512
+    params = 4 * (4 * h * h + 2 * h * f + 2 * h) + V * h
+    for rank in (0, 1):
+        assert _bytes(result, rank, "grad_reduce_scatter", 2) == pytest.approx(4 * 2 * params)  # 4 rounds
+        assert _bytes(result, rank, "param_all_gather", 2) == pytest.approx(2 * params)

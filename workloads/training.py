@@ -1606,6 +1606,8 @@ class _StepBuilder:
                 phase = self.pass_of(stage, a)
                 name = f"{a.phase}{a.micro_batch}.c{a.chunk}"
                 reduce_now = self.makes_grads(stage, a) and (every_mb or idx == last_b[a.chunk])
+                if reduce_now:  # (reduced every micro-batch: the optimizer gathers back the last round only)
+                    pending.recording = idx == last_b[a.chunk]
                 if param_gather and first_forward:
                     last_op = self._forward_after_gathers(rank, a, stage, deps, gathers, aligned)
                     deps = []
@@ -1682,7 +1684,7 @@ class _StepBuilder:
         norm = self._norm_all_reduce(rank, norm, stage)
         opt_id = g.compute(rank, parts=_kernels(after), name="optimizer", deps=[norm], stream=COMPUTE_STREAM,
                            category="optimizer", stage=stage)
-        if plan.step_gather and len(dp_group) > 1:
+        if plan.step_gather:  # (what was reduced over a group of one is neither reduced nor gathered)
             # (with overlap_param_gather the dense buckets are gathered in the next forward; the routed experts'
             # are not modelled there and are gathered here, after the optimizer step, not overlapped)
             pending.gather_params(opt_id, experts_only=param_gather)
@@ -1806,6 +1808,8 @@ class _StepBuilder:
         for k, (a, deps) in enumerate(zip(pair, waits)):
             phase = self.pass_of(stage, a)
             reduce_now = self.makes_grads(stage, a) and (every_mb or idx + k == last_b[a.chunk])
+            if reduce_now:  # (as in build_rank; a pair holds one gradient pass, DualPipe's B or W)
+                pending.recording = idx + k == last_b[a.chunk]
             segs = self.segments(stage, a.chunk, phase, per_layer or (overlap and reduce_now))
             moe = moe or any(seg.moe is not None for seg in segs)
             runs.append(self._pieces(rank, stage, a, segs, deps, "ep_f" if a.phase == "F" else "ep_b",
@@ -1949,14 +1953,15 @@ class _StepBuilder:
         pairs = [self.fp8_weights(stage, c) for c in range(self.v)]
         return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
 
-    def param_gather_bytes(self, stage: int) -> float:
-        """Bytes per dense parameter of the ZeRO-1 all-gather of updated parameters: the model dtype, or with
-        ``fp8_param_gather`` 1 for the FP8 weights and the dtype for the rest (their average on this stage)."""
+    def param_gather_bytes(self, stage: int, experts: bool = False) -> float:
+        """Bytes per dense (``experts``: routed-expert) parameter of the ZeRO-1 all-gather of updated
+        parameters: the model dtype, or with ``fp8_param_gather`` 1 for the FP8 weights and the dtype for the
+        rest (their average on this stage)."""
         if not self.train.fp8_param_gather:
             return float(self.dtype)
-        dense, _ = stage_params(self.model, self.par, stage)
-        fp8_dense, _ = self.stage_fp8_weights(stage)
-        return (self.dtype * (dense - fp8_dense) + fp8_dense) / dense
+        params = stage_params(self.model, self.par, stage)[1 if experts else 0]
+        fp8 = self.stage_fp8_weights(stage)[1 if experts else 0]
+        return (self.dtype * (params - fp8) + fp8) / params if params else float(self.dtype)
 
     def fp8_weights(self, stage: int, chunk: int) -> tuple[float, float]:
         """FP8 GEMM weights (one TP/EP rank) of virtual stage ``(stage, chunk)``: ``(dense, routed experts)``."""
@@ -2109,6 +2114,9 @@ class _Buckets:
         self.algorithm = "parameter_server" if par.dp_sync == "parameter_server" else "auto"
         self.expert_group = builder.expert_grad_group(rank) if builder.model.is_moe else dp_group
         self.expert_class = "edp" if par.ep > 1 else "dp"
+        # Whether reductions now are gathered back after the optimizer step: with gradients reduced every
+        # micro-batch only the last round's are (each parameter once), else all
+        self.recording = True
 
     def add(self, seg: _Segment, ready_op: int | None) -> None:
         if len(self.group) == 1 and len(self.expert_group) == 1:
@@ -2138,8 +2146,9 @@ class _Buckets:
         self.emitted.append(self.b.graph.collective_op(
             self.rank, self.kind, group, nbytes, name=f"grad_{self.kind}", stream="dp", deps=deps, count=count,
             algorithm=self.algorithm if self.kind == "all_reduce" else "auto", traffic_class=traffic_class))
-        key = (group, nbytes, experts)
-        self.reduced[key] = self.reduced.get(key, 0) + count
+        if self.recording:
+            key = (group, nbytes, experts)
+            self.reduced[key] = self.reduced.get(key, 0) + count
 
     def _emit_all(self, total: float, deps: list[int], group: tuple[int, ...], traffic_class: str,
                   experts: bool = False) -> None:
@@ -2183,11 +2192,12 @@ class _Buckets:
         """ZeRO-1/2: all-gather the updated 16-bit (FP8, with ``fp8_param_gather``) parameters of every
         reduced bucket, over the group that reduced it (the routed experts' too: the distributed optimizer
         shards them over the expert-DP group); ``experts_only``: the expert-DP groups' buckets only."""
-        ratio = self.b.param_gather_bytes(self.b.layout.coords(self.rank).pp) / self.b.grad_bytes
+        ratios = [self.b.param_gather_bytes(self.stage, experts) / self.b.grad_bytes for experts in (False, True)]
         for (group, nbytes, experts), count in self.reduced.items():
             if experts_only and not experts:
                 continue
-            self.b.graph.collective_op(self.rank, "all_gather", group, nbytes * ratio, name="param_all_gather",
+            self.b.graph.collective_op(self.rank, "all_gather", group, nbytes * ratios[experts],
+                                       name="param_all_gather",
                                        stream="dp", deps=[after], count=count, traffic_class="zero")
 
 
