@@ -426,13 +426,12 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
         if overlap:  # chunk 0's backward is the stage's last; the other chunks' buckets were hidden before
             # (reduced during the backwards of the later chunks: counted for the gather, not timed here)
             if b.megatron_overlap:  # Megatron buckets only stage 0's chunk 0: the others one collective each
-                for c in range(1, v):
-                    whole = sum(s.grad_bytes for s in b.segments(stage, c, grad_phase, False))
-                    if whole > 0:
-                        hidden[stage][whole] = hidden[stage].get(whole, 0) + 1
+                whole = [sum(s.grad_bytes for s in b.segments(stage, c, grad_phase, False)) for c in range(v)]
+                for nbytes in whole[1:]:
+                    if nbytes > 0:
+                        hidden[stage][nbytes] = hidden[stage].get(nbytes, 0) + 1
                 if b.unbucketed(stage, 0):  # reduced once the last backward is done
-                    whole = sum(s.grad_bytes for s in b.segments(stage, 0, grad_phase, False))
-                    return [(finish[stage], whole, 1)] if whole > 0 else []
+                    return [(finish[stage], whole[0], 1)] if whole[0] > 0 else []
             else:
                 fill = sum(s.grad_bytes for c in range(1, v) for s in b.segments(stage, c, grad_phase, False))
                 if fill >= size:

@@ -2127,20 +2127,14 @@ class _Buckets:
             if ready_op is not None:
                 self.flush(ready_op)
             return
-        if ready_op is not None and self.fill >= self.size:
-            full = int(self.fill // self.size)
-            self._emit(self.size, [ready_op], count=full)
-            self.fill -= full * self.size
-        if ready_op is not None and self.expert_fill >= self.size:  # the experts' own buffer, its own buckets
-            full = int(self.expert_fill // self.size)
-            self._emit(self.size, [ready_op], self.expert_group, self.expert_class, count=full, experts=True)
-            self.expert_fill -= full * self.size
+        if ready_op is not None:  # full buckets of each buffer (the experts' own: its own buckets)
+            self.fill = self._emit_full(self.fill, [ready_op])
+            self.expert_fill = self._emit_full(self.expert_fill, [ready_op], experts=True)
 
-    def _emit(self, nbytes: float, deps: list[int], group: tuple[int, ...] | None = None,
-              traffic_class: str = "dp", count: int = 1, experts: bool = False) -> None:
-        """One reduction (``count`` buckets of ``nbytes``) over ``group`` (default the dense DP group);
-        ``experts``: of the routed experts' buffer."""
-        group = group or self.group
+    def _emit(self, nbytes: float, deps: list[int], experts: bool = False, count: int = 1) -> None:
+        """One reduction of ``count`` buckets of ``nbytes``: of the dense gradients over the DP group, or
+        (``experts``) of the routed experts' buffer over the expert-DP group."""
+        group, traffic_class = (self.expert_group, self.expert_class) if experts else (self.group, "dp")
         if len(group) < 2 or nbytes <= 0 or count < 1:
             return
         self.emitted.append(self.b.graph.collective_op(
@@ -2150,14 +2144,19 @@ class _Buckets:
             key = (group, nbytes, experts)
             self.reduced[key] = self.reduced.get(key, 0) + count
 
-    def _emit_all(self, total: float, deps: list[int], group: tuple[int, ...], traffic_class: str,
-                  experts: bool = False) -> None:
-        if self.size is None or self.size == float("inf"):
-            self._emit(total, deps, group, traffic_class, experts=experts)
-            return
+    def _emit_full(self, total: float, deps: list[int], experts: bool = False) -> float:
+        """Reduce the full buckets of ``total`` gradient bytes (one coarsened collective); returns the rest."""
+        if total < self.size:
+            return total
         full = int(total // self.size)
-        self._emit(self.size, deps, group, traffic_class, count=full, experts=experts)
-        self._emit(total - full * self.size, deps, group, traffic_class, experts=experts)
+        self._emit(self.size, deps, experts, count=full)
+        return total - full * self.size
+
+    def _emit_all(self, total: float, deps: list[int], experts: bool = False) -> None:
+        if self.size is None or self.size == float("inf"):
+            self._emit(total, deps, experts)
+            return
+        self._emit(self._emit_full(total, deps, experts), deps, experts)
 
     def hold(self, seg: _Segment, chunk: int) -> None:
         """Keep ``seg``'s gradients with model chunk ``chunk``'s, for :meth:`launch` (Megatron's aligned launch:
@@ -2180,13 +2179,10 @@ class _Buckets:
         self._reduce(self.fill, self.expert_fill, last_op, whole)
         self.fill = self.expert_fill = 0.0
 
-    def _reduce(self, dense: float, experts: float, after: int, whole: bool) -> None:
-        if whole:
-            self._emit(dense, [after], self.group, "dp")
-            self._emit(experts, [after], self.expert_group, self.expert_class, experts=True)
-        else:
-            self._emit_all(dense, [after], self.group, "dp")
-            self._emit_all(experts, [after], self.expert_group, self.expert_class, experts=True)
+    def _reduce(self, dense: float, expert_bytes: float, after: int, whole: bool) -> None:
+        emit = self._emit if whole else self._emit_all
+        emit(dense, [after])
+        emit(expert_bytes, [after], experts=True)
 
     def gather_params(self, after: int, experts_only: bool = False) -> None:
         """ZeRO-1/2: all-gather the updated 16-bit (FP8, with ``fp8_param_gather``) parameters of every
