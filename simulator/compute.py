@@ -110,6 +110,19 @@ class ComputeModel:
     op_overhead_s : float
         Fixed cost per kernel (the gap between dependent kernels on a stream),
         seconds. Default 1 µs.
+    comm_sms : int
+        SMs an NCCL collective kernel (all-reduce, reduce-scatter, all-gather,
+        all-to-all) holds while its data moves: one CTA per channel. While a
+        rank has such kernels running, its compute kernels on other streams
+        run on the SMs left (:mod:`simulator.engine`, "Compute beside
+        communication"). Default 24, measured on an H100: an ``ncclAllGather``
+        beside a GEMM launched 24 blocks (NVIDIA developer forum, "Compute-
+        communication overlap causes severe GEMM performance degradation
+        because of tail effect", 2025); NCCL alone kept ~15% of an H100's SMs
+        active (NVIDIA/nccl issue 1432: ~20 of 132). 0 turns the effect off.
+    p2p_sms : int
+        SMs a point-to-point NCCL kernel (send / receive) holds: NCCL's
+        ``NCCL_NCHANNELS_PER_NET_PEER`` channels, default 2 (src/graph/paths.cc).
     """
 
     gpu: GPUSpec
@@ -122,6 +135,8 @@ class ComputeModel:
     score_memory_efficiency: float = 0.65
     gemm_k_overhead: int = K_OVERHEAD
     op_overhead_s: float = 1e-6
+    comm_sms: int = 24
+    p2p_sms: int = 2
 
     def __post_init__(self) -> None:
         if self.dtype not in self.gpu.peak_flops:
@@ -135,6 +150,11 @@ class ComputeModel:
         if not (isinstance(self.op_overhead_s, (int, float)) and 0 <= self.op_overhead_s <= _MAX_OP_OVERHEAD_S):
             raise ValueError(f"compute.op_overhead_s: must be a finite number of seconds in "
                              f"[0, {_MAX_OP_OVERHEAD_S:g}] (a kernel launch is ~1e-6), got {self.op_overhead_s!r}")
+        for name in ("comm_sms", "p2p_sms"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < self.gpu.sm_count:
+                raise ValueError(f"compute.{name}: must be an integer number of SMs in 0..{self.gpu.sm_count - 1} "
+                                 f"({self.gpu.name} has {self.gpu.sm_count}), got {v!r}")
         if not (isinstance(self.gemm_k_overhead, int) and 0 <= self.gemm_k_overhead <= 65536):
             raise ValueError(f"compute.gemm_k_overhead: must be an integer in 0..65536, got {self.gemm_k_overhead!r}")
         if self.attention_efficiency is None:

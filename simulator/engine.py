@@ -10,6 +10,20 @@ Each op waits for its explicit dependencies and for the previous op of its
 * a send and its matching recv (k-th send from a to b ↔ k-th recv at b from a)
   wait for each other, then one flow moves the bytes.
 
+Compute beside communication: an NCCL kernel holds SMs while its data moves
+(one CTA per channel: :attr:`ComputeModel.comm_sms` for a collective,
+``p2p_sms`` for a send or receive), and a compute kernel that runs meanwhile on
+another stream of the same rank gets only the SMs left. From the instant a
+rank's collective or transfer starts moving data until it ends, every compute
+op running on that rank progresses at ``(S - held) / S`` of its speed (``S``
+the GPU's SMs, ``held`` the SMs of all its running communication kernels, at
+most ``S - 1``); an op already timed on fewer SMs (a kernel with
+``sm_reserved``: Transformer Engine's overlapped GEMMs, DualPipe's pairs)
+keeps its own time, whose reservation stands for the communication beside it.
+This is the SM share only: what the kernels' HBM traffic takes from memory-bound
+kernels is not modelled, nor the tail a wave of CTAs that no longer fits adds,
+both of which published measurements show to be larger (docs/DESIGN.md).
+
 The engine knows nothing of DP/TP/PP: it only runs typed ops and carries their
 tags into the records. Ops that can never run are reported, never left
 hanging: unmatched collectives and send/recv pairs are found before the run
@@ -407,6 +421,15 @@ class Engine:
                 if op.kind == "compute" and f != 1.0:
                     duration[op.id] *= f
 
+        # Compute beside communication (module docstring): per rank the SMs its running NCCL kernels hold and
+        # its running compute ops' [work left in seconds at full speed, as of time, rate, end event].
+        sms_of = self._comm_sms(replicas)
+        interfere = any(sms_of.values()) and any(op.kind == "compute" for op in ops) and \
+            any(op.kind != "compute" for op in ops)
+        held: dict[int, int] = dict.fromkeys(sms_of, 0)
+        running: dict[int, dict[int, list]] = {r: {} for r in sms_of}
+        exempt = _reserved_ops(ops) if interfere else frozenset()
+
         issue_s: list[float] = [nan] * n
         start_s: list[float] = [nan] * n
         end_s: list[float] = [nan] * n
@@ -440,6 +463,50 @@ class Engine:
 
         compute_done = (on_compute,)  # every compute end's callbacks (SimPy sets each event's to None after)
         queue, next_eid = env._queue, env._eid.__next__
+
+        def on_tracked(event) -> None:  # compute ends, some of whose speed the ranks' communication set
+            for i in event._value:
+                running[ops[i].rank].pop(i, None)
+            finish(event._value)
+
+        tracked_done = (on_tracked,)
+        ends = tracked_done if interfere else compute_done
+
+        def speed(rank: int) -> float:
+            total, taken = sms_of[rank][0], held[rank]
+            return 1.0 if not taken else (total - min(taken, total - 1)) / total
+
+        def retime(rank: int) -> None:
+            """The rank's communication changed: its running compute ops go on at the new speed."""
+            now = env.now
+            rate = speed(rank)
+            for i, entry in running[rank].items():
+                left, since, old, event = entry
+                if old == rate:
+                    continue
+                left -= (now - since) * old
+                if left < 0.0:
+                    left = 0.0
+                event._value.remove(i)  # (its end no longer holds; an event left with none ends nothing)
+                event = _ComputeEnd(tracked_done, [i])
+                heappush(queue, (now + left / rate, NORMAL, next_eid(), event))
+                entry[:] = (left, now, rate, event)
+
+        def occupy(group: list[Op], sign: int) -> None:
+            """Members of one collective or transfer start (``sign`` 1) or end (-1) moving data."""
+            for o in group:
+                r = o.rank
+                taken = sms_of[r][1 if o.kind == "collective" else 2]
+                if taken:
+                    held[r] += sign * taken
+                    if running[r]:
+                        retime(r)
+
+        def comm_done(ids: list[int]) -> None:
+            occupy([ops[j] for j in ids], -1)
+            finish(ids)
+
+        comm_finish = comm_done if interfere else finish
         # The compute end scheduled last (see _ComputeEnd: ends due at one instant, scheduled back to back,
         # share one event), its time and SimPy insertion id; ``merged``: ends that joined an earlier one's event.
         batch: _ComputeEnd | None = None
@@ -464,16 +531,23 @@ class Engine:
             issue_s[i] = now
             if op.kind == "compute":
                 start_s[i] = now
-                t = now + duration[i]
+                track = interfere and i not in exempt
+                if track:
+                    rate = speed(op.rank)
+                    t = now + duration[i] / rate
+                else:
+                    t = now + duration[i]
                 eid = next_eid()
                 if eid == batch_eid + 1 and t == batch_t and share and batch.callbacks is not None:
                     batch._value.append(i)  # nothing scheduled since the batch's last end, due at the same time
                     merged += 1
                 else:
-                    batch = _ComputeEnd(compute_done, [i])
+                    batch = _ComputeEnd(ends, [i])
                     heappush(queue, (t, NORMAL, eid, batch))
                     batch_t = t
                 batch_eid = eid
+                if track:
+                    running[op.rank][i] = [duration[i], now, rate, batch]
                 return
             s = slot[i]
             group = arrived.get(s)
@@ -487,10 +561,12 @@ class Engine:
             ids = [o.id for o in group]
             for j in ids:
                 start_s[j] = now
+            if interfere:
+                occupy(group, 1)
             if op.kind == "collective":
                 shape = shape_of[s]
                 fabric.collectives_run += 1
-                done = _Countdown(1, finish, ids)
+                done = _Countdown(1, comm_finish, ids)
                 matrix = None
                 rows = next((o.rows for o in group if o.rows is not None), None) if op.split is not None else None
                 if rows is not None:  # a representative issuing for members it stands for: every row (one matrix)
@@ -527,7 +603,7 @@ class Engine:
                 else:
                     specs = fabric.send_specs(replicas[send.rank], replicas[send.peer], send.nbytes)
                 p2p_specs[p2p_key] = specs
-            network.start_flows(specs, send.traffic_class, _Countdown(1, finish, ids).tick)
+            network.start_flows(specs, send.traffic_class, _Countdown(1, comm_finish, ids).tick)
 
         for op in ops:
             if waiting[op.id] == 0:
@@ -540,6 +616,15 @@ class Engine:
             raise DeadlockError(self._deadlock_report({slot_keys[s]: g for s, g in arrived.items()}, issue_a, end_a))
         step = float(np.max(end_a)) if n else 0.0
         return RunRecord(self.graph, fabric, issue_a, start_a, end_a, _event_count(env) - merged, step)
+
+    def _comm_sms(self, replicas: Mapping[int, tuple[int, ...]] | None) -> dict[int, tuple[int, int, int]]:
+        """Per rank with ops: ``(its GPU's SMs, SMs a collective holds, SMs a send or receive holds)`` from its
+        compute model (:attr:`ComputeModel.comm_sms`, ``p2p_sms``)."""
+        out = {}
+        for rank in {op.rank for op in self.graph.ops}:
+            model = self.rank_compute.get(rank, self.compute)
+            out[rank] = (model.gpu.sm_count, model.comm_sms, model.p2p_sms)
+        return out
 
     def _deadlock_report(self, arrived: dict, issue_s: np.ndarray, end_s: np.ndarray) -> str:
         ops = self.graph.ops
@@ -558,6 +643,27 @@ class Engine:
                          f"waiting on op(s) {[d for d in op.deps if np.isnan(end_s[d])]}")
         unfinished = int(np.isnan(end_s).sum())
         return f"deadlock: {unfinished} op(s) can never finish: " + "; ".join(lines[:6])
+
+
+def _reserved_ops(ops: list[Op]) -> frozenset[int]:
+    """Ids of the compute ops with a kernel timed on fewer SMs (``sm_reserved``): their time already leaves the
+    communication beside them its SMs, so the engine does not slow them again."""
+    out = []
+    seen: dict[int, bool] = {}  # id(kernel tuple) -> whether one of its kernels holds SMs back
+    for op in ops:
+        if op.kind != "compute":
+            continue
+        parts = op.parts
+        if parts is None:
+            if getattr(op, "sm_reserved", 0):
+                out.append(op.id)
+            continue
+        found = seen.get(id(parts))
+        if found is None:
+            found = seen[id(parts)] = any(k.sm_reserved for k in parts)
+        if found:
+            out.append(op.id)
+    return frozenset(out)
 
 
 _PROGRESS_STEPS = 200

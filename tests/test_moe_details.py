@@ -125,8 +125,12 @@ def test_shared_expert_overlap_is_the_max_form(phase):
     # without overlap (the same kernels and bytes); the shared halves from the compute model.
     model = {"shared_experts": 2, "moe_ffn_hidden": 2048}
     moe = {"routing": "balanced"}
-    plain = run_experiment(experiment_from_dict(doc(ep=2, dp=2, model=model, moe=moe)))
-    over = run_experiment(experiment_from_dict(doc(ep=2, dp=2, model=model, moe=dict(moe, shared_expert_overlap=True))))
+    # (kernel times as the compute model gives them: the SMs the all-to-alls hold beside the shared expert are
+    # tests/test_comm_interference.py's subject)
+    alone = {"compute": {"comm_sms": 0, "p2p_sms": 0}}
+    plain = run_experiment(experiment_from_dict({**doc(ep=2, dp=2, model=model, moe=moe), **alone}))
+    overlapped = dict(moe, shared_expert_overlap=True)
+    over = run_experiment(experiment_from_dict({**doc(ep=2, dp=2, model=model, moe=overlapped), **alone}))
     a2a = ("ep_dispatch", "ep_combine") if phase == "F" else ("ep_combine_grad", "ep_dispatch_grad")
     p, o = _layer_ops(plain, phase=phase), _layer_ops(over, phase=phase)
     dur = {k: v.end_s - v.start_s for k, v in p.items()}

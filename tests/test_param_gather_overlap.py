@@ -35,7 +35,10 @@ def _doc(overlap=True, *, dp=2, pp=1, m=1, cluster=None, **par):
     return {"cluster": cluster or {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": dp * pp}, "model": MODEL,
             "parallel": {"dp": dp, "pp": pp, "zero": 1, "global_batch": m * dp, "overlap_param_gather": overlap,
                          **par},
-            "training": {"seq_len": 4096}, "options": {"embedding_and_loss": False}}
+            "training": {"seq_len": 4096}, "options": {"embedding_and_loss": False},
+            # (the closed forms take each layer's time alone: tests/test_comm_interference.py slows it beside
+            # the gathers)
+            "compute": {"comm_sms": 0, "p2p_sms": 0}}
 
 
 def _run(overlap=True, fidelity="full", **kw):
