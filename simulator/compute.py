@@ -121,8 +121,12 @@ class ComputeModel:
         because of tail effect", 2025); NCCL alone kept ~15% of an H100's SMs
         active (NVIDIA/nccl issue 1432: ~20 of 132). 0 turns the effect off.
     p2p_sms : int
-        SMs a point-to-point NCCL kernel (send / receive) holds: NCCL's
-        ``NCCL_NCHANNELS_PER_NET_PEER`` channels, default 2 (src/graph/paths.cc).
+        SMs a point-to-point NCCL kernel (send / receive) holds. Default 0:
+        NCCL runs one per channel, ``NCCL_NCHANNELS_PER_NET_PEER`` (2 by
+        default, src/graph/paths.cc), and 2 moves GPT-3 175B on 1,024 GPUs by
+        +0.003% and a DeepSeek-style EP64 step by +0.003%, while the slightly
+        shifted compute ends cost up to 38% more simulated events (Mixtral EP8,
+        1,024 GPUs; docs/DESIGN.md). Set 2 for NCCL's count.
     """
 
     gpu: GPUSpec
@@ -136,7 +140,7 @@ class ComputeModel:
     gemm_k_overhead: int = K_OVERHEAD
     op_overhead_s: float = 1e-6
     comm_sms: int = 24
-    p2p_sms: int = 2
+    p2p_sms: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in self.gpu.peak_flops:

@@ -464,10 +464,22 @@ class Engine:
         compute_done = (on_compute,)  # every compute end's callbacks (SimPy sets each event's to None after)
         queue, next_eid = env._queue, env._eid.__next__
 
+        # A running compute op's entry: [work left in seconds at full speed as of ``since``, since, its speed
+        # then, the event of its scheduled end, its end at that speed (``due``), the time that event runs at].
         def on_tracked(event) -> None:  # compute ends, some of whose speed the ranks' communication set
+            done = []
             for i in event._value:
-                running[ops[i].rank].pop(i, None)
-            finish(event._value)
+                mine = running[ops[i].rank]
+                entry = mine.get(i)
+                if entry is not None:
+                    if entry[4] > entry[5]:  # slowed since this end was scheduled: it comes later
+                        later = _ComputeEnd(tracked_done, [i])
+                        heappush(queue, (entry[4], NORMAL, next_eid(), later))
+                        entry[3], entry[5] = later, entry[4]
+                        continue
+                    del mine[i]
+                done.append(i)
+            finish(done)
 
         tracked_done = (on_tracked,)
         ends = tracked_done if interfere else compute_done
@@ -477,20 +489,25 @@ class Engine:
             return 1.0 if not taken else (total - min(taken, total - 1)) / total
 
         def retime(rank: int) -> None:
-            """The rank's communication changed: its running compute ops go on at the new speed."""
+            """The rank's communication changed: its running compute ops go on at the new speed. An op whose
+            end moves later keeps its end event, which finds it unfinished when it runs (:func:`on_tracked`)
+            and schedules it again; one whose end moves earlier than its event gets a new one now."""
             now = env.now
             rate = speed(rank)
             for i, entry in running[rank].items():
-                left, since, old, event = entry
+                left, since, old, event, due, at = entry
                 if old == rate:
                     continue
                 left -= (now - since) * old
                 if left < 0.0:
                     left = 0.0
-                event._value.remove(i)  # (its end no longer holds; an event left with none ends nothing)
-                event = _ComputeEnd(tracked_done, [i])
-                heappush(queue, (now + left / rate, NORMAL, next_eid(), event))
-                entry[:] = (left, now, rate, event)
+                due = now + left / rate
+                if due < at:
+                    event._value.remove(i)  # (an event left with no op ends nothing)
+                    event = _ComputeEnd(tracked_done, [i])
+                    heappush(queue, (due, NORMAL, next_eid(), event))
+                    at = due
+                entry[:] = (left, now, rate, event, due, at)
 
         def occupy(group: list[Op], sign: int) -> None:
             """Members of one collective or transfer start (``sign`` 1) or end (-1) moving data."""
@@ -547,7 +564,7 @@ class Engine:
                     batch_t = t
                 batch_eid = eid
                 if track:
-                    running[op.rank][i] = [duration[i], now, rate, batch]
+                    running[op.rank][i] = [duration[i], now, rate, batch, t, t]
                 return
             s = slot[i]
             group = arrived.get(s)

@@ -1,11 +1,11 @@
 """Compute beside communication: the SMs NCCL kernels hold slow the compute running meanwhile on their rank.
 
 Truths used (simulator/engine.py, "Compute beside communication"): an H100 has S = 132 SMs; while a rank's
-collectives hold ``comm_sms`` SMs each and its sends / receives ``p2p_sms`` each, a compute op running on that
-rank (another stream) progresses at ``(S - held) / S`` of its speed, ``held`` at most ``S - 1``. So a compute op
-of ``d`` seconds alone that overlaps ``T`` seconds of one collective ends ``T * held / S`` late. The
-collectives' own times are read from the run (they do not depend on compute); every expected time below is
-worked from those by hand.
+collectives hold ``comm_sms`` SMs each (default 24) and its sends / receives ``p2p_sms`` each (default 0), a
+compute op running on that rank (another stream) progresses at ``(S - held) / S`` of its speed, ``held`` at most
+``S - 1``. So a compute op of ``d`` seconds alone that overlaps ``T`` seconds of one collective ends
+``T * held / S`` late. The collectives' own times are read from the run (they do not depend on compute); every
+expected time below is worked from those by hand.
 """
 
 import copy
@@ -81,7 +81,7 @@ def test_sends_hold_their_p2p_sms_and_shares_add_up(node8):
     s = g.send(0, 1, 64e6, stream="pp")
     g.recv(1, 0, 64e6, stream="pp")
     ar = g.collective("all_reduce", [0, 2], 256e6, algorithm="ring", stream="dp")[0]
-    r = _run(g, node8)
+    r = _run(g, node8, p2p_sms=2)
     ends = sorted([(r.end_s[s], 2), (r.end_s[ar], 24)])
     assert r.start_s[s] == r.start_s[ar] == 0.0 and ends[-1][0] < D
     # [0, e1] both held, [e1, e2] the longer one's SMs only
