@@ -509,18 +509,22 @@ class Engine:
                     at = due
                 entry[:] = (left, now, rate, event, due, at)
 
-        def occupy(group: list[Op], sign: int) -> None:
-            """Members of one collective or transfer start (``sign`` 1) or end (-1) moving data."""
-            for o in group:
-                r = o.rank
-                taken = sms_of[r][1 if o.kind == "collective" else 2]
+        # SMs each communication op holds while its data moves (0 for compute, and for every op when off)
+        taken_by = [sms_of[op.rank][1 if op.kind == "collective" else 2] if op.kind != "compute" else 0
+                    for op in ops] if interfere else None
+
+        def occupy(ids: list[int], sign: int) -> None:
+            """Members ``ids`` of one collective or transfer start (``sign`` 1) or end (-1) moving data."""
+            for j in ids:
+                taken = taken_by[j]
                 if taken:
+                    r = ops[j].rank
                     held[r] += sign * taken
                     if running[r]:
                         retime(r)
 
         def comm_done(ids: list[int]) -> None:
-            occupy([ops[j] for j in ids], -1)
+            occupy(ids, -1)
             finish(ids)
 
         comm_finish = comm_done if interfere else finish
@@ -579,7 +583,7 @@ class Engine:
             for j in ids:
                 start_s[j] = now
             if interfere:
-                occupy(group, 1)
+                occupy(ids, 1)
             if op.kind == "collective":
                 shape = shape_of[s]
                 fabric.collectives_run += 1

@@ -40,6 +40,10 @@ data parallelism
 memory
     :func:`workloads.memory.memory_per_gpu`, as ``run`` checks it.
 
+Left out: the SMs communication kernels hold beside compute (``compute.comm_sms``, :mod:`simulator.engine`),
+which slow the backward under overlapped DP buckets in the engine; the screen is optimistic by that much
+(within 1.08% on the 1,024-GPU GPT-3 sweep, docs/DESIGN.md).
+
 The agreement with ``fast`` is measured, not assumed: ``tests/test_screen.py``
 (a 64-GPU sweep, Spearman and top-k) and ``benchmarks/screen_benchmark.py``
 (the 1,024-GPU GPT-3 layout sweep). Configurations the closed form does not
