@@ -111,22 +111,25 @@ class ComputeModel:
         Fixed cost per kernel (the gap between dependent kernels on a stream),
         seconds. Default 1 µs.
     comm_sms : int
-        SMs an NCCL collective kernel (all-reduce, reduce-scatter, all-gather,
-        all-to-all) holds while its data moves: one CTA per channel. While a
-        rank has such kernels running, its compute kernels on other streams
-        run on the SMs left (:mod:`simulator.engine`, "Compute beside
-        communication"). Default 24, measured on an H100: an ``ncclAllGather``
-        beside a GEMM launched 24 blocks (NVIDIA developer forum, "Compute-
-        communication overlap causes severe GEMM performance degradation
-        because of tail effect", 2025); NCCL alone kept ~15% of an H100's SMs
-        active (NVIDIA/nccl issue 1432: ~20 of 132). 0 turns the effect off.
+        SMs a collective's kernel (all-reduce, reduce-scatter, all-gather,
+        all-to-all: NCCL's, one CTA per channel; DeepEP's outside DualPipe's
+        pairs too) holds while its data moves. While a rank has such kernels
+        running, its compute ops on other streams run on the SMs left
+        (:mod:`simulator.engine`, "Compute beside communication"), except ops
+        with a kernel already timed on reserved SMs, and collectives whose SMs
+        the generator priced itself (``holds_sms`` False: TE's userbuffers).
+        Default 24, measured on an H100: an ``ncclAllGather`` beside a GEMM
+        launched 24 blocks (NVIDIA developer forum, "Compute-communication
+        overlap causes severe GEMM performance degradation because of tail
+        effect", 2025); NCCL alone kept ~15% of an H100's SMs active
+        (NVIDIA/nccl issue 1432: ~20 of 132). 0 turns the effect off.
     p2p_sms : int
         SMs a point-to-point NCCL kernel (send / receive) holds. Default 0:
         NCCL runs one per channel, ``NCCL_NCHANNELS_PER_NET_PEER`` (2 by
         default, src/graph/paths.cc), and 2 moves GPT-3 175B on 1,024 GPUs by
         +0.003% and a DeepSeek-style EP64 step by +0.003%, while the slightly
         shifted compute ends cost up to 38% more simulated events (Mixtral EP8,
-        1,024 GPUs; docs/DESIGN.md). Set 2 for NCCL's count.
+        1,024 GPUs, 58,945 → 81,085; docs/DESIGN.md). Set 2 for NCCL's count.
     """
 
     gpu: GPUSpec

@@ -423,8 +423,8 @@ class Engine:
 
         # Compute beside communication (module docstring): per rank the SMs its running NCCL kernels hold and
         # its running compute ops' [work left in seconds at full speed, as of time, rate, end event].
-        sms_of = self._comm_sms(replicas)
-        interfere = any(sms_of.values()) and any(op.kind == "compute" for op in ops) and \
+        sms_of = self._comm_sms()
+        interfere = any(c or p for _s, c, p in sms_of.values()) and any(op.kind == "compute" for op in ops) and \
             any(op.kind != "compute" for op in ops)
         held: dict[int, int] = dict.fromkeys(sms_of, 0)
         running: dict[int, dict[int, list]] = {r: {} for r in sms_of}
@@ -496,7 +496,7 @@ class Engine:
             rate = speed(rank)
             for i, entry in running[rank].items():
                 left, since, old, event, due, at = entry
-                if old == rate:
+                if old == rate or due == now:  # (an op that ends now ends now: no rounding residue)
                     continue
                 left -= (now - since) * old
                 if left < 0.0:
@@ -510,8 +510,8 @@ class Engine:
                 entry[:] = (left, now, rate, event, due, at)
 
         # SMs each communication op holds while its data moves (0 for compute, and for every op when off)
-        taken_by = [sms_of[op.rank][1 if op.kind == "collective" else 2] if op.kind != "compute" else 0
-                    for op in ops] if interfere else None
+        taken_by = [0 if op.kind == "compute" or not getattr(op, "holds_sms", True)
+                    else sms_of[op.rank][1 if op.kind == "collective" else 2] for op in ops] if interfere else None
 
         def occupy(ids: list[int], sign: int) -> None:
             """Members ``ids`` of one collective or transfer start (``sign`` 1) or end (-1) moving data."""
@@ -638,7 +638,7 @@ class Engine:
         step = float(np.max(end_a)) if n else 0.0
         return RunRecord(self.graph, fabric, issue_a, start_a, end_a, _event_count(env) - merged, step)
 
-    def _comm_sms(self, replicas: Mapping[int, tuple[int, ...]] | None) -> dict[int, tuple[int, int, int]]:
+    def _comm_sms(self) -> dict[int, tuple[int, int, int]]:
         """Per rank with ops: ``(its GPU's SMs, SMs a collective holds, SMs a send or receive holds)`` from its
         compute model (:attr:`ComputeModel.comm_sms`, ``p2p_sms``)."""
         out = {}

@@ -18,6 +18,7 @@ from simulator.experiment import experiment_from_dict, run_experiment
 from topologies import get_gpu
 from workloads.errors import ConfigError
 from workloads.ops import Kernel, OpGraph
+from workloads.training import training_step
 
 S = 132  # SMs of an H100 SXM
 H100 = get_gpu("H100-SXM")
@@ -110,6 +111,111 @@ def test_kernels_timed_on_reserved_sms_are_not_slowed_twice(node8):
     r = _run(g, node8)
     model = ComputeModel(H100)
     assert r.end_s[a] == pytest.approx(model.duration(g.ops[a]), rel=1e-12)
+
+
+def _once(graph, cluster, **knobs):
+    """Run ``graph``, counting op ends through the engine's progress reports (every op, this small); the
+    record and the most ops ever reported finished (more than the graph holds: an op finished twice)."""
+    most = [0]
+    engine = Engine(graph, cluster, ComputeModel(H100, **knobs), progress=lambda done, n: most.__setitem__(
+        0, max(most[0], done)))
+    record = engine.run()
+    return record, most[0]
+
+
+def test_an_op_started_inside_a_collective_speeds_up_when_it_ends(node8):
+    # Rank 0's op starts 1 ms into the all-reduce (after a 1 ms op on its compute stream), so its end is
+    # first scheduled at the slowed speed and comes earlier when the all-reduce ends: finished once, at
+    # 1 ms + the slowed stretch + the rest at full speed.
+    g = OpGraph(2)
+    first = g.compute(0, duration_s=1e-3, category="fixed", name="first")
+    a = g.compute(0, duration_s=D, category="fixed", name="a", deps=[first])
+    ar = g.collective("all_reduce", [0, 1], 2e9, algorithm="ring", stream="dp")[0]
+    r, most = _once(g, node8)
+    t0, t1 = r.start_s[ar], r.end_s[ar]
+    assert t0 == 0.0 and r.end_s[first] == pytest.approx(1e-3 * S / (S - 24), rel=1e-12)
+    start = r.end_s[first]
+    assert start < t1 < r.end_s[a]  # (the premise)
+    slowed = (t1 - start) * (S - 24) / S
+    assert r.end_s[a] == pytest.approx(t1 + D - slowed, rel=1e-12)
+    assert most == len(g.ops)  # every op finished once
+
+
+def test_an_op_slowed_past_its_end_then_sped_up_ends_once(node8):
+    # The all-reduce (T seconds) outlasts the op's own time D = 0.9 T but not its slowed time D S / (S - 24):
+    # the op's first end event finds it unfinished and schedules the slowed end, which the all-reduce's end
+    # then brings forward. It ends once, at T + (D - T (S - 24) / S).
+    probe = OpGraph(2)
+    probe.collective("all_reduce", [0, 1], 2e9, algorithm="ring", stream="dp")
+    t = _run(probe, node8).end_s[0]
+    g = OpGraph(2)
+    d = 0.9 * t
+    a = g.compute(0, duration_s=d, category="fixed", name="a")
+    ar = g.collective("all_reduce", [0, 1], 2e9, algorithm="ring", stream="dp")[0]
+    g.compute(0, duration_s=1e-3, category="fixed", name="after", deps=[a])
+    r, most = _once(g, node8)
+    assert r.end_s[ar] == t and d < t < d * S / (S - 24)  # (the premise)
+    assert r.end_s[a] == pytest.approx(t + d - t * (S - 24) / S, rel=1e-12)
+    assert most == len(g.ops)
+
+
+def test_a_receiving_rank_is_slowed_by_its_receive(node8):
+    g = OpGraph(2)
+    g.send(0, 1, 64e6, stream="pp")
+    rv = g.recv(1, 0, 64e6, stream="pp")
+    b = g.compute(1, duration_s=D, category="fixed", name="b")
+    r = _run(g, node8, p2p_sms=4)
+    t = r.end_s[rv] - r.start_s[rv]
+    assert r.start_s[rv] == 0.0 and t < D
+    assert r.end_s[b] == pytest.approx(D + t * 4 / S, rel=1e-12)
+
+
+def test_each_rank_takes_its_own_compute_models_sms(node8):
+    # rank_compute (several jobs on one fabric): rank 1's model holds 66 SMs per collective, rank 0's 24.
+    g = OpGraph(2)
+    a0 = g.compute(0, duration_s=D, category="fixed", name="a0")
+    a1 = g.compute(1, duration_s=D, category="fixed", name="a1")
+    ar = g.collective("all_reduce", [0, 1], 256e6, algorithm="ring", stream="dp")[0]
+    r = Engine(g, node8, ComputeModel(H100), rank_compute={1: ComputeModel(H100, comm_sms=66)}).run()
+    t = r.end_s[ar] - r.start_s[ar]
+    assert r.end_s[a0] == pytest.approx(D + t * 24 / S, rel=1e-12)
+    assert r.end_s[a1] == pytest.approx(D + t * 66 / S, rel=1e-12)
+
+
+def test_a_collective_that_holds_no_sms_slows_nothing(node8):
+    # holds_sms=False: communication whose SMs the generator priced itself (TE's userbuffers)
+    g = OpGraph(2)
+    a = g.compute(0, duration_s=D, category="fixed", name="a")
+    g.collective("all_reduce", [0, 1], 256e6, algorithm="ring", stream="dp", holds_sms=False)
+    assert _run(g, node8).end_s[a] == D
+
+
+def test_an_op_ending_as_a_collective_starts_ends_on_time(node8):
+    # Rank 1's 2 ms op releases the all-reduce at the instant rank 0's own 2 ms op is due: rank 0's op ends
+    # at 2 ms exactly (no rounding residue, no extra event), with shared ends or one event per end alike.
+    # (b first: its end runs first at that instant, so the all-reduce starts while a is still running)
+    g = OpGraph(2)
+    b = g.compute(1, duration_s=2e-3, category="fixed", name="b")
+    a = g.compute(0, duration_s=2e-3, category="fixed", name="a")
+    g.collective("all_reduce", [0, 1], 256e6, algorithm="ring", stream="dp", deps={1: [b]})
+    records = []
+    for share in (True, False):
+        engine = Engine(g, node8, ComputeModel(H100))
+        engine.share_compute_ends = share
+        records.append(engine.run())
+    assert records[0].end_s[a] == records[1].end_s[a] == 2e-3
+    assert list(records[0].end_s) == list(records[1].end_s)
+
+
+def test_userbuffers_collectives_hold_no_sms():
+    # TE's userbuffers price their SMs in the GEMMs beside them (sm_reserved) or use the copy engines
+    doc = copy.deepcopy(STEP)
+    doc["parallel"].update(tp=4, pp=1, dp=4, tp_comm_overlap=True)
+    exp = experiment_from_dict(doc)
+    step = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing)
+    ub = [op for op in step.graph.ops if op.kind == "collective" and op.stream == "tp_overlap"]
+    assert ub and not any(op.holds_sms for op in ub)
+    assert all(op.holds_sms for op in step.graph.ops if op.kind == "collective" and op.stream != "tp_overlap")
 
 
 def test_ranks_without_communication_are_not_slowed(node8):

@@ -128,6 +128,12 @@ class Collective(Op):
     stands for (``graph.replicas``): those members issue no op, so the
     representative carries the whole matrix. ``rows[i]`` is what the i-th
     member sends; the issuing rank's own row equals ``split``.
+
+    ``holds_sms`` False: its kernel takes no SMs from compute beside it that
+    the engine should account for (the engine's "compute beside communication"),
+    because the generator priced them itself: Transformer Engine's userbuffers,
+    whose pipelined and bulk overlaps run their GEMMs on the SMs they leave
+    (``sm_reserved``) and whose ring exchange runs on the copy engines.
     """
 
     collective: str = "all_reduce"
@@ -137,6 +143,7 @@ class Collective(Op):
     count: int = 1
     split: tuple[float, ...] | None = None
     rows: tuple[tuple[float, ...], ...] | None = None
+    holds_sms: bool = True
     kind = "collective"
 
 
@@ -290,6 +297,7 @@ class OpGraph:
         layer: int = -1,
         micro_batch: int = -1,
         stage: int = -1,
+        holds_sms: bool = True,
     ) -> int:
         """Append one member's :class:`Collective` op; return its id."""
         if type(rank) is not int or not 0 <= rank < self.world_size:
@@ -309,11 +317,13 @@ class OpGraph:
             split, nbytes = self._checked_split(split, grp)
         if rows is not None:
             rows = self._checked_rows(rows, grp, rank, split)
+        if type(holds_sms) is not bool:
+            raise OpGraphError(f"holds_sms: must be True or False, got {holds_sms!r}")
         ops = self.ops
         n = len(ops)
         ops.append(Collective(n, rank, stream, self._deps(deps), name or collective, traffic_class, layer,
                               micro_batch, stage, collective, grp, float(nbytes), algorithm, int(count), split,
-                              rows))
+                              rows, holds_sms))
         return n
 
     def _part_sums(self, parts: tuple[Kernel, ...], name: str) -> tuple[float, float]:

@@ -1324,8 +1324,9 @@ class _StepBuilder:
             return [state["last"]] if state["last"] is not None else list(state["pending"])
 
         def collective(kind: str, nbytes: float, count: int, stream: str, after: list[int], what: str) -> int:
+            # (userbuffers' SMs are the GEMMs' sm_reserved, or none for the copy-engine ring exchange)
             return g.collective_op(rank, kind, group, nbytes, name=f"{name}.tp_{what}_{kind}", stream=stream,
-                                   deps=after, count=count, **tags)
+                                   deps=after, count=count, holds_sms=stream != UB_STREAM, **tags)
 
         head, runs, tail = seg.ub
         add([k.kernel() for k in head], False)

@@ -569,7 +569,7 @@ def _spec(unit: _Unit, lossless: bool, tables: dict[int, tuple[Kernel, ...]]) ->
                 raise OpGraphError(f"clustersim.count {count} but {len(unit.nodes)} chained nodes")
             return spec("collective_op", (rank, kind, None, number(PREFIX + "nbytes")), pg,
                         algorithm=a.get(PREFIX + "algorithm", "auto"), count=count, split=numbers(PREFIX + "split"),
-                        **tags)
+                        holds_sms=a.get(PREFIX + "holds_sms", 1) != 0, **tags)
         size = 0.0 if COLLECTIVE_COMM_TYPES[comm_type] == "BARRIER" else need("comm_size")
         return spec("collective_op", (rank, kind, None, size), pg, kind in PER_RANK_INPUT, stream="comm",
                     traffic_class=kind)

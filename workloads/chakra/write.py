@@ -315,6 +315,8 @@ class _Writer:
                 add(name=PREFIX + "algorithm", string_val=op.algorithm)
             if op.split is not None:
                 add(name=PREFIX + "split").double_list.values.extend(op.split)
+            if not op.holds_sms:  # (userbuffers: its SMs are priced in the GEMMs beside it)
+                add(name=PREFIX + "holds_sms", int64_val=0)
             if op.count > 1:
                 add(name=PREFIX + "count", int64_val=op.count)
                 add(name=PREFIX + "part", int64_val=k)
