@@ -194,6 +194,9 @@ def print_summary(result, file=None) -> None:
               f" + activations {mem['activations'] * gb:.1f}; stage {mem['stage']}){over}", file=out)
     print(f"  exposed comm         {format_time(s['exposed_comm_s'])} per rank: " + ", ".join(
         f"{k} {format_time(v)}" for k, v in s["exposed_comm_by_class_s"].items()), file=out)
+    if s.get("compute_beside_comm_s"):
+        print(f"  compute beside comm  +{format_time(s['compute_beside_comm_s'])} per rank (the SMs overlapped "
+              f"communication holds, compute.comm_sms)", file=out)
     print("  bytes sent by class  " + ", ".join(f"{k} {format_bytes(v)}" for k, v in s["bytes_by_class"].items()),
           file=out)
     print("  link bytes by tier   " + ", ".join(f"{k} {format_bytes(v)}" for k, v in s["bytes_by_tier"].items()),

@@ -93,6 +93,9 @@ class RunRecord:
     end_s: np.ndarray
     events: int
     step_time_s: float
+    compute_beside_comm_s: float = 0.0
+    """Seconds of compute time per rank (the mean over the world's ranks) that the SMs communication held
+    beside it added (module docstring, "Compute beside communication")."""
 
 
 def _describe(op: Op) -> str:
@@ -636,7 +639,14 @@ class Engine:
         if completed < n:
             raise DeadlockError(self._deadlock_report({slot_keys[s]: g for s, g in arrived.items()}, issue_a, end_a))
         step = float(np.max(end_a)) if n else 0.0
-        return RunRecord(self.graph, fabric, issue_a, start_a, end_a, _event_count(env) - merged, step)
+        stretch = 0.0
+        if interfere:  # compute time the SMs held beside it added, per rank of the world on average
+            ids = np.array([op.id for op in ops if op.kind == "compute" and op.id not in exempt], dtype=np.int64)
+            if len(ids):
+                extra = end_a[ids] - start_a[ids] - np.asarray(duration, dtype=float)[ids]
+                weight = np.array([len(replicas[ops[i].rank]) if replicas else 1 for i in ids.tolist()], dtype=float)
+                stretch = float(np.maximum(extra, 0.0) @ weight) / graph.world_size
+        return RunRecord(self.graph, fabric, issue_a, start_a, end_a, _event_count(env) - merged, step, stretch)
 
     def _comm_sms(self) -> dict[int, tuple[int, int, int]]:
         """Per rank with ops: ``(its GPU's SMs, SMs a collective holds, SMs a send or receive holds)`` from its

@@ -366,6 +366,7 @@ class Result:
             "bytes_by_class": self.bytes_by_class,
             "bytes_by_tier": self.bytes_by_tier,
             "events": self.events,
+            "compute_beside_comm_s": self.record.compute_beside_comm_s,
             "rate_solves": self.record.fabric.network.rate_solves,
             "flows": self.record.fabric.network.ledger.flows_completed,
             "sim_wall_s": self.sim_wall_s,

@@ -56,6 +56,15 @@ def test_a_collective_from_the_start_slows_the_compute_by_its_sm_share(node8, sm
     assert r.end_s[a] == pytest.approx(D + t * sms / S, rel=1e-12)
 
 
+def test_the_record_says_how_much_compute_the_sms_added(node8):
+    # rank 0's op runs t * 24 / S longer; over the world's two ranks that is half of it per rank
+    g, a, ar = _overlapped(False)
+    r = _run(g, node8)
+    t = r.end_s[ar] - r.start_s[ar]
+    assert r.compute_beside_comm_s == pytest.approx(t * 24 / S / 2, rel=1e-9)
+    assert _run(g, node8, comm_sms=0).compute_beside_comm_s == 0.0
+
+
 def test_a_collective_starting_mid_op_slows_only_what_it_overlaps(node8):
     g, a, ar = _overlapped(True)
     r = _run(g, node8)  # the defaults: 24 SMs per collective
@@ -240,9 +249,12 @@ def _step(fidelity="fast", **knobs):
 
 
 def test_more_sms_held_is_never_faster_and_moves_the_same_bytes():
+    # (on this dense step; through contention a slower compute op can shorten a step elsewhere: DESIGN.md)
     runs = [_step(comm_sms=c, p2p_sms=p) for c, p in ((0, 0), (8, 1), (24, 2), (64, 8))]
     steps = [r.step_time for r in runs]
     assert steps == sorted(steps) and steps[0] < steps[-1]
+    lost = [r.summary["compute_beside_comm_s"] for r in runs]
+    assert lost[0] == 0.0 and lost == sorted(lost) and lost[-1] > 0
     for r in runs[1:]:
         assert r.bytes_by_class == pytest.approx(runs[0].bytes_by_class, rel=1e-12)
 
@@ -251,6 +263,7 @@ def test_more_sms_held_is_never_faster_and_moves_the_same_bytes():
 def test_representatives_agree_with_full(fidelity):
     full, rep = _step("full"), _step(fidelity)
     assert rep.step_time == pytest.approx(full.step_time, rel=1e-9)
+    assert rep.summary["compute_beside_comm_s"] == pytest.approx(full.summary["compute_beside_comm_s"], rel=1e-6)
 
 
 # ---------------------------------------------------------------------------------------- bad input
