@@ -424,11 +424,11 @@ class Engine:
                 if op.kind == "compute" and f != 1.0:
                     duration[op.id] *= f
 
-        # Compute beside communication (module docstring): per rank the SMs its running NCCL kernels hold and
-        # its running compute ops' [work left in seconds at full speed, as of time, rate, end event].
+        # Compute beside communication (module docstring): per rank the SMs its running communication holds
+        # (``held``) and its running compute ops (``running``: op id -> entry, described at on_tracked).
         sms_of = self._comm_sms()
-        interfere = any(c or p for _s, c, p in sms_of.values()) and any(op.kind == "compute" for op in ops) and \
-            any(op.kind != "compute" for op in ops)
+        kinds = {op.kind for op in ops}
+        interfere = any(c or p for _s, c, p in sms_of.values()) and "compute" in kinds and len(kinds) > 1
         held: dict[int, int] = dict.fromkeys(sms_of, 0)
         running: dict[int, dict[int, list]] = {r: {} for r in sms_of}
         exempt = _reserved_ops(ops) if interfere else frozenset()
@@ -682,12 +682,8 @@ def _reserved_ops(ops: list[Op]) -> frozenset[int]:
     out = []
     seen: dict[int, bool] = {}  # id(kernel tuple) -> whether one of its kernels holds SMs back
     for op in ops:
-        if op.kind != "compute":
-            continue
-        parts = op.parts
-        if parts is None:
-            if getattr(op, "sm_reserved", 0):
-                out.append(op.id)
+        parts = op.parts if op.kind == "compute" else None
+        if parts is None:  # (only kernels carry sm_reserved)
             continue
         found = seen.get(id(parts))
         if found is None:

@@ -2106,10 +2106,9 @@ class _Buckets:
         self.emitted: list[int] = []
         self.held: dict[int, tuple[float, float]] = {}  # chunk -> (dense, expert) gradient bytes held (hold)
         self.stage = builder.layout.coords(rank).pp
-        # (group, bucket bytes, of the experts' buffer) -> how many buckets of that size were reduced over that
-        # group (the dense gradients' DP group, the routed experts' expert-DP group): what the distributed
-        # optimizer gathers back
-        self.reduced: dict[tuple[tuple[int, ...], float, bool], int] = {}
+        # (of the experts' buffer, bucket bytes) -> how many buckets of that size were reduced (over the dense
+        # gradients' DP group, or the routed experts' expert-DP group): what the distributed optimizer gathers back
+        self.reduced: dict[tuple[bool, float], int] = {}
         par = builder.par
         self.kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
         self.algorithm = "parameter_server" if par.dp_sync == "parameter_server" else "auto"
@@ -2142,7 +2141,7 @@ class _Buckets:
             self.rank, self.kind, group, nbytes, name=f"grad_{self.kind}", stream="dp", deps=deps, count=count,
             algorithm=self.algorithm if self.kind == "all_reduce" else "auto", traffic_class=traffic_class))
         if self.recording:
-            key = (group, nbytes, experts)
+            key = (experts, nbytes)
             self.reduced[key] = self.reduced.get(key, 0) + count
 
     def _emit_full(self, total: float, deps: list[int], experts: bool = False) -> float:
@@ -2172,7 +2171,7 @@ class _Buckets:
         buckets on the first stage's first chunk, as one collective elsewhere (Megatron buckets only those:
         :meth:`_StepBuilder.unbucketed`)."""
         dense, experts = self.held.pop(chunk, (0.0, 0.0))
-        self._reduce(dense, experts, after, whole=self.stage > 0 or chunk > 0)
+        self._reduce(dense, experts, after, whole=self.b.unbucketed(self.stage, chunk))
 
     def flush(self, last_op: int, whole: bool = False) -> None:
         """Reduce whatever is left after the backward (or everything, without overlap; as one collective if
@@ -2190,9 +2189,10 @@ class _Buckets:
         reduced bucket, over the group that reduced it (the routed experts' too: the distributed optimizer
         shards them over the expert-DP group); ``experts_only``: the expert-DP groups' buckets only."""
         ratios = [self.b.param_gather_bytes(self.stage, experts) / self.b.grad_bytes for experts in (False, True)]
-        for (group, nbytes, experts), count in self.reduced.items():
+        for (experts, nbytes), count in self.reduced.items():
             if experts_only and not experts:
                 continue
+            group = self.expert_group if experts else self.group
             self.b.graph.collective_op(self.rank, "all_gather", group, nbytes * ratios[experts],
                                        name="param_all_gather",
                                        stream="dp", deps=[after], count=count, traffic_class="zero")
