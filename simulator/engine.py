@@ -625,7 +625,7 @@ class Engine:
                 if replicas is None:
                     specs = (fabric.send_spec(send.rank, send.peer, send.nbytes),)
                 else:
-                    specs = fabric.send_specs(replicas[send.rank], replicas[send.peer], send.nbytes)
+                    specs = fabric.replica_send_specs(replicas[send.rank], replicas[send.peer], send.nbytes)
                 p2p_specs[p2p_key] = specs
             network.start_flows(specs, send.traffic_class, _Countdown(1, comm_finish, ids).tick)
 

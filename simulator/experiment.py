@@ -7,7 +7,8 @@ Sections (every section may name a ``preset`` and override its fields)::
     model:    {preset: gpt3-175b, ...}                # workloads.models.model_from_dict
     parallel: {tp: 8, pp: 8, ...}                     # workloads.parallel.parallel_from_dict
     training: {seq_len: 2048, dtype: bf16}
-    network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0, routing: ecmp, all_to_all: auto}  # optional
+    network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0, routing: ecmp, all_to_all: auto,
+               replica_sends: merged}                  # optional
     fidelity: fast                                     # optional: fast | full | lockstep (see FIDELITIES)
     moe:      {routing: zipf, zipf_s: 1.2, capacity_factor: 1.25, seed: 0}  # optional, MoE token routing
     compute:  {matmul_efficiency: 0.75, attention_efficiency: 0.5, ...}     # optional
@@ -166,7 +167,8 @@ def _section(doc: Mapping, key: str) -> dict:
 
 
 def _network_from_dict(section: Mapping) -> NetworkConfig:
-    valid = ("model", "step_latency", "fidelity", "seed", "bandwidth_efficiency", "routing", "all_to_all")
+    valid = ("model", "step_latency", "fidelity", "seed", "bandwidth_efficiency", "routing", "all_to_all",
+             "replica_sends")
     unknown = sorted(set(section) - set(valid))
     if unknown:
         raise ConfigError(f"network.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
@@ -181,6 +183,8 @@ def _network_from_dict(section: Mapping) -> NetworkConfig:
         kwargs["routing"] = section["routing"]
     if "all_to_all" in section:
         kwargs["all_to_all"] = section["all_to_all"]
+    if "replica_sends" in section:
+        kwargs["replica_sends"] = section["replica_sends"]
     if "bandwidth_efficiency" in section:
         eff = section["bandwidth_efficiency"]
         if isinstance(eff, Mapping):
@@ -398,6 +402,9 @@ def unused_settings(exp: Experiment) -> list[str]:
     if given("compute", "fp8_matmul_efficiency") and exp.training.dtype != "fp8":
         notes.append(f"compute.fp8_matmul_efficiency has no effect with dtype: {exp.training.dtype} "
                      f"(training.dtype: fp8 reads it)")
+    if given("network", "replica_sends") and (exp.fidelity == "full" or exp.network.model != "flow"):
+        notes.append("network.replica_sends has no effect with fidelity: full or network.model: analytic (it is "
+                     "how the sends of a representative's replicas run on the flow model)")
     if given("network", "all_to_all") and not model.is_moe and not (par.cp > 1 and par.cp_comm_type == "a2a"):
         notes.append("network.all_to_all has no effect: this layout runs no all-to-all (MoE experts or "
                      "cp_comm_type: a2a do)")

@@ -26,6 +26,7 @@ from .routing import Router
 NETWORK_MODELS = ("flow", "analytic")
 ROUTINGS = ("ecmp", "spray")
 ALL_TO_ALL_FLOWS = ("auto", "grouped", "proportional", "per_pair", "bulk")
+REPLICA_SENDS = ("merged", "each")
 
 
 TIER_NAMES = ("nvlink", "pcie", "leaf", "spine", "core")
@@ -100,6 +101,22 @@ class NetworkConfig:
         32 GPUs (the most with strong skew on an oversubscribed fabric),
         −0.11% on a DeepSeek-style step at 100× the speed. Needs ECMP
         routing (under spray: grouped).
+    replica_sends : str
+        How the sends of a representative rank (``fidelity: fast`` or
+        ``lockstep``) run: one send stands for one per replica it stands for
+        (TP members, DP replicas), all started at the same instant, and the
+        representative goes on when the last has arrived. ``"merged"``
+        (default, flow model only): they run as one flow over all their
+        routes (a link crossed by ``j`` of them carries ``j`` times its
+        rate), at the pace of the most constrained: equal to ``"each"``
+        where the replicas see the same contention (a symmetric fabric);
+        where they do not, the representative still waits for the slowest
+        and the faster replicas' sends hold their links longer at a lower
+        rate instead of finishing early (measured: DeepSeek-V3 on 2,048
+        GPUs in ``lockstep`` +0.048% step time at a third of the CPU time,
+        GPT-3 175B on 1,024 GPUs in ``fast`` −0.004% at −20%;
+        docs/DESIGN.md, "Replica sends as one flow"). ``"each"``: one flow
+        per replica pair (the reference).
     """
 
     model: str = "flow"
@@ -109,6 +126,7 @@ class NetworkConfig:
     bandwidth_efficiency: float | Mapping[str, float] | None = None
     routing: str = "ecmp"
     all_to_all: str = "auto"
+    replica_sends: str = "merged"
 
     def __post_init__(self) -> None:
         if self.model not in NETWORK_MODELS:
@@ -117,6 +135,9 @@ class NetworkConfig:
             raise ValueError(f"network.routing: {self.routing!r} unknown; valid: {', '.join(ROUTINGS)}")
         if self.all_to_all not in ALL_TO_ALL_FLOWS:
             raise ValueError(f"network.all_to_all: {self.all_to_all!r} unknown; valid: {', '.join(ALL_TO_ALL_FLOWS)}")
+        if self.replica_sends not in REPLICA_SENDS:
+            raise ValueError(f"network.replica_sends: {self.replica_sends!r} unknown; "
+                             f"valid: {', '.join(REPLICA_SENDS)}")
         if self.step_latency_s is not None and not (isinstance(self.step_latency_s, (int, float))
                                                     and 0 <= self.step_latency_s < 1):
             raise ValueError(f"network.step_latency: must be 'nccl' or a time in [0, 1 s), got {self.step_latency_s!r}")
@@ -800,6 +821,17 @@ class Fabric:
             latency = (sw if sw >= lat else lat) if nccl else sw + lat
             out.append((links, nbytes / (factor * (self.spread(links) if spray else 1)), latency, nbytes))
         return tuple(out)
+
+    def replica_send_specs(self, srcs: tuple[int, ...], dsts: tuple[int, ...], nbytes: float) -> tuple[tuple, ...]:
+        """The flows of a representative's send that stands for the sends ``(srcs[i], dsts[i])`` of its
+        replicas: :meth:`send_specs`, merged into one flow under ``replica_sends: merged`` on the flow model
+        (:meth:`group`: every replica's links, each moving its own ``nbytes``, all at one rate; see
+        :class:`NetworkConfig`). The contention-free model keeps them apart: a merged flow would make the
+        replicas share links that the analytic model lets each of them use in full."""
+        specs = self.send_specs(srcs, dsts, nbytes)
+        if len(specs) > 1 and self.config.replica_sends == "merged" and self.config.model == "flow":
+            return tuple(self.group(list(specs), [0] * len(specs)))
+        return specs
 
 
 def _first_occurrence(rows: np.ndarray) -> np.ndarray:

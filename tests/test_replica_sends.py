@@ -1,0 +1,135 @@
+"""``network.replica_sends``: a representative's send, which stands for one send per replica, as one flow.
+
+A representative rank (``fidelity: fast`` or ``lockstep``) issues one send for the sends of all the ranks it
+stands for; they start together and it goes on when the last has arrived. ``merged`` (default) runs them as
+one flow over all their routes at the pace of the most constrained; ``each`` as one flow per replica pair.
+The expected times below are worked by hand from the time one send takes alone on the same fabric.
+"""
+
+import pytest
+import simpy
+
+from simulator.engine import Engine
+from simulator.experiment import ConfigError, experiment_from_dict, run_experiment, unused_settings
+from simulator.fabric import Fabric, NetworkConfig
+from topologies.builders import leaf_spine
+from workloads.ops import OpGraph
+
+S = 2.0**28  # 256 MiB: one protocol (Simple) and one latency for every send here
+
+
+@pytest.fixture
+def one_leaf():
+    """Three 8-GPU H100 servers on one leaf: every GPU's NIC port is a link of its own each way."""
+    return leaf_spine("H100-SXM", servers=3, servers_per_leaf=3)
+
+
+def _flows(cluster, replica_sends: str, pairs: dict[str, tuple[tuple[int, ...], tuple[int, ...]]],
+           nbytes: float = S) -> dict[str, float]:
+    """Start the sends ``name -> (srcs, dsts)`` together (one representative's send per name: its replicas'
+    pairs ``(srcs[i], dsts[i])``) and return when each ended, in seconds."""
+    env = simpy.Environment()
+    fabric = Fabric(env, cluster, NetworkConfig(replica_sends=replica_sends))
+    ends: dict[str, float] = {}
+    for name, (srcs, dsts) in pairs.items():
+        specs = fabric.replica_send_specs(srcs, dsts, nbytes)
+        fabric.network.start_flows(specs, "pp", lambda name=name: ends.__setitem__(name, env.now))
+    env.run()
+    return ends
+
+
+def _alone(cluster) -> tuple[float, float]:
+    """``(latency, seconds per S)`` of one send between servers, alone: from sends of S and 2S."""
+    one = _flows(cluster, "each", {"a": ((0,), (8,))})["a"]
+    two = _flows(cluster, "each", {"a": ((0,), (8,))}, 2 * S)["a"]
+    return one - (two - one), two - one
+
+
+def test_merged_is_one_flow_over_every_replica_route(one_leaf):
+    fabric = Fabric(simpy.Environment(), one_leaf)
+    specs = fabric.replica_send_specs((0, 1, 2), (8, 9, 10), S)
+    each = fabric.send_specs((0, 1, 2), (8, 9, 10), S)
+    assert len(specs) == 1 and len(each) == 3
+    links, wire, latency, payload = specs[0]
+    assert sorted(links.tolist()) == sorted(x for s in each for x in s[0].tolist())
+    assert wire == each[0][1] and latency == max(s[2] for s in each)
+    assert payload == 3 * S  # every replica's bytes
+
+
+def test_symmetric_replicas_finish_as_each_would(one_leaf):
+    # Three replica sends on disjoint ports, nothing else: each runs as it would alone.
+    latency, t = _alone(one_leaf)
+    pairs = {"rep": ((0, 1, 2), (8, 9, 10))}
+    assert _flows(one_leaf, "merged", pairs)["rep"] == pytest.approx(latency + t, rel=1e-12)
+    assert _flows(one_leaf, "each", pairs)["rep"] == pytest.approx(latency + t, rel=1e-12)
+
+
+def test_asymmetric_contention_paces_the_merged_flow_by_the_slowest_replica(one_leaf):
+    # The representative stands for 0 -> 8 and 1 -> 9. Two other sends enter GPU 8's port (16 -> 8,
+    # 17 -> 8) and one enters GPU 9's (18 -> 9), all S bytes at once.
+    # each: port 8 shares three ways (c/3): 0 -> 8 ends after 3t; port 9 two ways: 1 -> 9 and y after 2t.
+    #       The representative waits for 0 -> 8: 3t.
+    # merged: the merged flow is capped at c/3 by port 8, so on port 9 it uses c/3 and y gets 2c/3 (1.5t);
+    #       the representative still ends after 3t.
+    latency, t = _alone(one_leaf)
+    pairs = {"rep": ((0, 1), (8, 9)), "x1": ((16,), (8,)), "x2": ((17,), (8,)), "y": ((18,), (9,))}
+    each = _flows(one_leaf, "each", pairs)
+    merged = _flows(one_leaf, "merged", pairs)
+    assert each["rep"] == pytest.approx(latency + 3 * t, rel=1e-9)
+    assert merged["rep"] == pytest.approx(latency + 3 * t, rel=1e-9)
+    assert each["y"] == pytest.approx(latency + 2 * t, rel=1e-9)
+    assert merged["y"] == pytest.approx(latency + 1.5 * t, rel=1e-9)  # the documented deviation
+    for name in ("x1", "x2"):
+        assert each[name] == merged[name] == pytest.approx(latency + 3 * t, rel=1e-9)
+
+
+def test_analytic_model_keeps_replica_sends_apart(one_leaf):
+    fabric = Fabric(simpy.Environment(), one_leaf, NetworkConfig(model="analytic"))
+    assert len(fabric.replica_send_specs((0, 1), (8, 9), S)) == 2
+
+
+def test_a_lockstep_step_moves_the_same_bytes_either_way():
+    # 4 stages on 4 servers, DP 8: a representative per stage stands for 8 ranks; its sends cross servers.
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 4}, "model": {"preset": "gpt2-small"},
+           "parallel": {"tp": 1, "pp": 4, "dp": 8, "micro_batch": 1, "global_batch": 32},
+           "training": {"seq_len": 1024}}
+    runs = {}
+    for mode in ("merged", "each"):
+        exp = experiment_from_dict({**doc, "network": {"replica_sends": mode}})
+        runs[mode] = run_experiment(exp, fidelity="lockstep")
+    full = run_experiment(experiment_from_dict(doc), fidelity="full")
+    merged, each = runs["merged"], runs["each"]
+    assert merged.summary["flows"] == each.summary["flows"] == full.summary["flows"]
+    for cls, b in full.bytes_by_class.items():
+        assert merged.bytes_by_class[cls] == pytest.approx(b, rel=1e-12)
+    # symmetric: every stage's replicas cross their own NIC ports under one leaf
+    assert merged.step_time == pytest.approx(each.step_time, rel=1e-12)
+    assert merged.step_time == pytest.approx(full.step_time, rel=1e-9)
+
+
+def test_unknown_value_is_a_one_line_error():
+    with pytest.raises(ValueError, match=r"network.replica_sends: 'both' unknown; valid: merged, each"):
+        NetworkConfig(replica_sends="both")
+    with pytest.raises((ConfigError, ValueError), match="network.replica_sends"):
+        experiment_from_dict({"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
+                              "training": {"seq_len": 1024}, "network": {"replica_sends": 3}})
+
+
+def test_without_representatives_the_setting_is_reported_unused():
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
+           "training": {"seq_len": 1024}, "network": {"replica_sends": "each"}, "fidelity": "full"}
+    assert any("network.replica_sends has no effect" in n for n in unused_settings(experiment_from_dict(doc)))
+    doc["fidelity"] = "lockstep"
+    assert not any("replica_sends" in n for n in unused_settings(experiment_from_dict(doc)))
+
+
+def test_engine_uses_the_merged_flow(one_leaf):
+    # A representative graph: rank 0 stands for ranks 0-7, rank 8 for 8-15 (a send between servers).
+    g = OpGraph(24)
+    g.replicas = {0: tuple(range(8)), 8: tuple(range(8, 16))}
+    g.send(0, peer=8, nbytes=S)
+    g.recv(8, peer=0, nbytes=S)
+    merged = Engine(g, one_leaf).run()
+    each = Engine(g, one_leaf, network=NetworkConfig(replica_sends="each")).run()
+    assert merged.fabric.network.flows_started == 1 and each.fabric.network.flows_started == 8
+    assert merged.step_time_s == pytest.approx(each.step_time_s, rel=1e-12)
