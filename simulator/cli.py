@@ -298,7 +298,7 @@ def _run():
             exp.cluster, RankLayout(exp.parallel).ep_group(0))
         slow = slow_alltoallv_note(exp.parallel.ep, exp.network.all_to_all, exp.routing.kind, exp.model.is_moe,
                                    one_switch)
-        for note in ([slow] if slow else []) + unused_settings(exp):
+        for note in ([slow] if slow else []) + unused_settings(exp, args.fidelity):
             print(f"clustersim: note: {note}", file=sys.stderr)
         if args.trace_ranks != "stages" and not args.trace:  # (given: not the default)
             print("clustersim: note: --trace-ranks has no effect without --trace", file=sys.stderr)

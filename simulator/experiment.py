@@ -365,10 +365,12 @@ def load_experiment(path: str | os.PathLike) -> Experiment:
         raise with_prefix(exc, str(path)) from None
 
 
-def unused_settings(exp: Experiment) -> list[str]:
+def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
     """Settings the experiment file gives that this run never reads (each a one-line note naming the field and
     what would make it count): knobs of a mechanism the layout does not use. They are not errors, since a
-    sweep's base file may set them for the points that do use them, but a user should not think they acted."""
+    sweep's base file may set them for the points that do use them, but a user should not think they acted.
+    ``fidelity`` is the run's when it overrides the file's (``clustersim run --fidelity``)."""
+    fidelity = exp.fidelity if fidelity is None else fidelity
     raw = exp.raw or {}
     par, model = exp.parallel, exp.model
 
@@ -402,7 +404,7 @@ def unused_settings(exp: Experiment) -> list[str]:
     if given("compute", "fp8_matmul_efficiency") and exp.training.dtype != "fp8":
         notes.append(f"compute.fp8_matmul_efficiency has no effect with dtype: {exp.training.dtype} "
                      f"(training.dtype: fp8 reads it)")
-    if given("network", "replica_sends") and (exp.fidelity == "full" or exp.network.model != "flow"):
+    if given("network", "replica_sends") and (fidelity == "full" or exp.network.model != "flow"):
         notes.append("network.replica_sends has no effect with fidelity: full or network.model: analytic (it is "
                      "how the sends of a representative's replicas run on the flow model)")
     if given("network", "all_to_all") and not model.is_moe and not (par.cp > 1 and par.cp_comm_type == "a2a"):

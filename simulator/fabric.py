@@ -106,17 +106,20 @@ class NetworkConfig:
         ``lockstep``) run: one send stands for one per replica it stands for
         (TP members, DP replicas), all started at the same instant, and the
         representative goes on when the last has arrived. ``"merged"``
-        (default, flow model only): they run as one flow over all their
+        (default, flow model only): those of equal wire bytes and latency
+        (every pair across servers, say) run as one flow over all their
         routes (a link crossed by ``j`` of them carries ``j`` times its
         rate), at the pace of the most constrained: equal to ``"each"``
         where the replicas see the same contention (a symmetric fabric);
         where they do not, the representative still waits for the slowest
-        and the faster replicas' sends hold their links longer at a lower
-        rate instead of finishing early (measured: DeepSeek-V3 on 2,048
-        GPUs in ``lockstep`` +0.048% step time at a third of the CPU time,
-        GPT-3 175B on 1,024 GPUs in ``fast`` −0.004% at −20%;
-        docs/DESIGN.md, "Replica sends as one flow"). ``"each"``: one flow
-        per replica pair (the reference).
+        but the faster replicas' sends hold their links longer at a lower
+        rate instead of finishing early, which other flows on those links
+        feel and which shows in those links' busy time and rate series
+        (bytes per link and per GPU pair are exact either way). Measured:
+        DeepSeek-V3 on 2,048 GPUs in ``lockstep`` +0.048% step time at a
+        third of the CPU time, GPT-3 175B on 1,024 GPUs in ``fast`` −0.004%
+        at −20% (docs/DESIGN.md, "Round eleven: replica sends as one
+        flow"). ``"each"``: one flow per replica pair (the reference).
     """
 
     model: str = "flow"
@@ -824,13 +827,16 @@ class Fabric:
 
     def replica_send_specs(self, srcs: tuple[int, ...], dsts: tuple[int, ...], nbytes: float) -> tuple[tuple, ...]:
         """The flows of a representative's send that stands for the sends ``(srcs[i], dsts[i])`` of its
-        replicas: :meth:`send_specs`, merged into one flow under ``replica_sends: merged`` on the flow model
-        (:meth:`group`: every replica's links, each moving its own ``nbytes``, all at one rate; see
-        :class:`NetworkConfig`). The contention-free model keeps them apart: a merged flow would make the
-        replicas share links that the analytic model lets each of them use in full."""
+        replicas: :meth:`send_specs`, those with equal wire bytes and latency merged into one flow under
+        ``replica_sends: merged`` on the flow model (:meth:`group`: every replica's links, each moving its own
+        ``nbytes``, all at one rate; see :class:`NetworkConfig`). The contention-free model keeps them apart:
+        a merged flow would make the replicas share links that the analytic model lets each of them use in
+        full."""
         specs = self.send_specs(srcs, dsts, nbytes)
         if len(specs) > 1 and self.config.replica_sends == "merged" and self.config.model == "flow":
-            return tuple(self.group(list(specs), [0] * len(specs)))
+            # replicas of equal wire bytes and latency only (a pair on NVLink and one across servers, or under
+            # spray pairs of unlike path counts, would otherwise share a flow at unlike weights)
+            return tuple(self.group(list(specs), [(s[1], s[2]) for s in specs]))
         return specs
 
 

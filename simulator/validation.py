@@ -144,7 +144,7 @@ ENTRIES: tuple[Entry, ...] = (
     # DeepSeek-V3 on 2,048 H800: GPU-hours per trillion tokens as tokens/s per GPU.
     Entry("deepseek-v3-2048-h800", 2048, "tokens_per_gpu_s", 1e12 / (180e3 * 3600), _DEEPSEEK_V3,
           "no MTP module; stage split assumed; balanced routing; leaf-spine instead of multi-plane fat tree",
-          slow="2,048 ranks x 120 micro-batches of DualPipe with EP-64 all-to-alls: ~1 min of CPU with "
+          slow="2,048 ranks x 120 micro-batches of DualPipe with EP-64 all-to-alls: ~15 s of CPU with "
                "--fidelity lockstep"),
 )
 """Every validation entry, smallest first within each source."""

@@ -25,14 +25,15 @@ def one_leaf():
 
 
 def _flows(cluster, replica_sends: str, pairs: dict[str, tuple[tuple[int, ...], tuple[int, ...]]],
-           nbytes: float = S) -> dict[str, float]:
+           nbytes: float = S, routing: str = "ecmp", sizes: dict[str, float] | None = None) -> dict[str, float]:
     """Start the sends ``name -> (srcs, dsts)`` together (one representative's send per name: its replicas'
-    pairs ``(srcs[i], dsts[i])``) and return when each ended, in seconds."""
+    pairs ``(srcs[i], dsts[i])``, ``nbytes`` each unless ``sizes`` says) and return when each ended, in
+    seconds."""
     env = simpy.Environment()
-    fabric = Fabric(env, cluster, NetworkConfig(replica_sends=replica_sends))
+    fabric = Fabric(env, cluster, NetworkConfig(replica_sends=replica_sends, routing=routing))
     ends: dict[str, float] = {}
     for name, (srcs, dsts) in pairs.items():
-        specs = fabric.replica_send_specs(srcs, dsts, nbytes)
+        specs = fabric.replica_send_specs(srcs, dsts, (sizes or {}).get(name, nbytes))
         fabric.network.start_flows(specs, "pp", lambda name=name: ends.__setitem__(name, env.now))
     env.run()
     return ends
@@ -83,6 +84,31 @@ def test_asymmetric_contention_paces_the_merged_flow_by_the_slowest_replica(one_
         assert each[name] == merged[name] == pytest.approx(latency + 3 * t, rel=1e-9)
 
 
+def test_replicas_of_unlike_routes_are_merged_by_kind():
+    # Four servers, two per leaf: 0 -> 8 stays under its leaf, 1 -> 16 crosses the spines. Under spray the
+    # second splits over 2 paths (its wire bytes are half the first's); merged with the first at unequal
+    # weights it would compete for the spine-side links as one path where its competitor (9 -> 16, 2S)
+    # competes as two. Merged, each kind runs as its own flow: exactly what one flow per pair gives.
+    cluster = leaf_spine("H100-SXM", servers=4, servers_per_leaf=2, spines=2)
+    pairs = {"rep": ((0, 1), (8, 16)), "comp": ((9,), (16,))}
+    for routing in ("ecmp", "spray"):
+        each = _flows(cluster, "each", pairs, routing=routing, sizes={"comp": 2 * S})
+        merged = _flows(cluster, "merged", pairs, routing=routing, sizes={"comp": 2 * S})
+        assert merged == pytest.approx(each, rel=1e-12), routing
+    fabric = Fabric(simpy.Environment(), cluster, NetworkConfig(routing="spray"))
+    assert len(fabric.replica_send_specs((0, 1, 2, 3), (8, 16, 9, 17), S)) == 2  # one flow per kind
+
+
+def test_replicas_inside_a_server_and_across_servers_keep_their_own_latency(one_leaf):
+    fabric = Fabric(simpy.Environment(), one_leaf)
+    specs = fabric.replica_send_specs((0, 1, 2), (3, 9, 10), S)  # 0 -> 3 over NVLink, the others over NICs
+    each = fabric.send_specs((0, 1, 2), (3, 9, 10), S)
+    assert len(specs) == 2
+    assert sorted(s[2] for s in specs) == sorted({s[2] for s in each})
+    pairs = {"rep": ((0, 1, 2), (3, 9, 10))}
+    assert _flows(one_leaf, "merged", pairs) == pytest.approx(_flows(one_leaf, "each", pairs), rel=1e-12)
+
+
 def test_analytic_model_keeps_replica_sends_apart(one_leaf):
     fabric = Fabric(simpy.Environment(), one_leaf, NetworkConfig(model="analytic"))
     assert len(fabric.replica_send_specs((0, 1), (8, 9), S)) == 2
@@ -102,6 +128,13 @@ def test_a_lockstep_step_moves_the_same_bytes_either_way():
     assert merged.summary["flows"] == each.summary["flows"] == full.summary["flows"]
     for cls, b in full.bytes_by_class.items():
         assert merged.bytes_by_class[cls] == pytest.approx(b, rel=1e-12)
+    # every GPU pair and every link carries its own bytes in the merged flow
+    for level in ("gpu", "node"):
+        assert (merged.traffic_matrix(level) - full.traffic_matrix(level)).abs().to_numpy().max() <= \
+            1e-9 * full.traffic_matrix(level).to_numpy().max()
+    link_bytes = {(u, v): b for u, v, b in zip(full.links["src"], full.links["dst"], full.links["bytes"])}
+    for u, v, b in zip(merged.links["src"], merged.links["dst"], merged.links["bytes"]):
+        assert b == pytest.approx(link_bytes[u, v], rel=1e-12, abs=1e-6)
     # symmetric: every stage's replicas cross their own NIC ports under one leaf
     assert merged.step_time == pytest.approx(each.step_time, rel=1e-12)
     assert merged.step_time == pytest.approx(full.step_time, rel=1e-9)
@@ -118,9 +151,13 @@ def test_unknown_value_is_a_one_line_error():
 def test_without_representatives_the_setting_is_reported_unused():
     doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
            "training": {"seq_len": 1024}, "network": {"replica_sends": "each"}, "fidelity": "full"}
-    assert any("network.replica_sends has no effect" in n for n in unused_settings(experiment_from_dict(doc)))
+    exp = experiment_from_dict(doc)
+    assert any("network.replica_sends has no effect" in n for n in unused_settings(exp))
+    assert not any("replica_sends" in n for n in unused_settings(exp, "lockstep"))  # run --fidelity lockstep
     doc["fidelity"] = "lockstep"
-    assert not any("replica_sends" in n for n in unused_settings(experiment_from_dict(doc)))
+    exp = experiment_from_dict(doc)
+    assert not any("replica_sends" in n for n in unused_settings(exp))
+    assert any("replica_sends" in n for n in unused_settings(exp, "full"))
 
 
 def test_engine_uses_the_merged_flow(one_leaf):

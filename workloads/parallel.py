@@ -225,8 +225,9 @@ class ParallelConfig:
         Megatron-Core's ``--overlap-param-gather`` (default False): the
         distributed optimizer's all-gather of updated parameters runs during
         the next step's forward, bucket by bucket, each layer waiting for its
-        bucket, instead of after the optimizer step. Needs ``zero: 1`` and
-        ``overlap_grad_reduce`` (Megatron asserts both).
+        bucket, instead of after the optimizer step (the routed experts'
+        buckets on a chain of their own, as Megatron-Core's expert buffers).
+        Needs ``zero: 1`` and ``overlap_grad_reduce`` (Megatron asserts both).
     align_param_gather : bool
         Megatron's ``align_param_gather`` (default True; ``--no-align-param-gather``
         turns it off): with the interleaved schedule, every pipeline stage

@@ -1540,11 +1540,11 @@ class _StepBuilder:
         sent: list[int] = []  # sends of the previous action (blocking: the next action waits for them)
         param_gather = par.overlap_param_gather and par.grad_dp > 1
         aligned = param_gather and par.schedule == "interleaved" and par.align_param_gather
-        gathers: dict[int, list[int]] = {}  # chunk -> its parameter all-gathers in gather order (overlap_param_gather)
+        # (chunk, of the experts' buffer) -> its parameter all-gathers in gather order (overlap_param_gather)
+        gathers: dict[tuple[int, bool], list[int]] = {}
         if aligned:  # Megatron dispatches chunks 0 and 1 before the first forward, the others on schedule
             for chunk in range(min(2, self.v)):
-                gathers[chunk] = self._param_gathers(rank, stage, chunk, list(range(len(self.param_buckets(
-                    stage, chunk)[0]))), [])
+                self._dispatch_param_gathers(rank, stage, chunk, [], gathers)
         forwards = 0
         outbox: list[tuple[int, PipeAction]] = []  # (index of the action after which it is sent, action)
         # Megatron's interleaved schedule with blocking transfers: batched exchanges at fixed points, each
@@ -1561,8 +1561,8 @@ class _StepBuilder:
             if aligned and a.phase == "F":
                 for chunk in range(2, self.v):
                     if (chunk - 1) * self.group - stage == forwards:
-                        gathers[chunk] = self._param_gathers(rank, stage, chunk, list(range(len(
-                            self.param_buckets(stage, chunk)[0]))), [last_op] if last_op is not None else [])
+                        self._dispatch_param_gathers(rank, stage, chunk, [last_op] if last_op is not None else [],
+                                                     gathers)
                 forwards += 1
             waits: list[list[int]] = []
             posted = [last_op] if blocking and last_op is not None else []  # recv posted on reaching the action
@@ -1685,10 +1685,8 @@ class _StepBuilder:
         norm = self._norm_all_reduce(rank, norm, stage)
         opt_id = g.compute(rank, parts=_kernels(after), name="optimizer", deps=[norm], stream=COMPUTE_STREAM,
                            category="optimizer", stage=stage)
-        if plan.step_gather:  # (what was reduced over a group of one is neither reduced nor gathered)
-            # (with overlap_param_gather the dense buckets are gathered in the next forward; the routed experts'
-            # are not modelled there and are gathered here, after the optimizer step, not overlapped)
-            pending.gather_params(opt_id, experts_only=param_gather)
+        if plan.step_gather and not param_gather:  # (with overlap_param_gather: in the next forward)
+            pending.gather_params(opt_id)  # (what was reduced over a group of one is neither reduced nor gathered)
 
     @property
     def megatron_overlap(self) -> bool:
@@ -1870,26 +1868,31 @@ class _StepBuilder:
             yield last
 
     # ------------------------------------------------- overlapped param gather
-    def param_buckets(self, stage: int, chunk: int) -> tuple[list[float], list[int], list[int]]:
+    def param_buckets(self, stage: int, chunk: int, experts: bool = False) -> tuple[list[float], list[int], list[int]]:
         """The distributed optimizer's parameter buckets of virtual stage ``(stage, chunk)`` in the order the
-        forward gathers them, against the pieces of its per-layer forward (:meth:`segments`).
+        forward gathers them, against the pieces of its per-layer forward (:meth:`segments`); ``experts``:
+        those of the routed experts' buffer (Megatron-Core keeps them in buffers of their own, with buckets
+        and a gather chain of their own: ``expert_parallel_bucket_groups``).
 
         Megatron-Core fills a model chunk's buckets of ``bucket`` parameters in backward order, so the first
         bucket the forward needs (the first layers, the embedding) is the partial one. Returns ``(sizes,
-        first, need)``: each bucket's dense parameters (one TP rank), the first piece that touches each
-        bucket (whose forward pre-hook dispatches the next bucket), and for each piece the last bucket it
-        needs (-1: none).
+        first, need)``: each bucket's parameters (one TP rank; dense, or routed experts of one EP rank), the
+        first piece that touches each bucket (whose forward pre-hook dispatches the next bucket of its
+        chain), and for each piece the last bucket it needs (-1: none).
         """
-        key = (stage, chunk)
+        key = (stage, chunk, experts)
         cached = self._param_buckets.get(key)
         if cached is not None:
             return cached
         segs = self.segments(stage, chunk, "F", True)
-        pieces = [seg.grad_bytes / self.grad_bytes for seg in segs]
-        ends = self.end_params(stage, chunk)
-        if ends:  # segments() puts them on the last piece; the forward uses the embedding first
-            pieces[-1] -= ends
-            pieces[0 if chunk * self.p + stage == 0 else -1] += ends
+        if experts:
+            pieces = [seg.expert_grad_bytes / self.grad_bytes for seg in segs]
+        else:
+            pieces = [seg.grad_bytes / self.grad_bytes for seg in segs]
+            ends = self.end_params(stage, chunk)
+            if ends:  # segments() puts them on the last piece; the forward uses the embedding first
+                pieces[-1] -= ends
+                pieces[0 if chunk * self.p + stage == 0 else -1] += ends
         edges = [0]
         for x in pieces:
             edges.append(edges[-1] + max(0, round(x)))
@@ -1905,37 +1908,61 @@ class _StepBuilder:
         out = self._param_buckets[key] = (sizes, first, need)
         return out
 
-    def _param_gathers(self, rank: int, stage: int, chunk: int, buckets: list[int], deps: list[int]) -> list[int]:
+    def _param_gathers(self, rank: int, stage: int, chunk: int, buckets: list[int], deps: list[int],
+                       experts: bool = False) -> list[int]:
         """The all-gathers of the updated parameters of ``buckets`` (gather indices) of a chunk, dispatched
         together after ``deps`` on the DP stream (class ``zero``), one collective per bucket, tagged with the
-        chunk's first layer and first micro-batch."""
-        sizes = self.param_buckets(stage, chunk)[0]
-        nbytes = self.param_gather_bytes(stage)
+        chunk's first layer and first micro-batch; ``experts``: buckets of the routed experts' buffer, over
+        the expert-DP group that reduced them."""
+        sizes = self.param_buckets(stage, chunk, experts)[0]
+        nbytes = self.param_gather_bytes(stage, experts)
         mb = next(a.micro_batch for a in self.schedules[stage] if a.phase == "F" and a.chunk == chunk)
-        group = self.layout.grad_group(rank)
+        group = self.expert_grad_group(rank) if experts else self.layout.grad_group(rank)
         layer = (self.chunk_layers(stage, chunk) or [self._end_layer(stage, chunk)])[0]
         return [self.graph.collective_op(rank, "all_gather", group, sizes[b] * nbytes, name="param_all_gather",
                                          stream="dp", deps=deps, traffic_class="zero", micro_batch=mb, stage=stage,
                                          layer=layer)
                 for b in buckets]
 
+    def _gather_chains(self, rank: int) -> tuple[bool, ...]:
+        """The buffers whose parameters ``overlap_param_gather`` gathers in the forward, as ``experts`` flags:
+        the dense one (its DP group has more than one rank, or nothing would be overlapped) and, for a MoE
+        model whose expert-DP group has more than one rank, the routed experts' (their own bucket chain)."""
+        if self.model.is_moe and len(self.expert_grad_group(rank)) > 1:
+            return (False, True)
+        return (False,)
+
+    def _dispatch_param_gathers(self, rank: int, stage: int, chunk: int, deps: list[int],
+                                gathers: dict[tuple[int, bool], list[int]]) -> None:
+        """Megatron's aligned dispatch of a chunk's parameter all-gathers (``model_chunk.start_param_sync``):
+        every bucket of each of its buffers, after ``deps``."""
+        for experts in self._gather_chains(rank):
+            buckets = list(range(len(self.param_buckets(stage, chunk, experts)[0])))
+            gathers[chunk, experts] = self._param_gathers(rank, stage, chunk, buckets, deps, experts)
+
     def _forward_after_gathers(self, rank: int, a: PipeAction, stage: int, deps: list[int],
-                               gathers: dict[int, list[int]], aligned: bool) -> int:
+                               gathers: dict[tuple[int, bool], list[int]], aligned: bool) -> int:
         """The first forward of a chunk in the step under ``overlap_param_gather``: layer by layer, each
-        waiting for its parameter bucket. Unaligned, the pre-hook of the first piece of bucket ``g`` (having
-        waited for it) dispatches bucket ``g + 1``; bucket 0 is dispatched when the forward starts. Under
-        FP8 each layer casts its weights once gathered."""
-        sizes, first, need = self.param_buckets(stage, a.chunk)
+        waiting for its parameter buckets. Unaligned, the pre-hook of the first piece of bucket ``g`` (having
+        waited for it) dispatches bucket ``g + 1`` of the same buffer; the dense bucket 0 is dispatched when
+        the forward starts, the routed experts' bucket 0 by the first piece that needs it (Megatron-Core's
+        ``finish_param_sync`` dispatches a bucket group it finds undispatched, then waits). Under FP8 each
+        layer casts its weights once gathered."""
+        chains = [(experts, self.param_buckets(stage, a.chunk, experts), gathers.setdefault((a.chunk, experts), []))
+                  for experts in self._gather_chains(rank)]
         name = f"F{a.micro_batch}.c{a.chunk}"
-        ops = gathers.setdefault(a.chunk, [])
         last = None
         for i, seg in enumerate(self.segments(stage, a.chunk, "F", True)):
-            if not aligned:
-                before = list(deps) if last is None else [last]
-                todo = ([0] if i == 0 and sizes else []) + [b + 1 for b, f in enumerate(first)
-                                                             if f == i and b + 1 < len(sizes)]
-                ops += self._param_gathers(rank, stage, a.chunk, todo, before)
-            wait = [ops[need[i]]] if need[i] >= 0 else []
+            wait = []
+            for experts, (sizes, first, need), ops in chains:
+                if not aligned:
+                    before = list(deps) if last is None else [last]
+                    start = bool(sizes) and (first[0] == i if experts else i == 0)
+                    todo = ([0] if start else []) + [b + 1 for b, f in enumerate(first)
+                                                      if f == i and b + 1 < len(sizes)]
+                    ops += self._param_gathers(rank, stage, a.chunk, todo, before, experts)
+                if need[i] >= 0:
+                    wait.append(ops[need[i]])
             if self.fp8 and seg.kernels and any(k.category == "gemm_fp8" for k in seg.kernels):
                 dense, routed = fp8_weight_params(self.model, seg.layer, self.t, self.par.ep, self.etp)
                 per_weight = 2 if self.train.fp8_param_gather else FP8_CAST_BYTES
