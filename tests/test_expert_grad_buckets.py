@@ -75,52 +75,57 @@ def test_with_overlapped_gathers_the_expert_parameters_are_gathered_all_the_same
                 pytest.approx(_bytes(plain, rank, "param_all_gather", size))
 
 
-def _gathers(result, rank: int, size: int):
-    graph, ops = result.record.graph, result.ops
-    ids = [op.id for op in graph.ops if op.rank == rank and op.name == "param_all_gather" and len(op.group) == size]
-    return ops.loc[ids].sort_values("start_s")
-
-
-@pytest.mark.parametrize("first_dense_layers", [0, 3])
+@pytest.mark.parametrize("first_dense_layers", [0, 1, 3])
 def test_overlapped_expert_gathers_run_in_the_forward_on_a_chain_of_their_own(first_dense_layers):
-    # Megatron-Core chains the expert buffers' bucket groups apart from the dense ones: the first forward
-    # pre-hook that needs an expert bucket dispatches it if nobody has (bucket 0: the first MoE layer's), waits
-    # for it and dispatches the next expert bucket. Nothing is gathered after the optimizer step.
+    # Megatron-Core chains the expert buffers' bucket groups apart from the dense ones
+    # (``next_param_gather_bucket_group`` is set per list). The forward pre-hook of a piece that needs an expert
+    # bucket finds it undispatched (bucket 0: the first MoE layer's) and dispatches it, waits for the buckets
+    # it needs, and the first piece of bucket b dispatches bucket b + 1. Nothing is gathered after the optimizer
+    # step. Checked on the graph's dependencies, worked from the bucket sizes: every MoE layer holds the same
+    # expert parameters, and buckets are consecutive in forward order.
     model = dict(MOE, first_dense_layers=first_dense_layers)
     doc = _doc(False, "1f1b", 1, pp=2, ep=2, zero=1, overlap_param_gather=True)
     doc["cluster"]["gpus_per_node"] = 8
     doc["parallel"].update(dp=4, global_batch=16, overlap_grad_reduce=True)
     doc["model"] = model
-    result = run_experiment(experiment_from_dict(doc), force=True, fidelity="full")
-    graph, ops = result.record.graph, result.ops
+    graph = run_experiment(experiment_from_dict(doc), force=True, fidelity="full").record.graph
     for rank in range(8):
-        mine = ops[ops["rank"] == rank]
-        optimizer = int(mine.index[mine["name"] == "optimizer"][0])
-        experts = _gathers(result, rank, 2)
-        dense = _gathers(result, rank, 4)
+        mine = [op for op in graph.ops if op.rank == rank]
+        optimizer = next(op.id for op in mine if op.name == "optimizer")
+        gathers = [op for op in mine if op.name == "param_all_gather"]
+        experts = [op for op in gathers if len(op.group) == 2]  # expert-DP groups of 2 (the dense DP group: 4)
+        assert all(optimizer not in op.deps for op in gathers)
         stage = rank // 4  # placement tp, dp, pp: dp innermost; 2 layers per stage
-        moe_layers = [x for x in range(2 * stage, 2 * stage + 2) if x >= first_dense_layers]
-        # 200 kB buckets on stage 0 (a MoE layer's experts fill several); Megatron does not bucket stage 1
-        assert len(dense) >= 1
-        if not moe_layers:
-            assert experts.empty
-        elif stage == 1:
-            assert len(experts) == 1
-        else:
-            assert len(experts) > 1
-        for i in list(experts.index) + list(dense.index):
-            assert optimizer not in graph.ops[i].deps
-            assert mine.loc[i, "end_s"] <= mine.loc[optimizer, "start_s"]
-        if not moe_layers:
+        layers = [x for x in range(2 * stage, 2 * stage + 2) if x >= first_dense_layers]
+        if not layers:
+            assert not experts
             continue
-        # the first forward's first MoE layer waits for expert bucket 0
-        first_moe = mine[mine["name"].str.startswith(f"F0.c0.L{moe_layers[0]}")].sort_values("start_s")
-        experts_op = first_moe[first_moe["name"].str.endswith(".experts")].iloc[0]
-        assert experts_op["start_s"] >= experts["end_s"].iloc[0]
-        if moe_layers[0] > 2 * stage:  # dense layers come first: bucket 0 is dispatched when a MoE layer needs it
-            previous = mine[mine["name"].str.startswith(f"F0.c0.L{moe_layers[0] - 1}")]
-            assert experts["start_s"].iloc[0] >= previous["end_s"].max() - 1e-15
-            assert experts["start_s"].iloc[0] > dense["start_s"].iloc[0]
+        # 200 kB buckets on stage 0 (a MoE layer's experts fill several); Megatron does not bucket stage 1
+        assert len(experts) > 1 if stage == 0 else len(experts) == 1
+        per_layer = sum(op.nbytes for op in experts) / len(layers)
+        edges = [0.0]  # where each bucket starts and ends, in bytes of the stage's experts in forward order
+        for op in experts:
+            edges.append(edges[-1] + op.nbytes)
+        forward = [op for op in mine if op.name.startswith("F0.c0.")]
+        first = {}  # layer -> its first piece's first op
+        for op in forward:
+            if op.kind == "compute" and op.name.startswith("F0.c0.L"):
+                first.setdefault(int(op.name.split(".")[2][1:]), op)
+        for k, layer in enumerate(layers):  # each MoE layer waits for the last expert bucket it needs
+            last = next(b for b in range(len(experts)) if edges[b + 1] >= (k + 1) * per_layer * (1 - 1e-12))
+            assert experts[last].id in first[layer].deps, (rank, layer)
+        # lazily, by the first MoE layer; bucket b by the first piece of bucket b - 1
+        assert set(experts[0].deps) == _dispatched_at(first[layers[0]], forward, gathers)
+        for b in range(1, len(experts)):
+            layer = layers[int(edges[b - 1] / per_layer * (1 + 1e-12))]
+            assert set(experts[b].deps) == _dispatched_at(first[layer], forward, gathers)
+
+
+def _dispatched_at(piece, forward: list, gathers: list) -> set[int]:
+    """What a forward pre-hook at ``piece`` (a piece's first op) follows: the op before it in the forward, or,
+    for the first piece, the forward's own inputs."""
+    earlier = [op.id for op in forward if op.id < piece.id]
+    return {earlier[-1]} if earlier else set(piece.deps) - {op.id for op in gathers}
 
 
 def test_fp8_expert_parameters_are_gathered_in_fp8():
@@ -138,18 +143,26 @@ def test_fp8_expert_parameters_are_gathered_in_fp8():
         assert expert == pytest.approx(0.25) and 0.25 < dense < 0.5
 
 
-def test_experts_are_gathered_when_the_dense_weights_have_no_dp():
+@pytest.mark.parametrize("overlap", [False, True])
+def test_experts_are_gathered_when_the_dense_weights_have_no_dp(overlap):
     # TP 4 with expert TP 1 and EP 2 on 4 GPUs per stage: dense DP 1, expert DP 2 (the experts' optimizer
-    # shards over 2 ranks, so their parameters come back over 2), nothing dense to reduce or gather.
-    doc = _doc(False, "1f1b", 1, pp=2, tp=4, etp=1, ep=2, zero=1, sequence_parallel=True)
+    # shards over 2 ranks, so their parameters come back over 2), nothing dense to reduce or gather. With
+    # overlap_param_gather the experts' chain runs in the forward all the same (Megatron-Core chains their
+    # bucket groups whatever the dense ones do).
+    doc = _doc(False, "1f1b", 1, pp=2, tp=4, etp=1, ep=2, zero=1, sequence_parallel=True,
+               overlap_grad_reduce=overlap, overlap_param_gather=overlap)
     doc["cluster"]["gpus_per_node"] = 8
     doc["parallel"].update(dp=1, global_batch=4)
     doc["model"] = MOE
     result = run_experiment(experiment_from_dict(doc), force=True, fidelity="full")
+    graph = result.record.graph
     for rank in range(8):
         assert _bytes(result, rank, "grad_reduce_scatter", 2) > 0
         assert _bytes(result, rank, "param_all_gather", 2) == \
             pytest.approx(_bytes(result, rank, "grad_reduce_scatter", 2) / 2)
+        optimizer = next(op.id for op in graph.ops if op.rank == rank and op.name == "optimizer")
+        after = [op for op in graph.ops if op.rank == rank and op.name == "param_all_gather" and optimizer in op.deps]
+        assert bool(after) is not overlap
 
 
 @pytest.mark.parametrize("zero_impl", ["auto", "deepspeed"])

@@ -529,7 +529,8 @@ class _StepBuilder:
         self._fp8_gemms: dict[tuple[int, int], int] = {}  # (stage, chunk) -> its FP8 GEMMs (amax entries)
         self._node_patterns: dict[tuple[int, ...], tuple[list[int], tuple[int, ...]]] = {}  # EP group -> nodes
         self._reserved: dict[tuple[int, int], tuple] = {}  # (id(kernel tuple), SMs) -> (tuple, reserved copy)
-        self._param_buckets: dict[tuple[int, int], tuple[list[float], list[int], list[int]]] = {}
+        # (stage, chunk, of the experts' buffer) -> param_buckets
+        self._param_buckets: dict[tuple[int, int, bool], tuple[list[float], list[int], list[int]]] = {}
         self.plan = sharding_plan(parallel, training.dtype, options.grad_dtype_bytes)
         self.grad_bytes = self.plan.grad_bytes
         b, s, h = parallel.micro_batch, training.seq_len, model.hidden
@@ -1538,7 +1539,7 @@ class _StepBuilder:
         blocking = self.opt.p2p == "blocking"
         started: set[int] = set()  # chunks whose first forward of the step has run (FP8 casts, param gathers)
         sent: list[int] = []  # sends of the previous action (blocking: the next action waits for them)
-        param_gather = par.overlap_param_gather and par.grad_dp > 1
+        param_gather = par.overlap_param_gather and bool(self._gather_chains(rank))
         aligned = param_gather and par.schedule == "interleaved" and par.align_param_gather
         # (chunk, of the experts' buffer) -> its parameter all-gathers in gather order (overlap_param_gather)
         gathers: dict[tuple[int, bool], list[int]] = {}
@@ -1925,12 +1926,12 @@ class _StepBuilder:
                 for b in buckets]
 
     def _gather_chains(self, rank: int) -> tuple[bool, ...]:
-        """The buffers whose parameters ``overlap_param_gather`` gathers in the forward, as ``experts`` flags:
-        the dense one (its DP group has more than one rank, or nothing would be overlapped) and, for a MoE
-        model whose expert-DP group has more than one rank, the routed experts' (their own bucket chain)."""
-        if self.model.is_moe and len(self.expert_grad_group(rank)) > 1:
-            return (False, True)
-        return (False,)
+        """The buffers whose parameters ``overlap_param_gather`` gathers in the forward, as ``experts`` flags,
+        each on a bucket chain of its own: the dense one where its DP group has more than one rank and, for a
+        MoE model whose expert-DP group has more than one rank, the routed experts' (a buffer sharded over one
+        rank is neither reduced nor gathered)."""
+        dense = (False,) if self.par.grad_dp > 1 else ()
+        return dense + ((True,) if self.model.is_moe and len(self.expert_grad_group(rank)) > 1 else ())
 
     def _dispatch_param_gathers(self, rank: int, stage: int, chunk: int, deps: list[int],
                                 gathers: dict[tuple[int, bool], list[int]]) -> None:
@@ -2211,14 +2212,12 @@ class _Buckets:
         emit(dense, [after])
         emit(expert_bytes, [after], experts=True)
 
-    def gather_params(self, after: int, experts_only: bool = False) -> None:
+    def gather_params(self, after: int) -> None:
         """ZeRO-1/2: all-gather the updated 16-bit (FP8, with ``fp8_param_gather``) parameters of every
         reduced bucket, over the group that reduced it (the routed experts' too: the distributed optimizer
-        shards them over the expert-DP group); ``experts_only``: the expert-DP groups' buckets only."""
+        shards them over the expert-DP group)."""
         ratios = [self.b.param_gather_bytes(self.stage, experts) / self.b.grad_bytes for experts in (False, True)]
         for (experts, nbytes), count in self.reduced.items():
-            if experts_only and not experts:
-                continue
             group = self.expert_group if experts else self.group
             self.b.graph.collective_op(self.rank, "all_gather", group, nbytes * ratios[experts],
                                        name="param_all_gather",
