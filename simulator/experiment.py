@@ -70,7 +70,8 @@ FIDELITIES = ("fast", "full", "lockstep")
 """Simulation fidelity. ``full`` simulates every rank's program. ``fast`` (default) simulates one
 representative per TP group — the members of a TP group run identical programs in lockstep — while the
 network still carries every member's flows (each DP/PP flow and collective is replayed once per member,
-TP collectives run over the real group), so link loads and contention are those of the full run. The two
+TP collectives run over the real group; a send's replicas of one kind run as one flow over all their routes
+unless ``network.replica_sends: each``), so link loads and contention are those of the full run. The two
 agree on step time within 2% (``tests/test_fidelity.py``). ``lockstep`` goes further: one
 representative per pipeline stage (and EP index, for MoE models unless ``moe.routing: balanced`` gives every
 EP rank one program) stands for its whole DP x TP block (expert-DP x TP), so DP replicas advance in lockstep,
@@ -405,8 +406,9 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
         notes.append(f"compute.fp8_matmul_efficiency has no effect with dtype: {exp.training.dtype} "
                      f"(training.dtype: fp8 reads it)")
     if given("network", "replica_sends") and (fidelity == "full" or exp.network.model != "flow"):
-        notes.append("network.replica_sends has no effect with fidelity: full or network.model: analytic (it is "
-                     "how the sends of a representative's replicas run on the flow model)")
+        why = "the top-level fidelity: full" if fidelity == "full" else "network.model: analytic"
+        notes.append(f"network.replica_sends has no effect with {why} (it is how the sends of a representative's "
+                     f"replicas run on the flow model, in fidelity fast or lockstep)")
     if given("network", "all_to_all") and not model.is_moe and not (par.cp > 1 and par.cp_comm_type == "a2a"):
         notes.append("network.all_to_all has no effect: this layout runs no all-to-all (MoE experts or "
                      "cp_comm_type: a2a do)")

@@ -103,9 +103,10 @@ class NetworkConfig:
         routing (under spray: grouped).
     replica_sends : str
         How the sends of a representative rank (``fidelity: fast`` or
-        ``lockstep``) run: one send stands for one per replica it stands for
-        (TP members, DP replicas), all started at the same instant, and the
-        representative goes on when the last has arrived. ``"merged"``
+        ``lockstep``) run: a representative's send stands for one send per
+        replica (its TP members; in ``lockstep`` its DP × TP block), all
+        started at the same instant, and the representative goes on when the
+        last has arrived. ``"merged"``
         (default, flow model only): those of equal wire bytes and latency
         (every pair across servers, say) run as one flow over all their
         routes (a link crossed by ``j`` of them carries ``j`` times its
@@ -827,9 +828,10 @@ class Fabric:
 
     def replica_send_specs(self, srcs: tuple[int, ...], dsts: tuple[int, ...], nbytes: float) -> tuple[tuple, ...]:
         """The flows of a representative's send that stands for the sends ``(srcs[i], dsts[i])`` of its
-        replicas: :meth:`send_specs`, those with equal wire bytes and latency merged into one flow under
-        ``replica_sends: merged`` on the flow model (:meth:`group`: every replica's links, each moving its own
-        ``nbytes``, all at one rate; see :class:`NetworkConfig`). The contention-free model keeps them apart:
+        replicas, ``nbytes`` of payload each (connection label 0, as every pipeline send): :meth:`send_specs`,
+        those with equal wire bytes and latency merged into one flow under ``replica_sends: merged`` on the flow
+        model (:meth:`group`: every replica's links, each moving its own ``nbytes``, all at one rate; see
+        :class:`NetworkConfig`). The contention-free model keeps them apart:
         a merged flow would make the replicas share links that the analytic model lets each of them use in
         full."""
         specs = self.send_specs(srcs, dsts, nbytes)

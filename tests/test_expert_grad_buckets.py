@@ -75,6 +75,16 @@ def test_with_overlapped_gathers_the_expert_parameters_are_gathered_all_the_same
                 pytest.approx(_bytes(plain, rank, "param_all_gather", size))
 
 
+def _overlapped_graph(model: dict, schedule: str = "1f1b", chunks: int = 1):
+    """The op graph (``full``) of ``model`` on pp 2 x dp 4 with EP 2 (expert-DP groups of 2), ZeRO-1 with both
+    of Megatron's overlaps on."""
+    doc = _doc(False, schedule, chunks, pp=2, ep=2, zero=1, overlap_param_gather=True)
+    doc["cluster"]["gpus_per_node"] = 8
+    doc["parallel"].update(dp=4, global_batch=16, overlap_grad_reduce=True)
+    doc["model"] = model
+    return run_experiment(experiment_from_dict(doc), force=True, fidelity="full").record.graph
+
+
 @pytest.mark.parametrize("first_dense_layers", [0, 1, 3])
 def test_overlapped_expert_gathers_run_in_the_forward_on_a_chain_of_their_own(first_dense_layers):
     # Megatron-Core chains the expert buffers' bucket groups apart from the dense ones
@@ -83,12 +93,7 @@ def test_overlapped_expert_gathers_run_in_the_forward_on_a_chain_of_their_own(fi
     # it needs, and the first piece of bucket b dispatches bucket b + 1. Nothing is gathered after the optimizer
     # step. Checked on the graph's dependencies, worked from the bucket sizes: every MoE layer holds the same
     # expert parameters, and buckets are consecutive in forward order.
-    model = dict(MOE, first_dense_layers=first_dense_layers)
-    doc = _doc(False, "1f1b", 1, pp=2, ep=2, zero=1, overlap_param_gather=True)
-    doc["cluster"]["gpus_per_node"] = 8
-    doc["parallel"].update(dp=4, global_batch=16, overlap_grad_reduce=True)
-    doc["model"] = model
-    graph = run_experiment(experiment_from_dict(doc), force=True, fidelity="full").record.graph
+    graph = _overlapped_graph(dict(MOE, first_dense_layers=first_dense_layers))
     for rank in range(8):
         mine = [op for op in graph.ops if op.rank == rank]
         optimizer = next(op.id for op in mine if op.name == "optimizer")
@@ -161,8 +166,24 @@ def test_experts_are_gathered_when_the_dense_weights_have_no_dp(overlap):
         assert _bytes(result, rank, "param_all_gather", 2) == \
             pytest.approx(_bytes(result, rank, "grad_reduce_scatter", 2) / 2)
         optimizer = next(op.id for op in graph.ops if op.rank == rank and op.name == "optimizer")
-        after = [op for op in graph.ops if op.rank == rank and op.name == "param_all_gather" and optimizer in op.deps]
-        assert bool(after) is not overlap
+        gathers = [op for op in graph.ops if op.rank == rank and op.name == "param_all_gather"]
+        assert bool([op for op in gathers if optimizer in op.deps]) is not overlap
+        waited = {d for op in graph.ops if op.rank == rank and op.name.startswith("F0.") for d in op.deps}
+        assert bool(waited & {op.id for op in gathers}) is overlap  # the forward waits for them
+
+
+def test_aligned_dispatch_sends_both_buffers_buckets_before_the_first_forward():
+    # Interleaved, align_param_gather (Megatron's default): model_chunk.start_param_sync dispatches every bucket
+    # group of chunks 0 and 1, dense and expert, before the first forward. 4 MoE layers on pp 2 x 2 chunks: one
+    # layer per chunk, stage s holds layers s and s + 2.
+    graph = _overlapped_graph(MOE, "interleaved", 2)
+    for rank in range(8):
+        gathers = [op for op in graph.ops if op.rank == rank and op.name == "param_all_gather"]
+        stage = rank // 4
+        for size in (2, 4):  # the expert-DP group and the dense DP group
+            mine = [op for op in gathers if len(op.group) == size]
+            assert mine and all(not op.deps for op in mine)
+            assert {op.layer for op in mine} == {stage, stage + 2}
 
 
 @pytest.mark.parametrize("zero_impl", ["auto", "deepspeed"])

@@ -125,6 +125,7 @@ def test_a_lockstep_step_moves_the_same_bytes_either_way():
         runs[mode] = run_experiment(exp, fidelity="lockstep")
     full = run_experiment(experiment_from_dict(doc), fidelity="full")
     merged, each = runs["merged"], runs["each"]
+    assert merged.record.fabric.network.flows_started < each.record.fabric.network.flows_started  # it merged
     assert merged.summary["flows"] == each.summary["flows"] == full.summary["flows"]
     for cls, b in full.bytes_by_class.items():
         assert merged.bytes_by_class[cls] == pytest.approx(b, rel=1e-12)

@@ -1877,7 +1877,8 @@ class _StepBuilder:
 
         Megatron-Core fills a model chunk's buckets of ``bucket`` parameters in backward order, so the first
         bucket the forward needs (the first layers, the embedding) is the partial one. Returns ``(sizes,
-        first, need)``: each bucket's parameters (one TP rank; dense, or routed experts of one EP rank), the
+        first, need)``: each bucket's parameter count (of one TP rank; dense, or the routed experts of one EP
+        × expert-TP rank), the
         first piece that touches each bucket (whose forward pre-hook dispatches the next bucket of its
         chain), and for each piece the last bucket it needs (-1: none).
         """
@@ -1945,10 +1946,10 @@ class _StepBuilder:
                                gathers: dict[tuple[int, bool], list[int]], aligned: bool) -> int:
         """The first forward of a chunk in the step under ``overlap_param_gather``: layer by layer, each
         waiting for its parameter buckets. Unaligned, the pre-hook of the first piece of bucket ``g`` (having
-        waited for it) dispatches bucket ``g + 1`` of the same buffer; the dense bucket 0 is dispatched when
-        the forward starts, the routed experts' bucket 0 by the first piece that needs it (Megatron-Core's
-        ``finish_param_sync`` dispatches a bucket group it finds undispatched, then waits). Under FP8 each
-        layer casts its weights once gathered."""
+        waited for it) dispatches bucket ``g + 1`` of the same buffer; each buffer's bucket 0 is dispatched
+        by the first piece that needs it (Megatron-Core's ``finish_param_sync`` dispatches a bucket group it
+        finds undispatched, then waits: the dense one at the forward's first piece, the routed experts' at
+        the first MoE layer). Under FP8 each layer casts its weights once gathered."""
         chains = [(experts, self.param_buckets(stage, a.chunk, experts), gathers.setdefault((a.chunk, experts), []))
                   for experts in self._gather_chains(rank)]
         name = f"F{a.micro_batch}.c{a.chunk}"
@@ -1958,7 +1959,7 @@ class _StepBuilder:
             for experts, (sizes, first, need), ops in chains:
                 if not aligned:
                     before = list(deps) if last is None else [last]
-                    start = bool(sizes) and (first[0] == i if experts else i == 0)
+                    start = bool(sizes) and first[0] == i
                     todo = ([0] if start else []) + [b + 1 for b, f in enumerate(first)
                                                       if f == i and b + 1 < len(sizes)]
                     ops += self._param_gathers(rank, stage, a.chunk, todo, before, experts)
