@@ -106,11 +106,10 @@ class NetworkConfig:
         ``lockstep``) run: a representative's send stands for one send per
         replica (its TP members; in ``lockstep`` its DP × TP block), all
         started at the same instant, and the representative goes on when the
-        last has arrived. ``"merged"``
-        (default, flow model only): those of equal wire bytes and latency
-        (every pair across servers, say) run as one flow over all their
-        routes (a link crossed by ``j`` of them carries ``j`` times its
-        rate), at the pace of the most constrained: equal to ``"each"``
+        last has arrived. ``"merged"`` (default, flow model only): those of
+        equal wire bytes and latency (every pair across servers, say) run as
+        one flow over all their routes (a link crossed by ``j`` of them
+        carries ``j`` times its rate), at the pace of the most constrained: equal to ``"each"``
         where the replicas see the same contention (a symmetric fabric);
         where they do not, the representative still waits for the slowest
         but the faster replicas' sends hold their links longer at a lower
@@ -831,9 +830,8 @@ class Fabric:
         replicas, ``nbytes`` of payload each (connection label 0, as every pipeline send): :meth:`send_specs`,
         those with equal wire bytes and latency merged into one flow under ``replica_sends: merged`` on the flow
         model (:meth:`group`: every replica's links, each moving its own ``nbytes``, all at one rate; see
-        :class:`NetworkConfig`). The contention-free model keeps them apart:
-        a merged flow would make the replicas share links that the analytic model lets each of them use in
-        full."""
+        :class:`NetworkConfig`). The contention-free model keeps them apart: a merged flow would make the
+        replicas share links that the analytic model lets each of them use in full."""
         specs = self.send_specs(srcs, dsts, nbytes)
         if len(specs) > 1 and self.config.replica_sends == "merged" and self.config.model == "flow":
             # replicas of equal wire bytes and latency only (a pair on NVLink and one across servers, or under

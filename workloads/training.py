@@ -1877,10 +1877,9 @@ class _StepBuilder:
 
         Megatron-Core fills a model chunk's buckets of ``bucket`` parameters in backward order, so the first
         bucket the forward needs (the first layers, the embedding) is the partial one. Returns ``(sizes,
-        first, need)``: each bucket's parameter count (of one TP rank; dense, or the routed experts of one EP
-        × expert-TP rank), the
-        first piece that touches each bucket (whose forward pre-hook dispatches the next bucket of its
-        chain), and for each piece the last bucket it needs (-1: none).
+        first, need)``: each bucket's parameter count (of one TP rank; dense, or the routed experts of one
+        EP × expert-TP rank), the first piece that touches each bucket (whose forward pre-hook dispatches the
+        next bucket of its chain), and for each piece the last bucket it needs (-1: none).
         """
         key = (stage, chunk, experts)
         cached = self._param_buckets.get(key)
@@ -1919,7 +1918,7 @@ class _StepBuilder:
         sizes = self.param_buckets(stage, chunk, experts)[0]
         nbytes = self.param_gather_bytes(stage, experts)
         mb = next(a.micro_batch for a in self.schedules[stage] if a.phase == "F" and a.chunk == chunk)
-        group = self.expert_grad_group(rank) if experts else self.layout.grad_group(rank)
+        group = self.expert_grad_group(rank) if experts else self.grad_group(rank)  # (the groups _Buckets reduced)
         layer = (self.chunk_layers(stage, chunk) or [self._end_layer(stage, chunk)])[0]
         return [self.graph.collective_op(rank, "all_gather", group, sizes[b] * nbytes, name="param_all_gather",
                                          stream="dp", deps=deps, traffic_class="zero", micro_batch=mb, stage=stage,
