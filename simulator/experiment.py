@@ -405,8 +405,12 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
     if given("compute", "fp8_matmul_efficiency") and exp.training.dtype != "fp8":
         notes.append(f"compute.fp8_matmul_efficiency has no effect with dtype: {exp.training.dtype} "
                      f"(training.dtype: fp8 reads it)")
-    if given("network", "replica_sends") and (fidelity == "full" or exp.network.model != "flow"):
-        why = "the top-level fidelity: full" if fidelity == "full" else "network.model: analytic"
+    replicas = {"fast": par.tp, "lockstep": par.tp * par.dp}.get(fidelity, 1)  # ranks a representative stands for
+    if given("network", "replica_sends") and (replicas == 1 or exp.network.model != "flow"):
+        why = ("network.model: analytic" if fidelity != "full" and replicas > 1 else
+               "the top-level fidelity: full" if fidelity == "full" else
+               f"fidelity {fidelity} at tp {par.tp}" + (f", dp {par.dp}" if fidelity == "lockstep" else "")
+               + " (no representative stands for other ranks)")
         notes.append(f"network.replica_sends has no effect with {why} (it is how the sends of a representative's "
                      f"replicas run on the flow model, in fidelity fast or lockstep)")
     if given("network", "all_to_all") and not model.is_moe and not (par.cp > 1 and par.cp_comm_type == "a2a"):

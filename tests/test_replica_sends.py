@@ -159,6 +159,15 @@ def test_without_representatives_the_setting_is_reported_unused():
     exp = experiment_from_dict(doc)
     assert not any("replica_sends" in n for n in unused_settings(exp))
     assert any("replica_sends" in n for n in unused_settings(exp, "full"))
+    # fast stands a representative for its TP members only: at TP 1 there are no replicas to send for
+    doc["fidelity"] = "fast"
+    doc["parallel"] = {"tp": 1, "dp": 8}
+    notes = [n for n in unused_settings(experiment_from_dict(doc)) if "replica_sends" in n]
+    assert len(notes) == 1 and "fidelity fast at tp 1" in notes[0]
+    one_gpu = {**doc, "cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 1}, "parallel": {"dp": 1}}
+    assert any("replica_sends" in n for n in unused_settings(experiment_from_dict(one_gpu), "lockstep"))
+    doc["parallel"] = {"tp": 2, "dp": 4}
+    assert not any("replica_sends" in n for n in unused_settings(experiment_from_dict(doc)))
 
 
 def test_engine_uses_the_merged_flow(one_leaf):
