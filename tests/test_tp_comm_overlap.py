@@ -143,6 +143,21 @@ def test_without_overlap_the_same_buffers_move(recompute, per_buffer):
     assert r.bytes_by_class["tp"] == pytest.approx(MODEL["layers"] * m * per_buffer * (tp - 1) * S * H * 2)
 
 
+@pytest.mark.parametrize("cp_comm_type", ["p2p", "all_gather", "a2a"])
+def test_context_parallel_layers_re_gather_too(cp_comm_type):
+    # A CP layer's backward re-gathers its column-parallel inputs like any other (their b s/cp h share): the
+    # same 10 buffers per layer, each 1/cp of the sequence.
+    tp, cp, m = 2, 2, 2
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": tp * cp}, "model": MODEL,
+           "parallel": {"tp": tp, "cp": cp, "cp_comm_type": cp_comm_type, "sequence_parallel": True,
+                        "global_batch": m},
+           "training": {"seq_len": S}, "options": {"granularity": "layer", "embedding_and_loss": False}}
+    r = run_experiment(experiment_from_dict(doc), fidelity="full", force=True)
+    assert r.bytes_by_class["tp"] == pytest.approx(MODEL["layers"] * m * 10 * (tp - 1) * S // cp * H * 2 * cp)
+    regathers = r.ops[r.ops["name"].str.endswith(".tp_regather")]
+    assert len(regathers) == MODEL["layers"] * m * tp * cp and set(regathers["stream"]) == {"tp_regather"}
+
+
 def test_overlap_runs_the_same_flops_and_hides_tp_time():
     on, off = _run(tp=8), _run(False, tp=8)
     assert on.summary["executed_flops_per_step"] == pytest.approx(off.summary["executed_flops_per_step"])

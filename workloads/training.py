@@ -70,8 +70,8 @@ Tensor parallel
     ``LinearWithGradAccumulationAndAsyncCommunication``, TE's ``Linear``):
     2 more all-gathers per layer and backward on stream ``tp_regather``,
     which the pass's blocking TP collectives wait for; 10 buffers per layer
-    in all, as with the overlap. Not added to MoE and CP layers' passes
-    (their own emitters), nor their SM cost.
+    in all, as with the overlap. Context-parallel layers run them too (their
+    ``b s/cp h`` share); MoE layers' passes do not (their own emitter).
 TP communication overlap (``parallel.tp_comm_overlap``; Transformer Engine userbuffers, SP only)
     The layers' SP collectives are overlapped with their GEMMs by TE's
     default method per GEMM (:data:`UB_METHODS`): a ring exchange cuts the
@@ -733,7 +733,7 @@ class _StepBuilder:
                 segs.append(_Segment(kernels, {} if ub else self._layer_tp_counts(i, phase), i,
                                      grads[i][0] * gb, grads[i][1] * gb, moe=moe,
                                      recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None,
-                                     regather=self._regathers(1, phase) if moe is None and self.cp == 1 else 0,
+                                     regather=self._regathers(1, phase) if moe is None else 0,
                                      expert_w=None if ub else self._expert_wgrads(i, phase, kernels)))
             if head:
                 segs.insert(0, _Segment(head, {}, at[0]))
@@ -1401,6 +1401,7 @@ class _StepBuilder:
             kv_bytes = float(b * s * (kw + vw)) / t * d
         again = seg.recompute or (False,) * len(seg.kernels)
         buf: list[Kernel] = []
+        regather = self._regather_op(rank, seg, deps, name, mb, stage)
         state = {"last": None, "pending": list(deps), "recompute": False, "n": 0}
 
         def compute(parts: list[Kernel], recompute: bool, extra: Sequence[int] = ()) -> int:
@@ -1467,7 +1468,7 @@ class _StepBuilder:
         last = state["last"]
         if state["pending"]:  # the layer ended at a communication op: nothing after it on this stream yet
             last = state["pending"][-1]
-        return self._emit_tp(rank, seg, name, last, mb, stage)
+        return self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
 
     def emit_segment(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
         g = self.graph
@@ -1483,12 +1484,7 @@ class _StepBuilder:
             seg.parts = _kernels([k for k, r in zip(seg.kernels, again) if not r])
         tags = {"stream": COMPUTE_STREAM, "category": "gemm", "layer": seg.layer, "micro_batch": mb, "stage": stage}
         last = None
-        regather = None
-        if seg.regather:  # beside the pass's compute, from its start; the pass's TP collectives wait for it
-            regather = g.collective_op(rank, "all_gather", self._tp_group(rank), self.tp_bytes,
-                                       name=f"{name}.tp_regather", stream=REGATHER_STREAM, deps=deps,
-                                       count=seg.regather, traffic_class="tp", layer=seg.layer, micro_batch=mb,
-                                       stage=stage)
+        regather = self._regather_op(rank, seg, deps, name, mb, stage)
         if seg.recompute_parts:
             # Recomputed forward kernels first, as their own op ("R…"), so timelines can tell them apart.
             last = g.compute(rank, parts=seg.recompute_parts, name=RECOMPUTE_PHASE + name[1:], deps=deps, **tags)
@@ -1500,7 +1496,18 @@ class _StepBuilder:
             parts = before + self._expert_parts(balanced, load) + after
         if parts or last is None:
             last = g.compute(rank, parts=parts, name=name, deps=deps, **tags)
-        return self._emit_tp(rank, seg, name, last, mb, stage, after=(regather,) if regather is not None else ())
+        return self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
+
+    def _regather_op(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> tuple:
+        """The backward's re-gathers of the pass (``seg.regather`` all-gathers, :meth:`_regathers`) as one op
+        beside its compute from its start, on their own stream; ``()`` when it has none. The pass's blocking TP
+        collectives wait for it (:meth:`_emit_tp`'s ``after``)."""
+        if not seg.regather:
+            return ()
+        return (self.graph.collective_op(rank, "all_gather", self._tp_group(rank), self.tp_bytes,
+                                         name=f"{name}.tp_regather", stream=REGATHER_STREAM, deps=deps,
+                                         count=seg.regather, traffic_class="tp", layer=seg.layer, micro_batch=mb,
+                                         stage=stage),)
 
     def build_rank(self, rank: int) -> None:
         g, par, lay = self.graph, self.par, self.layout
