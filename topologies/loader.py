@@ -289,9 +289,11 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
     nvlink_bw = _bandwidth(merged["nvlink_bandwidth"], "nvlink_bandwidth")
     nic_bw = _bandwidth(merged["nic_bandwidth"], "nic_bandwidth")
     pcie_bw = _bandwidth(merged["pcie_bandwidth"], "pcie_bandwidth")
-    nvlink_lat = parse_time(merged["nvlink_latency"], "cluster.nvlink_latency")
-    nic_lat = parse_time(merged["nic_latency"], "cluster.nic_latency")
-    switch_lat = parse_time(merged["switch_latency"], "cluster.switch_latency")
+    # Checked here (errors name the cluster section's fields); the builders parse the values as written, since
+    # seconds as a bare number over BARE_TIME_MAX read as a missing unit
+    for field in ("nvlink_latency", "nic_latency", "switch_latency"):
+        parse_time(merged[field], f"cluster.{field}")
+    nvlink_lat, nic_lat, switch_lat = merged["nvlink_latency"], merged["nic_latency"], merged["switch_latency"]
 
     common = dict(gpu=gpu, servers=nodes, gpus_per_server=gpus_per_node, servers_per_leaf=nodes_per_leaf,
                   spines=spines, nic_bandwidth=nic_bw, nvlink_bandwidth=nvlink_bw,
