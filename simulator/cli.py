@@ -463,7 +463,16 @@ def _sweep():
                        help="rewrite --output every SECONDS while the sweep runs (default 30)")
 
     def run(args: argparse.Namespace) -> int:
-        from .sweeps import FIDELITIES, SCREEN, SweepInterrupted, counts_line, parse_grid_arg, sweep, top_table
+        from .sweeps import (
+            FIDELITIES,
+            SCREEN,
+            SweepInterrupted,
+            counts_line,
+            parse_grid_arg,
+            reasons_lines,
+            sweep,
+            top_table,
+        )
         from .sweeps.columns import check_metric
         from .sweeps.driver import CHECKPOINT_S
         if args.metric is not None:
@@ -501,6 +510,12 @@ def _sweep():
         if args.top:
             print(top_table(table, args.top))
         print(counts_line(table) + (f"; written to {args.output}" if args.output else ""))
+        statuses = set(table["status"]) if len(table) else set()
+        if "ok" not in statuses:  # say why nothing is feasible; nothing simulated at all is an error
+            for line in reasons_lines(table):
+                print(f"clustersim: {line}", file=sys.stderr)
+            if statuses <= {"invalid", "failed"}:
+                return 2
         return 0
 
     return configure, run

@@ -228,6 +228,19 @@ def test_cli_bad_inputs_exit_nonzero_with_one_line(tmp_path, capsys, argv, messa
     assert message in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_sweep_without_a_runnable_point_says_why_and_fails(tmp_path, capsys):
+    rc = main(["sweep", _write(tmp_path, BASE), "--grid", "parallel.tp=a,0", "--jobs", "1", "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 2 and "2 points: 0 ok, 2 invalid" in captured.out
+    reasons = [line for line in captured.err.splitlines() if line.startswith("clustersim: 1 invalid: parallel.tp:")]
+    assert len(reasons) == 2 and any("'a'" in line for line in reasons)
+    # every point out of memory: a result (exit 0), and the reason is printed
+    rc = main(["sweep", _write(tmp_path, {**BASE, "model": {"preset": "gpt3-175b"}}), "--grid", "parallel.tp=1",
+               "--jobs", "1", "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 0 and "0 ok" in captured.out and "clustersim: 1 oom:" in captured.err
+
+
 def test_example_acceptance_file_expands_to_all_layouts():
     doc = sw.read_experiment_file("examples/sweep-gpt3-1024.yaml")
     settings = sw.sweep_settings(doc)

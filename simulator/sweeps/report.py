@@ -43,6 +43,34 @@ def counts_line(df: pd.DataFrame) -> str:
     return f"{len(df)} points: " + ", ".join(f"{n} {s}" for s, n in counts.items())
 
 
+def reasons_lines(df: pd.DataFrame, limit: int = 5) -> list[str]:
+    """Why the points that did not run ended as they did: one line per distinct reason of the ``invalid``,
+    ``failed`` and ``oom`` rows, most frequent first (at most ``limit``, then how many more), each with its
+    status and count, e.g. ``2 invalid: parallel.tp: must be a positive integer, got 'a'``.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        A sweep table.
+    limit : int
+        Distinct reasons shown.
+
+    Returns
+    -------
+    list of str
+        Empty when every point is ``ok``.
+    """
+    rest = df[df["status"] != "ok"]
+    if rest.empty:
+        return []
+    groups = rest.groupby(["status", rest["reason"].fillna("").astype(str)], sort=False).size()
+    groups = groups.sort_values(ascending=False, kind="stable")
+    lines = [f"{n} {status}: {reason or '(no reason recorded)'}" for (status, reason), n in groups.head(limit).items()]
+    if len(groups) > limit:
+        lines.append(f"... and {len(groups) - limit} more reasons (the table's reason column)")
+    return lines
+
+
 def top_table(df: pd.DataFrame, k: int, metric: str | None = None) -> str:
     """The best ``k`` feasible rows as a text table: rank, swept parameters and the headline metrics.
 
