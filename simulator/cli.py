@@ -53,8 +53,8 @@ def check_writable(path: str | None, flag: str) -> None:
 
 
 def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8) -> Cluster:
-    """``spec`` is a preset name, a YAML file or a GraphML topology; with no spec, a DGX-H100 leaf-spine big
-    enough for ``min_gpus``."""
+    """``spec`` is a preset name, ``PRESET:NODES``, a YAML file or a GraphML topology; with no spec, a DGX-H100
+    leaf-spine big enough for ``min_gpus``."""
     if spec is None:
         nodes = max(1, math.ceil(min_gpus / gpus_per_node))
         return build_cluster({"preset": "dgx-h100", "nodes": nodes})
@@ -64,6 +64,11 @@ def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8) -> 
             print(f"clustersim: note: {spec}'s faults: section is not applied here: this is the healthy fabric "
                   f"(clustersim run simulates the faults)", file=sys.stderr)
         return cluster
+    preset, sep, nodes = spec.partition(":")
+    if sep:  # PRESET:NODES, as run --chakra --cluster takes it
+        if not nodes.strip().isdigit():
+            raise ValueError(f"--cluster: {spec!r}: NODES must be an integer, as in dgx-h100:4")
+        return build_cluster({"preset": preset, "nodes": int(nodes)})
     return build_cluster({"preset": spec})
 
 
@@ -126,7 +131,8 @@ def _collective():
         p.add_argument("--min-size", default="1MiB", help="smallest size, e.g. 1MiB (default)")
         p.add_argument("--max-size", default="1GiB", help="largest size, e.g. 8GiB (default 1GiB)")
         p.add_argument("--step-factor", type=float, default=2.0, help="size multiplier between rows (default 2)")
-        p.add_argument("--cluster", help="preset name or cluster YAML (default: DGX-H100 nodes, as many as needed)")
+        p.add_argument("--cluster", help="preset name, PRESET:NODES or cluster YAML (default: DGX-H100 nodes, as many "
+                                          "as needed)")
         p.add_argument("--algo", default="auto", help=f"one of: {', '.join(COLLECTIVE_ALGORITHMS)}")
         p.add_argument("--fidelity", default="fast", choices=("fast", "full"))
         p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")

@@ -69,6 +69,10 @@ from .gemm import K_OVERHEAD, GemmModel, times
 _DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
+MIN_EFFICIENCY = 0.01
+"""Smallest efficiency knob accepted (a fraction of a peak: ``compute.*_efficiency``,
+``network.bandwidth_efficiency``). Below 1% a knob describes no working GPU or link; a typo such as ``1e-9``
+would otherwise give a step of days without a word."""
 _MAX_OP_OVERHEAD_S = 1e-3
 """Largest ``op_overhead_s``: a millisecond per op is 1,000 kernel launches; above it is a slip of unit
 (``1e9`` printed a step of 754,000,000,000 s)."""
@@ -152,8 +156,9 @@ class ComputeModel:
         for name in ("matmul_efficiency", "fp8_matmul_efficiency", "attention_efficiency", "memory_efficiency",
                      "score_memory_efficiency"):
             v = getattr(self, name)
-            if v is not None and not (isinstance(v, (int, float)) and 0 < v <= 1):
-                raise ValueError(f"compute.{name}: must be a number in (0, 1], got {v!r}")
+            if v is not None and not (isinstance(v, (int, float)) and MIN_EFFICIENCY <= v <= 1):
+                raise ValueError(f"compute.{name}: must be a fraction of the peak in [{MIN_EFFICIENCY:g}, 1], "
+                                 f"got {v!r}")
         if not (isinstance(self.op_overhead_s, (int, float)) and 0 <= self.op_overhead_s <= _MAX_OP_OVERHEAD_S):
             raise ValueError(f"compute.op_overhead_s: must be a finite number of seconds in "
                              f"[0, {_MAX_OP_OVERHEAD_S:g}] (a kernel launch is ~1e-6), got {self.op_overhead_s!r}")

@@ -191,7 +191,7 @@ def _network_from_dict(section: Mapping) -> NetworkConfig:
         if isinstance(eff, Mapping):
             eff = dict(eff)
         elif isinstance(eff, bool) or not isinstance(eff, (int, float)):
-            raise ConfigError(f"network.bandwidth_efficiency: must be a number in (0, 1] or a mapping "
+            raise ConfigError(f"network.bandwidth_efficiency: must be a number in [0.01, 1] or a mapping "
                               f"{{tier: number}}, got {eff!r}")
         kwargs["bandwidth_efficiency"] = eff
     if "seed" in section:
@@ -218,7 +218,7 @@ def _compute_from_dict(section: Mapping) -> dict:
         raise ConfigError(f"compute.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
     for k, v in section.items():
         if k == "attention_kernel":
-            if not isinstance(v, str):
+            if not isinstance(v, str) or not v.strip():
                 raise ConfigError(f"compute.attention_kernel: must be a kernel name (fa2, fa3, cudnn), got {v!r}")
         elif isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ConfigError(f"compute.{k}: must be a number, got {v!r}")
@@ -413,6 +413,22 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
                + " (no representative stands for other ranks)")
         notes.append(f"network.replica_sends has no effect with {why} (it is how the sends of a representative's "
                      f"replicas run on the flow model, in fidelity fast or lockstep)")
+    fabric = exp.cluster.params.get("fabric")
+    if given("cluster", "core_oversubscription") and fabric != "fat_tree":
+        notes.append(f"cluster.core_oversubscription has no effect with fabric {fabric or '(a topology file)'} "
+                     f"(only fat_tree has a core tier)")
+    efficiency = (raw.get("network") or {}).get("bandwidth_efficiency") if isinstance(raw.get("network"), Mapping) \
+        else None
+    if isinstance(efficiency, Mapping):
+        present = {tier for _u, _v, tier in exp.cluster.graph.edges(data="tier")}
+        for tier in efficiency:
+            if tier not in present:
+                notes.append(f"network.bandwidth_efficiency.{tier} has no effect: this cluster has no {tier} links "
+                             f"(its tiers: {', '.join(sorted(t for t in present if t))})")
+    if given("moe", "shared_expert_overlap") and exp.routing.shared_expert_overlap and model.is_moe \
+            and not model.shared_experts:
+        notes.append(f"moe.shared_expert_overlap has no effect: model {model.name} has no shared experts "
+                     f"(model.shared_experts)")
     if given("network", "all_to_all") and not model.is_moe and not (par.cp > 1 and par.cp_comm_type == "a2a"):
         notes.append("network.all_to_all has no effect: this layout runs no all-to-all (MoE experts or "
                      "cp_comm_type: a2a do)")

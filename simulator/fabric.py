@@ -19,6 +19,7 @@ from topologies.cluster import Cluster
 
 from .bulk_alltoall import bulk_flows, under_one_switch
 from .collectives import AUTO_CANDIDATES, COLLECTIVE_ALGORITHMS, CollectiveError, Plan, Transfer, plan_collective
+from .compute import MIN_EFFICIENCY
 from .nccl import BANDWIDTH_FACTOR, NIC_EFFICIENCY, PROTOCOLS, p2p_protocol, step_latencies
 from .network import AnalyticNetwork, FlowNetwork
 from .routing import Router
@@ -151,9 +152,9 @@ class NetworkConfig:
         for tier, v in values:
             if tier and tier not in TIER_NAMES:
                 raise ValueError(f"network.bandwidth_efficiency.{tier}: unknown tier; valid: {', '.join(TIER_NAMES)}")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not MIN_EFFICIENCY <= v <= 1:
                 name = f"network.bandwidth_efficiency{'.' + tier if tier else ''}"
-                raise ValueError(f"{name}: must be a number in (0, 1], got {v!r}")
+                raise ValueError(f"{name}: must be a fraction of the link rate in [{MIN_EFFICIENCY:g}, 1], got {v!r}")
 
     @property
     def nccl_latency(self) -> bool:

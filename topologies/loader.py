@@ -244,6 +244,9 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
     if not isinstance(section, Mapping):
         raise TopologyError(f"cluster: expected a mapping of fields or a preset name, got {type(section).__name__}")
     if is_topology_document(section):
+        if "preset" in section and "links" not in section:  # a preset's node count written as a list
+            raise TopologyError(f"cluster.nodes: must be a number of servers with a preset, got "
+                                f"{section.get('nodes')!r} (a topology document has nodes and links, no preset)")
         return cluster_from_dict(section, where="cluster.")
     topology = topology_key(section)
     if topology is not None:

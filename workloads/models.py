@@ -468,10 +468,11 @@ def preset_names() -> list[str]:
 
 
 def get_preset(name: str) -> ModelSpec:
-    """The preset called ``name``; :class:`ConfigError` listing presets otherwise."""
+    """The preset called ``name`` (case and surrounding spaces ignored, as cluster presets);
+    :class:`ConfigError` listing presets otherwise."""
     try:
-        return PRESETS[name]
-    except (KeyError, TypeError):
+        return PRESETS[name.strip().lower()]
+    except (KeyError, TypeError, AttributeError):
         raise ConfigError(f"model.preset: unknown preset {name!r}; valid presets: "
                           f"{', '.join(PRESETS)}") from None
 

@@ -633,11 +633,12 @@ def _check_stages(model: ModelSpec, parallel: ParallelConfig) -> None:
         raise ConfigError(f"parallel.first_stage_layers: first + last stage layers = {n - rest}, but "
                           f"model.layers={n} and pp={p} leaves no middle stage for the other {rest}")
     if rest < 0 or (middle and rest < middle * v):
-        raise ConfigError(f"parallel.{given[0][0]}: leaves {rest} of model.layers={n} for {middle} middle "
+        # (the stages without a count of their own: the middle ones, and the last with first_stage_layers alone)
+        raise ConfigError(f"parallel.{given[0][0]}: leaves {rest} of model.layers={n} for the {middle} other "
                           f"stage(s), which need at least virtual_stages={v} layers each")
     if middle and rest % (middle * v):
-        raise ConfigError(f"parallel.{given[0][0]}: the {rest} remaining layers cannot be split evenly over "
-                          f"{middle} middle stages x virtual_stages={v}")
+        raise ConfigError(f"parallel.{given[0][0]}: the {rest} remaining layers cannot be split evenly over the "
+                          f"{middle} other stage(s) x virtual_stages={v}")
 
 
 def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
