@@ -217,7 +217,7 @@ class ComputeModel:
             else self.gpu.matmul_efficiency_fp8
         if eff is None:
             raise ValueError(f"compute.fp8_matmul_efficiency: {self.gpu.name} has no measured FP8 GEMM ceiling; "
-                             f"set it (a fraction of the FP8 peak in (0, 1])")
+                             f"set it (a fraction of the FP8 peak in [{MIN_EFFICIENCY:g}, 1])")
         ratio = self.gpu.peak("fp8") / self.gpu.peak("bf16")
         return GemmModel(self.gpu.peak("fp8"), self.gpu.sm_count, eff, self.gpu.gemm_critical_intensity * ratio,
                          self.gpu.hbm_bandwidth, 1, round(self.gemm_k_overhead * ratio), stream_k=True)

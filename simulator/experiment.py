@@ -405,14 +405,15 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
     if given("compute", "fp8_matmul_efficiency") and exp.training.dtype != "fp8":
         notes.append(f"compute.fp8_matmul_efficiency has no effect with dtype: {exp.training.dtype} "
                      f"(training.dtype: fp8 reads it)")
-    replicas = {"fast": par.tp, "lockstep": par.tp * par.dp}.get(fidelity, 1)  # ranks a representative stands for
+    # ranks a representative can stand for at most: fast, its TP group; lockstep, its stage's DP x CP x TP block
+    replicas = {"fast": par.tp, "lockstep": par.tp * par.cp * par.dp}.get(fidelity, 1)
     if given("network", "replica_sends") and (replicas == 1 or exp.network.model != "flow"):
         why = ("network.model: analytic" if fidelity != "full" and replicas > 1 else
                "the top-level fidelity: full" if fidelity == "full" else
-               f"fidelity {fidelity} at tp {par.tp}" + (f", dp {par.dp}" if fidelity == "lockstep" else "")
-               + " (no representative stands for other ranks)")
-        notes.append(f"network.replica_sends has no effect with {why} (it is how the sends of a representative's "
-                     f"replicas run on the flow model, in fidelity fast or lockstep)")
+               "fidelity fast at tp 1, where no representative stands for other ranks" if fidelity == "fast" else
+               "fidelity lockstep with one rank per pipeline stage, where no representative stands for others")
+        notes.append(f"network.replica_sends has no effect with {why}; it is how the sends of a representative's "
+                     f"replicas run on the flow model, in fidelity fast or lockstep")
     fabric = exp.cluster.params.get("fabric")
     if given("cluster", "core_oversubscription") and fabric != "fat_tree":
         notes.append(f"cluster.core_oversubscription has no effect with fabric {fabric or '(a topology file)'} "

@@ -16,7 +16,8 @@ __all__ = ["configure", "run", "describe_fabric"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("cluster", help="preset name, cluster or experiment YAML, topology file (.yaml) or .graphml")
+    p.add_argument("cluster", help="preset name, PRESET:NODES, cluster or experiment YAML, topology file (.yaml) "
+                                   "or .graphml")
     p.add_argument("-o", "--output", action="append", default=[], metavar="FILE",
                    help="write the fabric to FILE: .yaml (a topology file, see README 'Custom fabrics') or "
                         ".graphml; repeatable")

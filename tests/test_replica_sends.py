@@ -164,6 +164,10 @@ def test_without_representatives_the_setting_is_reported_unused():
     doc["parallel"] = {"tp": 1, "dp": 8}
     notes = [n for n in unused_settings(experiment_from_dict(doc)) if "replica_sends" in n]
     assert len(notes) == 1 and "fidelity fast at tp 1" in notes[0]
+    # lockstep's representative stands for its stage's DP x CP x TP block: with CP alone it has replicas
+    cp_only = {**doc, "cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 4},
+               "parallel": {"tp": 1, "cp": 2, "pp": 2, "dp": 1}}
+    assert not any("replica_sends" in n for n in unused_settings(experiment_from_dict(cp_only), "lockstep"))
     one_gpu = {**doc, "cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 1}, "parallel": {"dp": 1}}
     assert any("replica_sends" in n for n in unused_settings(experiment_from_dict(one_gpu), "lockstep"))
     doc["parallel"] = {"tp": 2, "dp": 4}

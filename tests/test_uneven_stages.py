@@ -72,7 +72,7 @@ def test_deepseek_v3_61_layers_with_explicit_counts():
     ({"stage_layers": [6, 6, 0, 0]}, r"stage_layers\[2\]"),
     ({"stage_layers": [3, 3, 3, 3], "first_stage_layers": 3}, "not both"),
     ({"first_stage_layers": 2, "last_stage_layers": 3}, "7 remaining layers cannot be split evenly"),
-    ({"first_stage_layers": 11}, "middle"),
+    ({"first_stage_layers": 11}, "other stage"),
     ({"first_stage_layers": 3, "schedule": "interleaved", "virtual_stages": 2}, "3 layers cannot be split into"),
 ])
 def test_bad_stage_counts_are_one_line_errors(fields, match):
