@@ -66,6 +66,29 @@ def test_each_gather_runs_over_the_group_that_reduced_its_bytes():
         assert {op.traffic_class for op in gathers} == {"zero"}
 
 
+def test_expert_and_dense_collectives_run_on_streams_of_their_own():
+    # Megatron-Core reduces and gathers the two buffers over different process groups (NCCL communicators, each
+    # with its own CUDA stream): the experts' on stream edp, the dense ones' on dp, side by side. After the
+    # optimizer step both gathers depend on the same op: they start together instead of one after the other.
+    result = _moe_run(False)
+    start = result.ops.set_index("id")["start_s"]
+    for rank in range(8):
+        mine = [op for op in result.record.graph.ops if op.rank == rank and op.kind == "collective"
+                and op.name in ("grad_reduce_scatter", "param_all_gather")]
+        assert {op.stream for op in mine if len(op.group) == 2} == {"edp"}  # expert-DP groups of 2
+        assert {op.stream for op in mine if len(op.group) == 4} == {"dp"}
+        gathers = {}
+        for op in mine:  # the first gather of each buffer
+            if op.name == "param_all_gather":
+                gathers.setdefault(len(op.group), op)
+        assert gathers[2].deps == gathers[4].deps
+        assert start[gathers[2].id] == start[gathers[4].id]
+        # the optimizer step waits for every reduction of both streams (not only the last one emitted)
+        norm = next(op for op in result.record.graph.ops if op.rank == rank and op.name == "grad_norm")
+        reductions = [op.id for op in mine if op.name == "grad_reduce_scatter"]
+        assert start[norm.id] >= max(result.ops.set_index("id")["end_s"][reductions])
+
+
 def test_with_overlapped_gathers_the_expert_parameters_are_gathered_all_the_same():
     # overlap_param_gather moves the gathers of both buffers into the next forward: the same bytes either way.
     plain, overlapped = _moe_run(), _moe_run(overlap_param_gather=True)

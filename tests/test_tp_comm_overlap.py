@@ -158,6 +158,26 @@ def test_context_parallel_layers_re_gather_too(cp_comm_type):
     assert len(regathers) == MODEL["layers"] * m * tp * cp and set(regathers["stream"]) == {"tp_regather"}
 
 
+@pytest.mark.parametrize("shared, per_buffer", [(0, 9), (1, 10)])
+def test_moe_layers_re_gather_their_qkv_and_shared_expert_inputs(shared, per_buffer):
+    # A MoE layer: forward 2 AG + 2 RS (attention, and the dispatcher's gather of the tokens over TP), backward
+    # the same and the re-gather of the QKV input (Megatron-Core's column-parallel attention), plus that of the
+    # shared expert's up-projection input; the routed experts' input is the dispatcher's gather, kept by
+    # autograd, so it is not gathered again.
+    tp, dp, layers, s = 2, 4, 2, 1024
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1},
+           "model": {"preset": "mixtral-8x7b", "layers": layers, "shared_experts": shared},
+           "parallel": {"tp": tp, "dp": dp, "ep": 4, "sequence_parallel": True, "global_batch": dp},
+           "training": {"seq_len": s}, "options": {"granularity": "layer", "embedding_and_loss": False},
+           "moe": {"routing": "balanced"}}
+    full = run_experiment(experiment_from_dict(doc), fidelity="full", force=True)
+    groups, buffer = dp, s * 4096 * 2  # TP groups; b s h bf16 elements (mixtral hidden 4096)
+    assert full.bytes_by_class["tp"] == pytest.approx(groups * layers * per_buffer * (tp - 1) * buffer)
+    fast = run_experiment(experiment_from_dict(doc), fidelity="fast", force=True)
+    assert fast.bytes_by_class["tp"] == pytest.approx(full.bytes_by_class["tp"])
+    assert fast.step_time == pytest.approx(full.step_time, rel=1e-9)
+
+
 def test_overlap_runs_the_same_flops_and_hides_tp_time():
     on, off = _run(tp=8), _run(False, tp=8)
     assert on.summary["executed_flops_per_step"] == pytest.approx(off.summary["executed_flops_per_step"])

@@ -71,7 +71,8 @@ Tensor parallel
     2 more all-gathers per layer and backward on stream ``tp_regather``,
     which the pass's blocking TP collectives wait for; 10 buffers per layer
     in all, as with the overlap. Context-parallel layers run them too (their
-    ``b s/cp h`` share); MoE layers' passes do not (their own emitter).
+    ``b s/cp h`` share); a MoE layer's pass re-gathers the QKV input and,
+    with shared experts, theirs (:meth:`_StepBuilder._regathers`).
 TP communication overlap (``parallel.tp_comm_overlap``; Transformer Engine userbuffers, SP only)
     The layers' SP collectives are overlapped with their GEMMs by TE's
     default method per GEMM (:data:`UB_METHODS`): a ring exchange cuts the
@@ -247,6 +248,12 @@ REGATHER_STREAM = "tp_regather"
 """The stream of the sequence-parallel backward's re-gathers of saved inputs (:meth:`_StepBuilder._regathers`)."""
 UB_STREAM = "tp_overlap"
 """The stream of overlapped TP communication."""
+DP_STREAM = "dp"
+"""The stream of the dense gradients' reductions and parameter gathers (the DP group's NCCL communicator)."""
+EXPERT_DP_STREAM = "edp"
+"""The stream of the routed experts' gradient reductions and parameter gathers: Megatron-Core issues them over
+the expert-DP process group, whose NCCL communicator has a CUDA stream of its own, so they run beside the dense
+buffer's (:data:`DP_STREAM`) rather than after them."""
 RECOMPUTE_PHASE = "R"
 """First letter of a recompute op's name (``R3.c0.L5``: recomputed forward of micro-batch 3, chunk 0, from
 layer 5), as ``F`` and ``B`` start forward and backward ops."""
@@ -629,7 +636,7 @@ class _StepBuilder:
         rs = 2 * n * (2 if full else 1) + ((1 if first else 0) if phase == "F" else (1 if last else 0))
         return {"all_gather": ag, "reduce_scatter": rs}
 
-    def _regathers(self, n: int, phase: str) -> int:
+    def _regathers(self, n: int, phase: str, moe: bool = False) -> int:
         """All-gathers of the column-parallel layers' inputs (QKV and MLP up-projection) that a backward pass of
         ``n`` layers runs under sequence parallelism without TP overlap.
 
@@ -637,10 +644,13 @@ class _StepBuilder:
         save the sequence-split input and all-gather it again in backward for the weight gradient, launched
         asynchronously before the data-gradient GEMM and waited for before the weight-gradient GEMM: 2 per
         layer and backward (with or without recomputation), ``b s h`` elements each, on their own stream.
+        A MoE layer (``moe``) re-gathers its QKV input and, with shared experts, their up-projection's input
+        (Megatron-Core's ``SharedExpertMLP`` is a column-parallel linear); the routed experts' input comes from
+        the token dispatcher's own all-gather, which autograd keeps, so it is not gathered again.
         """
         if self.t == 1 or not self.sp or phase not in ("B", "BW") or self.par.tp_comm_overlap:
             return 0
-        return 2 * n
+        return n * (1 + (1 if self.model.shared_experts else 0)) if moe else 2 * n
 
     def _layer_tp_counts(self, layer: int, phase: str) -> dict[str, int]:
         """TP collectives of one layer's pass: :meth:`_tp_counts`, except that on the expert grid (``etp !=
@@ -733,7 +743,7 @@ class _StepBuilder:
                 segs.append(_Segment(kernels, {} if ub else self._layer_tp_counts(i, phase), i,
                                      grads[i][0] * gb, grads[i][1] * gb, moe=moe,
                                      recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None,
-                                     regather=self._regathers(1, phase) if moe is None else 0,
+                                     regather=self._regathers(1, phase, moe is not None),
                                      expert_w=None if ub else self._expert_wgrads(i, phase, kernels)))
             if head:
                 segs.insert(0, _Segment(head, {}, at[0]))
@@ -1161,8 +1171,9 @@ class _StepBuilder:
         fwd = seg.phase == "F"
         # the hot ops by the graph's positional builders (the same checks and ops as compute / collective_op)
         compute, alltoallv = g._compute_parts, g._alltoallv
+        regather = self._regather_op(rank, seg, deps, name, mb, stage)
         last = compute(rank, kernels[1], f"{name}.pre", deps, "gemm", layer, mb, stage, COMPUTE_STREAM)
-        last = self._emit_tp(rank, seg, name, last, mb, stage)
+        last = self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
         yield last
         first = alltoallv(rank, group, out_row, out_rows, f"{name}.ep_{'dispatch' if fwd else 'combine_grad'}",
                           [last] if apart else (), a2a_stream, layer, mb, stage)
@@ -1677,7 +1688,8 @@ class _StepBuilder:
             for chunk in range(self.v):
                 pending.launch(chunk, last_op)
         pending.flush(last_op, whole=defer)
-        dp_ops = pending.emitted
+        # the last reduction of each stream (the dense buffer's and the experts'), which end after the others
+        dp_ops = list({op.stream: op.id for op in map(g.ops.__getitem__, pending.emitted)}.values())
         tied = self._tied_embedding_sync(rank, stage, last_op)
         dense, experts = self.stage_params(stage)
         holders, expert_holders = len(dp_group), len(pending.expert_group)  # the distributed optimizer's shards
@@ -1687,7 +1699,7 @@ class _StepBuilder:
             fp8_dense, fp8_routed = self.stage_fp8_weights(stage)
             fp8_shard = fp8_dense / holders + fp8_routed / expert_holders
         before, after = optimizer_step_ops(shard, dense + experts, self.grad_bytes, self.dtype, fp8_shard)
-        step_deps = [last_op] + dp_ops[-1:] + tied
+        step_deps = [last_op] + dp_ops + tied
         norm = g.compute(rank, parts=_kernels(before), name="grad_norm", deps=step_deps, stream=COMPUTE_STREAM,
                          category="optimizer", stage=stage)
         norm = self._norm_all_reduce(rank, norm, stage)
@@ -1927,9 +1939,10 @@ class _StepBuilder:
         mb = next(a.micro_batch for a in self.schedules[stage] if a.phase == "F" and a.chunk == chunk)
         group = self.expert_grad_group(rank) if experts else self.grad_group(rank)  # (the groups _Buckets reduced)
         layer = (self.chunk_layers(stage, chunk) or [self._end_layer(stage, chunk)])[0]
+        stream = EXPERT_DP_STREAM if experts else DP_STREAM
         return [self.graph.collective_op(rank, "all_gather", group, sizes[b] * nbytes, name="param_all_gather",
-                                         stream="dp", deps=deps, traffic_class="zero", micro_batch=mb, stage=stage,
-                                         layer=layer)
+                                         stream=stream, deps=deps, traffic_class="zero", micro_batch=mb,
+                                         stage=stage, layer=layer)
                 for b in buckets]
 
     def _gather_chains(self, rank: int) -> tuple[bool, ...]:
@@ -2173,7 +2186,8 @@ class _Buckets:
         if len(group) < 2 or nbytes <= 0 or count < 1:
             return
         self.emitted.append(self.b.graph.collective_op(
-            self.rank, self.kind, group, nbytes, name=f"grad_{self.kind}", stream="dp", deps=deps, count=count,
+            self.rank, self.kind, group, nbytes, name=f"grad_{self.kind}", deps=deps, count=count,
+            stream=EXPERT_DP_STREAM if experts else DP_STREAM,
             algorithm=self.algorithm if self.kind == "all_reduce" else "auto", traffic_class=traffic_class))
         if self.recording:
             key = (experts, nbytes)
@@ -2227,8 +2241,8 @@ class _Buckets:
         for (experts, nbytes), count in self.reduced.items():
             group = self.expert_group if experts else self.group
             self.b.graph.collective_op(self.rank, "all_gather", group, nbytes * ratios[experts],
-                                       name="param_all_gather",
-                                       stream="dp", deps=[after], count=count, traffic_class="zero")
+                                       name="param_all_gather", stream=EXPERT_DP_STREAM if experts else DP_STREAM,
+                                       deps=[after], count=count, traffic_class="zero")
 
 
 def training_step(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
