@@ -412,10 +412,20 @@ class Result:
 
     def timeline(self, ranks: list[int] | None = None) -> pd.DataFrame:
         """Bars of the timeline (:func:`simulator.timeline.timeline_bars`) of ``ranks`` (a non-empty list of
-        ranks in ``0..world-1``): by default one representative rank per pipeline stage."""
-        if ranks is not None:
-            ranks = _traffic().check_ids(ranks, "ranks", "rank", self.record.graph.world_size)
-        return _timeline().timeline_bars(self.rep_ops, self.step_time, ranks)
+        ranks in ``0..world-1``): by default one representative rank per pipeline stage. A rank that a
+        representative stands for (fidelity fast or lockstep) shows its representative's bars under its own
+        number, as the trace does."""
+        if ranks is None:
+            return _timeline().timeline_bars(self.rep_ops, self.step_time, None)
+        ranks = _traffic().check_ids(ranks, "ranks", "rank", self.record.graph.world_size)
+        replicas = getattr(self.record.graph, "replicas", None) or {}
+        rep_of = {x: r for r, xs in replicas.items() for x in xs}
+        reps = list(dict.fromkeys(rep_of.get(r, r) for r in ranks))
+        bars = _timeline().timeline_bars(self.rep_ops, self.step_time, reps)
+        if reps == ranks:
+            return bars
+        return _pd().concat([bars[bars["rank"] == rep_of.get(r, r)].assign(rank=r) for r in ranks],
+                         ignore_index=True)
 
     def phases(self) -> list[tuple[str, float, float]]:
         """The step's phases as ``(name, start_s, end_s)``: the pipeline of micro-batches, then gradient
@@ -432,6 +442,9 @@ class Result:
         return _plotting().plot_timeline(self.timeline(ranks), ax=ax)
 
     def plot_stages(self, ax=None):
+        if self.stages.empty:
+            raise ValueError("plot_stages: this run has no pipeline stages (a bare simulate of an op graph), "
+                             "nothing to draw")
         return _plotting().plot_stages(self.stages, ax=ax)
 
     def plot_tier_bandwidth(self, ax=None):

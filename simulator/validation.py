@@ -172,14 +172,16 @@ def load_entry(entry: Entry | str):
     return load_experiment((get_entry(entry) if isinstance(entry, str) else entry).path)
 
 
-def select_entries(names: Iterable[str] | None = None, *, max_gpus: int | None = None,
+def select_entries(names: str | Iterable[str] | None = None, *, max_gpus: int | None = None,
                    include_slow: bool = False) -> tuple[Entry, ...]:
     """The entries a validation run simulates, in :data:`ENTRIES` order unless ``names`` orders them.
 
-    ``names`` picks entries by name (slow ones included: asked for by name); without it every entry runs
-    except the :attr:`Entry.slow` ones, unless ``include_slow``. ``max_gpus`` then drops the entries of
-    published runs on more GPUs.
+    ``names`` picks entries by name (slow ones included: asked for by name; one name may be given as a string);
+    without it every entry runs except the :attr:`Entry.slow` ones, unless ``include_slow``. ``max_gpus`` then
+    drops the entries of published runs on more GPUs.
     """
+    if isinstance(names, str):  # one entry's name, not its letters
+        names = (names,)
     if names is not None:
         entries = tuple(get_entry(n) for n in names)
     else:
@@ -217,14 +219,14 @@ def _run_entry(name: str, fidelity: str) -> dict:
             "sim_wall_s": time.perf_counter() - t0, "source": e.source}
 
 
-def validate_against_published(names: Iterable[str] | None = None, fidelity: str = "fast", *,
+def validate_against_published(names: str | Iterable[str] | None = None, fidelity: str = "fast", *,
                                max_gpus: int | None = None, jobs: int = 1, progress=None,
                                include_slow: bool = False) -> pd.DataFrame:
     """Simulate validation entries and compare with the published numbers.
 
     Parameters
     ----------
-    names : iterable of str, optional
+    names : str or iterable of str, optional
         Entries to run (default: all of :data:`ENTRIES` but the slow ones, in that order; see
         :func:`select_entries`).
     fidelity : {"fast", "full", "lockstep"}

@@ -84,3 +84,44 @@ def test_uneven_stage_errors_name_the_other_stages():
 def test_a_preset_with_a_list_of_nodes_blames_nodes():
     with pytest.raises(TopologyError, match=r"^cluster\.nodes: must be a number of servers with a preset, got \[\]"):
         build_cluster({"preset": "dgx-h100", "nodes": []})
+
+
+# ------------------------------------------------------------- the Python API (second audit of the session)
+def test_sweep_partition_columns_are_zero_where_a_layout_has_none():
+    import simulator
+    base = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 2}, "model": {"preset": "gpt2-small"},
+            "parallel": {"micro_batch": 1, "global_batch": 4}, "training": {"seq_len": 512}}
+    df = simulator.sweep(base, {"parallel.tp": [1, 2], "parallel.dp": [2, 1]}, jobs=1, progress=False)
+    ok = df[df["status"] == "ok"]
+    assert len(ok) == 2
+    partition = [c for c in ok.columns if c.startswith("time_") and c.endswith("_s")]
+    assert "time_exposed_tp_s" in partition and not ok[partition].isna().any().any()
+    assert (ok.loc[ok["parallel.tp"] == 1, "time_exposed_tp_s"] == 0.0).all()
+    assert (ok.loc[ok["parallel.tp"] == 2, "time_exposed_tp_s"] > 0.0).all()
+
+
+def test_plot_stages_of_a_bare_op_graph_is_a_one_line_error():
+    from simulator import simulate
+    from topologies import single_server
+    from workloads.ops import OpGraph
+    g = OpGraph(2)
+    g.collective("all_reduce", range(2), 2**20)
+    with pytest.raises(ValueError, match=r"^plot_stages: this run has no pipeline stages"):
+        simulate(g, single_server("H100", 2)).plot_stages()
+
+
+def test_one_validation_entry_may_be_named_by_a_string():
+    from simulator.validation import select_entries
+    assert [e.name for e in select_entries("korthikanti22-22b")] == ["korthikanti22-22b"]
+
+
+def test_timeline_of_a_rank_a_representative_stands_for():
+    from simulator.experiment import run_experiment
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
+           "parallel": {"tp": 2, "pp": 2, "dp": 2}, "training": {"seq_len": 512}}
+    r = run_experiment(experiment_from_dict(doc), fidelity="fast")
+    rep, member = r.timeline([0]), r.timeline([1])  # rank 1 is rank 0's TP peer
+    assert set(member["rank"]) == {1} and len(member) == len(rep) > 0
+    assert member.drop(columns="rank").equals(rep.drop(columns="rank"))
+    both = r.timeline([5, 0])
+    assert list(dict.fromkeys(both["rank"])) == [5, 0]

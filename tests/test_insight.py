@@ -147,9 +147,14 @@ def test_timeline_labels_chunks_of_an_interleaved_schedule():
     assert labels == {f"{mb}.{c}" for mb in range(4) for c in range(2)}
 
 
-def test_timeline_rejects_ranks_without_ops(demo):
-    with pytest.raises(ValueError, match="ranks: 1 has no ops"):
-        demo.timeline([1])  # fast fidelity: rank 1 is represented by rank 0
+def test_timeline_of_a_represented_rank_is_its_representatives(demo):
+    # fast fidelity: rank 1 is represented by rank 0, whose bars it shows under its own number (as the trace)
+    bars = demo.timeline([1])
+    assert set(bars["rank"]) == {1}
+    assert bars.drop(columns="rank").equals(demo.timeline([0]).drop(columns="rank"))
+    from simulator.timeline import timeline_bars
+    with pytest.raises(ValueError, match="ranks: 1 has no ops"):  # the frame itself has none of rank 1
+        timeline_bars(demo.rep_ops, demo.step_time, [1])
 
 
 # --------------------------------------------------------------------- trace

@@ -102,8 +102,9 @@ def build_table(rows: Iterable[Mapping[str, Any]], param_columns: Sequence[str],
     Returns
     -------
     pandas.DataFrame
-        One row per point; class and tier columns are 0.0 for ``ok`` rows that lack them (tier columns stay
-        missing on ``screen`` rows, which count no bytes).
+        One row per point; class, tier and time-partition (``time_<category>_s``) columns are 0.0 for ``ok``
+        rows that lack them (tier and partition columns stay missing on ``screen`` rows, which count no bytes
+        and estimate only part of the partition).
     """
     df = pd.DataFrame(list(rows))
     if df.empty:
@@ -119,14 +120,16 @@ def build_table(rows: Iterable[Mapping[str, Any]], param_columns: Sequence[str],
 
 
 def _zero_fill(df: pd.DataFrame) -> None:
-    """Class and tier columns of ``ok`` rows that lack them become 0.0 in place (tier columns not on ``screen``
-    rows: the screen counts no bytes)."""
+    """Class, tier and time-partition columns of ``ok`` rows that lack them become 0.0 in place: a layout
+    without a category spends no time in it (tier and partition columns not on ``screen`` rows: the screen
+    counts no bytes and estimates only part of the partition)."""
     ok = df["status"] == "ok"
     screened = df[FIDELITY_COLUMN] == SCREEN if FIDELITY_COLUMN in df.columns else False
     for col in df.columns:
-        if col.startswith(("bytes_", "exposed_")):
+        partition = col.startswith("time_") and col.endswith("_s")
+        if col.startswith(("bytes_", "exposed_")) or partition:
             df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
-            fill = ok & ~screened if col.startswith("bytes_") else ok
+            fill = ok & ~screened if col.startswith("bytes_") or partition else ok
             df.loc[fill & df[col].isna(), col] = 0.0
 
 
