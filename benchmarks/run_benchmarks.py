@@ -87,13 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-gpus", type=int, default=None, help="skip rungs with more GPUs")
     ap.add_argument("--only", nargs="*", default=None, help="rung names to run")
     ap.add_argument("--fidelity", default="fast", choices=("fast", "full", "lockstep"))
-    ap.add_argument("--out", default=os.path.join(HERE, "results.csv"))
+    ap.add_argument("--out", default=None,
+                    help="CSV to write (default: benchmarks/results.csv in fast, results-<fidelity>.csv otherwise)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per rung")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each rung this many times (fresh processes) and keep the fastest, as timeit does: "
                          "the minimum is the least disturbed by other load on the machine")
     ap.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.out is None:  # one table per fidelity: a lockstep run does not overwrite the fast one
+        args.out = os.path.join(HERE, "results.csv" if args.fidelity == "fast" else f"results-{args.fidelity}.csv")
     if args._child:
         print(json.dumps(run_rung(args._child, args.fidelity)))
         return 0

@@ -57,7 +57,7 @@ def test_cli_without_protobuf_exits_2_before_simulating(tmp_path, capsys, monkey
     out = tmp_path / "out"
     out.mkdir()
     assert main([a.format(yaml=yaml, out=out) for a in argv]) == 2
-    assert "pip install 'clustersim[chakra]'" in one_line(capsys.readouterr().err)
+    assert "pip install '.[chakra]' in the checkout" in one_line(capsys.readouterr().err)
     assert list(Path(out).iterdir()) == []
 
 

@@ -2289,7 +2289,7 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
         raise ConfigError(f"representatives: {representatives!r} unknown; valid: None, 'tp', 'stage'")
     options = options or StepOptions()
     if options.p2p == "blocking" and parallel.schedule in ("zb-h1", "dualpipe"):
-        raise ConfigError(f"options.p2p: blocking send/recv is modelled for the gpipe and 1f1b schedules; "
+        raise ConfigError(f"options.p2p: blocking send/recv is modelled for the gpipe, 1f1b and interleaved schedules; "
                           f"use p2p: async with {parallel.schedule}")
     builder = _StepBuilder(model, parallel, training, options, routing)
     graph = builder.build(representatives)

@@ -70,7 +70,7 @@ elsewhere; scripts run with ``spawn``/``forkserver`` need the usual
 ``if __name__ == "__main__":`` guard). Workers ignore SIGINT: on Ctrl-C the
 parent writes the finished rows and terminates them.
 ``scheduler="tcp://host:port"`` submits the points to an existing
-Dask distributed cluster (install ``clustersim[dask]`` on the client and on
+Dask distributed cluster (install the ``dask`` extra on the client and on
 every worker). The simulator is deterministic, so every executor gives the
 same table except ``sim_wall_s``.
 

@@ -115,7 +115,8 @@ def _dask(docs: Sequence[Mapping], address: str) -> Iterator[Results]:
     try:
         from distributed import Client, as_completed
     except ImportError:
-        raise ValueError("--scheduler needs dask.distributed: pip install 'clustersim[dask]'") from None
+        raise ValueError("--scheduler needs dask.distributed: pip install '.[dask]' in the checkout "
+                         "(or dask[distributed])") from None
     try:
         client = Client(address, timeout=f"{DASK_CONNECT_S}s")
     except (OSError, TimeoutError) as exc:

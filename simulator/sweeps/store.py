@@ -51,7 +51,8 @@ def output_format(path: str | os.PathLike) -> str:
     if suffix not in OUTPUT_FORMATS:
         raise ValueError(f"output: {os.fspath(path)!r} must end in {' or '.join(OUTPUT_FORMATS)}")
     if suffix == ".parquet" and importlib.util.find_spec("pyarrow") is None:
-        raise ValueError("output: .parquet needs pyarrow: pip install 'clustersim[parquet]' (or write .csv)")
+        raise ValueError("output: .parquet needs pyarrow: pip install '.[parquet]' in the checkout, or pyarrow "
+                         "(or write .csv)")
     return suffix
 
 

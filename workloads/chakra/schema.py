@@ -69,7 +69,8 @@ def require_protobuf() -> None:
     except (ImportError, ValueError):  # no ``google`` package at all, or a broken ``google.__spec__``
         found = False
     if not found:
-        raise ChakraError("Chakra traces need the protobuf package (>= 4.22): pip install 'clustersim[chakra]'")
+        raise ChakraError("Chakra traces need the protobuf package (>= 4.22): pip install '.[chakra]' in the "
+                          "checkout, or protobuf")
 
 
 def _build_classes() -> dict[str, type]:
