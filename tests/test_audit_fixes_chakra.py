@@ -41,7 +41,7 @@ def no_protobuf(monkeypatch):
 
 def test_without_google_package_the_reader_and_writer_say_what_to_install(tmp_path, no_protobuf):
     for call in (lambda: read_chakra(tmp_path), lambda: write_chakra(OpGraph(1), tmp_path)):
-        with pytest.raises(ChakraError, match=r"pip install 'clustersim\[chakra\]'"):
+        with pytest.raises(ChakraError, match=r"pip install '\.\[chakra\]' in the checkout"):
             call()
 
 

@@ -391,7 +391,7 @@ def test_without_protobuf_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name.startswith("google.protobuf") else real(name, *a))
     for call in (lambda: read_chakra(tmp_path), lambda: write_chakra(OpGraph(1), tmp_path)):
-        with pytest.raises(ChakraError, match=r"pip install 'clustersim\[chakra\]'"):
+        with pytest.raises(ChakraError, match=r"pip install '\.\[chakra\]' in the checkout"):
             call()
 
 
