@@ -113,6 +113,7 @@ def run_trace(args: argparse.Namespace) -> int:
         dtype = training_from_dict(_section(doc, "training")).dtype
         compute = ComputeModel(cluster.gpu, dtype=dtype, **_compute_from_dict(_section(doc, "compute")))
         faults = _faults_from_list(doc.get("faults"), cluster)
+        healthy_cluster = cluster
         if faults:
             cluster = apply_faults(cluster, faults)
     except ValueError as exc:
@@ -123,8 +124,13 @@ def run_trace(args: argparse.Namespace) -> int:
         write_chakra(graph, args.export_chakra, compute=compute)
     slowdown = {f["gpu"]: float(f["factor"]) for f in faults if f.get("kind") == "straggler"}
     with paused_gc():
+        # the same trace on the healthy cluster, for the cost of the faults (as run_experiment does)
+        healthy = Engine(graph, healthy_cluster, compute, network).run().step_time_s if faults else None
         record = Engine(graph, cluster, compute, network, slowdown).run()
     result = Result(record, sim_wall_s=time.perf_counter() - t0)
+    if healthy is not None:
+        result.extra_summary.update({"faults": len(faults), "healthy_step_time_s": healthy,
+                                     "fault_slowdown": result.step_time / healthy if healthy else float("nan")})
     kinds: dict[str, int] = {}
     for op in graph.ops:
         kinds[op.kind] = kinds.get(op.kind, 0) + 1

@@ -125,9 +125,11 @@ def _place(entries: list[Mapping], n_nodes: int, placement: object, seed: object
         if isinstance(nodes, list):
             if not nodes:
                 raise ConfigError(f"jobs[{i}].nodes: an empty list; give node indices or a count")
-            for k in nodes:
+            for j, k in enumerate(nodes):
                 if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n_nodes:
                     raise ConfigError(f"jobs[{i}].nodes: {k!r} is not a node index in 0..{n_nodes - 1}")
+                if k in nodes[:j]:
+                    raise ConfigError(f"jobs[{i}].nodes: node {k} is listed twice; each node once")
                 if k in taken:
                     raise ConfigError(f"jobs[{i}].nodes: node {k} is already held by job {taken[k]!r}")
                 taken[k] = str(job.get("name", i))

@@ -429,6 +429,19 @@ def test_cli_export_then_run_the_trace_gives_the_full_fidelity_step(tmp_path, ca
     assert "Chakra trace" in text and "16 ranks" in text and "step time" in text and "tokens/s" not in text
 
 
+def test_cli_trace_with_faults_reports_their_cost_as_a_generated_run_does(tmp_path, capsys):
+    exp_file = tmp_path / "exp.yaml"
+    exp_file.write_text(TINY_YAML + "faults: [{kind: straggler, gpu: 0, factor: 1.5}]\n")
+    out = tmp_path / "trace"
+    assert main(["run", str(exp_file), "--fidelity", "full", "--json", "--export-chakra", str(out)]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert main(["run", str(exp_file), "--chakra", str(out), "--json"]) == 0
+    traced = json.loads(capsys.readouterr().out)
+    for key in ("step_time_s", "healthy_step_time_s", "fault_slowdown", "faults"):
+        assert traced[key] == full[key], key
+    assert traced["fault_slowdown"] > 1
+
+
 @pytest.mark.parametrize("argv,words", [
     (["run"], ["FILE", "--chakra DIR"]),
     (["run", "--chakra", "{trace}", "--fidelity", "fast"], ["--fidelity"]),
@@ -459,3 +472,24 @@ def test_cli_trace_that_deadlocks_exits_3(tmp_path, capsys):
                            [p2p(0, False, 0, 1, 8), p2p(1, True, 1, 0, 8, deps=[0])]])
     assert main(["run", "--chakra", str(tmp_path)]) == 3
     assert "deadlock" in capsys.readouterr().err
+
+
+def test_uneven_all_to_alls_read_without_clustersim_attributes(tmp_path):
+    # Chakra's comm_size is each rank's own input (ASTRA-sim reads it per node): a skewed MoE's exchanges have
+    # unequal sizes across their members. Read as ASTRA-sim would, each becomes an exchange in which every rank
+    # spreads its input evenly; exchanges whose members agree stay uniform all-to-alls.
+    exp, graph = _small_moe()
+    write_chakra(graph, tmp_path)
+    plain = read_chakra(tmp_path, clustersim_attrs=False)
+    a2a = [op for op in plain.ops if op.kind == "collective" and op.collective == "all_to_all"]
+    written = [op for op in graph.ops if op.kind == "collective" and op.collective == "all_to_all"]
+    assert len(a2a) == sum(op.count for op in written) and any(op.split is not None for op in a2a)
+    for op in a2a:
+        if op.split is not None:
+            n = len(op.group)
+            assert op.split == pytest.approx((op.nbytes / n,) * n)
+    result = simulate(plain, exp.cluster)
+    assert result.step_time > 0
+    # every rank sends (n - 1)/n of its input to its peers
+    sent = sum(op.nbytes * (len(op.group) - 1) / len(op.group) for op in a2a)
+    assert result.bytes_by_class["all_to_all"] == pytest.approx(sent, rel=1e-9)

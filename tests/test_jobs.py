@@ -126,7 +126,9 @@ def test_placements():
 
 @pytest.mark.parametrize("change,message", [
     (lambda d: d["jobs"][1].update(nodes=5), "the jobs need 9 nodes but the cluster has 8"),
-    (lambda d: d["jobs"][0].update(nodes=[0, 0]), r"jobs\[0\].nodes: node 0 is already held by job 'a'"),
+    (lambda d: d["jobs"][0].update(nodes=[0, 0]), r"jobs\[0\].nodes: node 0 is listed twice; each node once"),
+    (lambda d: (d["jobs"][0].update(nodes=[0, 1]), d["jobs"][1].update(nodes=[1, 2])),
+     r"jobs\[1\].nodes: node 1 is already held by job 'a'"),
     (lambda d: d["jobs"][0].update(nodes=[9]), r"jobs\[0\].nodes: 9 is not a node index in 0..7"),
     (lambda d: d["jobs"][0].update(nodes=0), r"jobs\[0\].nodes: must be a positive integer"),
     (lambda d: d["jobs"][1].update(name="a"), r"jobs\[1\].name: 'a' is used twice"),

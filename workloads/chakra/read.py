@@ -201,6 +201,8 @@ def read_chakra(path: str | Path, *, prefix: str | None = None, clustersim_attrs
                 raise ChakraError(f"{p}: node {u.nodes[0].id} ({u.nodes[0].name!r}): {exc}") from None
         per_rank.append(specs)
         del meta, nodes, units
+    if not lossless:
+        _uneven_all_to_alls(per_rank, groups, files)
     graph = OpGraph(world)
     new_id: list[list[int]] = [[] for _ in range(world)]
     for _key, rank, index in heapq.merge(*[[(sp.key, rank, i) for i, sp in enumerate(specs)]
@@ -219,6 +221,29 @@ def read_chakra(path: str | Path, *, prefix: str | None = None, clustersim_attrs
             raise ChakraError(f"{files[rank]}: node {sp.node_id} ({sp.kwargs.get('name')!r}): {exc}") from None
         per_rank[rank][index] = None  # type: ignore[call-overload]  # built: let it go
     return graph
+
+
+def _uneven_all_to_alls(per_rank: list[list[_Spec]], groups: Any, files: list[Path]) -> None:
+    """Give the all-to-alls whose ``comm_size`` differs between the ranks of one exchange a per-peer split.
+
+    Chakra's ``comm_size`` is each rank's own input (the PyTorch converter sums that rank's tensors; ASTRA-sim's
+    feeder reads it per node), so an exchange of uneven inputs (a MoE's ``all_to_all_single`` with its
+    per-rank token counts) is a legitimate trace. clustersim matches a collective's members by their order in
+    the process group and wants one size, unless each member says what it sends: such an exchange becomes an
+    alltoallv in which every rank spreads its own input evenly over the group (``split``, ``comm_size / n`` to
+    each member, itself included, as a uniform all-to-all does). Exchanges whose members agree stay uniform."""
+    members: dict[tuple[str, int], list[_Spec]] = {}
+    for specs in per_rank:
+        order: dict[str, int] = {}
+        for sp in specs:
+            if sp.builder == "collective_op" and sp.args[1] == "all_to_all" and sp.pg is not None:
+                k = order[sp.pg] = order.get(sp.pg, -1) + 1
+                members.setdefault((sp.pg, k), []).append(sp)
+    for (pg, _k), specs in members.items():
+        if len({sp.args[3] for sp in specs}) > 1:
+            n = len(groups.group(pg, f"{files[0]}: process group {pg!r}"))
+            for sp in specs:
+                sp.kwargs["split"] = (sp.args[3] / n,) * n
 
 
 def _check_rank_count(meta_attrs: dict[str, Any], path: Path, rank: int, world: int, prefix: str) -> None:
