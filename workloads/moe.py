@@ -289,7 +289,7 @@ def route_layer(model_experts: int, top_k: int, tokens_per_rank: int, ep: int, r
         seed = [routing.seed, layer, 0] if micro_batch is None else [routing.seed, layer, 2, micro_batch]
         rng = np.random.default_rng(seed)
         probs = routing.probabilities(model_experts, layer)
-        choices = rng.multinomial(n_choices, probs, size=ep).astype(np.int64)
+        choices = rng.multinomial(n_choices, probs, size=ep).astype(np.int64, copy=False)  # (int64 already)
     capacity = None
     if routing.capacity_factor is not None:
         capacity = capacity_slots(tokens_per_rank, top_k, model_experts, routing.capacity_factor)
