@@ -18,7 +18,7 @@ Per rung it prints the simulated step time, wall time (generation + simulation +
 rate solves, flows, events per second of wall time, CPU seconds (user + sys, whole process: the figure to
 compare on a shared machine) and the peak resident memory of the rung's process,
 then the growth exponent ``k`` of wall time ~ GPUs^k fitted over the GPT-3 ladder. Results go to
-``benchmarks/results.csv``.
+``benchmarks/results.csv`` (``results-<fidelity>.csv`` with ``--fidelity`` other than fast; ``--out`` elsewhere).
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ def _zero():
         p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
 
     def run(args: argparse.Namespace) -> int:
-        from workloads.sharding import parse_count, zero_figures
+        from workloads.sharding import optimizer_bytes_per_param, parse_count, zero_figures
         if not 1 <= args.gpus <= 10**9:
             raise ValueError(f"--gpus: must be an integer in 1..1000000000, got {args.gpus}")
         params = _whole(parse_count(args.params, "--params"), args.params, "--params", "parameters", "7.5e9 or 175B")
@@ -104,8 +104,9 @@ def _zero():
         if args.json:
             print(json.dumps(rows))
             return 0
-        print(f"Ψ = {args.params} parameters, N = {args.gpus} GPUs, mixed-precision Adam (K = 12); per GPU, "
-              f"GB = 1e9 bytes:")
+        adam = "mixed-precision Adam" if args.dtype_bytes == 2 else "fp32 Adam"
+        k = optimizer_bytes_per_param(args.dtype_bytes)
+        print(f"Ψ = {args.params} parameters, N = {args.gpus} GPUs, {adam} (K = {k}); per GPU, GB = 1e9 bytes:")
         print(f"{'ZeRO':>4}  {'model states':>14}  {'memory formula':<16}  {'sent / step':>13}  traffic formula")
         for r in rows:
             print(f"{r['zero']:>4}  {r['model_states_bytes'] / 1e9:>11,.1f} GB  {r['memory_formula']:<16}  "

@@ -256,6 +256,11 @@ def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]], dic
             # alltoallv members send different amounts: only kind and count must agree.
             size = None if first.split is not None else first.nbytes
             for o in ops[1:]:
+                if (o.split is None) != (size is not None):
+                    raise OpGraphError(f"{_describe(o)}: {'an all_to_all' if o.split is None else 'an alltoallv'} "
+                                       f"but {_describe(first)} of the same exchange is "
+                                       f"{'an alltoallv' if o.split is None else 'an all_to_all'} (every member "
+                                       f"gives a split, or none)")
                 if (o.collective, None if size is None else o.nbytes, o.count) != (first.collective, size,
                                                                                    first.count):
                     raise OpGraphError(f"{_describe(o)}: {o.collective} of {o.nbytes:g} B does not match "

@@ -19,9 +19,10 @@ from simulator import simulate
 from simulator.cli import main
 from simulator.experiment import experiment_from_dict
 from simulator.fabric import NetworkConfig
+from topologies import single_server
 from workloads.chakra import ChakraError, read_chakra, write_chakra
 from workloads.chakra.schema import classes, encode_messages
-from workloads.ops import OpGraph
+from workloads.ops import OpGraph, OpGraphError
 from workloads.training import training_step
 
 DATA = Path(__file__).parent / "data"
@@ -493,3 +494,25 @@ def test_uneven_all_to_alls_read_without_clustersim_attributes(tmp_path):
     # every rank sends (n - 1)/n of its input to its peers
     sent = sum(op.nbytes * (len(op.group) - 1) / len(op.group) for op in a2a)
     assert result.bytes_by_class["all_to_all"] == pytest.approx(sent, rel=1e-9)
+
+
+def test_uneven_all_to_alls_are_matched_as_the_engine_matches_exchanges(tmp_path):
+    # Two names for one group ("" and "0": every rank), issued in different orders: the engine pairs the
+    # collectives by group and position, and so does the reader when it decides which exchanges are uneven.
+    write_trace(tmp_path, [[coll(0, ALL_TO_ALL, 100, pg=""), coll(1, ALL_TO_ALL, 50, pg="0")],
+                           [coll(0, ALL_TO_ALL, 50, pg="0"), coll(1, ALL_TO_ALL, 300, pg="")]])
+    graph = read_chakra(tmp_path)
+    assert all(op.split == (op.nbytes / 2,) * 2 for op in graph.ops if op.kind == "collective")
+    result = simulate(graph, single_server("H100", 2))
+    assert result.bytes_by_class["all_to_all"] == pytest.approx((100 + 50 + 50 + 300) / 2)
+    # members that agree stay a uniform all-to-all
+    write_trace(tmp_path, [[coll(0, ALL_TO_ALL, 64, pg="0")], [coll(0, ALL_TO_ALL, 64, pg="0")]])
+    assert [op.split for op in read_chakra(tmp_path).ops] == [None, None]
+
+
+def test_an_exchange_of_split_and_unsplit_members_is_refused_in_one_line():
+    g = OpGraph(2)
+    g.collective_op(0, "all_to_all", (0, 1), 100.0, split=(50.0, 50.0))
+    g.collective_op(1, "all_to_all", (0, 1), 100.0)
+    with pytest.raises(OpGraphError, match=r"an all_to_all but .* of the same exchange is an alltoallv"):
+        simulate(g, single_server("H100", 2))

@@ -232,6 +232,18 @@ def test_zero_figures_reproduce_the_paper_figure_1(zero, paper_gb):
     assert zero_figures(7.5e9, 64)[zero]["model_states_bytes"] / 1e9 == pytest.approx(paper_gb, abs=0.05)
 
 
+def test_fp32_adam_holds_no_master_copy():
+    # fp32 training: 4-byte weights and gradients, momentum and variance (K = 8; the weights are the master
+    # copy): 16 bytes per parameter unsharded, as Megatron's distributed-optimizer table gives for fp32.
+    rows = zero_figures(7.5e9, 64, dtype_bytes=4)
+    assert [r["model_states_bytes"] / 7.5e9 for r in rows] == pytest.approx([16, 8 + 8 / 64, 4 + 12 / 64, 16 / 64])
+    assert [r["memory_formula"] for r in rows] == ["(4+4+8)Ψ", "(4+4)Ψ + 8Ψ/N", "4Ψ + (4+8)Ψ/N", "(4+4+8)Ψ/N"]
+    assert rows[3]["traffic_formula"] == "3(N-1)/N·4Ψ"
+    text = subprocess.run([sys.executable, "-m", "simulator.cli", "zero", "--params", "7.5B", "--gpus", "64",
+                           "--dtype-bytes", "4"], capture_output=True, text=True, check=True).stdout
+    assert "fp32 Adam (K = 8)" in text and "120.0 GB" in text
+
+
 def test_zero3_traffic_is_one_and_a_half_times_dp():
     rows = zero_figures(1e12, 1024)
     assert rows[3]["traffic_bytes_per_gpu"] == pytest.approx(1.5 * rows[0]["traffic_bytes_per_gpu"])

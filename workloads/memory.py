@@ -109,7 +109,7 @@ from .parallel import (
     validate,
 )
 from .schedules import holding_changes, rank_schedule
-from .sharding import gather_schedule, sharding_plan, stage_uses
+from .sharding import gather_schedule, optimizer_bytes_per_param, sharding_plan, stage_uses
 
 __all__ = [
     "MemoryBreakdown", "memory_per_gpu", "model_state_bytes", "stage_params",
@@ -162,11 +162,6 @@ class MemoryBreakdown:
 
 
 # ----------------------------------------------------------- model states
-def optimizer_bytes_per_param(dtype_bytes: int = 2) -> int:
-    """Adam state ``K`` per parameter: 12 for mixed precision (ZeRO's K), 8 for fp32."""
-    return 12 if dtype_bytes < 4 else 8
-
-
 def model_state_bytes(params: float, *, dp: int = 1, zero: int = 0,
                       dtype_bytes: int = 2) -> tuple[float, float, float]:
     """Parameter, gradient and optimizer bytes for ``params`` sharded by ZeRO over ``dp``.

@@ -415,34 +415,42 @@ def parse_count(value: object, field: str = "params") -> float:
     return x
 
 
-def zero_figures(params: float, gpus: int, dtype_bytes: int = 2, k: int = 12) -> list[dict]:
+def optimizer_bytes_per_param(dtype_bytes: int = 2) -> int:
+    """Adam state ``K`` per parameter: 12 for mixed precision (ZeRO's K: fp32 master weights, momentum,
+    variance), 8 for fp32 training (momentum and variance; the weights are the master copy)."""
+    return 12 if dtype_bytes < 4 else 8
+
+
+def zero_figures(params: float, gpus: int, dtype_bytes: int = 2, k: int | None = None) -> list[dict]:
     """Model-state memory and gradient/parameter traffic per GPU for ZeRO stages 0-3 (Rajbhandari et al. SC'20).
 
     ``params`` (Ψ) trained by data parallelism over ``gpus`` (N) GPUs with
-    mixed-precision Adam: 16-bit parameters and gradients (``dtype_bytes``
-    each) and ``k`` bytes of optimizer state per parameter (12: fp32 master
-    weights, momentum, variance). Memory per GPU (section 3.1, Figure 1):
-    ``(2 + 2 + K)Ψ``, ``(2 + 2)Ψ + KΨ/N``, ``2Ψ + (2 + K)Ψ/N``,
-    ``(2 + 2 + K)Ψ/N``. Bytes one GPU sends per step with one micro-batch
-    (section 7): a ring all-reduce of the gradients, ``2(N-1)/N · 2Ψ``, for
-    DDP; a reduce-scatter of gradients plus an all-gather of parameters, the
-    same, for ZeRO-1/2; one more all-gather of the parameters for ZeRO-3,
-    ``3(N-1)/N · 2Ψ`` (1.5x). These are the paper's figures; a framework's
-    (:func:`sharding_plan`) can differ: Megatron's fp32 gradients, FSDP's
-    root unit, DeepSpeed's reuse of gathered modules and persistent small
-    parameters, gathers repeated for every micro-batch.
+    Adam: parameters and gradients of ``dtype_bytes`` (d) each and ``k`` bytes
+    of optimizer state per parameter (default :func:`optimizer_bytes_per_param`:
+    12 under mixed precision, 8 in fp32). Memory per GPU (section 3.1,
+    Figure 1, with d = 2): ``(d + d + K)Ψ``, ``(d + d)Ψ + KΨ/N``,
+    ``dΨ + (d + K)Ψ/N``, ``(d + d + K)Ψ/N``. Bytes one GPU sends per step with
+    one micro-batch (section 7): a ring all-reduce of the gradients,
+    ``2(N-1)/N · dΨ``, for DDP; a reduce-scatter of gradients plus an
+    all-gather of parameters, the same, for ZeRO-1/2; one more all-gather of
+    the parameters for ZeRO-3, ``3(N-1)/N · dΨ`` (1.5x). These are the paper's
+    figures; a framework's (:func:`sharding_plan`) can differ: Megatron's fp32
+    gradients, FSDP's root unit, DeepSpeed's reuse of gathered modules and
+    persistent small parameters, gathers repeated for every micro-batch.
     """
     psi, n, d = float(params), int(gpus), dtype_bytes
+    k = optimizer_bytes_per_param(d) if k is None else k
     ring = (n - 1) / n
     rows = []
     for stage in range(4):
         p = d * psi / (n if stage >= 3 else 1)
         g = d * psi / (n if stage >= 2 else 1)
         o = k * psi / (n if stage >= 1 else 1)
-        memory_formula = ["(2+2+K)Ψ", "(2+2)Ψ + KΨ/N", "2Ψ + (2+K)Ψ/N", "(2+2+K)Ψ/N"][stage]
+        memory_formula = ["(d+d+K)Ψ", "(d+d)Ψ + KΨ/N", "dΨ + (d+K)Ψ/N", "(d+d+K)Ψ/N"][stage]
         traffic = (3 if stage == 3 else 2) * ring * d * psi
-        traffic_formula = "3(N-1)/N·2Ψ" if stage == 3 else "2(N-1)/N·2Ψ"
+        traffic_formula = "3(N-1)/N·dΨ" if stage == 3 else "2(N-1)/N·dΨ"
         rows.append({"zero": stage, "parameters_bytes": p, "gradients_bytes": g, "optimizer_bytes": o,
-                     "model_states_bytes": p + g + o, "memory_formula": memory_formula.replace("K", str(k)),
-                     "traffic_bytes_per_gpu": traffic, "traffic_formula": traffic_formula})
+                     "model_states_bytes": p + g + o,
+                     "memory_formula": memory_formula.replace("K", str(k)).replace("d", str(d)),
+                     "traffic_bytes_per_gpu": traffic, "traffic_formula": traffic_formula.replace("d", str(d))})
     return rows

@@ -232,18 +232,20 @@ def _uneven_all_to_alls(per_rank: list[list[_Spec]], groups: Any, files: list[Pa
     the process group and wants one size, unless each member says what it sends: such an exchange becomes an
     alltoallv in which every rank spreads its own input evenly over the group (``split``, ``comm_size / n`` to
     each member, itself included, as a uniform all-to-all does). Exchanges whose members agree stay uniform."""
-    members: dict[tuple[str, int], list[_Spec]] = {}
-    for specs in per_rank:
-        order: dict[str, int] = {}
+    # members of one exchange as the engine matches them: the group's ranks and the collective's position
+    # among all collectives on that group in each rank's order (two names may stand for one group)
+    members: dict[tuple[tuple[int, ...], int], list[_Spec]] = {}
+    for rank, specs in enumerate(per_rank):
+        order: dict[tuple[int, ...], int] = {}
         for sp in specs:
-            if sp.builder == "collective_op" and sp.args[1] == "all_to_all" and sp.pg is not None:
-                k = order[sp.pg] = order.get(sp.pg, -1) + 1
-                members.setdefault((sp.pg, k), []).append(sp)
-    for (pg, _k), specs in members.items():
-        if len({sp.args[3] for sp in specs}) > 1:
-            n = len(groups.group(pg, f"{files[0]}: process group {pg!r}"))
+            if sp.builder == "collective_op" and sp.pg is not None:
+                group = groups.group(sp.pg, f"{files[rank]}: node {sp.node_id}")
+                k = order[group] = order.get(group, -1) + 1
+                members.setdefault((group, k), []).append(sp)
+    for (group, _k), specs in members.items():
+        if all(sp.args[1] == "all_to_all" for sp in specs) and len({sp.args[3] for sp in specs}) > 1:
             for sp in specs:
-                sp.kwargs["split"] = (sp.args[3] / n,) * n
+                sp.kwargs["split"] = (sp.args[3] / len(group),) * len(group)
 
 
 def _check_rank_count(meta_attrs: dict[str, Any], path: Path, rank: int, world: int, prefix: str) -> None:
