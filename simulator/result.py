@@ -123,7 +123,7 @@ class Result:
 
     # ------------------------------------------------------------- frames
     _OP_COLUMNS = ("id", "rank", "kind", "name", "stream", "traffic_class", "collective", "layer", "micro_batch",
-                   "stage", "nbytes", "flops", "issue_s", "start_s", "end_s")
+                   "stage", "nbytes", "count", "flops", "issue_s", "start_s", "end_s")
 
     def _op_column(self, name: str) -> np.ndarray | list:
         """Column ``name`` of :attr:`rep_ops` read off the op graph (strings as a list), once: the metrics
@@ -142,6 +142,8 @@ class Result:
                 col = [getattr(o, "collective", "") for o in ops]
             elif name == "nbytes":
                 col = np.fromiter(map(attrgetter(name), ops), dtype=float, count=n)
+            elif name == "count":  # a coarsened collective runs count times back to back (nbytes each)
+                col = np.fromiter((getattr(o, "count", 1) for o in ops), dtype=np.int64, count=n)
             elif name == "flops":
                 col = np.fromiter((getattr(o, "flops", 0.0) for o in ops), dtype=float, count=n)
             else:
@@ -170,7 +172,9 @@ class Result:
 
     @cached_property
     def ops(self) -> pd.DataFrame:
-        """One row per executed op: rank, kind, class, tags, issue/start/end (s), bytes, FLOPs.
+        """One row per executed op: rank, kind, class, tags, issue/start/end (s), bytes, FLOPs. A collective's
+        ``nbytes`` is one call's; ``count`` is how many calls the op runs back to back (a coarsened layer's or
+        bucket run's), so its bytes are ``nbytes * count``; 1 for the other ops.
 
         With ``fidelity="fast"`` (a graph of representatives) every rank a representative stands for
         gets a copy of the representative's rows (same ``id`` and times, its own ``rank``), so the

@@ -125,3 +125,18 @@ def test_timeline_of_a_rank_a_representative_stands_for():
     assert member.drop(columns="rank").equals(rep.drop(columns="rank"))
     both = r.timeline([5, 0])
     assert list(dict.fromkeys(both["rank"])) == [5, 0]
+
+
+def test_ops_frame_carries_each_collectives_count():
+    # a coarsened collective (a layer run's TP collectives, full buckets) is count calls of nbytes each: the
+    # frame's bytes times counts are the op graph's
+    from simulator.experiment import run_experiment
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 4}, "model": {"preset": "gpt2-small"},
+           "parallel": {"tp": 4, "sequence_parallel": True}, "training": {"seq_len": 512}}
+    r = run_experiment(experiment_from_dict(doc), fidelity="full")
+    ops = r.ops
+    assert (ops["count"] > 1).any() and (ops.loc[ops["kind"] == "compute", "count"] == 1).all()
+    graph = {op.id: op for op in r.record.graph.ops}
+    coll = ops[ops["kind"] == "collective"]
+    assert (coll["nbytes"] * coll["count"]).sum() == pytest.approx(
+        sum(graph[i].nbytes * graph[i].count for i in coll["id"]))

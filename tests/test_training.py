@@ -185,8 +185,9 @@ def test_tp_bytes_per_step_hand_count(sp, t):
     # Per micro-batch: 2 all-reduces per layer forward + 2 backward, the embedding's forward all-reduce and
     # the output layer's backward all-reduce (SP: the same volume as all-gathers + reduce-scatters). SP's
     # backward also re-gathers the QKV and MLP-up inputs for the weight gradients (Megatron-LM's
-    # LinearWithGradAccumulationAndAsyncCommunication, TE's Linear): 2 all-gathers per layer = 1 all-reduce.
-    all_reduces = m * (4 * model.layers + 2) + (m * model.layers if sp else 0)
+    # LinearWithGradAccumulationAndAsyncCommunication, TE's Linear): 2 all-gathers per layer = 1 all-reduce,
+    # and the output layer (a ColumnParallelLinear) re-gathers its input: half an all-reduce per micro-batch.
+    all_reduces = m * (4 * model.layers + 2) + (m * (model.layers + 0.5) if sp else 0)
     ring_payload = t * 2 * (t - 1) / t * S                     # summed over the t ranks of one group
     assert res.bytes_by_class["tp"] == pytest.approx(dp * all_reduces * ring_payload, rel=1e-12)
 

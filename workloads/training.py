@@ -646,7 +646,8 @@ class _StepBuilder:
         layer and backward (with or without recomputation), ``b s h`` elements each, on their own stream.
         A MoE layer (``moe``) re-gathers its QKV input and, with shared experts, their up-projection's input
         (Megatron-Core's ``SharedExpertMLP`` is a column-parallel linear); the routed experts' input comes from
-        the token dispatcher's own all-gather, which autograd keeps, so it is not gathered again.
+        the token dispatcher's own all-gather, which autograd keeps, so it is not gathered again. The output
+        layer (``ColumnParallelLinear``) re-gathers its input once more on the last stage (half of ``n = 1``).
         """
         if self.t == 1 or not self.sp or phase not in ("B", "BW") or self.par.tp_comm_overlap:
             return 0
@@ -755,6 +756,8 @@ class _StepBuilder:
             # does not change its time).
             for kind, n in self._tp_counts(0, phase, first, last).items():
                 segs[-1].tp[kind] = segs[-1].tp.get(kind, 0) + n
+            if last:  # the output layer (a ColumnParallelLinear) re-gathers its input too
+                segs[-1].regather += self._regathers(1, phase) // 2
             segs[-1].grad_bytes += emb_params * gb
         else:
             kernels = list(head)
@@ -769,7 +772,8 @@ class _StepBuilder:
                              (sum(g[0] for g in grads.values()) + emb_params) * gb,
                              sum(g[1] for g in grads.values()) * gb, recompute=tuple(again),
                              ub=(head, self._layer_runs(order, phase), tail) if ub else None,
-                             regather=self._regathers(len(layers), phase))]
+                             regather=self._regathers(len(layers), phase)
+                             + (self._regathers(1, phase) // 2 if last else 0))]
         for seg in segs:
             seg.phase = phase
         self._segments_cache[key] = segs
