@@ -179,3 +179,40 @@ def test_hierarchical_all_reduce_puts_no_byte_on_the_spine_of_a_rail_fabric():
     # Both move the same bytes through NICs and over NVLink (the same phases between the same GPUs).
     assert on_rail["pcie"] == pytest.approx(on_spine["pcie"]) and on_rail["pcie"] > 0
     assert on_rail["nvlink"] == pytest.approx(on_spine["nvlink"])
+
+
+# ------------------------------------------------------ rings on rails (tenth session's fabric audit)
+@pytest.mark.parametrize("servers", [2, 4, 3])
+def test_ring_channels_cross_between_servers_on_one_rail(servers):
+    # NCCL keeps a channel's network hop on one NIC index: every hop between servers joins members of equal
+    # local index (with an odd number of servers, the hop closing the ring cannot).
+    from simulator.collectives import ring_channels
+    k = 8
+    rings = ring_channels(list(range(servers * k)), lambda r: r // k)
+    assert len(rings) == k
+    for ring in rings:
+        assert sorted(ring) == list(range(servers * k))
+        hops = [(a, b) for a, b in zip(ring, ring[1:] + ring[:1]) if a // k != b // k]
+        assert len(hops) == servers
+        cross_rail = [(a, b) for a, b in hops if a % k != b % k]
+        assert len(cross_rail) == (servers % 2)
+    # each member's NIC sends once and receives once over the channels
+    sends = [a for ring in rings for a, b in zip(ring, ring[1:] + ring[:1]) if a // k != b // k]
+    assert sorted(sends) == sorted(set(sends)) and len(sends) == servers * k
+
+
+def test_ring_all_reduce_on_a_rail_pod_never_touches_the_spines():
+    # 4 servers in one rail-optimized pod (GPU i of each server on rail leaf i), 4:1 above the rails: rings
+    # that stay on their rail run as on a leaf-spine of one leaf (found: every hop crossed rails, through the
+    # spines, 11x slower)
+    from simulator import simulate
+    times = {}
+    for fabric in ("leaf_spine", "rail_optimized"):
+        cluster = build_cluster({"preset": "dgx-h100", "nodes": 4, "nodes_per_leaf": 4, "fabric": fabric,
+                                 "oversubscription": 4})
+        g = OpGraph(32)
+        g.collective("all_reduce", list(range(32)), 2**30, algorithm="ring")
+        r = simulate(g, cluster)
+        times[fabric] = r.step_time
+        assert r.bytes_by_tier.get("spine", 0.0) == 0.0
+    assert times["rail_optimized"] == pytest.approx(times["leaf_spine"], rel=1e-6)
