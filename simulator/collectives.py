@@ -97,14 +97,9 @@ def ring_channels(group: Sequence[int], server_of: Callable[[int], int]) -> list
 
     Inside one server (or when servers hold unequal shares of the group) there
     is one ring in group order. When the group spans ``N`` servers with ``k``
-    members each, there are ``k`` channels. Channel ``c`` crosses between servers
-    on one rail, as NCCL's search keeps a channel's network hop on one NIC index
-    (``NCCL_CROSS_NIC``): it enters the even-numbered servers at their ``c``-th
-    member and leaves at the one before, and walks the odd-numbered ones the other
-    way (in at member ``c - 1``, out at ``c``), so every hop between servers joins
-    members of equal index (with ``N`` odd, the hop closing the ring does not).
-    Each member's NIC is used once in each direction and the ``k`` rings together
-    use every rail.
+    members each, there are ``k`` channels; channel ``c`` enters every server at
+    its ``c``-th member and leaves at the one before, so each member's NIC is
+    used once in each direction and the ``k`` rings together use every rail.
     """
     servers = _by_server(group, server_of)
     sizes = {len(v) for v in servers.values()}
@@ -112,8 +107,7 @@ def ring_channels(group: Sequence[int], server_of: Callable[[int], int]) -> list
         return [list(group)]
     k = sizes.pop()
     order = list(servers.values())
-    return [[m[(c + i) % k] if j % 2 == 0 else m[(c - 1 - i) % k] for j, m in enumerate(order) for i in range(k)]
-            for c in range(k)]
+    return [[m[(c + i) % k] for m in order for i in range(k)] for c in range(k)]
 
 
 def _ring_hops(ring: Sequence[int]) -> tuple[tuple[int, int], ...]:
