@@ -418,8 +418,7 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
     if given("cluster", "core_oversubscription") and fabric != "fat_tree":
         notes.append(f"cluster.core_oversubscription has no effect with fabric {fabric or '(a topology file)'} "
                      f"(only fat_tree has a core tier)")
-    efficiency = (raw.get("network") or {}).get("bandwidth_efficiency") if isinstance(raw.get("network"), Mapping) \
-        else None
+    efficiency = exp.network.bandwidth_efficiency  # (a mapping only as the file gave it: per tier)
     if isinstance(efficiency, Mapping):
         present = {tier for _u, _v, tier in exp.cluster.graph.edges(data="tier")}
         for tier in efficiency:

@@ -254,6 +254,8 @@ EXPERT_DP_STREAM = "edp"
 """The stream of the routed experts' gradient reductions and parameter gathers: Megatron-Core issues them over
 the expert-DP process group, whose NCCL communicator has a CUDA stream of its own, so they run beside the dense
 buffer's (:data:`DP_STREAM`) rather than after them."""
+DP_STREAMS = (DP_STREAM, EXPERT_DP_STREAM)
+"""The stream of a buffer's collectives, indexed by whether it is the routed experts'."""
 RECOMPUTE_PHASE = "R"
 """First letter of a recompute op's name (``R3.c0.L5``: recomputed forward of micro-batch 3, chunk 0, from
 layer 5), as ``F`` and ``B`` start forward and backward ops."""
@@ -636,22 +638,25 @@ class _StepBuilder:
         rs = 2 * n * (2 if full else 1) + ((1 if first else 0) if phase == "F" else (1 if last else 0))
         return {"all_gather": ag, "reduce_scatter": rs}
 
-    def _regathers(self, n: int, phase: str, moe: bool = False) -> int:
-        """All-gathers of the column-parallel layers' inputs (QKV and MLP up-projection) that a backward pass of
-        ``n`` layers runs under sequence parallelism without TP overlap.
+    def _regathers(self, inputs: int, phase: str) -> int:
+        """All-gathers of ``inputs`` column-parallel linears' inputs that a backward pass runs under sequence
+        parallelism without TP overlap (0 otherwise): ``inputs`` itself.
 
         Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication`` and Transformer Engine's ``Linear``
         save the sequence-split input and all-gather it again in backward for the weight gradient, launched
-        asynchronously before the data-gradient GEMM and waited for before the weight-gradient GEMM: 2 per
-        layer and backward (with or without recomputation), ``b s h`` elements each, on their own stream.
-        A MoE layer (``moe``) re-gathers its QKV input and, with shared experts, their up-projection's input
-        (Megatron-Core's ``SharedExpertMLP`` is a column-parallel linear); the routed experts' input comes from
-        the token dispatcher's own all-gather, which autograd keeps, so it is not gathered again. The output
-        layer (``ColumnParallelLinear``) re-gathers its input once more on the last stage (half of ``n = 1``).
+        asynchronously before the data-gradient GEMM and waited for before the weight-gradient GEMM (with or
+        without recomputation), ``b s h`` elements each, on their own stream. Inputs per layer:
+        :meth:`_column_inputs`; the output layer (a ``ColumnParallelLinear``) adds one on the last stage.
         """
         if self.t == 1 or not self.sp or phase not in ("B", "BW") or self.par.tp_comm_overlap:
             return 0
-        return n * (1 + (1 if self.model.shared_experts else 0)) if moe else 2 * n
+        return inputs
+
+    def _column_inputs(self, moe: bool) -> int:
+        """Column-parallel linears of one layer whose input the backward re-gathers: QKV and MLP up-projection;
+        in a MoE layer QKV and, with shared experts, their up-projection (Megatron-Core's ``SharedExpertMLP``),
+        not the routed experts (their input is the token dispatcher's all-gather, which autograd keeps)."""
+        return 1 + (1 if self.model.shared_experts else 0) if moe else 2
 
     def _layer_tp_counts(self, layer: int, phase: str) -> dict[str, int]:
         """TP collectives of one layer's pass: :meth:`_tp_counts`, except that on the expert grid (``etp !=
@@ -744,7 +749,7 @@ class _StepBuilder:
                 segs.append(_Segment(kernels, {} if ub else self._layer_tp_counts(i, phase), i,
                                      grads[i][0] * gb, grads[i][1] * gb, moe=moe,
                                      recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None,
-                                     regather=self._regathers(1, phase, moe is not None),
+                                     regather=self._regathers(self._column_inputs(moe is not None), phase),
                                      expert_w=None if ub else self._expert_wgrads(i, phase, kernels)))
             if head:
                 segs.insert(0, _Segment(head, {}, at[0]))
@@ -757,7 +762,7 @@ class _StepBuilder:
             for kind, n in self._tp_counts(0, phase, first, last).items():
                 segs[-1].tp[kind] = segs[-1].tp.get(kind, 0) + n
             if last:  # the output layer (a ColumnParallelLinear) re-gathers its input too
-                segs[-1].regather += self._regathers(1, phase) // 2
+                segs[-1].regather += self._regathers(1, phase)
             segs[-1].grad_bytes += emb_params * gb
         else:
             kernels = list(head)
@@ -772,8 +777,8 @@ class _StepBuilder:
                              (sum(g[0] for g in grads.values()) + emb_params) * gb,
                              sum(g[1] for g in grads.values()) * gb, recompute=tuple(again),
                              ub=(head, self._layer_runs(order, phase), tail) if ub else None,
-                             regather=self._regathers(len(layers), phase)
-                             + (self._regathers(1, phase) // 2 if last else 0))]
+                             regather=self._regathers(self._column_inputs(False) * len(layers) + (1 if last else 0),
+                                                     phase))]
         for seg in segs:
             seg.phase = phase
         self._segments_cache[key] = segs
@@ -1693,7 +1698,7 @@ class _StepBuilder:
                 pending.launch(chunk, last_op)
         pending.flush(last_op, whole=defer)
         # the last reduction of each stream (the dense buffer's and the experts'), which end after the others
-        dp_ops = list({op.stream: op.id for op in map(g.ops.__getitem__, pending.emitted)}.values())
+        dp_ops = list(pending.last_by_stream.values())
         tied = self._tied_embedding_sync(rank, stage, last_op)
         dense, experts = self.stage_params(stage)
         holders, expert_holders = len(dp_group), len(pending.expert_group)  # the distributed optimizer's shards
@@ -1943,7 +1948,7 @@ class _StepBuilder:
         mb = next(a.micro_batch for a in self.schedules[stage] if a.phase == "F" and a.chunk == chunk)
         group = self.expert_grad_group(rank) if experts else self.grad_group(rank)  # (the groups _Buckets reduced)
         layer = (self.chunk_layers(stage, chunk) or [self._end_layer(stage, chunk)])[0]
-        stream = EXPERT_DP_STREAM if experts else DP_STREAM
+        stream = DP_STREAMS[experts]
         return [self.graph.collective_op(rank, "all_gather", group, sizes[b] * nbytes, name="param_all_gather",
                                          stream=stream, deps=deps, traffic_class="zero", micro_batch=mb,
                                          stage=stage, layer=layer)
@@ -2155,7 +2160,7 @@ class _Buckets:
         self.size = builder.plan.bucket_bytes  # None: every unit's gradients are their own bucket (FSDP)
         self.fill = 0.0
         self.expert_fill = 0.0
-        self.emitted: list[int] = []
+        self.last_by_stream: dict[str, int] = {}  # stream -> its last reduction (ends after the others on it)
         self.held: dict[int, tuple[float, float]] = {}  # chunk -> (dense, expert) gradient bytes held (hold)
         self.stage = builder.layout.coords(rank).pp
         # (of the experts' buffer, bucket bytes) -> how many buckets of that size were reduced (over the dense
@@ -2189,10 +2194,10 @@ class _Buckets:
         group, traffic_class = (self.expert_group, self.expert_class) if experts else (self.group, "dp")
         if len(group) < 2 or nbytes <= 0 or count < 1:
             return
-        self.emitted.append(self.b.graph.collective_op(
-            self.rank, self.kind, group, nbytes, name=f"grad_{self.kind}", deps=deps, count=count,
-            stream=EXPERT_DP_STREAM if experts else DP_STREAM,
-            algorithm=self.algorithm if self.kind == "all_reduce" else "auto", traffic_class=traffic_class))
+        stream = DP_STREAMS[experts]
+        self.last_by_stream[stream] = self.b.graph.collective_op(
+            self.rank, self.kind, group, nbytes, name=f"grad_{self.kind}", deps=deps, count=count, stream=stream,
+            algorithm=self.algorithm if self.kind == "all_reduce" else "auto", traffic_class=traffic_class)
         if self.recording:
             key = (experts, nbytes)
             self.reduced[key] = self.reduced.get(key, 0) + count
@@ -2245,7 +2250,7 @@ class _Buckets:
         for (experts, nbytes), count in self.reduced.items():
             group = self.expert_group if experts else self.group
             self.b.graph.collective_op(self.rank, "all_gather", group, nbytes * ratios[experts],
-                                       name="param_all_gather", stream=EXPERT_DP_STREAM if experts else DP_STREAM,
+                                       name="param_all_gather", stream=DP_STREAMS[experts],
                                        deps=[after], count=count, traffic_class="zero")
 
 
