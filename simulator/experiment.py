@@ -8,7 +8,7 @@ Sections (every section may name a ``preset`` and override its fields)::
     parallel: {tp: 8, pp: 8, ...}                     # workloads.parallel.parallel_from_dict
     training: {seq_len: 2048, dtype: bf16}
     network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0, routing: ecmp, all_to_all: auto,
-               replica_sends: merged}                  # optional
+               replica_sends: merged, pxn: true}       # optional
     fidelity: fast                                     # optional: fast | full | lockstep (see FIDELITIES)
     moe:      {routing: zipf, zipf_s: 1.2, capacity_factor: 1.25, seed: 0}  # optional, MoE token routing
     compute:  {matmul_efficiency: 0.75, attention_efficiency: 0.5, ...}     # optional
@@ -42,7 +42,7 @@ from topologies.components import PlanOptions, plan_options
 from topologies.faults import apply_faults, check_fault, fault_counts
 from topologies.loader import describes_topology, resolve_topology_path
 from topologies.yamlio import load_yaml, malformed
-from workloads.errors import ConfigError, with_prefix
+from workloads.errors import ConfigError, check_bool, with_prefix
 from workloads.memory import MemoryBreakdown, memory_per_gpu
 from workloads.models import ModelSpec, model_from_dict
 from workloads.moe import RoutingModel, routing_from_dict
@@ -169,7 +169,7 @@ def _section(doc: Mapping, key: str) -> dict:
 
 def _network_from_dict(section: Mapping) -> NetworkConfig:
     valid = ("model", "step_latency", "fidelity", "seed", "bandwidth_efficiency", "routing", "all_to_all",
-             "replica_sends")
+             "replica_sends", "pxn")
     unknown = sorted(set(section) - set(valid))
     if unknown:
         raise ConfigError(f"network.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
@@ -186,6 +186,9 @@ def _network_from_dict(section: Mapping) -> NetworkConfig:
         kwargs["all_to_all"] = section["all_to_all"]
     if "replica_sends" in section:
         kwargs["replica_sends"] = section["replica_sends"]
+    if "pxn" in section:
+        check_bool("network.pxn", section["pxn"])
+        kwargs["pxn"] = section["pxn"]
     if "bandwidth_efficiency" in section:
         eff = section["bandwidth_efficiency"]
         if isinstance(eff, Mapping):

@@ -121,6 +121,16 @@ class NetworkConfig:
         third of the CPU time, GPT-3 175B on 1,024 GPUs in ``fast`` −0.004%
         at −20% (docs/DESIGN.md, "Round eleven: replica sends as one
         flow"). ``"each"``: one flow per replica pair (the reference).
+    pxn : bool
+        NCCL's PXN (PCI × NVLink; on by default since NCCL 2.12,
+        ``NCCL_PXN_DISABLE=0``). True (default): a transfer to a GPU on
+        another server moves over NVLink to the GPU of its own server with the
+        destination's local index and leaves through that GPU's NIC, so it
+        stays on the destination's rail; a ring's channel enters and leaves a
+        server through one NIC. On a rail-optimized fabric this keeps rings'
+        and all-to-alls' traffic between servers of a pod off the spines.
+        False (``NCCL_PXN_DISABLE=1``): every transfer leaves through its
+        source GPU's own NIC (:mod:`simulator.routing`).
     """
 
     model: str = "flow"
@@ -131,8 +141,11 @@ class NetworkConfig:
     routing: str = "ecmp"
     all_to_all: str = "auto"
     replica_sends: str = "merged"
+    pxn: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.pxn, bool):
+            raise ValueError(f"network.pxn: must be true or false, got {self.pxn!r}")
         if self.model not in NETWORK_MODELS:
             raise ValueError(f"network.model: {self.model!r} unknown; valid: {', '.join(NETWORK_MODELS)}")
         if self.routing not in ROUTINGS:
@@ -199,7 +212,7 @@ class Fabric:
         self._latency_levels, self._latency_code = np.unique(self.latency, return_inverse=True)
         self._latency_sums: dict[tuple[float, ...], float] = {}  # a route's link latencies -> their sum (s)
         self.tier = np.array(tier)
-        self.router = Router(graph, self.link_index, self.config.seed)
+        self.router = Router(graph, self.link_index, self.config.seed, pxn=self.config.pxn)
         backend = FlowNetwork if self.config.model == "flow" else AnalyticNetwork
         # What transfers can use; ``capacity`` stays the physical rate that results report against.
         nvlink_eff = getattr(cluster.gpu, "nvlink_efficiency", 1.0)

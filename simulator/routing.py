@@ -14,6 +14,20 @@ caching the switch-to-switch paths — a route is a GPU's up leg, a cached
 switch path and the peer's down leg, and only the route ECMP picks is built —
 and falls back to a breadth-first search for any other graph. Both give the
 same path sets (tested).
+
+**PXN** (``pxn=True``; NCCL's default since 2.12, ``NCCL_PXN_DISABLE=0``): a
+transfer to a GPU on another server leaves through the NIC of the GPU of its
+own server that has the *destination's* local index, reached over NVLink, so
+it stays on the destination's rail (NCCL ``src/graph/search.cc``,
+``ncclTopoGetNetDev``: under ``NCCL_P2P_PXN_LEVEL=2``, the default, a send uses
+"the local NIC close to" the GPU with the peer's device index; rings search
+``NET n -> GPU a -> ... -> GPU x -> NET n``, in and out through one NIC, and
+reach it from ``GPU x`` over NVLink). On a rail-optimized fabric this keeps a
+ring's hop between servers, and every all-to-all transfer between two servers
+of one pod, on one rail leaf instead of the spines. The ECMP hash stays that of
+the true pair. PXN applies where the fabric is regular and the proxy shares the
+source's NVSwitch and owns its NIC (a NIC borrowed after a ``nic_down`` fault is
+not used for others); elsewhere a transfer leaves through the source's own NIC.
 """
 
 from __future__ import annotations
@@ -268,12 +282,17 @@ class Router:
     seed : int
         Mixed into every ECMP hash; a different seed is a different (but
         equally deterministic) hash function.
+    pxn : bool
+        Route transfers between servers through the NIC on the destination's rail (module docstring).
+        False (default here: the plain shortest paths) leaves every transfer through its source's own NIC;
+        :class:`~simulator.fabric.Fabric` passes ``network.pxn`` (default True, as NCCL).
     """
 
-    def __init__(self, graph: nx.DiGraph, link_index: dict[tuple, int], seed: int = 0) -> None:
+    def __init__(self, graph: nx.DiGraph, link_index: dict[tuple, int], seed: int = 0, pxn: bool = False) -> None:
         self.graph = graph
         self.link_index = link_index
         self.seed = int(seed)
+        self.pxn = bool(pxn)
         self.node_id = {n: i for i, n in enumerate(graph.nodes)}
         self._pair_paths: dict[tuple, list[np.ndarray]] = {}
         self._switch_paths: dict[tuple, list[list[Hashable]]] = {}
@@ -294,6 +313,18 @@ class Router:
         self._succ = dict(graph.adjacency())
         regular = self._regular()
         self._attach = {n: self._attachment(n) if regular else None for n, k in self._kind.items() if k == "gpu"}
+        # PXN: each GPU's server and local index (its place among its server's GPUs in the graph's order), the GPU
+        # at each (server, local index), and whether a GPU's NIC is its own (no other GPU borrows it)
+        self._server = dict(graph.nodes(data="server"))
+        self._local: dict[Hashable, int] = {}
+        self._rail_gpu: dict[tuple, Hashable] = {}
+        counts: dict = {}
+        for n, k in self._kind.items():
+            if k == "gpu":
+                srv = self._server.get(n)
+                i = counts[srv] = counts.get(srv, -1) + 1
+                self._local[n] = i
+                self._rail_gpu[(srv, i)] = n
 
     def _regular(self) -> bool:
         """Whether the fast path's shortcuts hold: NVSwitches link only GPUs (and, in a domain over several
@@ -380,10 +411,42 @@ class Router:
             mids = self._switch_paths[key] = switch_paths(self._switches(), first, last, self._balls)
         return mids
 
+    def _owns_nic(self, gpu: Hashable) -> bool:
+        """Whether ``gpu`` has a regular NIC that no other GPU reaches (a ``nic_down`` fault lends one)."""
+        a = self._attach.get(gpu)
+        return (a is not None and a[1] is not None
+                and all(w == gpu for w in self._succ[a[1]] if self._kind[w] == "gpu"))
+
+    def proxy(self, src: Hashable, dst: Hashable) -> Hashable | None:
+        """The GPU whose NIC a transfer from ``src`` to ``dst`` on another server leaves through under PXN
+        (the GPU of ``src``'s server with ``dst``'s local index, on ``src``'s NVSwitch, owning its NIC), or
+        None where the transfer leaves through ``src``'s own NIC: PXN off, the same local index, a pair inside
+        one NVLink domain, or a proxy that does not qualify."""
+        if not self.pxn:
+            return None
+        a, b = self._attach.get(src), self._attach.get(dst)
+        if a is None or b is None or a[0] is None or a[1] is None or b[1] is None:
+            return None
+        if a[0] == b[0] or (b[0] is not None and b[0] in self._succ[a[0]]):
+            return None
+        p = self._rail_gpu.get((self._server.get(src), self._local.get(dst)))
+        if p is None or p == src or (self._attach.get(p) or (None,))[0] != a[0] or not self._owns_nic(p):
+            return None
+        return p
+
+    def _up_leg(self, gpu: Hashable) -> list[int]:
+        """Link ids GPU -> its NIC -> first switch (cached per GPU)."""
+        up = self._up.get(gpu)
+        if up is None:
+            a, li = self._attach[gpu], self.link_index
+            up = self._up[gpu] = [li[(gpu, a[1])], li[(a[1], a[2])]]
+        return up
+
     def _structural(self, src: Hashable, dst: Hashable) -> tuple[list[int], list[list[int]], list[int]] | None:
         """``(up, middles, down)`` link ids of a GPU pair on different domains of a regular fabric: every
         equal-cost route is ``up + middles[k] + down`` (GPU -> NIC -> first switch, the ``k``-th switch path
-        in :meth:`_mids` order, last switch -> NIC -> GPU), or None when the pair needs the general search.
+        in :meth:`_mids` order, last switch -> NIC -> GPU; under PXN ``up`` starts GPU -> NVSwitch -> proxy),
+        or None when the pair needs the general search.
 
         The up and down legs are per GPU and the middles per switch pair, so a route costs a few list
         concatenations instead of a path search (131,072 GPUs: ~10^6 pairs, ~10^3 switch pairs)."""
@@ -392,10 +455,13 @@ class Router:
             return None
         if a[0] is not None and (a[0] == b[0] or (b[0] is not None and b[0] in self._succ[a[0]])):
             return None
-        up = self._up.get(src)
-        if up is None:
+        p = self.proxy(src, dst)
+        if p is None:
+            up = self._up_leg(src)
+        else:
             li = self.link_index
-            up = self._up[src] = [li[(src, a[1])], li[(a[1], a[2])]]
+            up = [li[(src, a[0])], li[(a[0], p)], *self._up_leg(p)]
+            a = self._attach[p]
         down = self._down.get(dst)
         if down is None:
             li = self.link_index
@@ -443,6 +509,18 @@ class Router:
         table = {c: np.array(v, dtype=np.int64) for c, v in cols.items()}
         table["ok"] = np.array(ok, dtype=bool)
         table["nid"] = np.array([node_id[g] for g in gpus], dtype=np.int64)
+        if self.pxn:  # (proxy): rail[server, local index] = position of that GPU; who may proxy
+            where = {g: i for i, g in enumerate(gpus)}
+            servers: dict = {}
+            srv = [servers.setdefault(self._server.get(g), len(servers)) for g in gpus]
+            loc = [self._local[g] for g in gpus]
+            rail = np.full((len(servers), max(loc, default=0) + 1), -1, dtype=np.int64)
+            for (s, i), g in self._rail_gpu.items():
+                if s in servers and g in where:
+                    rail[servers[s], i] = where[g]
+            table["srv"], table["loc"], table["rail"] = np.array(srv), np.array(loc), rail
+            table["pxok"] = (table["ok"] & (table["nvs"] >= 0) & (table["n2g"] >= 0)
+                             & np.array([self._owns_nic(g) for g in gpus], dtype=bool))
         self._switch_nodes = list(sw_index)
         self._mid_by_code = {}  # (codes are of this table's switch numbering)
         self._table = (gpus, table)
@@ -486,7 +564,15 @@ class Router:
         struct = np.flatnonzero(ok & ~same_domain)
         if len(struct):
             s, d = src[struct], dst[struct]
-            a, b = t["sw"][s], t["sw"][d]
+            # under PXN the transfer leaves through the NIC of GPU exits (s where PXN does not apply; see proxy())
+            if self.pxn:
+                e = t["rail"][t["srv"][s], t["loc"][d]]
+                at = np.maximum(e, 0)
+                via = (e >= 0) & (e != s) & (t["g2n"][s] >= 0) & t["pxok"][at] & (t["nvs"][at] == t["nvs"][s])
+                exits = np.where(via, e, s)
+            else:
+                exits, via = s, np.zeros(len(s), dtype=bool)
+            a, b = t["sw"][exits], t["sw"][d]
             nsw = len(self._switch_nodes)
             upairs, inv = np.unique(a * nsw + b, return_inverse=True)
             by_code = self._mid_by_code
@@ -503,18 +589,25 @@ class Router:
             pick = (h % k[inv].astype(np.uint64)).astype(np.int64)
             for m in np.unique(width).tolist():
                 chosen = np.flatnonzero(width == m)
-                table = np.concatenate([mids[u] for u in chosen.tolist()])
+                table = np.concatenate([mids[c] for c in chosen.tolist()])
                 offset = np.zeros(len(upairs), dtype=np.int64)
                 offset[chosen] = np.cumsum(k[chosen]) - k[chosen]
-                rows = np.flatnonzero(width[inv] == m)
-                block = np.empty((len(rows), m + 4), dtype=np.int64)
-                rs, rd = s[rows], d[rows]
-                block[:, 0] = t["up0"][rs]
-                block[:, 1] = t["up1"][rs]
-                block[:, 2:m + 2] = table[offset[inv[rows]] + pick[rows]]
-                block[:, m + 2] = t["dn0"][rd]
-                block[:, m + 3] = t["dn1"][rd]
-                out.append((struct[rows], block))
+                for proxied in (False, True):
+                    rows = np.flatnonzero((width[inv] == m) & (via == proxied))
+                    if not len(rows):
+                        continue
+                    lead = 2 if proxied else 0  # GPU -> NVSwitch -> proxy, then the proxy's up leg
+                    block = np.empty((len(rows), m + 4 + lead), dtype=np.int64)
+                    ru, rd = exits[rows], d[rows]
+                    if proxied:
+                        block[:, 0] = t["g2n"][s[rows]]
+                        block[:, 1] = t["n2g"][ru]
+                    block[:, lead] = t["up0"][ru]
+                    block[:, lead + 1] = t["up1"][ru]
+                    block[:, lead + 2:lead + m + 2] = table[offset[inv[rows]] + pick[rows]]
+                    block[:, lead + m + 2] = t["dn0"][rd]
+                    block[:, lead + m + 3] = t["dn1"][rd]
+                    out.append((struct[rows], block))
             done[struct] = True
         for i in np.flatnonzero(~done).tolist():
             links = self.route(gpus[int(src[i])], gpus[int(dst[i])], int(labels[i]))

@@ -77,10 +77,12 @@ def test_multi_node_ring_uses_every_rail():
     c = leaf_spine("H100-SXM", servers=4, servers_per_leaf=4)
     n, size = 32, 2**31
     nic, nv = c.gpu.nic_bandwidth, c.gpu.nvlink_bandwidth
-    # Per channel: bottleneck is the NIC (each NIC carries one channel each way); NVLink carries 7
-    # channels per GPU each way at 450/7 > 50 GB/s.
-    assert nv / 7 > nic
-    alpha = STEP + path_latency(c, ("gpu", 0, 7), ("nic", 0, 7), ("leaf", 0), ("nic", 1, 0), ("gpu", 1, 0))
+    # Per channel: bottleneck is the NIC (each NIC carries one channel each way); NVLink carries all 8
+    # channels per GPU each way (7 inside the server, and under PXN the one leaving it: the member before
+    # channel c's entry hands its data over NVLink to the GPU on rail c) at 450/8 > 50 GB/s.
+    assert nv / 8 > nic
+    alpha = STEP + path_latency(c, ("gpu", 0, 7), ("nvswitch", 0), ("gpu", 0, 0), ("nic", 0, 0), ("leaf", 0),
+                                ("nic", 1, 0), ("gpu", 1, 0))
     expected = 2 * (n - 1) * alpha + 2 * (n - 1) / n * (size / 8) / nic
     assert collective_time(c, "all_reduce", n, size, "ring", IDEAL_NET) == pytest.approx(expected, rel=1e-6)
 

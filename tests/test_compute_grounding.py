@@ -288,11 +288,23 @@ def test_nccl_ring_busbw_on_one_h100_node(op, measured):
     assert _busbw(node, op, 8, 2**33, "ring") == pytest.approx(measured, rel=0.05)
 
 
-@pytest.mark.parametrize("preset, measured", [("dgx-a100", 192.0), ("dgx-h100", 375.0)])
+@pytest.mark.parametrize("preset, low, high", [("dgx-a100", 192.0, 192.0), ("dgx-h100", 370.0, 380.0)])
 @pytest.mark.parametrize("nodes", [4, 16])
-def test_nccl_multi_node_ring_all_reduce_busbw(preset, measured, nodes):
+def test_nccl_multi_node_ring_all_reduce_busbw(preset, low, high, nodes):
+    # Within 5% of the published figure (DGX H100: a range). Under PXN (NCCL's default) a ring closes through
+    # the NIC it entered a server by, so each GPU's NVLink carries every channel, as on one node: on DGX H100
+    # the NVLink rate measured on one node (0.81 of 450 GB/s) binds before the eight NICs (0.95 of 8 x 50).
     c = build_cluster({"preset": preset, "nodes": nodes})
-    assert _busbw(c, "all_reduce", 8 * nodes, 2**33, "ring") == pytest.approx(measured, rel=0.05)
+    assert 0.95 * low <= _busbw(c, "all_reduce", 8 * nodes, 2**33, "ring") <= 1.05 * high
+
+
+@pytest.mark.parametrize("preset", ["dgx-a100", "dgx-h100"])
+def test_a_multi_node_ring_is_never_faster_than_the_ring_on_one_node(preset):
+    # NCCL's search (src/graph/search.cc) asks rings, unlike other patterns, to close through their starting
+    # NIC, which puts every channel on every GPU's NVLink: a ring over servers moves no more per GPU than the
+    # NVLink ring of one server.
+    one = _busbw(build_cluster({"preset": preset, "nodes": 1}), "all_reduce", 8, 2**33, "ring")
+    assert _busbw(build_cluster({"preset": preset, "nodes": 4}), "all_reduce", 32, 2**33, "ring") <= one
 
 
 def test_nccl_busbw_at_mid_sizes_on_one_a100_node():

@@ -31,7 +31,9 @@ def test_two_collectives_sharing_an_oversubscribed_spine():
     a = list(range(0, 8)) + list(range(16, 24))      # servers 0 and 2: crosses the spine
     b = list(range(8, 16)) + list(range(24, 32))     # servers 1 and 3: crosses the spine too
     n, size = 16, 2**31
-    lat = 2 * (n - 1) * (STEP + 2 * 0.25e-6 + 4 * 0.5e-6)
+    # a step's route between servers: GPU -> NVSwitch -> GPU on the next server's rail (PXN: the ring leaves each
+    # server through the NIC it entered by), PCIe, NIC -> leaf -> spine -> leaf -> NIC, PCIe
+    lat = 2 * (n - 1) * (STEP + 2 * 0.25e-6 + 2 * 0.25e-6 + 4 * 0.5e-6)
     per_link_bytes = 2 * (n - 1) / n * size / 8          # 8 channels, one per rail
     alone_expected = lat + per_link_bytes / min(nic, uplink / 8)
     together_expected = lat + per_link_bytes / min(nic, uplink / 16)
