@@ -36,6 +36,7 @@ import yaml
 
 from topologies import build_cluster, format_bandwidth, parse_time
 from topologies.builders import ratio_text
+from topologies.bisection import bisection_bandwidth
 from topologies.capacity import plan_columns
 from topologies.cluster import Cluster
 from topologies.components import PlanOptions, plan_options
@@ -539,9 +540,12 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
     result = Result(record, sim_wall_s=time.perf_counter() - t0)
     # The summary describes what ran: the fidelity override, not the file's.
     attach_training_metrics(result, step, dataclasses.replace(exp, fidelity=fidelity), memory)
-    # what the fabric costs and carries: of the hardware bought (the healthy cluster), cached per cluster
+    # what the fabric costs: of the hardware bought (the healthy cluster), cached per cluster; what it carries: the
+    # bisection of the fabric the step ran on (a spine down lowers it)
     with paused_gc():  # (the bisection's contraction makes a dict per switch, no cycles)
         result.extra_summary.update(plan_columns(exp.healthy_cluster or exp.cluster, exp.plan))
+        if exp.healthy_cluster is not None:
+            result.extra_summary["bisection_bytes_s"] = bisection_bandwidth(exp.cluster)
     if healthy is not None:
         result.extra_summary.update({"faults": len(exp.faults), "healthy_step_time_s": healthy,
                                      "fault_slowdown": result.step_time / healthy if healthy else float("nan")})

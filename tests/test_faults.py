@@ -113,6 +113,19 @@ def _dp_experiment(faults=None):
     return experiment_from_dict(doc)
 
 
+def test_a_run_with_a_spine_down_reports_the_bisection_left_and_the_cost_of_the_fabric_bought():
+    # 4 DGX H100 on 2 leaves (2 per leaf), 2 spines, 1:1: the first two servers send 16 x 50 GB/s over the
+    # leaf's two uplinks of 400 GB/s each; with one spine down only one uplink is left: half.
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 4, "nodes_per_leaf": 2, "spines": 2},
+           "model": {"preset": "gpt2-small"}, "parallel": {"dp": 32, "global_batch": 32},
+           "training": {"seq_len": 1024}}
+    healthy = run_experiment(experiment_from_dict(doc)).summary
+    sick = run_experiment(experiment_from_dict({**doc, "faults": [{"kind": "switch_down", "switch": "spine:0"}]}))
+    assert healthy["bisection_bytes_s"] == pytest.approx(16 * 50e9)
+    assert sick.summary["bisection_bytes_s"] == pytest.approx(8 * 50e9)
+    assert sick.summary["fabric_cost_usd"] == healthy["fabric_cost_usd"]  # the spine is still paid for
+
+
 def test_a_2x_straggler_slows_the_step_by_at_most_2x_and_at_least_its_own_compute():
     healthy = run_experiment(_dp_experiment())
     res = run_experiment(_dp_experiment([{"kind": "straggler", "gpu": 5, "factor": 2.0}]))
