@@ -140,12 +140,20 @@ def main(argv: list[str] | None = None) -> int:
     k_all = growth_exponent(dense)
     if k_all is not None and len(dense) > len(ladder):
         print(f"growth exponent over the dense rungs: {k_all:.2f}")
+    table = rows
+    if (args.only or args.max_gpus is not None) and os.path.exists(args.out):
+        # a subset re-run replaces its own rows and keeps the table's others (in the ladder's order)
+        with open(args.out, newline="") as fh:
+            kept = {r["rung"]: r for r in csv.DictReader(fh)}
+        kept.update({r["rung"]: r for r in rows})
+        order = [name for name, _gpus, _yaml in RUNGS]
+        table = sorted(kept.values(), key=lambda r: order.index(r["rung"]) if r["rung"] in order else len(order))
     with open(args.out, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=FIELDS)
         w.writeheader()
-        for r in rows:
+        for r in table:
             w.writerow({f: r.get(f) for f in FIELDS})
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} ({len(rows)} of its {len(table)} rows re-run)")
     return 0
 
 
