@@ -35,8 +35,8 @@ import numpy as np
 import yaml
 
 from topologies import build_cluster, format_bandwidth, parse_time
-from topologies.builders import ratio_text
 from topologies.bisection import bisection_bandwidth
+from topologies.builders import ratio_text
 from topologies.capacity import plan_columns
 from topologies.cluster import Cluster
 from topologies.components import PlanOptions, plan_options

@@ -74,8 +74,9 @@ class NetworkConfig:
     all_to_all : str
         How many flows an all-to-all is. ``"auto"`` (default): ``"bulk"`` for
         a uniform all-to-all over ``BULK_ALL_TO_ALL_RANKS`` (256) ranks or
-        more and for an alltoallv whose ranks' NICs hang off one switch
-        (exact there), ``"grouped"`` otherwise. ``"grouped"``: the
+        more and for an alltoallv whose ranks' NICs hang off one switch,
+        or, under ``pxn``, over one pod of a rail-optimized fabric (no
+        switch-to-switch link carries it: exact there), ``"grouped"`` otherwise. ``"grouped"``: the
         transfers of one all-to-all that start at the same instant and move
         the same bytes (a *wave* of NCCL's send/recv: the transfers inside
         the servers, or one round of remote peers, :func:`~simulator.collectives.remote_rounds`),
@@ -240,6 +241,7 @@ class Fabric:
         self._spray = self.config.routing == "spray"
         self._spread: dict[int, int] = {}  # id(links array) -> equal-cost paths it spreads a flow over
         self.collectives_run = 0
+        self._one_switch_groups: dict[tuple[int, ...], bool] = {}  # group -> _one_switch
 
     # ------------------------------------------------------------------ ranks
     def server_of(self, rank: int) -> int:
@@ -569,9 +571,29 @@ class Fabric:
         if kind != "all_to_all" or self._spray or len(group) < 2 or algorithm not in ("auto", "direct"):
             return False
         if matrix is not None:
-            chosen = mode == "bulk" or (mode == "auto" and under_one_switch(self.cluster, group))
+            chosen = mode == "bulk" or (mode == "auto" and self._one_switch(group))
             return chosen and any(any(row) for row in matrix)
         return nbytes > 0 and (mode == "bulk" or (mode == "auto" and len(group) >= BULK_ALL_TO_ALL_RANKS))
+
+    def _one_switch(self, group: tuple[int, ...]) -> bool:
+        """Whether no route between two members of ``group`` crosses a switch-to-switch link: their NICs hang
+        off one switch (:func:`~simulator.bulk_alltoall.under_one_switch`), or, under PXN, every transfer
+        keeps to the destination's rail and its rail leaf joins both servers (a pod of a rail-optimized
+        fabric). Then only NIC and NVLink ports bind and bulk takes what one flow per pair takes (tested on a
+        rail pod, skewed and uniform). Kept per group."""
+        out = self._one_switch_groups.get(group)
+        if out is None:
+            out = under_one_switch(self.cluster, group)
+            if not out and self.router.pxn:
+                members = np.asarray(group, dtype=np.int64)
+                src, dst = np.repeat(members, len(members)), np.tile(members, len(members))
+                keep = src != dst
+                between = np.isin(self.tier, ("spine", "core"))  # links from one switch to another
+                blocks = self.router.route_blocks(self.cluster.gpus, src[keep], dst[keep],
+                                                  np.zeros(int(keep.sum()), dtype=np.int64))
+                out = not any(between[block].any() for _where, block in blocks)
+            self._one_switch_groups[group] = out
+        return out
 
     def _route_plan(self, plan: Plan, protocol: str, count: int = 1) -> tuple[tuple[tuple, ...], ...]:
         """Flow specs of ``plan``: wire bytes are the payload over the protocol's bandwidth factor (an LL

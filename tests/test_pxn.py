@@ -171,3 +171,25 @@ def test_network_pxn_is_read_from_the_experiment_file_and_checked(tmp_path):
     path.write_text(base + "network: {pxn: sometimes}\n")
     with pytest.raises(ConfigError, match=r"network\.pxn: must be true or false, got 'sometimes'$"):
         load_experiment(str(path))
+
+
+@pytest.mark.parametrize("zipf_s", [1.0, 2.0])
+def test_auto_runs_an_alltoallv_over_a_rail_pod_in_bulk_as_exact_as_one_flow_per_pair(zipf_s):
+    # Under PXN every transfer between servers of one pod keeps to the destination's rail leaf: no spine link
+    # carries the exchange, only NIC and NVLink ports bind, as under one leaf (bulk_alltoall.under_one_switch).
+    from test_grouped_alltoall import _graph, _run, _same_traffic, _zipf_matrix
+    rails = rail_optimized("H100", servers=4, servers_per_leaf=4, spines=2)
+    matrix = _zipf_matrix(32, 256, zipf_s)
+    per_pair, _ = _run(rails, _graph(32, matrix=matrix), "per_pair")
+    auto, fabric = _run(rails, _graph(32, matrix=matrix), "auto")
+    assert fabric._one_switch(tuple(range(32)))
+    assert fabric.network.flows_started <= 4
+    assert auto.step_time_s == pytest.approx(per_pair.step_time_s, rel=1e-9)
+    _same_traffic(auto, per_pair)
+    # without PXN, or across two pods, the rails meet only at the spines: auto keeps the waves
+    plain = Engine(_graph(32, matrix=matrix), rails, network=NetworkConfig(pxn=False))
+    plain.run()
+    assert not plain.fabric._one_switch(tuple(range(32))) and plain.fabric.network.flows_started > 4
+    pods = rail_optimized("H100", servers=4, servers_per_leaf=2, spines=2)
+    _auto, fabric = _run(pods, _graph(32, matrix=matrix), "auto")
+    assert not fabric._one_switch(tuple(range(32)))
