@@ -40,15 +40,27 @@ BULK_CACHED_FILLS = 4096  # alltoallv sizes weighed per layout shape kept (then 
 BULK_CACHED_FILL_BYTES = 1 << 28  # ... or once their sizes' keys hold this many bytes (they grow as ranks²)
 BULK_CACHED_SHAPES = 1024  # alltoallv layout shapes given an id (then forgotten; ids are never reused)
 # Cluster graph -> what depends only on it, the routing seed and the group, kept as long as the graph lives
-# (a sweep over message sizes builds a new fabric per size): ("routes", seed, group) -> routed pairs
-# (_routed); ("plan", seed, group, latency model) -> a uniform plan (_fill of a _layout); ("layout", seed,
-# group, latency model) -> the last alltoallv layout of the group and the pairs it was made for;
+# (a sweep over message sizes builds a new fabric per size): ("routes", seed, pxn, group) -> routed pairs
+# (_routed); ("plan", seed, pxn, group, latency model) -> a uniform plan (_fill of a _layout); ("layout", seed,
+# pxn, group, latency model) -> the last alltoallv layout of the group and the pairs it was made for;
 # ("one switch", group) -> under_one_switch; ("group", group) -> its arrays (_group_arrays); "shapes" ->
 # {alltoallv layout shape: id} (_layout_shape; "next shape" the last id); "fills" -> {(layout shape id,
 # sizes): _weigh per flow} ("fill bytes": what their sizes' keys hold);
 # "sizes" -> (matrix, ranks, sizes, largest, senders, sizes' bytes, whether the matrix is tuples) of the last
 # alltoallv.
+# Under a graph, one such dict per rank -> GPU mapping (cluster.gpus: two jobs' views of one cluster share
+# its graph, and their rank numbers name different GPUs), by the mapping's identity (the tuple is held).
+# The routes, plans and layouts also depend on network.pxn, which their keys carry.
 _BY_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _cache_of(cluster) -> dict:
+    """What is kept for ``cluster``'s graph and rank numbering (see ``_BY_GRAPH``)."""
+    views = _BY_GRAPH.setdefault(cluster.graph, {})
+    entry = views.get(id(cluster.gpus))
+    if entry is None or entry[0] is not cluster.gpus:
+        entry = views[id(cluster.gpus)] = (cluster.gpus, {})
+    return entry[1]
 
 
 class AllToAllPairs(Sequence):
@@ -97,7 +109,7 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
     network (:meth:`~simulator.network.FlowNetwork.declare`: weights and member counts) and its
     ``pairs_of`` (an :class:`AllToAllPairs`)."""
     n = len(group)
-    cache = _BY_GRAPH.setdefault(fabric.cluster.graph, {})
+    cache = _cache_of(fabric.cluster)
     members, peer, offsets, servers, spans = _group_arrays(fabric, cache, group)
     # sizes[i, k]: bytes member i sends to its k-th peer, or None when all are S/n
     sizes = None
@@ -124,7 +136,8 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
 
     if sizes is None:
         sends = offsets > 0
-    key = ("plan" if sizes is None else "layout", fabric.config.seed, group, nccl, base, intra, inter)
+    key = ("plan" if sizes is None else "layout", fabric.config.seed, fabric.config.pxn, group, nccl, base, intra,
+           inter)
     if sizes is None:  # a uniform plan depends only on the fabric, the group and the latency constants
         plan = cache.get(key)
         if plan is None:
@@ -350,8 +363,8 @@ def _routed(fabric, group: tuple[int, ...], members: np.ndarray, peer: np.ndarra
     routes of every pair of a group of at most ``BULK_CACHED_RANKS`` ranks are kept per group (an EP
     group's dispatch and combine, every layer and micro-batch, with other sizes)."""
     n = len(group)
-    cache = _BY_GRAPH.setdefault(fabric.cluster.graph, {})
-    key = ("routes", fabric.config.seed, group)
+    cache = _cache_of(fabric.cluster)
+    key = ("routes", fabric.config.seed, fabric.config.pxn, group)
     blocks = cache.get(key)
     if blocks is None:
         cached = n <= BULK_CACHED_RANKS
@@ -409,7 +422,7 @@ def under_one_switch(cluster, ranks) -> bool:
     alltoallv included. A GPU without a NIC counts as sharing its server's. Kept per cluster graph and
     group, with the bulk plans."""
     ranks = tuple(ranks)
-    cache = _BY_GRAPH.setdefault(cluster.graph, {})
+    cache = _cache_of(cluster)
     key = ("one switch", ranks)
     out = cache.get(key)
     if out is None:

@@ -26,8 +26,13 @@ reach it from ``GPU x`` over NVLink). On a rail-optimized fabric this keeps a
 ring's hop between servers, and every all-to-all transfer between two servers
 of one pod, on one rail leaf instead of the spines. The ECMP hash stays that of
 the true pair. PXN applies where the fabric is regular and the proxy shares the
-source's NVSwitch and owns its NIC (a NIC borrowed after a ``nic_down`` fault is
-not used for others); elsewhere a transfer leaves through the source's own NIC.
+source's NVSwitch and owns its NIC (GPUs sharing a NIC after a ``nic_down`` fault
+route as without PXN); elsewhere a transfer leaves through the source's own NIC.
+The local index is the device index ``i`` of a GPU labelled ``("gpu", server, i)``
+(else its place among its server's GPUs in the graph). Left out: NCCL only
+proxies through a GPU of the same communicator, which routes here (per GPU pair,
+not per group) do not know; in Megatron-style layouts every group has the same
+local indices on each of its servers, so the proxy is always a member.
 """
 
 from __future__ import annotations
@@ -270,6 +275,17 @@ def _meet_cached(graph: nx.DiGraph, source: Hashable, target: Hashable, balls: d
             return kf, kb
 
 
+def _device_indices(gpus: list[Hashable]) -> list[int]:
+    """The local (device) index of each GPU of one server: ``i`` of labels ``("gpu", server, i)`` (what NCCL
+    matches, the peer's device index), or, where a server's labels are not all of that form with distinct
+    ``i``, the GPUs' order in the graph."""
+    found = [g[2] if isinstance(g, tuple) and len(g) == 3 and g[0] == "gpu" and isinstance(g[2], int) else None
+             for g in gpus]
+    if None in found or len(set(found)) != len(found):
+        return list(range(len(gpus)))
+    return found  # type: ignore[return-value]
+
+
 class Router:
     """Maps a GPU pair and a flow label to the link ids of one route.
 
@@ -313,16 +329,16 @@ class Router:
         self._succ = dict(graph.adjacency())
         regular = self._regular()
         self._attach = {n: self._attachment(n) if regular else None for n, k in self._kind.items() if k == "gpu"}
-        # PXN: each GPU's server and local index (its place among its server's GPUs in the graph's order), the GPU
-        # at each (server, local index), and whether a GPU's NIC is its own (no other GPU borrows it)
+        # PXN: each GPU's server and local (device) index, and the GPU at each (server, local index)
         self._server = dict(graph.nodes(data="server"))
         self._local: dict[Hashable, int] = {}
         self._rail_gpu: dict[tuple, Hashable] = {}
-        counts: dict = {}
+        by_server: dict = {}
         for n, k in self._kind.items():
             if k == "gpu":
-                srv = self._server.get(n)
-                i = counts[srv] = counts.get(srv, -1) + 1
+                by_server.setdefault(self._server.get(n), []).append(n)
+        for srv, members in by_server.items():
+            for n, i in zip(members, _device_indices(members)):
                 self._local[n] = i
                 self._rail_gpu[(srv, i)] = n
 
@@ -412,10 +428,12 @@ class Router:
         return mids
 
     def _owns_nic(self, gpu: Hashable) -> bool:
-        """Whether ``gpu`` has a regular NIC that no other GPU reaches (a ``nic_down`` fault lends one)."""
+        """Whether ``gpu`` has a regular NIC of its own, not one lent over NVLink after a ``nic_down`` fault.
+        (A lent NIC serves two GPUs, whose attachment is then irregular: both route by the general search,
+        through their own or borrowed NIC, neither proxies nor is proxied; left out, as NCCL's behaviour
+        with a failed NIC is not the model's anyway.)"""
         a = self._attach.get(gpu)
-        return (a is not None and a[1] is not None
-                and all(w == gpu for w in self._succ[a[1]] if self._kind[w] == "gpu"))
+        return a is not None and a[1] is not None and self.graph.edges[gpu, a[1]].get("tier") != "nvlink"
 
     def proxy(self, src: Hashable, dst: Hashable) -> Hashable | None:
         """The GPU whose NIC a transfer from ``src`` to ``dst`` on another server leaves through under PXN
@@ -514,10 +532,11 @@ class Router:
             servers: dict = {}
             srv = [servers.setdefault(self._server.get(g), len(servers)) for g in gpus]
             loc = [self._local[g] for g in gpus]
-            rail = np.full((len(servers), max(loc, default=0) + 1), -1, dtype=np.int64)
+            # (-2: that GPU exists but is not in ``gpus``: such pairs take route(), which may use it)
+            rail = np.full((len(servers), max(self._local.values(), default=0) + 1), -1, dtype=np.int64)
             for (s, i), g in self._rail_gpu.items():
-                if s in servers and g in where:
-                    rail[servers[s], i] = where[g]
+                if s in servers:
+                    rail[servers[s], i] = where.get(g, -2)
             table["srv"], table["loc"], table["rail"] = np.array(srv), np.array(loc), rail
             table["pxok"] = (table["ok"] & (table["nvs"] >= 0) & (table["n2g"] >= 0)
                              & np.array([self._owns_nic(g) for g in gpus], dtype=bool))
@@ -562,6 +581,8 @@ class Router:
             out.append((intra, np.stack([t["g2n"][src[intra]], t["n2g"][dst[intra]]], axis=1)))
             done[intra] = True
         struct = np.flatnonzero(ok & ~same_domain)
+        if self.pxn and len(struct):
+            struct = struct[t["rail"][t["srv"][src[struct]], t["loc"][dst[struct]]] != -2]
         if len(struct):
             s, d = src[struct], dst[struct]
             # under PXN the transfer leaves through the NIC of GPU exits (s where PXN does not apply; see proxy())

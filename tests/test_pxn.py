@@ -113,8 +113,9 @@ def test_a_borrowed_nic_is_not_a_proxy_and_a_gpu_without_its_nic_borrows_as_befo
     # to rail 2: the proxy would be GPU (0, 2), whose NIC is gone: the transfer leaves through its own NIC
     assert router.proxy(("gpu", 0, 1), ("gpu", 1, 2)) is None
     assert _nodes(index, router.route(("gpu", 0, 1), ("gpu", 1, 2)))[1] == ("nic", 0, 1)
-    # GPU 3's NIC now serves GPU 2 as well, so it is not lent to PXN either
+    # GPU 3's NIC now serves GPU 2 as well: the two route by the general search, without PXN
     assert router.proxy(("gpu", 0, 1), ("gpu", 1, 3)) is None
+    assert router.proxy(("gpu", 0, 3), ("gpu", 1, 0)) is None
     # the GPU without a NIC still leaves through the NIC it borrowed
     assert _nodes(index, router.route(("gpu", 0, 2), ("gpu", 1, 0)))[1] == ("nic", 0, 3)
 
@@ -193,3 +194,69 @@ def test_auto_runs_an_alltoallv_over_a_rail_pod_in_bulk_as_exact_as_one_flow_per
     pods = rail_optimized("H100", servers=4, servers_per_leaf=2, spines=2)
     _auto, fabric = _run(pods, _graph(32, matrix=matrix), "auto")
     assert not fabric._one_switch(tuple(range(32)))
+
+
+def _bulk_exchange(cluster, pxn=True, n=16):
+    graph = OpGraph(n)
+    graph.collective("all_to_all", list(range(n)), 2**26, traffic_class="ep")
+    engine = Engine(graph, cluster, network=NetworkConfig(all_to_all="bulk", pxn=pxn))
+    record = engine.run()
+    moved = engine.fabric.network.ledger.bytes
+    return record.step_time_s, moved, engine.fabric
+
+
+def test_bulk_routes_kept_for_a_cluster_are_those_of_its_pxn_setting():
+    # The bulk all-to-all keeps routes per cluster graph: a run without PXN after one with it on the same
+    # cluster must not reuse the proxied routes (which keep off the spines).
+    def rails():
+        return rail_optimized("H100", servers=4, gpus_per_server=4, servers_per_leaf=4, spines=2)
+    fresh_plain = _bulk_exchange(rails(), pxn=False)
+    shared = rails()
+    with_pxn = _bulk_exchange(shared, pxn=True)
+    again_plain = _bulk_exchange(shared, pxn=False)
+    spine = again_plain[2].tier == "spine"
+    assert with_pxn[1][spine].sum() == 0 and again_plain[1][spine].sum() > 0
+    assert again_plain[0] == fresh_plain[0]
+    assert (again_plain[1] == fresh_plain[1]).all()
+
+
+def test_bulk_routes_kept_for_a_graph_follow_each_views_rank_numbering():
+    # Two jobs' views of one cluster share its graph; rank 0 of the second view is another GPU.
+    import dataclasses
+
+    def view(cluster):  # ranks 0-7 on servers 2-3
+        return dataclasses.replace(cluster, gpus=cluster.gpus[8:] + cluster.gpus[:8], name="job B")
+
+    def senders(fabric, moved):
+        return sorted({fabric.links[i][0][1] for i in np.flatnonzero(moved) if fabric.links[i][0][0] == "gpu"})
+
+    shared = leaf_spine("H100", servers=4, gpus_per_server=4, servers_per_leaf=2, spines=2)
+    _t, moved, fabric = _bulk_exchange(shared, n=8)  # job A: servers 0-1
+    assert senders(fabric, moved) == [0, 1]
+    _t, moved, fabric = _bulk_exchange(view(shared), n=8)
+    assert senders(fabric, moved) == [2, 3]
+
+
+def test_the_proxy_is_chosen_by_device_index_not_by_the_order_gpus_are_listed():
+    # A custom fabric file may list a server's GPUs in any order (ranks given apart): NCCL matches the peer's
+    # device index, which a GPU id gpu:S:L carries as L.
+    import copy
+
+    from topologies.custom import cluster_from_dict
+    from topologies.export import cluster_to_dict
+    base = rail_optimized("H100", servers=4, gpus_per_server=4, servers_per_leaf=2, spines=2)
+    doc = copy.deepcopy(cluster_to_dict(base))
+    rank = {f"gpu:{g[1]}:{g[2]}": r for r, g in enumerate(base.gpus)}
+    at = [i for i, n in enumerate(doc["nodes"]) if isinstance(n, str) and n.startswith("gpu:1:")]
+    for i, n in zip(at, [doc["nodes"][i] for i in at][::-1]):
+        doc["nodes"][i] = n
+    doc["nodes"] = [{"id": n, "rank": rank[n]} if isinstance(n, str) and n.startswith("gpu:") else n
+                    for n in doc["nodes"]]
+    listed = cluster_from_dict(doc)
+    router, _ = _router(listed)
+    reference, _ = _router(base)
+    assert router.proxy(("gpu", 0, 0), ("gpu", 1, 0)) is None
+    for s in base.gpus:
+        for t in base.gpus:
+            if s != t:
+                assert router.proxy(s, t) == reference.proxy(s, t)
