@@ -433,6 +433,8 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
             and not model.shared_experts:
         notes.append(f"moe.shared_expert_overlap has no effect: model {model.name} has no shared experts "
                      f"(model.shared_experts)")
+    if given("network", "pxn") and len({exp.cluster.server_of(r) for r in range(exp.cluster.num_gpus)}) < 2:
+        notes.append("network.pxn has no effect on one server (it is how traffic between servers reaches a NIC)")
     if given("network", "all_to_all") and not model.is_moe and not (par.cp > 1 and par.cp_comm_type == "a2a"):
         notes.append("network.all_to_all has no effect: this layout runs no all-to-all (MoE experts or "
                      "cp_comm_type: a2a do)")

@@ -260,3 +260,14 @@ def test_the_proxy_is_chosen_by_device_index_not_by_the_order_gpus_are_listed():
         for t in base.gpus:
             if s != t:
                 assert router.proxy(s, t) == reference.proxy(s, t)
+
+
+def test_network_pxn_on_one_server_is_noted_as_without_effect():
+    from simulator.experiment import experiment_from_dict, unused_settings
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt3-175b", "layers": 2},
+           "parallel": {"tp": 8, "pp": 1, "micro_batch": 1, "global_batch": 8}, "training": {"seq_len": 2048},
+           "network": {"pxn": False}}
+    assert any(n.startswith("network.pxn has no effect on one server") for n in unused_settings(
+        experiment_from_dict(doc)))
+    doc["cluster"]["nodes"] = 2
+    assert not any("pxn" in n for n in unused_settings(experiment_from_dict(doc)))
