@@ -136,6 +136,9 @@ def _collective():
                                           "as needed)")
         p.add_argument("--algo", default="auto", help=f"one of: {', '.join(COLLECTIVE_ALGORITHMS)}")
         p.add_argument("--fidelity", default="fast", choices=("fast", "full"))
+        p.add_argument("--no-pxn", dest="pxn", action="store_false",
+                       help="send from each GPU's own NIC (NCCL_PXN_DISABLE=1); default: NCCL's PXN, traffic between "
+                            "servers leaving through the NIC on the destination's rail")
         p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
 
     def run(args: argparse.Namespace) -> int:
@@ -160,11 +163,12 @@ def _collective():
         elif args.gpus > cluster.num_gpus:
             raise ValueError(f"--gpus: {args.gpus} exceeds the {cluster.num_gpus} GPUs of cluster {cluster.name!r}")
         table = collective_sweep(cluster, args.op, args.gpus, sizes,
-                                 args.algo, NetworkConfig(fidelity=args.fidelity))
+                                 args.algo, NetworkConfig(fidelity=args.fidelity, pxn=args.pxn))
         if args.json:
             print(json.dumps(table.to_dict(orient="records")))
             return 0
-        print(f"# {args.op} over {args.gpus} GPUs of {cluster.name}, algorithm {args.algo}")
+        print(f"# {args.op} over {args.gpus} GPUs of {cluster.name}, algorithm {args.algo}"
+              + ("" if args.pxn else ", PXN off"))
         print(f"{'size':>12} {'time':>12} {'algbw':>14} {'busbw':>14}")
         for row in table.itertuples(index=False):
             print(f"{format_bytes(row.size_bytes):>12} {format_time(row.time_s):>12} "

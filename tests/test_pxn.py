@@ -271,3 +271,18 @@ def test_network_pxn_on_one_server_is_noted_as_without_effect():
         experiment_from_dict(doc)))
     doc["cluster"]["nodes"] = 2
     assert not any("pxn" in n for n in unused_settings(experiment_from_dict(doc)))
+
+
+def test_the_collective_command_runs_with_and_without_pxn(tmp_path, capsys):
+    # A 16-GPU ring on a rail fabric of two servers in one pod: without PXN its hops between servers join two
+    # rails through a spine and it is slower.
+    from simulator.cli import main
+    fabric = tmp_path / "rails.yaml"
+    fabric.write_text("preset: dgx-h100\nnodes: 2\nfabric: rail_optimized\nnodes_per_leaf: 2\n")
+    times = {}
+    for flag in ([], ["--no-pxn"]):
+        capsys.readouterr()
+        assert main(["collective", "--op", "all_reduce", "--cluster", str(fabric), "--gpus", "16", "--algo", "ring",
+                     "--min-size", "256MiB", "--max-size", "256MiB", "--json", *flag]) == 0
+        times[bool(flag)] = __import__("json").loads(capsys.readouterr().out)[0]["time_s"]
+    assert times[True] > times[False]
