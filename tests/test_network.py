@@ -147,13 +147,17 @@ def _faulted_fat_tree():
                             {"kind": "nic_down", "gpu": 5}])
 
 
-@pytest.mark.parametrize("build", [
+ROUTED_FABRICS = [
     lambda: leaf_spine("H100-SXM", servers=6, gpus_per_server=4, servers_per_leaf=2, spines=3),
     lambda: fat_tree("H100-SXM", servers=8, gpus_per_server=2, servers_per_leaf=2, leaves_per_pod=2, spines=2,
                      cores=4),
     lambda: leaf_spine("GB200", servers=4, gpus_per_server=6, servers_per_leaf=2, spines=2, nvlink_racks=2),
     _faulted_fat_tree,
-])
+]
+"""Fabrics whose every GPU pair the routing tests walk: two tiers, three, a two-rack NVLink domain, faults."""
+
+
+@pytest.mark.parametrize("build", ROUTED_FABRICS)
 def test_route_is_the_ecmp_pick_among_breadth_first_paths(build):
     """The route built leg by leg (only the picked one) is path ``hash % k`` of the whole-graph search's
     sorted equal-cost paths, for every GPU pair and a few labels, faulted fabrics included."""

@@ -9,12 +9,13 @@ carry that extra NVLink hop), hand-built routes, and the α-β closed form of a 
 
 import numpy as np
 import pytest
+from test_network import ROUTED_FABRICS
 
 from simulator.engine import Engine
 from simulator.experiment import load_experiment
 from simulator.fabric import NetworkConfig
 from simulator.routing import Router, ecmp_hash
-from topologies import fat_tree, leaf_spine, rail_optimized
+from topologies import leaf_spine, rail_optimized
 from topologies.faults import apply_faults
 from workloads.errors import ConfigError
 from workloads.ops import OpGraph
@@ -77,20 +78,8 @@ def test_the_proxy_route_is_the_ecmp_pick_from_the_proxy_with_the_true_pairs_has
     assert [p.tolist() for p in router.paths(src, dst)] == [lead + p.tolist() for p in options]
 
 
-def _faulted():
-    c = fat_tree("H100-SXM", servers=8, gpus_per_server=2, servers_per_leaf=2, leaves_per_pod=2, spines=2, cores=4)
-    return apply_faults(c, [{"kind": "link_down", "link": ["leaf:0", "spine:1"]},
-                            {"kind": "nic_down", "gpu": 5}])
-
-
-@pytest.mark.parametrize("build", [
-    lambda: leaf_spine("H100-SXM", servers=6, gpus_per_server=4, servers_per_leaf=2, spines=3),
-    lambda: rail_optimized("H100-SXM", servers=4, gpus_per_server=4, servers_per_leaf=2, spines=2),
-    lambda: fat_tree("H100-SXM", servers=8, gpus_per_server=2, servers_per_leaf=2, leaves_per_pod=2, spines=2,
-                     cores=4),
-    lambda: leaf_spine("GB200", servers=4, gpus_per_server=6, servers_per_leaf=2, spines=2, nvlink_racks=2),
-    _faulted,
-])
+@pytest.mark.parametrize("build", ROUTED_FABRICS + [
+    lambda: rail_optimized("H100-SXM", servers=4, gpus_per_server=4, servers_per_leaf=2, spines=2)])
 def test_routes_in_bulk_equal_routes_one_by_one_under_pxn(build):
     c = build()
     router, _ = _router(c, seed=3)
