@@ -122,6 +122,13 @@ def shortest_paths(graph: nx.DiGraph, source: Hashable, target: Hashable) -> lis
         for w in graph.successors(v):
             if dist.get(w) == d - 1:
                 stack.append(path + [w])
+    # A NIC joins a GPU to the fabric; a path in at one GPU and out at another (two GPUs sharing a NIC after a
+    # nic_down fault) would move GPU-to-GPU traffic over the NIC's PCIe link: dropped where another path of
+    # the same length remains (an NVSwitch joins the two), kept only when it is the sole way.
+    direct = [p for p in paths if not any(kind[p[i]]["kind"] == "nic" and kind[p[i - 1]]["kind"] == "gpu"
+                                          and kind[p[i + 1]]["kind"] == "gpu" for i in range(1, len(p) - 1))]
+    if direct:
+        paths = direct
     paths.sort(key=lambda p: [repr(n) for n in p])
     return paths
 

@@ -105,6 +105,22 @@ def test_a_failed_nic_sends_through_the_next_gpus_nic():
     assert float(out["bytes"].sum()) > 0
 
 
+@pytest.mark.parametrize("lender_and_borrower", [(4, 3), (0, 7)])
+def test_gpus_sharing_a_nic_after_a_failure_talk_over_nvlink_not_through_the_nic(lender_and_borrower):
+    # The borrower reaches the lender's NIC over NVLink; GPU-to-GPU traffic between the two must still go
+    # through the NVSwitch, never in and out of the NIC's PCIe link (a path of the same length).
+    c = two_leaves()
+    lender, borrower = lender_and_borrower
+    sick = apply_faults(c, [{"kind": "nic_down", "gpu": borrower}])
+    graph = OpGraph(c.num_gpus)
+    graph.collective("all_gather", list(range(8)), 2**28, algorithm="ring", traffic_class="tp")
+    res = simulate(graph, sick, network=IDEAL)
+    healthy = simulate(graph, c, network=IDEAL)
+    links = res.links
+    assert float(links.loc[links["tier"] == "pcie", "bytes"].sum()) == 0.0
+    assert res.step_time == pytest.approx(healthy.step_time, rel=1e-12)
+
+
 def _dp_experiment(faults=None):
     doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
            "parallel": {"dp": 8, "global_batch": 32}, "training": {"seq_len": 1024}}
