@@ -166,7 +166,9 @@ def test_a_straggler_slows_its_whole_tp_group_under_representatives():
 
 @pytest.mark.parametrize("faults, words", [
     ([{"kind": "switch_down", "switch": "spine:0"}, {"kind": "switch_down", "switch": "spine:1"}],
-     ["partitioned"]),
+     ["partitioned", "remove a fault or keep a path"]),
+    # a NIC's cable is its GPU's only way in: the message points to nic_down, which models that
+    ([{"kind": "link_down", "link": ["nic:0:3", "leaf:0"]}], ["partitioned", "nic_down", "RANK"]),
     ([{"kind": "switch_down", "switch": "spine:9"}], ["faults[0].switch", "spine:9"]),
     ([{"kind": "meteor"}], ["faults[0].kind", "link_down"]),
     ([{"kind": "straggler", "gpu": 99, "factor": 2}], ["faults[0].gpu"]),
