@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import math
@@ -70,6 +71,32 @@ def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8) -> 
             raise ValueError(f"--cluster: {spec!r}: NODES must be an integer, as in dgx-h100:4")
         return build_cluster({"preset": preset, "nodes": int(nodes)})
     return build_cluster({"preset": spec})
+
+
+def _file_network(spec: str | None) -> NetworkConfig:
+    """The ``network:`` section of the experiment file ``spec`` (checked as ``clustersim run`` checks it), or
+    the defaults for a preset, a topology file or a file without one."""
+    import re
+
+    from topologies.yamlio import load_yaml
+
+    from .experiment import _network_from_dict
+    if spec is None or not spec.lower().endswith((".yaml", ".yml")):
+        return NetworkConfig()
+    with open(spec, encoding="utf-8") as f:
+        text = f.read()
+    if not re.search(r"^network\s*:", text, re.MULTILINE):
+        return NetworkConfig()
+    doc = load_yaml(text)
+    section = doc.get("network") if isinstance(doc, dict) else None
+    if section is None:
+        return NetworkConfig()
+    if not isinstance(section, dict):
+        raise ValueError(f"{spec}: network: must be a mapping of fields, got {type(section).__name__}")
+    try:
+        return _network_from_dict(section)
+    except ValueError as exc:  # (ConfigError too)
+        raise ValueError(f"{spec}: {exc}") from None
 
 
 def _has_faults(path: str) -> bool:
@@ -162,13 +189,14 @@ def _collective():
                                  f"more")
         elif args.gpus > cluster.num_gpus:
             raise ValueError(f"--gpus: {args.gpus} exceeds the {cluster.num_gpus} GPUs of cluster {cluster.name!r}")
-        table = collective_sweep(cluster, args.op, args.gpus, sizes,
-                                 args.algo, NetworkConfig(fidelity=args.fidelity, pxn=args.pxn))
+        network = _file_network(args.cluster)  # (a file's network: section, e.g. routing: spray, is honoured)
+        network = dataclasses.replace(network, fidelity=args.fidelity, pxn=network.pxn and args.pxn)
+        table = collective_sweep(cluster, args.op, args.gpus, sizes, args.algo, network)
         if args.json:
             print(json.dumps(table.to_dict(orient="records")))
             return 0
         print(f"# {args.op} over {args.gpus} GPUs of {cluster.name}, algorithm {args.algo}"
-              + ("" if args.pxn else ", PXN off"))
+              + ("" if network.pxn else ", PXN off") + (", spray" if network.routing == "spray" else ""))
         print(f"{'size':>12} {'time':>12} {'algbw':>14} {'busbw':>14}")
         for row in table.itertuples(index=False):
             print(f"{format_bytes(row.size_bytes):>12} {format_time(row.time_s):>12} "

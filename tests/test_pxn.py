@@ -275,3 +275,25 @@ def test_the_collective_command_runs_with_and_without_pxn(tmp_path, capsys):
                      "--min-size", "256MiB", "--max-size", "256MiB", "--json", *flag]) == 0
         times[bool(flag)] = __import__("json").loads(capsys.readouterr().out)[0]["time_s"]
     assert times[True] > times[False]
+
+
+def test_the_collective_command_reads_the_files_network_section(tmp_path, capsys):
+    from simulator.cli import main
+    base = "cluster: {preset: dgx-h100, nodes: 2, fabric: rail_optimized, nodes_per_leaf: 2}\n"
+    args = ["collective", "--op", "all_reduce", "--gpus", "16", "--algo", "ring", "--min-size", "256MiB",
+            "--max-size", "256MiB", "--json"]
+
+    def time_of(text, *flags):
+        path = tmp_path / "f.yaml"
+        path.write_text(text)
+        capsys.readouterr()
+        assert main([*args, "--cluster", str(path), *flags]) == 0
+        return __import__("json").loads(capsys.readouterr().out)[0]["time_s"]
+
+    assert time_of(base + "network: {pxn: false}\n") == time_of(base, "--no-pxn") != time_of(base)
+    path = tmp_path / "bad.yaml"
+    path.write_text(base + "network: {bogus: 1}\n")
+    capsys.readouterr()
+    assert main([*args, "--cluster", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.yaml: network.bogus: unknown field" in err[0]
