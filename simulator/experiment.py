@@ -419,6 +419,17 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
         notes.append(f"network.replica_sends has no effect with {why}; it is how the sends of a representative's "
                      f"replicas run on the flow model, in fidelity fast or lockstep")
     fabric = exp.cluster.params.get("fabric")
+    uplink, port = exp.cluster.params.get("uplink_bandwidth") or 0.0, exp.cluster.params.get("nic_bandwidth") or 0.0
+    if 0 < uplink < port * (1 - 1e-9) and fabric in ("leaf_spine", "rail_optimized"):
+        # (the builders spread a leaf's uplink bandwidth over its spines: with many spines and a high ratio
+        # each leaf-spine cable would be a fraction of a port, which no switch has)
+        params = exp.cluster.params
+        ports = params["nodes_per_leaf"] * (params["gpus_per_node"] if fabric == "leaf_spine" else 1)
+        fewer = max(1, int(ports / params["oversubscription"]))
+        notes.append(f"cluster.spines: {params['spines']} at {ratio_text(params['oversubscription'])} gives each "
+                     f"leaf-spine link {format_bandwidth(uplink)}, less than one {format_bandwidth(port)} port: it is "
+                     f"simulated at that rate, but a switch has whole ports (clustersim plan prices one cable "
+                     f"each); spines: {fewer} gives this ratio with whole ports")
     if given("cluster", "core_oversubscription") and fabric != "fat_tree":
         notes.append(f"cluster.core_oversubscription has no effect with fabric {fabric or '(a topology file)'} "
                      f"(only fat_tree has a core tier)")
