@@ -430,6 +430,20 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
                      f"leaf-spine link {format_bandwidth(uplink)}, less than one {format_bandwidth(port)} port: it is "
                      f"simulated at that rate, but a switch has whole ports (clustersim plan prices one cable "
                      f"each); spines: {fewer} gives this ratio with whole ports")
+    scale_out = ("nic_bandwidth", "pcie_bandwidth", "nic_latency", "switch_latency", "spines", "nodes_per_leaf",
+                 "oversubscription")
+    if fabric == "single_node":
+        for key in scale_out:
+            if given("cluster", key):
+                notes.append(f"cluster.{key} has no effect with fabric single_node (one NVLink domain, no NICs)")
+    elif exp.cluster.params.get("leaves") == 1:  # (one leaf: no spines, every route one switch)
+        for key in ("spines", "oversubscription"):
+            if given("cluster", key):
+                notes.append(f"cluster.{key} has no effect: the {exp.cluster.params.get('nodes')} nodes hang off "
+                             f"one leaf (nodes_per_leaf {exp.cluster.params.get('nodes_per_leaf')}), so no "
+                             f"traffic crosses a spine")
+        if exp.network.routing == "spray" and given("network", "routing"):
+            notes.append("network.routing: spray has no effect: one leaf gives every pair one path")
     if given("cluster", "core_oversubscription") and fabric != "fat_tree":
         notes.append(f"cluster.core_oversubscription has no effect with fabric {fabric or '(a topology file)'} "
                      f"(only fat_tree has a core tier)")

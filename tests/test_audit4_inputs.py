@@ -154,3 +154,21 @@ def test_a_leaf_spine_link_narrower_than_one_port_is_noted():
     assert not any(n.startswith("cluster.spines") for n in unused_settings(experiment_from_dict(doc)))
     doc["cluster"] = {**doc["cluster"], "fabric": "leaf_spine", "spines": 4}  # 4 x 8 x 50 / 16: 100 GB/s
     assert not any(n.startswith("cluster.spines") for n in unused_settings(experiment_from_dict(doc)))
+
+
+def test_scale_out_settings_on_one_node_or_one_leaf_are_noted():
+    one_node = {**BASE, "cluster": {"preset": "dgx-h100", "nodes": 1, "fabric": "single_node",
+                                    "nic_bandwidth": "200Gbps", "spines": 2}, "parallel": {"tp": 2, "pp": 2, "dp": 2}}
+    notes = unused_settings(experiment_from_dict(one_node))
+    assert "cluster.nic_bandwidth has no effect with fabric single_node (one NVLink domain, no NICs)" in notes
+    assert any(n.startswith("cluster.spines has no effect with fabric single_node") for n in notes)
+    one_leaf = {**BASE, "cluster": {"preset": "dgx-h100", "nodes": 2, "spines": 4, "oversubscription": 2},
+                "network": {"routing": "spray"}}
+    notes = unused_settings(experiment_from_dict(one_leaf))
+    assert any(n.startswith("cluster.spines has no effect: the 2 nodes hang off one leaf") for n in notes)
+    assert any(n.startswith("cluster.oversubscription has no effect: the 2 nodes hang off one leaf") for n in notes)
+    assert "network.routing: spray has no effect: one leaf gives every pair one path" in notes
+    two_leaves = {**one_leaf, "cluster": {**one_leaf["cluster"], "nodes": 4, "nodes_per_leaf": 2},
+                  "parallel": {"tp": 2, "pp": 2, "dp": 8}}
+    assert not any(("spines" in n or "oversubscription" in n or "spray" in n)
+                   for n in unused_settings(experiment_from_dict(two_leaves)))
