@@ -176,32 +176,48 @@ def plan_ring(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
 
 def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
               fidelity: str = "fast") -> list[tuple[Transfer, ...]]:
-    """Pipelined tree rooted at ``group[0]``, shaped as NCCL's: a binary tree
-    over servers (heap order of each server's first member) and a chain through
-    the members inside each server.
+    """Pipelined trees shaped as NCCL's: per channel, binary trees over servers and a chain through the
+    members inside each server.
+
+    As the ring, the tree runs ``k`` channels when every server holds ``k`` members, each carrying ``S/k``:
+    channel ``c``'s chain starts at each server's ``c``-th member, which joins the trees between servers, so
+    the channels use every NIC (NCCL searches a tree per channel, in and out through one NIC). Each channel's
+    bytes are split over two trees, the second walking the servers in reverse, so a server interior in one
+    is mostly a leaf in the other and every NIC carries about ``2·S/k``, as on a ring (NCCL's double binary
+    tree; its tuner prices tree bandwidth as ring's, x0.92 for all-reduce: :func:`simulator.nccl.
+    bandwidth_factor`). With unequal servers: one channel, from each server's first member.
 
     all_reduce reduces up and broadcasts down concurrently (pipelined), so
-    every tree edge carries ``S`` in each direction; latency is ``2·depth``
-    steps. The tree is one pipelined transfer in both fidelities.
+    every tree edge carries its share in each direction; latency is
+    ``2·depth`` steps. Each tree is one pipelined transfer in both fidelities.
     """
-    servers = list(_by_server(group, server_of).values())
-    heads = [s[0] for s in servers]
-    up = [(heads[i], heads[(i - 1) // 2]) for i in range(1, len(heads))]
-    for members in servers:
-        up += [(members[i], members[i - 1]) for i in range(1, len(members))]
-    up_t = tuple(up)
-    down = tuple((b, a) for a, b in up_t)
-    levels = (len(heads)).bit_length() - 1  # inter-server levels of the binary tree
-    depth = max(levels + max(len(s) for s in servers) - 1, 1)
-    if kind == "all_reduce":
-        hops, steps, net = up_t + down, 2 * depth, 2 * levels
-    elif kind == "broadcast":
-        hops, steps, net = down, depth, levels
-    elif kind == "reduce":
-        hops, steps, net = up_t, depth, levels
-    else:
+    if kind not in ("all_reduce", "broadcast", "reduce"):
         raise CollectiveError(f"algorithm: tree does not implement {kind}; use ring, direct or auto")
-    return [(Transfer(hops, nbytes, steps, 0, net),)]
+    servers = list(_by_server(group, server_of).values())
+    k = len(servers[0])
+    channels = k if all(len(m) == k for m in servers) else 1
+    trees = 2 if len(servers) > 2 else 1  # (one or two servers: the mirror is the same tree)
+    levels = (len(servers)).bit_length() - 1  # inter-server levels of the binary tree
+    depth = max(levels + max(len(m) for m in servers) - 1, 1)
+    transfers = []
+    for c in range(channels * trees):
+        chains = [m[c // trees:] + m[:c // trees] for m in servers]
+        if c % trees:
+            chains = chains[:1] + chains[:0:-1]  # (the root's server stays first)
+        heads = [chain[0] for chain in chains]
+        up = [(heads[i], heads[(i - 1) // 2]) for i in range(1, len(heads))]
+        for chain in chains:
+            up += [(chain[i], chain[i - 1]) for i in range(1, len(chain))]
+        up_t = tuple(up)
+        down = tuple((b, a) for a, b in up_t)
+        if kind == "all_reduce":
+            hops, steps, net = up_t + down, 2 * depth, 2 * levels
+        elif kind == "broadcast":
+            hops, steps, net = down, depth, levels
+        else:
+            hops, steps, net = up_t, depth, levels
+        transfers.append(Transfer(hops, nbytes / (channels * trees), steps, c, net))
+    return [tuple(transfers)]
 
 
 def plan_hierarchical(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
@@ -368,8 +384,8 @@ AUTO_CANDIDATES = {  # what NCCL's tuner chooses among (no NVLS / CollNet / PAT)
     "all_reduce": ("ring", "tree"),
     "all_gather": ("ring",),
     "reduce_scatter": ("ring",),
-    "broadcast": ("ring", "tree"),
-    "reduce": ("ring", "tree"),
+    "broadcast": ("ring",),  # (NCCL's tree runs all-reduce only: tuning.cc prices no other collective on it)
+    "reduce": ("ring",),
     "all_to_all": ("direct",),
     "gather": ("direct",),
 }

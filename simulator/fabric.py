@@ -20,7 +20,7 @@ from topologies.cluster import Cluster
 from .bulk_alltoall import bulk_flows, under_one_switch
 from .collectives import AUTO_CANDIDATES, COLLECTIVE_ALGORITHMS, CollectiveError, Plan, Transfer, plan_collective
 from .compute import MIN_EFFICIENCY
-from .nccl import BANDWIDTH_FACTOR, NIC_EFFICIENCY, PROTOCOLS, p2p_protocol, step_latencies
+from .nccl import BANDWIDTH_FACTOR, NIC_EFFICIENCY, PROTOCOLS, bandwidth_factor, p2p_protocol, step_latencies
 from .network import AnalyticNetwork, FlowNetwork
 from .routing import Router
 
@@ -407,6 +407,7 @@ class Fabric:
         if choice is None:
             candidates = AUTO_CANDIDATES[kind] if algorithm == "auto" else (algorithm,)
             best = None
+            ring_bandwidth: list[float] | None = None  # (ring vs tree: see below)
             for a in candidates:
                 plan = planned[a] = plan_collective(kind, group, nbytes, self.server_of, a,
                                                     stagger=self.config.nccl_latency)
@@ -414,14 +415,21 @@ class Fabric:
                 if len(candidates) == 1 and len(protocols) == 1:  # nothing to choose: no estimate needed
                     best = (0.0, a, protocols[0])
                     break
-                estimates = None
-                if sum(len(t.hops) for p in plan.phases for t in p) <= _SHAPE_HOPS:
-                    shape = self._plan_shape(plan)
-                    estimates = self._estimate_cache.get(shape)
-                    if estimates is None:
-                        estimates = self._estimate_cache[shape] = self.estimates(plan)
-                else:  # a large group's shape costs about what its estimate does, and rarely recurs (ECMP)
-                    estimates = self.estimates(plan)
+                if a == "tree" and ring_bandwidth is not None:
+                    # NCCL's tuner prices a tree all-reduce at the ring's bandwidth (the same graphs' bus
+                    # bandwidth, x0.92 and its protocol factors, algorithm bandwidth busBw/2 against the ring's
+                    # busBw·n/(2(n-1))) plus the tree's own latency, and picks what it prices lowest. A tree
+                    # may move fewer bytes per NIC than that (two servers: one edge), which the simulation
+                    # then runs, but NCCL does not choose by it.
+                    n = len(group)
+                    latency = self._cached_estimates(plan, with_bytes=False)
+                    estimates = [lat + ring * n / (n - 1) * BANDWIDTH_FACTOR[p] / bandwidth_factor(a, kind, p)
+                                 for lat, ring, p in zip(latency, ring_bandwidth, protocols)]
+                else:
+                    estimates = self._cached_estimates(plan)
+                    if a == "ring" and "tree" in candidates and kind == "all_reduce":
+                        idle = self._cached_estimates(plan, with_bytes=False)
+                        ring_bandwidth = [t - lat for t, lat in zip(estimates, idle)]
                 for t, protocol in zip(estimates, protocols):
                     if best is None or t < best[0]:
                         best = (t, a, protocol)
@@ -432,6 +440,18 @@ class Fabric:
                                    stagger=self.config.nccl_latency)
         self._last_choice = (key, plan, choice[1])
         return plan, choice[1]
+
+    def _cached_estimates(self, plan: Plan, with_bytes: bool = True) -> list[float]:
+        """:meth:`estimates` of ``plan`` (``with_bytes`` False: their latency terms alone), kept per plan shape
+        for plans of at most ``_SHAPE_HOPS`` hops (a large group's shape costs about what its estimate does,
+        and rarely recurs: ECMP)."""
+        if sum(len(t.hops) for p in plan.phases for t in p) > _SHAPE_HOPS:
+            return self._estimates(plan, self.protocols(plan), with_bytes)
+        shape = (self._plan_shape(plan), with_bytes)
+        estimates = self._estimate_cache.get(shape)
+        if estimates is None:
+            estimates = self._estimate_cache[shape] = self._estimates(plan, self.protocols(plan), with_bytes)
+        return estimates
 
     def _plan_shape(self, plan: Plan) -> tuple:
         """Everything :meth:`estimates` reads of ``plan``, with link ids relabelled in order of first
@@ -457,7 +477,7 @@ class Fabric:
             phases.append(tuple(transfers))
         usable = self.usable_capacity[list(relabel)].tolist() if relabel else []
         spans = self._spans_servers(plan.group) if self.config.nccl_latency else None
-        return (plan.algorithm, spans, self.protocols(plan), tuple(phases), tuple(usable))
+        return (plan.algorithm, plan.kind, spans, self.protocols(plan), tuple(phases), tuple(usable))
 
     def estimate(self, plan: Plan, protocol: str = "Simple") -> float:
         """Contention-free time of ``plan`` under ``protocol`` in seconds: NCCL's latency terms plus
@@ -468,13 +488,14 @@ class Fabric:
         """:meth:`estimate` under each of :meth:`protocols`, routing the plan once."""
         return self._estimates(plan, self.protocols(plan))
 
-    def _estimates(self, plan: Plan, protocols: tuple[str, ...]) -> list[float]:
+    def _estimates(self, plan: Plan, protocols: tuple[str, ...], with_bytes: bool = True) -> list[float]:
         """:meth:`estimate` under each of ``protocols``, one array pass per phase: the load of every link
         (hops crossing it, each counted once per crossing, ``1 / spread`` of a hop under spray) and each
-        transfer's largest load over usable capacity (its bottleneck seconds per byte)."""
+        transfer's largest load over usable capacity (its bottleneck seconds per byte). ``with_bytes`` False:
+        the latency terms alone."""
         spans = self._spans_servers(plan.group) if self.config.nccl_latency else None
         costs = [self._costs(plan, p, spans) for p in protocols]
-        factors = [BANDWIDTH_FACTOR[p] for p in protocols]
+        factors = [bandwidth_factor(plan.algorithm, plan.kind, p) for p in protocols]
         totals = [c[0] if plan.phases else 0.0 for c in costs]
         self._route_hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops])
         for phase in plan.phases:
@@ -494,7 +515,8 @@ class Fabric:
             worst = [0.0] * len(protocols)
             for t, phys, per_byte in zip(phase, physs, per_bytes):
                 for i, (c, f) in enumerate(zip(costs, factors)):
-                    worst[i] = max(worst[i], self._step_latency(t, c, phys) + t.nbytes / f * per_byte)
+                    worst[i] = max(worst[i], self._step_latency(t, c, phys)
+                                   + (t.nbytes / f * per_byte if with_bytes else 0.0))
             totals = [x + w for x, w in zip(totals, worst)]
         return totals
 
@@ -599,7 +621,7 @@ class Fabric:
         """Flow specs of ``plan``: wire bytes are the payload over the protocol's bandwidth factor (an LL
         line carries 4 data bytes in 8); the base latency is paid once, by the first phase."""
         costs = self._costs(plan, protocol)
-        factor = BANDWIDTH_FACTOR[protocol]
+        factor = bandwidth_factor(plan.algorithm, plan.kind, protocol)
         grouped = self.config.all_to_all != "per_pair" and plan.kind == "all_to_all"
         self._route_hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops])
         hop, step_latency = self._hop, self._step_latency

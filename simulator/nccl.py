@@ -55,6 +55,21 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 BANDWIDTH_FACTOR: Mapping[str, float] = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
 """Fraction of the Simple protocol's bandwidth each protocol reaches (tuning.cc:327-337)."""
 
+TREE_BANDWIDTH_FACTOR: Mapping[str, float] = {"LL": 1.0 / 3.8, "LL128": 120.0 / 128.0, "Simple": 1.0}
+"""The same for the tree (``tuning.cc``, NCCL 2.30: ``busBw * 1.0/3.8`` for LL, ``busBw * 120.0/128.0`` for
+LL128 over several nodes)."""
+
+TREE_ALL_REDUCE_FACTOR = 0.92
+"""NCCL's tuner prices a tree all-reduce at 0.92 of the tree's bandwidth (``busBw * .92``, ``tuning.cc``)."""
+
+
+def bandwidth_factor(algorithm: str, kind: str, protocol: str) -> float:
+    """Fraction of the links' rate a collective's data moves at under ``protocol``: :data:`BANDWIDTH_FACTOR`,
+    or for the tree :data:`TREE_BANDWIDTH_FACTOR` (x :data:`TREE_ALL_REDUCE_FACTOR` for all-reduce)."""
+    if algorithm != "tree":
+        return BANDWIDTH_FACTOR[protocol]
+    return TREE_BANDWIDTH_FACTOR[protocol] * (TREE_ALL_REDUCE_FACTOR if kind == "all_reduce" else 1.0)
+
 _US = 1e-6
 BASE_LATENCY_S: Mapping[str, Mapping[str, float]] = {
     "ring": {"LL": 6.6 * _US, "LL128": 14.0 * _US, "Simple": 8.4 * _US},
