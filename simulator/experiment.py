@@ -444,9 +444,10 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
                              f"traffic crosses a spine")
         if exp.network.routing == "spray" and given("network", "routing"):
             notes.append("network.routing: spray has no effect: one leaf gives every pair one path")
-    if given("cluster", "core_oversubscription") and fabric != "fat_tree":
-        notes.append(f"cluster.core_oversubscription has no effect with fabric {fabric or '(a topology file)'} "
-                     f"(only fat_tree has a core tier)")
+    for key in ("core_oversubscription", "cores", "leaves_per_pod"):
+        if given("cluster", key) and fabric != "fat_tree":
+            notes.append(f"cluster.{key} has no effect with fabric {fabric or '(a topology file)'} "
+                         f"(only fat_tree has a core tier)")
     efficiency = exp.network.bandwidth_efficiency  # (a mapping only as the file gave it: per tier)
     if isinstance(efficiency, Mapping):
         present = {tier for _u, _v, tier in exp.cluster.graph.edges(data="tier")}

@@ -168,6 +168,10 @@ def test_scale_out_settings_on_one_node_or_one_leaf_are_noted():
     assert any(n.startswith("cluster.spines has no effect: the 2 nodes hang off one leaf") for n in notes)
     assert any(n.startswith("cluster.oversubscription has no effect: the 2 nodes hang off one leaf") for n in notes)
     assert "network.routing: spray has no effect: one leaf gives every pair one path" in notes
+    cores = {**one_leaf, "cluster": {"preset": "dgx-h100", "nodes": 2, "cores": 4, "leaves_per_pod": 2}}
+    notes = unused_settings(experiment_from_dict(cores))
+    assert "cluster.cores has no effect with fabric leaf_spine (only fat_tree has a core tier)" in notes
+    assert "cluster.leaves_per_pod has no effect with fabric leaf_spine (only fat_tree has a core tier)" in notes
     two_leaves = {**one_leaf, "cluster": {**one_leaf["cluster"], "nodes": 4, "nodes_per_leaf": 2},
                   "parallel": {"tp": 2, "pp": 2, "dp": 8}}
     assert not any(("spines" in n or "oversubscription" in n or "spray" in n)
