@@ -162,7 +162,9 @@ def _collective():
         p.add_argument("--cluster", help="preset name, PRESET:NODES or cluster YAML (default: DGX-H100 nodes, as many "
                                           "as needed)")
         p.add_argument("--algo", default="auto", help=f"one of: {', '.join(COLLECTIVE_ALGORITHMS)}")
-        p.add_argument("--fidelity", default="fast", choices=("fast", "full"))
+        p.add_argument("--fidelity", default=None, choices=("fast", "full"),
+                       help="fast (one pipelined transfer per ring) or full (every ring step); default the file's "
+                            "network.fidelity, else fast")
         p.add_argument("--no-pxn", dest="pxn", action="store_false",
                        help="send from each GPU's own NIC (NCCL_PXN_DISABLE=1); default: NCCL's PXN, traffic between "
                             "servers leaving through the NIC on the destination's rail")
@@ -190,13 +192,15 @@ def _collective():
         elif args.gpus > cluster.num_gpus:
             raise ValueError(f"--gpus: {args.gpus} exceeds the {cluster.num_gpus} GPUs of cluster {cluster.name!r}")
         network = _file_network(args.cluster)  # (a file's network: section, e.g. routing: spray, is honoured)
-        network = dataclasses.replace(network, fidelity=args.fidelity, pxn=network.pxn and args.pxn)
+        network = dataclasses.replace(network, fidelity=args.fidelity or network.fidelity,
+                                      pxn=network.pxn and args.pxn)
         table = collective_sweep(cluster, args.op, args.gpus, sizes, args.algo, network)
         if args.json:
             print(json.dumps(table.to_dict(orient="records")))
             return 0
         print(f"# {args.op} over {args.gpus} GPUs of {cluster.name}, algorithm {args.algo}"
-              + ("" if network.pxn else ", PXN off") + (", spray" if network.routing == "spray" else ""))
+              + ("" if network.pxn else ", PXN off") + (", spray" if network.routing == "spray" else "")
+              + (", fidelity full" if network.fidelity == "full" else ""))
         print(f"{'size':>12} {'time':>12} {'algbw':>14} {'busbw':>14}")
         for row in table.itertuples(index=False):
             print(f"{format_bytes(row.size_bytes):>12} {format_time(row.time_s):>12} "

@@ -426,10 +426,11 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
         params = exp.cluster.params
         ports = params["nodes_per_leaf"] * (params["gpus_per_node"] if fabric == "leaf_spine" else 1)
         fewer = max(1, int(ports / params["oversubscription"]))
-        notes.append(f"cluster.spines: {params['spines']} at {ratio_text(params['oversubscription'])} gives each "
-                     f"leaf-spine link {format_bandwidth(uplink)}, less than one {format_bandwidth(port)} port: it is "
-                     f"simulated at that rate, but a switch has whole ports (clustersim plan prices one cable "
-                     f"each); spines: {fewer} gives this ratio with whole ports")
+        spines = f"cluster.spines: {params['spines']}" + ("" if given("cluster", "spines") else " (the default)")
+        notes.append(f"{spines} at {ratio_text(params['oversubscription'])} gives each leaf-spine link "
+                     f"{format_bandwidth(uplink)}, less than one {format_bandwidth(port)} port: it is simulated "
+                     f"at that rate, but a switch has whole ports (clustersim plan prices one cable each); "
+                     f"spines: {fewer} or fewer keeps each link at least one port")
     scale_out = ("nic_bandwidth", "pcie_bandwidth", "nic_latency", "switch_latency", "spines", "nodes_per_leaf",
                  "oversubscription")
     if fabric == "single_node":

@@ -38,7 +38,8 @@ MAX_ALL_TO_ALL_RANKS = 8192  # one all_to_all over more ranks is refused: n(n-1)
 BULK_ALL_TO_ALL_RANKS = 256  # all_to_all "auto": uniform all-to-alls over at least this many ranks run in bulk
 _IDENTITY_ENTRIES = 4096  # collectives remembered by identity of their groups and matrix (Fabric._by_identity)
 _UNSET = object()  # (a cached plan may be None: several phases per replica)
-_SHAPE_HOPS = 64  # plans with at most this many hops have their estimates cached per shape (Fabric._plan_shape)
+_SHAPE_HOPS = 128  # plans with at most this many hops have their estimates cached per shape (Fabric._plan_shape;
+# a TP-8 tree on one server is 112: 8 channels of 14)
 
 
 @dataclass(frozen=True)
@@ -415,7 +416,7 @@ class Fabric:
                 if len(candidates) == 1 and len(protocols) == 1:  # nothing to choose: no estimate needed
                     best = (0.0, a, protocols[0])
                     break
-                if a == "tree" and ring_bandwidth is not None:
+                if a == "tree" and ring_bandwidth is not None and len(group) > 1:
                     # NCCL's tuner prices a tree all-reduce at the ring's bandwidth (the same graphs' bus
                     # bandwidth, x0.92 and its protocol factors, algorithm bandwidth busBw/2 against the ring's
                     # busBw·n/(2(n-1))) plus the tree's own latency, and picks what it prices lowest. A tree
@@ -423,7 +424,9 @@ class Fabric:
                     # then runs, but NCCL does not choose by it.
                     n = len(group)
                     latency = self._cached_estimates(plan, with_bytes=False)
-                    estimates = [lat + ring * n / (n - 1) * BANDWIDTH_FACTOR[p] / bandwidth_factor(a, kind, p)
+                    one_node = not self._spans_servers(group)
+                    estimates = [lat + ring * n / (n - 1) * BANDWIDTH_FACTOR[p]
+                                 / bandwidth_factor(a, kind, p, one_node)
                                  for lat, ring, p in zip(latency, ring_bandwidth, protocols)]
                 else:
                     estimates = self._cached_estimates(plan)
@@ -495,7 +498,7 @@ class Fabric:
         the latency terms alone."""
         spans = self._spans_servers(plan.group) if self.config.nccl_latency else None
         costs = [self._costs(plan, p, spans) for p in protocols]
-        factors = [bandwidth_factor(plan.algorithm, plan.kind, p) for p in protocols]
+        factors = [BANDWIDTH_FACTOR[p] for p in protocols]
         totals = [c[0] if plan.phases else 0.0 for c in costs]
         self._route_hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops])
         for phase in plan.phases:
@@ -621,7 +624,7 @@ class Fabric:
         """Flow specs of ``plan``: wire bytes are the payload over the protocol's bandwidth factor (an LL
         line carries 4 data bytes in 8); the base latency is paid once, by the first phase."""
         costs = self._costs(plan, protocol)
-        factor = bandwidth_factor(plan.algorithm, plan.kind, protocol)
+        factor = BANDWIDTH_FACTOR[protocol]
         grouped = self.config.all_to_all != "per_pair" and plan.kind == "all_to_all"
         self._route_hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops])
         hop, step_latency = self._hop, self._step_latency

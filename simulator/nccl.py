@@ -56,19 +56,23 @@ BANDWIDTH_FACTOR: Mapping[str, float] = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0
 """Fraction of the Simple protocol's bandwidth each protocol reaches (tuning.cc:327-337)."""
 
 TREE_BANDWIDTH_FACTOR: Mapping[str, float] = {"LL": 1.0 / 3.8, "LL128": 120.0 / 128.0, "Simple": 1.0}
-"""The same for the tree (``tuning.cc``, NCCL 2.30: ``busBw * 1.0/3.8`` for LL, ``busBw * 120.0/128.0`` for
-LL128 over several nodes)."""
+"""The same as NCCL's tuner prices the tree (``tuning.cc``, NCCL 2.30: ``busBw * 1.0/3.8`` for LL,
+``busBw * 120.0/128.0`` for LL128 over several nodes, ``7.0/9.0`` on one)."""
 
 TREE_ALL_REDUCE_FACTOR = 0.92
 """NCCL's tuner prices a tree all-reduce at 0.92 of the tree's bandwidth (``busBw * .92``, ``tuning.cc``)."""
 
 
-def bandwidth_factor(algorithm: str, kind: str, protocol: str) -> float:
-    """Fraction of the links' rate a collective's data moves at under ``protocol``: :data:`BANDWIDTH_FACTOR`,
-    or for the tree :data:`TREE_BANDWIDTH_FACTOR` (x :data:`TREE_ALL_REDUCE_FACTOR` for all-reduce)."""
+def bandwidth_factor(algorithm: str, kind: str, protocol: str, one_node: bool = False) -> float:
+    """The fraction of the bus bandwidth NCCL's tuner prices a collective at under ``protocol``:
+    :data:`BANDWIDTH_FACTOR`, or for the tree :data:`TREE_BANDWIDTH_FACTOR` (LL128 on ``one_node``: 7/9),
+    x :data:`TREE_ALL_REDUCE_FACTOR` for all-reduce. The tuner's choice reads it (:meth:`simulator.fabric.
+    Fabric.choose`); data moves at the protocols' own factors (:data:`BANDWIDTH_FACTOR`: LL's and LL128's
+    wire formats), not at the tuner's corrections."""
     if algorithm != "tree":
         return BANDWIDTH_FACTOR[protocol]
-    return TREE_BANDWIDTH_FACTOR[protocol] * (TREE_ALL_REDUCE_FACTOR if kind == "all_reduce" else 1.0)
+    factor = 7.0 / 9.0 if protocol == "LL128" and one_node else TREE_BANDWIDTH_FACTOR[protocol]
+    return factor * (TREE_ALL_REDUCE_FACTOR if kind == "all_reduce" else 1.0)
 
 _US = 1e-6
 BASE_LATENCY_S: Mapping[str, Mapping[str, float]] = {

@@ -291,6 +291,9 @@ def test_the_collective_command_reads_the_files_network_section(tmp_path, capsys
         return __import__("json").loads(capsys.readouterr().out)[0]["time_s"]
 
     assert time_of(base + "network: {pxn: false}\n") == time_of(base, "--no-pxn") != time_of(base)
+    # the file's fidelity holds unless --fidelity says otherwise
+    assert time_of(base + "network: {fidelity: full}\n") == time_of(base, "--fidelity", "full")
+    assert time_of(base + "network: {fidelity: full}\n", "--fidelity", "fast") == time_of(base)
     path = tmp_path / "bad.yaml"
     path.write_text(base + "network: {bogus: 1}\n")
     capsys.readouterr()

@@ -12,15 +12,16 @@ import simpy
 from simulator.collectives import AUTO_CANDIDATES, plan_collective
 from simulator.engine import Engine
 from simulator.fabric import Fabric, NetworkConfig
-from simulator.nccl import bandwidth_factor
+from simulator.nccl import BANDWIDTH_FACTOR, bandwidth_factor
 from topologies import build_cluster, leaf_spine
 from workloads.ops import OpGraph
 
 IDEAL = NetworkConfig(step_latency_s=2e-6, bandwidth_efficiency=1.0)
 
 
-WIRE = 1 / bandwidth_factor("tree", "all_reduce", "Simple")
-"""Wire bytes per payload byte of a large tree all-reduce (Simple, at NCCL's x0.92 tree bandwidth)."""
+WIRE = 1 / BANDWIDTH_FACTOR["Simple"]
+"""Wire bytes per payload byte of a large all-reduce (Simple): the tuner's x0.92 for the tree prices the
+choice, it is not bytes on the wire."""
 
 
 def _nic_bytes_out(cluster, n, size):
@@ -63,11 +64,22 @@ def test_two_mirrored_trees_load_no_nic_with_more_than_twice_the_data():
     assert max(by_server.values()) == pytest.approx(2 * size)
 
 
-def test_the_tree_moves_data_at_nccls_tree_factors():
+def test_the_tuner_prices_the_tree_at_nccls_factors():
     assert bandwidth_factor("tree", "all_reduce", "Simple") == pytest.approx(0.92)
     assert bandwidth_factor("tree", "all_reduce", "LL") == pytest.approx(0.92 / 3.8)
+    assert bandwidth_factor("tree", "all_reduce", "LL128") == pytest.approx(0.92 * 120 / 128)
+    assert bandwidth_factor("tree", "all_reduce", "LL128", one_node=True) == pytest.approx(0.92 * 7 / 9)
     assert bandwidth_factor("ring", "all_reduce", "LL") == pytest.approx(0.5)
     assert bandwidth_factor("tree", "broadcast", "Simple") == 1.0
+
+
+def test_a_one_rank_all_reduce_is_free_under_auto():
+    fabric = Fabric(simpy.Environment(), build_cluster({"preset": "dgx-h100", "nodes": 1}))
+    plan, _protocol = fabric.choose("all_reduce", (0,), 1024.0)
+    assert plan.algorithm == "ring"
+    graph = OpGraph(2)
+    graph.collective("all_reduce", [0], 2**20, traffic_class="dp")
+    assert Engine(graph, build_cluster({"preset": "dgx-h100", "nodes": 1})).run().step_time_s == 0.0
 
 
 def test_only_all_reduce_has_the_tree_among_auto_candidates():
@@ -102,7 +114,7 @@ def test_the_tree_rule_for_auto_is_the_tree_latency_plus_the_rings_bandwidth_ter
     priced = {("ring", p): t for p, t in zip(protocols, ring_total)}
     for p, lat, total, rlat in zip(protocols, tree_latency, ring_total, ring_latency):
         priced[("tree", p)] = lat + (total - rlat) * n / (n - 1) * bandwidth_factor("ring", "all_reduce", p) \
-            / bandwidth_factor("tree", "all_reduce", p)
+            / bandwidth_factor("tree", "all_reduce", p, one_node=False)
     best = min(priced, key=priced.get)
     plan, protocol = fabric.choose("all_reduce", group, nbytes)
     assert (plan.algorithm, protocol) == best
