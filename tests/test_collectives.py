@@ -127,12 +127,17 @@ def test_broadcast_chain_is_pipelined(node8):
 
 
 @pytest.mark.parametrize("network", [IDEAL_NET, NetworkConfig()], ids=["ideal", "nccl"])
-def test_auto_picks_no_worse_than_any_nccl_algorithm(two_leaves, network):
-    # NCCL's tuner chooses among ring and tree for all-reduce (hierarchical is not an NCCL algorithm)
-    for size in (1e4, 1e6, 1e9):
-        auto = collective_time(two_leaves, "all_reduce", 32, size, "auto", network)
-        for algo in ("ring", "tree"):
-            assert auto <= collective_time(two_leaves, "all_reduce", 32, size, algo, network) * (1 + 1e-9)
+def test_auto_runs_ring_or_tree_as_nccls_tuner_prices_them(two_leaves, network):
+    # NCCL's tuner chooses among ring and tree for all-reduce (hierarchical is not an NCCL algorithm). It is
+    # no oracle: it prices the tree at the ring's bandwidth (x0.92), so at 1 GB over 4 servers it runs the
+    # ring although the double binary tree, whose NICs carry no more than the ring's, would be a little
+    # faster; where latency rules (10 kB, 1 MB: log-depth tree against 2(n-1) ring steps) it runs the tree.
+    times = {size: {a: collective_time(two_leaves, "all_reduce", 32, size, a, network)
+                    for a in ("auto", "ring", "tree")} for size in (1e4, 1e6, 1e9)}
+    for size in (1e4, 1e6):
+        assert times[size]["auto"] == times[size]["tree"] < times[size]["ring"]
+    assert times[1e9]["auto"] == times[1e9]["ring"]
+    assert times[1e9]["tree"] < times[1e9]["ring"] < times[1e9]["tree"] / 0.92
 
 
 def test_tree_beats_ring_on_latency_for_tiny_messages():
