@@ -73,22 +73,27 @@ def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8) -> 
     return build_cluster({"preset": spec})
 
 
-def _file_network(spec: str | None) -> NetworkConfig:
-    """The ``network:`` section of the experiment file ``spec`` (checked as ``clustersim run`` checks it), or
-    the defaults for a preset, a topology file or a file without one."""
+def _top_level(path: str, key: str) -> object:
+    """The top-level ``key`` of the YAML file at ``path`` (read already: it is valid YAML), or None. Parsed again
+    only when the key is in its text (a topology file of thousands of GPUs takes seconds)."""
     import re
 
     from topologies.yamlio import load_yaml
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if not re.search(rf"^{key}\s*:", text, re.MULTILINE):
+        return None
+    doc = load_yaml(text)
+    return doc.get(key) if isinstance(doc, dict) else None
 
+
+def _file_network(spec: str | None) -> NetworkConfig:
+    """The ``network:`` section of the experiment file ``spec`` (checked as ``clustersim run`` checks it), or
+    the defaults for a preset, a topology file or a file without one."""
     from .experiment import _network_from_dict
     if spec is None or not spec.lower().endswith((".yaml", ".yml")):
         return NetworkConfig()
-    with open(spec, encoding="utf-8") as f:
-        text = f.read()
-    if not re.search(r"^network\s*:", text, re.MULTILINE):
-        return NetworkConfig()
-    doc = load_yaml(text)
-    section = doc.get("network") if isinstance(doc, dict) else None
+    section = _top_level(spec, "network")
     if section is None:
         return NetworkConfig()
     if not isinstance(section, dict):
@@ -100,17 +105,8 @@ def _file_network(spec: str | None) -> NetworkConfig:
 
 
 def _has_faults(path: str) -> bool:
-    """Whether the experiment file at ``path`` (read already: it is valid YAML) lists faults. Parsed again only
-    when a top-level ``faults:`` key is in its text (a topology file of thousands of GPUs takes seconds)."""
-    import re
-
-    from topologies.yamlio import load_yaml
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if not re.search(r"^faults\s*:", text, re.MULTILINE):
-        return False
-    doc = load_yaml(text)
-    return isinstance(doc, dict) and bool(doc.get("faults"))
+    """Whether the experiment file at ``path`` lists faults."""
+    return bool(_top_level(path, "faults"))
 
 
 # ------------------------------------------------------------------ zero

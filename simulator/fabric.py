@@ -243,6 +243,7 @@ class Fabric:
         self._spread: dict[int, int] = {}  # id(links array) -> equal-cost paths it spreads a flow over
         self.collectives_run = 0
         self._one_switch_groups: dict[tuple[int, ...], bool] = {}  # group -> _one_switch
+        self._between_switches: np.ndarray | None = None  # per link: joins two switches (made by _one_switch)
 
     # ------------------------------------------------------------------ ranks
     def server_of(self, rank: int) -> int:
@@ -610,10 +611,15 @@ class Fabric:
         if out is None:
             out = under_one_switch(self.cluster, group)
             if not out and self.router.pxn:
+                between = self._between_switches
+                if between is None:  # (links whose two ends are switches: neither GPU, NIC nor NVSwitch)
+                    kind = self.cluster.graph.nodes
+                    ends = ("gpu", "nic", "nvswitch")
+                    between = self._between_switches = np.array(
+                        [kind[u]["kind"] not in ends and kind[v]["kind"] not in ends for u, v in self.links])
                 members = np.asarray(group, dtype=np.int64)
                 src, dst = np.repeat(members, len(members)), np.tile(members, len(members))
                 keep = src != dst
-                between = np.isin(self.tier, ("spine", "core"))  # links from one switch to another
                 blocks = self.router.route_blocks(self.cluster.gpus, src[keep], dst[keep],
                                                   np.zeros(int(keep.sum()), dtype=np.int64))
                 out = not any(between[block].any() for _where, block in blocks)

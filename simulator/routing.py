@@ -340,14 +340,15 @@ class Router:
         self._server = dict(graph.nodes(data="server"))
         self._local: dict[Hashable, int] = {}
         self._rail_gpu: dict[tuple, Hashable] = {}
-        by_server: dict = {}
-        for n, k in self._kind.items():
-            if k == "gpu":
-                by_server.setdefault(self._server.get(n), []).append(n)
-        for srv, members in by_server.items():
-            for n, i in zip(members, _device_indices(members)):
-                self._local[n] = i
-                self._rail_gpu[(srv, i)] = n
+        if self.pxn:
+            by_server: dict = {}
+            for n, k in self._kind.items():
+                if k == "gpu":
+                    by_server.setdefault(self._server.get(n), []).append(n)
+            for srv, members in by_server.items():
+                for n, i in zip(members, _device_indices(members)):
+                    self._local[n] = i
+                    self._rail_gpu[(srv, i)] = n
 
     def _regular(self) -> bool:
         """Whether the fast path's shortcuts hold: NVSwitches link only GPUs (and, in a domain over several
@@ -455,7 +456,7 @@ class Router:
         if a[0] == b[0] or (b[0] is not None and b[0] in self._succ[a[0]]):
             return None
         p = self._rail_gpu.get((self._server.get(src), self._local.get(dst)))
-        if p is None or p == src or (self._attach.get(p) or (None,))[0] != a[0] or not self._owns_nic(p):
+        if p is None or p == src or not self._owns_nic(p) or self._attach[p][0] != a[0]:
             return None
         return p
 
@@ -589,12 +590,13 @@ class Router:
             done[intra] = True
         struct = np.flatnonzero(ok & ~same_domain)
         if self.pxn and len(struct):
-            struct = struct[t["rail"][t["srv"][src[struct]], t["loc"][dst[struct]]] != -2]
+            # each pair's would-be proxy (proxy()); -2: not in ``gpus``, so the pair takes route() below
+            e = t["rail"][t["srv"][src[struct]], t["loc"][dst[struct]]]
+            struct, e = struct[e != -2], e[e != -2]
         if len(struct):
             s, d = src[struct], dst[struct]
             # under PXN the transfer leaves through the NIC of GPU exits (s where PXN does not apply; see proxy())
             if self.pxn:
-                e = t["rail"][t["srv"][s], t["loc"][d]]
                 at = np.maximum(e, 0)
                 via = (e >= 0) & (e != s) & (t["g2n"][s] >= 0) & t["pxok"][at] & (t["nvs"][at] == t["nvs"][s])
                 exits = np.where(via, e, s)

@@ -5,7 +5,6 @@ ring's bus bandwidth x0.92 plus its own latency; the tree runs all-reduce only),
 all-reduce (188.2 GB/s bus bandwidth at 4 GiB, tests/test_compute_grounding.py: NCCL picks the ring there).
 """
 
-import numpy as np
 import pytest
 import simpy
 
@@ -118,4 +117,3 @@ def test_the_tree_rule_for_auto_is_the_tree_latency_plus_the_rings_bandwidth_ter
     best = min(priced, key=priced.get)
     plan, protocol = fabric.choose("all_reduce", group, nbytes)
     assert (plan.algorithm, protocol) == best
-    assert np.isfinite(list(priced.values())).all()

@@ -360,13 +360,12 @@ def _refuse_partition(cluster: Cluster, faults: Sequence[Mapping], pair: tuple[H
     a, b = found
     hint = "remove a fault or keep a path"
     entry = faults[k]
-    if entry.get("kind") in ("link_down", "switch_down"):
+    if entry.get("kind") == "link_down" and any(isinstance(n, str) and n.startswith("nic:")
+                                                for n in entry.get("link") or ()):
         # A NIC's cable is its GPU's only way out: what the GPU loses is its NIC's way in, which nic_down
         # models (its traffic borrows a neighbour's NIC over NVLink, as NCCL does)
-        named = entry.get("link") if entry.get("kind") == "link_down" else [entry.get("switch")]
-        if entry.get("kind") == "link_down" and any(isinstance(n, str) and n.startswith("nic:") for n in named or []):
-            hint = ("to model a GPU that loses its NIC's way into the fabric, give it a nic_down entry "
-                    "({kind: nic_down, gpu: RANK}: its traffic borrows a neighbour's NIC over NVLink)")
+        hint = ("to model a GPU that loses its NIC's way into the fabric, give it a nic_down entry "
+                "({kind: nic_down, gpu: RANK}: its traffic borrows a neighbour's NIC over NVLink)")
     raise TopologyError(f"faults[{k}]: the fabric is partitioned{' (with the faults before it)' if k else ''}: "
                         f"{show(a)} can no longer reach {show(b)}; {hint}")
 
