@@ -94,7 +94,7 @@ import simpy
 from numpy import count_nonzero
 from simpy.events import Event
 
-from .maxmin import max_min_rates, max_min_rates_small
+from .maxmin import max_min_rates, max_min_rates_dense, max_min_rates_small
 
 _INF = float("inf")
 _LATE_PRIORITY = 2  # after every NORMAL (1) event of the same instant
@@ -118,6 +118,7 @@ _AGG_MIN = 16  # components of at least this many flows fold flows of equal rows
 _FEW_LINKS = 24  # calls over at most this many distinct links check and mark them in Python, not numpy
 _JOINT_UNIONS = 4096  # pairs of (session, joining call) links whose union is kept (FlowNetwork._attach)
 _FEW_ENTRIES = 32  # replays of at most this many rate-log entries and busy intervals book them in Python
+_FORESEE_FLOWS = 64  # calls of at most this many flows alone on their links are worked out at once (_foresee)
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
 
@@ -814,7 +815,7 @@ class FlowNetwork(_NetworkBase):
     """
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray, replay: bool = True, twins: bool = True,
-                 lazy: bool = True, aggregate: bool = True) -> None:
+                 lazy: bool = True, aggregate: bool = True, foresee: bool = True) -> None:
         _NetworkBase.__init__(self, env, capacity)
         # Active flows per link id, insertion-ordered (one persistent dict per link: no allocation per flow).
         self._on_link: list[dict[Flow, None]] = [{} for _ in self._cap]
@@ -862,6 +863,9 @@ class FlowNetwork(_NetworkBase):
         # Replays of isolated calls (see _Session): which session holds each link, the trajectories recorded
         # per call shape, and the shape of each cached spec tuple.
         self.replay = replay
+        # Calls alone on idle links whose shape has no recording: their trajectory worked out at once (_foresee).
+        self.foresee = foresee and replay
+        self.foreseen = 0  # calls whose trajectory was worked out at once
         # Id of the session holding each link (0: none; an array of int64 with a numpy view for whole calls)
         # and the holding sessions by id.
         self._owner = array("q", bytes(8 * len(self._cap)))
@@ -965,6 +969,8 @@ class FlowNetwork(_NetworkBase):
                 self._sessions[session.sid] = session
                 self._fresh_t = now
                 traj = self._memo.get(key)
+                if traj is None and self.foresee:
+                    traj = self._foresee(call, session)
                 if traj is not None:
                     if traj.joint is None:
                         self._replay(session, traj, call, traffic_class, join)
@@ -1202,17 +1208,123 @@ class FlowNetwork(_NetworkBase):
                 ends.append(finished - t0)
             size += 1 + len(rates)
             flow.rec = None
-        self._memo_flows += size
-        if self._memo_flows > _MEMO_ENTRIES:
-            self._memo.clear()
-            self._memo_flows = size
         joint = None
         if session.parts is not None and len(session.parts) > 1:  # each call's shape, links, flows, last finish
             bounds = [part.first for part in session.parts[1:]] + [len(recs)]
             joint = tuple((part.key, part.sig, stop - part.first,
                            max([rec[1] for rec in recs[part.first:stop]], default=t0) - t0)
                           for part, stop in zip(session.parts, bounds))
-        self._memo[session.key] = _Trajectory(duration, t0, recs, session.arr, moved, starts, ends, joint)
+        self._remember(session.key, _Trajectory(duration, t0, recs, session.arr, moved, starts, ends, joint), size)
+
+    def _foresee(self, call: _Call, session: _Session) -> _Trajectory | None:
+        """The trajectory ``call``'s flows follow alone on their links from now (``session``'s start), worked
+        out here, outside the event loop, and kept as its shape's; None for calls of more than
+        ``_FORESEE_FLOWS`` flows that join max-min sharing (they are simulated and recorded as they run).
+
+        A call that finds its links idle (an alltoallv of an EP group, whose sizes are its own so that no
+        recording of its shape exists) follows, until another flow comes onto its links, the trajectory of
+        its flows alone: max-min rates among them, re-solved when one is admitted or finishes. Working it
+        out at once and replaying it (:meth:`_replay`) takes one event instead of an update per admission
+        and finish, each with its component search; a flow that comes onto the links before the end makes
+        the flows real in the state the trajectory gives (:meth:`_materialize`), as for any replay. The
+        instants and rates are the event loop's: arrivals at ``start + latency``, finishes at ``set + left /
+        rate``, both taken at an instant when within ``_REL_TIME_EPS`` of it, every flow capped by its solo
+        rate and sharing only the links that all the call's flows together could overload (no other link
+        can bind), by progressive filling (:func:`~simulator.maxmin.max_min_rates_dense`). Equal to the
+        recording of the simulated flows up to rounding (tested).
+        """
+        routes, pending = [], []
+        for route, (_links, nbytes, latency_s, _payload) in zip(call.routes, call.specs):
+            if nbytes / route.solo_rate > TINY_FLOW_S:
+                pending.append((latency_s, len(routes), nbytes))
+                routes.append(route)
+        n = len(routes)
+        if not n or n > _FORESEE_FLOWS:
+            return None
+        # The links all the flows at once could overload (no other can ever bind), as a matrix of crossings
+        # (link x flow): bulk flows cross hundreds of links at unlike weights (max_min_rates_dense).
+        links, weights = [], []
+        for route in routes:
+            if route.arrays is None:
+                links.append(np.array(route.ulinks, dtype=np.intp))
+                weights.append(np.array(route.mults, dtype=float))
+            else:
+                links.append(route.arrays[0])
+                weights.append(route.arrays[1])
+        counts = [len(ids) for ids in links]
+        flat, mults = np.concatenate(links), np.concatenate(weights)
+        flow = np.repeat(np.arange(n), counts)
+        solo_of = np.array([route.solo_rate for route in routes])
+        ids, inverse = np.unique(flat, return_inverse=True)
+        demand = np.bincount(inverse, weights=solo_of[flow] * mults, minlength=len(ids))
+        is_tight = demand > self.capacity[ids] * (1 + 1e-9)
+        tight = bool(is_tight.any())
+        if tight:
+            row = np.cumsum(is_tight) - 1  # each tight link's row
+            on = is_tight[inverse]
+            matrix = np.zeros((int(row[-1]) + 1, n))
+            matrix[row[inverse[on]], flow[on]] = mults[on]
+            capacity = self.capacity[ids[is_tight]]
+        solo = [route.solo_rate for route in routes]
+        t0 = session.t0
+        pending.sort(key=lambda p: p[0])  # (stable: equal latencies arrive in the call's order)
+        arrive = [t0 + p[0] for p in pending]
+        recs: list[list] = [None] * n  # type: ignore[list-item]
+        left = [0.0] * n
+        rate = [0.0] * n
+        since = [0.0] * n
+        due = [_INF] * n
+        active: list[int] = []
+        nxt = 0
+        while nxt < n or active:
+            now = min(arrive[nxt] if nxt < n else _INF, min([due[i] for i in active], default=_INF))
+            limit = now * (1 + _REL_TIME_EPS) + 1e-18
+            if active:
+                staying = []
+                for i in active:
+                    if due[i] <= limit:
+                        recs[i][1] = now
+                    else:
+                        staying.append(i)
+                active = staying
+            while nxt < n and arrive[nxt] <= limit:
+                _latency, i, nbytes = pending[nxt]
+                nxt += 1
+                recs[i] = [now, now, []]
+                left[i] = nbytes
+                since[i] = now
+                active.append(i)
+            if not active:
+                continue
+            if tight:
+                rates = max_min_rates_dense(matrix[:, active], capacity, np.array([solo[i] for i in active])).tolist()
+                if not min(rates) > 0.0:
+                    return None  # (a link without capacity: left to the event loop)
+            else:
+                rates = [solo[i] for i in active]
+            for i, r in zip(active, rates):
+                old = rate[i]
+                if r != old:
+                    if since[i] != now:
+                        left[i] -= old * (now - since[i])
+                        since[i] = now
+                    rate[i] = r
+                    recs[i][2].append((now, r))
+                    due[i] = now + left[i] / r
+        self.foreseen += 1
+        traj = _Trajectory(max([rec[1] for rec in recs]) - t0, t0, recs, session.arr, routes,
+                           [rec[0] - t0 for rec in recs], [rec[1] - t0 for rec in recs])
+        self._remember(session.key, traj, sum(1 + len(rec[2]) for rec in recs))
+        return traj
+
+    def _remember(self, key: int, traj: _Trajectory, size: int) -> None:
+        """Keep ``traj`` as the trajectory of shape ``key`` (``size``: its flows and rate changes; all are
+        forgotten at once past ``_MEMO_ENTRIES``)."""
+        self._memo_flows += size
+        if self._memo_flows > _MEMO_ENTRIES:
+            self._memo.clear()
+            self._memo_flows = size
+        self._memo[key] = traj
 
     def _replay(self, session: _Session, traj: _Trajectory, call: _Call, traffic_class: str,
                 join: _Join) -> None:

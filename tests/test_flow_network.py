@@ -194,10 +194,10 @@ def _intruders(rng, num_links, periods):
     return calls
 
 
-def _calls_finish_times(calls, capacity, replay):
+def _calls_finish_times(calls, capacity, replay, foresee=True):
     """Finish time of every ``(start_s, specs)`` call of :meth:`FlowNetwork.start_flows`, and the network."""
     env = simpy.Environment()
-    net = FlowNetwork(env, capacity, replay=replay)
+    net = FlowNetwork(env, capacity, replay=replay, foresee=foresee)
     finish = [None] * len(calls)
 
     def launch(i, start, specs):
@@ -434,7 +434,7 @@ def test_an_aggregate_by_hand_is_processor_sharing():
     # one before it, which takes k/20 s: t_b = sum over j = 1..b of (21 - j) / 20.
     capacity = np.array([20.0] + [100.0] * 20)
     flows = [(0.0, [0, 1 + i], float(i + 1)) for i in range(20)]
-    got, net = _finish_times(flows, capacity)
+    got, net = _finish_times(flows, capacity, foresee=False)  # (the event loop's aggregates, nothing worked out ahead)
     expected = np.cumsum([(21 - j) / 20 for j in range(1, 21)])
     assert got == pytest.approx(expected.tolist(), rel=1e-12)
     assert net.aggregated >= 19  # every flow but the one kept as the aggregate's first was folded
@@ -562,7 +562,7 @@ def test_a_replay_joined_at_its_start_is_undone_and_recorded_anew():
     a = ((np.array([0, 1]), 10.0, 1.0, 10.0),)
     b = ((np.array([0, 2]), 20.0, 1.0, 20.0),)
     calls = [(0.0, a)] + [(t, call) for t in (100.0, 200.0, 300.0) for call in (a, b)]
-    got, net = _calls_finish_times(calls, capacity, replay=True)
+    got, net = _calls_finish_times(calls, capacity, replay=True, foresee=False)  # (A recorded at t = 0)
     assert got == pytest.approx([2.0, 103.0, 104.0, 203.0, 204.0, 303.0, 304.0], rel=1e-12)
     assert net.replays == 4 and net.materialized == 0  # the pair twice (A's undone replay does not count)
     assert net.ledger.busy_s.tolist() == pytest.approx([10.0, 7.0, 9.0])  # link 0: 1 + 3 x 3 s
@@ -579,7 +579,7 @@ def test_a_joint_replay_frees_a_finished_calls_own_links():
     b = ((np.array([0, 2]), 20.0, 1.0, 20.0),)
     d = ((np.array([1]), 10.0, 0.5, 10.0),)
     env = simpy.Environment()
-    net = FlowNetwork(env, capacity)
+    net = FlowNetwork(env, capacity, foresee=False)  # (D recorded when first alone, not worked out ahead)
     done: list[tuple[str, float]] = []
 
     def start(name, specs, then=None):

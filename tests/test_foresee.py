@@ -1,0 +1,146 @@
+"""Calls alone on idle links worked out ahead (``FlowNetwork(foresee=True)``, the default) against the event loop.
+
+A call whose links are idle and whose shape has no recording (an alltoallv of an EP group: its sizes are its
+own) used to be simulated event by event; now its trajectory is worked out when it starts and replayed, made
+real only if another flow comes onto its links first. The truth is the network that simulates every flow
+(``replay=False``), and hand-worked times.
+"""
+
+import numpy as np
+import pytest
+import simpy
+
+import simulator.fabric
+from simulator.experiment import experiment_from_dict, run_experiment
+from simulator.maxmin import max_min_rates_dense, max_min_rates_small
+from simulator.network import FlowNetwork
+
+
+def _run(calls, capacity, **options):
+    """Finish time of every ``(start_s, specs)`` call of :meth:`FlowNetwork.start_flows`, and the network."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, capacity, **options)
+    finish = [None] * len(calls)
+
+    def launch(i, start, specs):
+        yield env.timeout(start)
+        done = env.event()
+        net.start_flows(specs, "x", done.succeed)
+        yield done
+        finish[i] = env.now
+
+    for i, (start, specs) in enumerate(calls):
+        env.process(launch(i, start, specs))
+    env.run()
+    return finish, net
+
+
+def test_a_call_alone_by_hand_takes_no_solve_of_the_event_loop():
+    # Link 0 (10 B/s) is shared: flow A, 20 B over links 0 and 1, starts at once; flow B, 20 B over links 0
+    # and 2, after 1 s of latency. A alone moves 10 B by t = 1; then 5 B/s each: A is done at 3, B has 10 B
+    # left and alone again at 10 B/s is done at 4. Busy: link 0 for 4 s, link 1 for 3 (0-3), link 2 for 3 (1-4).
+    capacity = np.array([10.0, 10.0, 10.0])
+    call = ((np.array([0, 1]), 20.0, 0.0, 20.0), (np.array([0, 2]), 20.0, 1.0, 20.0))
+    finish, net = _run([(0.0, call)], capacity)
+    assert finish == [pytest.approx(4.0, rel=1e-12)]
+    assert net.foreseen == 1 and net.rate_solves == 0
+    assert net.ledger.bytes.tolist() == pytest.approx([40.0, 20.0, 20.0], rel=1e-12)
+    assert net.ledger.busy_s.tolist() == pytest.approx([4.0, 3.0, 3.0], rel=1e-12)
+    from simulator.traffic import link_series
+    times, rates = link_series(net.ledger, net.routes, [0])[0]
+    assert rates[:-1] == pytest.approx([10.0] * (len(rates) - 1), rel=1e-12)  # link 0 full until t = 4
+    assert times[-1] == pytest.approx(4.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_calls_of_their_own_sizes_finish_as_simulated_even_when_cut_short(seed):
+    # Calls of up to eight flows with latencies and repeated links (a flow crossing a link twice), each with
+    # sizes of its own (no shape repeats: nothing recorded could be replayed), every 20 s, a few overlapping
+    # the next; single flows soon after some of them start cut them short. Every finish time, every link's
+    # bytes and busy time must be those of the network that simulates every flow.
+    rng = np.random.default_rng(300 + seed)
+    num_links = 10
+    capacity = rng.choice([10.0, 20.0, 40.0], size=num_links)
+    calls = []
+    for k in range(24):
+        specs = []
+        for _ in range(int(rng.integers(1, 9))):
+            links = rng.choice(num_links, size=rng.integers(1, 4), replace=False)
+            if rng.random() < 0.3:
+                links = np.concatenate([links, links[:1]])  # crossed twice
+            specs.append((links, float(rng.uniform(5, 40)), float(rng.choice([0.0, 0.5, 1.5])), 1.0))
+        calls.append((20.0 * k + float(rng.uniform(0, 2)), tuple(specs)))
+    for k in rng.choice(24, size=8, replace=False):
+        links = rng.choice(num_links, size=rng.integers(1, 3), replace=False)
+        calls.append((20.0 * k + float(rng.uniform(0.5, 4)), ((links, float(rng.uniform(5, 50)), 0.0, 1.0),)))
+    got, net = _run(calls, capacity)
+    ref, ref_net = _run(calls, capacity, replay=False)
+    assert got == pytest.approx(ref, rel=1e-9, abs=1e-9)
+    assert net.ledger.bytes == pytest.approx(ref_net.ledger.bytes, rel=1e-12)
+    assert net.ledger.busy_s == pytest.approx(ref_net.ledger.busy_s, rel=1e-9, abs=1e-9)
+    assert net.ledger.flows_completed == ref_net.ledger.flows_completed
+    assert net.foreseen >= 10 and net.materialized >= 1 and ref_net.foreseen == 0
+    assert net.rate_solves < ref_net.rate_solves
+
+
+def test_off_it_is_the_event_loop():
+    capacity = np.array([10.0, 10.0, 10.0])
+    call = ((np.array([0, 1]), 20.0, 0.0, 20.0), (np.array([0, 2]), 20.0, 1.0, 20.0))
+    finish, net = _run([(0.0, call)], capacity, foresee=False)
+    assert finish == [pytest.approx(4.0, rel=1e-12)]
+    assert net.foreseen == 0 and net.rate_solves >= 2
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dense_progressive_filling_is_the_sparse_one(seed):
+    # A few flows over many links at unlike weights (bulk all-to-all flows), each capped on its own.
+    rng = np.random.default_rng(seed)
+    links, flows = int(rng.integers(1, 200)), int(rng.integers(1, 7))
+    crossings = rng.choice([0.0, 0.0, 1.0, 2.0, 0.25, 1.7], size=(links, flows))
+    capacity = rng.uniform(1.0, 10.0, size=links)
+    caps = rng.uniform(0.5, 30.0, size=flows)
+    dense = max_min_rates_dense(crossings, capacity, caps)
+    rows = [[j for j in range(links) if crossings[j, f]] for f in range(flows)]
+    mults = [[crossings[j, f] for j in rows[f]] for f in range(flows)]
+    sparse = max_min_rates_small(rows, mults, capacity.tolist(), caps.tolist())
+    assert dense.tolist() == pytest.approx(sparse, rel=1e-12)
+    assert (crossings @ dense <= capacity * (1 + 1e-9)).all() and (dense <= caps * (1 + 1e-12)).all()
+
+
+def test_dense_progressive_filling_by_hand():
+    # Link 0 (12 B/s) carries flow 0 once and flow 1 twice; link 1 (10 B/s) flows 1 and 2; flow 2 capped at
+    # 1 B/s. Filling: flow 2 stops at 1; link 0 binds at 3r = 12: r = 4 for flows 0 and 1 (link 1: 4 + 1 <= 10).
+    rates = max_min_rates_dense(np.array([[1.0, 2.0, 0.0], [0.0, 1.0, 1.0]]), np.array([12.0, 10.0]),
+                                np.array([100.0, 100.0, 1.0]))
+    assert rates.tolist() == pytest.approx([4.0, 4.0, 1.0], rel=1e-12)
+
+
+MOE = {"name": "moe-small", "layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096,
+       "vocab": 32000, "gated_mlp": True, "tied_embeddings": False, "experts": 8, "top_k": 2,
+       "moe_ffn_hidden": 4096, "max_seq_len": 4096}
+
+
+@pytest.mark.parametrize("fidelity", ["fast", "lockstep"])
+def test_a_skewed_moe_step_is_the_event_loops(monkeypatch, fidelity):
+    # TP 2, EP 8 over 4 DGX H100 (each EP group spans two servers: its alltoallvs cross the fabric), Zipf
+    # routing: every exchange has sizes of its own, so each one alone on its links is worked out ahead.
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 4}, "model": dict(MOE),
+           "parallel": {"tp": 2, "pp": 2, "dp": 8, "ep": 8, "micro_batch": 1, "global_batch": 32,
+                        "sequence_parallel": True},
+           "training": {"seq_len": 2048}, "moe": {"routing": "zipf", "zipf_s": 1.0, "seed": 3}}
+    nets = []
+
+    def run(foresee):
+        def make(env, cap):
+            nets.append(FlowNetwork(env, cap, foresee=foresee))
+            return nets[-1]
+        monkeypatch.setattr(simulator.fabric, "FlowNetwork", make)
+        return run_experiment(experiment_from_dict(doc), fidelity=fidelity), nets[-1]
+
+    got, net = run(True)
+    ref, ref_net = run(False)
+    assert got.step_time == pytest.approx(ref.step_time, rel=1e-9)
+    assert np.allclose(got.record.end_s, ref.record.end_s, rtol=1e-9, atol=1e-12)
+    assert net.ledger.bytes == pytest.approx(ref_net.ledger.bytes, rel=1e-9)
+    assert net.ledger.busy_s == pytest.approx(ref_net.ledger.busy_s, rel=1e-6, abs=1e-9)
+    assert net.foreseen > 0 and net.rate_solves < ref_net.rate_solves
