@@ -119,6 +119,7 @@ _FEW_LINKS = 24  # calls over at most this many distinct links check and mark th
 _JOINT_UNIONS = 4096  # pairs of (session, joining call) links whose union is kept (FlowNetwork._attach)
 _FEW_ENTRIES = 32  # replays of at most this many rate-log entries and busy intervals book them in Python
 _FORESEE_FLOWS = 64  # calls of at most this many flows alone on their links are worked out at once (_foresee)
+_JOIN_PARTS = 8  # calls not yet done a replay and the calls joining it may hold (then a call onto it makes it real)
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
 
@@ -375,7 +376,7 @@ class _Call:
     network epoch ``epoch``; ``books``: per trajectory, what a replay of it books (:meth:`FlowNetwork._new_book`).
     """
 
-    __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books", "arr", "lead")
+    __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books", "arr", "lead", "n")
 
     def __init__(self, specs: Sequence[FlowSpec], routes: list) -> None:
         self.specs = specs
@@ -383,6 +384,7 @@ class _Call:
         self.tiny = [(route, nbytes, latency_s, payload)
                      for route, (_links, nbytes, latency_s, payload) in zip(routes, specs)
                      if nbytes / route.solo_rate <= TINY_FLOW_S]
+        self.n = len(specs) - len(self.tiny)  # flows that join max-min sharing
         # The least latency of its flows that join max-min sharing (inf: none do): when positive, none of
         # them is admitted at the instant the call starts (see FlowNetwork._host).
         self.lead = min([spec[2] for route, spec in zip(routes, specs) if spec[1] / route.solo_rate > TINY_FLOW_S],
@@ -442,17 +444,19 @@ class _Part:
     the session's (``first``) and how many there are (``n``), its shape id and links' positions (``key``,
     ``sig``: see :attr:`_Trajectory.joint`), the pending-queue numbers reserved for its flows while the
     session is undecided (``seqs``: latency -> number), its last finish as recorded (``end``, s after the
-    session's start) and whether a replay has booked it (``done``)."""
+    session's start), whether a replay has booked it (``done``) and when it started if later than the session
+    (``start``: a call merged into a replay, :meth:`FlowNetwork._join_replay`)."""
 
-    __slots__ = ("call", "traffic_class", "join", "first", "n", "key", "sig", "seqs", "end", "done")
+    __slots__ = ("call", "traffic_class", "join", "first", "n", "key", "sig", "seqs", "end", "done", "start")
 
     def __init__(self, call: _Call, traffic_class: str, join: _Join, first: int, key: int,
-                 sig: tuple | None) -> None:
+                 sig: tuple | None, start: float | None = None) -> None:
+        self.start = start  # when the call started, if after the session (FlowNetwork._join_replay); else None
         self.call = call
         self.traffic_class = traffic_class
         self.join = join
         self.first = first
-        self.n = len(call.specs) - len(call.tiny)
+        self.n = call.n
         self.key = key
         self.sig = sig
         self.seqs: dict[float, int] | None = None
@@ -866,6 +870,7 @@ class FlowNetwork(_NetworkBase):
         # Calls alone on idle links whose shape has no recording: their trajectory worked out at once (_foresee).
         self.foresee = foresee and replay
         self.foreseen = 0  # calls whose trajectory was worked out at once
+        self.joined_replays = 0  # calls worked out together with the replay holding their links (_join_replay)
         # Id of the session holding each link (0: none; an array of int64 with a numpy view for whole calls)
         # and the holding sessions by id.
         self._owner = array("q", bytes(8 * len(self._cap)))
@@ -987,6 +992,8 @@ class FlowNetwork(_NetworkBase):
                     if self._attach(host, call, key, traffic_class, join):
                         return  # its flows wait for the end of the instant (a replay, or not yet decided)
                     session = host  # its flows start now, recorded with the host's
+            elif self.foresee and call.n and self._join_replay(call, traffic_class, join):
+                return  # it and the replay holding its links replay together
             self._occupy(arr, join)
         elif self.replay:  # too many flows to record, but its links are in use all the same
             self._occupy(np.unique(np.fromiter(chain.from_iterable(route.ulinks for route in call.routes),
@@ -1233,51 +1240,67 @@ class FlowNetwork(_NetworkBase):
         can bind), by progressive filling (:func:`~simulator.maxmin.max_min_rates_dense`). Equal to the
         recording of the simulated flows up to rounding (tested).
         """
-        routes, pending = [], []
+        routes, arrivals = [], []
+        t0 = session.t0
         for route, (_links, nbytes, latency_s, _payload) in zip(call.routes, call.specs):
             if nbytes / route.solo_rate > TINY_FLOW_S:
-                pending.append((latency_s, len(routes), nbytes))
+                arrivals.append((t0 + latency_s, len(routes), nbytes))
                 routes.append(route)
         n = len(routes)
         if not n or n > _FORESEE_FLOWS:
             return None
-        # The links all the flows at once could overload (no other can ever bind), as a matrix of crossings
-        # (link x flow): bulk flows cross hundreds of links at unlike weights (max_min_rates_dense).
+        recs: list = [None] * n
+        if not self._fill(routes, recs, [0.0] * n, [0.0] * n, [0.0] * n, [], arrivals):
+            return None
+        self.foreseen += 1
+        traj = _trajectory_of(t0, recs, session.arr, routes)
+        self._remember(session.key, traj, sum(1 + len(rec[2]) for rec in recs))
+        return traj
+
+    def _fill(self, routes: list[_Route], recs: list, left: list[float], rate: list[float], since: list[float],
+              active: list[int], arrivals: list[tuple[float, int, float]]) -> bool:
+        """Run flows over ``routes`` alone on their links, as the event loop would, to the last finish: ``active``
+        ones moving (``left`` bytes as of ``since`` at ``rate``, their ``recs`` open), and ``(time, index,
+        bytes)`` ``arrivals``. Fills each flow's ``recs[i] = [admitted, finished, [(time, rate), ...]]``
+        (absolute times). Returns False if some flow would get no rate (a link without capacity: left to
+        the event loop).
+
+        The instants and rates are the event loop's: admitted at its arrival, finished at ``since + left /
+        rate``, both taken at an instant when within ``_REL_TIME_EPS`` of it; every flow capped by its solo
+        rate and sharing only the links that the flows together could overload (no other can bind), by
+        progressive filling (:func:`~simulator.maxmin.max_min_rates_dense`: bulk flows cross hundreds of
+        links at unlike weights).
+        """
+        live = sorted(active + [i for _t, i, _b in arrivals])
         links, weights = [], []
-        for route in routes:
+        for i in live:
+            route = routes[i]
             if route.arrays is None:
                 links.append(np.array(route.ulinks, dtype=np.intp))
                 weights.append(np.array(route.mults, dtype=float))
             else:
                 links.append(route.arrays[0])
                 weights.append(route.arrays[1])
-        counts = [len(ids) for ids in links]
         flat, mults = np.concatenate(links), np.concatenate(weights)
-        flow = np.repeat(np.arange(n), counts)
-        solo_of = np.array([route.solo_rate for route in routes])
+        flow = np.repeat(np.array(live), [len(ids) for ids in links])
+        solo = [route.solo_rate for route in routes]
         ids, inverse = np.unique(flat, return_inverse=True)
-        demand = np.bincount(inverse, weights=solo_of[flow] * mults, minlength=len(ids))
+        demand = np.bincount(inverse, weights=np.array(solo)[flow] * mults, minlength=len(ids))
         is_tight = demand > self.capacity[ids] * (1 + 1e-9)
         tight = bool(is_tight.any())
-        if tight:
-            row = np.cumsum(is_tight) - 1  # each tight link's row
+        if tight:  # crossings of the tight links, link x flow
+            row = np.cumsum(is_tight) - 1
             on = is_tight[inverse]
-            matrix = np.zeros((int(row[-1]) + 1, n))
+            matrix = np.zeros((int(row[-1]) + 1, len(routes)))
             matrix[row[inverse[on]], flow[on]] = mults[on]
             capacity = self.capacity[ids[is_tight]]
-        solo = [route.solo_rate for route in routes]
-        t0 = session.t0
-        pending.sort(key=lambda p: p[0])  # (stable: equal latencies arrive in the call's order)
-        arrive = [t0 + p[0] for p in pending]
-        recs: list[list] = [None] * n  # type: ignore[list-item]
-        left = [0.0] * n
-        rate = [0.0] * n
-        since = [0.0] * n
-        due = [_INF] * n
-        active: list[int] = []
-        nxt = 0
-        while nxt < n or active:
-            now = min(arrive[nxt] if nxt < n else _INF, min([due[i] for i in active], default=_INF))
+        arrivals.sort(key=lambda a: a[0])  # (stable: equal times arrive in the order given)
+        due = [_INF] * len(routes)
+        for i in active:
+            due[i] = since[i] + left[i] / rate[i]
+        nxt, last = 0, len(arrivals)
+        while nxt < last or active:
+            now = min(arrivals[nxt][0] if nxt < last else _INF, min([due[i] for i in active], default=_INF))
             limit = now * (1 + _REL_TIME_EPS) + 1e-18
             if active:
                 staying = []
@@ -1287,11 +1310,12 @@ class FlowNetwork(_NetworkBase):
                     else:
                         staying.append(i)
                 active = staying
-            while nxt < n and arrive[nxt] <= limit:
-                _latency, i, nbytes = pending[nxt]
+            while nxt < last and arrivals[nxt][0] <= limit:
+                _at, i, nbytes = arrivals[nxt]
                 nxt += 1
                 recs[i] = [now, now, []]
                 left[i] = nbytes
+                rate[i] = 0.0
                 since[i] = now
                 active.append(i)
             if not active:
@@ -1299,7 +1323,7 @@ class FlowNetwork(_NetworkBase):
             if tight:
                 rates = max_min_rates_dense(matrix[:, active], capacity, np.array([solo[i] for i in active])).tolist()
                 if not min(rates) > 0.0:
-                    return None  # (a link without capacity: left to the event loop)
+                    return False
             else:
                 rates = [solo[i] for i in active]
             for i, r in zip(active, rates):
@@ -1311,11 +1335,98 @@ class FlowNetwork(_NetworkBase):
                     rate[i] = r
                     recs[i][2].append((now, r))
                     due[i] = now + left[i] / r
-        self.foreseen += 1
-        traj = _Trajectory(max([rec[1] for rec in recs]) - t0, t0, recs, session.arr, routes,
-                           [rec[0] - t0 for rec in recs], [rec[1] - t0 for rec in recs])
-        self._remember(session.key, traj, sum(1 + len(rec[2]) for rec in recs))
-        return traj
+        return True
+
+    def _join_replay(self, call: _Call, traffic_class: str, join: _Join) -> bool:
+        """``call`` starts on links a replay alone holds (a TP all-gather of the backward on its own stream
+        beside the reduce-scatter on the compute stream), the rest idle: work out from now the trajectory of
+        both, the replay's flows in the state its trajectory gives them and the call's arriving after their
+        latencies, and let the session replay that, the call as a part of it told at its own end. Returns
+        False (nothing done) where no replay holds the links alone, or it holds ``_JOIN_PARTS`` calls not yet
+        done (each join works out all their flows again: a chain of pipeline sends onto a long exchange's
+        links would cost its length squared), or the flows are too many to work out; the call's flows then
+        start and make the replay real when they arrive (:meth:`_materialize`). Calls already booked leave
+        the session, their links' busy time booked up to now.
+        Exact up to rounding as a joint session's replay is: until something else comes onto the links,
+        these flows are alone on them.
+        """
+        session = self._sole_holder(call)
+        if session is None or session.traj is None or session.undecided or session.done:
+            return False
+        if session.parts is None:
+            parts = [_Part(session.call, session.traffic_class, session.join, 0, session.key, None)]
+        else:  # the calls not booked yet (those booked are left out from now on)
+            parts = [part for part in session.parts if not part.done]
+        if len(parts) >= _JOIN_PARTS or sum([part.n for part in parts]) + call.n > _FORESEE_FLOWS:
+            return False
+        now = self.env.now
+        limit = now * (1 + _REL_TIME_EPS) + 1e-18
+        t0, traj = session.t0, session.traj
+        routes: list[_Route] = []
+        recs: list = []
+        left: list[float] = []
+        rate: list[float] = []
+        since: list[float] = []
+        active: list[int] = []
+        arrivals: list[tuple[float, int, float]] = []
+        firsts = []
+        joined = _Part(call, traffic_class, join, 0, -1, None, now)
+        for part in parts + [joined]:
+            i = part.first
+            firsts.append(len(routes))
+            start = t0 if part.start is None else part.start
+            for route, (_links, nbytes, latency_s, _payload) in zip(part.call.routes, part.call.specs):
+                if nbytes / route.solo_rate <= TINY_FLOW_S:
+                    continue
+                k = len(routes)
+                routes.append(route)
+                left.append(0.0)
+                rate.append(0.0)
+                since.append(now)
+                if part is joined:
+                    recs.append(None)
+                    arrivals.append((now + latency_s, k, nbytes))
+                    continue
+                admitted, finished, steps = traj.flows[i]
+                i += 1
+                t_in = t0 + admitted
+                if t_in > limit:  # not admitted yet
+                    recs.append(None)
+                    arrivals.append((start + latency_s, k, nbytes))
+                    continue
+                if t0 + finished <= limit:  # done by now (booked when its call's end comes)
+                    recs.append([t_in, t0 + finished, [(t0 + off, r) for off, r in steps]])
+                    continue
+                reached, remaining, prev, t_prev = _replayed_until(t0, steps, t_in, nbytes, limit)
+                recs.append([t_in, t_in, [(t0 + off, r) for off, r in steps[:reached]]])
+                left[k], rate[k] = remaining - prev * (now - t_prev), prev
+                active.append(k)
+        if not self._fill(routes, recs, left, rate, since, active, arrivals):
+            return False
+        # What the links were busy with before now is booked now; the new trajectory's busy time begins now.
+        pos, a, b = traj.busy
+        begun = t0 + a < limit
+        np.add.at(self.ledger._busy_np, session.arr[pos[begun]], np.minimum(t0 + b[begun], now) - (t0 + a[begun]))
+        parts.append(joined)
+        for part, first in zip(parts, firsts):
+            part.first = first
+        session.parts = parts
+        new = tuple([link for link in call.ids if self._owner[link] != session.sid])
+        if new:
+            added = np.array(new, dtype=np.intp)
+            session.ids, session.arr = session.ids + new, np.concatenate([session.arr, added])
+            session.arr.flags.writeable = False
+            self._mark_owner(new, added, session.sid)
+        session.traj = _trajectory_of(t0, recs, session.arr, routes, now)
+        for part in parts:
+            part.end = max([rec[1] for rec in recs[part.first:part.first + part.n]], default=now) - t0
+            self._pending_seq += 1
+            heapq.heappush(self._replays_due, (t0 + part.end, self._pending_seq, session))
+            self._wake(max(t0 + part.end, now))
+        self.replays += 1
+        self.joined_replays += 1
+        self._start_tiny(call, traffic_class, join)
+        return True
 
     def _remember(self, key: int, traj: _Trajectory, size: int) -> None:
         """Keep ``traj`` as the trajectory of shape ``key`` (``size``: its flows and rate changes; all are
@@ -1364,19 +1475,23 @@ class FlowNetwork(_NetworkBase):
         holding any of its links, started at ``now`` and still ``open`` (no flow of it admitted: a recording
         session's flows all have positive latencies; a replaying or undecided one has no flows), its other
         links idle."""
+        session = self._sole_holder(call)
+        if session is None or not session.open or session.t0 != now:
+            return None
+        return session
+
+    def _sole_holder(self, call: _Call) -> _Session | None:
+        """The one session holding any of ``call``'s links when its other links are idle, else None."""
         arr = call.arr
         owners = self._owner_np[arr]
         held = owners != 0
         sids = owners[held]
         if not len(sids) or count_nonzero(sids != sids[0]):
             return None
-        session = self._sessions[int(sids[0])]
-        if not session.open or session.t0 != now:
-            return None
         free = arr[~held]
         if len(free) and count_nonzero(self._occupied[free]) and any(map(self._on_link.__getitem__, free.tolist())):
             return None
-        return session
+        return self._sessions[int(sids[0])]
 
     def _attach(self, session: _Session, call: _Call, key: int, traffic_class: str, join: _Join) -> bool:
         """Make ``call`` (see :meth:`_host`) a part of ``session``: it takes its links too. Returns whether
@@ -1620,11 +1735,12 @@ class FlowNetwork(_NetworkBase):
         self.materialized += 1
         self._release(session)
         if session.parts is None:
-            calls = [(session.call, session.traffic_class, session.join, 0)]
+            calls = [(session.call, session.traffic_class, session.join, 0, session.t0)]
             self._occupy(session.arr, session.join)  # its flows are real from now on
         else:  # a joint session: its calls not booked yet
-            calls = [(p.call, p.traffic_class, p.join, p.first) for p in session.parts if not p.done]
-            for call, _cls, join, _first in calls:
+            calls = [(p.call, p.traffic_class, p.join, p.first, session.t0 if p.start is None else p.start)
+                     for p in session.parts if not p.done]
+            for call, _cls, join, _first, _start in calls:
                 self._occupy(call.arr, join)
         env = self.env
         now = env.now
@@ -1637,7 +1753,7 @@ class FlowNetwork(_NetworkBase):
         on_link, demand, busy_since = self._on_link, self._demand, self._busy_since
         now_arrivals: list[Flow] = []
         active: list[Flow] = []
-        for call, cls, join, i in calls:
+        for call, cls, join, i, start in calls:
             for route, (_links, nbytes, latency_s, payload) in zip(call.routes, call.specs):
                 if nbytes / route.solo_rate <= TINY_FLOW_S:
                     continue
@@ -1647,25 +1763,20 @@ class FlowNetwork(_NetworkBase):
                 t_in = t0 + admitted
                 if t_in > limit:  # not admitted yet
                     self._pending_seq += 1
-                    at = t0 + latency_s
+                    at = start + latency_s
                     heapq.heappush(self._pending, (at, self._pending_seq, [flow]))
                     self._wake(at)
                     continue
                 if t_in >= before:  # admitted at this very instant
                     now_arrivals.append(flow)
                     continue
-                prev = 0.0
-                remaining = nbytes
-                t_prev = t_in
-                for off, r in rates:
-                    t = t0 + off
-                    if t > limit:
-                        break
-                    remaining -= prev * (t - t_prev)
-                    log_t(t)
+                reached, remaining, prev, t_prev = _replayed_until(t0, rates, t_in, nbytes, limit)
+                last = 0.0
+                for off, r in rates[:reached]:
+                    log_t(t0 + off)
                     log_route(route.idx)
-                    log_delta(r - prev)
-                    prev, t_prev = r, t
+                    log_delta(r - last)
+                    last = r
                 if t0 + finished <= limit:  # done by now
                     if rates:
                         log_t(t0 + finished)
@@ -1702,7 +1813,7 @@ class FlowNetwork(_NetworkBase):
             flow.seq = self._seq
             heapq.heappush(self._heap, (now + flow.remaining / flow.rate, self._seq, flow))
         self._active += len(active)
-        for _call, _cls, join, _first in calls:
+        for _call, _cls, join, _first, _start in calls:
             if join.left == 0:  # every flow had finished by now (the replay's own end is due this instant)
                 self._joins_done.append(join)
         return now_arrivals
@@ -2738,6 +2849,31 @@ class FlowNetwork(_NetworkBase):
             self.lazy_marked += marked
             self._lazy_count += marked
             self._wepoch += 1
+
+
+def _replayed_until(t0: float, rates: tuple, t_in: float, nbytes: float, limit: float
+                    ) -> tuple[int, float, float, float]:
+    """How far a replayed flow (``nbytes``, admitted at ``t_in``, its ``rates`` as ``(s after t0, rate)``) has
+    got by ``limit``: the rate changes reached, the bytes it had left at the last of them, that rate and when
+    (the event loop's arithmetic: bytes left are brought up to date at each rate change)."""
+    reached, remaining, prev, t_prev = 0, nbytes, 0.0, t_in
+    for off, r in rates:
+        t = t0 + off
+        if t > limit:
+            break
+        remaining -= prev * (t - t_prev)
+        prev, t_prev = r, t
+        reached += 1
+    return reached, remaining, prev, t_prev
+
+
+def _trajectory_of(t0: float, recs: list, links: np.ndarray, routes: list[_Route], busy_from: float = -_INF
+                   ) -> _Trajectory:
+    """The :class:`_Trajectory` of flows over ``routes`` whose records ``recs`` (absolute times) were worked
+    out ahead (every flow moved bytes) for a session started at ``t0`` over ``links``; the links' busy time
+    counted from ``busy_from`` on (what came before is booked)."""
+    return _Trajectory(max([rec[1] for rec in recs]) - t0, t0, recs, links, routes,
+                       [max(rec[0], busy_from) - t0 for rec in recs], [max(rec[1], busy_from) - t0 for rec in recs])
 
 
 def _busy_intervals(links: np.ndarray, routes: list[_Route], starts: list[float], ends: list[float]

@@ -79,8 +79,61 @@ def test_calls_of_their_own_sizes_finish_as_simulated_even_when_cut_short(seed):
     assert net.ledger.bytes == pytest.approx(ref_net.ledger.bytes, rel=1e-12)
     assert net.ledger.busy_s == pytest.approx(ref_net.ledger.busy_s, rel=1e-9, abs=1e-9)
     assert net.ledger.flows_completed == ref_net.ledger.flows_completed
-    assert net.foreseen >= 10 and net.materialized >= 1 and ref_net.foreseen == 0
+    assert net.foreseen >= 10 and net.joined_replays >= 1 and ref_net.foreseen == 0
     assert net.rate_solves < ref_net.rate_solves
+
+
+def _ab(later=()):
+    """Call A (20 B over links 0 and 1, at once) at t = 0 and call B (10 B over links 0 and 2, 0.5 s of
+    latency) at t = 1, then ``later`` calls; every link 10 B/s."""
+    a = ((np.array([0, 1]), 20.0, 0.0, 20.0),)
+    b = ((np.array([0, 2]), 10.0, 0.5, 10.0),)
+    return [(0.0, a), (1.0, b)] + list(later)
+
+
+def test_a_call_onto_a_replays_links_joins_it_by_hand():
+    # A alone at 10 B/s has 5 B left at 1.5, when B arrives: 5 B/s each, A done at 2.5; B then has 5 B left,
+    # alone at 10 B/s: done at 3. B starts on links A's replay holds (link 2 idle), so the two are worked out
+    # together from t = 1: no solve of the event loop, nothing made real.
+    capacity = np.array([10.0, 10.0, 10.0])
+    finish, net = _run(_ab(), capacity)
+    assert finish == [pytest.approx(2.5, rel=1e-12), pytest.approx(3.0, rel=1e-12)]
+    assert net.foreseen == 1 and net.joined_replays == 1 and net.rate_solves == 0 and net.materialized == 0
+    assert net.ledger.bytes.tolist() == pytest.approx([30.0, 20.0, 10.0], rel=1e-12)
+    assert net.ledger.busy_s.tolist() == pytest.approx([3.0, 2.5, 1.5], rel=1e-12)
+
+
+def test_a_joined_replay_cut_short_is_made_real_in_its_state_by_hand():
+    # As above, plus F (100 B over link 3, alone: a replay of its own) at t = 0 and E (10 B over links 2 and
+    # 3, at once) at t = 2. E's links are held by two replays, so it joins neither: it makes both real when it
+    # arrives. At t = 2: A has 2.5 B left, B 7.5, F 80; links 0 (A, B), 2 (B, E) and 3 (F, E) bind at 5 B/s
+    # each, so A is done at 2.5; then links 2 and 3 keep B, E and F at 5: B is done at 3.5 (5 B left at 2.5);
+    # then E and F at 5 (link 3): E is done at 4 (2.5 B left at 3.5); F then at 10 with 70 B left: done at 11.
+    capacity = np.array([10.0] * 4)
+    calls = _ab([(0.0, ((np.array([3]), 100.0, 0.0, 100.0),)), (2.0, ((np.array([2, 3]), 10.0, 0.0, 10.0),))])
+    finish, net = _run(calls, capacity)
+    assert finish == pytest.approx([2.5, 3.5, 11.0, 4.0], rel=1e-12)
+    assert net.joined_replays == 1 and net.materialized == 2
+    ref, ref_net = _run(calls, capacity, replay=False)
+    assert ref == pytest.approx(finish, rel=1e-12)
+    assert net.ledger.bytes.tolist() == pytest.approx(ref_net.ledger.bytes.tolist(), rel=1e-12)
+    assert net.ledger.busy_s.tolist() == pytest.approx(ref_net.ledger.busy_s.tolist(), rel=1e-12)
+
+
+def test_a_chain_of_overlapping_calls_joins_one_replay_after_another():
+    # Twelve calls of one flow (4 B over link 0 and link 1 or 2, 0.1 s of latency) every 0.3 s: each starts
+    # while calls before it still run, on links only their replay holds. Each joins it; calls already done
+    # leave it, so the chain never holds more than a few live calls and never falls back to the event loop.
+    capacity = np.array([10.0, 10.0, 10.0])
+    calls = [(0.3 * k, ((np.array([0, 1 + k % 2]), 4.0, 0.1, 4.0),)) for k in range(12)]
+    got, net = _run(calls, capacity)
+    ref, ref_net = _run(calls, capacity, replay=False)
+    assert got == pytest.approx(ref, rel=1e-12)
+    assert net.ledger.bytes.tolist() == pytest.approx(ref_net.ledger.bytes.tolist(), rel=1e-12)
+    assert net.ledger.busy_s.tolist() == pytest.approx(ref_net.ledger.busy_s.tolist(), rel=1e-12)
+    assert net.joined_replays == 11 and net.rate_solves == 0 and net.materialized == 0
+    # By hand, the first: alone from 0.1 at 10 B/s, it has 1 B left when call 1 arrives at 0.4; then 5 B/s.
+    assert got[0] == pytest.approx(0.6, rel=1e-12)
 
 
 def test_off_it_is_the_event_loop():
