@@ -119,6 +119,7 @@ _FEW_LINKS = 24  # calls over at most this many distinct links check and mark th
 _JOINT_UNIONS = 4096  # pairs of (session, joining call) links whose union is kept (FlowNetwork._attach)
 _FEW_ENTRIES = 32  # replays of at most this many rate-log entries and busy intervals book them in Python
 _FORESEE_FLOWS = 64  # calls of at most this many flows alone on their links are worked out at once (_foresee)
+_FILL_SMALL = 64  # crossings (flow x link) up to which _fill works in Python rather than numpy
 _JOIN_PARTS = 8  # calls not yet done a replay and the calls joining it may hold (then a call onto it makes it real)
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
@@ -816,6 +817,10 @@ class FlowNetwork(_NetworkBase):
     replay, twins, lazy, aggregate : bool
         Replays of isolated calls, twin links, lazy links and aggregates of flows of equal rows (all on by
         default; off only to check them against the network without them).
+    foresee : bool
+        Work out at once the trajectory of a call alone on idle links whose shape has no recording, and of
+        a call joining the replay that alone holds its links, instead of simulating their flows event by
+        event (:meth:`_foresee`, :meth:`_join_replay`; on by default, with ``replay``).
     """
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray, replay: bool = True, twins: bool = True,
@@ -1268,32 +1273,53 @@ class FlowNetwork(_NetworkBase):
         The instants and rates are the event loop's: admitted at its arrival, finished at ``since + left /
         rate``, both taken at an instant when within ``_REL_TIME_EPS`` of it; every flow capped by its solo
         rate and sharing only the links that the flows together could overload (no other can bind), by
-        progressive filling (:func:`~simulator.maxmin.max_min_rates_dense`: bulk flows cross hundreds of
-        links at unlike weights).
+        progressive filling (:func:`~simulator.maxmin.max_min_rates_small` over a few crossings,
+        :func:`~simulator.maxmin.max_min_rates_dense` over many: bulk flows cross hundreds of links at unlike
+        weights).
         """
         live = sorted(active + [i for _t, i, _b in arrivals])
-        links, weights = [], []
-        for i in live:
-            route = routes[i]
-            if route.arrays is None:
-                links.append(np.array(route.ulinks, dtype=np.intp))
-                weights.append(np.array(route.mults, dtype=float))
-            else:
-                links.append(route.arrays[0])
-                weights.append(route.arrays[1])
-        flat, mults = np.concatenate(links), np.concatenate(weights)
-        flow = np.repeat(np.array(live), [len(ids) for ids in links])
         solo = [route.solo_rate for route in routes]
-        ids, inverse = np.unique(flat, return_inverse=True)
-        demand = np.bincount(inverse, weights=np.array(solo)[flow] * mults, minlength=len(ids))
-        is_tight = demand > self.capacity[ids] * (1 + 1e-9)
-        tight = bool(is_tight.any())
-        if tight:  # crossings of the tight links, link x flow
-            row = np.cumsum(is_tight) - 1
-            on = is_tight[inverse]
-            matrix = np.zeros((int(row[-1]) + 1, len(routes)))
-            matrix[row[inverse[on]], flow[on]] = mults[on]
-            capacity = self.capacity[ids[is_tight]]
+        if sum([len(routes[i].ulinks) for i in live]) <= _FILL_SMALL:  # a few crossings: in Python
+            cap = self._cap
+            demand: dict[int, float] = {}
+            for i in live:
+                for link, d in zip(routes[i].ulinks, routes[i].demand):
+                    demand[link] = demand.get(link, 0.0) + d
+            rows = [((), ())] * len(routes)
+            for i in live:
+                pairs = [(link, m) for link, m in zip(routes[i].ulinks, routes[i].mults)
+                         if demand[link] > cap[link] * (1 + 1e-9)]
+                rows[i] = (tuple([p[0] for p in pairs]), tuple([p[1] for p in pairs]))
+            tight = any(rows[i][0] for i in live)
+
+            def solve(active: list[int]) -> list[float]:
+                return max_min_rates_small([rows[i][0] for i in active], [rows[i][1] for i in active], cap,
+                                           [solo[i] for i in active])
+        else:  # bulk flows cross hundreds of links at unlike weights: the tight ones as a link x flow matrix
+            links, weights = [], []
+            for i in live:
+                route = routes[i]
+                if route.arrays is None:
+                    links.append(np.array(route.ulinks, dtype=np.intp))
+                    weights.append(np.array(route.mults, dtype=float))
+                else:
+                    links.append(route.arrays[0])
+                    weights.append(route.arrays[1])
+            flat, mults = np.concatenate(links), np.concatenate(weights)
+            flow = np.repeat(np.array(live), [len(ids) for ids in links])
+            ids, inverse = np.unique(flat, return_inverse=True)
+            demand_of = np.bincount(inverse, weights=np.array(solo)[flow] * mults, minlength=len(ids))
+            is_tight = demand_of > self.capacity[ids] * (1 + 1e-9)
+            tight = bool(is_tight.any())
+            if tight:
+                row = np.cumsum(is_tight) - 1
+                on = is_tight[inverse]
+                matrix = np.zeros((int(row[-1]) + 1, len(routes)))
+                matrix[row[inverse[on]], flow[on]] = mults[on]
+                capacity = self.capacity[ids[is_tight]]
+
+            def solve(active: list[int]) -> list[float]:
+                return max_min_rates_dense(matrix[:, active], capacity, np.array([solo[i] for i in active])).tolist()
         arrivals.sort(key=lambda a: a[0])  # (stable: equal times arrive in the order given)
         due = [_INF] * len(routes)
         for i in active:
@@ -1321,7 +1347,7 @@ class FlowNetwork(_NetworkBase):
             if not active:
                 continue
             if tight:
-                rates = max_min_rates_dense(matrix[:, active], capacity, np.array([solo[i] for i in active])).tolist()
+                rates = solve(active)
                 if not min(rates) > 0.0:
                     return False
             else:
