@@ -120,6 +120,7 @@ _JOINT_UNIONS = 4096  # pairs of (session, joining call) links whose union is ke
 _FEW_ENTRIES = 32  # replays of at most this many rate-log entries and busy intervals book them in Python
 _FORESEE_FLOWS = 64  # calls of at most this many flows alone on their links are worked out at once (_foresee)
 _FILL_SMALL = 64  # crossings (flow x link) up to which _fill works in Python rather than numpy
+_JOIN_FLOWS = 8  # flows (of calls not yet done) up to which a call joins a replay; more go to the event loop
 _JOIN_PARTS = 8  # calls not yet done a replay and the calls joining it may hold (then a call onto it makes it real)
 
 FlowSpec = tuple  # (links: np.ndarray, nbytes: float, latency_s: float, payload_bytes: float)
@@ -1383,7 +1384,7 @@ class FlowNetwork(_NetworkBase):
             parts = [_Part(session.call, session.traffic_class, session.join, 0, session.key, None)]
         else:  # the calls not booked yet (those booked are left out from now on)
             parts = [part for part in session.parts if not part.done]
-        if len(parts) >= _JOIN_PARTS or sum([part.n for part in parts]) + call.n > _FORESEE_FLOWS:
+        if len(parts) >= _JOIN_PARTS or sum([part.n for part in parts]) + call.n > _JOIN_FLOWS:
             return False
         now = self.env.now
         limit = now * (1 + _REL_TIME_EPS) + 1e-18

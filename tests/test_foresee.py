@@ -54,7 +54,7 @@ def test_a_call_alone_by_hand_takes_no_solve_of_the_event_loop():
 
 @pytest.mark.parametrize("seed", range(8))
 def test_calls_of_their_own_sizes_finish_as_simulated_even_when_cut_short(seed):
-    # Calls of up to eight flows with latencies and repeated links (a flow crossing a link twice), each with
+    # Calls of up to five flows with latencies and repeated links (a flow crossing a link twice), each with
     # sizes of its own (no shape repeats: nothing recorded could be replayed), every 20 s, a few overlapping
     # the next; single flows soon after some of them start cut them short. Every finish time, every link's
     # bytes and busy time must be those of the network that simulates every flow.
@@ -64,7 +64,7 @@ def test_calls_of_their_own_sizes_finish_as_simulated_even_when_cut_short(seed):
     calls = []
     for k in range(24):
         specs = []
-        for _ in range(int(rng.integers(1, 9))):
+        for _ in range(int(rng.integers(1, 6))):
             links = rng.choice(num_links, size=rng.integers(1, 4), replace=False)
             if rng.random() < 0.3:
                 links = np.concatenate([links, links[:1]])  # crossed twice
