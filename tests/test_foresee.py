@@ -2,37 +2,20 @@
 
 A call whose links are idle and whose shape has no recording (an alltoallv of an EP group: its sizes are its
 own) used to be simulated event by event; now its trajectory is worked out when it starts and replayed, made
-real only if another flow comes onto its links first. The truth is the network that simulates every flow
+real only if another flow comes onto its links first; a call that starts on links one replay alone holds is
+worked out together with it (``FlowNetwork._join_replay``). The truth is the network that simulates every flow
 (``replay=False``), and hand-worked times.
 """
 
 import numpy as np
 import pytest
-import simpy
+from test_flow_network import _calls_finish_times
+from test_moe_training import MOE
 
 import simulator.fabric
 from simulator.experiment import experiment_from_dict, run_experiment
 from simulator.maxmin import max_min_rates_dense, max_min_rates_small
 from simulator.network import FlowNetwork
-
-
-def _run(calls, capacity, **options):
-    """Finish time of every ``(start_s, specs)`` call of :meth:`FlowNetwork.start_flows`, and the network."""
-    env = simpy.Environment()
-    net = FlowNetwork(env, capacity, **options)
-    finish = [None] * len(calls)
-
-    def launch(i, start, specs):
-        yield env.timeout(start)
-        done = env.event()
-        net.start_flows(specs, "x", done.succeed)
-        yield done
-        finish[i] = env.now
-
-    for i, (start, specs) in enumerate(calls):
-        env.process(launch(i, start, specs))
-    env.run()
-    return finish, net
 
 
 def test_a_call_alone_by_hand_takes_no_solve_of_the_event_loop():
@@ -41,7 +24,7 @@ def test_a_call_alone_by_hand_takes_no_solve_of_the_event_loop():
     # left and alone again at 10 B/s is done at 4. Busy: link 0 for 4 s, link 1 for 3 (0-3), link 2 for 3 (1-4).
     capacity = np.array([10.0, 10.0, 10.0])
     call = ((np.array([0, 1]), 20.0, 0.0, 20.0), (np.array([0, 2]), 20.0, 1.0, 20.0))
-    finish, net = _run([(0.0, call)], capacity)
+    finish, net = _calls_finish_times([(0.0, call)], capacity, replay=True)
     assert finish == [pytest.approx(4.0, rel=1e-12)]
     assert net.foreseen == 1 and net.rate_solves == 0
     assert net.ledger.bytes.tolist() == pytest.approx([40.0, 20.0, 20.0], rel=1e-12)
@@ -73,8 +56,8 @@ def test_calls_of_their_own_sizes_finish_as_simulated_even_when_cut_short(seed):
     for k in rng.choice(24, size=8, replace=False):
         links = rng.choice(num_links, size=rng.integers(1, 3), replace=False)
         calls.append((20.0 * k + float(rng.uniform(0.5, 4)), ((links, float(rng.uniform(5, 50)), 0.0, 1.0),)))
-    got, net = _run(calls, capacity)
-    ref, ref_net = _run(calls, capacity, replay=False)
+    got, net = _calls_finish_times(calls, capacity, replay=True)
+    ref, ref_net = _calls_finish_times(calls, capacity, replay=False)
     assert got == pytest.approx(ref, rel=1e-9, abs=1e-9)
     assert net.ledger.bytes == pytest.approx(ref_net.ledger.bytes, rel=1e-12)
     assert net.ledger.busy_s == pytest.approx(ref_net.ledger.busy_s, rel=1e-9, abs=1e-9)
@@ -96,7 +79,7 @@ def test_a_call_onto_a_replays_links_joins_it_by_hand():
     # alone at 10 B/s: done at 3. B starts on links A's replay holds (link 2 idle), so the two are worked out
     # together from t = 1: no solve of the event loop, nothing made real.
     capacity = np.array([10.0, 10.0, 10.0])
-    finish, net = _run(_ab(), capacity)
+    finish, net = _calls_finish_times(_ab(), capacity, replay=True)
     assert finish == [pytest.approx(2.5, rel=1e-12), pytest.approx(3.0, rel=1e-12)]
     assert net.foreseen == 1 and net.joined_replays == 1 and net.rate_solves == 0 and net.materialized == 0
     assert net.ledger.bytes.tolist() == pytest.approx([30.0, 20.0, 10.0], rel=1e-12)
@@ -111,10 +94,10 @@ def test_a_joined_replay_cut_short_is_made_real_in_its_state_by_hand():
     # then E and F at 5 (link 3): E is done at 4 (2.5 B left at 3.5); F then at 10 with 70 B left: done at 11.
     capacity = np.array([10.0] * 4)
     calls = _ab([(0.0, ((np.array([3]), 100.0, 0.0, 100.0),)), (2.0, ((np.array([2, 3]), 10.0, 0.0, 10.0),))])
-    finish, net = _run(calls, capacity)
+    finish, net = _calls_finish_times(calls, capacity, replay=True)
     assert finish == pytest.approx([2.5, 3.5, 11.0, 4.0], rel=1e-12)
     assert net.joined_replays == 1 and net.materialized == 2
-    ref, ref_net = _run(calls, capacity, replay=False)
+    ref, ref_net = _calls_finish_times(calls, capacity, replay=False)
     assert ref == pytest.approx(finish, rel=1e-12)
     assert net.ledger.bytes.tolist() == pytest.approx(ref_net.ledger.bytes.tolist(), rel=1e-12)
     assert net.ledger.busy_s.tolist() == pytest.approx(ref_net.ledger.busy_s.tolist(), rel=1e-12)
@@ -126,8 +109,8 @@ def test_a_chain_of_overlapping_calls_joins_one_replay_after_another():
     # leave it, so the chain never holds more than a few live calls and never falls back to the event loop.
     capacity = np.array([10.0, 10.0, 10.0])
     calls = [(0.3 * k, ((np.array([0, 1 + k % 2]), 4.0, 0.1, 4.0),)) for k in range(12)]
-    got, net = _run(calls, capacity)
-    ref, ref_net = _run(calls, capacity, replay=False)
+    got, net = _calls_finish_times(calls, capacity, replay=True)
+    ref, ref_net = _calls_finish_times(calls, capacity, replay=False)
     assert got == pytest.approx(ref, rel=1e-12)
     assert net.ledger.bytes.tolist() == pytest.approx(ref_net.ledger.bytes.tolist(), rel=1e-12)
     assert net.ledger.busy_s.tolist() == pytest.approx(ref_net.ledger.busy_s.tolist(), rel=1e-12)
@@ -139,7 +122,7 @@ def test_a_chain_of_overlapping_calls_joins_one_replay_after_another():
 def test_off_it_is_the_event_loop():
     capacity = np.array([10.0, 10.0, 10.0])
     call = ((np.array([0, 1]), 20.0, 0.0, 20.0), (np.array([0, 2]), 20.0, 1.0, 20.0))
-    finish, net = _run([(0.0, call)], capacity, foresee=False)
+    finish, net = _calls_finish_times([(0.0, call)], capacity, replay=True, foresee=False)
     assert finish == [pytest.approx(4.0, rel=1e-12)]
     assert net.foreseen == 0 and net.rate_solves >= 2
 
@@ -166,11 +149,6 @@ def test_dense_progressive_filling_by_hand():
     rates = max_min_rates_dense(np.array([[1.0, 2.0, 0.0], [0.0, 1.0, 1.0]]), np.array([12.0, 10.0]),
                                 np.array([100.0, 100.0, 1.0]))
     assert rates.tolist() == pytest.approx([4.0, 4.0, 1.0], rel=1e-12)
-
-
-MOE = {"name": "moe-small", "layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096,
-       "vocab": 32000, "gated_mlp": True, "tied_embeddings": False, "experts": 8, "top_k": 2,
-       "moe_ffn_hidden": 4096, "max_seq_len": 4096}
 
 
 @pytest.mark.parametrize("fidelity", ["fast", "lockstep"])
