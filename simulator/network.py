@@ -1371,9 +1371,10 @@ class FlowNetwork(_NetworkBase):
         latencies, and let the session replay that, the call as a part of it told at its own end. Returns
         False (nothing done) where no replay holds the links alone, or it holds ``_JOIN_PARTS`` calls not yet
         done (each join works out all their flows again: a chain of pipeline sends onto a long exchange's
-        links would cost its length squared), or the flows are too many to work out; the call's flows then
-        start and make the replay real when they arrive (:meth:`_materialize`). Calls already booked leave
-        the session, their links' busy time booked up to now.
+        links would cost its length squared), or the flows are more than ``_JOIN_FLOWS`` or cross more than
+        ``_FILL_SMALL`` links in all (worked out with numpy, a join costs more than the event loop it saves);
+        the call's flows then start and make the replay real when they arrive (:meth:`_materialize`). Calls
+        already booked leave the session, their links' busy time booked up to now.
         Exact up to rounding as a joint session's replay is: until something else comes onto the links,
         these flows are alone on them.
         """
@@ -1386,6 +1387,9 @@ class FlowNetwork(_NetworkBase):
             parts = [part for part in session.parts if not part.done]
         if len(parts) >= _JOIN_PARTS or sum([part.n for part in parts]) + call.n > _JOIN_FLOWS:
             return False
+        if sum([len(route.ulinks) for part in parts for route in part.call.routes] +
+               [len(route.ulinks) for route in call.routes]) > _FILL_SMALL:
+            return False  # (worked out with numpy, a join costs more than the event loop it saves)
         now = self.env.now
         limit = now * (1 + _REL_TIME_EPS) + 1e-18
         t0, traj = session.t0, session.traj
