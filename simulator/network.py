@@ -1239,12 +1239,9 @@ class FlowNetwork(_NetworkBase):
         its flows alone: max-min rates among them, re-solved when one is admitted or finishes. Working it
         out at once and replaying it (:meth:`_replay`) takes one event instead of an update per admission
         and finish, each with its component search; a flow that comes onto the links before the end makes
-        the flows real in the state the trajectory gives (:meth:`_materialize`), as for any replay. The
-        instants and rates are the event loop's: arrivals at ``start + latency``, finishes at ``set + left /
-        rate``, both taken at an instant when within ``_REL_TIME_EPS`` of it, every flow capped by its solo
-        rate and sharing only the links that all the call's flows together could overload (no other link
-        can bind), by progressive filling (:func:`~simulator.maxmin.max_min_rates_dense`). Equal to the
-        recording of the simulated flows up to rounding (tested).
+        the flows real in the state the trajectory gives (:meth:`_materialize`), as for any replay. Worked
+        out by :meth:`_fill`, at the event loop's instants and rates: equal to the recording of the simulated
+        flows up to rounding (tested).
         """
         routes, arrivals = [], []
         t0 = session.t0
