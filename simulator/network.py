@@ -378,7 +378,8 @@ class _Call:
     network epoch ``epoch``; ``books``: per trajectory, what a replay of it books (:meth:`FlowNetwork._new_book`).
     """
 
-    __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books", "arr", "lead", "n")
+    __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books", "arr", "lead", "n", "moving",
+                 "crossings")
 
     def __init__(self, specs: Sequence[FlowSpec], routes: list) -> None:
         self.specs = specs
@@ -386,11 +387,14 @@ class _Call:
         self.tiny = [(route, nbytes, latency_s, payload)
                      for route, (_links, nbytes, latency_s, payload) in zip(routes, specs)
                      if nbytes / route.solo_rate <= TINY_FLOW_S]
-        self.n = len(specs) - len(self.tiny)  # flows that join max-min sharing
+        # ``(route, nbytes, latency_s)`` of the flows that join max-min sharing, in order, and how many
+        self.moving = [(route, nbytes, latency_s) for route, (_links, nbytes, latency_s, _payload) in zip(routes, specs)
+                       if nbytes / route.solo_rate > TINY_FLOW_S]
+        self.n = len(self.moving)
+        self.crossings = sum([len(route.ulinks) for route in routes])  # links crossed, flow by flow
         # The least latency of its flows that join max-min sharing (inf: none do): when positive, none of
         # them is admitted at the instant the call starts (see FlowNetwork._host).
-        self.lead = min([spec[2] for route, spec in zip(routes, specs) if spec[1] / route.solo_rate > TINY_FLOW_S],
-                        default=float("inf"))
+        self.lead = min([latency_s for _route, _nbytes, latency_s in self.moving], default=float("inf"))
         self.base = -1
         self.ids: tuple = ()
         self.arr: np.ndarray | None = None  # ids as an array (vectorised checks of the links' owners and use)
@@ -1243,15 +1247,12 @@ class FlowNetwork(_NetworkBase):
         out by :meth:`_fill`, at the event loop's instants and rates: equal to the recording of the simulated
         flows up to rounding (tested).
         """
-        routes, arrivals = [], []
-        t0 = session.t0
-        for route, (_links, nbytes, latency_s, _payload) in zip(call.routes, call.specs):
-            if nbytes / route.solo_rate > TINY_FLOW_S:
-                arrivals.append((t0 + latency_s, len(routes), nbytes))
-                routes.append(route)
-        n = len(routes)
+        n = call.n
         if not n or n > _FORESEE_FLOWS:
             return None
+        t0 = session.t0
+        routes = [route for route, _nbytes, _latency_s in call.moving]
+        arrivals = [(t0 + latency_s, i, nbytes) for i, (_route, nbytes, latency_s) in enumerate(call.moving)]
         recs: list = [None] * n
         if not self._fill(routes, recs, [0.0] * n, [0.0] * n, [0.0] * n, [], arrivals):
             return None
@@ -1375,6 +1376,8 @@ class FlowNetwork(_NetworkBase):
         Exact up to rounding as a joint session's replay is: until something else comes onto the links,
         these flows are alone on them.
         """
+        if call.n > _JOIN_FLOWS or call.crossings > _FILL_SMALL:
+            return False  # (the cheap refusals first: this is asked of every call that finds its links taken)
         session = self._sole_holder(call)
         if session is None or session.traj is None or session.undecided or session.done:
             return False
@@ -1382,10 +1385,8 @@ class FlowNetwork(_NetworkBase):
             parts = [_Part(session.call, session.traffic_class, session.join, 0, session.key, None)]
         else:  # the calls not booked yet (those booked are left out from now on)
             parts = [part for part in session.parts if not part.done]
-        if len(parts) >= _JOIN_PARTS or sum([part.n for part in parts]) + call.n > _JOIN_FLOWS:
-            return False
-        if sum([len(route.ulinks) for part in parts for route in part.call.routes] +
-               [len(route.ulinks) for route in call.routes]) > _FILL_SMALL:
+        if (len(parts) >= _JOIN_PARTS or sum([part.n for part in parts]) + call.n > _JOIN_FLOWS
+                or sum([part.call.crossings for part in parts]) + call.crossings > _FILL_SMALL):
             return False  # (worked out with numpy, a join costs more than the event loop it saves)
         now = self.env.now
         limit = now * (1 + _REL_TIME_EPS) + 1e-18
@@ -1403,9 +1404,7 @@ class FlowNetwork(_NetworkBase):
             i = part.first
             firsts.append(len(routes))
             start = t0 if part.start is None else part.start
-            for route, (_links, nbytes, latency_s, _payload) in zip(part.call.routes, part.call.specs):
-                if nbytes / route.solo_rate <= TINY_FLOW_S:
-                    continue
+            for route, nbytes, latency_s in part.call.moving:
                 k = len(routes)
                 routes.append(route)
                 left.append(0.0)
@@ -1431,10 +1430,7 @@ class FlowNetwork(_NetworkBase):
                 active.append(k)
         if not self._fill(routes, recs, left, rate, since, active, arrivals):
             return False
-        # What the links were busy with before now is booked now; the new trajectory's busy time begins now.
-        pos, a, b = traj.busy
-        begun = t0 + a < limit
-        np.add.at(self.ledger._busy_np, session.arr[pos[begun]], np.minimum(t0 + b[begun], now) - (t0 + a[begun]))
+        self._book_busy_before(session, now, limit)  # the new trajectory's busy time begins now
         parts.append(joined)
         for part, first in zip(parts, firsts):
             part.first = first
@@ -1755,6 +1751,15 @@ class FlowNetwork(_NetworkBase):
             ledger.flows_completed += members
         return busy, n
 
+    def _book_busy_before(self, session: _Session, now: float, limit: float) -> None:
+        """Book the busy time ``session``'s trajectory gives its links up to ``now`` (``limit``: ``now`` and the
+        instants within ``_REL_TIME_EPS`` of it)."""
+        t0 = session.t0
+        pos, a, b = session.traj.busy
+        begun = t0 + a < limit  # each link's intervals in order of time: those begun by now
+        a, b = t0 + a[begun], t0 + b[begun]
+        np.add.at(self.ledger._busy_np, session.arr[pos[begun]], np.minimum(b, now) - a)  # in order (exact)
+
     def _materialize(self, session: _Session) -> list[Flow]:
         """Make a replaying session's flows real at the current instant, in the state its trajectory gives
         them (admitted or not, finished or not, rate and bytes left); book what happened before. Returns
@@ -1818,10 +1823,7 @@ class FlowNetwork(_NetworkBase):
                 flow.rate = prev
                 flow.t0 = now
                 active.append(flow)
-        pos, a, b = traj.busy
-        begun = t0 + a < limit  # each link's intervals in order of time: those begun by now
-        a, b = t0 + a[begun], t0 + b[begun]
-        np.add.at(ledger._busy_np, session.arr[pos[begun]], np.minimum(b, now) - a)  # in order (exact)
+        self._book_busy_before(session, now, limit)
         kepoch = self._kepoch
         for flow in active:
             if self._lazy_count:
