@@ -156,7 +156,7 @@ class _Route:
 
     __slots__ = ("links", "ulinks", "mults", "solo_rate", "demand", "_mult_of", "idx", "weights", "arrays",
                  "members", "cpairs", "cepoch", "wpairs", "lpairs", "larrays", "wepoch", "clinks", "wlinks",
-                 "ckeep", "wflags", "klinks", "kdemand", "kmults", "kepoch")
+                 "ckeep", "wflags", "klinks", "kdemand", "kmults", "kepoch", "told")
 
     def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0,
                  weights: np.ndarray | None = None, members: int = 1, known: tuple | None = None) -> None:
@@ -175,6 +175,9 @@ class _Route:
         self.larrays: tuple | None = None  # lpairs as (link ids, crossings) arrays, made when first needed
         self.wepoch = -1
         self.kepoch = -1  # klinks, kdemand, kmults: as of network stamp kepoch (FlowNetwork._keep)
+        # [whether the network has been told of these links] (FlowNetwork._tell), one list shared by the routes
+        # of equal content (like)
+        self.told = [False]
         listed = links.tolist() if weights is None and isinstance(links, np.ndarray) else None
         if listed is not None and listed and len(set(listed)) == len(listed):
             # Every link distinct (the common case): what the general case below gives, without its cost
@@ -226,6 +229,7 @@ class _Route:
         route.cpairs, route.cepoch, route.wpairs, route.lpairs, route.larrays, route.wepoch = (), -1, (), (), None, -1
         route.clinks, route.wlinks, route.ckeep, route.wflags = (), (), None, None
         route.kepoch = -1
+        route.told = self.told
         route.ulinks, route.mults, route.arrays = self.ulinks, self.mults, self.arrays
         route.solo_rate, route.demand, route._mult_of = self.solo_rate, self.demand, self._mult_of
         return route
@@ -700,10 +704,9 @@ class _Routes:
         self.all: list[_Route] = []  # every route made, by ``idx``
         # id(links) -> (links, entry weights or None, transfers a flow stands for): see declare
         self.declared: dict[int, tuple[np.ndarray, np.ndarray | None, int]] = {}
-        self.on_new: Callable[[_Route], None] | None = None  # told of every route over links not seen before
         # (dtype, entries, weights, members) -> the first route made over such links: an equal array (the same
-        # hops routed for another call) gets a route of its own (its own idx) derived from it, and on_new is not
-        # told again (a route equal to one seen changes no dominated or twin link)
+        # hops routed for another call) gets a route of its own (its own idx) derived from it, sharing its
+        # ``told`` (a route equal to one seen changes no dominated or twin link)
         self._by_content: dict[tuple, _Route] = {}
         # (dtype, entries) -> the entries as a tuple if strictly increasing, else (); id(weights) -> (weights,
         # their values as a tuple): what _Route derives of weighted links, kept (the links of a bulk alltoallv
@@ -751,8 +754,6 @@ class _Routes:
             if key is not None:
                 self._by_content[key] = route
             self.all.append(route)
-            if self.on_new is not None:
-                self.on_new(route)
         return route
 
 
@@ -862,7 +863,6 @@ class FlowNetwork(_NetworkBase):
         self._links_interned: dict[tuple, tuple] = {}  # see _interned
         if twins:
             self.ledger.mirrors = self._mirrors
-        self._routes.on_new = self._new_route
         self.component_solves = 0  # max-min problems solved (not looked up in _solved)
         self._solved: dict[tuple, list[float]] = {}  # component shape -> its rates (see _solve)
         self._solved_flows = 0  # entries (flows, links, crossings) of the shapes in _solved
@@ -1084,9 +1084,15 @@ class FlowNetwork(_NetworkBase):
             if len(self._keys) > _MEMO_SHAPES:
                 self._keys.clear()
             self._keys[id(specs)] = call
-            return call
-        routes = self._routes
-        return _Call(specs, [routes.get(spec[0]) for spec in specs])
+        else:
+            routes = self._routes
+            call = _Call(specs, [routes.get(spec[0]) for spec in specs])
+        for route, _nbytes, _latency_s in call.moving:
+            told = route.told
+            if not told[0]:
+                told[0] = True
+                self._new_route(route)
+        return call
 
     def _session_key(self, call: _Call) -> tuple[int, tuple[int, ...]]:
         """The shape of a call (an id: equal ids, equal dynamics when alone) and the links it crosses.
@@ -2005,8 +2011,16 @@ class FlowNetwork(_NetworkBase):
         route.kepoch = self._kepoch
 
     def _new_route(self, route: _Route) -> None:
-        """A route was made: update dominated and twin links, and the tightness thresholds they imply
-        (a link may be tight unless it is dominated or a twin other than its class's representative)."""
+        """A flow over links not seen before will join max-min sharing: update dominated and twin links, and
+        the tightness thresholds they imply (a link may be tight unless it is dominated or a twin other than
+        its class's representative).
+
+        Told once per route content (``_Route.told``), when a call first has a flow over it that is not
+        latency-bound (:meth:`_call`): a latency-bound flow (:meth:`_tiny`) never joins a max-min problem,
+        so its links cannot make a constraint matter. (Told of every route as it was made, a tree all-reduce
+        of a few KB, whose flows cross NICs that no bulk flow crosses together, split twin classes and
+        undid dominance for every bulk flow after it: the DeepSeek-V3 entry's component searches walked
+        ~3x the links.)"""
         changed = self._dominance(route)
         if changed:
             dominated, dominator = self._dominated, self._dominator

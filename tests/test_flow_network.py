@@ -258,6 +258,23 @@ def _finish_times(flows, capacity, busy_reads=(), **options):
     return finish, net
 
 
+@pytest.mark.parametrize("nbytes", [1e-9, 2.0])
+def test_a_latency_bound_flow_leaves_dominance_and_twins_as_they_were(nbytes):
+    # Route [0, 1, 2]: link 2 (5 B/s) dominates links 0 and 1 (10 B/s), which are twins besides. A flow over
+    # link 1 alone at t = 0.5 that takes 1e-10 s (latency-bound: it never joins max-min sharing) must leave
+    # both as they were: links 0 and 1 never tight, link 1 mirroring link 0. One of 2 B (0.2 s) does join
+    # it, and undoes both (every route crossing link 1 no longer crosses link 2; link 0 and 1 are crossed
+    # by unlike sets). Finish times either way: the global re-solve's (A: 20 B at 5 B/s, B: 10 B from t = 1
+    # sharing link 2 with A).
+    capacity = np.array([10.0, 10.0, 5.0])
+    flows = [(0.0, [0, 1, 2], 20.0), (0.5, [1], nbytes), (1.0, [0, 1, 2], 10.0)]
+    got, net = _finish_times(flows, capacity, replay=False)
+    assert got == pytest.approx(reference_finish_times(flows, capacity), rel=1e-9)
+    latency_bound = nbytes / 10.0 <= 1e-6
+    assert (net._tight_at[1] == float("inf")) is latency_bound
+    assert (not net._kept[1]) is latency_bound
+
+
 @pytest.mark.parametrize("b_link", [0, 1])
 def test_a_twin_class_split_by_a_later_route_by_hand(b_link):
     # Links 0 and 1 (10 B/s each) are crossed by the same two flows: twins, one constraint. At t = 1 a flow
@@ -421,11 +438,14 @@ def test_a_lazy_link_that_would_be_overloaded_is_made_strict_by_hand():
     # they would get 2.5 B/s each and overload it (40 + 100 > 100); with it, max-min gives the first 40
     # 1 B/s (link 0) and the others (100 - 40) / 40 = 1.5 B/s. Bytes: 10 each for the first (done at 10),
     # 6 for the others: done at 1 + 6 / 1.5 = 5.
-    # (An empty transfer over link 1 alone keeps link 0 from dominating it.)
+    # (A short transfer over link 1 alone, before them, keeps link 0 from dominating it: 1e-3 B at 100 B/s,
+    # long enough to join max-min sharing, which an empty or latency-bound one never does, so that its route
+    # would change nothing. The first 40 flows start after it, at t = 0.01, and end at 10.01.)
     capacity = np.array([40.0, 100.0, 100.0])
-    flows = [(0.0, [1], 0.0)] + [(0.0, [0, 1], 10.0)] * 40 + [(1.0, [1, 2], 6.0)] * 40
+    flows = [(0.0, [1], 1e-3)] + [(0.01, [0, 1], 10.0)] * 40 + [(1.0, [1, 2], 6.0)] * 40
     got, net = _finish_times(flows, capacity, lazy=True)
-    assert got[1:41] == pytest.approx([10.0] * 40, rel=1e-12)
+    assert got[0] == pytest.approx(1e-5, rel=1e-12)
+    assert got[1:41] == pytest.approx([10.01] * 40, rel=1e-12)
     assert got[41:] == pytest.approx([5.0] * 40, rel=1e-12)
     assert net.lazy_misses >= 1
 
