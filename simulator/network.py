@@ -175,7 +175,7 @@ class _Route:
         self.larrays: tuple | None = None  # lpairs as (link ids, crossings) arrays, made when first needed
         self.wepoch = -1
         self.kepoch = -1  # klinks, kdemand, kmults: as of network stamp kepoch (FlowNetwork._keep)
-        # [whether the network has been told of these links] (FlowNetwork._tell), one list shared by the routes
+        # [whether the network has been told of these links] (FlowNetwork._call), one list shared by the routes
         # of equal content (like)
         self.told = [False]
         listed = links.tolist() if weights is None and isinstance(links, np.ndarray) else None
