@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 
 from topologies import build_cluster, load_cluster
@@ -103,6 +104,8 @@ def run_trace(args: argparse.Namespace) -> int:
     if bad:
         raise ValueError(f"--trace-ranks: {bad[0]} is not a rank of this trace; valid: 0..{world - 1}")
     doc = read_experiment_file(args.file) if args.file else {}
+    for note in trace_unused(doc):
+        print(f"clustersim: note: {note}", file=sys.stderr)
     if args.cluster is not None:
         cluster = trace_cluster(args.cluster, world)
     try:
@@ -135,7 +138,7 @@ def run_trace(args: argparse.Namespace) -> int:
     for op in graph.ops:
         kinds[op.kind] = kinds.get(op.kind, 0) + 1
     result.extra_summary.update({
-        "name": doc.get("name") or f"Chakra trace {args.chakra}",
+        "name": f"Chakra trace {args.chakra}",  # (the file's name: describes its model, which the trace replaces)
         "setup": {"workload": f"Chakra trace {args.chakra}: {world} ranks, "
                               + ", ".join(f"{n:,} {k}" for k, n in kinds.items()),
                   "cluster": cluster.name},
@@ -144,6 +147,22 @@ def run_trace(args: argparse.Namespace) -> int:
     if args.export_chakra is not None and not args.json:
         print(_export_line(args.export_chakra, world))
     return 0
+
+
+TRACE_SECTIONS = ("name", "cluster", "network", "compute", "faults", "training")
+"""The sections of an experiment file that ``run FILE --chakra DIR`` reads (of ``training``, only ``dtype``)."""
+
+
+def trace_unused(doc: dict) -> list[str]:
+    """One note per section (or ``training`` field) of ``doc`` that a trace run does not read: the trace is the
+    workload, so the model, layout and schedule a file gives have no effect on it."""
+    notes = [f"{key}: has no effect with --chakra (the trace is the workload; the file's cluster, network, "
+             f"compute, faults and training.dtype apply)" for key in doc if key not in TRACE_SECTIONS]
+    training = doc.get("training")
+    if isinstance(training, dict):
+        notes += [f"training.{key}: has no effect with --chakra (of training, only dtype applies: the trace "
+                  f"fixes the rest)" for key in training if key != "dtype"]
+    return notes
 
 
 def trace_cluster(spec: str, ranks: int) -> Cluster:

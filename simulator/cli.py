@@ -14,6 +14,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 
 from topologies import build_cluster, format_bandwidth, format_bytes, format_time, load_cluster, parse_bytes
@@ -40,6 +41,19 @@ def command(name: str, help: str):
     return wrap
 
 
+def _cannot_create_in(folder: str) -> str | None:
+    """Why no file can be created in ``folder`` (tried with a temporary file, removed at once), or None.
+
+    Tried rather than asked: ``os.access`` says yes to root everywhere, /proc and read-only mounts
+    included, and the write then failed after the simulation with a bare errno."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def check_writable(path: str | None, flag: str) -> None:
     """Refuse an output path whose folder does not exist or cannot be written, before any work is done."""
     if not path:
@@ -47,10 +61,13 @@ def check_writable(path: str | None, flag: str) -> None:
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(folder):
         raise ValueError(f"{flag}: folder {folder!r} does not exist")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise ValueError(f"{flag}: cannot write {path!r}")
     if os.path.isdir(path):
         raise ValueError(f"{flag}: {path!r} is a folder; give a file name")
+    reason = _cannot_create_in(folder)
+    if reason is None and os.path.exists(path) and not os.access(path, os.W_OK):
+        reason = "permission denied"
+    if reason is not None:
+        raise ValueError(f"{flag}: cannot write {path!r} ({reason})")
 
 
 def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8) -> Cluster:
@@ -424,8 +441,9 @@ def check_folder(path: str | None, flag: str) -> None:
     parent = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(path) and not os.path.isdir(parent):
         raise ValueError(f"{flag}: folder {parent!r} does not exist")
-    if not os.access(path if os.path.isdir(path) else parent, os.W_OK):
-        raise ValueError(f"{flag}: cannot write into {path!r}")
+    reason = _cannot_create_in(path if os.path.isdir(path) else parent)
+    if reason is not None:
+        raise ValueError(f"{flag}: cannot write into {path!r} ({reason})")
 
 
 def write_outputs(result, args: argparse.Namespace, trace_ranks: list[int] | str = "stages") -> None:
@@ -528,6 +546,13 @@ def _sweep():
             raise ValueError(f"--refine: re-simulates the best screened points; use it with --fidelity screen, "
                              f"not {args.fidelity}")
         check_writable(args.output, "--output")
+        grid: dict[str, list] = {}
+        for text in args.grid:
+            path, values = parse_grid_arg(text)
+            if path in grid:
+                raise ValueError(f"--grid: {path} given twice; give all its values in one --grid, "
+                                 f"e.g. {path}={','.join(map(str, grid[path] + values))}")
+            grid[path] = values
 
         def started(points: int, reused: int) -> None:
             print(f"# {points} points" + (f", {reused} already in {args.output}" if reused else ""), file=sys.stderr)
@@ -537,7 +562,7 @@ def _sweep():
                                                                 else ""), file=sys.stderr)
 
         try:
-            table = sweep(args.file, dict(parse_grid_arg(g) for g in args.grid), metric=args.metric, jobs=args.jobs,
+            table = sweep(args.file, grid, metric=args.metric, jobs=args.jobs,
                           scheduler=args.scheduler, output=args.output, progress=not args.no_progress,
                           max_tp=args.max_tp, on_start=started, fidelity=args.fidelity, refine=args.refine,
                           on_refine=refining,
@@ -571,7 +596,9 @@ def _validate():
         p.add_argument("--fidelity", default="fast", choices=_FIDELITIES)
         p.add_argument("--jobs", type=int, default=1, help="entries simulated in parallel processes (default 1)")
         p.add_argument("--json", action="store_true", help="print a JSON list of rows instead of a table")
-        p.add_argument("--list", action="store_true", help="list the entries and their sources, simulate nothing")
+        p.add_argument("--list", action="store_true",
+                       help="list the entries and their sources (those --only and --max-gpus keep; --json: as a "
+                            "JSON list), simulate nothing")
 
     def run(args: argparse.Namespace) -> int:
         from .validation import ENTRIES, check_options, validate_against_published
@@ -580,8 +607,21 @@ def _validate():
             raise ValueError(f"--max-gpus: must be >= 1, got {args.max_gpus}")
         if args.all and args.only:
             raise ValueError("--all: runs every entry; leave out --only (or --all)")
+        chosen = [e for e in ENTRIES if args.only is None or e.name in args.only]
+        too_big = [e for e in chosen if args.max_gpus is not None and e.gpus > args.max_gpus]
+        if args.only and too_big and len(too_big) == len(chosen):
+            raise ValueError(f"--max-gpus: {args.max_gpus} leaves out every entry --only names "
+                             f"({', '.join(f'{e.name}: {e.gpus} GPUs' for e in too_big)})")
+        if args.only:
+            for e in too_big:  # (asked for by name: say why it is not run)
+                print(f"# skipped {e.name} ({e.gpus} GPUs > --max-gpus {args.max_gpus})", file=sys.stderr)
         if args.list:
-            for e in ENTRIES:
+            listed = [e for e in chosen if e not in too_big]
+            if args.json:
+                print(json.dumps([{"name": e.name, "gpus": e.gpus, "metric": e.metric, "published": e.published,
+                                   "source": e.source, "slow": e.slow or None} for e in listed]))
+                return 0
+            for e in listed:
                 slow = f"  [slow: {e.slow}]" if e.slow else ""
                 print(f"{e.name:<26} {e.gpus:>6} GPUs  {e.metric:<24} {e.published:g}  {e.source}{slow}")
             return 0

@@ -153,7 +153,8 @@ class Experiment:
 
 # -------------------------------------------------------------------- loading
 _PRESET_SECTIONS = ("cluster", "model")
-"""Sections a bare name stands for: ``cluster: dgx-h100`` is ``cluster: {preset: dgx-h100}``."""
+"""Sections a bare name stands for: ``cluster: dgx-h100`` is ``cluster: {preset: dgx-h100}``, and ``cluster:
+dgx-h100:4`` (the command line's ``PRESET:NODES``) is ``cluster: {preset: dgx-h100, nodes: 4}``."""
 
 
 def _section(doc: Mapping, key: str) -> dict:
@@ -161,6 +162,9 @@ def _section(doc: Mapping, key: str) -> dict:
     if value is None:
         return {}
     if isinstance(value, str) and key in _PRESET_SECTIONS:
+        preset, _, nodes = value.partition(":")
+        if key == "cluster" and nodes.strip().isdigit():
+            return {"preset": preset.strip(), "nodes": int(nodes)}
         return {"preset": value}
     if not isinstance(value, Mapping):
         got = f"the text {value!r}" if isinstance(value, str) else type(value).__name__
@@ -256,6 +260,9 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     unknown = sorted(set(doc) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown section; valid sections: {', '.join(SECTIONS)}")
+    if doc.get("sweep") is not None:  # read by `clustersim sweep` only, but a malformed one is an error everywhere
+        from .sweeps.grid import sweep_settings  # (here: the sweeps package imports this module)
+        sweep_settings(doc)
     required = [("model", "model: {preset: gpt3-175b}")]
     if cluster is None:
         required.insert(0, ("cluster", "cluster: {preset: dgx-h100, nodes: 2}"))
@@ -270,6 +277,8 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     model = model_from_dict(_section(doc, "model"))
     par = _section(doc, "parallel")
     tp, pp, cp = par.get("tp", 1), par.get("pp", 1), par.get("cp", 1)
+    if "dp" in par and par["dp"] is None:  # (``dp:`` or ``dp: null`` in YAML: not given, so derived)
+        del par["dp"]
     if par.get("dp", "auto") == "auto" and all(isinstance(x, int) and x > 0 for x in (tp, pp, cp)):
         dp = derived_dp(cluster.num_gpus, tp * cp, pp)
         if dp is None:

@@ -125,3 +125,18 @@ def test_reader_refuses_non_finite_clustersim_attributes(tmp_path, attr, kind, v
     (tmp_path / "t.0.et").write_bytes(schema.encode_messages([meta, n]))
     with pytest.raises(ChakraError, match=rf"node 0 \('k'\): attribute '{attr}' must be a finite non-negative"):
         read_chakra(tmp_path)
+
+
+def test_a_trace_run_notes_each_section_of_the_file_it_does_not_read(tmp_path, capsys):
+    # `run FILE --chakra DIR` takes the file's cluster, network, compute, faults and training.dtype; its model,
+    # layout and the rest of training were dropped without a word (the README promises a note for every
+    # setting without effect), and the summary was headed by the file's name, which describes its model.
+    write_chakra(_two_ranks(), tmp_path / "et")
+    yaml = tmp_path / "f.yaml"
+    yaml.write_text("name: my model run\n" + TINY_YAML.replace("training: {seq_len: 128}",
+                                                                "training: {seq_len: 128, dtype: fp16}"))
+    assert main(["run", str(yaml), "--chakra", str(tmp_path / "et"), "--json"]) == 0
+    captured = capsys.readouterr()
+    noted = [line.split("note: ")[1].split(":")[0] for line in captured.err.splitlines() if "note: " in line]
+    assert noted == ["model", "parallel", "training.seq_len"]
+    assert "my model run" not in captured.out and "Chakra trace" in captured.out

@@ -82,3 +82,37 @@ def test_plan_port_speeds_up_to_the_fastest_still_round_up(tmp_path: Path, capsy
     f.write_text(f"cluster: {{preset: dgx-h100, nodes: 4}}\nplan: {{port_speed: {speed}}}\n")
     assert main(["plan", str(f), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["summary"]["port_speed_Gbps"] == priced
+
+
+@pytest.mark.parametrize("dp", ["dp: null, ", "dp: , ", ""])
+def test_dp_null_is_derived_from_the_cluster_as_when_left_out(tmp_path: Path, dp):
+    # 16 GPUs, tp 2 x pp 2: dp 4. ``dp: null`` was "must be a positive integer, got None" (the README says dp
+    # may be left out), and it hid a real error in tp behind it.
+    from simulator.experiment import load_experiment
+    f = tmp_path / "e.yaml"
+    f.write_text("cluster: {preset: dgx-h100, nodes: 2}\nmodel: {preset: gpt2-small}\n"
+                 f"parallel: {{tp: 2, pp: 2, {dp}micro_batch: 4, global_batch: 64}}\ntraining: {{seq_len: 1024}}\n")
+    assert load_experiment(f).parallel.dp == 4
+
+
+def test_dp_null_does_not_hide_an_impossible_tp(tmp_path: Path, capsys):
+    f = tmp_path / "e.yaml"
+    f.write_text("cluster: {preset: dgx-h100, nodes: 2}\nmodel: {preset: gpt2-small}\n"
+                 "parallel: {tp: 5, dp: null, micro_batch: 1, global_batch: 16}\ntraining: {seq_len: 1024}\n")
+    assert main(["run", str(f)]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "tp" in err and "None" not in err
+
+
+def test_cluster_preset_colon_nodes_in_a_file_is_the_command_lines_form(tmp_path: Path):
+    # `cluster: dgx-h100:2` was "unknown preset 'dgx-h100:2'" although the command line takes PRESET:NODES
+    from simulator.experiment import load_experiment
+    short, long = tmp_path / "short.yaml", tmp_path / "long.yaml"
+    rest = "model: {preset: gpt2-small}\nparallel: {tp: 2, pp: 1}\ntraining: {seq_len: 1024}\n"
+    short.write_text("cluster: dgx-h100:2\n" + rest)
+    long.write_text("cluster: {preset: dgx-h100, nodes: 2}\n" + rest)
+    assert load_experiment(short).cluster.num_gpus == load_experiment(long).cluster.num_gpus == 16
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster: dgx-h100:two\n" + rest)
+    with pytest.raises(ValueError, match=r"cluster\.preset: unknown preset 'dgx-h100:two'"):
+        load_experiment(bad)

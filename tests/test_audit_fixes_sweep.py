@@ -62,3 +62,27 @@ def test_the_api_checks_max_tp_as_the_cli_does(tmp_path: Path, max_tp):
     f.write_text(OK)
     with pytest.raises(ValueError, match=r"max_tp: must be an integer >= 1"):
         sweep(str(f), {"layout": "auto"}, jobs=1, progress=False, max_tp=max_tp)
+
+
+def test_a_grid_path_given_twice_is_an_error_not_the_last_one_silently(tmp_path: Path, capsys):
+    f = tmp_path / "ok.yaml"
+    f.write_text(OK)
+    assert main(["sweep", str(f), "--grid", "parallel.tp=1,2", "--grid", "parallel.tp=4", "--jobs", "1",
+                 "--no-progress"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "--grid" in line and "parallel.tp given twice" in line and "parallel.tp=1,2,4" in line
+
+
+
+@pytest.mark.parametrize("section,words", [
+    ("x", ["sweep: must be a mapping", "grid"]),
+    ("{grid: {parallel.tp: [1, 2]}, metrik: mfu}", ["sweep.metrik", "unknown field"]),
+    ("{grid: [parallel.tp]}", ["sweep.grid", "must map"]),
+])
+def test_run_refuses_a_malformed_sweep_section_as_sweep_does(tmp_path: Path, capsys, section, words):
+    # `run` reads no sweep: section, but took a malformed one silently while `sweep` refused the same file.
+    f = tmp_path / "sw.yaml"
+    f.write_text(OK + f"sweep: {section}\n")
+    assert main(["run", str(f)]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert all(w in line for w in words), line

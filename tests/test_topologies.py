@@ -331,6 +331,8 @@ def test_build_cluster_single_node_and_preset_shorthand():
         ({"preset": "dgx-h100", "nodes": -4}, r"^cluster\.nodes: "),
         ({"preset": "dgx-h100", "nodes": 2.5}, r"^cluster\.nodes: 2\.5 is not a positive integer"),
         ({"preset": "dgx-h100", "nodes": "many"}, r"^cluster\.nodes: "),
+        ({"preset": "dgx-h100", "nodes": "2"},
+         r"^cluster\.nodes: '2' is text; write the number without quotes \(nodes: 2\)$"),
         ({"preset": "dgx-h100", "gpus_per_node": 0}, r"^cluster\.gpus_per_node: "),
         ({"preset": "dgx-h100", "nodes_per_leaf": 0}, r"^cluster\.nodes_per_leaf: "),
         ({"preset": "dgx-h100", "spines": -1}, r"^cluster\.spines: "),

@@ -130,3 +130,28 @@ def test_cli_validate_list_marks_slow_entries(capsys):
     assert main(["validate", "--list"]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert "[slow:" in lines["deepseek-v3-2048-h800"] and "[slow:" not in lines[SMALLEST.name]
+
+
+def test_cli_validate_list_keeps_what_only_and_max_gpus_keep_and_speaks_json(capsys):
+    from simulator.cli import main
+    assert main(["validate", "--list", "--max-gpus", "8", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == [e.name for e in ENTRIES if e.gpus <= 8]
+    assert all(r["gpus"] <= 8 for r in rows) and rows[0]["source"]
+    big = max(ENTRIES, key=lambda e: e.gpus)
+    assert main(["validate", "--list", "--only", SMALLEST.name, big.name]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == [SMALLEST.name, big.name]
+
+
+def test_cli_validate_says_when_max_gpus_leaves_out_an_entry_asked_for_by_name(capsys):
+    from simulator.cli import main
+    big = max(ENTRIES, key=lambda e: e.gpus)
+    # every named entry left out: an error naming --max-gpus and the entry (was: an empty table, exit 0)
+    assert main(["validate", "--only", big.name, "--max-gpus", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--max-gpus" in err and big.name in err
+    # some left out: the others listed, a note for each one left out
+    assert main(["validate", "--list", "--only", SMALLEST.name, big.name, "--max-gpus", "64"]) == 0
+    captured = capsys.readouterr()
+    assert [line.split()[0] for line in captured.out.splitlines()] == [SMALLEST.name]
+    assert f"skipped {big.name}" in captured.err and "--max-gpus 64" in captured.err

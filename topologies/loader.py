@@ -98,7 +98,9 @@ def _int(value: object, key: str, *, optional: bool = False) -> int | None:
     if value is None and optional:
         return None
     if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
+        # (the experiment's own fields refuse a quoted number too: one rule for every numeric field)
+        raise TopologyError(f"cluster.{key}: {value!r} is text; write the number without quotes "
+                            f"({key}: {value.strip()})")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise TopologyError(f"cluster.{key}: {value!r} is not a positive integer")
     return value
