@@ -33,11 +33,16 @@ def one_line(err: str) -> str:
     ("{grid: {layout: auto}, max_tp: 0}", ["sweep.max_tp", "got 0"]),
     ("{grid: {layout: auto}, max_tp: 2.5}", ["sweep.max_tp", "got 2.5"]),
     ("{grid: {layout: auto}, max_tp: true}", ["sweep.max_tp", "got True"]),
+    ("x", ["sweep: must be a mapping", "grid"]),
+    ("{grid: {parallel.tp: [1, 2]}, metrik: mfu}", ["sweep.metrik", "unknown field"]),
+    ("{grid: [parallel.tp]}", ["sweep.grid", "must map"]),
 ])
-def test_bad_sweep_section_is_one_line_exit_2(tmp_path: Path, capsys, section, words):
+@pytest.mark.parametrize("argv", [["sweep", "{f}", "--jobs", "1", "--no-progress"], ["run", "{f}"]])
+def test_bad_sweep_section_is_one_line_exit_2(tmp_path: Path, capsys, section, words, argv):
+    # (`run` reads no sweep: section, but took a malformed one silently while `sweep` refused the same file)
     f = tmp_path / "sw.yaml"
     f.write_text(OK + f"sweep: {section}\n")
-    assert main(["sweep", str(f), "--jobs", "1", "--no-progress"]) == 2
+    assert main([a.format(f=f) for a in argv]) == 2
     captured = capsys.readouterr()
     err = one_line(captured.err)
     assert "points" not in err and captured.out == ""
@@ -71,18 +76,3 @@ def test_a_grid_path_given_twice_is_an_error_not_the_last_one_silently(tmp_path:
                  "--no-progress"]) == 2
     line = one_line(capsys.readouterr().err)
     assert "--grid" in line and "parallel.tp given twice" in line and "parallel.tp=1,2,4" in line
-
-
-
-@pytest.mark.parametrize("section,words", [
-    ("x", ["sweep: must be a mapping", "grid"]),
-    ("{grid: {parallel.tp: [1, 2]}, metrik: mfu}", ["sweep.metrik", "unknown field"]),
-    ("{grid: [parallel.tp]}", ["sweep.grid", "must map"]),
-])
-def test_run_refuses_a_malformed_sweep_section_as_sweep_does(tmp_path: Path, capsys, section, words):
-    # `run` reads no sweep: section, but took a malformed one silently while `sweep` refused the same file.
-    f = tmp_path / "sw.yaml"
-    f.write_text(OK + f"sweep: {section}\n")
-    assert main(["run", str(f)]) == 2
-    line = one_line(capsys.readouterr().err)
-    assert all(w in line for w in words), line
