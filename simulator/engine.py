@@ -107,6 +107,31 @@ def _replicas(graph: OpGraph) -> dict[int, tuple[int, ...]] | None:
     return getattr(graph, "replicas", None)
 
 
+def _check_replicas(graph: OpGraph) -> None:
+    """``graph.replicas``, if set: a mapping of representative ranks to the distinct ranks each stands for (itself
+    among them), no rank stood for twice, every rank one of the graph's (a mapping that broke these gave an
+    IndexError deep in the fabric, or a step of two ranks each standing for the other)."""
+    replicas = _replicas(graph)
+    if replicas is None:
+        return
+    ws = graph.world_size
+    if not isinstance(replicas, Mapping):
+        raise OpGraphError(f"replicas: must map a representative rank to the ranks it stands for, got "
+                           f"{type(replicas).__name__}")
+    seen: set[int] = set()
+    for rep, ranks in replicas.items():
+        if not isinstance(ranks, tuple) or rep not in ranks or len(set(ranks)) != len(ranks):
+            raise OpGraphError(f"replicas[{rep!r}]: must be a tuple of distinct ranks holding {rep!r} itself, "
+                               f"got {ranks!r:.60}")
+        bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < ws]
+        if bad:
+            raise OpGraphError(f"replicas[{rep}]: {bad[0]!r} is not a rank of this graph (0..{ws - 1})")
+        twice = seen.intersection(ranks)
+        if twice:
+            raise OpGraphError(f"replicas[{rep}]: rank {min(twice)} is stood for by two representatives")
+        seen.update(ranks)
+
+
 def group_shape(group: tuple[int, ...], replicas: dict[int, tuple[int, ...]] | None) -> tuple[str, list[int]]:
     """How a collective on ``group`` runs in a graph with representatives.
 
@@ -134,6 +159,10 @@ def group_shape(group: tuple[int, ...], replicas: dict[int, tuple[int, ...]] | N
     if len(members) == len(group):
         if all(len(replicas[r]) == 1 for r in group):
             return "internal", members
+        if len({len(replicas[r]) for r in group}) > 1:
+            raise OpGraphError(f"group {list(group)}: its representatives stand for unequal numbers of ranks "
+                               f"({', '.join(f'{r}: {len(replicas[r])}' for r in group)}); a collective between "
+                               f"representatives runs once per replica index, so each needs as many")
         return "replicated", members
     covered = sorted(x for r in members for x in replicas[r])
     if covered == sorted(group):
@@ -364,14 +393,27 @@ class Engine:
                 raise TypeError(f"{name}: must be {how}, got {type(value).__name__} {value!r:.60}")
         if graph.world_size > cluster.num_gpus:
             raise ValueError(f"world size {graph.world_size} exceeds the cluster's {cluster.num_gpus} GPUs")
+        if compute is not None and not isinstance(compute, ComputeModel):
+            raise TypeError(f"compute: must be a ComputeModel (simulator.compute), got {type(compute).__name__}")
+        if network is not None and not isinstance(network, NetworkConfig):
+            raise TypeError(f"network: must be a NetworkConfig (simulator.fabric), got {type(network).__name__}")
         self.graph = graph
         self.cluster = cluster
         self.compute = compute or ComputeModel(cluster.gpu)
         self.slowdown = dict(slowdown or {})
         for rank, factor in self.slowdown.items():  # (a compute end is scheduled unchecked: no negative delay)
+            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < graph.world_size:
+                raise ValueError(f"slowdown: {rank!r} is not a rank of this graph (0..{graph.world_size - 1})")
             if isinstance(factor, bool) or not isinstance(factor, Real) or not 0 < factor < math.inf:
                 raise ValueError(f"slowdown[{rank}]: must be a finite factor > 0, got {factor!r}")
         self.rank_compute = dict(rank_compute or {})
+        for rank, model in self.rank_compute.items():
+            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < graph.world_size:
+                raise ValueError(f"rank_compute: {rank!r} is not a rank of this graph (0..{graph.world_size - 1})")
+            if not isinstance(model, ComputeModel):
+                raise TypeError(f"rank_compute[{rank}]: must be a ComputeModel, got {type(model).__name__}")
+        _check_replicas(graph)
+        self._ran = False
         if progress is not None and not callable(progress):
             raise TypeError(f"progress: must be a callable progress(done, total), got {type(progress).__name__}")
         self.progress = progress
@@ -379,7 +421,11 @@ class Engine:
         self.fabric = Fabric(self.env, cluster, network)
 
     def run(self) -> RunRecord:
-        """Run to completion; raise :class:`DeadlockError` if any op can never finish."""
+        """Run to completion; raise :class:`DeadlockError` if any op can never finish. An engine runs once:
+        its clock, fabric and counters keep the first run's state (a second run read twice the step)."""
+        if self._ran:
+            raise RuntimeError("Engine.run: this engine has run; make a new Engine to simulate the graph again")
+        self._ran = True
         with paused_gc():
             return self._run()
 

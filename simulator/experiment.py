@@ -254,6 +254,8 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     """
     if not isinstance(doc, Mapping):
         raise ConfigError(f"experiment: the file must hold a mapping of sections ({', '.join(SECTIONS)})")
+    if cluster is not None and not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster: must be a Cluster (topologies.build_cluster), got {type(cluster).__name__}")
     if "jobs" in doc:
         raise ConfigError("jobs: a file of several jobs sharing a fabric runs with `clustersim jobs FILE` "
                           "(API: simulator.jobs.load_jobs / run_jobs)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from numbers import Integral
 
 import numpy as np
 import simpy
@@ -146,6 +147,8 @@ class NetworkConfig:
     pxn: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, Integral):
+            raise ValueError(f"network.seed: must be an integer (the ECMP hash seed), got {self.seed!r}")
         if not isinstance(self.pxn, bool):
             raise ValueError(f"network.pxn: must be true or false, got {self.pxn!r}")
         if self.model not in NETWORK_MODELS:

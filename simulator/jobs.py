@@ -116,8 +116,8 @@ def _place(entries: list[Mapping], n_nodes: int, placement: object, seed: object
     if placement not in PLACEMENTS:
         raise ConfigError(f"placement: {placement!r} unknown; valid: {', '.join(PLACEMENTS)} (or nodes: [..] "
                           f"per job)")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"placement_seed: must be an integer, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"placement_seed: must be an integer >= 0, got {seed!r}")
     taken: dict[int, str] = {}
     out: list[tuple[int, ...] | None] = []
     for i, job in enumerate(entries):
@@ -269,6 +269,8 @@ def run_jobs(spec: JobsSpec, *, force: bool = False) -> JobsResult:
 
     Raises :class:`~simulator.experiment.OutOfMemoryError` when a job does not fit, unless ``force``.
     """
+    if not isinstance(spec, JobsSpec):
+        raise TypeError(f"spec: must be a JobsSpec (simulator.jobs.load_jobs), got {type(spec).__name__}")
     t0 = time.perf_counter()
     cluster = spec.cluster
     graphs: list[OpGraph] = []

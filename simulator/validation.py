@@ -182,7 +182,11 @@ def select_entries(names: str | Iterable[str] | None = None, *, max_gpus: int | 
     """
     if isinstance(names, str):  # one entry's name, not its letters
         names = (names,)
+    if max_gpus is not None and (isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1):
+        raise ValueError(f"max_gpus: must be an integer >= 1, got {max_gpus!r}")
     if names is not None:
+        if not isinstance(names, Iterable):
+            raise ValueError(f"names: an entry's name or a list of them (validate --list), got {names!r}")
         entries = tuple(get_entry(n) for n in names)
     else:
         entries = tuple(e for e in ENTRIES if include_slow or not e.slow)
@@ -255,6 +259,8 @@ def validate_against_published(names: str | Iterable[str] | None = None, fidelit
     entries = select_entries(names, max_gpus=max_gpus, include_slow=include_slow)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs: must be an integer >= 1, got {jobs!r}")
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress: must be a callable progress(row), got {type(progress).__name__}")
     rows: dict[str, dict] = {}
     if jobs == 1 or len(entries) <= 1:
         for e in entries:

@@ -179,3 +179,10 @@ def test_merge_graphs_shifts_ranks_ids_groups_and_peers():
     assert [op.rank for op in second] == [op.rank + 2 for op in g.ops]
     assert second[1].peer == 3 and second[1].deps == (second[0].id,)
     assert {op.group for op in second if op.kind == "collective"} == {(2, 3)}
+
+
+@pytest.mark.parametrize("placement", ["scattered", "contiguous"])
+def test_a_negative_placement_seed_is_refused_naming_it(placement):
+    # scattered fell on numpy's "expected non-negative integer"; contiguous took it silently
+    with pytest.raises(ValueError, match=r"^placement_seed: must be an integer >= 0, got -1$"):
+        jobs_from_dict(two_jobs(placement, seed=-1))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from numbers import Integral
+from numbers import Integral, Real
 
 COLLECTIVE_KINDS = (
     "all_reduce",
@@ -188,6 +188,25 @@ def is_size(x: object) -> bool:
         return False
 
 
+def _check_shape(shape: object, what: str) -> None:
+    """A GEMM's ``(m, n, k)`` or an attention kernel's ``(s_q, s_kv, head_dim)``: three positive finite numbers
+    (whole in practice; a scaled count may be a float), as a tuple. A zero or negative one divided by zero in the
+    wave model, long after the op was built."""
+    if (not isinstance(shape, tuple) or len(shape) != 3
+            or not all(isinstance(x, Real) and not isinstance(x, bool) and 0 < x < _INF for x in shape)):
+        raise OpGraphError(f"{what}: shape must be three positive numbers (m, n, k), got {shape!r:.60}")
+
+
+def _tag(tag: object) -> int:
+    """A message tag as an int; a tag that is not a whole number is an error (``int(1.2)`` and ``int(1.9)``
+    were both 1, so two streams meant to be apart matched each other)."""
+    if type(tag) is int:
+        return tag
+    if isinstance(tag, bool) or not isinstance(tag, Integral):
+        raise OpGraphError(f"tag: must be an integer (it separates message streams), got {tag!r:.60}")
+    return int(tag)
+
+
 class OpGraph:
     """Per-rank programs of operations for one training step.
 
@@ -232,10 +251,15 @@ class OpGraph:
     def _deps(self, deps: Iterable[int], n: int | None = None) -> tuple[int, ...]:
         """``deps`` as a tuple (a tuple given is kept), every id that of an op so far (``n`` of them: the
         graph's, unless given)."""
-        out = tuple(deps)
+        try:
+            out = tuple(deps)
+        except TypeError:
+            raise OpGraphError(f"deps: must be op ids (a list or tuple of integers), got {deps!r:.60}") from None
         if n is None:
             n = len(self.ops)
         for d in out:
+            if type(d) is not int and (isinstance(d, bool) or not isinstance(d, Integral)):
+                raise OpGraphError(f"deps: op ids are integers (what the builders return), got {d!r:.60}")
             if not 0 <= d < n:
                 raise OpGraphError(f"deps: op id {d} does not exist (ops so far: {n})")
         return out
@@ -269,6 +293,10 @@ class OpGraph:
             raise OpGraphError(f"category: {category!r} unknown; valid: {', '.join(COMPUTE_CATEGORIES)}")
         if duration_s is not None and not is_size(duration_s):
             raise OpGraphError(f"duration_s: must be a finite number of seconds >= 0, got {duration_s!r}")
+        if category == "fixed" and duration_s is None:
+            raise OpGraphError(f"compute {name!r}: category 'fixed' takes its time from duration_s; give it")
+        if shape is not None:
+            _check_shape(shape, f"compute {name!r}")
         if parts is not None:
             parts = parts if isinstance(parts, tuple) else tuple(parts)
             flops, nbytes = self._part_sums(parts, name)
@@ -332,9 +360,17 @@ class OpGraph:
         cached = self._part_totals.get(id(parts))
         if cached is None or cached[0] is not parts:
             for k in parts:
-                if not (isinstance(k, Kernel) and 0 <= k.flops < math.inf and 0 <= k.nbytes < math.inf):
+                if not (isinstance(k, Kernel) and is_size(k.flops) and is_size(k.nbytes)):
                     raise OpGraphError(f"compute {name!r}: parts must be Kernels of finite, non-negative flops "
                                        f"and nbytes, got {k!r}")
+                if k.category not in COMPUTE_CATEGORIES or k.category == "fixed":
+                    raise OpGraphError(f"compute {name!r}: kernel category {k.category!r} unknown; valid: "
+                                       f"{', '.join(c for c in COMPUTE_CATEGORIES if c != 'fixed')} (a fixed time "
+                                       f"is an op's duration_s)")
+                if k.shape is not None:
+                    _check_shape(k.shape, f"compute {name!r}")
+                if isinstance(k.batch, bool) or not isinstance(k.batch, Integral) or k.batch < 1:
+                    raise OpGraphError(f"compute {name!r}: kernel batch must be an integer >= 1, got {k.batch!r}")
             cached = self._part_totals[id(parts)] = (parts, sum(k.flops for k in parts), sum(k.nbytes for k in parts))
         return cached[1], cached[2]
 
@@ -474,7 +510,18 @@ class OpGraph:
 
         ``deps`` maps a member rank to the ids that member waits for.
         """
-        deps = deps or {}
+        if not isinstance(group, Iterable) or isinstance(group, (str, bytes)):
+            raise OpGraphError(f"group: must be a non-empty list of distinct ranks, got {group!r:.60}")
+        group = tuple(group)
+        if not group:
+            raise OpGraphError("group: must be a non-empty list of distinct ranks, got an empty one")
+        deps = {} if deps is None else deps
+        if not isinstance(deps, Mapping):
+            raise OpGraphError(f"deps: maps a member rank to the op ids it waits for, e.g. {{{group[0]}: [0]}}; "
+                               f"got {type(deps).__name__}")
+        strangers = [r for r in deps if r not in group]
+        if strangers:
+            raise OpGraphError(f"deps: rank {strangers[0]!r} is not a member of the group {group!r:.60}")
         return {r: self.collective_op(r, collective, group, nbytes, deps=deps.get(r, ()), **kwargs)
                 for r in group}
 
@@ -492,7 +539,7 @@ class OpGraph:
         ops = self.ops
         n = len(ops)
         ops.append(cls(n, rank, stream, self._deps(deps), name or cls.kind, traffic_class, layer, micro_batch, stage,
-                       peer, float(nbytes), int(tag)))
+                       peer, float(nbytes), _tag(tag)))
         return n
 
     def send(self, rank: int, peer: int, nbytes: float, *, name: str = "", deps: Iterable[int] = (),
@@ -530,6 +577,13 @@ def merge_graphs(parts: Sequence[tuple[OpGraph, int]], world_size: int | None = 
     steps). ``replicas`` are shifted too; a part without them stands for
     itself rank by rank. ``world_size`` defaults to the highest rank + 1.
     """
+    parts = list(parts) if isinstance(parts, Iterable) else parts
+    if not isinstance(parts, list) or not parts:
+        raise OpGraphError(f"parts: must be a non-empty list of (OpGraph, rank offset) pairs, got {parts!r:.60}")
+    for i, part in enumerate(parts):
+        if (not isinstance(part, tuple) or len(part) != 2 or not isinstance(part[0], OpGraph)
+                or isinstance(part[1], bool) or not isinstance(part[1], Integral)):
+            raise OpGraphError(f"parts[{i}]: must be an (OpGraph, rank offset) pair, got {part!r:.60}")
     size = max(off + g.world_size for g, off in parts) if world_size is None else world_size
     out = OpGraph(size)
     ops = out.ops

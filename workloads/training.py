@@ -349,7 +349,8 @@ class StepOptions:
             raise ConfigError(f"options.p2p: {self.p2p!r} unknown; valid: {', '.join(P2P_MODES)}")
         if self.granularity not in GRANULARITIES:
             raise ConfigError(f"options.granularity: {self.granularity!r} unknown; valid: {', '.join(GRANULARITIES)}")
-        if self.grad_dtype_bytes is not None and self.grad_dtype_bytes not in (1, 2, 4):
+        if self.grad_dtype_bytes is not None and (isinstance(self.grad_dtype_bytes, bool)
+                                                  or self.grad_dtype_bytes not in (1, 2, 4)):  # (True == 1)
             raise ConfigError(f"options.grad_dtype_bytes: must be 1, 2 or 4, got {self.grad_dtype_bytes}")
         for name in ("causal", "flash_attention", "embedding_and_loss", "pp_scatter_gather",
                      "grad_accumulation_fusion"):

@@ -105,6 +105,14 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
     """
     if isinstance(checkpoint_s, bool) or not isinstance(checkpoint_s, (int, float)) or not checkpoint_s > 0:
         raise ValueError(f"checkpoint_s: must be a number of seconds > 0, got {checkpoint_s!r}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"jobs: must be an integer >= 1 (worker processes; None: one per core), got {jobs!r}")
+    if grid is not None and not isinstance(grid, Mapping):
+        raise ValueError(f"grid: must map dotted paths to lists of values, e.g. {{'parallel.tp': [1, 2, 4]}}; "
+                         f"got {type(grid).__name__}")
+    for name, hook in (("on_start", on_start), ("on_refine", on_refine)):
+        if hook is not None and not callable(hook):
+            raise ValueError(f"{name}: must be a callable {name}(points, reused), got {type(hook).__name__}")
     doc = _load_base(base)
     settings = sweep_settings(doc)
     base_doc = {k: v for k, v in doc.items() if k != "sweep"}
