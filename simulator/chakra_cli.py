@@ -126,6 +126,10 @@ def run_trace(args: argparse.Namespace) -> int:
     if args.export_chakra is not None:
         write_chakra(graph, args.export_chakra, compute=compute)
     slowdown = {f["gpu"]: float(f["factor"]) for f in faults if f.get("kind") == "straggler"}
+    for gpu in [g for g in slowdown if g >= world]:  # (the engine refuses a rank its graph does not have)
+        print(f"clustersim: note: faults: the straggler on GPU {gpu} has no effect: the trace runs on GPUs "
+              f"0..{world - 1}", file=sys.stderr)
+        del slowdown[gpu]
     with paused_gc():
         # the same trace on the healthy cluster, for the cost of the faults (as run_experiment does)
         healthy = Engine(graph, healthy_cluster, compute, network).run().step_time_s if faults else None

@@ -140,3 +140,13 @@ def test_a_trace_run_notes_each_section_of_the_file_it_does_not_read(tmp_path, c
     noted = [line.split("note: ")[1].split(":")[0] for line in captured.err.splitlines() if "note: " in line]
     assert noted == ["model", "parallel", "training.seq_len"]
     assert "my model run" not in captured.out and "Chakra trace" in captured.out
+
+
+def test_a_straggler_outside_the_traces_ranks_is_noted_not_an_error(tmp_path, capsys):
+    # The trace has 2 ranks on a 16-GPU cluster; a straggler on GPU 9 slows nobody (the engine now refuses a
+    # slowdown naming a rank its graph does not have, so the trace run drops it, with a note).
+    write_chakra(_two_ranks(), tmp_path / "et")
+    yaml = tmp_path / "f.yaml"
+    yaml.write_text("cluster: {preset: dgx-h100, nodes: 2}\nfaults: [{kind: straggler, gpu: 9, factor: 2}]\n")
+    assert main(["run", str(yaml), "--chakra", str(tmp_path / "et"), "--json"]) == 0
+    assert "straggler on GPU 9 has no effect" in capsys.readouterr().err
