@@ -13,6 +13,7 @@ import gc
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -664,7 +665,14 @@ def _topology():
 
 # ------------------------------------------------------------------------ main
 class _OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (and exit 2), like every other error."""
+    """argparse, but a usage error is one line (and exit 2), like every other error; and a value that starts
+    with a minus and a digit (``--min-size -1MiB``) is a value, so that its own check names what is wrong,
+    where argparse took it for an option ("expected one argument"). No option of ours looks like ``-1``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if hasattr(self, "_negative_number_matcher"):  # (argparse's, since Python 2.7: bare numbers only)
+            self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -116,3 +116,15 @@ def test_cluster_preset_colon_nodes_in_a_file_is_the_command_lines_form(tmp_path
     bad.write_text("cluster: dgx-h100:two\n" + rest)
     with pytest.raises(ValueError, match=r"cluster\.preset: unknown preset 'dgx-h100:two'"):
         load_experiment(bad)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["collective", "--min-size", "-1MiB"], ["--min-size", "'-1MiB' is not a positive byte size"]),
+    (["zero", "--params", "-5B"], ["--params", "'-5B'"]),
+    (["collective", "--gpus", "-8"], ["--gpus", "got -8"]),
+])
+def test_a_negative_value_after_a_space_gets_its_options_own_message(capsys, argv, words):
+    # argparse took '-1MiB' for an option: "argument --min-size: expected one argument"
+    assert main(argv) == 2
+    err = one_line(capsys.readouterr().err)
+    assert all(w in err for w in words), err

@@ -581,7 +581,7 @@ def merge_graphs(parts: Sequence[tuple[OpGraph, int]], world_size: int | None = 
     if not isinstance(parts, list) or not parts:
         raise OpGraphError(f"parts: must be a non-empty list of (OpGraph, rank offset) pairs, got {parts!r:.60}")
     for i, part in enumerate(parts):
-        if (not isinstance(part, tuple) or len(part) != 2 or not isinstance(part[0], OpGraph)
+        if (not isinstance(part, (tuple, list)) or len(part) != 2 or not isinstance(part[0], OpGraph)
                 or isinstance(part[1], bool) or not isinstance(part[1], Integral)):
             raise OpGraphError(f"parts[{i}]: must be an (OpGraph, rank offset) pair, got {part!r:.60}")
     size = max(off + g.world_size for g, off in parts) if world_size is None else world_size
