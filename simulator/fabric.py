@@ -237,7 +237,7 @@ class Fabric:
         self._by_identity: dict[tuple, tuple] = {}
         self._server_array: np.ndarray | None = None  # rank -> server, made for _lane_phases
         self._last_choice: tuple | None = None  # (key, plan, protocol) of the latest choose()
-        # a phase's transfers ((hops, label) each) -> their bottlenecks (s/B) and route latencies (_estimates)
+        # a phase's transfers ((hops, label) each) -> their bottlenecks (s/B) and route latencies (_both_estimates)
         self._phase_loads: dict[tuple, tuple[list[float], list[float]]] = {}
         # id(links array) -> (the array, the (src rank, dst rank) hops it carries, one equal payload each):
         # how the traffic matrix attributes a route's payload to GPU pairs.
@@ -427,15 +427,14 @@ class Fabric:
                     # may move fewer bytes per NIC than that (two servers: one edge), which the simulation
                     # then runs, but NCCL does not choose by it.
                     n = len(group)
-                    latency = self._cached_estimates(plan, with_bytes=False)
+                    latency = self._cached_estimates(plan)[1]
                     one_node = not self._spans_servers(group)
                     estimates = [lat + ring * n / (n - 1) * BANDWIDTH_FACTOR[p]
                                  / bandwidth_factor(a, kind, p, one_node)
                                  for lat, ring, p in zip(latency, ring_bandwidth, protocols)]
                 else:
-                    estimates = self._cached_estimates(plan)
+                    estimates, idle = self._cached_estimates(plan)
                     if a == "ring" and "tree" in candidates and kind == "all_reduce":
-                        idle = self._cached_estimates(plan, with_bytes=False)
                         ring_bandwidth = [t - lat for t, lat in zip(estimates, idle)]
                 for t, protocol in zip(estimates, protocols):
                     if best is None or t < best[0]:
@@ -448,17 +447,17 @@ class Fabric:
         self._last_choice = (key, plan, choice[1])
         return plan, choice[1]
 
-    def _cached_estimates(self, plan: Plan, with_bytes: bool = True) -> list[float]:
-        """:meth:`estimates` of ``plan`` (``with_bytes`` False: their latency terms alone), kept per plan shape
-        for plans of at most ``_SHAPE_HOPS`` hops (a large group's shape costs about what its estimate does,
-        and rarely recurs: ECMP)."""
+    def _cached_estimates(self, plan: Plan) -> tuple[list[float], list[float]]:
+        """:meth:`estimates` of ``plan`` and their latency terms alone (:meth:`_both_estimates`), kept per plan
+        shape for plans of at most ``_SHAPE_HOPS`` hops (a large group's shape costs about what its estimate
+        does, and rarely recurs: ECMP)."""
         if sum(len(t.hops) for p in plan.phases for t in p) > _SHAPE_HOPS:
-            return self._estimates(plan, self.protocols(plan), with_bytes)
-        shape = (self._plan_shape(plan), with_bytes)
-        estimates = self._estimate_cache.get(shape)
-        if estimates is None:
-            estimates = self._estimate_cache[shape] = self._estimates(plan, self.protocols(plan), with_bytes)
-        return estimates
+            return self._both_estimates(plan, self.protocols(plan))
+        shape = self._plan_shape(plan)
+        both = self._estimate_cache.get(shape)
+        if both is None:
+            both = self._estimate_cache[shape] = self._both_estimates(plan, self.protocols(plan))
+        return both
 
     def _plan_shape(self, plan: Plan) -> tuple:
         """Everything :meth:`estimates` reads of ``plan``, with link ids relabelled in order of first
@@ -489,43 +488,50 @@ class Fabric:
     def estimate(self, plan: Plan, protocol: str = "Simple") -> float:
         """Contention-free time of ``plan`` under ``protocol`` in seconds: NCCL's latency terms plus
         bytes over the shared bottleneck of every phase (link sharing inside a phase counted)."""
-        return self._estimates(plan, (protocol,))[0]
+        return self._both_estimates(plan, (protocol,))[0][0]
 
     def estimates(self, plan: Plan) -> list[float]:
         """:meth:`estimate` under each of :meth:`protocols`, routing the plan once."""
-        return self._estimates(plan, self.protocols(plan))
+        return self._both_estimates(plan, self.protocols(plan))[0]
 
-    def _estimates(self, plan: Plan, protocols: tuple[str, ...], with_bytes: bool = True) -> list[float]:
-        """:meth:`estimate` under each of ``protocols``, one array pass per phase: the load of every link
-        (hops crossing it, each counted once per crossing, ``1 / spread`` of a hop under spray) and each
-        transfer's largest load over usable capacity (its bottleneck seconds per byte). ``with_bytes`` False:
-        the latency terms alone."""
+    def _both_estimates(self, plan: Plan, protocols: tuple[str, ...]) -> tuple[list[float], list[float]]:
+        """:meth:`estimate` under each of ``protocols``, and the same with the latency terms alone, one array
+        pass per phase: the load of every link (hops crossing it, each counted once per crossing, ``1 /
+        spread`` of a hop under spray) and each transfer's largest load over usable capacity (its bottleneck
+        seconds per byte). Both in one pass: the tuner prices a tree all-reduce by the ring's bandwidth term,
+        its estimate less its latency, and each pass routes and loads every hop of the plan (a DP ring over
+        1,024 ranks: 37% of the 131,072-GPU step's CPU went to such passes)."""
         spans = self._spans_servers(plan.group) if self.config.nccl_latency else None
         costs = [self._costs(plan, p, spans) for p in protocols]
         factors = [BANDWIDTH_FACTOR[p] for p in protocols]
         totals = [c[0] if plan.phases else 0.0 for c in costs]
-        self._route_hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops])
-        for phase in plan.phases:
-            if not phase:
-                continue
-            # What follows reads only the transfers' hops and labels (routes, capacities): a large phase's
-            # result is kept for the same ring with other bytes (a DP group's all-gather, reduce-scatter
-            # and all-reduce, every bucket size)
-            loads_key = (tuple([(t.hops, t.label) for t in phase])
-                         if sum(len(t.hops) for t in phase) > _SHAPE_HOPS else None)
-            loads = self._phase_loads.get(loads_key) if loads_key is not None else None
+        latencies = list(totals)
+        # What a phase's loads read is only its transfers' hops and labels (routes, capacities): a large phase's
+        # result is kept for the same ring with other bytes (a DP group's all-gather, reduce-scatter and
+        # all-reduce, every bucket size). The hops of the phases not kept are routed together first.
+        phases = [phase for phase in plan.phases if phase]
+        keys = [tuple([(t.hops, t.label) for t in phase]) if sum(len(t.hops) for t in phase) > _SHAPE_HOPS else None
+                for phase in phases]
+        kept = self._phase_loads
+        self._route_hops([(s, d, t.label) for phase, key in zip(phases, keys) if key is None or key not in kept
+                          for t in phase for s, d in t.hops])
+        for phase, loads_key in zip(phases, keys):
+            loads = kept.get(loads_key) if loads_key is not None else None
             if loads is None:
                 loads = self._phase_load(phase)
                 if loads_key is not None:
                     self._phase_loads[loads_key] = loads
             per_bytes, physs = loads
             worst = [0.0] * len(protocols)
+            idle = [0.0] * len(protocols)
             for t, phys, per_byte in zip(phase, physs, per_bytes):
                 for i, (c, f) in enumerate(zip(costs, factors)):
-                    worst[i] = max(worst[i], self._step_latency(t, c, phys)
-                                   + (t.nbytes / f * per_byte if with_bytes else 0.0))
+                    latency = self._step_latency(t, c, phys)
+                    worst[i] = max(worst[i], latency + t.nbytes / f * per_byte)
+                    idle[i] = max(idle[i], latency + 0.0)  # (the former pass's arithmetic, term by term)
             totals = [x + w for x, w in zip(totals, worst)]
-        return totals
+            latencies = [x + w for x, w in zip(latencies, idle)]
+        return totals, latencies
 
     def _phase_load(self, phase: tuple[Transfer, ...]) -> tuple[list[float], list[float]]:
         """Each transfer's bottleneck seconds per byte (its largest link load over usable capacity, hops

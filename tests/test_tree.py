@@ -106,9 +106,8 @@ def test_the_tree_rule_for_auto_is_the_tree_latency_plus_the_rings_bandwidth_ter
     ring = plan_collective("all_reduce", group, nbytes, fabric.server_of, "ring", stagger=True)
     tree = plan_collective("all_reduce", group, nbytes, fabric.server_of, "tree", stagger=True)
     protocols = fabric.protocols(ring)
-    ring_total = fabric._estimates(ring, protocols)
-    ring_latency = fabric._estimates(ring, protocols, with_bytes=False)
-    tree_latency = fabric._estimates(tree, protocols, with_bytes=False)
+    ring_total, ring_latency = fabric._both_estimates(ring, protocols)
+    tree_latency = fabric._both_estimates(tree, protocols)[1]
     n = len(group)
     priced = {("ring", p): t for p, t in zip(protocols, ring_total)}
     for p, lat, total, rlat in zip(protocols, tree_latency, ring_total, ring_latency):
