@@ -602,22 +602,23 @@ def _validate():
                             "JSON list), simulate nothing")
 
     def run(args: argparse.Namespace) -> int:
-        from .validation import ENTRIES, check_options, validate_against_published
+        from .validation import ENTRIES, check_options, select_entries, validate_against_published
         check_options(args.only, args.jobs)  # before the table's header: a bad option prints only its error
         if args.max_gpus is not None and args.max_gpus < 1:
             raise ValueError(f"--max-gpus: must be >= 1, got {args.max_gpus}")
         if args.all and args.only:
             raise ValueError("--all: runs every entry; leave out --only (or --all)")
-        chosen = [e for e in ENTRIES if args.only is None or e.name in args.only]
-        too_big = [e for e in chosen if args.max_gpus is not None and e.gpus > args.max_gpus]
-        if args.only and too_big and len(too_big) == len(chosen):
-            raise ValueError(f"--max-gpus: {args.max_gpus} leaves out every entry --only names "
-                             f"({', '.join(f'{e.name}: {e.gpus} GPUs' for e in too_big)})")
+        # what is run (or listed): the entries --only names, or all (the list shows the slow ones too)
+        kept = select_entries(args.only, max_gpus=args.max_gpus, include_slow=args.all or args.list)
         if args.only:
-            for e in too_big:  # (asked for by name: say why it is not run)
+            left_out = [e for e in select_entries(args.only) if e not in kept]
+            if left_out and not kept:
+                raise ValueError(f"--max-gpus: {args.max_gpus} leaves out every entry --only names "
+                                 f"({', '.join(f'{e.name}: {e.gpus} GPUs' for e in left_out)})")
+            for e in left_out:  # (asked for by name: say why it is not run)
                 print(f"# skipped {e.name} ({e.gpus} GPUs > --max-gpus {args.max_gpus})", file=sys.stderr)
         if args.list:
-            listed = [e for e in chosen if e not in too_big]
+            listed = kept
             if args.json:
                 print(json.dumps([{"name": e.name, "gpus": e.gpus, "metric": e.metric, "published": e.published,
                                    "source": e.source, "slow": e.slow or None} for e in listed]))

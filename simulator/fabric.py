@@ -528,7 +528,7 @@ class Fabric:
                 for i, (c, f) in enumerate(zip(costs, factors)):
                     latency = self._step_latency(t, c, phys)
                     worst[i] = max(worst[i], latency + t.nbytes / f * per_byte)
-                    idle[i] = max(idle[i], latency + 0.0)  # (the former pass's arithmetic, term by term)
+                    idle[i] = max(idle[i], latency)
             totals = [x + w for x, w in zip(totals, worst)]
             latencies = [x + w for x, w in zip(latencies, idle)]
         return totals, latencies
