@@ -316,10 +316,11 @@ class Fabric:
                     latency = sums[values] = float(row.sum())
                 known.append(latency)
             latencies = [known[j] for j in inverse.ravel().tolist()]
-            for i, links, latency in zip(where.tolist(), block, latencies):
-                key = missing[i]
-                cache[key] = (links, latency)
-                pairs[id(links)] = (links, (key[:2],))
+            # key -> (links, latency) and id(links) -> (links, ((src, dst),)) for every row, in C loops
+            routed = [missing[i] for i in where.tolist()]
+            rows = list(block)
+            cache.update(zip(routed, zip(rows, latencies)))
+            pairs.update(zip(map(id, rows), zip(rows, [((s, d),) for s, d, _label in routed])))
 
     def _hops(self, keys: list[tuple[int, int, int]]) -> list[tuple[np.ndarray, float]]:
         """:meth:`_hop` of every ``(src, dst, label)`` of ``keys``, in order: the cached ones looked up
@@ -328,12 +329,14 @@ class Fabric:
         if self._spray:  # (cached under label 0: _hop maps the key)
             hop = self._hop
             return [hop(*k) for k in keys]
-        found = list(map(self._route_latency.get, keys))
+        get = self._route_latency.get
+        found = list(map(get, keys))
         if None in found:
-            missing = [k for k, f in zip(keys, found) if f is None]
-            self._route_hops(missing)
-            hop = self._hop
-            found = [hop(*k) if f is None else f for k, f in zip(keys, found)]
+            self._route_hops([k for k, f in zip(keys, found) if f is None])
+            found = list(map(get, keys))
+            if None in found:  # (too few to route together: one by one)
+                hop = self._hop
+                found = [hop(*k) if f is None else f for k, f in zip(keys, found)]
         return found
 
     def spread(self, links: np.ndarray) -> int:

@@ -159,7 +159,8 @@ class _Route:
                  "ckeep", "wflags", "klinks", "kdemand", "kmults", "kepoch", "told")
 
     def __init__(self, links: np.ndarray, capacity: list[float], idx: int = 0,
-                 weights: np.ndarray | None = None, members: int = 1, known: tuple | None = None) -> None:
+                 weights: np.ndarray | None = None, members: int = 1, known: tuple | None = None,
+                 capacity_array: np.ndarray | None = None) -> None:
         self.links = links
         self.idx = idx  # position in its network's route list (the rate log names routes by it)
         self.weights = weights
@@ -178,6 +179,29 @@ class _Route:
         # [whether the network has been told of these links] (FlowNetwork._call), one list shared by the routes
         # of equal content (like)
         self.told = [False]
+        if (capacity_array is not None and weights is None and isinstance(links, np.ndarray) and links.ndim == 1
+                and len(links) >= _LONG_ROUTE):
+            # A long unweighted route (a pipelined ring or tree over hundreds of hops): what the cases below
+            # give, found by array passes. The same values: np.unique's ids are the sorted distinct links, a
+            # float64 min is the least capacity exactly, ``c / m`` and ``solo * m`` in float64 are the float
+            # operations on the converted integer, as Python's are.
+            ids, counts = np.unique(links, return_counts=True)
+            n = len(ids)
+            self.ulinks = tuple(ids.tolist())
+            caps = capacity_array[ids]
+            if n == len(links):
+                self.mults = (1,) * n
+                self.arrays = (ids, np.ones(n)) if n >= _LONG_ROUTE else None
+                self.solo_rate = 0.0 + float(caps.min())
+                self.demand = (self.solo_rate,) * n
+                self._mult_of = None
+            else:
+                self.mults = tuple(counts.tolist())
+                self.arrays = (ids, counts.astype(float)) if n >= _LONG_ROUTE else None
+                self.solo_rate = 0.0 + float((caps / counts).min())
+                self.demand = tuple((self.solo_rate * counts).tolist())
+                self._mult_of = dict(zip(self.ulinks, self.mults))
+            return
         listed = links.tolist() if weights is None and isinstance(links, np.ndarray) else None
         if listed is not None and listed and len(set(listed)) == len(listed):
             # Every link distinct (the common case): what the general case below gives, without its cost
@@ -698,9 +722,11 @@ class LinkLedger:
 class _Routes:
     """Cache of :class:`_Route` per links array (keyed by identity; the cache keeps the arrays alive)."""
 
-    def __init__(self, capacity: list[float]) -> None:
+    def __init__(self, capacity: list[float], capacity_array: np.ndarray | None = None) -> None:
         self._by_id: dict[int, _Route] = {}
         self._capacity = capacity
+        # the same floats as an array (long routes: _Route)
+        self._capacity_array = np.array(capacity, dtype=float) if capacity_array is None else capacity_array
         self.all: list[_Route] = []  # every route made, by ``idx``
         # id(links) -> (links, entry weights or None, transfers a flow stands for): see declare
         self.declared: dict[int, tuple[np.ndarray, np.ndarray | None, int]] = {}
@@ -750,7 +776,8 @@ class _Routes:
             known = None
             if weights is not None and key is not None and links.ndim == 1 and len(weights) == len(links):
                 known = self._increasing(key[:2], links, weights)
-            route = self._by_id[id(links)] = _Route(links, self._capacity, len(self.all), weights, members, known)
+            route = self._by_id[id(links)] = _Route(links, self._capacity, len(self.all), weights, members, known,
+                                                    self._capacity_array)
             if key is not None:
                 self._by_content[key] = route
             self.all.append(route)
@@ -765,7 +792,7 @@ class _NetworkBase:
         self.capacity = np.asarray(capacity, dtype=float)
         self._cap = self.capacity.tolist()
         self.ledger = LinkLedger(len(self.capacity))
-        self._routes = _Routes(self._cap)
+        self._routes = _Routes(self._cap, self.capacity)
 
     @property
     def routes(self) -> list[_Route]:
