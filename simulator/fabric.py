@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import islice
+from itertools import chain, islice
 from numbers import Integral
 
 import numpy as np
@@ -238,6 +238,8 @@ class Fabric:
         self._by_identity: dict[tuple, tuple] = {}
         self._server_array: np.ndarray | None = None  # rank -> server, made for _lane_phases
         self._last_choice: tuple | None = None  # (key, plan, protocol) of the latest choose()
+        # (phases, their routed hops in order) of the latest plan _both_estimates routed whole (_route_plan)
+        self._last_routed: tuple | None = None
         # a phase's transfers ((hops, label) each) -> their bottlenecks (s/B) and route latencies (_both_estimates)
         self._phase_loads: dict[tuple, tuple[list[float], list[float]]] = {}
         # id(links array) -> (the array, the (src rank, dst rank) hops it carries, one equal payload each):
@@ -285,17 +287,17 @@ class Fabric:
         return hop
 
     def _route_hops(self, keys: list[tuple[int, int, int]]) -> None:
-        """Route the ``(src, dst, label)`` hops of ``keys`` that :meth:`_hop` has not cached, together
-        (:meth:`Router.routes`), when there are at least ``_BULK_HOPS`` of them under ECMP: the same
-        arrays and latencies :meth:`_hop` would make one by one (a DP ring over 1,024 servers, a send
-        between two stages' 8,192 replicas)."""
+        """Route the ``(src, dst, label)`` hops of ``keys``, none of them cached yet (repeats allowed),
+        together (:meth:`Router.routes`) when there are at least ``_BULK_HOPS`` distinct ones under ECMP:
+        the same arrays and latencies :meth:`_hop` would make one by one (a DP ring over 1,024 servers, a
+        send between two stages' 8,192 replicas)."""
         if self._spray or len(keys) < _BULK_HOPS:
             return
         cache = self._route_latency
-        missing = [k for k in dict.fromkeys(keys) if k not in cache]
+        missing = list(dict.fromkeys(keys))
         if len(missing) < _BULK_HOPS:
             return
-        arr = np.array(missing, dtype=np.int64)
+        arr = np.fromiter(chain.from_iterable(missing), dtype=np.int64, count=3 * len(missing)).reshape(-1, 3)
         sums, pairs = self._latency_sums, self._pairs
         levels = len(self._latency_levels)
         for where, block in self.router.route_blocks(self.cluster.gpus, arr[:, 0], arr[:, 1], arr[:, 2]):
@@ -332,7 +334,8 @@ class Fabric:
         get = self._route_latency.get
         found = list(map(get, keys))
         if None in found:
-            self._route_hops([k for k, f in zip(keys, found) if f is None])
+            self._route_hops(keys if found.count(None) == len(found) else
+                             [k for k, f in zip(keys, found) if f is None])
             found = list(map(get, keys))
             if None in found:  # (too few to route together: one by one)
                 hop = self._hop
@@ -533,8 +536,11 @@ class Fabric:
                 for phase in phases]
         kept = self._phase_loads
         new = [key is None or key not in kept for key in keys]  # (a phase kept by an earlier one is loaded anew)
-        routed = iter(self._hops([(s, d, t.label) for phase, fresh in zip(phases, new) if fresh
-                                  for t in phase for s, d in t.hops]))
+        hops = self._hops([(s, d, t.label) for phase, fresh in zip(phases, new) if fresh
+                           for t in phase for s, d in t.hops])
+        if all(new):  # every hop of the plan, in order: what _route_plan looks up if this plan is chosen
+            self._last_routed = (plan.phases, hops)
+        routed = iter(hops)
         for phase, loads_key, fresh in zip(phases, keys, new):
             if fresh:
                 loads = self._phase_load(phase, routed)
@@ -663,7 +669,9 @@ class Fabric:
         costs = self._costs(plan, protocol)
         factor = BANDWIDTH_FACTOR[protocol]
         grouped = self.config.all_to_all != "per_pair" and plan.kind == "all_to_all"
-        routed = iter(self._hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops]))
+        last = self._last_routed
+        routed = iter(last[1] if last is not None and last[0] is plan.phases else
+                      self._hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops]))
         step_latency = self._step_latency
         out = []
         for i, phase in enumerate(plan.phases):
