@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from simulator.collectives import plan_collective
-from simulator.fabric import Fabric, NetworkConfig
+from simulator.collectives import Plan, plan_collective
+from simulator.fabric import _SHAPE_HOPS, Fabric, NetworkConfig
 from topologies import fat_tree, leaf_spine
 from topologies.faults import apply_faults
 
@@ -114,3 +114,53 @@ def test_relabelled_lanes_equal_every_group_planned_alone(build, config, monkeyp
                 assert fabric.pairs_of(a[0]) == fresh.pairs_of(b[0])
             lanes_total += len(groups)
     assert len(planned) < lanes_total / 2
+
+
+def _ring_of_servers(c):
+    """A group of one GPU per server (8 servers, cross-leaf hops: routed by ECMP)."""
+    return tuple(range(0, c.num_gpus, c.gpus_per_server))
+
+
+@pytest.mark.parametrize("config", [NetworkConfig(), NetworkConfig(routing="spray")])
+def test_hops_looked_up_together_are_what_hop_gives_one_by_one(config):
+    """Fabric._hops (a plan's hops looked up in one pass, the uncached ones routed together) hands back, per
+    key, exactly what Fabric._hop makes for that key on a fresh fabric (the same links and latency), and
+    the very objects _hop finds cached afterwards; cached, uncached, repeated and few keys mixed."""
+    c = fat_tree("H100-SXM", servers=16, gpus_per_server=2, servers_per_leaf=2, leaves_per_pod=2, spines=2, cores=4)
+    fabric = Fabric(simpy.Environment(), c, config)
+    pairs = [(s, d) for s in range(c.num_gpus) for d in range(c.num_gpus) if s != d]
+    few = [(s, d, 1) for s, d in pairs[:5]]  # fewer than the bulk threshold: routed one by one
+    assert fabric._hops(few) == [fabric._hop(*k) for k in few]
+    keys = few + [(s, d, label) for label in (0, 3) for s, d in pairs[::7]] + few[:2]  # cached, new, repeated
+    got = fabric._hops(keys)
+    fresh = Fabric(simpy.Environment(), c, config)
+    for k, (links, latency) in zip(keys, got):
+        want_links, want_latency = fresh._hop(*k)
+        assert links.tolist() == want_links.tolist() and latency == want_latency
+        assert fabric._hop(*k)[0] is links
+        assert fabric.pairs_of(links) == ((k[0], k[1]),)
+
+
+def test_an_estimate_hands_each_phase_its_own_hops():
+    """A plan of phases A, A, B (each over more than _SHAPE_HOPS hops, so their loads are kept per set of
+    hops; B over a NIC degraded to a quarter that A does not cross): its estimate is the base latency
+    plus A's bandwidth-and-step term twice plus B's, each from a one-phase plan on a fabric that has seen
+    none of them. (Were B handed A's repeated hops, it would be priced at A's healthy rate.)"""
+    c = apply_faults(leaf_spine("H100-SXM", servers=160, gpus_per_server=2, servers_per_leaf=16, spines=4),
+                     [{"kind": "degraded_link", "link": ["gpu:3:1", "nic:3:1"], "fraction": 0.25}])
+    f = Fabric(simpy.Environment(), c)
+    ring_a = plan_collective("all_gather", tuple(range(0, c.num_gpus, 2)), 2**34, f.server_of, "ring", "full")
+    ring_b = plan_collective("all_gather", tuple(range(1, c.num_gpus, 2)), 2**34, f.server_of, "ring", "full")
+    a, b = ring_a.phases[0], ring_b.phases[0]
+    assert sum(len(t.hops) for t in a) > _SHAPE_HOPS and a != b
+    plan = Plan("all_gather", "ring", ring_a.group, 2**34, (a, a, b))
+    got = f.estimate(plan)
+
+    def alone(phase):
+        fresh = Fabric(simpy.Environment(), c)
+        one = Plan("all_gather", "ring", ring_a.group, 2**34, (phase,))
+        return fresh.estimate(one), fresh._costs(one, "Simple")[0]
+
+    (with_a, base), (with_b, _base) = alone(a), alone(b)
+    assert with_b - base > 3 * (with_a - base)  # B's degraded NIC binds
+    assert got == pytest.approx(base + 2 * (with_a - base) + (with_b - base), rel=1e-12)

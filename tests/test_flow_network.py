@@ -14,7 +14,7 @@ import pytest
 import simpy
 
 from simulator.maxmin import max_min_rates
-from simulator.network import FlowNetwork
+from simulator.network import _LONG_ROUTE, FlowNetwork, _Route
 
 
 def reference_finish_times(flows, capacity, weights=None):
@@ -504,7 +504,6 @@ def test_a_weighted_route_sums_its_entries_per_link_in_any_order():
     """A weighted route's crossings, worked by hand: link 3 carries 0.25 + 0.25, link 7 1.0, link 9 0.25,
     whether its links array is strictly increasing (a bulk all-to-all flow's, taken as it is) or not (sorted
     and summed); the flow alone runs at min(capacity / crossings) = min(8 / 0.5, 4 / 1, 2 / 0.25) = 4 B/s."""
-    from simulator.network import _Route
 
     cap = [1.0] * 3 + [8.0] + [1.0] * 3 + [4.0, 1.0, 2.0]
     increasing = _Route(np.array([3, 7, 9]), cap, weights=np.array([0.5, 1.0, 0.25]))
@@ -624,3 +623,26 @@ def test_a_joint_replay_frees_a_finished_calls_own_links():
                 for name, dt in (("A", 3.0), ("B", 4.0), ("D", 4.5)) if t0 > 0 or name != "D"]
     assert sorted(done, key=lambda x: x[1]) == [(n, pytest.approx(t, rel=1e-12)) for n, t in expected]
     assert net.materialized == 0 and net.replays == 3 * 2 + 2  # the pair three times, D twice
+
+
+@pytest.mark.parametrize("repeats", [False, True])
+def test_a_long_route_derived_by_arrays_equals_the_list_derivation(repeats):
+    """_Route's array path for long unweighted routes (a pipelined ring or tree over hundreds of hops) gives
+    what the per-link derivation gives, value for value and type for type: the sorted distinct links,
+    crossings, solo rate (the least capacity over crossings), per-link demand and crossings by link."""
+    rng = np.random.default_rng(7)
+    capacity = rng.choice([25e9, 50e9, 450e9, 12.5e9], size=5000)
+    cap_list = capacity.tolist()
+    for _ in range(40):
+        links = rng.choice(5000, size=int(rng.integers(_LONG_ROUTE, 900)), replace=False)
+        if repeats:
+            links = np.concatenate([links, rng.choice(links, size=int(rng.integers(1, len(links))))])
+            rng.shuffle(links)
+        by_list, by_arrays = _Route(links, cap_list), _Route(links, cap_list, capacity_array=capacity)
+        for field in ("ulinks", "mults", "solo_rate", "demand", "_mult_of"):
+            got, want = getattr(by_arrays, field), getattr(by_list, field)
+            assert got == want and type(got) is type(want), field
+        assert [type(m) for m in by_arrays.mults] == [type(m) for m in by_list.mults]
+        for got, want in zip(by_arrays.arrays, by_list.arrays):
+            assert got.dtype == want.dtype and got.tolist() == want.tolist()
+        assert by_arrays.solo_rate == min(capacity[x] / list(links).count(x) for x in set(links.tolist()))
