@@ -288,7 +288,7 @@ class Fabric:
 
     def _route_hops(self, keys: list[tuple[int, int, int]]) -> None:
         """Route the ``(src, dst, label)`` hops of ``keys``, none of them cached yet (repeats allowed),
-        together (:meth:`Router.routes`) when there are at least ``_BULK_HOPS`` distinct ones under ECMP:
+        together (:meth:`Router.route_blocks`) when there are at least ``_BULK_HOPS`` distinct ones under ECMP:
         the same arrays and latencies :meth:`_hop` would make one by one (a DP ring over 1,024 servers, a
         send between two stages' 8,192 replicas)."""
         if self._spray or len(keys) < _BULK_HOPS:

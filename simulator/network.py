@@ -145,6 +145,49 @@ class _LateEvent(Event):
         env.schedule(self, _LATE_PRIORITY, delay)
 
 
+class _Crossings(dict):
+    """A long route's crossings by link (``_Route._mult_of``) before anything has looked them up.
+
+    The routes of latency-bound flows never need them (a tree over hundreds of hops for a 4-byte
+    all-reduce, one per DP replica at 131,072 GPUs: a dict of every link of each took 4% of that step and
+    much of its memory), so the dict is made when first needed: when a flow over the route joins max-min
+    sharing (:meth:`FlowNetwork._call` calls :meth:`build`), or at the first look-up. :meth:`build` hands
+    the plain dict ``dict(zip(ulinks, mults))`` to every route holding this object (routes of equal content
+    share it: :meth:`_Route.like`), so the hot loops read a plain dict. Until then only ``[]`` and ``get``
+    are answered (both build); nothing iterates a route's crossings."""
+
+    __slots__ = ("_pending", "_holders", "_plain")
+
+    def __init__(self, ulinks: tuple[int, ...], mults: tuple, holder: _Route) -> None:
+        super().__init__()
+        self._pending = (ulinks, mults)
+        self._holders = [holder]
+        self._plain: dict | None = None
+
+    def hold(self, route: _Route) -> None:
+        """``route`` holds this object too (it gets the plain dict when it is built)."""
+        if self._plain is None:
+            self._holders.append(route)
+        else:
+            route._mult_of = self._plain
+
+    def build(self) -> dict:
+        """The plain dict of crossings by link, now every holder's ``_mult_of``."""
+        plain = self._plain
+        if plain is None:
+            plain = self._plain = dict(zip(*self._pending))
+            for route in self._holders:
+                route._mult_of = plain
+            self._holders = []
+        return plain
+
+    def __missing__(self, link: int):
+        return self.build()[link]
+
+    def get(self, link: int, default=None):
+        return self.build().get(link, default)
+
+
 class _Route:
     """Links of one route with their distinct ids and multiplicities (cached per links array).
 
@@ -200,7 +243,7 @@ class _Route:
                 self.arrays = (ids, counts.astype(float)) if n >= _LONG_ROUTE else None
                 self.solo_rate = 0.0 + float((caps / counts).min())
                 self.demand = tuple((self.solo_rate * counts).tolist())
-                self._mult_of = dict(zip(self.ulinks, self.mults))
+                self._mult_of = _Crossings(self.ulinks, self.mults, self)
             return
         listed = links.tolist() if weights is None and isinstance(links, np.ndarray) else None
         if listed is not None and listed and len(set(listed)) == len(listed):
@@ -256,6 +299,8 @@ class _Route:
         route.told = self.told
         route.ulinks, route.mults, route.arrays = self.ulinks, self.mults, self.arrays
         route.solo_rate, route.demand, route._mult_of = self.solo_rate, self.demand, self._mult_of
+        if type(self._mult_of) is _Crossings:
+            self._mult_of.hold(route)
         return route
 
     def mult(self, link: int) -> float:
@@ -1118,6 +1163,8 @@ class FlowNetwork(_NetworkBase):
             told = route.told
             if not told[0]:
                 told[0] = True
+                if type(route._mult_of) is _Crossings:  # (max-min reads it from now on: the plain dict)
+                    route._mult_of.build()
                 self._new_route(route)
         return call
 

@@ -639,10 +639,43 @@ def test_a_long_route_derived_by_arrays_equals_the_list_derivation(repeats):
             links = np.concatenate([links, rng.choice(links, size=int(rng.integers(1, len(links))))])
             rng.shuffle(links)
         by_list, by_arrays = _Route(links, cap_list), _Route(links, cap_list, capacity_array=capacity)
-        for field in ("ulinks", "mults", "solo_rate", "demand", "_mult_of"):
+        for field in ("ulinks", "mults", "solo_rate", "demand"):
             got, want = getattr(by_arrays, field), getattr(by_list, field)
             assert got == want and type(got) is type(want), field
+        if repeats:  # crossings by link, made when first needed: the same dict, handed to the route's copies
+            copy = by_arrays.like(links.copy(), 1)
+            first = by_list.ulinks[len(by_list.ulinks) // 2]
+            assert by_arrays._mult_of[first] == by_list._mult_of[first] and by_arrays._mult_of.get(-1) is None
+            assert type(by_arrays._mult_of) is dict and by_arrays._mult_of == by_list._mult_of
+            assert copy._mult_of is by_arrays._mult_of and by_arrays.like(links, 2)._mult_of is copy._mult_of
+        else:
+            assert by_arrays._mult_of is None and by_list._mult_of is None
         assert [type(m) for m in by_arrays.mults] == [type(m) for m in by_list.mults]
         for got, want in zip(by_arrays.arrays, by_list.arrays):
             assert got.dtype == want.dtype and got.tolist() == want.tolist()
         assert by_arrays.solo_rate == min(capacity[x] / list(links).count(x) for x in set(links.tolist()))
+
+
+def test_a_long_route_gets_its_crossings_when_a_flow_over_it_joins_max_min():
+    """A long route with repeated links (60 links, the first 10 crossed twice) keeps its crossings unmade
+    while only a latency-bound flow uses it, and has them as a plain dict once a real flow does; both flows
+    finish at their solo times: latency plus bytes over min(capacity / crossings) = 1 B/s (10 links of
+    2 B/s crossed twice), by hand."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.full(100, 2.0))
+    links = np.concatenate([np.arange(60), np.arange(10)])
+    ends = {}
+
+    def flow(name, nbytes, at):
+        yield env.timeout(at)
+        yield net.transfer(links.copy(), nbytes, 0.5, "x")
+        ends[name] = env.now
+
+    env.process(flow("tiny", 1e-7, 0.0))
+    env.run(until=1.0)
+    assert type(net.routes[0]._mult_of) is not dict  # (a latency-bound flow never looks them up)
+    env.process(flow("real", 4.0, 0.0))  # (starts at 1.0, where the first run stopped)
+    env.run()
+    assert all(type(route._mult_of) is dict for route in net.routes)
+    assert net.routes[0]._mult_of == {**{x: 2 for x in range(10)}, **{x: 1 for x in range(10, 60)}}
+    assert ends["tiny"] == pytest.approx(0.5 + 1e-7) and ends["real"] == pytest.approx(1.0 + 0.5 + 4.0)
