@@ -245,6 +245,9 @@ class Fabric:
         # id(links array) -> (the array, the (src rank, dst rank) hops it carries, one equal payload each):
         # how the traffic matrix attributes a route's payload to GPU pairs.
         self._pairs: dict[int, tuple[np.ndarray, tuple[tuple[int, int], ...]]] = {}
+        # id(the array routed rows view) -> [(that array, the routed block, the block's keys row by row)]: the
+        # pairs of a hop routed in bulk, found from its row when first asked (_pair_entry), not stored per hop
+        self._row_blocks: dict[int, list[tuple[np.ndarray, np.ndarray, list]]] = {}
         self._spray = self.config.routing == "spray"
         self._spread: dict[int, int] = {}  # id(links array) -> equal-cost paths it spreads a flow over
         self.collectives_run = 0
@@ -298,7 +301,7 @@ class Fabric:
         if len(missing) < _BULK_HOPS:
             return
         arr = np.fromiter(chain.from_iterable(missing), dtype=np.int64, count=3 * len(missing)).reshape(-1, 3)
-        sums, pairs = self._latency_sums, self._pairs
+        sums = self._latency_sums
         levels = len(self._latency_levels)
         for where, block in self.router.route_blocks(self.cluster.gpus, arr[:, 0], arr[:, 1], arr[:, 2]):
             # a route's latency is looked up by its links' latencies, as _hop does: once per distinct row (rows
@@ -318,11 +321,15 @@ class Fabric:
                     latency = sums[values] = float(row.sum())
                 known.append(latency)
             latencies = [known[j] for j in inverse.ravel().tolist()]
-            # key -> (links, latency) and id(links) -> (links, ((src, dst),)) for every row, in C loops
+            # key -> (links, latency) for every row, in a C loop; the rows' pairs are found when asked for
             routed = [missing[i] for i in where.tolist()]
             rows = list(block)
             cache.update(zip(routed, zip(rows, latencies)))
-            pairs.update(zip(map(id, rows), zip(rows, [((s, d),) for s, d, _label in routed])))
+            if rows and block.strides[0]:
+                base = rows[0].base  # (what numpy says the row views view: the same for every row)
+                self._row_blocks.setdefault(id(base), []).append((base, block, routed))
+            else:  # (rows over the same memory, a broadcast block: told apart by identity only)
+                self._pairs.update(zip(map(id, rows), zip(rows, [((s, d),) for s, d, _label in routed])))
 
     def _hops(self, keys: list[tuple[int, int, int]]) -> list[tuple[np.ndarray, float]]:
         """:meth:`_hop` of every ``(src, dst, label)`` of ``keys``, in order: the cached ones looked up
@@ -358,21 +365,34 @@ class Fabric:
         parts = [h[0] if common == k else np.tile(h[0], common // k) for h, k in zip(hops, spreads)]
         return np.concatenate(parts), common
 
+    def _pair_entry(self, links: np.ndarray) -> tuple:
+        """``(links, hops, [shares])`` of a routed links array (see :meth:`pairs_of`). A hop routed in bulk
+        (:meth:`_route_hops`) is a row of its block, found by the row's offset in it, and then kept."""
+        entry = self._pairs.get(id(links))
+        if entry is not None and entry[0] is links:
+            return entry
+        base = getattr(links, "base", None)
+        for owner, block, routed in self._row_blocks.get(id(base), ()) if base is not None else ():
+            if owner is not base or links.shape != block.shape[1:] or links.dtype != block.dtype:
+                continue
+            row, rest = divmod(links.ctypes.data - block.ctypes.data, block.strides[0])
+            if rest == 0 and 0 <= row < len(block):
+                key = routed[row]
+                if self._route_latency.get(key, (None,))[0] is links:
+                    entry = self._pairs[id(links)] = (links, ((key[0], key[1]),))
+                    return entry
+        raise KeyError("links array was not routed by this fabric")
+
     def pairs_of(self, links: np.ndarray) -> tuple[tuple[int, int], ...]:
         """The ``(src rank, dst rank)`` hops a routed links array carries (each carries an equal share of
         its payload, unless :meth:`shares_of` says otherwise: a pipelined ring's transfer is one array over
         every hop of the ring)."""
-        entry = self._pairs.get(id(links))
-        if entry is None or entry[0] is not links:
-            raise KeyError("links array was not routed by this fabric")
-        return entry[1]
+        return self._pair_entry(links)[1]
 
     def shares_of(self, links: np.ndarray) -> tuple[float, ...] | None:
         """The fraction of a routed links array's payload each of its hops (:meth:`pairs_of`) carries, or
         None when they carry equal shares (a grouped alltoallv's members move their own sizes)."""
-        entry = self._pairs.get(id(links))
-        if entry is None or entry[0] is not links:
-            raise KeyError("links array was not routed by this fabric")
+        entry = self._pair_entry(links)
         return entry[2] if len(entry) > 2 else None
 
     # ------------------------------------------------------------------ plans
@@ -725,7 +745,7 @@ class Fabric:
             hops: list = []
             shares: list = []
             for m in members:
-                entry = pairs[id(m[0])]
+                entry = self._pair_entry(m[0])
                 member_hops = entry[1]
                 member_shares = entry[2] if len(entry) > 2 else None
                 hops.extend(member_hops)
