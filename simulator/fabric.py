@@ -580,13 +580,13 @@ class Fabric:
             latencies = [x + w for x, w in zip(latencies, idle)]
         return totals, latencies
 
-    def _phase_load(self, phase: tuple[Transfer, ...], hops: Iterator[tuple[np.ndarray, float]]
+    def _phase_load(self, phase: tuple[Transfer, ...], phase_hops: Iterator[tuple[np.ndarray, float]]
                     ) -> tuple[list[float], list[float]]:
         """Each transfer's bottleneck seconds per byte (its largest link load over usable capacity, hops
-        of the phase sharing links counted) and largest route latency (s), in transfer order. ``hops``
+        of the phase sharing links counted) and largest route latency (s), in transfer order. ``phase_hops``
         yields the phase's routed hops (:meth:`_hop`) in order, transfer by transfer."""
         usable = self.usable_capacity
-        routed = [list(islice(hops, len(t.hops))) for t in phase]
+        routed = [list(islice(phase_hops, len(t.hops))) for t in phase]
         arrays = [h[0] for hops in routed for h in hops]
         entries = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
         ids, local = np.unique(entries, return_inverse=True)

@@ -160,7 +160,7 @@ class _Crossings(dict):
 
     def __init__(self, ulinks: tuple[int, ...], mults: tuple, holder: _Route) -> None:
         super().__init__()
-        self._pending = (ulinks, mults)
+        self._pending: tuple | None = (ulinks, mults)
         self._holders = [holder]
         self._plain: dict | None = None
 
@@ -178,7 +178,7 @@ class _Crossings(dict):
             plain = self._plain = dict(zip(*self._pending))
             for route in self._holders:
                 route._mult_of = plain
-            self._holders = []
+            self._holders, self._pending = [], None
         return plain
 
     def __missing__(self, link: int):
