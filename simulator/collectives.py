@@ -160,9 +160,14 @@ def _chain_transfers(rings: list[list[int]], root: int, nbytes: float, fidelity:
 
 # ----------------------------------------------------------------- algorithms
 def plan_ring(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
-              fidelity: str = "fast") -> list[tuple[Transfer, ...]]:
+              fidelity: str = "fast", channels: int | None = None) -> list[tuple[Transfer, ...]]:
+    """Ring channels (:func:`ring_channels`) passing ``nbytes`` around; ``channels`` (NCCL's count for the
+    size, :func:`simulator.nccl.collective_channels`) keeps the first that many rings, each carrying
+    ``S/channels``: NCCL's channels ``0..c-1`` enter a server through its first ``c`` NICs."""
     n = len(group)
     rings = ring_channels(group, server_of)
+    if channels is not None:
+        rings = rings[:max(1, channels)]
     if kind == "all_reduce":
         return _ring_transfers(rings, nbytes, 2 * (n - 1), 1 / n, fidelity, server_of)
     if kind in ("all_gather", "reduce_scatter"):
@@ -175,7 +180,7 @@ def plan_ring(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
 
 
 def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
-              fidelity: str = "fast") -> list[tuple[Transfer, ...]]:
+              fidelity: str = "fast", channels: int | None = None) -> list[tuple[Transfer, ...]]:
     """Pipelined trees shaped as NCCL's: per channel, binary trees over servers and a chain through the
     members inside each server.
 
@@ -190,17 +195,26 @@ def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
     all_reduce reduces up and broadcasts down concurrently (pipelined), so
     every tree edge carries its share in each direction; latency is
     ``2·depth`` steps. Each tree is one pipelined transfer in both fidelities.
+
+    ``channels`` (NCCL's count for the size, :func:`simulator.nccl.collective_channels`) keeps that many of
+    NCCL's channels, in its order: channel ``j`` runs the first tree from the server member ``j`` while
+    ``j`` is under the members per server, the mirrored tree after (NCCL gives the first half of its
+    channels one tree of the pair, the second half the other: ``connectTrees``, ``src/graph/connect.cc``);
+    the bytes are split evenly over the channels kept. Each keeps its label in the full plan.
     """
     if kind not in ("all_reduce", "broadcast", "reduce"):
         raise CollectiveError(f"algorithm: tree does not implement {kind}; use ring, direct or auto")
     servers = list(_by_server(group, server_of).values())
     k = len(servers[0])
-    channels = k if all(len(m) == k for m in servers) else 1
+    rails = k if all(len(m) == k for m in servers) else 1
     trees = 2 if len(servers) > 2 else 1  # (one or two servers: the mirror is the same tree)
     levels = (len(servers)).bit_length() - 1  # inter-server levels of the binary tree
     depth = max(levels + max(len(m) for m in servers) - 1, 1)
+    labels = range(rails * trees)
+    if channels is not None and channels < len(labels):  # NCCL's channel j: rail j % rails, tree j // rails
+        labels = sorted((j % rails) * trees + j // rails for j in range(max(1, channels)))
     transfers = []
-    for c in range(channels * trees):
+    for c in labels:
         chains = [m[c // trees:] + m[:c // trees] for m in servers]
         if c % trees:
             chains = chains[:1] + chains[:0:-1]  # (the root's server stays first)
@@ -216,7 +230,7 @@ def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
             hops, steps, net = down, depth, levels
         else:
             hops, steps, net = up_t, depth, levels
-        transfers.append(Transfer(hops, nbytes / (channels * trees), steps, c, net))
+        transfers.append(Transfer(hops, nbytes / len(labels), steps, c, net))
     return [tuple(transfers)]
 
 
@@ -393,10 +407,12 @@ AUTO_CANDIDATES = {  # what NCCL's tuner chooses among (no NVLS / CollNet / PAT)
 
 def plan_collective(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
                     algorithm: str = "ring", fidelity: str = "fast",
-                    matrix: Sequence[Sequence[float]] | None = None, stagger: bool = False) -> Plan:
+                    matrix: Sequence[Sequence[float]] | None = None, stagger: bool = False,
+                    channels: int | None = None) -> Plan:
     """Plan one collective with a named algorithm (not ``auto``; see :class:`simulator.fabric.Fabric`).
 
-    ``matrix`` (all_to_all with per-pair sizes) forces the ``direct`` algorithm.
+    ``matrix`` (all_to_all with per-pair sizes) forces the ``direct`` algorithm. ``channels``: the most of
+    NCCL's channels a ring or tree runs on (:func:`simulator.nccl.collective_channels`); None, every rail's.
     """
     if algorithm not in ALGORITHMS:
         raise CollectiveError(f"algorithm: {algorithm!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
@@ -414,5 +430,8 @@ def plan_collective(kind: str, group: Sequence[int], nbytes: float, server_of: C
     elif algorithm == "direct":
         phases = plan_direct(kind, group, nbytes, server_of, fidelity, stagger=stagger)
     else:
-        phases = ALGORITHMS[algorithm](kind, group, nbytes, server_of, fidelity)
+        if channels is not None and algorithm in ("ring", "tree"):
+            phases = ALGORITHMS[algorithm](kind, group, nbytes, server_of, fidelity, channels)
+        else:
+            phases = ALGORITHMS[algorithm](kind, group, nbytes, server_of, fidelity)
     return Plan(kind, algorithm, group, float(nbytes), tuple(p for p in phases if p))

@@ -8,7 +8,7 @@ Sections (every section may name a ``preset`` and override its fields)::
     parallel: {tp: 8, pp: 8, ...}                     # workloads.parallel.parallel_from_dict
     training: {seq_len: 2048, dtype: bf16}
     network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0, routing: ecmp, all_to_all: auto,
-               replica_sends: merged, pxn: true}       # optional
+               replica_sends: merged, pxn: true, channels: nccl}  # optional
     fidelity: fast                                     # optional: fast | full | lockstep (see FIDELITIES)
     moe:      {routing: zipf, zipf_s: 1.2, capacity_factor: 1.25, seed: 0}  # optional, MoE token routing
     compute:  {matmul_efficiency: 0.75, attention_efficiency: 0.5, ...}     # optional
@@ -174,7 +174,7 @@ def _section(doc: Mapping, key: str) -> dict:
 
 def _network_from_dict(section: Mapping) -> NetworkConfig:
     valid = ("model", "step_latency", "fidelity", "seed", "bandwidth_efficiency", "routing", "all_to_all",
-             "replica_sends", "pxn")
+             "replica_sends", "pxn", "channels")
     unknown = sorted(set(section) - set(valid))
     if unknown:
         raise ConfigError(f"network.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
@@ -191,6 +191,8 @@ def _network_from_dict(section: Mapping) -> NetworkConfig:
         kwargs["all_to_all"] = section["all_to_all"]
     if "replica_sends" in section:
         kwargs["replica_sends"] = section["replica_sends"]
+    if "channels" in section:
+        kwargs["channels"] = section["channels"]
     if "pxn" in section:
         check_bool("network.pxn", section["pxn"])
         kwargs["pxn"] = section["pxn"]

@@ -22,7 +22,15 @@ from topologies.cluster import Cluster
 from .bulk_alltoall import bulk_flows, under_one_switch
 from .collectives import AUTO_CANDIDATES, COLLECTIVE_ALGORITHMS, CollectiveError, Plan, Transfer, plan_collective
 from .compute import MIN_EFFICIENCY
-from .nccl import BANDWIDTH_FACTOR, NIC_EFFICIENCY, PROTOCOLS, bandwidth_factor, p2p_protocol, step_latencies
+from .nccl import (
+    BANDWIDTH_FACTOR,
+    NIC_EFFICIENCY,
+    PROTOCOLS,
+    bandwidth_factor,
+    collective_channels,
+    p2p_protocol,
+    step_latencies,
+)
 from .network import AnalyticNetwork, FlowNetwork
 from .routing import Router
 
@@ -30,6 +38,7 @@ NETWORK_MODELS = ("flow", "analytic")
 ROUTINGS = ("ecmp", "spray")
 ALL_TO_ALL_FLOWS = ("auto", "grouped", "proportional", "per_pair", "bulk")
 REPLICA_SENDS = ("merged", "each")
+CHANNEL_COUNTS = ("nccl", "every_rail")
 
 
 TIER_NAMES = ("nvlink", "pcie", "leaf", "spine", "core")
@@ -135,6 +144,16 @@ class NetworkConfig:
         and all-to-alls' traffic between servers of a pod off the spines.
         False (``NCCL_PXN_DISABLE=1``): every transfer leaves through its
         source GPU's own NIC (:mod:`simulator.routing`).
+    channels : str
+        How many channels a ring or tree collective runs on. A collective
+        across servers runs one channel per GPU of a server, each entering
+        and leaving through its own NIC. ``"nccl"`` (default): as NCCL does,
+        fewer for small sizes, where a channel's threads would get under
+        their threshold (a Simple ring 32 KiB a channel, LL128 5 KiB, an LL
+        ring 4 KiB per rank; :func:`~simulator.nccl.collective_channels`), so a
+        gradient norm's 4-byte all-reduce crosses one NIC of each server, not
+        all of them. Only with NCCL's latency model (``step_latency: nccl``).
+        ``"every_rail"``: every channel at every size (the model before).
     """
 
     model: str = "flow"
@@ -146,6 +165,7 @@ class NetworkConfig:
     all_to_all: str = "auto"
     replica_sends: str = "merged"
     pxn: bool = True
+    channels: str = "nccl"
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, Integral):
@@ -161,6 +181,8 @@ class NetworkConfig:
         if self.replica_sends not in REPLICA_SENDS:
             raise ValueError(f"network.replica_sends: {self.replica_sends!r} unknown; "
                              f"valid: {', '.join(REPLICA_SENDS)}")
+        if self.channels not in CHANNEL_COUNTS:
+            raise ValueError(f"network.channels: {self.channels!r} unknown; valid: {', '.join(CHANNEL_COUNTS)}")
         if self.step_latency_s is not None and not (isinstance(self.step_latency_s, (int, float))
                                                     and 0 <= self.step_latency_s < 1):
             raise ValueError(f"network.step_latency: must be 'nccl' or a time in [0, 1 s), got {self.step_latency_s!r}")
@@ -482,10 +504,15 @@ class Fabric:
                     if best is None or t < best[0]:
                         best = (t, a, protocol)
             choice = self._auto_cache[key] = (best[1], best[2])
+        # NCCL prices and picks with every channel, then runs fewer for a small size (collective_channels)
+        limit = (collective_channels(choice[0], choice[1], nbytes, len(group))
+                 if self.config.channels == "nccl" and self.config.nccl_latency else None)
         plan = planned.get(choice[0]) if self.config.fidelity == "fast" else None  # the same call's plan
+        if plan is not None and limit is not None and plan.phases and limit < len(plan.phases[0]):
+            plan = None  # (a fast ring or tree plan's one phase holds a transfer per channel)
         if plan is None:
             plan = plan_collective(kind, group, nbytes, self.server_of, choice[0], self.config.fidelity,
-                                   stagger=self.config.nccl_latency)
+                                   stagger=self.config.nccl_latency, channels=limit)
         self._last_choice = (key, plan, choice[1])
         return plan, choice[1]
 

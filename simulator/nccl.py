@@ -114,6 +114,40 @@ def step_latencies(algorithm: str, protocol: str, spans_servers: bool,
     return BASE_LATENCY_S[cls][protocol], intra, HOP_LATENCY_S["net"][cls][protocol]
 
 
+MAX_THREADS: Mapping[str, int] = {"LL": 512, "LL128": 640, "Simple": 512}
+"""Threads per channel NCCL starts a ring or tree collective with, by protocol (``NCCL_LL_MAX_NTHREADS``,
+``NCCL_LL128_MAX_NTHREADS``, ``NCCL_SIMPLE_MAX_NTHREADS``: ``src/include/device.h``; ``maxThreads`` in
+``src/graph/tuning.cc``. A ring's Simple drops to 256 threads only where the ring is PCIe-bound, which no
+preset here is)."""
+
+THREAD_THRESHOLD: Mapping[str, int] = {"LL": 8, "LL128": 8, "Simple": 64}
+"""Bytes each thread must have before NCCL adds a channel (``NCCL_*_THREAD_THRESHOLD``, ``src/include/comm.h``);
+a ring's LL threshold is this times the ranks (``threadThresholds``, ``src/graph/tuning.cc``)."""
+
+
+def collective_channels(algorithm: str, protocol: str, nbytes: float, ranks: int) -> int | None:
+    """The most channels NCCL runs a ring or tree collective of ``nbytes`` on; None for other algorithms.
+
+    NCCL prices and picks the algorithm and protocol with every channel, then cuts the channels while a
+    channel's threads would each get less than their threshold: ``while (nBytes < nc * nt *
+    threadThreshold) nc--`` down to one (``topoGetAlgoInfo``, ``src/enqueue.cc``, NCCL 2.30). ``nBytes`` is
+    the whole buffer (an all-gather's output, a reduce-scatter's input), as ``nbytes`` here. So a Simple ring
+    needs 32 KiB a channel, LL128 5 KiB, an LL ring 4 KiB per rank of the ring: the 4-byte all-reduce of a
+    gradient norm runs on one channel, through one NIC of each server, whatever the communicator's width.
+    The count returned is that cut before the communicator's width caps it (the caller's channels do).
+
+    >>> collective_channels("ring", "Simple", 256 * 1024, 16), collective_channels("ring", "LL", 4, 1024)
+    (8, 1)
+    >>> collective_channels("tree", "LL128", 40 * 1024, 64), collective_channels("direct", "Simple", 1e9, 8)
+    (8, None)
+    """
+    if algorithm not in ("ring", "tree"):
+        return None
+    per_channel = MAX_THREADS[protocol] * THREAD_THRESHOLD[protocol] * (ranks if algorithm == "ring"
+                                                                        and protocol == "LL" else 1)
+    return max(1, int(nbytes // per_channel))
+
+
 def p2p_protocol(nbytes: float, network: bool = False) -> str:
     """Protocol of a point-to-point transfer: LL up to ``NCCL_P2P_LL_THRESHOLD`` (16 KiB), else Simple; over
     the network always Simple (``network``): NCCL allocates no LL buffers for network send/recv connections
