@@ -431,6 +431,9 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
                "fidelity lockstep with one rank per pipeline stage, where no representative stands for others")
         notes.append(f"network.replica_sends has no effect with {why}; it is how the sends of a representative's "
                      f"replicas run on the flow model, in fidelity fast or lockstep")
+    if given("network", "channels") and not exp.network.nccl_latency:
+        notes.append("network.channels has no effect with network.step_latency given as a time; it is NCCL's "
+                     "channel count, part of NCCL's model (step_latency: nccl)")
     fabric = exp.cluster.params.get("fabric")
     uplink, port = exp.cluster.params.get("uplink_bandwidth") or 0.0, exp.cluster.params.get("nic_bandwidth") or 0.0
     if 0 < uplink < port * (1 - 1e-9) and fabric in ("leaf_spine", "rail_optimized"):

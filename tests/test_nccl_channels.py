@@ -14,6 +14,7 @@ import simpy
 
 from simulator.collectives import plan_collective
 from simulator.engine import Engine
+from simulator.experiment import experiment_from_dict, unused_settings
 from simulator.fabric import Fabric, NetworkConfig
 from simulator.nccl import collective_channels
 from topologies import leaf_spine
@@ -127,3 +128,17 @@ def test_every_rail_is_the_old_plan_and_the_knob_is_checked():
     assert old == plan_collective("all_reduce", group, 4.0, c.server_of, "ring")
     with pytest.raises(ValueError, match=r"network\.channels: 'some' unknown; valid: nccl, every_rail"):
         NetworkConfig(channels="some")
+
+
+def test_the_experiment_file_reads_channels_and_names_a_bad_value():
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "gpt2-small"},
+           "parallel": {"tp": 4, "pp": 1, "dp": 4, "micro_batch": 1, "global_batch": 4},
+           "training": {"seq_len": 1024}}
+    assert experiment_from_dict(doc).network.channels == "nccl"
+    assert experiment_from_dict({**doc, "network": {"channels": "every_rail"}}).network.channels == "every_rail"
+    with pytest.raises(ValueError, match=r"^network\.channels: 'all' unknown; valid: nccl, every_rail$"):
+        experiment_from_dict({**doc, "network": {"channels": "all"}})
+    timed = experiment_from_dict({**doc, "network": {"channels": "nccl", "step_latency": "2us"}})
+    assert any(n.startswith("network.channels has no effect") for n in unused_settings(timed))
+    assert not any("channels" in n for n in unused_settings(experiment_from_dict({**doc, "network": {
+        "channels": "every_rail"}})))
