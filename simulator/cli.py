@@ -190,6 +190,9 @@ def _collective():
             raise ValueError(f"--op: {args.op!r} unknown; valid: {', '.join(_BENCH_OPS)}")
         if args.algo not in COLLECTIVE_ALGORITHMS:
             raise ValueError(f"--algo: {args.algo!r} unknown; valid: {', '.join(COLLECTIVE_ALGORITHMS)}")
+        if args.op == "sendrecv" and args.algo != "auto":  # (bench.collective_time runs sendrecv as send/recv)
+            raise ValueError(f"--algo: {args.algo} does not apply to sendrecv, a point-to-point transfer with no "
+                             f"algorithm choice; leave --algo out (or give auto)")
         if args.gpus is not None and not 2 <= args.gpus <= MAX_GPUS:
             raise ValueError(f"--gpus: must be in 2..{MAX_GPUS:,}, got {args.gpus:,}")
         lo = _whole(parse_bytes(args.min_size, "--min-size", allow_zero=False), args.min_size, "--min-size",
@@ -249,9 +252,17 @@ def print_summary(result, file=None) -> None:
         print(f"  memory per GPU       {s['memory_per_gpu_bytes'] * gb:.1f} GB (params {mem['parameters'] * gb:.1f}"
               f" + grads {mem['gradients'] * gb:.1f} + optimizer {mem['optimizer'] * gb:.1f}"
               f" + activations {mem['activations'] * gb:.1f}; stage {mem['stage']}){over}", file=out)
+    moe = s.get("moe")
+    if moe and moe.get("draws"):
+        dropped = moe["dropped_fraction"]
+        print(f"  MoE routing          imbalance {moe['imbalance_mean']:.2f} mean, {moe['imbalance_max']:.2f} worst "
+              f"(max/mean tokens per EP rank, {moe['draws']:,} draws); "
+              + (f"{dropped * 100:.1f} % of token choices dropped by moe.capacity_factor (MFU counts them)"
+                 if dropped else "no tokens dropped"), file=out)
     print(f"  exposed comm         {format_time(s['exposed_comm_s'])} per rank: " + ", ".join(
-        f"{k} {format_time(v)}" for k, v in s["exposed_comm_by_class_s"].items()), file=out)
-    if s.get("compute_beside_comm_s"):
+        f"{k} {format_time(v)}" for k, v in s["exposed_comm_by_class_s"].items())
+        + " (each class's time in flight outside compute; where classes overlap, counted in each)", file=out)
+    if s.get("compute_beside_comm_s", 0.0) >= 1e-9:  # (below a nanosecond per rank: rounding, not SMs)
         print(f"  compute beside comm  +{format_time(s['compute_beside_comm_s'])} per rank (the SMs overlapped "
               f"communication holds, compute.comm_sms)", file=out)
     print("  bytes sent by class  " + ", ".join(f"{k} {format_bytes(v)}" for k, v in s["bytes_by_class"].items()),
@@ -279,7 +290,8 @@ def stage_time_table(stages: list[dict], max_rows: int = 32) -> str:
     cols = [c for c in cols if any(abs(row[c]) > 0 for row in stages)]  # (NaN is not > 0: pandas' skipna max)
     names = [c[:-2].replace("exposed_", "") for c in cols]
     width = max(9, *(len(n) + 1 for n in names))
-    lines = ["  where the step went per pipeline stage (ms; mean over the stage's ranks; exposed comm by class):",
+    lines = ["  where the step went per pipeline stage (ms; mean over the stage's ranks; every instant counted once, "
+             "in the first category that holds it: simulator.breakdown):",
              "  " + f"{'stage':>5}" + "".join(f"{n:>{width}}" for n in names)]
     for values in stages[:max_rows]:
         lines.append("  " + f"{values['stage']:>5}" + "".join(f"{values[c] * 1e3:>{width}.3f}" for c in cols))
@@ -575,6 +587,11 @@ def _sweep():
         if args.top:
             print(top_table(table, args.top))
         print(counts_line(table) + (f"; written to {args.output}" if args.output else ""))
+        others = table.attrs.get("other_rows", 0)
+        if others:
+            print(f"# {args.output} also keeps {others} row{'s' * (others != 1)} of other sweeps (another grid or "
+                  f"base file), after this sweep's, unranked; choose another --output to keep them apart",
+                  file=sys.stderr)
         statuses = set(table["status"]) if len(table) else set()
         if "ok" not in statuses:  # say why nothing is feasible; nothing simulated at all is an error
             for line in reasons_lines(table):

@@ -27,9 +27,12 @@ tree               all_reduce, broadcast, reduce                         binary 
                                                                           chains inside servers
 hierarchical       all_reduce, all_gather, reduce_scatter                intra-server ring, inter-
                                                                           server rings rail by rail
-direct             all_to_all, gather, all_reduce (none), broadcast      pairwise / star
+direct             all_to_all, gather, broadcast, reduce                 pairwise / star
 parameter_server   all_reduce                                            push to root, pull back
 =================  ===================================================  =====================
+
+The kinds column is :data:`ALGORITHM_KINDS`; asking an algorithm for another kind raises a
+:class:`CollectiveError` that lists the algorithms valid for the kind (:func:`valid_algorithms`).
 
 ``auto`` (the default) does what NCCL's tuner does: among the algorithms NCCL
 has for the collective (ring and tree for all-reduce, ring for all-gather and
@@ -47,9 +50,33 @@ import numpy as np
 
 COLLECTIVE_ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "direct", "parameter_server")
 
+ALGORITHM_KINDS: dict[str, tuple[str, ...]] = {  # the kinds each planner implements (for every group)
+    "ring": ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"),
+    "tree": ("all_reduce", "broadcast", "reduce"),
+    "hierarchical": ("all_reduce", "all_gather", "reduce_scatter"),
+    "direct": ("all_to_all", "gather", "broadcast", "reduce"),
+    "parameter_server": ("all_reduce",),
+}
+
 
 class CollectiveError(ValueError):
     """A collective that cannot be planned (unknown algorithm, algorithm not valid for the kind)."""
+
+
+def valid_algorithms(kind: str) -> tuple[str, ...]:
+    """The algorithms that plan ``kind``, in :data:`COLLECTIVE_ALGORITHMS` order: ``auto`` (when it has
+    candidates for the kind, :data:`AUTO_CANDIDATES`) and every algorithm of :data:`ALGORITHM_KINDS` that
+    implements it."""
+    return tuple(a for a in COLLECTIVE_ALGORITHMS
+                 if (kind in AUTO_CANDIDATES if a == "auto" else kind in ALGORITHM_KINDS[a]))
+
+
+def _not_implemented(algorithm: str, kind: str) -> CollectiveError:
+    """The one-line error for ``algorithm`` asked to plan a ``kind`` it does not implement."""
+    valid = valid_algorithms(kind)
+    if not valid:
+        return CollectiveError(f"kind: {kind!r} unknown; valid: {', '.join(AUTO_CANDIDATES)}")
+    return CollectiveError(f"algorithm: {algorithm} does not implement {kind}; valid for {kind}: {', '.join(valid)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +203,7 @@ def plan_ring(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
         return _chain_transfers(rings, group[0], nbytes, fidelity, False, server_of)
     if kind == "reduce":
         return _chain_transfers(rings, group[0], nbytes, fidelity, True, server_of)
-    raise CollectiveError(f"algorithm: ring does not implement {kind}; use direct or auto")
+    raise _not_implemented("ring", kind)
 
 
 def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
@@ -202,8 +229,8 @@ def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
     channels one tree of the pair, the second half the other: ``connectTrees``, ``src/graph/connect.cc``);
     the bytes are split evenly over the channels kept. Each keeps its label in the full plan.
     """
-    if kind not in ("all_reduce", "broadcast", "reduce"):
-        raise CollectiveError(f"algorithm: tree does not implement {kind}; use ring, direct or auto")
+    if kind not in ALGORITHM_KINDS["tree"]:
+        raise _not_implemented("tree", kind)
     servers = list(_by_server(group, server_of).values())
     k = len(servers[0])
     rails = k if all(len(m) == k for m in servers) else 1
@@ -242,8 +269,11 @@ def plan_hierarchical(kind: str, group: Sequence[int], nbytes: float, server_of:
     intra all-gather (S). all_gather and reduce_scatter do the inter-server
     part on S/k and the intra-server part on S, in the data-flow order.
     Needs every server to hold the same number ``k`` of members; otherwise it
-    falls back to the ring.
+    falls back to the ring (for these three kinds only: the kinds it takes do
+    not depend on the group).
     """
+    if kind not in ALGORITHM_KINDS["hierarchical"]:
+        raise _not_implemented("hierarchical", kind)
     servers = list(_by_server(group, server_of).values())
     k = len(servers[0])
     if len(servers) == 1 or any(len(s) != k for s in servers) or k == 1:
@@ -265,9 +295,7 @@ def plan_hierarchical(kind: str, group: Sequence[int], nbytes: float, server_of:
         return intra(1) + inter(2) + intra(1)
     if kind == "all_gather":
         return inter(1) + intra(1)
-    if kind == "reduce_scatter":
-        return intra(1) + inter(1)
-    raise CollectiveError(f"algorithm: hierarchical does not implement {kind}; use ring, direct or auto")
+    return intra(1) + inter(1)  # (reduce_scatter)
 
 
 def _merge(parallel_plans: list[list[tuple[Transfer, ...]]]) -> list[tuple[Transfer, ...]]:
@@ -368,7 +396,7 @@ def plan_direct(kind: str, group: Sequence[int], nbytes: float, server_of: Calla
         return [tuple(hop(root, b, nbytes) for b in group if b != root)]
     if kind == "reduce":
         return [tuple(hop(a, root, nbytes) for a in group if a != root)]
-    raise CollectiveError(f"algorithm: direct does not implement {kind}; use ring, tree or auto")
+    raise _not_implemented("direct", kind)
 
 
 def plan_parameter_server(kind: str, group: Sequence[int], nbytes: float, server_of: Callable[[int], int],
@@ -378,8 +406,8 @@ def plan_parameter_server(kind: str, group: Sequence[int], nbytes: float, server
     The root's links carry ``(n-1)·S`` each way: the bottleneck that ring
     all-reduce removes.
     """
-    if kind != "all_reduce":
-        raise CollectiveError(f"algorithm: parameter_server implements all_reduce only, not {kind}")
+    if kind not in ALGORITHM_KINDS["parameter_server"]:
+        raise _not_implemented("parameter_server", kind)
     root = group[0]
     push = tuple(Transfer(((a, root),), nbytes, 1, 0, int(server_of(a) != server_of(root))) for a in group if a != root)
     pull = tuple(Transfer(((root, b),), nbytes, 1, 0, int(server_of(b) != server_of(root))) for b in group if b != root)

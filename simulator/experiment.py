@@ -267,6 +267,7 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     if doc.get("sweep") is not None:  # read by `clustersim sweep` only, but a malformed one is an error everywhere
         from .sweeps.grid import sweep_settings  # (here: the sweeps package imports this module)
         sweep_settings(doc)
+    shared = cluster is not None  # a job's GPUs of a shared fabric: the job's nodes size it, not cluster.nodes
     required = [("model", "model: {preset: gpt3-175b}")]
     if cluster is None:
         required.insert(0, ("cluster", "cluster: {preset: dgx-h100, nodes: 2}"))
@@ -299,10 +300,14 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
                f"{', cp' if cpw[0] else ''} and pp whose product divides it")
         from_file = describes_topology(doc.get("cluster")) or cluster.params.get("fabric") == "custom"
         # (a topology file's cluster takes no nodes: field)
-        resize = f"give the topology file {parallel.world_size} GPUs" if from_file else "resize cluster.nodes"
+        resize = ("give the job other nodes (its nodes: field)" if shared else
+                  f"give the topology file {parallel.world_size} GPUs" if from_file else "resize cluster.nodes")
         raise ConfigError(f"parallel: tp*{cpw[0]}pp*dp = {parallel.tp}*{cpw[1]}{parallel.pp}*{parallel.dp} = "
                           f"{parallel.world_size} but the cluster has {cluster.num_gpus} GPUs; {fix} or {resize}")
-    training = training_from_dict(_section(doc, "training"))
+    section = _section(doc, "training")
+    if "seq_len" not in section and model.max_seq_len < TrainingSpec.seq_len:
+        section["seq_len"] = model.max_seq_len  # (the default, 2048, would exceed a small model's positions)
+    training = training_from_dict(section)
     validate(model, parallel, training)  # impossible combinations fail at load time, with the file's name
     faults, healthy = _faults_from_list(doc.get("faults"), cluster), None
     if faults:

@@ -176,7 +176,8 @@ def select_entries(names: str | Iterable[str] | None = None, *, max_gpus: int | 
                    include_slow: bool = False) -> tuple[Entry, ...]:
     """The entries a validation run simulates, in :data:`ENTRIES` order unless ``names`` orders them.
 
-    ``names`` picks entries by name (slow ones included: asked for by name; one name may be given as a string);
+    ``names`` picks entries by name, each once (slow ones included: asked for by name; one name may be given as a
+    string);
     without it every entry runs except the :attr:`Entry.slow` ones, unless ``include_slow``. ``max_gpus`` then
     drops the entries of published runs on more GPUs.
     """
@@ -187,7 +188,7 @@ def select_entries(names: str | Iterable[str] | None = None, *, max_gpus: int | 
     if names is not None:
         if not isinstance(names, Iterable):
             raise ValueError(f"names: an entry's name or a list of them (validate --list), got {names!r}")
-        entries = tuple(get_entry(n) for n in names)
+        entries = tuple(get_entry(n) for n in dict.fromkeys(names))  # (a name given twice runs once)
     else:
         entries = tuple(e for e in ENTRIES if include_slow or not e.slow)
     if max_gpus is not None:

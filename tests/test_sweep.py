@@ -187,6 +187,25 @@ def test_resume_keeps_other_rows_and_retries_failed(tmp_path, monkeypatch):
     assert len(sw.read_table(out)) == 3  # the pp=1 sweep's row is kept
 
 
+def test_other_sweeps_rows_keep_integers_and_leave_the_ranks_to_this_sweep(tmp_path, capsys):
+    # Two sweeps of different grids into one file (the new-user audit's case): the file lists this sweep's
+    # ranks 1..n once, the other sweep's rows unranked after them, and tp/dp stay integers despite the gaps.
+    out = tmp_path / "mixed.csv"
+    assert main(["sweep", _write(tmp_path, BASE), "--grid", "parallel.micro_batch=1,2", "-o", str(out),
+                 "--jobs", "1", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["sweep", _write(tmp_path, BASE), "--grid", "parallel.tp=1,2", "-o", str(out), "--jobs", "1",
+                 "--no-progress"]) == 0
+    assert "also keeps 2 rows of other sweeps" in capsys.readouterr().err
+    text = out.read_text().splitlines()
+    header = text[0].split(",")
+    rows = [dict(zip(header, line.split(","))) for line in text[1:]]
+    assert [r["rank"] for r in rows] == ["1", "2", "", ""]
+    assert [r["parallel.tp"] for r in rows] == ["1", "2", "", ""] or [r["parallel.tp"] for r in rows] == \
+        ["2", "1", "", ""]
+    assert all(r["parallel.micro_batch"] in ("1", "2") for r in rows[2:])  # the other sweep's, as integers
+
+
 # ----------------------------------------------------------------------- CLI
 def _write(tmp_path, doc, name="exp.yaml"):
     path = tmp_path / name

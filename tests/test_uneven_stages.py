@@ -70,6 +70,8 @@ def test_deepseek_v3_61_layers_with_explicit_counts():
     ({"stage_layers": [4, 4, 4, 1]}, "sum to 13"),
     ({"stage_layers": [3, 3, 3, 3], "schedule": "interleaved", "virtual_stages": 2}, r"stage_layers\[0\]"),
     ({"stage_layers": [6, 6, 0, 0]}, r"stage_layers\[2\]"),
+    ({"stage_layers": [4, 4, 4, 0], "schedule": "interleaved", "virtual_stages": 2},
+     r"stage_layers\[3\]: .* per chunk"),
     ({"stage_layers": [3, 3, 3, 3], "first_stage_layers": 3}, "not both"),
     ({"first_stage_layers": 2, "last_stage_layers": 3}, "7 remaining layers cannot be split evenly"),
     ({"first_stage_layers": 11}, "other stage"),
@@ -271,3 +273,16 @@ def test_empty_end_chunk_needs_the_embedding_and_loss():
     with pytest.raises(ConfigError, match=r"^parallel\.stage_layers: an empty end chunk .* needs "
                                           r"options\.embedding_and_loss: true$"):
         experiment_from_dict(doc)
+
+
+def test_a_plain_count_is_a_one_chunk_stage_empty_ends_included():
+    """Found by a new-user audit: ``[[12], [0]]`` ran while ``[12, 0]``, the same split, was refused. Without
+    interleaving a stage's plain count is its one chunk, so the model's end stages may be empty in both forms
+    and give the same step; a middle stage may not."""
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "gpt2-small"},
+           "parallel": {"tp": 2, "pp": 2, "dp": 4, "micro_batch": 4, "global_batch": 64},
+           "training": {"seq_len": 1024}}
+    for plain, nested in (([12, 0], [[12], [0]]), ([0, 12], [[0], [12]])):
+        a, b = (run_experiment(experiment_from_dict({**doc, "parallel": {**doc["parallel"], "stage_layers": x}}))
+                for x in (plain, nested))
+        assert a.step_time == b.step_time

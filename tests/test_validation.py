@@ -116,6 +116,8 @@ def test_slow_entries_run_only_when_asked_for():
     assert [e.name for e in default] == [e.name for e in ENTRIES if not e.slow]  # order kept
     assert [e.name for e in select_entries(include_slow=True)] == [e.name for e in ENTRIES]
     assert [e.name for e in select_entries([slow[0].name])] == [slow[0].name]  # asked for by name
+    twice = [ENTRIES[1].name, ENTRIES[0].name, ENTRIES[1].name]  # a name given twice runs once, in given order
+    assert [e.name for e in select_entries(twice)] == [ENTRIES[1].name, ENTRIES[0].name]
     assert all(e.gpus <= 512 for e in select_entries(max_gpus=512, include_slow=True))
 
 

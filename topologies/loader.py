@@ -364,6 +364,10 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
     if not isinstance(data, Mapping):
         raise TopologyError(f"{where}: expected a mapping with a 'cluster:' section or cluster fields at top "
                             f"level, got {type(data).__name__}")
+    experiment = {"model", "parallel", "training", "moe", "options", "sweep", "jobs"} & set(data)
+    if "cluster" not in data and experiment:  # an experiment file without its cluster, not cluster fields
+        raise TopologyError(f"{where}: no 'cluster:' section (the file has {', '.join(sorted(experiment))}); give "
+                            f"one, e.g. cluster: {{preset: dgx-h100, nodes: 2}}")
     section = data["cluster"] if "cluster" in data else data
     try:
         if section is data and is_topology_document(data):

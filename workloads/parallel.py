@@ -394,7 +394,13 @@ class ParallelConfig:
                         check_int(f"parallel.stage_layers[{i}][{c}]", x, minimum=0 if end else 1)
                     counts.append(tuple(n))
                 else:
-                    check_int(f"parallel.stage_layers[{i}]", n)
+                    # One chunk a stage: the same as [n], so the model's end stages may hold no layer, as there
+                    end = self.virtual_stages == 1 and i in (0, self.pp - 1)
+                    if n == 0 and not end and not isinstance(n, bool):
+                        raise ConfigError(f"parallel.stage_layers[{i}]: must be a positive integer, got 0 (only "
+                                          f"the first and the last stage may be empty, without interleaving; "
+                                          f"with virtual_stages give one count per chunk)")
+                    check_int(f"parallel.stage_layers[{i}]", n, minimum=0 if end else 1)
                     counts.append(n)
             object.__setattr__(self, "stage_layers", tuple(counts))
             if len(self.stage_layers) != self.pp:

@@ -23,7 +23,7 @@ from .grid import Grid, check_fields, derives_dp, merge_grids, normalise_grid, p
 from .paths import apply_overrides
 from .points import Point, expand_grid, point_key
 from .store import output_format, output_lock, previous_rows, write_table
-from .table import build_table, cell, merge_refined, result_row
+from .table import build_table, cell, merge_refined, result_row, with_other_rows
 
 __all__ = ["CHECKPOINT_S", "sweep"]
 
@@ -159,6 +159,7 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
         recorder = _Recorder(points, columns, metric, derived, output, rows, foreign, checkpoint_s)
         _run(todo, base_doc, recorder, jobs, scheduler, progress)
         table = recorder.write()
+        table.attrs["other_rows"] = len(foreign)
         if not refine:
             return table
         winners = [fast_points[k] for k in table.loc[table["status"] == "ok", "point"].head(refine)]
@@ -166,14 +167,15 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
         if on_refine is not None:
             on_refine(len(winners), len(winners) - len(todo))
         # Checkpoints of the refinement keep the screened rows in the file (as rows of their own keys).
-        keep = table if foreign.empty else pd.concat([table, foreign], ignore_index=True)
+        keep = with_other_rows(table, foreign)
         fast = _Recorder(winners, columns, metric, derived, output, rows, keep, checkpoint_s)
         _run(todo, fast_base, fast, jobs, scheduler, progress)
         refined = build_table([rows[p.key] for p in winners if p.key in rows], columns, metric)
         final = merge_refined(table, refined, {p.key: fast_points[p.key].key for p in points}, metric)
         final.attrs["metric"] = metric
+        final.attrs["other_rows"] = len(foreign)
         if output is not None:
-            write_table(final if foreign.empty else pd.concat([final, foreign], ignore_index=True), output)
+            write_table(with_other_rows(final, foreign), output)
         return final
 
 
@@ -230,8 +232,7 @@ class _Recorder:
                             self.metric)
         table.attrs["metric"] = self.metric
         if self.output is not None:
-            full = table if self.foreign.empty else pd.concat([table, self.foreign], ignore_index=True)
-            write_table(full, self.output)
+            write_table(with_other_rows(table, self.foreign), self.output)
         self.last_write = time.monotonic()
         return table
 

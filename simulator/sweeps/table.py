@@ -154,6 +154,23 @@ def _integer_columns(df: pd.DataFrame, columns: Iterable[str]) -> None:
             df[col] = df[col].astype("Int64")
 
 
+def with_other_rows(table: pd.DataFrame, others: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (this sweep's ranked rows) followed by ``others``, the rows of other sweeps an output file
+    already held (:func:`~simulator.sweeps.store.previous_rows`), as the file is written.
+
+    The others' ``rank`` cells are left empty (a rank belongs to the sweep that ranked it; kept, the file
+    would list two rows of rank 1), and a column whose values are all integers stays integer where the other
+    sweep has no value for it (``Int64``, not the floats a gap makes)."""
+    if others.empty:
+        return table
+    others = others.assign(rank=pd.NA) if "rank" in others.columns else others
+    integral = [c for c in table.columns.union(others.columns)
+                if any(c in f.columns and pd.api.types.is_integer_dtype(f[c].dtype) for f in (table, others))]
+    out = pd.concat([table, others], ignore_index=True)
+    _integer_columns(out, integral)
+    return out
+
+
 def merge_refined(screened: pd.DataFrame, refined: pd.DataFrame, fast_keys: Mapping[str, str],
                   metric: str) -> pd.DataFrame:
     """A screened sweep with its best points simulated again: one row per point, the simulated ones first.
