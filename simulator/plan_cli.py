@@ -18,20 +18,34 @@ __all__ = ["configure", "run", "load_plan_inputs"]
 
 def configure(p: argparse.ArgumentParser) -> None:
     """Arguments of ``clustersim plan``."""
-    p.add_argument("cluster", help="a preset name (dgx-h100), a cluster YAML or an experiment YAML; a plan: "
-                                   "section beside the cluster overrides port speed, cable media and prices")
+    p.add_argument("cluster", help="a preset name (dgx-h100), PRESET:NODES (dgx-h100:4), a cluster YAML or an "
+                                   "experiment YAML; a plan: section beside the cluster overrides port speed, cable "
+                                   "media and prices")
     p.add_argument("--nodes", type=int, help="override the number of servers (NVLink domains)")
     p.add_argument("--json", action="store_true", help="print one JSON object (summary and bill of materials)")
     p.add_argument("--csv", metavar="OUT.csv", help="also write the bill of materials as CSV")
 
 
 def load_plan_inputs(spec: str, nodes: int | None = None) -> tuple[object, object]:
-    """``(cluster, plan section)`` of a preset name or a YAML file; one-line ``ValueError`` naming the file."""
+    """``(cluster, plan section)`` of a preset name, ``PRESET:NODES`` or a YAML file; one-line ``ValueError``
+    naming the file."""
     from topologies import build_cluster
     from topologies.cluster import TopologyError
     from topologies.components import plan_options
     from topologies.loader import describes_topology
 
+    if ":" in spec and not spec.lower().endswith((".yaml", ".yml")):  # PRESET:NODES, as run --cluster takes it
+        if nodes is not None:
+            raise ValueError(f"--nodes: {spec} gives the number of nodes already; give it once ({spec} or "
+                             f"{spec.partition(':')[0]} --nodes {nodes})")
+        from .cli import resolve_cluster
+        try:
+            return resolve_cluster(spec, 1), plan_options(None)
+        except ValueError as exc:  # (its NODES message names run's --cluster option; here it is the argument)
+            msg = str(exc)
+            if msg.startswith("--cluster: "):
+                raise ValueError(msg.removeprefix("--cluster: ")) from None
+            raise
     section: object = {"preset": spec}
     plan: object = None
     where = ""
@@ -55,6 +69,10 @@ def load_plan_inputs(spec: str, nodes: int | None = None) -> tuple[object, objec
         raise TopologyError(f"{where}{exc}") from None
 
 
+_SPEC_WIDTH_MAX = 40
+"""Widest spec column of the printed bill of materials; a longer spec is cut with "..."."""
+
+
 def _money(x: float) -> str:
     return "n/a" if math.isnan(x) else f"${x:,.0f}"
 
@@ -66,14 +84,15 @@ def _print(cluster, bom, s, out=None) -> None:
 
     print(f"# {cluster.name}: {s['switch_family']} fabric, {s['port_speed_Gbps']} Gb/s switch ports and cables",
           file=out)
-    header = f"{'item':<15} {'tier':<7} {'component':<17} {'spec':<26} {'count':>8} {'unit W':>7} {'unit $':>9} " \
-             f"{'kW':>9} {'$':>13}"
+    width = min(_SPEC_WIDTH_MAX, max([26, *(len(r) for r in bom["spec"])]))  # "36 per NVLink domain (18 trays)"
+    header = f"{'item':<15} {'tier':<7} {'component':<17} {'spec':<{width}} {'count':>8} {'unit W':>7} " \
+             f"{'unit $':>9} {'kW':>9} {'$':>13}"
     print(header, file=out)
     for r in bom.itertuples(index=False):
-        spec = r.spec if len(r.spec) <= 26 else r.spec[:23] + "..."
+        spec = r.spec if len(r.spec) <= width else r.spec[:width - 3] + "..."
         unit_w = "n/a" if math.isnan(r.unit_power_w) else f"{r.unit_power_w:,.0f}"
         kw = "n/a" if math.isnan(r.power_w) else f"{r.power_w / 1e3:,.1f}"
-        print(f"{r.item:<15} {r.tier:<7} {r.component:<17} {spec:<26} {r.count:>8,} {unit_w:>7} "
+        print(f"{r.item:<15} {r.tier:<7} {r.component:<17} {spec:<{width}} {r.count:>8,} {unit_w:>7} "
               f"{_money(r.unit_cost_usd):>9} {kw:>9} {_money(r.cost_usd):>13}", file=out)
     print(file=out)
     tiers = ", ".join(f"{n:,} {t}" for t, n in s["switches_by_tier"].items())

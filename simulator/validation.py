@@ -135,12 +135,14 @@ ENTRIES: tuple[Entry, ...] = (
           "micro-batch 1 and 1F1B assumed (not in Table 1)"),
     # Llama 3 405B on H100 (BF16 MFU).
     Entry("llama3-405b-8192", 8192, "mfu", 0.43, _LLAMA3,
-          "128 layers instead of 126; v=4 assumed; leaf-spine instead of 3-layer Clos"),
+          "v=8 assumed (one layer per chunk, the end chunks the embedding and the output layer alone); ZeRO-1 "
+          "for FSDP; leaf-spine instead of 3-layer Clos"),
     Entry("llama3-405b-16384", 16384, "mfu", 0.41, _LLAMA3,
-          "128 layers instead of 126; v=4 assumed; leaf-spine instead of 3-layer Clos"),
+          "v=8 assumed (one layer per chunk, the end chunks the embedding and the output layer alone); ZeRO-1 "
+          "for FSDP; leaf-spine instead of 3-layer Clos"),
     # Llama 3 405B long-context pre-training: 131K tokens, context parallelism 16 (all-gather CP).
     Entry("llama3-405b-131k-cp16", 16384, "mfu", 0.38, _LLAMA3,
-          "v=4 assumed; no document masking; leaf-spine instead of 3-layer Clos"),
+          "v=8 assumed; no document masking; leaf-spine instead of 3-layer Clos"),
     # DeepSeek-V3 on 2,048 H800: GPU-hours per trillion tokens as tokens/s per GPU.
     Entry("deepseek-v3-2048-h800", 2048, "tokens_per_gpu_s", 1e12 / (180e3 * 3600), _DEEPSEEK_V3,
           "no MTP module; stage split assumed; balanced routing; leaf-spine instead of multi-plane fat tree",

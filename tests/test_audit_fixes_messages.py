@@ -66,7 +66,9 @@ def test_validate_options_are_checked_before_the_table_header(capsys, argv, word
 
 
 @pytest.mark.parametrize("plan", ["{port_speed: 1600Gbps}", "{port_speed: 801Gbps, family: ethernet}",
-                                  "{port_speed: 1.6Tbps, family: infiniband}"])
+                                  "{port_speed: 1.6Tbps, family: infiniband}",
+                                  # between catalogued speeds: refused since 2026-12-03 (it was rounded up)
+                                  "{port_speed: 7Gbps}", "{port_speed: 300Gbps}"])
 def test_plan_port_speed_above_every_switch_port_is_refused(tmp_path: Path, capsys, plan):
     f = tmp_path / "p.yaml"
     f.write_text(f"cluster: {{preset: dgx-h100, nodes: 4}}\nplan: {plan}\n")
@@ -75,8 +77,8 @@ def test_plan_port_speed_above_every_switch_port_is_refused(tmp_path: Path, caps
     assert "plan.port_speed" in err and "200Gbps, 400Gbps, 800Gbps" in err, err
 
 
-@pytest.mark.parametrize("speed,priced", [("7Gbps", 200), ("400Gbps", 400), ("800Gbps", 800)])
-def test_plan_port_speeds_up_to_the_fastest_still_round_up(tmp_path: Path, capsys, speed, priced):
+@pytest.mark.parametrize("speed,priced", [("200Gbps", 200), ("400Gbps", 400), ("800Gbps", 800), ("50GB/s", 400)])
+def test_plan_port_speeds_of_the_catalogue_are_priced_as_given(tmp_path: Path, capsys, speed, priced):
     import json
     f = tmp_path / "p.yaml"
     f.write_text(f"cluster: {{preset: dgx-h100, nodes: 4}}\nplan: {{port_speed: {speed}}}\n")

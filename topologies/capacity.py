@@ -7,8 +7,9 @@ produces; builder parameters are never needed.
 How the graph becomes parts
 ---------------------------
 * **Port speed.** One switch port and one cable carry ``port_speed``
-  (``plan.port_speed``; default the fabric's most common NIC link rate,
-  rounded up to a speed the switch family offers: 200, 400 or 800 Gb/s).
+  (``plan.port_speed``, one of the speeds the switch family offers: 200, 400
+  or 800 Gb/s; default ``auto``, the fabric's most common NIC link rate
+  rounded up to one of them).
   A NIC link of bandwidth ``b`` takes ``ceil(b / port_speed)`` switch ports
   and cables. A leaf-spine or spine-core edge of the graph stands for *all*
   the cables between the two switches, so it takes
@@ -24,7 +25,8 @@ How the graph becomes parts
   ``k/2`` uplinks each, and those internal links counted as cables.
 * **NICs**: one per ``nic`` node, the slowest NIC model at least as fast as
   its link to the fabric. **NVSwitch chips**: per ``nvswitch`` node, from the
-  number of GPUs around it (rule in :mod:`topologies.components`).
+  number of GPUs around it and its NVLink links to other NVSwitch nodes (rule
+  in :mod:`topologies.components`), summed per NVLink domain (server).
 * **Cables**: NIC-to-switch links are built as ``plan.nic_media``,
   switch-to-switch links as ``plan.switch_media``: ``optics`` is a
   transceiver at each end plus a fibre, ``aoc`` one active optical cable,
@@ -61,6 +63,7 @@ from topologies.bisection import SWITCH_LEVELS, bisection_bandwidth, default_hal
 from topologies.cluster import Cluster
 from topologies.components import (
     NIC_MODELS,
+    NVSWITCH_GENERATIONS,
     SWITCH_MODELS,
     PlanOptions,
     SwitchModel,
@@ -171,6 +174,24 @@ def _nic_model(g: _Adjacency, nic: Hashable, fallback_Bps: float) -> tuple[str, 
     return next(((name, s) for s, name in NIC_MODELS if s >= gbps * (1 - _EPS)), NIC_MODELS[-1][::-1])
 
 
+def _nvswitch(g: _Adjacency, n: Hashable, pred, arch: str) -> tuple[str, int, int]:
+    """``(component, chips, GPUs)`` of the NVSwitch node ``n``: its chips end the NVLink links of the GPUs
+    around it and its links to other NVSwitch nodes (the racks of one NVL36x2 domain), counted in NVLink
+    links of a GPU's rate (a GPU's link to it over the generation's links per GPU)."""
+    gpu_links = []
+    to_switches = 0.0
+    for m in set(g.succ[n]) | set(pred[n]):
+        if g.kind[m] == "gpu":
+            gpu_links.append(_link_bandwidth(g, n, m))
+        elif g.kind[m] == "nvswitch":
+            to_switches += _link_bandwidth(g, n, m)
+    links = 0
+    if to_switches and gpu_links:
+        per_link = max(gpu_links) / NVSWITCH_GENERATIONS.get(arch, NVSWITCH_GENERATIONS["sm90"]).links_per_gpu
+        links = math.ceil(to_switches / per_link - _EPS)
+    return (*nvswitch_chips(len(gpu_links), arch, links), len(gpu_links))
+
+
 def _row(item: str, tier: str, component: str, spec: str, count: int, opts: PlanOptions, *,
          ports_used: float = math.nan, fabric: bool = True) -> dict:
     part = opts.components.get(component)
@@ -229,17 +250,20 @@ def _bom(cluster: Cluster, opts: PlanOptions) -> tuple[list[dict], dict]:
         spec = model.spec + (", in two-tier Clos" if clos else "")
         rows.append(_row(f"{kind} switch", kind, model.component, spec, boxes, opts, ports_used=ports))
     nics: Counter = Counter()
-    chips: Counter = Counter()
+    domains: dict[Hashable, list] = {}  # NVLink domain (server) -> [component, chips, GPUs]
     for n, kind in g.kind.items():
         if kind == "nic":
             nics[_nic_model(g, n, cluster.gpu.nic_bandwidth)] += 1
         elif kind == "nvswitch":
-            gpus = sum(1 for m in set(g.succ[n]) | set(pred[n]) if g.kind[m] == "gpu")
-            chips[(*nvswitch_chips(gpus, cluster.gpu.arch), gpus)] += 1
+            name, per, gpus = _nvswitch(g, n, pred, cluster.gpu.arch)
+            domain = domains.setdefault(graph.nodes[n].get("server", n), [name, 0, 0])
+            domain[1] += per
+            domain[2] += gpus
+    chips = Counter(tuple(d) for d in domains.values())  # (component, chips, GPUs) per domain -> domains
     rows += [_row("NIC", "nic", name, f"{gbps}G", n, opts) for (name, gbps), n in sorted(nics.items())]
     rows += [_row("NVSwitch chip", "nvlink", name, f"{per} per NVLink domain" + (
-        f" ({math.ceil(per / 2)} trays)" if gpus > 8 else ""), per * domains, opts)
-             for (name, per, gpus), domains in sorted(chips.items()) if per]
+        f" ({math.ceil(per / 2)} trays)" if gpus > 8 else ""), per * count, opts)
+             for (name, per, gpus), count in sorted(chips.items()) if per]
     rows += _cable_rows(cables, speed, opts)
     rows.append(_row("GPU", "gpu", cluster.gpu.name, f"{cluster.gpus_per_server} per NVLink domain",
                      cluster.num_gpus, opts, fabric=False))
@@ -290,8 +314,33 @@ def _summary(cluster: Cluster, rows: list[dict], extra: dict) -> dict:
         # per GPU of the two halves (2x the smaller: n when they are equal, as for an even number of servers;
         # with an odd number the halves differ by a server and n would read as oversubscription)
         "bisection_per_gpu_bytes_s": bisection / (2 * min(half, n - half)) if 0 < half < n else math.nan,
-        "oversubscription": oversubscription_by_tier(cluster),
+        "oversubscription": _oversubscription(cluster),
     }
+
+
+def _oversubscription(cluster: Cluster) -> dict[str, float]:
+    """:func:`~topologies.bisection.oversubscription_by_tier`, and for a switch tier with hosts below it, no
+    uplinks and links to switches of its own tier (a topology file's racks cabled ToR to ToR with no spine,
+    ``examples/fabrics/two-racks.yaml``) the tier's host-facing : switch-to-switch bandwidth: what the hosts of a
+    switch can send out of it. Links within a tier count as neither down- nor uplinks there, so such a fabric
+    read as having no oversubscription ("one switch tier") however thin the cables between its switches."""
+    out = oversubscription_by_tier(cluster)
+    g = cluster.graph
+    down: dict[str, float] = {}
+    side: dict[str, float] = {}
+    for s, kind in g.nodes(data="kind"):
+        if kind not in SWITCH_LEVELS or kind in out:
+            continue
+        for n, d in g.succ[s].items():
+            other = g.nodes[n]["kind"]
+            if other not in SWITCH_LEVELS:
+                down[kind] = down.get(kind, 0.0) + d["bandwidth"]
+            elif other == kind:
+                side[kind] = side.get(kind, 0.0) + d["bandwidth"]
+    for tier in SWITCH_LEVELS:
+        if down.get(tier) and side.get(tier):
+            out[tier] = down[tier] / side[tier]
+    return {tier: out[tier] for tier in SWITCH_LEVELS if tier in out}
 
 
 _CACHE: OrderedDict[tuple, CapacityPlan] = OrderedDict()
@@ -396,7 +445,8 @@ def plan_summary(cluster: Cluster, plan: Mapping[str, object] | PlanOptions | No
         the GPUs); ``gpu_power_kw``, ``gpu_cost_usd`` (NaN for a GPU the table
         lacks); ``bisection_bytes_s`` (:func:`topologies.bisection.bisection_bandwidth`,
         one direction) and ``bisection_per_gpu_bytes_s``; ``oversubscription``
-        (``{tier: downlink:uplink}``).
+        (``{tier: downlink:uplink}``; for an edge tier with no uplinks whose
+        switches are cabled to one another, host-facing : switch-to-switch).
     """
     out = dict(capacity_plan(cluster, plan).summary)
     out["switches_by_tier"] = dict(out["switches_by_tier"])

@@ -51,15 +51,22 @@ Cost (US dollars per unit; all estimates, override with quotes)
 NVSwitch chips per NVLink domain
 --------------------------------
 
-A domain of ``n`` GPUs (the GPUs around one ``nvswitch`` node of the graph)
-gets ``max(ceil(n * L / P), B * ceil(n / 8))`` NVSwitch chips, where ``L`` is
-NVLink links per GPU, ``P`` NVLink ports per switch chip and ``B`` the chips on
-that generation's 8-GPU HGX baseboard; a one-GPU domain gets none.
+The ``n`` GPUs around one ``nvswitch`` node of the graph get
+``max(ceil((n * L + T) / P), B * ceil(n / 8))`` NVSwitch chips, where ``L`` is
+NVLink links per GPU, ``P`` NVLink ports per switch chip, ``B`` the chips on
+that generation's 8-GPU HGX baseboard and ``T`` the NVLink links from that
+NVSwitch to other NVSwitches (its links to them over the bandwidth of one
+NVLink link, a GPU's NVLink bandwidth over ``L``); a one-GPU domain gets none.
+A domain's count is the sum over its NVSwitch nodes.
 Generations by the GPU's ``arch``: sm80 (A100) NVSwitch gen 2, L 12, P 36, B 6;
 sm90 (H100, H200) gen 3, L 18, P 64, B 4; sm100 (B200, GB200) gen 4, L 18,
 P 72, B 2. That gives DGX A100 6, DGX H100 4, DGX B200 2 and a GB200 NVL72
-rack 18 (= its 9 switch trays x 2 chips), the published counts. Domains of
-more than 8 GPUs also show the chips as switch trays of two.
+rack 18 (= its 9 switch trays x 2 chips), the published counts. A GB200
+NVL36x2 domain (two racks of 36 GPUs whose switches give half their ports to
+the other rack: ``T`` = 36 x 18 per rack) gets 2 x 18 = 36, NVIDIA's 9 NVL36
+NVLink switch trays per rack (Multi-Node NVLink tuning guide, "The 36x2
+Configuration"). Domains of more than 8 GPUs also show the chips as switch
+trays of two.
 """
 
 from __future__ import annotations
@@ -192,18 +199,22 @@ FAMILIES = ("auto", "infiniband", "ethernet")
 """Switch family: ``auto`` takes the fabric links' ``kind`` (``ib`` -> InfiniBand, ``eth`` -> Ethernet)."""
 
 
-def nvswitch_chips(gpus: int, arch: str) -> tuple[str, int]:
-    """``(component name, chips)`` of NVSwitch for one NVLink domain of ``gpus`` GPUs of ``arch``.
+def nvswitch_chips(gpus: int, arch: str, switch_links: int = 0) -> tuple[str, int]:
+    """``(component name, chips)`` of NVSwitch for ``gpus`` GPUs of ``arch`` around one NVSwitch (one NVLink
+    domain, or one rack of a domain that spans racks), whose chips also end ``switch_links`` NVLink links to
+    other NVSwitches (the cables between the racks of a GB200 NVL36x2).
 
     Examples
     --------
     >>> nvswitch_chips(8, "sm90"), nvswitch_chips(72, "sm100"), nvswitch_chips(1, "sm90")
     (('NVSwitch-gen3', 4), ('NVSwitch-gen4', 18), ('NVSwitch-gen3', 0))
+    >>> nvswitch_chips(36, "sm100", switch_links=36 * 18)  # one NVL36x2 rack: 9 switch trays of 2
+    ('NVSwitch-gen4', 18)
     """
     gen = NVSWITCH_GENERATIONS.get(arch, NVSWITCH_GENERATIONS["sm90"])
-    if gpus <= 1:
+    if gpus <= 1 and not switch_links:
         return gen.component, 0
-    return gen.component, max(math.ceil(gpus * gen.links_per_gpu / gen.ports_per_chip),
+    return gen.component, max(math.ceil((gpus * gen.links_per_gpu + switch_links) / gen.ports_per_chip),
                               gen.chips_per_hgx8 * math.ceil(gpus / 8))
 
 
@@ -214,9 +225,10 @@ class PlanOptions:
     Attributes
     ----------
     port_speed_Bps : float or None
-        Bytes/s of one switch port and one cable; ``None``: the fabric's most
-        common NIC link rate (400 Gb/s when it has no NICs), rounded up to a
-        speed the switch family offers.
+        Bytes/s of one switch port and one cable, one of the port speeds of
+        :data:`SWITCH_MODELS`; ``None`` (``auto``): the fabric's most common
+        NIC link rate (400 Gb/s when it has no NICs), rounded up to a speed
+        the switch family offers.
     nic_media, switch_media : str
         How NIC-to-switch and switch-to-switch cables are built (:data:`MEDIA`).
     family : str
@@ -290,7 +302,7 @@ def plan_options(section: Mapping[str, object] | PlanOptions | None = None) -> P
     Fields::
 
         plan:
-          port_speed: auto          # or e.g. 400Gbps, 800Gbps: one switch port and one cable
+          port_speed: auto          # or 200Gbps, 400Gbps, 800Gbps: one switch port and one cable
           nic_media: optics         # optics | aoc | dac, NIC <-> leaf cables
           switch_media: optics      # optics | aoc | dac, switch <-> switch cables
           family: auto              # auto | infiniband | ethernet
@@ -318,25 +330,24 @@ def plan_options(section: Mapping[str, object] | PlanOptions | None = None) -> P
         if key not in PLAN_FIELDS:
             raise TopologyError(f"plan.{key}: unknown field; valid fields: {', '.join(PLAN_FIELDS)}")
     speed = section.get("port_speed", "auto")
-    port_speed = None if speed in (None, "auto") else parse_bandwidth(speed, "plan.port_speed")
-    if port_speed is not None and port_speed < 1 * _G:
-        raise TopologyError(f"plan.port_speed: {speed!r} is below 1 Gb/s; give e.g. 400Gbps or auto")
     family = _choice(section.get("family", "auto"), "family", FAMILIES)
-    if port_speed is not None:
-        _check_port_speed(speed, port_speed, family)
+    auto = speed is None or (isinstance(speed, str) and speed.strip().lower() == "auto")
+    port_speed = None if auto else _port_speed(speed, family)
     return PlanOptions(port_speed_Bps=port_speed,
                        nic_media=_choice(section.get("nic_media", "optics"), "nic_media", MEDIA),
                        switch_media=_choice(section.get("switch_media", "optics"), "switch_media", MEDIA),
                        family=family, components=_overrides(section.get("components")))
 
 
-def _check_port_speed(speed: object, port_speed_Bps: float, family: str) -> None:
-    """Refuse a ``plan.port_speed`` above every switch port of ``family`` (any family when ``auto``): a speed
-    between two offered ones rounds up to the next, but none is faster than the fastest, and pricing the
-    fastest instead would understate what the fabric needs."""
+def _port_speed(speed: object, family: str) -> float:
+    """Bytes/s of ``plan.port_speed``, which must be a port speed of a switch of ``family`` (of any family when
+    ``auto``) in :data:`SWITCH_MODELS`: a port runs at one of the speeds it is built for, and pricing another
+    speed than the one asked for (300 Gb/s priced as 400G parts, 1 Gb/s as 200G ones) would be a silent guess."""
+    port_speed = parse_bandwidth(speed, "plan.port_speed")
     speeds = sorted({m.port_Gbps for m in SWITCH_MODELS if family == "auto" or m.family == family})
-    if port_speed_Bps > speeds[-1] * _G * (1 + 1e-9):  # the tolerance capacity._port_speed rounds up with
-        which = "" if family == "auto" else f" {family}"
-        raise TopologyError(f"plan.port_speed: {speed!r} is faster than any{which} switch port priced here; valid: "
-                            f"{', '.join(f'{s}Gbps' for s in speeds)} (a slower speed rounds up to the next one), "
-                            f"or auto")
+    for s in speeds:
+        if math.isclose(port_speed, s * _G, rel_tol=1e-9):
+            return s * _G
+    which = "" if family == "auto" else f" {family}"
+    raise TopologyError(f"plan.port_speed: {speed!r} is not a port speed of any{which} switch priced here; valid: "
+                        f"{', '.join(f'{s}Gbps' for s in speeds)}, or auto (the fabric's NIC rate, rounded up)")
