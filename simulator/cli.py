@@ -71,9 +71,10 @@ def check_writable(path: str | None, flag: str) -> None:
         raise ValueError(f"{flag}: cannot write {path!r} ({reason})")
 
 
-def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8) -> Cluster:
+def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8, field: str = "--cluster") -> Cluster:
     """``spec`` is a preset name, ``PRESET:NODES``, a YAML file or a GraphML topology; with no spec, a DGX-H100
-    leaf-spine big enough for ``min_gpus``."""
+    leaf-spine big enough for ``min_gpus``. ``field``: what the user gave ``spec`` as, for the error messages
+    (an option, or ``cluster`` where it is the command's argument)."""
     if spec is None:
         nodes = max(1, math.ceil(min_gpus / gpus_per_node))
         return build_cluster({"preset": "dgx-h100", "nodes": nodes})
@@ -86,7 +87,7 @@ def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8) -> 
     preset, sep, nodes = spec.partition(":")
     if sep:  # PRESET:NODES, as run --chakra --cluster takes it
         if not nodes.strip().isdigit():
-            raise ValueError(f"--cluster: {spec!r}: NODES must be an integer, as in dgx-h100:4")
+            raise ValueError(f"{field}: {spec!r}: NODES must be an integer, as in dgx-h100:4")
         return build_cluster({"preset": preset, "nodes": int(nodes)})
     return build_cluster({"preset": spec})
 

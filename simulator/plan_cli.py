@@ -39,13 +39,7 @@ def load_plan_inputs(spec: str, nodes: int | None = None) -> tuple[object, objec
             raise ValueError(f"--nodes: {spec} gives the number of nodes already; give it once ({spec} or "
                              f"{spec.partition(':')[0]} --nodes {nodes})")
         from .cli import resolve_cluster
-        try:
-            return resolve_cluster(spec, 1), plan_options(None)
-        except ValueError as exc:  # (its NODES message names run's --cluster option; here it is the argument)
-            msg = str(exc)
-            if msg.startswith("--cluster: "):
-                raise ValueError(msg.removeprefix("--cluster: ")) from None
-            raise
+        return resolve_cluster(spec, 1, field="cluster"), plan_options(None)
     section: object = {"preset": spec}
     plan: object = None
     where = ""

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable(out, "--output")
         if not out.lower().endswith((".yaml", ".yml", ".graphml")):
             raise ValueError(f"--output: {out!r}: name the file .yaml, .yml (topology file) or .graphml")
-    cluster = resolve_cluster(args.cluster, 1)
+    cluster = resolve_cluster(args.cluster, 1, field="cluster")
     print("\n".join(describe_fabric(cluster)))
     for out in args.output:
         write_topology(cluster, out)

@@ -74,3 +74,10 @@ def test_a_cluster_file_without_its_cluster_section_says_so(tmp_path):
         load_cluster(path)
     path.write_text("preset: dgx-h100\nnodes: 2\n")  # cluster fields at top level still load
     assert load_cluster(path).num_gpus == 16
+
+
+@pytest.mark.parametrize("argv", [["topology", "dgx-h100:x"], ["plan", "dgx-h100:x"]])
+def test_a_bad_node_count_names_the_argument_not_an_option(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "clustersim: error: cluster: 'dgx-h100:x': NODES must be an integer, as in dgx-h100:4"
