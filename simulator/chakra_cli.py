@@ -27,6 +27,7 @@ import time
 
 from topologies import build_cluster, load_cluster
 from topologies.cluster import Cluster
+from topologies.loader import preset_section
 from workloads.errors import with_prefix
 
 
@@ -171,15 +172,13 @@ def trace_unused(doc: dict) -> list[str]:
 
 def trace_cluster(spec: str, ranks: int) -> Cluster:
     """``--cluster``: a YAML file, ``PRESET:NODES``, or ``PRESET`` sized to ``ranks`` GPUs."""
-    preset, _, nodes = ("", "", "") if spec.endswith((".yaml", ".yml")) else spec.partition(":")
-    if nodes and not nodes.isdigit():
-        raise ValueError(f"--cluster: {spec!r}: NODES must be an integer, as in dgx-h100:4")
+    section = {} if spec.endswith((".yaml", ".yml")) else preset_section(spec, "--cluster")
     try:
         if spec.endswith((".yaml", ".yml")):
             return load_cluster(spec)
-        if nodes:
-            return build_cluster({"preset": preset, "nodes": int(nodes)})
-        per_node = build_cluster({"preset": preset, "nodes": 1}).gpus_per_server
-        return build_cluster({"preset": preset, "nodes": max(1, math.ceil(ranks / per_node))})
+        if "nodes" in section:
+            return build_cluster(section)
+        per_node = build_cluster({**section, "nodes": 1}).gpus_per_server
+        return build_cluster({**section, "nodes": max(1, math.ceil(ranks / per_node))})
     except ValueError as exc:
         raise with_prefix(exc, f"--cluster {spec}") from None

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 
 from topologies import build_cluster, format_bandwidth, format_bytes, format_time, load_cluster, parse_bytes
 from topologies.cluster import Cluster
-from topologies.loader import MAX_GPUS
+from topologies.loader import MAX_GPUS, preset_section
 from workloads.ops import COLLECTIVE_KINDS
 
 from . import chakra_cli
@@ -84,12 +84,7 @@ def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8, fie
             print(f"clustersim: note: {spec}'s faults: section is not applied here: this is the healthy fabric "
                   f"(clustersim run simulates the faults)", file=sys.stderr)
         return cluster
-    preset, sep, nodes = spec.partition(":")
-    if sep:  # PRESET:NODES, as run --chakra --cluster takes it
-        if not nodes.strip().isdigit():
-            raise ValueError(f"{field}: {spec!r}: NODES must be an integer, as in dgx-h100:4")
-        return build_cluster({"preset": preset, "nodes": int(nodes)})
-    return build_cluster({"preset": spec})
+    return build_cluster(preset_section(spec, field))  # a preset, or PRESET:NODES
 
 
 def _top_level(path: str, key: str) -> object:
@@ -252,7 +247,7 @@ def print_summary(result, file=None) -> None:
         over = "" if s.get("fits_in_memory", True) else "   does not fit in the GPU (simulated with --force)"
         print(f"  memory per GPU       {s['memory_per_gpu_bytes'] * gb:.1f} GB (params {mem['parameters'] * gb:.1f}"
               f" + grads {mem['gradients'] * gb:.1f} + optimizer {mem['optimizer'] * gb:.1f}"
-              f" + activations {mem['activations'] * gb:.1f}; stage {mem['stage']}){over}", file=out)
+              f" + activations {mem['activations'] * gb:.1f}; stage {s['memory_stage']}){over}", file=out)
     moe = s.get("moe")
     if moe and moe.get("draws"):
         dropped = moe["dropped_fraction"]

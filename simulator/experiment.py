@@ -38,10 +38,10 @@ from topologies import build_cluster, format_bandwidth, parse_time
 from topologies.bisection import bisection_bandwidth
 from topologies.builders import ratio_text
 from topologies.capacity import plan_columns
-from topologies.cluster import Cluster
+from topologies.cluster import Cluster, check_cluster
 from topologies.components import PlanOptions, plan_options
 from topologies.faults import apply_faults, check_fault, fault_counts
-from topologies.loader import describes_topology, resolve_topology_path
+from topologies.loader import describes_topology, preset_section, resolve_topology_path
 from topologies.yamlio import load_yaml, malformed
 from workloads.errors import ConfigError, check_bool, with_prefix
 from workloads.memory import MemoryBreakdown, memory_per_gpu
@@ -162,10 +162,7 @@ def _section(doc: Mapping, key: str) -> dict:
     if value is None:
         return {}
     if isinstance(value, str) and key in _PRESET_SECTIONS:
-        preset, _, nodes = value.partition(":")
-        if key == "cluster" and nodes.strip().isdigit():
-            return {"preset": preset.strip(), "nodes": int(nodes)}
-        return {"preset": value}
+        return preset_section(value) if key == "cluster" else {"preset": value}
     if not isinstance(value, Mapping):
         got = f"the text {value!r}" if isinstance(value, str) else type(value).__name__
         raise ConfigError(f"{key}: must be a mapping of fields (e.g. {key}: {{field: value}}), got {got}")
@@ -256,8 +253,8 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     """
     if not isinstance(doc, Mapping):
         raise ConfigError(f"experiment: the file must hold a mapping of sections ({', '.join(SECTIONS)})")
-    if cluster is not None and not isinstance(cluster, Cluster):
-        raise TypeError(f"cluster: must be a Cluster (topologies.build_cluster), got {type(cluster).__name__}")
+    if cluster is not None:
+        check_cluster(cluster)
     if "jobs" in doc:
         raise ConfigError("jobs: a file of several jobs sharing a fabric runs with `clustersim jobs FILE` "
                           "(API: simulator.jobs.load_jobs / run_jobs)")
@@ -748,9 +745,10 @@ def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment,
         "hardware_tflops_per_gpu": step.hardware_flops / result.step_time / world / 1e12,
         "mfu": tflops / peak,
         "memory_per_gpu_bytes": memory.total,
+        # bytes only (they sum to memory_per_gpu_bytes); the stage they are of is its own field
         "memory_breakdown_bytes": {"parameters": memory.parameters, "gradients": memory.gradients,
-                                   "optimizer": memory.optimizer, "activations": memory.activations,
-                                   "stage": memory.stage},
+                                   "optimizer": memory.optimizer, "activations": memory.activations},
+        "memory_stage": memory.stage,
         "fits_in_memory": memory.fits(exp.cluster.gpu.hbm_bytes),
         "tokens_per_s": step.parallel.global_batch * exp.training.seq_len / result.step_time,
     })

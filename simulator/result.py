@@ -10,9 +10,17 @@ payload bytes (``bytes_by_class``)
     algorithm (a ring all-reduce of S over n ranks sends ``2(n-1)/n·S`` per
     rank). This is the "traffic" a planner means.
 link bytes (``bytes_by_tier``, ``links``)
-    Bytes carried by each directed link; a payload byte that crosses a
+    Wire bytes carried by each directed link; a byte that crosses a
     GPU→NIC→leaf→spine→leaf→NIC→GPU route is counted once per link, under
-    that link's tier (nvlink, pcie, leaf, spine, core).
+    that link's tier (nvlink, pcie, leaf, spine, core). Wire bytes are the
+    payload in NCCL's protocol format: Simple sends the payload as it is,
+    LL128 at 0.92 payload (NCCL's factor for its 120-in-128-byte lines), LL 4
+    bytes in 8 (flags); so a small collective's link bytes are up to twice
+    its payload (:data:`simulator.nccl.BANDWIDTH_FACTOR`).
+link ids (the index of ``links``)
+    Positions in this run's fabric. A run with faults has its removed links
+    left out of the graph, so its ids differ from the healthy fabric's:
+    compare two runs' links on ``(src, dst)``, not on the id.
 exposed communication
     Per rank, the time during which any communication op of a class is in
     flight and no compute op runs (``|comm \\ compute|``); reported as the
@@ -198,8 +206,9 @@ class Result:
 
     @cached_property
     def links(self) -> pd.DataFrame:
-        """One row per directed link: endpoints, kind, tier, bandwidth, bytes, busy time, utilisation,
-        and ``bytes_<class>`` columns."""
+        """One row per directed link: endpoints, kind, tier, bandwidth, wire bytes, busy time, utilisation,
+        and ``bytes_<class>`` columns. The index (``link``) is this run's link id: to compare runs whose
+        fabrics differ (faults remove links), join on ``src`` and ``dst``."""
         fabric = self.record.fabric
         ledger = fabric.network.ledger
         step = self.step_time if self.step_time > 0 else np.inf
@@ -276,6 +285,9 @@ class Result:
             ids = list(self.busiest_links(_traffic().check_count(top, "top"), tier).index)
         else:
             _check_tier(tier)
+            if tier is not None:
+                raise ValueError("tier: picks the busiest links when links is not given; with links given, leave "
+                                 "tier out (or filter the frame by its tier column)")
             ids = _traffic().check_ids(links, "links", "link id", len(table), empty_ok=True)
         network = self.record.fabric.network
         pd = _pd()
@@ -358,6 +370,8 @@ class Result:
 
     @property
     def exposed_comm_s(self) -> float:
+        """Seconds per rank (mean over the world) that some communication is in flight while the rank computes
+        nothing: the ``total`` of :attr:`exposed_comm_by_class`."""
         return self.exposed_comm_by_class.get("total", 0.0)
 
     @property
@@ -443,15 +457,18 @@ class Result:
     # -------------------------------------------------------------- plots
     # (matplotlib is imported on first use: ``import simulator`` and the CLI stay quick to start)
     def plot_timeline(self, ranks: list[int] | None = None, ax=None):
+        """Gantt chart of the ops of ``ranks`` (default one per pipeline stage) on their streams; returns the axes."""
         return _plotting().plot_timeline(self.timeline(ranks), ax=ax)
 
     def plot_stages(self, ax=None):
+        """Where each pipeline stage's step time went (:attr:`stages`' partition), stacked seconds per category."""
         if self.stages.empty:
             raise ValueError("plot_stages: this run has no pipeline stages (a bare simulate of an op graph), "
                              "nothing to draw")
         return _plotting().plot_stages(self.stages, ax=ax)
 
     def plot_tier_bandwidth(self, ax=None):
+        """Bandwidth each tier carries over the step (:attr:`tier_timeseries`, bytes/s) against its capacity."""
         capacity = self.links.groupby("tier")["bandwidth_Bps"].sum().to_dict()
         return _plotting().plot_tier_bandwidth(self.tier_timeseries, self.phases(), ax=ax, capacity=capacity)
 
@@ -466,6 +483,7 @@ class Result:
         return _plotting().plot_link_heatmap(series, bins=bins, ax=ax, end_s=self.step_time)
 
     def plot_traffic_matrix(self, level: str = "node", traffic_class: str | list[str] | None = None, ax=None):
+        """Heat map of :meth:`traffic_matrix` (payload bytes per step from row to column)."""
         matrix = self.traffic_matrix(level, traffic_class)
         title = f"payload bytes per step, {level} to {level}" + (f", {traffic_class}" if traffic_class else "")
         if not matrix.to_numpy().any():
@@ -473,9 +491,11 @@ class Result:
         return _plotting().plot_traffic_matrix(matrix, ax=ax, title=title)
 
     def plot_link_utilization(self, ax=None):
+        """Distribution of the links' utilisation (bytes over bandwidth x step time) by tier."""
         return _plotting().plot_link_utilization(self.links, ax=ax)
 
     def plot_bytes_by_class_and_tier(self, ax=None):
+        """Link bytes per traffic class and tier (:meth:`bytes_by_class_and_tier`), stacked bars."""
         return _plotting().plot_bytes_by_class_and_tier(self.bytes_by_class_and_tier(), ax=ax)
 
     def save_plots(self, folder: str, dpi: int = 120) -> list[str]:
@@ -487,6 +507,8 @@ class Result:
         """
         import matplotlib.pyplot as plt
 
+        if isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not 0 < dpi <= 2400:
+            raise ValueError(f"dpi: must be a resolution in dots per inch, 0 < dpi <= 2400, got {dpi!r}")
         os.makedirs(folder, exist_ok=True)
         figures: list[tuple[str, Callable]] = [("timeline", self.plot_timeline)]
         if len(self.stages):

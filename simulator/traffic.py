@@ -101,7 +101,8 @@ def check_classes(traffic_class: object, known: Sequence[str]) -> list[str] | No
 
 def rank_labels(cluster: Cluster, level: str) -> list[str]:
     """A label per rank naming its place at ``level``: ``gpu`` (the rank), ``node`` (its server) or
-    ``leaf`` (the leaf switch its NIC plugs into)."""
+    ``leaf`` (the leaf switch its NIC plugs into; refused where a server's NICs plug into several leaves, as on
+    a rail-optimized fabric: a GPU is not in one leaf there)."""
     check_choice(level, LEVELS, "level")
     if level == "gpu":
         return [f"gpu{r}" for r in range(cluster.num_gpus)]
@@ -117,6 +118,13 @@ def rank_labels(cluster: Cluster, level: str) -> list[str]:
                              f"for {gpu} (use 'gpu' or 'node')")
         leaf = leaves[0]  # ("leaf", i) from the builders; a custom fabric's id otherwise
         out.append(f"leaf{leaf[1]}" if isinstance(leaf, tuple) and len(leaf) == 2 else f"leaf {leaf}")
+    by_server: dict[int, set[str]] = {}
+    for r, label in enumerate(out):
+        by_server.setdefault(cluster.server_of(r), set()).add(label)
+    if any(len(labels) > 1 for labels in by_server.values()):
+        raise ValueError(f"level: 'leaf' places a GPU by its NIC's leaf, and on {cluster.name} the GPUs of one "
+                         f"server hang off several leaves (a rail-optimized fabric), so their NVLink traffic would "
+                         f"read as leaf to leaf; use 'node', or bytes_by_class_and_tier() for what crossed leaves")
     return out
 
 

@@ -81,3 +81,61 @@ def test_a_bad_node_count_names_the_argument_not_an_option(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err == "clustersim: error: cluster: 'dgx-h100:x': NODES must be an integer, as in dgx-h100:4"
+
+
+# ---------------------------------------------------------------- the Python API (second audit)
+def test_zero_figures_checks_its_arguments_and_reads_text_counts():
+    from workloads.sharding import zero_figures
+    assert zero_figures("1T", 1024) == zero_figures(1e12, 1024)  # as clustersim zero --params 1T
+    for args, field in (((1e12, 0), "gpus"), ((-1, 8), "params"), ((float("nan"), 8), "params"),
+                        ((1e9, 8.5), "gpus"), ((1e9, 8, 3), "dtype_bytes")):
+        with pytest.raises(ValueError, match=rf"^{field}: "):
+            zero_figures(*args)
+
+
+@pytest.mark.parametrize("name", ["plan_summary", "bill_of_materials", "capacity_plan", "bisection_bandwidth"])
+def test_capacity_functions_name_a_cluster_that_is_not_one(name):
+    import topologies.bisection
+    import topologies.capacity
+    f = getattr(topologies.capacity, name, None) or getattr(topologies.bisection, name)
+    with pytest.raises(TypeError, match=r"^cluster: must be a Cluster .*got str; build it first"):
+        f("dgx-h100")
+
+
+def test_build_cluster_takes_preset_colon_nodes_as_files_do():
+    from topologies import build_cluster
+    assert build_cluster("dgx-h100:4").num_gpus == build_cluster({"preset": "dgx-h100", "nodes": 4}).num_gpus == 32
+    with pytest.raises(ValueError, match=r"^cluster: 'dgx-h100:x': NODES must be an integer"):
+        build_cluster("dgx-h100:x")
+
+
+TINY_RUN = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "tiny"},
+            "parallel": {"tp": 2, "pp": 2, "dp": 4, "global_batch": 8}, "training": {"seq_len": 128}}
+
+
+def test_memory_breakdown_holds_bytes_only_and_the_stage_apart():
+    s = run_experiment(experiment_from_dict(TINY_RUN)).summary
+    assert sum(s["memory_breakdown_bytes"].values()) == pytest.approx(s["memory_per_gpu_bytes"])
+    assert s["memory_stage"] in (0, 1)
+
+
+def test_link_timeseries_refuses_a_tier_beside_explicit_links_and_save_plots_checks_dpi(tmp_path):
+    r = run_experiment(experiment_from_dict(TINY_RUN))
+    with pytest.raises(ValueError, match=r"^tier: .*with links given"):
+        r.link_timeseries(links=[0], tier="spine")
+    assert len(r.link_timeseries(links=[0])) >= 1
+    with pytest.raises(ValueError, match=r"^dpi: "):
+        r.save_plots(str(tmp_path), dpi=0)
+
+
+def test_leaf_traffic_matrix_is_refused_where_a_server_spans_leaves():
+    doc = {**TINY_RUN, "cluster": {"preset": "dgx-h100", "nodes": 4, "nodes_per_leaf": 2, "spines": 2,
+                                   "fabric": "rail_optimized"},
+           "parallel": {"tp": 2, "pp": 2, "dp": 8, "global_batch": 16}}
+    r = run_experiment(experiment_from_dict(doc))
+    with pytest.raises(ValueError, match=r"^level: 'leaf' .*several leaves"):
+        r.traffic_matrix("leaf")
+    node = r.traffic_matrix("node")
+    assert node.to_numpy().sum() == pytest.approx(sum(r.bytes_by_class.values()))
+    leaf_spine = run_experiment(experiment_from_dict({**doc, "cluster": {**doc["cluster"], "fabric": "leaf_spine"}}))
+    assert leaf_spine.traffic_matrix("leaf").to_numpy().sum() == pytest.approx(sum(leaf_spine.bytes_by_class.values()))

@@ -116,7 +116,7 @@ def test_cluster_preset_colon_nodes_in_a_file_is_the_command_lines_form(tmp_path
     assert load_experiment(short).cluster.num_gpus == load_experiment(long).cluster.num_gpus == 16
     bad = tmp_path / "bad.yaml"
     bad.write_text("cluster: dgx-h100:two\n" + rest)
-    with pytest.raises(ValueError, match=r"cluster\.preset: unknown preset 'dgx-h100:two'"):
+    with pytest.raises(ValueError, match=r"cluster: 'dgx-h100:two': NODES must be an integer, as in dgx-h100:4$"):
         load_experiment(bad)
 
 

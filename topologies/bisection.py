@@ -40,7 +40,7 @@ from collections.abc import Hashable, Iterable, Mapping
 
 import networkx as nx
 
-from topologies.cluster import Cluster, TopologyError
+from topologies.cluster import Cluster, TopologyError, check_cluster
 
 __all__ = ["SWITCH_LEVELS", "bisection_bandwidth", "default_half", "oversubscription_by_tier"]
 
@@ -193,6 +193,7 @@ def bisection_bandwidth(cluster: Cluster, halves: Iterable[int] | None = None) -
     >>> bisection_bandwidth(c) / 1e9   # 16 GPUs x 50 GB/s / 2
     400.0
     """
+    check_cluster(cluster)
     sending, receiving = _halves(cluster, halves)
     if not sending or not receiving:
         return 0.0

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from topologies.bisection import SWITCH_LEVELS, bisection_bandwidth, default_half, oversubscription_by_tier
-from topologies.cluster import Cluster
+from topologies.cluster import Cluster, check_cluster
 from topologies.components import (
     NIC_MODELS,
     NVSWITCH_GENERATIONS,
@@ -383,6 +383,7 @@ def capacity_plan(cluster: Cluster, plan: Mapping[str, object] | PlanOptions | N
         Do not modify its frame: it is shared by the cache (the public
         helpers below return copies).
     """
+    check_cluster(cluster)
     opts = plan_options(plan)
     key = (_fingerprint(cluster), opts.key())
     with _CACHE_LOCK:

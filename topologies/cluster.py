@@ -144,3 +144,11 @@ class Cluster:
     def server_of(self, rank: int) -> int:
         """Index of the server (NVLink domain) that ``rank`` runs on."""
         return self.graph.nodes[self.gpus[rank]]["server"]
+
+
+def check_cluster(value: object, name: str = "cluster") -> None:
+    """Raise a one-line ``TypeError`` unless ``value`` is a :class:`Cluster` (what a public function taking a
+    cluster says when handed a preset name or a ``cluster:`` section instead)."""
+    if not isinstance(value, Cluster):
+        hint = (f"; build it first: topologies.build_cluster({value!r})" if isinstance(value, (str, dict)) else "")
+        raise TypeError(f"{name}: must be a Cluster (topologies.build_cluster), got {type(value).__name__}{hint}")

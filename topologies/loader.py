@@ -59,8 +59,8 @@ so a larger value (``nodes: 10**18``) is refused before anything is allocated.""
 MAX_SWITCHES = 65_536
 """The most switches (or nodes per leaf) of one tier."""
 
-__all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster", "resolve_topology_path", "describes_topology",
-           "topology_key"]
+__all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster", "preset_section", "resolve_topology_path",
+           "describes_topology", "topology_key"]
 
 FABRICS = ("leaf_spine", "rail_optimized", "fat_tree", "single_node")
 
@@ -204,6 +204,22 @@ def _from_topology_file(section: Mapping[str, object], key: str, base_dir: str |
         raise TopologyError(f"cluster.{key}: {path}: {not_utf8(e)}") from None
 
 
+def preset_section(spec: str, field: str = "cluster") -> dict[str, object]:
+    """The ``cluster:`` fields a text names: ``"dgx-h100"`` is ``{"preset": "dgx-h100"}``, ``"dgx-h100:4"``
+    (``PRESET:NODES``, as experiment files and every command's cluster argument take it) adds ``"nodes": 4``.
+    A NODES that is not a whole number raises a one-line :class:`TopologyError` naming ``field``.
+
+    >>> preset_section("dgx-h100:4")
+    {'preset': 'dgx-h100', 'nodes': 4}
+    """
+    preset, sep, nodes = spec.partition(":")
+    if not sep:
+        return {"preset": spec}
+    if not nodes.strip().isdigit():
+        raise TopologyError(f"{field}: {spec!r}: NODES must be an integer, as in dgx-h100:4")
+    return {"preset": preset.strip(), "nodes": int(nodes)}
+
+
 def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLike[str] | None = None) -> Cluster:
     """Build the cluster an experiment file's ``cluster:`` section describes.
 
@@ -212,7 +228,8 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
     section : Mapping or str
         The section's fields (see the module docstring); values may carry
         units (``"400Gbps"``, ``"450GB/s"``, ``"1us"``). A bare string is
-        shorthand for ``{"preset": section}``. A section with ``links``
+        shorthand for ``{"preset": section}``, or with ``PRESET:NODES`` for
+        ``{"preset": ..., "nodes": ...}`` (:func:`preset_section`). A section with ``links``
         (or a list of ``nodes``) is a topology document
         (:func:`topologies.custom.cluster_from_dict`); ``topology: <path>``
         loads a topology file (:func:`topologies.custom.load_topology`).
@@ -242,7 +259,7 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
     '16x dgx-h100 (128 H100-SXM), leaf_spine 1:1'
     """
     if isinstance(section, str):
-        section = {"preset": section}
+        section = preset_section(section)
     if not isinstance(section, Mapping):
         raise TopologyError(f"cluster: expected a mapping of fields or a preset name, got {type(section).__name__}")
     if is_topology_document(section):

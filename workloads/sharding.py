@@ -437,8 +437,18 @@ def zero_figures(params: float, gpus: int, dtype_bytes: int = 2, k: int | None =
     figures; a framework's (:func:`sharding_plan`) can differ: Megatron's fp32
     gradients, FSDP's root unit, DeepSpeed's reuse of gathered modules and
     persistent small parameters, gathers repeated for every micro-batch.
+
+    ``params`` may be text (``"1T"``, ``"175B"``: :func:`parse_count`); a bad argument raises a one-line
+    :class:`~workloads.errors.ConfigError` naming it.
     """
-    psi, n, d = float(params), int(gpus), dtype_bytes
+    from .errors import ConfigError, check_int
+    psi = parse_count(params)  # (a count given as text too, as clustersim zero --params takes it)
+    check_int("gpus", gpus)
+    if dtype_bytes not in (2, 4):
+        raise ConfigError(f"dtype_bytes: must be 2 (bf16/fp16) or 4 (fp32), got {dtype_bytes!r}")
+    if k is not None:
+        check_int("k", k, minimum=0)
+    n, d = gpus, dtype_bytes
     k = optimizer_bytes_per_param(d) if k is None else k
     ring = (n - 1) / n
     rows = []
