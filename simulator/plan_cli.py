@@ -18,28 +18,32 @@ __all__ = ["configure", "run", "load_plan_inputs"]
 
 def configure(p: argparse.ArgumentParser) -> None:
     """Arguments of ``clustersim plan``."""
-    p.add_argument("cluster", help="a preset name (dgx-h100), PRESET:NODES (dgx-h100:4), a cluster YAML or an "
-                                   "experiment YAML; a plan: section beside the cluster overrides port speed, cable "
-                                   "media and prices")
+    p.add_argument("cluster", help="a preset name (dgx-h100), PRESET:NODES (dgx-h100:4), a cluster YAML, an "
+                                   "experiment YAML or a .graphml topology; a plan: section beside the cluster "
+                                   "overrides port speed, cable media and prices")
     p.add_argument("--nodes", type=int, help="override the number of servers (NVLink domains)")
     p.add_argument("--json", action="store_true", help="print one JSON object (summary and bill of materials)")
     p.add_argument("--csv", metavar="OUT.csv", help="also write the bill of materials as CSV")
 
 
 def load_plan_inputs(spec: str, nodes: int | None = None) -> tuple[object, object]:
-    """``(cluster, plan section)`` of a preset name, ``PRESET:NODES`` or a YAML file; one-line ``ValueError``
-    naming the file."""
-    from topologies import build_cluster
+    """``(cluster, plan section)`` of a preset name, ``PRESET:NODES``, a YAML file or a GraphML topology;
+    one-line ``ValueError`` naming the file."""
+    from topologies import build_cluster, load_cluster
     from topologies.cluster import TopologyError
     from topologies.components import plan_options
-    from topologies.loader import describes_topology
+    from topologies.custom import GRAPHML_SUFFIXES
+    from topologies.loader import describes_topology, preset_section
 
+    if spec.lower().endswith(GRAPHML_SUFFIXES):  # a topology file lists every node: no --nodes, no plan: section
+        if nodes is not None:
+            raise ValueError(f"--nodes: cannot be used with a topology file ({spec} lists every node and link)")
+        return load_cluster(spec), plan_options(None)
     if ":" in spec and not spec.lower().endswith((".yaml", ".yml")):  # PRESET:NODES, as run --cluster takes it
         if nodes is not None:
             raise ValueError(f"--nodes: {spec} gives the number of nodes already; give it once ({spec} or "
                              f"{spec.partition(':')[0]} --nodes {nodes})")
-        from .cli import resolve_cluster
-        return resolve_cluster(spec, 1, field="cluster"), plan_options(None)
+        return build_cluster(preset_section(spec, "cluster")), plan_options(None)
     section: object = {"preset": spec}
     plan: object = None
     where = ""
@@ -54,7 +58,7 @@ def load_plan_inputs(spec: str, nodes: int | None = None) -> tuple[object, objec
             raise ValueError(f"--nodes: cannot be used with a topology file (the cluster of {spec} lists every "
                              f"node and link); drop --nodes, or give a preset or builder fields (preset: dgx-h100)")
         if isinstance(section, str):  # ``cluster: dgx-h100`` is shorthand for a preset
-            section = {"preset": section}
+            section = preset_section(section, "cluster")
         if isinstance(section, Mapping):
             section = {**section, "nodes": nodes}
     try:

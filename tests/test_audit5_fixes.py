@@ -139,3 +139,18 @@ def test_leaf_traffic_matrix_is_refused_where_a_server_spans_leaves():
     assert node.to_numpy().sum() == pytest.approx(sum(r.bytes_by_class.values()))
     leaf_spine = run_experiment(experiment_from_dict({**doc, "cluster": {**doc["cluster"], "fabric": "leaf_spine"}}))
     assert leaf_spine.traffic_matrix("leaf").to_numpy().sum() == pytest.approx(sum(leaf_spine.bytes_by_class.values()))
+
+
+def test_plan_reads_a_graphml_topology_as_the_fabric_it_was_written_from(tmp_path, capsys):
+    import json
+    path = tmp_path / "two.graphml"
+    assert main(["topology", "dgx-h100:2", "--output", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["plan", "dgx-h100:2", "--json"]) == 0
+    preset = json.loads(capsys.readouterr().out)["summary"]
+    assert main(["plan", str(path), "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)["summary"]
+    for key in ("fabric_cost_usd", "fabric_power_kw", "bisection_bytes_s", "port_speed_Gbps"):
+        assert written[key] == pytest.approx(preset[key]), key
+    assert main(["plan", str(path), "--nodes", "2"]) == 2
+    assert "--nodes: cannot be used with a topology file" in capsys.readouterr().err
