@@ -607,7 +607,8 @@ def _validate():
                        help="run only these entries (default: all but the slow ones, which --list marks)")
         p.add_argument("--all", action="store_true", help="also run the slow entries")
         p.add_argument("--max-gpus", type=int, metavar="N", help="skip entries of published runs on more than N GPUs")
-        p.add_argument("--fidelity", default="fast", choices=_FIDELITIES)
+        p.add_argument("--fidelity", default=None, choices=_FIDELITIES,
+                       help="every entry's fidelity (default: each entry's file's: fast, or as the file says)")
         p.add_argument("--jobs", type=int, default=1, help="entries simulated in parallel processes (default 1)")
         p.add_argument("--json", action="store_true", help="print a JSON list of rows instead of a table")
         p.add_argument("--list", action="store_true",

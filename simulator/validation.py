@@ -145,9 +145,8 @@ ENTRIES: tuple[Entry, ...] = (
           "v=8 assumed; no document masking; leaf-spine instead of 3-layer Clos"),
     # DeepSeek-V3 on 2,048 H800: GPU-hours per trillion tokens as tokens/s per GPU.
     Entry("deepseek-v3-2048-h800", 2048, "tokens_per_gpu_s", 1e12 / (180e3 * 3600), _DEEPSEEK_V3,
-          "no MTP module; stage split assumed; balanced routing; leaf-spine instead of multi-plane fat tree",
-          slow="2,048 ranks x 120 micro-batches of DualPipe with EP-64 all-to-alls: ~15 s of CPU with "
-               "--fidelity lockstep"),
+          "no MTP module; stage split assumed; balanced routing; leaf-spine instead of multi-plane fat tree; "
+          "simulated in lockstep (its file's fidelity: ~15 s of CPU)"),
 )
 """Every validation entry, smallest first within each source."""
 
@@ -209,8 +208,9 @@ def check_options(only: Iterable[str] | None, jobs: object) -> None:
                              f"(clustersim validate --list)")
 
 
-def _run_entry(name: str, fidelity: str) -> dict:
-    """Simulate one entry (forced if it does not fit) and return its table row."""
+def _run_entry(name: str, fidelity: str | None) -> dict:
+    """Simulate one entry (forced if it does not fit; at ``fidelity``, None: its file's) and return its table
+    row."""
     from .experiment import run_experiment
     e = get_entry(name)
     t0 = time.perf_counter()
@@ -226,7 +226,7 @@ def _run_entry(name: str, fidelity: str) -> dict:
             "sim_wall_s": time.perf_counter() - t0, "source": e.source}
 
 
-def validate_against_published(names: str | Iterable[str] | None = None, fidelity: str = "fast", *,
+def validate_against_published(names: str | Iterable[str] | None = None, fidelity: str | None = None, *,
                                max_gpus: int | None = None, jobs: int = 1, progress=None,
                                include_slow: bool = False) -> pd.DataFrame:
     """Simulate validation entries and compare with the published numbers.
@@ -236,8 +236,9 @@ def validate_against_published(names: str | Iterable[str] | None = None, fidelit
     names : str or iterable of str, optional
         Entries to run (default: all of :data:`ENTRIES` but the slow ones, in that order; see
         :func:`select_entries`).
-    fidelity : {"fast", "full", "lockstep"}
-        Simulation fidelity (see :data:`simulator.experiment.FIDELITIES`).
+    fidelity : {"fast", "full", "lockstep"}, optional
+        Simulation fidelity of every entry (see :data:`simulator.experiment.FIDELITIES`); default each entry's
+        file's (``fast`` unless the file says otherwise: DeepSeek-V3's says ``lockstep``).
     max_gpus : int, optional
         Skip entries whose published run used more GPUs.
     jobs : int, default 1
@@ -258,7 +259,8 @@ def validate_against_published(names: str | Iterable[str] | None = None, fidelit
         ``mfu`` values are fractions; TFLOP/s metrics are in TFLOP/s; ``tokens_per_gpu_s`` in tokens/s.
     """
     from .experiment import _fidelity
-    fidelity = _fidelity(fidelity)
+    if fidelity is not None:
+        fidelity = _fidelity(fidelity)
     entries = select_entries(names, max_gpus=max_gpus, include_slow=include_slow)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs: must be an integer >= 1, got {jobs!r}")
