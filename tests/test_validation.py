@@ -180,3 +180,36 @@ def test_cli_validate_says_when_max_gpus_leaves_out_an_entry_asked_for_by_name(c
     captured = capsys.readouterr()
     assert [line.split()[0] for line in captured.out.splitlines()] == [SMALLEST.name]
     assert f"skipped {big.name}" in captured.err and "--max-gpus 64" in captured.err
+
+
+def test_several_entries_run_each_in_a_fresh_process_in_entry_order(monkeypatch):
+    # A default run in one process piled the entries' peaks up (14.6 GB; each alone peaks at 7.2 GB at most):
+    # each entry now gets a fresh worker (max_tasks_per_child=1), also with one job, in entry order.
+    import concurrent.futures
+
+    from simulator import validation
+    made, submitted = [], []
+
+    class Recording:
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, name, fidelity):
+            submitted.append(name)
+            done = concurrent.futures.Future()
+            done.set_result({"name": name, "simulated": 1.0})
+            return done
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Recording)
+    monkeypatch.setattr(validation.pd, "DataFrame", lambda rows, columns: rows)
+    names = [ENTRIES[2].name, ENTRIES[0].name, ENTRIES[1].name]
+    seen = []
+    rows = validate_against_published(names, progress=lambda row: seen.append(row["name"]))
+    assert made == [{"max_workers": 1, "max_tasks_per_child": 1}]
+    assert submitted == seen == [r["name"] for r in rows] == names
