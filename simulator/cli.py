@@ -258,7 +258,7 @@ def print_summary(result, file=None) -> None:
     print(f"  exposed comm         {format_time(s['exposed_comm_s'])} per rank: " + ", ".join(
         f"{k} {format_time(v)}" for k, v in s["exposed_comm_by_class_s"].items())
         + " (each class's time in flight outside compute; where classes overlap, counted in each)", file=out)
-    if s.get("compute_beside_comm_s", 0.0) >= 1e-9:  # (below a nanosecond per rank: rounding, not SMs)
+    if s.get("compute_beside_comm_s"):
         print(f"  compute beside comm  +{format_time(s['compute_beside_comm_s'])} per rank (the SMs overlapped "
               f"communication holds, compute.comm_sms)", file=out)
     print("  bytes sent by class  " + ", ".join(f"{k} {format_bytes(v)}" for k, v in s["bytes_by_class"].items()),

@@ -39,15 +39,15 @@ def load_plan_inputs(spec: str, nodes: int | None = None) -> tuple[object, objec
         if nodes is not None:
             raise ValueError(f"--nodes: cannot be used with a topology file ({spec} lists every node and link)")
         return load_cluster(spec), plan_options(None)
-    if ":" in spec and not spec.lower().endswith((".yaml", ".yml")):  # PRESET:NODES, as run --cluster takes it
-        if nodes is not None:
-            raise ValueError(f"--nodes: {spec} gives the number of nodes already; give it once ({spec} or "
-                             f"{spec.partition(':')[0]} --nodes {nodes})")
-        return build_cluster(preset_section(spec, "cluster")), plan_options(None)
-    section: object = {"preset": spec}
+    section: object
     plan: object = None
     where = ""
-    if spec.endswith((".yaml", ".yml")):
+    if not spec.lower().endswith((".yaml", ".yml")):  # a preset, or PRESET:NODES as run --cluster takes it
+        section = preset_section(spec, "cluster")
+        if "nodes" in section and nodes is not None:
+            raise ValueError(f"--nodes: {spec} gives the number of nodes already; give it once ({spec} or "
+                             f"{section['preset']} --nodes {nodes})")
+    else:
         from .experiment import read_experiment_file
         doc = read_experiment_file(spec)
         where = f"{spec}: "
