@@ -122,7 +122,9 @@ class ComputeModel:
         (:mod:`simulator.engine`, "Compute beside communication"), except ops
         with a kernel already timed on reserved SMs, and collectives whose SMs
         the generator priced itself (``holds_sms`` False: TE's userbuffers).
-        Default 24, measured on an H100: an ``ncclAllGather`` beside a GEMM
+        A collective that NCCL cuts to fewer channels for its size holds
+        one SM per channel kept, when that is fewer (``network.channels:
+        nccl``). Default 24, measured on an H100: an ``ncclAllGather`` beside a GEMM
         launched 24 blocks (NVIDIA developer forum, "Compute-communication
         overlap causes severe GEMM performance degradation because of tail
         effect", 2025); NCCL alone kept ~15% of an H100's SMs active

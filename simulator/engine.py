@@ -11,7 +11,8 @@ Each op waits for its explicit dependencies and for the previous op of its
   wait for each other, then one flow moves the bytes.
 
 Compute beside communication: an NCCL kernel holds SMs while its data moves
-(one CTA per channel: :attr:`ComputeModel.comm_sms` for a collective,
+(one CTA per channel: :attr:`ComputeModel.comm_sms` for a collective, or
+the channels NCCL cuts a small one to when fewer, :meth:`Fabric.channel_limit`;
 ``p2p_sms`` for a send or receive), and a compute kernel that runs meanwhile on
 another stream of the same rank gets only the SMs left. From the instant a
 rank's collective or transfer starts moving data until it ends, every compute
@@ -637,6 +638,13 @@ class Engine:
             for j in ids:
                 start_s[j] = now
             if interfere:
+                if op.kind == "collective" and op.split is None:
+                    # NCCL runs one CTA per channel: a collective cut to c channels for its size holds <= c SMs
+                    limit = fabric.channel_limit(op.collective, op.group, op.nbytes, op.algorithm)
+                    if limit is not None:
+                        for j in ids:
+                            if taken_by[j] > limit:
+                                taken_by[j] = limit
                 occupy(ids, 1)
             if op.kind == "collective":
                 shape = shape_of[s]

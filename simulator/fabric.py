@@ -249,6 +249,7 @@ class Fabric:
         self.network = backend(env, self.usable_capacity)
         self._servers = [graph.nodes[g]["server"] for g in cluster.gpus]
         self._auto_cache: dict[tuple, str] = {}
+        self._channel_limits: dict[tuple, int | None] = {}  # (kind, group, nbytes, algorithm) -> channel_limit
         self._estimate_cache: dict[tuple, list[float]] = {}  # plan shape (see _plan_shape) -> estimates
         self._route_latency: dict[tuple, tuple[np.ndarray, float]] = {}
         self._phases_cache: dict[tuple, tuple] = {}
@@ -515,6 +516,23 @@ class Fabric:
                                    stagger=self.config.nccl_latency, channels=limit)
         self._last_choice = (key, plan, choice[1])
         return plan, choice[1]
+
+    def channel_limit(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str = "auto"
+                      ) -> int | None:
+        """NCCL's channel count for this collective where it cuts channels for the size (``channels: nccl``,
+        :func:`~simulator.nccl.collective_channels`), else None. NCCL launches one CTA per channel, so a
+        collective cut to ``c`` channels holds at most ``c`` SMs beside compute (:mod:`simulator.engine`).
+        A bulk all-to-all or an alltoallv is never cut (None)."""
+        key = (kind, group, nbytes, algorithm)
+        found = self._channel_limits.get(key, False)
+        if found is False:
+            found = None
+            if (self.config.channels == "nccl" and self.config.nccl_latency and len(group) > 1
+                    and not self._bulk(kind, group, nbytes, algorithm, None)):
+                plan, protocol = self.choose(kind, group, nbytes, algorithm)
+                found = collective_channels(plan.algorithm, protocol, nbytes, len(group))
+            self._channel_limits[key] = found
+        return found
 
     def _cached_estimates(self, plan: Plan) -> tuple[list[float], list[float]]:
         """:meth:`estimates` of ``plan`` and their latency terms alone (:meth:`_both_estimates`), kept per plan

@@ -13,6 +13,7 @@ import pytest
 import simpy
 
 from simulator.collectives import plan_collective
+from simulator.compute import ComputeModel
 from simulator.engine import Engine
 from simulator.experiment import experiment_from_dict, unused_settings
 from simulator.fabric import Fabric, NetworkConfig
@@ -117,6 +118,33 @@ def test_large_collectives_are_unchanged():
         nccl, t_nccl = _nic_bytes_out(c, 32, float(1 << 26), "nccl", algorithm)
         every, t_every = _nic_bytes_out(c, 32, float(1 << 26), "every_rail", algorithm)
         assert nccl == every and t_nccl == t_every
+
+
+def _beside_small_all_reduce(size, channels, comm_sms=24):
+    """Rank 0 computes 10 ms while a ``size``-byte ring all-reduce over two servers' 16 GPUs runs beside it."""
+    c = leaf_spine("H100", servers=2, servers_per_leaf=2)
+    graph = OpGraph(16)
+    a = graph.compute(0, duration_s=10e-3, category="fixed", name="a")
+    ar = graph.collective("all_reduce", list(range(16)), size, algorithm="ring", stream="dp")[0]
+    r = Engine(graph, c, ComputeModel(c.gpu, comm_sms=comm_sms), NetworkConfig(channels=channels)).run()
+    return r.end_s[a], r.end_s[ar] - r.start_s[ar]
+
+
+@pytest.mark.parametrize("size, held", [(4.0, 1), (256 * 1024, 4), (1 << 20, 16), (2 << 20, 24)])
+def test_a_cut_collective_holds_one_sm_per_channel_beside_compute(size, held):
+    # NCCL launches one CTA per channel. An LL ring over 16 ranks needs 512 threads x 8 B x 16 = 64 KiB a
+    # channel: 4 B runs 1 channel, 256 KiB 4, 1 MiB 16, 2 MiB 32 -- more SMs than comm_sms = 24, so 24.
+    # A 10 ms op overlapping T s of a collective holding h SMs of S = 132 ends at 10 ms + T h / S.
+    c = leaf_spine("H100", servers=2, servers_per_leaf=2)
+    _plan, protocol = Fabric(simpy.Environment(), c, NetworkConfig()).choose("all_reduce", tuple(range(16)),
+                                                                               size, "ring")
+    assert protocol == "LL"  # (the premise: the tuner's pick at these sizes)
+    end, t = _beside_small_all_reduce(size, "nccl")
+    assert 0 < t < 10e-3
+    assert end == pytest.approx(10e-3 + t * held / 132, rel=1e-12)
+    old_end, old_t = _beside_small_all_reduce(size, "every_rail")  # every rail: the whole comm_sms, as before
+    assert old_end == pytest.approx(10e-3 + old_t * 24 / 132, rel=1e-12)
+    assert _beside_small_all_reduce(size, "nccl", comm_sms=0)[0] == 10e-3
 
 
 def test_every_rail_is_the_old_plan_and_the_knob_is_checked():
