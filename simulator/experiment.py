@@ -43,7 +43,7 @@ from topologies.components import PlanOptions, plan_options
 from topologies.faults import apply_faults, check_fault, fault_counts
 from topologies.loader import describes_topology, preset_section, resolve_topology_path
 from topologies.yamlio import load_yaml, malformed
-from workloads.errors import ConfigError, check_bool, with_prefix
+from workloads.errors import ConfigError, check_bool, unknown_keys, with_prefix
 from workloads.memory import MemoryBreakdown, memory_per_gpu
 from workloads.models import ModelSpec, model_from_dict
 from workloads.moe import RoutingModel, routing_from_dict
@@ -172,7 +172,7 @@ def _section(doc: Mapping, key: str) -> dict:
 def _network_from_dict(section: Mapping) -> NetworkConfig:
     valid = ("model", "step_latency", "fidelity", "seed", "bandwidth_efficiency", "routing", "all_to_all",
              "replica_sends", "pxn", "channels")
-    unknown = sorted(set(section) - set(valid))
+    unknown = unknown_keys(section, valid)
     if unknown:
         raise ConfigError(f"network.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
     kwargs = {}
@@ -220,7 +220,7 @@ def _check_moe_section(model: ModelSpec, routing: RoutingModel) -> None:
 
 def _compute_from_dict(section: Mapping) -> dict:
     valid = [f.name for f in fields(ComputeModel) if f.name not in ("gpu", "dtype")]
-    unknown = sorted(set(section) - set(valid))
+    unknown = unknown_keys(section, valid)
     if unknown:
         raise ConfigError(f"compute.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
     for k, v in section.items():
@@ -234,7 +234,7 @@ def _compute_from_dict(section: Mapping) -> dict:
 
 def _options_from_dict(section: Mapping) -> StepOptions:
     valid = [f.name for f in fields(StepOptions)]
-    unknown = sorted(set(section) - set(valid))
+    unknown = unknown_keys(section, valid)
     if unknown:
         raise ConfigError(f"options.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
     return StepOptions(**section)
@@ -258,7 +258,7 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     if "jobs" in doc:
         raise ConfigError("jobs: a file of several jobs sharing a fabric runs with `clustersim jobs FILE` "
                           "(API: simulator.jobs.load_jobs / run_jobs)")
-    unknown = sorted(set(doc) - set(SECTIONS))
+    unknown = unknown_keys(doc, SECTIONS)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown section; valid sections: {', '.join(SECTIONS)}")
     if doc.get("sweep") is not None:  # read by `clustersim sweep` only, but a malformed one is an error everywhere
@@ -412,6 +412,9 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
         notes.append(f"moe: has no effect: model {model.name} has no experts (model.experts, model.top_k)")
     elif given("moe", "zipf_s") and exp.routing.kind != "zipf":
         notes.append(f"moe.zipf_s has no effect with routing: {exp.routing.kind} (only routing: zipf reads it)")
+    if model.is_moe and given("moe", "expert_load") and exp.routing.kind != "custom":
+        notes.append(f"moe.expert_load has no effect with routing: {exp.routing.kind} (only routing: custom reads "
+                     f"it)")
     if given("parallel", "cp_comm_type") and par.cp == 1:
         notes.append("parallel.cp_comm_type has no effect without context parallelism (cp > 1)")
     for key in ("zero_prefetch", "zero_reuse_distance", "zero_persistence"):

@@ -46,7 +46,7 @@ import pandas as pd
 
 from topologies import build_cluster
 from topologies.cluster import Cluster
-from workloads.errors import ConfigError, with_prefix
+from workloads.errors import ConfigError, unknown_keys, with_prefix
 from workloads.ops import OpGraph, merge_graphs
 from workloads.training import training_step
 
@@ -159,7 +159,7 @@ def jobs_from_dict(doc: Mapping) -> JobsSpec:
     """
     if not isinstance(doc, Mapping):
         raise ConfigError("jobs file: must hold a mapping of sections (" + ", ".join(JOBS_SECTIONS) + ")")
-    unknown = sorted(set(doc) - set(JOBS_SECTIONS))
+    unknown = unknown_keys(doc, JOBS_SECTIONS)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown section of a jobs file; valid: {', '.join(JOBS_SECTIONS)}")
     entries = doc.get("jobs")
@@ -174,7 +174,7 @@ def jobs_from_dict(doc: Mapping) -> JobsSpec:
     for i, job in enumerate(entries):
         if not isinstance(job, Mapping):
             raise ConfigError(f"jobs[{i}]: must be a mapping with {', '.join(JOB_FIELDS)}")
-        bad = sorted(set(job) - set(JOB_FIELDS))
+        bad = unknown_keys(job, JOB_FIELDS)
         if bad:
             raise ConfigError(f"jobs[{i}].{bad[0]}: unknown field; valid fields: {', '.join(JOB_FIELDS)}")
         if "nodes" not in job:

@@ -51,7 +51,7 @@ import networkx as nx
 
 from topologies.cluster import Cluster, GPUSpec, TopologyError
 from topologies.gpus import PCIE_BANDWIDTH, get_gpu
-from topologies.units import parse_bandwidth, parse_time
+from topologies.units import BARE_BANDWIDTH_MIN, parse_bandwidth, parse_time
 from topologies.validate import validate_cluster
 
 __all__ = [
@@ -84,10 +84,20 @@ def _positive_int(value: object, field: str) -> int:
 
 
 def _oversubscription(value: object, field: str = "oversubscription") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 1e300
+            or not math.isfinite(value)):  # (1e300 first: an int beyond any float is refused, not an OverflowError)
         raise TopologyError(f"{field}: {value!r} is not a number >= 1 (downlink:uplink, e.g. 1 for non-blocking, "
                             f"3 for 3:1)")
     return float(value)
+
+
+def _uplink_rate(rate: float, field: str, value: float) -> float:
+    """A switch uplink's rate (bytes/s) derived from ``field`` = ``value``; TopologyError below the rate any link
+    needs (:data:`~topologies.units.BARE_BANDWIDTH_MIN`), as a degraded link or a written bandwidth would be."""
+    if not rate >= BARE_BANDWIDTH_MIN:
+        raise TopologyError(f"{field}: {value:g} leaves each uplink {rate:g} bytes/s, below the "
+                            f"{BARE_BANDWIDTH_MIN:g} a link needs; use a smaller ratio")
+    return rate
 
 
 def ratio_text(oversubscription: float) -> str:
@@ -351,7 +361,7 @@ def leaf_spine(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, serve
     if n_leaves > 1:
         n_spines = p.spines
         downlink = p.servers_per_leaf * p.gpus_per_server * p.nic_bandwidth
-        uplink = downlink / (n_spines * p.oversubscription)
+        uplink = _uplink_rate(downlink / (n_spines * p.oversubscription), "oversubscription", p.oversubscription)
         for spine in _add_switches(g, "spine", n_spines):
             for leaf in leaves:
                 _link(g, leaf, spine, uplink, p.switch_latency, "ib", "spine")
@@ -408,7 +418,8 @@ def rail_optimized(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, s
         pod = s // p.servers_per_leaf
         for rail, nic in enumerate(server_nics):
             p.attach(g, nic, leaves[pod * p.gpus_per_server + rail])
-    uplink = p.servers_per_leaf * p.nic_bandwidth / (p.spines * p.oversubscription)
+    uplink = _uplink_rate(p.servers_per_leaf * p.nic_bandwidth / (p.spines * p.oversubscription),
+                          "oversubscription", p.oversubscription)
     for spine in _add_switches(g, "spine", p.spines):
         for leaf in leaves:
             _link(g, leaf, spine, uplink, p.switch_latency, "ib", "spine")
@@ -488,7 +499,8 @@ def fat_tree(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, servers
     n_spines, uplink, core_uplink = 0, 0.0, 0.0
     if n_leaves > 1:
         n_spines = p.spines
-        uplink = p.servers_per_leaf * p.gpus_per_server * p.nic_bandwidth / (n_spines * p.oversubscription)
+        uplink = _uplink_rate(p.servers_per_leaf * p.gpus_per_server * p.nic_bandwidth
+                              / (n_spines * p.oversubscription), "oversubscription", p.oversubscription)
         pod_spines = []
         for pod in range(pods):
             spines_here = _add_switches(g, "spine", n_spines, start=pod * n_spines)
@@ -498,7 +510,8 @@ def fat_tree(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, servers
                     _link(g, leaf, spine, uplink, p.switch_latency, "ib", "spine")
         if pods > 1:
             per_plane = n_cores // n_spines
-            core_uplink = lpp * uplink / (per_plane * core_ratio)
+            core_uplink = _uplink_rate(lpp * uplink / (per_plane * core_ratio), "core_oversubscription",
+                                       core_ratio)
             for core in _add_switches(g, "core", n_cores):
                 plane = core[1] % n_spines
                 for spines_here in pod_spines:

@@ -99,7 +99,7 @@ def check_fault(fault: object, index: int) -> dict:
     if kind not in FAULT_KINDS:
         raise TopologyError(f"{field}.kind: {kind!r} unknown; valid: {', '.join(FAULT_KINDS)}")
     want = set(_FIELDS[kind])
-    unknown = sorted(set(fault) - want - {"kind"})
+    unknown = sorted(set(fault) - want - {"kind"}, key=str)
     if unknown:
         raise TopologyError(f"{field}.{unknown[0]}: unknown field of a {kind} fault; valid: {', '.join(sorted(want))}")
     missing = sorted(want - set(fault))

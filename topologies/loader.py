@@ -115,7 +115,9 @@ def _ratio(value: object, key: str) -> float:
             x = float(num) / float(den) if sep else float(text)
         except (ValueError, ZeroDivisionError):
             x = None
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 1:
+    if isinstance(x, int) and not isinstance(x, bool) and x > 1e300:  # (an int beyond any float: refused too)
+        x = math.inf
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not 1 <= x < math.inf:
         raise TopologyError(f"cluster.{key}: {value!r} is not a ratio >= 1 (downlink:uplink, e.g. 1 for "
                             f"non-blocking, 3 or '3:1')")
     return float(x)
@@ -326,16 +328,18 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
             raise TopologyError(f"cluster.nodes: {nodes} with fabric single_node; single_node needs nodes: 1 "
                                 f"(or a scale-out fabric: {', '.join(FABRICS[:3])})")
         cluster = builders.single_server(gpu, gpus_per_node, nvlink_bw, nvlink_lat, nvlink_racks)
-    elif fabric == "leaf_spine":
-        cluster = builders.leaf_spine(**common)  # type: ignore[arg-type]
-    elif fabric == "rail_optimized":
-        cluster = builders.rail_optimized(**common)  # type: ignore[arg-type]
     else:
         per_pod = spines if spines is not None else nodes_per_leaf
-        if cores is not None and cores % per_pod:
+        if fabric == "fat_tree" and cores is not None and cores % per_pod:
             raise TopologyError(f"cluster.cores: {cores} is not a multiple of spines per pod ({per_pod})")
-        cluster = builders.fat_tree(**common, leaves_per_pod=leaves_per_pod, cores=cores,  # type: ignore[arg-type]
-                                    core_oversubscription=core_oversubscription)
+        extra = ({"leaves_per_pod": leaves_per_pod, "cores": cores, "core_oversubscription": core_oversubscription}
+                 if fabric == "fat_tree" else {})
+        try:
+            cluster = getattr(builders, fabric)(**common, **extra)
+        except TopologyError as e:  # a builder names its keyword: here, the file's field (the ratios' uplinks)
+            if str(e).split(":", 1)[0] in ("oversubscription", "core_oversubscription"):
+                raise TopologyError(f"cluster.{e}") from None
+            raise
 
     rename = {"servers": "nodes", "gpus_per_server": "gpus_per_node", "servers_per_leaf": "nodes_per_leaf"}
     params = {"preset": preset, **{rename.get(k, k): v for k, v in cluster.params.items()}}

@@ -77,7 +77,10 @@ def _split(value: object) -> tuple[float, str] | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
-        return float(value), ""
+        try:
+            return float(value), ""
+        except OverflowError:  # an int beyond any float (YAML reads 1 followed by 400 zeros exactly)
+            return math.inf, ""
     if not isinstance(value, str):
         return None
     m = _NUMBER.match(value)

@@ -80,6 +80,12 @@ def check_keys(section: str, given: Mapping[str, object], valid: Iterable[str]) 
             raise ConfigError(f"{section}.{key}: unknown field; valid fields: {', '.join(allowed)}")
 
 
+def unknown_keys(given: Iterable[object], valid: Iterable[object]) -> list:
+    """The keys of ``given`` outside ``valid``, sorted by their text: a YAML mapping may mix key types (``1``
+    and ``foo``), which plain ``sorted`` cannot order."""
+    return sorted(set(given) - set(valid), key=str)
+
+
 def divisors(n: int) -> list[int]:
     """The positive divisors of ``n`` in increasing order (for 'valid values' hints)."""
     return [d for d in range(1, n + 1) if n % d == 0]

@@ -120,6 +120,10 @@ MLA_UP_PROJECTIONS = frozenset({"q_proj", "q_up", "kv_up"})
 recomputes (with the latent norms before them, fused into them in Megatron-Core's TE layout) from the
 latents kept (Megatron-Core's ``qkv_up_proj_and_rope_apply``)."""
 
+CP_NEEDS_FUSED_ATTENTION = ("options.flash_attention: context parallelism runs fused attention only "
+                            "(Transformer Engine); set flash_attention: true")
+"""The error for unfused attention under context parallelism (checked at load: ``check_step_options``)."""
+
 
 def base_name(name: str) -> str:
     """The layer a kernel belongs to: ``q_up`` of ``q_up.fp8_cast``, ``attention`` of ``attention.bwd``."""
@@ -346,8 +350,7 @@ def _attention_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: i
         core = [LayerOp("attention", "attention", core_flops, core_bytes, shape, heads, 0.5 / counted)]
     else:
         if cp > 1:
-            raise ConfigError("options.flash_attention: context parallelism runs fused attention only "
-                              "(Transformer Engine); set flash_attention: true")
+            raise ConfigError(CP_NEEDS_FUSED_ATTENTION)
         core = _unfused_attention(model, b, s, t, d, causal)
     return [
         _elementwise("input_norm", 2 * rows * h, d),
@@ -402,8 +405,7 @@ def _mla_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: int, ca
         ops.append(LayerOp("attention", "attention", core_flops, core_bytes, shape, heads, 0.5 / counted))
     else:
         if cp > 1:
-            raise ConfigError("options.flash_attention: context parallelism runs fused attention only "
-                              "(Transformer Engine); set flash_attention: true")
+            raise ConfigError(CP_NEEDS_FUSED_ATTENTION)
         ops += _unfused_attention(model, b, s, t, d, causal)
     k, n, _split = proj["attn_out"]
     return ops + [*_linear("attn_out", tokens, n, k // t, d, fp8),

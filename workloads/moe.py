@@ -74,7 +74,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ConfigError, check_int, check_number
+from .errors import ConfigError, check_int, check_number, unknown_keys
 
 ROUTING_KINDS = ("uniform", "zipf", "custom", "balanced")
 DRAWS = ("micro_batch", "layer")
@@ -405,7 +405,7 @@ def routing_from_dict(section: dict | None) -> RoutingModel:
     section = dict(section or {})
     valid = ("routing", "zipf_s", "expert_load", "capacity_factor", "seed", "draw", "pad_to_capacity", "dispatch",
              "shared_expert_overlap", "max_nodes")
-    unknown = sorted(set(section) - set(valid))
+    unknown = unknown_keys(section, valid)
     if unknown:
         raise ConfigError(f"moe.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
     load = section.get("expert_load")

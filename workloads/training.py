@@ -165,6 +165,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .flops import (
+    CP_NEEDS_FUSED_ATTENTION,
     FP8_CAST_BYTES,
     RECOMPUTED_KERNELS,
     LayerOp,
@@ -511,7 +512,9 @@ def _recompute_before_use(forward: list[LayerOp], backward: list[LayerOp],
 def check_step_options(model: ModelSpec, parallel: ParallelConfig, options: StepOptions) -> None:
     """Raise :class:`ConfigError` for generator options the layout cannot take: an empty end chunk (the
     embedding, or the output layer and loss, alone) with ``options.embedding_and_loss: false`` would have
-    nothing to run."""
+    nothing to run; and unfused attention under context parallelism (its attention is fused only)."""
+    if parallel.cp > 1 and not options.flash_attention:  # (also where the kernels are made: workloads.flops)
+        raise ConfigError(CP_NEEDS_FUSED_ATTENTION)
     if not options.embedding_and_loss and any(not chunk_layers(model.layers, parallel, s, c)
                                               for s in range(parallel.pp) for c in range(parallel.model_chunks)):
         raise ConfigError("parallel.stage_layers: an empty end chunk holds the embedding or the output layer "

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from topologies.yamlio import load_yaml
-from workloads.errors import ConfigError
+from workloads.errors import ConfigError, unknown_keys
 
 from ..experiment import SECTIONS, experiment_from_dict
 from .columns import LAYOUT_COLUMNS, check_max_tp, check_metric
@@ -207,7 +207,7 @@ def sweep_settings(doc: Mapping) -> dict[str, Any]:
     section = doc.get("sweep") or {}
     if not isinstance(section, Mapping):
         raise ConfigError(f"sweep: must be a mapping with fields {', '.join(SWEEP_FIELDS)}")
-    unknown = sorted(set(section) - set(SWEEP_FIELDS))
+    unknown = unknown_keys(section, SWEEP_FIELDS)
     if unknown:
         raise ConfigError(f"sweep.{unknown[0]}: unknown field; valid fields: {', '.join(SWEEP_FIELDS)}")
     grid = section.get("grid") or {}
