@@ -816,7 +816,8 @@ class Fabric:
         plan has several phases (then each runs its own :meth:`phases`).
 
         Grouped all-to-alls (``all_to_all: grouped``) also merge the replicas' corresponding flows (equal
-        position, bytes and latency: the same wave of every replica) into one flow each. Cached.
+        position, bytes and latency: the same wave of every replica) into one flow each, on the flow model
+        only (the contention-free model keeps them apart, as :meth:`replica_send_specs` does). Cached.
         """
         ident = ("replicated", kind, id(groups), nbytes, algorithm, count, id(matrix))
         hit = self._by_identity.get(ident)
@@ -837,7 +838,7 @@ class Fabric:
         else:
             specs = [s for p in plans for s in p[0]]
             if (kind == "all_to_all" and self.config.all_to_all != "per_pair" and len(plans) > 1
-                    and not self._bulk(kind, groups[0], nbytes, algorithm, matrix)):
+                    and self.config.model == "flow" and not self._bulk(kind, groups[0], nbytes, algorithm, matrix)):
                 specs = self.group(specs, [(i, s[1], s[2]) for p in plans for i, s in enumerate(p[0])])
             routed = (tuple(specs),)
         self._phases_cache[key] = routed

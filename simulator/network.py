@@ -99,8 +99,9 @@ from .maxmin import max_min_rates, max_min_rates_dense, max_min_rates_small
 _INF = float("inf")
 _LATE_PRIORITY = 2  # after every NORMAL (1) event of the same instant
 TINY_FLOW_S = 1e-6
-"""A flow that its bottleneck link alone moves in under 1 µs is latency-bound: it completes at its solo
-time and never enters max-min sharing (its effect on any rate is below that 1 µs)."""
+"""A flow that its bottleneck link alone moves in under 1 µs, and that with its call's other such flows needs
+under 1 µs of each link it crosses, is latency-bound: it completes at its solo time and never enters max-min
+sharing (its effect on any rate is below that 1 µs; :func:`_latency_bound`)."""
 _REL_TIME_EPS = 1e-12
 _SMALL_COMPONENT = 64  # flows; below this the pure-Python solver beats numpy's per-call overhead
 _SMALL_LINKS = 256  # tight links; above this (grouped all-to-all flows cross hundreds) numpy wins again
@@ -441,6 +442,26 @@ class _Trajectory:
         return self._busy
 
 
+def _latency_bound(specs: Sequence[FlowSpec], routes: list, capacity: list[float]) -> list[bool]:
+    """Which of one call's flows are latency-bound (:meth:`FlowNetwork._tiny`): each moves its bytes in under
+    ``TINY_FLOW_S`` on its bottleneck alone, *and* the call's flows that do so together need under
+    ``TINY_FLOW_S`` on each link they cross. (Many sub-µs flows of one call on one link, an alltoall's on a
+    4:1 uplink, say, can matter to each other; each alone cannot.) Flows of other calls are not summed here."""
+    solo = [nbytes / route.solo_rate <= TINY_FLOW_S for route, (_links, nbytes, _lat, _pay) in zip(routes, specs)]
+    if sum(solo) < 2:
+        return solo
+    load: dict[int, float] = {}  # link -> bytes the call's sub-µs flows put on it (crossings counted)
+    get = load.get
+    for route, (_links, nbytes, _lat, _pay), small in zip(routes, specs, solo):
+        if small:
+            for link, m in zip(route.ulinks, route.mults):
+                load[link] = get(link, 0.0) + nbytes * m
+    over = {link for link, b in load.items() if b / capacity[link] > TINY_FLOW_S}
+    if not over:
+        return solo
+    return [small and over.isdisjoint(route.ulinks) for route, small in zip(routes, solo)]
+
+
 class _Call:
     """What never changes about one spec tuple handed to :meth:`FlowNetwork.start_flows` (cached per tuple:
     the fabric hands out the same tuple for the same collective), so repeated calls skip re-deriving it.
@@ -452,17 +473,19 @@ class _Call:
     """
 
     __slots__ = ("specs", "routes", "tiny", "base", "ids", "epoch", "key", "books", "arr", "lead", "n", "moving",
-                 "crossings")
+                 "crossings", "is_tiny")
 
-    def __init__(self, specs: Sequence[FlowSpec], routes: list) -> None:
+    def __init__(self, specs: Sequence[FlowSpec], routes: list, capacity: list[float]) -> None:
         self.specs = specs
         self.routes = routes
+        # whether each spec is latency-bound: under TINY_FLOW_S on its bottleneck alone, and together with the
+        # call's other such specs on every link it crosses (:func:`_latency_bound`)
+        self.is_tiny = is_tiny = _latency_bound(specs, routes, capacity)
         self.tiny = [(route, nbytes, latency_s, payload)
-                     for route, (_links, nbytes, latency_s, payload) in zip(routes, specs)
-                     if nbytes / route.solo_rate <= TINY_FLOW_S]
+                     for route, (_links, nbytes, latency_s, payload), t in zip(routes, specs, is_tiny) if t]
         # ``(route, nbytes, latency_s)`` of the flows that join max-min sharing, in order, and how many
-        self.moving = [(route, nbytes, latency_s) for route, (_links, nbytes, latency_s, _payload) in zip(routes, specs)
-                       if nbytes / route.solo_rate > TINY_FLOW_S]
+        self.moving = [(route, nbytes, latency_s)
+                       for route, (_links, nbytes, latency_s, _payload), t in zip(routes, specs, is_tiny) if not t]
         self.n = len(self.moving)
         self.crossings = sum([len(route.ulinks) for route in routes])  # links crossed, flow by flow
         # The least latency of its flows that join max-min sharing (inf: none do): when positive, none of
@@ -1090,12 +1113,11 @@ class FlowNetwork(_NetworkBase):
         flows started then); None: numbered now."""
         now = self.env.now
         by_latency: dict[float, list[Flow]] = {}
-        for route, (_links, nbytes, latency_s, payload) in zip(call.routes, call.specs):
+        for route, (_links, nbytes, latency_s, payload), tiny in zip(call.routes, call.specs, call.is_tiny):
             flow = Flow(route, nbytes, payload, traffic_class, join, now)
-            solo = nbytes / route.solo_rate
-            if solo <= TINY_FLOW_S:
+            if tiny:
                 if seqs is None:
-                    self._tiny(flow, latency_s, solo)
+                    self._tiny(flow, latency_s, nbytes / route.solo_rate)
                 continue
             if session is not None:
                 flow.session = session
@@ -1152,13 +1174,13 @@ class FlowNetwork(_NetworkBase):
             if call is not None and call.specs is specs:
                 return call
             routes = self._routes
-            call = _Call(specs, [routes.get(spec[0]) for spec in specs])
+            call = _Call(specs, [routes.get(spec[0]) for spec in specs], self._cap)
             if len(self._keys) > _MEMO_SHAPES:
                 self._keys.clear()
             self._keys[id(specs)] = call
         else:
             routes = self._routes
-            call = _Call(specs, [routes.get(spec[0]) for spec in specs])
+            call = _Call(specs, [routes.get(spec[0]) for spec in specs], self._cap)
         for route, _nbytes, _latency_s in call.moving:
             told = route.told
             if not told[0]:
@@ -1659,8 +1681,8 @@ class FlowNetwork(_NetworkBase):
         """Number a waiting call's flows in the pending queue now, as :meth:`_begin` would have, so that
         when they are made at the end of the instant they are admitted in the same order."""
         seqs: dict[float, int] = {}
-        for route, (_links, nbytes, latency_s, _payload) in zip(part.call.routes, part.call.specs):
-            if nbytes / route.solo_rate > TINY_FLOW_S and latency_s not in seqs:
+        for (_links, _nbytes, latency_s, _payload), tiny in zip(part.call.specs, part.call.is_tiny):
+            if not tiny and latency_s not in seqs:
                 self._pending_seq += 1
                 seqs[latency_s] = self._pending_seq
         part.seqs = seqs
@@ -1732,8 +1754,8 @@ class FlowNetwork(_NetworkBase):
         ridx: list[int] = []
         deltas: list[float] = []
         i = start = max(first, 0)
-        for route, (_links, nbytes, _latency_s, payload) in zip(call.routes, call.specs):
-            if nbytes / route.solo_rate <= TINY_FLOW_S:
+        for route, (_links, nbytes, _latency_s, payload), tiny in zip(call.routes, call.specs, call.is_tiny):
+            if tiny:
                 continue
             _admitted, finished, rates = traj.flows[i]
             i += 1
@@ -1867,8 +1889,8 @@ class FlowNetwork(_NetworkBase):
         now_arrivals: list[Flow] = []
         active: list[Flow] = []
         for call, cls, join, i, start in calls:
-            for route, (_links, nbytes, latency_s, payload) in zip(call.routes, call.specs):
-                if nbytes / route.solo_rate <= TINY_FLOW_S:
+            for route, (_links, nbytes, latency_s, payload), tiny in zip(call.routes, call.specs, call.is_tiny):
+                if tiny:
                     continue
                 admitted, finished, rates = traj.flows[i]
                 i += 1

@@ -679,3 +679,28 @@ def test_a_long_route_gets_its_crossings_when_a_flow_over_it_joins_max_min():
     assert all(type(route._mult_of) is dict for route in net.routes)
     assert net.routes[0]._mult_of == {**{x: 2 for x in range(10)}, **{x: 1 for x in range(10, 60)}}
     assert ends["tiny"] == pytest.approx(0.5 + 1e-7) and ends["real"] == pytest.approx(1.0 + 0.5 + 4.0)
+
+
+def _call_end(specs, capacity):
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.asarray(capacity, dtype=float))
+    ends = []
+    net.start_flows(tuple((np.array(links), nbytes, 0.0, nbytes) for links, nbytes in specs), "x",
+                    lambda: ends.append(env.now))
+    env.run()
+    return ends[0], net
+
+
+@pytest.mark.parametrize("flows, each_b, expected_s", [
+    (10, 500.0, 5e-6),   # 10 x 0.5 us alone, 5 us together on the shared link: they share it (max-min)
+    (2, 400.0, 0.4e-6),  # 2 x 0.4 us alone, 0.8 us together: latency-bound still, each at its solo time
+])
+def test_sub_microsecond_flows_of_one_call_share_a_link_they_overload_together(flows, each_b, expected_s):
+    # Flow i crosses its own 1e12 B/s link i + 1 and the shared 1e9 B/s link 0. Each alone is under
+    # TINY_FLOW_S = 1 us; the call's flows together need flows * each_b / 1e9 s of link 0. Over 1 us they
+    # join max-min sharing: 1e9 / flows each, all done at flows * each_b / 1e9 (hand-worked). Before, every
+    # one finished at each_b / 1e9 whatever their number (link 0 read 10x its capacity).
+    capacity = [1e9] + [1e12] * flows
+    end, net = _call_end([([i + 1, 0], each_b) for i in range(flows)], capacity)
+    assert end == pytest.approx(expected_s, rel=1e-9)
+    assert net.ledger.bytes[0] == pytest.approx(flows * each_b)
