@@ -121,6 +121,32 @@ def test_gpus_sharing_a_nic_after_a_failure_talk_over_nvlink_not_through_the_nic
     assert res.step_time == pytest.approx(healthy.step_time, rel=1e-12)
 
 
+def test_a_borrowed_nic_is_as_far_as_the_path_it_stands_for():
+    # GPU 3 of server 0 sends through GPU 4's NIC: over NVLink to GPU 4 (GPU 3 -> NVSwitch -> GPU 4), then
+    # GPU 4's PCIe link. The edge standing for that path has that path's latency, each way; it had none, so
+    # a step with the NIC down could run faster than the healthy one (0.5 us on a 15 ms step, a QA hunt).
+    c = two_leaves()
+    g = c.graph
+    sick = apply_faults(c, [{"kind": "nic_down", "gpu": 3}]).graph
+    gpu, peer, nic = ("gpu", 0, 3), ("gpu", 0, 4), ("nic", 0, 4)
+    switches = [w for w in g.successors(gpu) if g.nodes[w]["kind"] == "nvswitch" and g.has_edge(w, peer)]
+    out = min(g.edges[gpu, w]["latency"] + g.edges[w, peer]["latency"] for w in switches)
+    back = min(g.edges[peer, w]["latency"] + g.edges[w, gpu]["latency"] for w in switches)
+    assert sick.edges[gpu, nic]["latency"] == pytest.approx(out + g.edges[peer, nic]["latency"], rel=1e-12)
+    assert sick.edges[nic, gpu]["latency"] == pytest.approx(back + g.edges[nic, peer]["latency"], rel=1e-12)
+    assert sick.edges[gpu, nic]["latency"] > g.edges[gpu, ("nic", 0, 3)]["latency"]  # never nearer than its own
+
+
+def test_a_failed_nic_never_makes_the_step_faster():
+    doc = {"cluster": {"preset": "dgx-a100", "nodes": 2, "gpus_per_node": 2, "nodes_per_leaf": 1, "spines": 1,
+                       "oversubscription": 4},
+           "model": {"preset": "gpt2-small", "layers": 2},
+           "parallel": {"tp": 2, "pp": 2, "micro_batch": 2, "global_batch": 8}, "training": {"seq_len": 128},
+           "faults": [{"kind": "nic_down", "gpu": 0}]}
+    summary = run_experiment(experiment_from_dict(doc), force=True).summary
+    assert summary["step_time_s"] >= summary["healthy_step_time_s"]  # was 0.99997 of it
+
+
 def _dp_experiment(faults=None):
     doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
            "parallel": {"dp": 8, "global_batch": 32}, "training": {"seq_len": 1024}}

@@ -278,13 +278,22 @@ def _borrow_nic(graph: nx.DiGraph, cluster: Cluster, gpu: Hashable) -> bool:
     mine = _nvswitches(graph, gpu)
     for peer in peers[start:] + peers[:start]:  # the next GPU of the server
         peer_nics = [w for w in graph.successors(peer) if graph.nodes[w]["kind"] == "nic"
+                     and cluster.graph.has_edge(peer, w)  # its own NIC, not one it borrowed itself
                      and any(graph.nodes[x]["kind"] != "gpu" for x in graph.successors(w))]
         shared = [w for w in mine if graph.has_edge(w, peer)]
         if peer_nics and (shared or not switched):
             nvlink = [graph.edges[gpu, w]["bandwidth"] for w in shared]
             bw = min(nvlink) if nvlink else cluster.gpu.nvlink_bandwidth
-            for a, b in ((gpu, peer_nics[0]), (peer_nics[0], gpu)):
-                graph.add_edge(a, b, bandwidth=bw, latency=0.0, kind="nvlink", tier="nvlink")
+            nic = peer_nics[0]
+            # as long as the path it stands for: over NVLink to the peer (through an NVSwitch, or the direct
+            # link), then the peer's own link to its NIC; one way and back
+            for a, b, hops in ((gpu, nic, [(gpu, w, peer) for w in shared] or [(gpu, peer)]),
+                               (nic, gpu, [(peer, w, gpu) for w in shared] or [(peer, gpu)])):
+                nv = min((sum(graph.edges[x, y]["latency"] for x, y in zip(h, h[1:]) if graph.has_edge(x, y))
+                          for h in hops), default=0.0)
+                last = (peer, nic) if a == gpu else (nic, peer)
+                graph.add_edge(a, b, bandwidth=bw, latency=nv + graph.edges[last]["latency"], kind="nvlink",
+                               tier="nvlink")
             return True
     return False
 
