@@ -1528,10 +1528,28 @@ class _StepBuilder:
         collectives wait for it (:meth:`_emit_tp`'s ``after``)."""
         if not seg.regather:
             return ()
+        # From the pass's start: after its explicit dependencies and after the rank's compute stream has reached
+        # it (a backward right after its own forward has no explicit dependency; on its own stream the op was
+        # otherwise free to start at t = 0, during the forwards).
+        before = self._last_on_compute(rank)
+        if before is not None and before not in deps:
+            deps = [*deps, before]
         return (self.graph.collective_op(rank, "all_gather", self._tp_group(rank), self.tp_bytes,
                                          name=f"{name}.tp_regather", stream=REGATHER_STREAM, deps=deps,
                                          count=seg.regather, traffic_class="tp", layer=seg.layer, micro_batch=mb,
                                          stage=stage),)
+
+    def _last_on_compute(self, rank: int) -> int | None:
+        """The id of ``rank``'s latest op on the compute stream so far, or None. A rank's ops are built together
+        (:meth:`build`), so the search back from the graph's end stops at the first op of another rank."""
+        ops = self.graph.ops
+        for i in range(len(ops) - 1, -1, -1):
+            op = ops[i]
+            if op.rank != rank:
+                return None
+            if op.stream == COMPUTE_STREAM:
+                return i
+        return None
 
     def build_rank(self, rank: int) -> None:
         g, par, lay = self.graph, self.par, self.layout
