@@ -99,3 +99,18 @@ def test_expert_load_without_custom_routing_gets_a_note(tmp_path, capsys):
     code, err = _cli(tmp_path, capsys, yaml.safe_dump(doc))
     assert code == 0
     assert "moe.expert_load has no effect with routing: zipf (only routing: custom reads it)" in err
+
+
+def test_fsdp_zero2_keeps_only_its_shard_of_the_parameters_at_rest():
+    # SHARD_GRAD_OP reshards after the backward: at rest each of the 8 GPUs holds 2 Psi / 8 bytes of bf16
+    # weights; from the first forward to the end of the backward the whole model is gathered on top (it does
+    # not reshard after the forward): 2 Psi (1 + 1/8) at the peak. It read 2 Psi x 2 (the full copy counted
+    # twice). DeepSpeed's ZeRO-2 keeps the full 2 Psi, its closed form.
+    def params(impl):
+        doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "llama3-8b"},
+               "parallel": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "global_batch": 8, "zero": 2,
+                            "zero_impl": impl}, "training": {"seq_len": 2048}}
+        return experiment_from_dict(doc).memory().parameters
+
+    full = params("deepspeed")
+    assert params("fsdp") == pytest.approx(full * (1 + 1 / 8), rel=1e-12)

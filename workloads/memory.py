@@ -396,6 +396,10 @@ def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: Training
         params += 2 * sum(sum(fp8_weight_params(model, i, parallel.tp, parallel.ep, parallel.expert_tp))
                           for i in stage_layers(model.layers, parallel, stage))
     if plan.gather is not None and parallel.dp > 1:  # gathered parameters live at the peak (prefetch included)
+        if z < 3:  # FSDP's SHARD_GRAD_OP keeps only its shard at rest, as ZeRO-3 does, and gathers on top of it
+            params += (model_state_bytes(dense, dp=parallel.grad_dp * copies, zero=3, dtype_bytes=d)[0]
+                       + model_state_bytes(routed, dp=parallel.size("expert_dp") * copies, zero=3, dtype_bytes=d)[0]
+                       - a[0] - e[0])
         params += gather_schedule(stage_uses(model, parallel, plan, stage)[1], plan).peak_live * d
     return MemoryBreakdown(params, grads, a[2] + e[2],
                            _stage_activations(model, parallel, training, stage, flash_attention), stage)
