@@ -223,6 +223,9 @@ def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
     every tree edge carries its share in each direction; latency is
     ``2·depth`` steps. Each tree is one pipelined transfer in both fidelities.
 
+    Broadcast and reduce root every channel's tree at ``group[0]`` (NCCL runs them as rings only; this is
+    the textbook pipelined tree).
+
     ``channels`` (NCCL's count for the size, :func:`simulator.nccl.collective_channels`) keeps that many of
     NCCL's channels, in its order: channel ``j`` runs the first tree from the server member ``j`` while
     ``j`` is under the members per server, the mirrored tree after (NCCL gives the first half of its
@@ -243,6 +246,13 @@ def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
     transfers = []
     for c in labels:
         chains = [m[c // trees:] + m[:c // trees] for m in servers]
+        if kind != "all_reduce" and len(servers[0]) > 1:
+            # a broadcast's bytes start at (a reduce's end at) the root, group[0]: every channel's tree is rooted
+            # there, the rest of its server rotated as elsewhere (a chain from another member moved bytes that
+            # member does not have: 2 GPUs ran at twice the root's link rate)
+            rest = servers[0][1:]
+            r = (c // trees) % len(rest)
+            chains[0] = [servers[0][0]] + rest[r:] + rest[:r]
         if c % trees:
             chains = chains[:1] + chains[:0:-1]  # (the root's server stays first)
         heads = [chain[0] for chain in chains]

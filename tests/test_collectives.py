@@ -13,8 +13,11 @@ code under test.
 import pytest
 
 from simulator.bench import bus_factor, collective_time
+from simulator.collectives import plan_collective
+from simulator.engine import Engine
 from simulator.fabric import NetworkConfig
-from topologies import leaf_spine
+from topologies import leaf_spine, single_server
+from workloads.ops import OpGraph
 
 STEP = 2e-6
 IDEAL = {"step_latency_s": STEP, "bandwidth_efficiency": 1.0}
@@ -253,3 +256,25 @@ def test_remote_rounds_by_hand_and_every_round_is_a_permutation():
     assert (np.sort(out, axis=1)[:, -24:] == np.arange(1, 25)).all()
     # unequal servers: the order of offsets
     assert remote_rounds([0, 0, 0, 1]).tolist() == [[0, 0, 0, 1], [0, 0, 1, 0], [0, 1, 0, 0], [0, 1, 2, 3]]
+
+
+@pytest.mark.parametrize("kind", ["broadcast", "reduce"])
+@pytest.mark.parametrize("servers, per_server", [(1, 2), (1, 5), (2, 4), (4, 8)])
+def test_a_tree_broadcast_or_reduce_is_rooted_at_the_root_on_every_channel(kind, servers, per_server):
+    # Every channel's tree is a tree rooted at group[0]: each other member receives (broadcast) or sends
+    # (reduce) exactly once, the root never. The channels used to start at member c of the root's server, so
+    # two GPUs' broadcast moved half its bytes from the GPU that did not have them, at twice the link's rate.
+    group = list(range(servers * per_server))
+    plan = plan_collective(kind, group, 1 << 30, lambda r: r // per_server, "tree")
+    for t in plan.phases[0]:
+        ends = [b for _a, b in t.hops] if kind == "broadcast" else [a for a, _b in t.hops]
+        assert sorted(ends) == group[1:], t.label
+
+
+def test_two_gpus_broadcast_no_faster_than_the_root_can_send():
+    c = single_server("H100-SXM", 2)
+    for algo in ("tree", "ring"):
+        g = OpGraph(2)
+        g.collective("broadcast", [0, 1], float(1 << 30), algorithm=algo)
+        t = Engine(g, c).run().step_time_s
+        assert t >= (1 << 30) / c.gpu.nvlink_bandwidth, algo  # the root's one link, even at its full rate
