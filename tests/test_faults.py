@@ -145,6 +145,24 @@ def test_a_failed_nic_never_makes_the_step_faster():
            "faults": [{"kind": "nic_down", "gpu": 0}]}
     summary = run_experiment(experiment_from_dict(doc), force=True).summary
     assert summary["step_time_s"] >= summary["healthy_step_time_s"]  # was 0.99997 of it
+    # ... with extra latency on a tier too: the borrowed edge takes the extras of the path it stands for (the
+    # extras were applied after borrowing, to the borrowed edge's own tier only: 0.99884 of the step with pcie)
+    for tier in ("pcie", "nvlink"):
+        latency = {"kind": "latency", "tier": tier, "extra": "5us"}
+        alone = run_experiment(experiment_from_dict({**doc, "faults": [latency]}), force=True).step_time
+        both = run_experiment(experiment_from_dict({**doc, "faults": [latency, *doc["faults"]]}), force=True)
+        assert both.step_time >= alone, tier
+
+
+def test_a_borrowed_edge_carries_the_latency_extras_of_its_path():
+    c = two_leaves()
+    extra = 1e-6
+    for tier, hops in (("pcie", 1), ("nvlink", 2)):  # the path: GPU -> NVSwitch -> lender (2 NVLink), its PCIe
+        plain = apply_faults(c, [{"kind": "nic_down", "gpu": 3}]).graph
+        slow = apply_faults(c, [{"kind": "latency", "tier": tier, "extra": "1us"},
+                                {"kind": "nic_down", "gpu": 3}]).graph
+        edge = (("gpu", 0, 3), ("nic", 0, 4))
+        assert slow.edges[edge]["latency"] == pytest.approx(plain.edges[edge]["latency"] + hops * extra, rel=1e-12)
 
 
 def _dp_experiment(faults=None):

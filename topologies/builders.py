@@ -95,8 +95,9 @@ def _uplink_rate(rate: float, field: str, value: float) -> float:
     """A switch uplink's rate (bytes/s) derived from ``field`` = ``value``; TopologyError below the rate any link
     needs (:data:`~topologies.units.BARE_BANDWIDTH_MIN`), as a degraded link or a written bandwidth would be."""
     if not rate >= BARE_BANDWIDTH_MIN:
-        raise TopologyError(f"{field}: {value:g} leaves each uplink {rate:g} bytes/s, below the "
-                            f"{BARE_BANDWIDTH_MIN:g} a link needs; use a smaller ratio")
+        raise TopologyError(f"{field}: {value:g} leaves each uplink {rate:g} bytes/s (the downlinks' bandwidth "
+                            f"over switches x ratio), below the {BARE_BANDWIDTH_MIN:g} a link needs; use fewer "
+                            f"spines or cores, faster NICs or a smaller ratio")
     return rate
 
 

@@ -240,7 +240,8 @@ def _faulty_graph(cluster: Cluster, faults: Sequence[Mapping]) -> tuple[nx.DiGra
                                     f"give one entry per GPU")
             stragglers[rank] = i
 
-    # Cables and switches first, then failed NICs, then latency (on the borrowed NVLink too): no order matters.
+    # Cables and switches first, then latency, then failed NICs (a borrowed edge takes the latency of the path it
+    # stands for, extras included): no order of the list matters.
     graph = g0.copy()
     for edit in edits:
         if edit[0] == "link_down":
@@ -252,13 +253,13 @@ def _faulty_graph(cluster: Cluster, faults: Sequence[Mapping]) -> tuple[nx.DiGra
                     graph.edges[e]["bandwidth"] *= frac
         elif edit[0] == "switch_down":
             graph.remove_node(edit[1])
-    graph.remove_nodes_from([n for n in down if g0.nodes[n]["kind"] == "nic"])
-    stranded = {gpu: i for gpu, i in failed_nic.items() if not _borrow_nic(graph, cluster, gpu)}
     for edit in edits:
         if edit[0] == "latency":
             for _u, _v, data in graph.edges(data=True):
                 if data["tier"] == edit[1]:
                     data["latency"] += edit[2]
+    graph.remove_nodes_from([n for n in down if g0.nodes[n]["kind"] == "nic"])
+    stranded = {gpu: i for gpu, i in failed_nic.items() if not _borrow_nic(graph, cluster, gpu)}
     return graph, stranded
 
 
