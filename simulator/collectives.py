@@ -246,16 +246,19 @@ def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
     transfers = []
     for c in labels:
         chains = [m[c // trees:] + m[:c // trees] for m in servers]
-        if kind != "all_reduce" and len(servers[0]) > 1:
-            # a broadcast's bytes start at (a reduce's end at) the root, group[0]: every channel's tree is rooted
-            # there, the rest of its server rotated as elsewhere (a chain from another member moved bytes that
-            # member does not have: 2 GPUs ran at twice the root's link rate)
-            rest = servers[0][1:]
-            r = (c // trees) % len(rest)
-            chains[0] = [servers[0][0]] + rest[r:] + rest[:r]
+        # A broadcast's bytes start at (a reduce's end at) the root, group[0]: every channel's tree is rooted
+        # there (a chain from another member moved bytes that member does not have: 2 GPUs ran at twice the
+        # root's link rate). Channel c still leaves and enters the root's server through its own member
+        # c // trees (the root itself for the root's rail), the root's chain going to that member first.
+        via = c // trees if kind != "all_reduce" and len(servers[0]) > 1 and len(chains) > 1 else 0
+        if kind != "all_reduce":
+            m0 = servers[0]
+            chains[0] = list(m0) if via == 0 else [m0[0]] + m0[via:] + m0[1:via]
         if c % trees:
             chains = chains[:1] + chains[:0:-1]  # (the root's server stays first)
         heads = [chain[0] for chain in chains]
+        if via:
+            heads[0] = chains[0][1]
         up = [(heads[i], heads[(i - 1) // 2]) for i in range(1, len(heads))]
         for chain in chains:
             up += [(chain[i], chain[i - 1]) for i in range(1, len(chain))]
@@ -263,10 +266,10 @@ def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
         down = tuple((b, a) for a, b in up_t)
         if kind == "all_reduce":
             hops, steps, net = up_t + down, 2 * depth, 2 * levels
-        elif kind == "broadcast":
-            hops, steps, net = down, depth, levels
+        elif kind == "broadcast":  # (from the root one NVLink hop to another head: a step more)
+            hops, steps, net = down, depth + (via > 0), levels
         else:
-            hops, steps, net = up_t, depth, levels
+            hops, steps, net = up_t, depth + (via > 0), levels
         transfers.append(Transfer(hops, nbytes / len(labels), steps, c, net))
     return [tuple(transfers)]
 
