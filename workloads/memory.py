@@ -388,20 +388,19 @@ def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: Training
     plan = sharding_plan(parallel, training.dtype, grad_dtype_bytes)
     # CP ranks shard with DP; under dualpipe so do the mirror stage's ranks, which hold the same weights
     copies = parallel.weight_copies
-    a = model_state_bytes(dense, dp=parallel.grad_dp * copies, zero=z, dtype_bytes=d)
-    e = model_state_bytes(routed, dp=parallel.size("expert_dp") * copies, zero=z, dtype_bytes=d)
-    grads = (a[1] + e[1]) * plan.grad_bytes / d  # the framework's gradient buffer (Megatron: fp32 for bf16)
-    params = a[0] + e[0]
+    groups = ((dense, parallel.grad_dp * copies), (routed, parallel.size("expert_dp") * copies))
+    states = [model_state_bytes(n, dp=g, zero=z, dtype_bytes=d) for n, g in groups]
+    gathered = plan.gather is not None and parallel.dp > 1
+    # Parameters at rest: a shard wherever they are gathered before use (ZeRO-3, and FSDP's SHARD_GRAD_OP, which
+    # reshards only after the backward); what is gathered is added at the peak below.
+    params = sum(model_state_bytes(n, dp=g, zero=3 if gathered else z, dtype_bytes=d)[0] for n, g in groups)
+    grads = sum(s[1] for s in states) * plan.grad_bytes / d  # the framework's buffer (Megatron: fp32 for bf16)
     if training.fp8 and not training.fp8_param_gather:  # TE's cached FP8 weights and their transposes
         params += 2 * sum(sum(fp8_weight_params(model, i, parallel.tp, parallel.ep, parallel.expert_tp))
                           for i in stage_layers(model.layers, parallel, stage))
-    if plan.gather is not None and parallel.dp > 1:  # gathered parameters live at the peak (prefetch included)
-        if z < 3:  # FSDP's SHARD_GRAD_OP keeps only its shard at rest, as ZeRO-3 does, and gathers on top of it
-            params += (model_state_bytes(dense, dp=parallel.grad_dp * copies, zero=3, dtype_bytes=d)[0]
-                       + model_state_bytes(routed, dp=parallel.size("expert_dp") * copies, zero=3, dtype_bytes=d)[0]
-                       - a[0] - e[0])
+    if gathered:  # gathered parameters live at the peak (prefetch included)
         params += gather_schedule(stage_uses(model, parallel, plan, stage)[1], plan).peak_live * d
-    return MemoryBreakdown(params, grads, a[2] + e[2],
+    return MemoryBreakdown(params, grads, sum(s[2] for s in states),
                            _stage_activations(model, parallel, training, stage, flash_attention), stage)
 
 
