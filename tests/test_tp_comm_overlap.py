@@ -260,3 +260,24 @@ def test_re_gathers_start_with_their_backward_pass_not_before(pp, m):
         mine = compute[(compute["rank"] == row.rank)
                        & compute["name"].isin([name, "R" + name[1:]])]
         assert len(mine) and row.start_s >= mine["start_s"].min() - 1e-15, row.name
+
+
+def test_output_layer_re_gathers_beside_its_own_backward():
+    # The output layer (a ColumnParallelLinear) re-gathers its sequence-split input in the backward, launched
+    # before its data-gradient GEMM. With per-layer segments and pp = 1 it used to ride on the pass's last
+    # segment (the embedding's backward, which has no column-parallel linear) and wait for the end of the
+    # backward, with the embedding's all-gather waiting for it (found by a review of the sixteenth session).
+    # Now each backward's first re-gather starts with its first compute op (the output layer's), its last
+    # before the embedding's backward, and there is one per column-parallel input: 2 per layer + 1.
+    tp, m = 2, 2
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": tp}, "model": MODEL,
+           "parallel": {"tp": tp, "sequence_parallel": True, "global_batch": m},
+           "training": {"seq_len": S}, "options": {"granularity": "layer"}}
+    ops = run_experiment(experiment_from_dict(doc), fidelity="full", force=True).ops
+    ops = ops[(ops["rank"] == 0) & ops["name"].str.startswith("B")]
+    for _mb, mine in ops.groupby("micro_batch"):
+        compute = mine[(mine["stream"] == "compute") & (mine["kind"] == "compute")]
+        regathers = mine[mine["stream"] == "tp_regather"]
+        assert regathers["count"].sum() == 2 * MODEL["layers"] + 1
+        assert regathers["start_s"].min() == compute["start_s"].min()
+        assert regathers["start_s"].max() < compute["start_s"].max()

@@ -369,9 +369,10 @@ def test_zero3_gathers_are_prefetched_on_their_own_stream():
     assert set(gathers["stream"]) == {"zero"}
 
 
-def test_layer_granularity_changes_nothing_but_op_count():
+@pytest.mark.parametrize("sp", [False, True])
+def test_layer_granularity_changes_nothing_but_op_count(sp):
     model = small_model(layers=4)
-    par = ParallelConfig(tp=2, pp=2, dp=2, global_batch=8, sequence_parallel=True)
+    par = ParallelConfig(tp=2, pp=2, dp=2, global_batch=8, sequence_parallel=sp)
     cluster = single_server("H100-SXM", 8)
     # Without the SMs communication holds beside compute: layer granularity launches a gradient bucket's
     # reduction inside what chunk granularity runs as one op, so the SMs it holds slow a different stretch
@@ -384,7 +385,13 @@ def test_layer_granularity_changes_nothing_but_op_count():
     assert len(ls.graph.ops) > len(cs.graph.ops)
     assert ls.hardware_flops == pytest.approx(cs.hardware_flops, rel=1e-12)
     assert layer.bytes_by_class == pytest.approx(chunk.bytes_by_class, rel=1e-12)
-    assert layer.step_time == pytest.approx(chunk.step_time, rel=1e-6)
+    if not sp:
+        assert layer.step_time == pytest.approx(chunk.step_time, rel=1e-6)
+    else:
+        # Under sequence parallelism one thing differs: layer granularity re-gathers the output layer's input
+        # beside the output layer's own backward (its reduce-scatter waits for it, as the weight gradient does
+        # in Megatron), where one chunk-wide op hides it behind the whole chunk: +0.1% here.
+        assert chunk.step_time <= layer.step_time <= chunk.step_time * 1.002
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

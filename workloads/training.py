@@ -642,6 +642,11 @@ class _StepBuilder:
         rs = 2 * n * (2 if full else 1) + ((1 if first else 0) if phase == "F" else (1 if last else 0))
         return {"all_gather": ag, "reduce_scatter": rs}
 
+    def _end_counts(self, phase: str, first: bool, last: bool) -> dict[str, int]:
+        """The embedding's (``first``) or the output layer's (``last``) TP collectives in one pass: :meth:`_tp_counts`
+        of no layers, without the kinds it has none of."""
+        return {kind: n for kind, n in self._tp_counts(0, phase, first, last).items() if n}
+
     def _regathers(self, inputs: int, phase: str) -> int:
         """All-gathers of ``inputs`` column-parallel linears' inputs that a backward pass runs under sequence
         parallelism without TP overlap (0 otherwise): ``inputs`` itself.
@@ -755,18 +760,19 @@ class _StepBuilder:
                                      recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None,
                                      regather=self._regathers(self._column_inputs(moe is not None), phase),
                                      expert_w=None if ub else self._expert_wgrads(i, phase, kernels)))
+            # The embedding's and the output layer's TP collectives go with their own kernels: the head is the
+            # embedding's forward or the output layer's backward, the tail the output layer's forward or the
+            # embedding's backward. The output layer (a ColumnParallelLinear) re-gathers its input in the
+            # backward, beside its data-gradient GEMM at the start of the pass, held by that pass's collective.
+            fwd = phase == "F"
+            head_ends, tail_ends = (first, False) if fwd else (False, last), (False, last) if fwd else (first, False)
             if head:
-                segs.insert(0, _Segment(head, {}, at[0]))
+                segs.insert(0, _Segment(head, self._end_counts(phase, *head_ends), at[0],
+                                        regather=0 if fwd or not last else self._regathers(1, phase)))
             if tail:
-                segs.append(_Segment(tail, {}, at[-1]))
+                segs.append(_Segment(tail, self._end_counts(phase, *tail_ends), at[-1]))
             if not segs:  # an embedding-only chunk's input-gradient pass (zb-h1, DualPipe): nothing to compute
                 segs.append(_Segment([], {}, at[0]))
-            # The embedding / output-layer collectives: counted on the last segment (order inside a pass
-            # does not change its time).
-            for kind, n in self._tp_counts(0, phase, first, last).items():
-                segs[-1].tp[kind] = segs[-1].tp.get(kind, 0) + n
-            if last:  # the output layer (a ColumnParallelLinear) re-gathers its input too
-                segs[-1].regather += self._regathers(1, phase)
             segs[-1].grad_bytes += emb_params * gb
         else:
             kernels = list(head)
