@@ -764,6 +764,8 @@ class _StepBuilder:
             # embedding's forward or the output layer's backward, the tail the output layer's forward or the
             # embedding's backward. The output layer (a ColumnParallelLinear) re-gathers its input in the
             # backward, beside its data-gradient GEMM at the start of the pass, held by that pass's collective.
+            # An end with no kernels in this pass (the embedding's backward is all weight gradient, which a split
+            # backward defers) leaves its collectives on the pass's last segment.
             fwd = phase == "F"
             head_ends, tail_ends = (first, False) if fwd else (False, last), (False, last) if fwd else (first, False)
             if head:
@@ -773,6 +775,10 @@ class _StepBuilder:
                 segs.append(_Segment(tail, self._end_counts(phase, *tail_ends), at[-1]))
             if not segs:  # an embedding-only chunk's input-gradient pass (zb-h1, DualPipe): nothing to compute
                 segs.append(_Segment([], {}, at[0]))
+            for kernels, ends in ((head, head_ends), (tail, tail_ends)):
+                if not kernels:
+                    for kind, n in self._end_counts(phase, *ends).items():
+                        segs[-1].tp[kind] = segs[-1].tp.get(kind, 0) + n
             segs[-1].grad_bytes += emb_params * gb
         else:
             kernels = list(head)
