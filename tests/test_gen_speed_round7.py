@@ -18,6 +18,7 @@ from simulator.compute import ComputeModel, op_durations
 from simulator.experiment import _REPRESENTATIVES, experiment_from_dict
 from simulator.gemm import GemmModel, _best_time, times
 from topologies import get_gpu
+from workloads.flops import LayerOp
 from workloads.ops import Compute, Kernel, OpGraph, OpGraphError
 from workloads.training import _scale_kernel, _StepBuilder, training_step
 
@@ -156,23 +157,31 @@ def test_op_durations_of_many_expert_kernels_use_the_arrays():
 
 # ---------------------------------------------------------------- the generator
 def test_expert_parts_equal_scale_kernel_and_record_the_graphs_totals():
-    """:meth:`_StepBuilder._expert_parts` against :func:`_scale_kernel` kernel by kernel, including a kernel with
-    two token dimensions and one with none; the totals it records equal :meth:`OpGraph._part_sums` on a fresh
-    graph."""
-    builder = _StepBuilder.__new__(_StepBuilder)  # only what _expert_parts reads
+    """:meth:`_StepBuilder._expert_parts` against :func:`_scale_kernel` kernel by kernel: the token rows scale (a
+    GEMM's m, a weight gradient's reduced m), the other dimensions do not even where they equal the tokens (a
+    hidden size equal to b·s·k, found by a QA hunt: the hidden dimension was scaled too); a kernel without a
+    shape; the totals it records equal :meth:`OpGraph._part_sums` on a fresh graph."""
+    builder = _StepBuilder.__new__(_StepBuilder)  # only what _balanced and _expert_parts read
     tokens = 1 * 2048 * 2
     builder.par = type("P", (), {"micro_batch": 1})()
     builder.train = type("T", (), {"seq_len": 2048})()
     builder.model = type("M", (), {"top_k": 2})()
-    builder._moe_parts, builder._scale_plans, builder.graph = {}, {}, OpGraph(1)
-    balanced = (Kernel("gemm", 2.0 * tokens * 1024 * 512, 3e6, (tokens, 1024, 512)),
-                Kernel("elementwise", 0.0, 2e6),
-                Kernel("gemm", 2.0 * tokens * tokens * 64, 1e6, (tokens, tokens, 64), batch=2),
-                Kernel("gemm", 2.0 * 1024 * 512 * tokens, 3e6, (1024, 512, tokens)),
-                Kernel("gemm", 1e9, 1e6, (64, 64, 64)))
+    builder._moe_parts, builder._scale_plans, builder._balanced_kernels = {}, {}, {}
+    builder.graph = OpGraph(1)
+    ops = [LayerOp("experts_up", "gemm", 2.0 * tokens * 1024 * 512, 3e6, (tokens, 1024, 512)),
+           LayerOp("experts_activation", "elementwise", 0.0, 2e6),
+           LayerOp("experts_down", "gemm", 2.0 * tokens * tokens * 64, 1e6, (tokens, tokens, 64)),
+           LayerOp("experts_up.wgrad", "gemm", 2.0 * 1024 * 512 * tokens, 3e6, (1024, 512, tokens)),
+           LayerOp("experts_down.wgrad", "gemm", 2.0 * tokens * 64 * tokens, 1e6, (tokens, 64, tokens))]
+    balanced = builder._balanced(ops)
+    assert builder._balanced(list(ops)) is balanced  # one object per distinct set
+    at = (0, None, 0, 2, 2)
     for load in (0, 1, 3, 2047, 4096, 4097, 10000, 123457):
         parts = builder._expert_parts(balanced, load)
-        assert parts == tuple(_scale_kernel(k, load / tokens, tokens) for k in balanced)
+        assert parts == tuple(_scale_kernel(k, load / tokens, i) for k, i in zip(balanced, at))
+        assert [k.shape for k in parts if k.shape] == [
+            (max(1, round(load)), 1024, 512), (max(1, round(load)), tokens, 64), (1024, 512, max(1, round(load))),
+            (tokens, 64, max(1, round(load)))]
         assert [type(d) for k in parts if k.shape for d in k.shape] == [int] * 12
         assert builder.graph._part_totals[id(parts)][1:] == OpGraph(1)._part_sums(parts, "x")
         assert builder._expert_parts(balanced, load) is parts
@@ -184,8 +193,9 @@ def test_expert_parts_leave_unsound_kernels_to_the_graphs_check():
     builder.par = type("P", (), {"micro_batch": 1})()
     builder.train = type("T", (), {"seq_len": 8})()
     builder.model = type("M", (), {"top_k": 1})()
-    builder._moe_parts, builder._scale_plans, builder.graph = {}, {}, OpGraph(1)
-    parts = builder._expert_parts((Kernel("gemm", -1.0, 1.0, (8, 8, 8)),), 4)
+    builder._moe_parts, builder._scale_plans, builder._balanced_kernels = {}, {}, {}
+    builder.graph = OpGraph(1)
+    parts = builder._expert_parts(builder._balanced([LayerOp("experts_up", "gemm", -1.0, 1.0, (8, 8, 8))]), 4)
     assert id(parts) not in builder.graph._part_totals
     with pytest.raises(OpGraphError, match="parts must be Kernels of finite, non-negative"):
         builder.graph._compute_parts(0, parts, "x", (), "gemm", 0, 0, 0, "compute")

@@ -194,17 +194,27 @@ class LayerRouting:
         Token slots per (source EP rank, expert) in one micro-batch.
     padded : bool
         Every (source, expert) pair sends ``capacity`` slots (pad to capacity).
+    draws : int
+        How many draws (micro-batches) this routing sums (:meth:`plus`); 1 for one draw.
     """
 
     choices: np.ndarray
     kept: np.ndarray
     capacity: float | None
     padded: bool = False
+    draws: int = 1
 
     @property
     def slots(self) -> np.ndarray:
-        """What travels and computes per (source EP rank, expert): the kept choices, or the capacity when padded."""
-        return np.full_like(self.kept, int(self.capacity)) if self.padded else self.kept
+        """What travels and computes per (source EP rank, expert): the kept choices, or the capacity of each draw
+        summed when padded."""
+        return np.full_like(self.kept, int(self.capacity) * self.draws) if self.padded else self.kept
+
+    def plus(self, other: LayerRouting) -> LayerRouting:
+        """The sum of two routings of one layer (over micro-batches): choices, kept choices and draws add up;
+        capacity (per draw) and padding are the layer's own."""
+        return LayerRouting(self.choices + other.choices, self.kept + other.kept, other.capacity, other.padded,
+                            self.draws + other.draws)
 
     @property
     def expert_load(self) -> np.ndarray:

@@ -424,26 +424,26 @@ class _Segment:
     expert_w: tuple[tuple[Kernel, ...], tuple[Kernel, ...], tuple[Kernel, ...]] | None = None
 
 
-def _scale_kernel(k: Kernel, factor: float, tokens: int) -> Kernel:
-    """Kernel ``k`` run on ``factor`` times the ``tokens`` it was sized for (the token dimension of a GEMM scales)."""
+def _scale_kernel(k: Kernel, factor: float, at: int | None) -> Kernel:
+    """Kernel ``k`` run on ``factor`` times the token rows it was sized for: its FLOPs and bytes, and dimension
+    ``at`` of its shape (the token rows, :func:`_token_position`; None: no shape to scale)."""
     shape = k.shape
-    if shape is not None:
-        shape = tuple(max(1, round(d * factor)) if d == tokens else d for d in shape)
+    if shape is not None and at is not None:
+        shape = shape[:at] + (max(1, round(shape[at] * factor)),) + shape[at + 1:]
     return Kernel(k.category, k.flops * factor, k.nbytes * factor, shape, k.batch)
 
 
-def _token_dims(shape: tuple[int, int, int] | None, tokens: int) -> tuple | list[bool] | None:
-    """Which dimensions of a kernel's ``shape`` :func:`_scale_kernel` scales (those equal to ``tokens``): None for
-    none (or no shape); for one, ``(the dimensions before it, it, those after it)``; else a flag per dimension."""
-    if shape is None:
+def _token_position(op: LayerOp, tokens: int) -> int | None:
+    """Which dimension of expert kernel ``op``'s shape is its ``tokens`` rows: a GEMM's ``m`` (forward and data
+    gradient), or the reduced ``m`` of its weight gradient (``dW = Xᵀ dY``, shape ``(k, n, m)``); None for a
+    kernel without a shape. By position, not by value: a model whose hidden size equals ``tokens`` has two
+    dimensions of that size, and only one of them grows with the rank's load."""
+    if op.shape is None:
         return None
-    scaled = [d == tokens for d in shape]
-    if not any(scaled):
-        return None
-    if sum(scaled) > 1:
-        return scaled
-    at = scaled.index(True)
-    return tuple(shape[:at]), shape[at], tuple(shape[at + 1:])
+    at = 2 if op.name.endswith(".wgrad") else 0
+    if op.shape[at] != tokens:
+        raise AssertionError(f"expert kernel {op.name} {op.shape}: no {tokens} token rows at dimension {at}")
+    return at
 
 
 def _pick(values: list, index: list[int]) -> tuple:
@@ -594,7 +594,7 @@ class _StepBuilder:
         self.draw_imbalance: dict[tuple[int, int | None], float] = {}
         self._moe_parts: dict[tuple, tuple] = {}
         # distinct balanced expert kernel sets, one object each (kept alive: _moe_parts keys by their ids)
-        self._balanced_kernels: dict[tuple[Kernel, ...], tuple[Kernel, ...]] = {}
+        self._balanced_kernels: dict[tuple, tuple[Kernel, ...]] = {}  # (kernels, token dimensions) -> kernels
         self._scale_plans: dict[int, list[tuple]] = {}  # id(balanced kernels) -> what _expert_parts reads of them
         self._unit_segments: dict[tuple, list[tuple[_Segment, Unit, str]]] = {}
         self._traces: dict[int, tuple[list[list[int]], list[Use], GatherSchedule]] = {}
@@ -960,6 +960,13 @@ class _StepBuilder:
         return ([o for i, o in enumerate(before) if i < start or id(o) not in ids], experts,
                 [o for o in after if id(o) not in ids], shared[:cut], shared[cut:])
 
+    def _recomputed_experts(self, layer: int, phase: str) -> list[LayerOp]:
+        """The routed experts' kernels that a backward pass of ``layer`` recomputes at its front (``full``), at the
+        balanced load; under an expert grid split over ``etp`` and run on the expert-TP group's tokens, as the
+        forward ran them."""
+        ops, mask = self._layer_pass(layer, phase, self.etp if self.expert_grid else None)
+        return [o for o in ops[:_leading(mask)] if o.name.startswith("experts")]
+
     def _grid_experts(self, layer: int, phase: str) -> list[LayerOp]:
         """The routed experts' kernels of one pass of ``layer`` under an expert grid: split over ``etp``, not
         ``tp`` (the recomputed forward kernels at the front left out: they stay local to the rank)."""
@@ -983,7 +990,7 @@ class _StepBuilder:
             return None
         experts = self._grid_experts(layer, phase) if self.expert_grid else [kernels[i] for i in at]
         rest = set(at)
-        return (_kernels(kernels[:at[0]]), _kernels(experts),
+        return (_kernels(kernels[:at[0]]), self._balanced(experts),
                 _kernels([k for i, k in enumerate(kernels) if i > at[0] and i not in rest]))
 
     def route(self, layer: int, mb: int = 0) -> LayerRouting:
@@ -1005,39 +1012,44 @@ class _StepBuilder:
             self._draws[key] = r
             self.draw_imbalance[key] = r.imbalance
             seen = self.routes.get(layer)
-            self.routes[layer] = r if seen is None else LayerRouting(seen.choices + r.choices, seen.kept + r.kept,
-                                                                     r.capacity)
+            self.routes[layer] = r if seen is None else seen.plus(r)
         return r
+
+    def _balanced(self, ops: Sequence[LayerOp]) -> tuple[Kernel, ...]:
+        """The kernels of expert ops ``ops`` at the balanced load, one object per distinct set (:meth:`_expert_parts`
+        keys by identity), with what :meth:`_expert_parts` reads of each: its fields and the dimension of its
+        shape that holds the token rows (:func:`_token_position`, known here from the ops' names)."""
+        tokens = self.par.micro_batch * self.train.seq_len * self.model.top_k
+        kernels = _kernels(ops)
+        at = tuple(_token_position(o, tokens) for o in ops)
+        balanced = self._balanced_kernels.setdefault((kernels, at), kernels)
+        if id(balanced) not in self._scale_plans:
+            self._scale_plans[id(balanced)] = (
+                [(k.category, k.flops, k.nbytes, k.shape, k.batch,
+                  None if i is None else (k.shape[:i], k.shape[i], k.shape[i + 1:])) for k, i in zip(kernels, at)],
+                all(0 <= k.flops < math.inf and 0 <= k.nbytes < math.inf for k in kernels))
+        return balanced
 
     def _expert_parts(self, balanced: tuple[Kernel, ...], load: int) -> tuple[Kernel, ...]:
         """Expert kernels of an EP rank that receives ``load`` token slots, scaled from the ``balanced`` routing's
-        kernels (:func:`_scale_kernel`).
+        kernels (made by :meth:`_balanced`; :func:`_scale_kernel`).
 
         Cached by the kernels and the drawn count: draws that give a rank the same load share the kernels. A
         load seldom repeats within one layer but often across layers, which mostly run equal expert kernels;
-        ``balanced`` is one object per distinct set of them (:meth:`moe_pieces`), so it keys by identity."""
+        ``balanced`` is one object per distinct set of them, so it keys by identity."""
         key = (id(balanced), load)
         parts = self._moe_parts.get(key)
         if parts is None:
             tokens = self.par.micro_batch * self.train.seq_len * self.model.top_k
-            found = self._scale_plans.get(id(balanced))
-            if found is None:  # per kernel: its fields, and which of its dimensions are the tokens
-                found = self._scale_plans[id(balanced)] = (
-                    [(k.category, k.flops, k.nbytes, None if k.shape is None else tuple(k.shape), k.batch,
-                      _token_dims(k.shape, tokens)) for k in balanced],
-                    all(0 <= k.flops < math.inf and 0 <= k.nbytes < math.inf for k in balanced))
-            plan, sound = found
+            plan, sound = self._scale_plans[id(balanced)]
             # _scale_kernel of each kernel, unrolled: the same operations on the same values
             factor = load / tokens
             out, all_flops, all_bytes = [], [], []
             for category, flops, nbytes, shape, batch, at in plan:
-                if at is not None:
-                    if type(at) is tuple:  # one token dimension (a GEMM's m, or k of a weight gradient)
-                        head, dim, tail = at
-                        d = round(dim * factor)
-                        shape = head + (d if d > 1 else 1,) + tail  # max(1, d) in its place
-                    else:
-                        shape = tuple(max(1, round(d * factor)) if s else d for d, s in zip(shape, at))
+                if at is not None:  # the token rows (a GEMM's m, or the reduced m of a weight gradient)
+                    head, dim, tail = at
+                    d = round(dim * factor)
+                    shape = head + (d if d > 1 else 1,) + tail  # max(1, d) in its place
                 flops *= factor
                 nbytes *= factor
                 all_flops.append(flops)
@@ -1184,9 +1196,12 @@ class _StepBuilder:
         kernels = self._moe_kernels.get(id(seg.moe))
         if kernels is None or kernels[0] is not seg.moe:
             before, experts, after = seg.moe[:3]
-            balanced = _kernels(experts)
-            balanced = self._balanced_kernels.setdefault(balanced, balanced)  # one object per distinct set
-            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, _kernels(before), _kernels(after), balanced,
+            # Full recomputation re-runs the forward's routed experts first (locally, without the exchanges): at
+            # this rank's load as the forward ran them, cut out of the kernels before the dispatch to be scaled.
+            again = [i for i, o in enumerate(before) if o.name.startswith("experts")]
+            pre = ((_kernels(before[:again[0]]), self._balanced(self._recomputed_experts(seg.layer, seg.phase)),
+                    _kernels(before[again[-1] + 1:])) if again else (_kernels(before), None, ()))
+            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, pre, _kernels(after), self._balanced(experts),
                                                         *(_kernels(k) for k in shared))
         layer = seg.layer
         # off the compute stream: the exchanges are waited for explicitly
@@ -1197,7 +1212,15 @@ class _StepBuilder:
         # the hot ops by the graph's positional builders (the same checks and ops as compute / collective_op)
         compute, alltoallv = g._compute_parts, g._alltoallv
         regather = self._regather_op(rank, seg, deps, name, mb, stage)
-        last = compute(rank, kernels[1], f"{name}.pre", deps, "gemm", layer, mb, stage, COMPUTE_STREAM)
+        head, again, tail = pre = kernels[1]
+        if again is not None:  # (one tuple per recomputed set and load, as _expert_parts keeps one per load)
+            key = (id(pre), load)
+            pre = self._moe_parts.get(key)
+            if pre is None:
+                pre = self._moe_parts[key] = head + self._expert_parts(again, load) + tail
+        else:
+            pre = head
+        last = compute(rank, pre, f"{name}.pre", deps, "gemm", layer, mb, stage, COMPUTE_STREAM)
         last = self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
         yield last
         first = alltoallv(rank, group, out_row, out_rows, f"{name}.ep_{'dispatch' if fwd else 'combine_grad'}",

@@ -1,0 +1,87 @@
+"""MoE defects a QA hunt found (seventeenth session), each against a count worked here by hand.
+
+The routing is ``custom`` (a fixed expert load) or ``balanced`` with a capacity, so every rank's token slots
+are known without the simulator: ``T·k`` choices per EP rank per micro-batch, ``capacity = ceil(T·k/E·cf)``
+slots per (source rank, expert).
+"""
+
+import math
+
+import pytest
+
+from simulator.experiment import experiment_from_dict, run_experiment
+from workloads.errors import ConfigError
+from workloads.training import training_step
+
+T, K, E, EP = 512, 2, 8, 4  # tokens per rank (b·s), top-k, experts, EP degree
+
+
+def doc(moe: dict, *, hidden: int = 512, recompute: str = "none", micro_batches: int = 1, **par) -> dict:
+    return {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": EP},
+            "model": {"name": "m", "layers": 1, "hidden": hidden, "heads": 8, "kv_heads": 8, "ffn_hidden": 1024,
+                      "vocab": 32000, "gated_mlp": True, "tied_embeddings": False, "experts": E, "top_k": K,
+                      "moe_ffn_hidden": 1024, "max_seq_len": 4096},
+            "parallel": {"tp": 1, "pp": 1, "dp": EP, "ep": EP, "micro_batch": 1, "global_batch": EP * micro_batches,
+                         "recompute": recompute, **par},
+            "training": {"seq_len": T}, "moe": moe, "options": {"embedding_and_loss": False}}
+
+
+SKEWED = {"routing": "custom", "expert_load": [8, 1, 1, 1, 1, 1, 1, 1], "seed": 1}
+
+
+def test_expert_gemms_scale_their_token_rows_only():
+    # hidden = b·s·k = 1024: the forward's expert GEMMs have two dimensions of that size (the up-projection's
+    # input, the down-projection's output), and only the token rows grow with the rank's load. They were found
+    # by value, so the hidden dimension was scaled too and the GEMM's shape (which picks its efficiency) no
+    # longer matched its FLOPs.
+    h, f = 1024, 768
+    d = doc(SKEWED, hidden=h)
+    d["model"]["moe_ffn_hidden"] = f
+    exp = experiment_from_dict(d)
+    step = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing)
+    loads = []
+    for op in step.graph.ops:
+        if op.kind == "compute" and op.name == "F0.c0.L0.experts":
+            up, down = [k for k in op.parts if k.shape is not None]
+            rows = round(up.flops / (2.0 * 2 * f * h))
+            assert (up.shape, down.shape) == ((rows, 2 * f, h), (rows, h, f)), op.rank
+            loads.append(rows)
+    assert len(loads) == EP and sum(loads) == EP * T * K and max(loads) > 3 * min(loads)
+
+
+@pytest.mark.parametrize("moe, label", [(SKEWED, "skewed"),
+                                        ({"routing": "balanced", "capacity_factor": 0.5}, "drops half")])
+def test_full_recompute_reruns_each_ranks_experts_at_its_own_load(moe, label):
+    # recompute: full re-runs the forward first in the backward (its routed experts locally): the recomputed
+    # expert FLOPs of every rank equal its forward's, skew and dropped choices included; they ran at the
+    # balanced load on every rank
+    runs = {rec: run_experiment(experiment_from_dict(doc(moe, recompute=rec)), fidelity="full", force=True)
+            for rec in ("none", "full")}
+    flops = {rec: r.ops.groupby(["rank", "name"])["flops"].sum() for rec, r in runs.items()}
+    forward_experts = []
+    for rank in range(EP):
+        experts = flops["full"][rank, "F0.c0.L0.experts"]
+        forward_rest = flops["none"][rank, "F0.c0.L0.pre"] + flops["none"][rank, "F0.c0.L0.post"]
+        recomputed = flops["full"][rank, "B0.c0.L0.pre"] - flops["none"][rank, "B0.c0.L0.pre"]
+        assert recomputed - forward_rest == pytest.approx(experts, rel=1e-9), (label, rank)
+        forward_experts.append(experts)
+    if label == "drops half":  # capacity 0.5: every rank computes half the balanced slots
+        per_rank = 2 * 3 * 512 * 1024 * T * K / 2  # 2·(3 GEMMs)·h·f per slot
+        assert forward_experts == pytest.approx([per_rank] * EP, rel=1e-9)
+    else:
+        assert max(forward_experts) > 3 * min(forward_experts)
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2, 4])
+def test_padded_rank_load_counts_every_micro_batchs_slots(micro_batches):
+    # pad_to_capacity: every (source, expert) pair carries `capacity` slots in each micro-batch, so each EP rank
+    # computes EP·capacity·E/EP slots per micro-batch; the summary summed the draws without their padding
+    moe = dict(SKEWED, capacity_factor=1.0, pad_to_capacity=True)
+    r = run_experiment(experiment_from_dict(doc(moe, micro_batches=micro_batches)), fidelity="full", force=True)
+    capacity = math.ceil(T * K / E * 1.0)
+    assert r.summary["moe"]["rank_load_tokens"] == [EP * capacity * (E // EP) * micro_batches] * EP
+
+
+def test_expert_parallelism_with_tensor_parallelism_needs_sequence_parallelism():
+    with pytest.raises(ConfigError, match=r"parallel\.sequence_parallel: .*needs sequence_parallel: true"):
+        experiment_from_dict(doc({"routing": "balanced"}, tp=2, dp=2, ep=2, sequence_parallel=False))
