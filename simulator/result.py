@@ -29,6 +29,7 @@ exposed communication
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from functools import cached_property
@@ -170,13 +171,21 @@ class Result:
                     for c in ("kind", "name", "stream", "traffic_class")})
         return out
 
-    @cached_property
-    def rep_ops(self) -> pd.DataFrame:
-        """Like :attr:`ops`, but for a graph of representatives (``fidelity="fast"``) only the
-        representatives' rows (one per simulated op); the same frame as :attr:`ops` for a full graph."""
+    def _rep_frame(self) -> pd.DataFrame:
+        """A new frame of the representatives' ops (:attr:`rep_ops`), read off the op graph: what the timeline
+        and the trace draw, whatever a user has done to the frames handed out."""
         df = _pd().DataFrame({c: self._op_column(c) for c in self._OP_COLUMNS})
         df["duration_s"] = df["end_s"] - df["start_s"]
         return df
+
+    @cached_property
+    def rep_ops(self) -> pd.DataFrame:
+        """Like :attr:`ops`, but for a graph of representatives (``fidelity="fast"``) only the
+        representatives' rows (one per simulated op); the same frame as :attr:`ops` for a full graph.
+
+        The frames a result hands out (:attr:`ops`, :attr:`links`, :attr:`traffic`, :attr:`summary`, ...) are
+        the user's to edit: no other view of the result reads them."""
+        return self._rep_frame()
 
     @cached_property
     def ops(self) -> pd.DataFrame:
@@ -209,6 +218,11 @@ class Result:
         """One row per directed link: endpoints, kind, tier, bandwidth, wire bytes, busy time, utilisation,
         and ``bytes_<class>`` columns. The index (``link``) is this run's link id: to compare runs whose
         fabrics differ (faults remove links), join on ``src`` and ``dst``."""
+        return self._links.copy()
+
+    @cached_property
+    def _links(self) -> pd.DataFrame:
+        """:attr:`links` as the result's own views read it (a user's edits of :attr:`links` do not reach them)."""
         fabric = self.record.fabric
         ledger = fabric.network.ledger
         step = self.step_time if self.step_time > 0 else np.inf
@@ -234,7 +248,7 @@ class Result:
         that carried bytes: a tier this cluster lacks, or whose links carried nothing, gives an empty frame."""
         n = _traffic().check_count(n, "n")
         _check_tier(tier)
-        df = self.links
+        df = self._links
         if tier is not None:
             df = df[df["tier"] == tier]
         return df[df["bytes"] > 0].sort_values("bytes", ascending=False, kind="stable").head(n)
@@ -244,6 +258,11 @@ class Result:
     def traffic(self) -> pd.DataFrame:
         """Payload bytes per ``(src, dst, traffic_class)`` rank pair over the step (long form; only pairs
         that exchanged bytes). Row sums per ``src`` are what each GPU sent."""
+        return self._traffic.copy()
+
+    @cached_property
+    def _traffic(self) -> pd.DataFrame:
+        """:attr:`traffic` as :meth:`traffic_matrix` reads it."""
         fabric = self.record.fabric
         return _traffic().pair_bytes(fabric.network.ledger.payload_by_route(), fabric.pairs_of, fabric.shares_of)
 
@@ -261,7 +280,7 @@ class Result:
         """
         traffic = _traffic()
         labels = traffic.rank_labels(self.record.fabric.cluster, level)
-        return traffic.traffic_matrix(self.traffic, labels, traffic_class, known=traffic.known_classes(
+        return traffic.traffic_matrix(self._traffic, labels, traffic_class, known=traffic.known_classes(
             self._comm_classes))
 
     @cached_property
@@ -280,7 +299,7 @@ class Result:
         rate_Bps, utilization`` — the link carries ``rate_Bps`` from ``time_s`` until its next row; its last
         row has rate 0. The integral of a link's series is its ``bytes`` in :attr:`links`.
         """
-        table = self.links
+        table = self._links
         if links is None:
             ids = list(self.busiest_links(_traffic().check_count(top, "top"), tier).index)
         else:
@@ -326,19 +345,24 @@ class Result:
 
     def bytes_by_class_and_tier(self) -> pd.DataFrame:
         """Link bytes, rows = traffic class, columns = tier."""
-        df = self.links
+        df = self._links
         cols = [c for c in df.columns if c.startswith("bytes_")]
         table = df.groupby("tier")[cols].sum().T
         table.index = [c[len("bytes_"):] for c in table.index]
         return table
 
-    @cached_property
+    @property
     def exposed_comm_by_class(self) -> dict[str, float]:
         """Mean over ranks of the communication time not hidden behind compute, per class and ``total``.
 
         Per rank, ``|comm \\ compute| = |comm ∪ compute| - |compute|`` (interval unions), computed for
-        all ranks at once; a representative counts once per rank it stands for.
+        all ranks at once; a representative counts once per rank it stands for. (A new dict each time.)
         """
+        return dict(self._exposed_comm)
+
+    @cached_property
+    def _exposed_comm(self) -> dict[str, float]:
+        """:attr:`exposed_comm_by_class`, computed once."""
         cols = self._op_arrays
         world = self.record.graph.world_size
         replicas = getattr(self.record.graph, "replicas", None)
@@ -372,7 +396,7 @@ class Result:
     def exposed_comm_s(self) -> float:
         """Seconds per rank (mean over the world) that some communication is in flight while the rank computes
         nothing: the ``total`` of :attr:`exposed_comm_by_class`."""
-        return self.exposed_comm_by_class.get("total", 0.0)
+        return self._exposed_comm.get("total", 0.0)
 
     @property
     def summary(self) -> dict:
@@ -380,7 +404,7 @@ class Result:
         out = {
             "step_time_s": self.step_time,
             "exposed_comm_s": self.exposed_comm_s,
-            "exposed_comm_by_class_s": {k: v for k, v in self.exposed_comm_by_class.items() if k != "total"},
+            "exposed_comm_by_class_s": {k: v for k, v in self._exposed_comm.items() if k != "total"},
             "bytes_by_class": self.bytes_by_class,
             "bytes_by_tier": self.bytes_by_tier,
             "events": self.events,
@@ -389,7 +413,7 @@ class Result:
             "flows": self.record.fabric.network.ledger.flows_completed,
             "sim_wall_s": self.sim_wall_s,
         }
-        out.update(self.extra_summary)
+        out.update(copy.deepcopy(self.extra_summary))  # (nested dicts: the caller's to edit)
         return out
 
     # ----------------------------------------------------- time per rank
@@ -434,12 +458,12 @@ class Result:
         representative stands for (fidelity fast or lockstep) shows its representative's bars under its own
         number, as the trace does."""
         if ranks is None:
-            return _timeline().timeline_bars(self.rep_ops, self.step_time, None)
+            return _timeline().timeline_bars(self._rep_frame(), self.step_time, None)
         ranks = _traffic().check_ids(ranks, "ranks", "rank", self.record.graph.world_size)
         replicas = getattr(self.record.graph, "replicas", None) or {}
         rep_of = {x: r for r, xs in replicas.items() for x in xs}
         reps = list(dict.fromkeys(rep_of.get(r, r) for r in ranks))
-        bars = _timeline().timeline_bars(self.rep_ops, self.step_time, reps)
+        bars = _timeline().timeline_bars(self._rep_frame(), self.step_time, reps)
         if reps == ranks:
             return bars
         return _pd().concat([bars[bars["rank"] == rep_of.get(r, r)].assign(rank=r) for r in ranks],
@@ -469,7 +493,7 @@ class Result:
 
     def plot_tier_bandwidth(self, ax=None):
         """Bandwidth each tier carries over the step (:attr:`tier_timeseries`, bytes/s) against its capacity."""
-        capacity = self.links.groupby("tier")["bandwidth_Bps"].sum().to_dict()
+        capacity = self._links.groupby("tier")["bandwidth_Bps"].sum().to_dict()
         return _plotting().plot_tier_bandwidth(self.tier_timeseries, self.phases(), ax=ax, capacity=capacity)
 
     def plot_link_heatmap(self, top: int = 20, tier: str | None = None, bins: int = 200, ax=None):
@@ -492,7 +516,7 @@ class Result:
 
     def plot_link_utilization(self, ax=None):
         """Distribution of the links' utilisation (bytes over bandwidth x step time) by tier."""
-        return _plotting().plot_link_utilization(self.links, ax=ax)
+        return _plotting().plot_link_utilization(self._links, ax=ax)
 
     def plot_bytes_by_class_and_tier(self, ax=None):
         """Link bytes per traffic class and tier (:meth:`bytes_by_class_and_tier`), stacked bars."""
@@ -525,7 +549,7 @@ class Result:
         written = []
         for name, draw in figures:
             if name in ("link_heatmap", "link_utilization", "bytes_by_class_and_tier") and not (
-                    self.links["bytes"] > 0).any():
+                    self._links["bytes"] > 0).any():
                 continue  # nothing crossed a link
             ax = draw()
             path = os.path.join(folder, f"{name}.png")

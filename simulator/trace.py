@@ -66,7 +66,7 @@ def trace_ranks(ranks: Sequence[int] | str | None, world_size: int, stage_reps: 
 def trace_events(result, ranks: Sequence[int] | str | None = None, *, counters: bool = True, flows: bool = True,
                  max_counter_points: int = 20_000) -> list[dict]:
     """The trace's events (see the module docstring); ``ranks`` as :func:`trace_ranks`."""
-    rep_ops = result.rep_ops
+    rep_ops = result._rep_frame()  # (not the frame handed to users, which they may have edited)
     graph = result.record.graph
     replicas = getattr(graph, "replicas", None) or {}
     rep_of = {x: r for r, xs in replicas.items() for x in xs}

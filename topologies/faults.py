@@ -259,7 +259,9 @@ def _faulty_graph(cluster: Cluster, faults: Sequence[Mapping]) -> tuple[nx.DiGra
                 if data["tier"] == edit[1]:
                     data["latency"] += edit[2]
     graph.remove_nodes_from([n for n in down if g0.nodes[n]["kind"] == "nic"])
-    stranded = {gpu: i for gpu, i in failed_nic.items() if not _borrow_nic(graph, cluster, gpu)}
+    # in rank order, not the list's: a borrowed NIC's edges join its adjacency in this order, which numbers links
+    borrowed = {gpu: _borrow_nic(graph, cluster, gpu) for gpu in sorted(failed_nic, key=cluster.gpus.index)}
+    stranded = {gpu: i for gpu, i in failed_nic.items() if not borrowed[gpu]}
     return graph, stranded
 
 
