@@ -50,7 +50,7 @@ def test_settings_without_effect_are_noted():
 
 def test_shared_expert_overlap_without_shared_experts_is_noted():
     moe = {"preset": "mixtral-8x7b", "layers": 2}
-    doc = {**BASE, "model": moe, "parallel": {"tp": 2, "pp": 1, "dp": 8, "ep": 8},
+    doc = {**BASE, "model": moe, "parallel": {"tp": 2, "pp": 1, "dp": 8, "ep": 8, "sequence_parallel": True},
            "moe": {"shared_expert_overlap": True}}
     notes = unused_settings(experiment_from_dict(doc))
     assert any(n.startswith("moe.shared_expert_overlap has no effect: model mixtral-8x7b has no shared experts")

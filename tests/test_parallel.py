@@ -116,7 +116,8 @@ def test_validate_rejects(model, kwargs, training, world, match):
 def test_validate_accepts_megatron_configs():
     validate(GPT3, ParallelConfig(tp=8, pp=8, dp=16, global_batch=1536, schedule="interleaved",
                                   virtual_stages=3, zero=1, sequence_parallel=True), TRAIN, world_size=1024)
-    validate(MIXTRAL, ParallelConfig(tp=2, pp=4, dp=8, ep=8, global_batch=64), TRAIN, world_size=64)
+    validate(MIXTRAL, ParallelConfig(tp=2, pp=4, dp=8, ep=8, global_batch=64, sequence_parallel=True), TRAIN,
+             world_size=64)
     # sequence_parallel with tp=1 is a no-op, not an error (Megatron turns it off)
     p = ParallelConfig(sequence_parallel=True)
     validate(GPT3, p, TrainingSpec(seq_len=2047))
