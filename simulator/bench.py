@@ -39,7 +39,8 @@ MAX_SIZES = 1000
 
 
 def size_ladder(min_bytes: float, max_bytes: float, factor: float = 2.0) -> list[float]:
-    """Sizes from ``min_bytes`` to ``max_bytes`` inclusive, multiplying by ``factor`` (nccl-tests ``-f``)."""
+    """Sizes from ``min_bytes`` to ``max_bytes`` inclusive, multiplying by ``factor`` (nccl-tests ``-f``), in whole
+    bytes (each distinct once: a factor close to 1 repeats a small size otherwise)."""
     if not 1 <= min_bytes <= max_bytes <= MAX_BYTES:
         raise ValueError(f"--min-size/--max-size: need 1 B <= min-size <= max-size <= 1 PiB, got {min_bytes:g} "
                          f"and {max_bytes:g} bytes")
@@ -51,7 +52,9 @@ def size_ladder(min_bytes: float, max_bytes: float, factor: float = 2.0) -> list
                          f"the most is {MAX_SIZES} (use a larger factor)")
     sizes, s = [], float(min_bytes)
     while s <= max_bytes * (1 + 1e-12):
-        sizes.append(s)
+        whole = float(min(round(s), max_bytes))  # whole bytes, as nccl-tests' size_t sizes
+        if not sizes or whole > sizes[-1]:
+            sizes.append(whole)
         s *= factor
     return sizes
 

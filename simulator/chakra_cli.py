@@ -60,6 +60,14 @@ def check_arguments(args: argparse.Namespace) -> None:
         check_folder(args.export_chakra, "--export-chakra")
 
 
+def check_export_folder(folder: str | None, world: int) -> None:
+    """``--export-chakra``: refuse a folder that holds a larger trace's rank files before the run, not after it
+    (:func:`~workloads.chakra.write.check_trace_folder`)."""
+    if folder is not None:
+        from workloads.chakra.write import check_trace_folder
+        check_trace_folder(folder, world)
+
+
 def export_experiment(exp, folder: str | None) -> str | None:
     """``--export-chakra``: write ``exp``'s full step (every rank's program) as a Chakra trace into ``folder``.
 
@@ -105,7 +113,11 @@ def run_trace(args: argparse.Namespace) -> int:
     if bad:
         raise ValueError(f"--trace-ranks: {bad[0]} is not a rank of this trace; valid: 0..{world - 1}")
     doc = read_experiment_file(args.file) if args.file else {}
-    for note in trace_unused(doc):
+    try:
+        notes = trace_unused(doc)
+    except ValueError as exc:  # a misspelled section of the file
+        raise with_prefix(exc, args.file) from None
+    for note in notes:
         print(f"clustersim: note: {note}", file=sys.stderr)
     if args.cluster is not None:
         cluster = trace_cluster(args.cluster, world)
@@ -161,6 +173,8 @@ TRACE_SECTIONS = ("name", "cluster", "network", "compute", "faults", "training")
 def trace_unused(doc: dict) -> list[str]:
     """One note per section (or ``training`` field) of ``doc`` that a trace run does not read: the trace is the
     workload, so the model, layout and schedule a file gives have no effect on it."""
+    from .experiment import check_sections
+    check_sections(doc)  # a misspelled section is an error, as in a plain run, not a note
     notes = [f"{key}: has no effect with --chakra (the trace is the workload; the file's cluster, network, "
              f"compute, faults and training.dtype apply)" for key in doc if key not in TRACE_SECTIONS]
     training = doc.get("training")

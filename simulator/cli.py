@@ -80,11 +80,28 @@ def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8, fie
         return build_cluster({"preset": "dgx-h100", "nodes": nodes})
     if spec.lower().endswith((".yaml", ".yml", ".graphml")):
         cluster = load_cluster(spec)
+        if spec.lower().endswith((".yaml", ".yml")):
+            _check_file_sections(spec)
         if spec.lower().endswith((".yaml", ".yml")) and _has_faults(spec):
             print(f"clustersim: note: {spec}'s faults: section is not applied here: this is the healthy fabric "
                   f"(clustersim run simulates the faults)", file=sys.stderr)
         return cluster
     return build_cluster(preset_section(spec, field))  # a preset, or PRESET:NODES
+
+
+def _check_file_sections(path: str) -> None:
+    """An experiment file (one with a ``cluster:`` section) given where only its cluster, network and faults are
+    read: refuse a misspelled section as ``clustersim run`` does (``netwrk:`` would leave the network's defaults
+    without a word). Its top-level keys are read off the text (column 0), not parsed again: a topology file of
+    thousands of GPUs takes seconds to parse."""
+    from .experiment import check_sections
+    with open(path, encoding="utf-8") as f:
+        keys = re.findall(r"^([^\s#:'\"{}\[\]-][^:#]*?)\s*:", f.read(), re.MULTILINE)
+    if "cluster" in keys:
+        try:
+            check_sections(keys)
+        except ValueError as exc:  # (a ConfigError)
+            raise ValueError(f"{path}: {exc}") from None
 
 
 def _top_level(path: str, key: str) -> object:
@@ -359,6 +376,7 @@ def _run():
         bad = [r for r in trace_ranks if r >= world] if isinstance(trace_ranks, list) else []
         if bad:
             raise ValueError(f"--trace-ranks: {bad[0]} is not a rank of this run; valid: 0..{world - 1}")
+        chakra_cli.check_export_folder(args.export_chakra, world)
         one_switch = exp.model.is_moe and exp.parallel.ep > 1 and under_one_switch(
             exp.cluster, RankLayout(exp.parallel).ep_group(0))
         slow = slow_alltoallv_note(exp.parallel.ep, exp.network.all_to_all, exp.routing.kind, exp.model.is_moe,

@@ -26,7 +26,7 @@ import copy
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import TYPE_CHECKING
@@ -97,13 +97,23 @@ DEMO_EXPERIMENT = {
 """The built-in demo (same as ``examples/demo.yaml``)."""
 
 
+FORCE_HINT = " (or use --force to simulate anyway)"
+"""The end of an out-of-memory hint where the command has ``--force`` (``run``, ``jobs``; a sweep has none)."""
+
+
 class OutOfMemoryError(ValueError):
     """The configuration does not fit in GPU memory: ``summary`` (the breakdown against the GPU's memory),
-    then ``hint`` (what to do about it) when given."""
+    then ``hint`` (what to do about it) when given, which may end with :data:`FORCE_HINT`."""
 
     def __init__(self, summary: str, hint: str | None = None) -> None:
         super().__init__(summary if hint is None else f"{summary}; {hint}")
         self.summary = summary
+        self.hint = hint
+
+    def without_force(self) -> str:
+        """The message without :data:`FORCE_HINT`: what a sweep's row says (``sweep`` has no ``--force``)."""
+        text = str(self)
+        return text[:-len(FORCE_HINT)] if text.endswith(FORCE_HINT) else text
 
     def with_remedies(self, exp: Experiment) -> OutOfMemoryError:
         """The same error, its hint replaced by the single changes that make ``exp`` fit
@@ -112,7 +122,7 @@ class OutOfMemoryError(ValueError):
         if not remedies:
             return self
         fits = ", or ".join(f"{what} ({m.total / 1e9:.1f} GB)" for what, m in remedies)
-        return OutOfMemoryError(self.summary, f"fits with {fits} (or use --force to simulate anyway)")
+        return OutOfMemoryError(self.summary, f"fits with {fits}{FORCE_HINT}")
 
 
 @dataclass
@@ -258,9 +268,7 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     if "jobs" in doc:
         raise ConfigError("jobs: a file of several jobs sharing a fabric runs with `clustersim jobs FILE` "
                           "(API: simulator.jobs.load_jobs / run_jobs)")
-    unknown = unknown_keys(doc, SECTIONS)
-    if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown section; valid sections: {', '.join(SECTIONS)}")
+    check_sections(doc)
     if doc.get("sweep") is not None:  # read by `clustersim sweep` only, but a malformed one is an error everywhere
         from .sweeps.grid import sweep_settings  # (here: the sweeps package imports this module)
         sweep_settings(doc)
@@ -345,6 +353,14 @@ def _faults_from_list(value: object, cluster: Cluster) -> list[dict]:
             if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor <= 1000:
                 raise ConfigError(f"faults[{i}].factor: must be a compute slowdown in [1, 1000], got {factor!r}")
     return faults
+
+
+def check_sections(keys: Iterable) -> None:
+    """Refuse a top-level key of an experiment file (``keys``: the file's dict, or its keys) that is not one of
+    :data:`SECTIONS` (a typo such as ``netwrk:`` would otherwise leave the section's defaults silently)."""
+    unknown = unknown_keys(keys, SECTIONS)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section; valid sections: {', '.join(SECTIONS)}")
 
 
 def read_experiment_file(path: str | os.PathLike) -> dict:
@@ -558,7 +574,7 @@ def check_memory(exp: Experiment, force: bool = False) -> MemoryBreakdown:
     if not memory.fits(hbm) and not force:
         raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of {exp.cluster.gpu.name}",
                                "lower it with parallel.zero (1-3), more tp or pp, parallel.recompute: full or a "
-                               "smaller parallel.micro_batch (or use --force to simulate anyway)")
+                               f"smaller parallel.micro_batch{FORCE_HINT}")
     return memory
 
 

@@ -48,9 +48,17 @@ def load_plan_inputs(spec: str, nodes: int | None = None) -> tuple[object, objec
             raise ValueError(f"--nodes: {spec} gives the number of nodes already; give it once ({spec} or "
                              f"{section['preset']} --nodes {nodes})")
     else:
-        from .experiment import read_experiment_file
+        from .experiment import check_sections, read_experiment_file
         doc = read_experiment_file(spec)
         where = f"{spec}: "
+        if "cluster" in doc:  # an experiment file: its other sections are not read here, but a typo is an error
+            try:
+                check_sections(doc)
+            except ValueError as exc:
+                raise ValueError(f"{where}{exc}") from None
+            if doc.get("faults"):
+                print(f"clustersim: note: {spec}'s faults: section is not applied here: this is the healthy "
+                      f"fabric's plan (clustersim run simulates the faults)", file=sys.stderr)
         plan = doc.get("plan")
         section = doc["cluster"] if "cluster" in doc else {k: v for k, v in doc.items() if k != "plan"}
     if nodes is not None:

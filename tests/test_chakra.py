@@ -516,3 +516,21 @@ def test_an_exchange_of_split_and_unsplit_members_is_refused_in_one_line():
     g.collective_op(1, "all_to_all", (0, 1), 100.0)
     with pytest.raises(OpGraphError, match=r"an all_to_all but .* of the same exchange is an alltoallv"):
         simulate(g, single_server("H100", 2))
+
+
+def test_cli_refuses_an_export_folder_of_a_larger_trace_before_simulating(tmp_path, capsys, monkeypatch):
+    # found by a new-user walk: the folder was checked only after the whole run, whose results were then lost
+    exp_file = tmp_path / "exp.yaml"
+    exp_file.write_text(TINY_YAML)
+    out = tmp_path / "trace"
+    out.mkdir()
+    for rank in range(120):  # a 120-rank trace; this run has 16 ranks
+        (out / f"clustersim.{rank}.et").write_bytes(b"")
+
+    def never(*_a, **_k):
+        raise AssertionError("simulated before refusing the export folder")
+
+    monkeypatch.setattr("simulator.experiment.run_experiment", never)
+    assert main(["run", str(exp_file), "--fidelity", "full", "--export-chakra", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds clustersim.16.et, clustersim.17.et, clustersim.18.et from a larger trace" in err

@@ -32,6 +32,20 @@ class DurationModel(Protocol):
     def duration(self, op: Compute) -> float: ...
 
 
+def check_trace_folder(folder: str | os.PathLike, world: int, prefix: str = "clustersim") -> None:
+    """Refuse ``folder`` for a trace of ``world`` ranks: it is a file, or it holds rank files of a larger trace of
+    ``prefix`` that the new one would not overwrite (a reader would take them for one trace). Called before a
+    run that exports, as well as by :func:`write_chakra`."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ChakraError(f"{folder}: exists and is not a folder")
+    if folder.is_dir():
+        stale = [p.name for p, pre, r in sorted(scan(folder), key=lambda f: f[2]) if pre == prefix and r >= world]
+        if stale:
+            raise ChakraError(f"{folder}: already holds {', '.join(stale[:3])} from a larger trace of prefix "
+                              f"{prefix!r}; remove them or choose another folder")
+
+
 def write_chakra(graph: OpGraph, folder: str | Path, *, compute: DurationModel | None = None,
                  prefix: str = "clustersim") -> list[Path]:
     """Write ``graph`` as a Chakra trace: ``<folder>/<prefix>.<rank>.et`` for every rank, and
@@ -86,14 +100,8 @@ def write_chakra(graph: OpGraph, folder: str | Path, *, compute: DurationModel |
                               f"(int32, 0..{_INT32_MAX})")
         _check_values(op)
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise ChakraError(f"{folder}: exists and is not a folder")
     world = graph.world_size
-    if folder.is_dir():
-        stale = sorted(p.name for p, pre, r in scan(folder) if pre == prefix and r >= world)
-        if stale:
-            raise ChakraError(f"{folder}: already holds {', '.join(stale[:3])} from a larger trace of prefix "
-                              f"{prefix!r}; remove them or choose another folder")
+    check_trace_folder(folder, world, prefix)
     folder.mkdir(parents=True, exist_ok=True)
 
     groups: dict[tuple[int, ...], str] = {}

@@ -1,0 +1,91 @@
+"""Fixes from a new-user walk of the CLI (seventeenth session).
+
+Commands that read only part of an experiment file (the cluster, network and faults of ``collective``,
+``topology`` and ``plan``; the cluster of ``run --chakra``) refuse a misspelled section as ``run`` does, instead
+of running on the section's defaults without a word. A sweep's out-of-memory rows do not suggest ``--force``,
+which ``sweep`` does not have; ``collective``'s sizes are whole bytes."""
+
+import pytest
+
+from simulator.bench import size_ladder
+from simulator.cli import main
+
+EXPERIMENT = """\
+cluster: {preset: dgx-h100, nodes: 2}
+netwrk: {step_latency: 50us}
+"""
+
+
+@pytest.mark.parametrize("argv", [
+    ["collective", "--cluster", "{f}", "--gpus", "16", "--max-size", "1MiB"],
+    ["plan", "{f}"],
+    ["topology", "{f}"],
+])
+def test_a_misspelled_section_is_refused_where_the_cluster_is_read(tmp_path, capsys, argv):
+    path = tmp_path / "typo.yaml"
+    path.write_text(EXPERIMENT)
+    assert main([a.format(f=path) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "netwrk: unknown section; valid sections: name, cluster," in err[0]
+    assert str(path) in err[0]
+
+
+def test_the_network_section_spelled_right_is_read(tmp_path, capsys):
+    # the same file with network: is accepted, and its latency shows in the collective's time
+    times = {}
+    for key in ("network", None):
+        path = tmp_path / f"{key}.yaml"
+        path.write_text("cluster: {preset: dgx-h100, nodes: 2}\n" + (f"{key}: {{step_latency: 50us}}\n" if key else ""))
+        assert main(["collective", "--cluster", str(path), "--gpus", "16", "--max-size", "1MiB", "--json"]) == 0
+        times[key] = capsys.readouterr().out
+    assert times["network"] != times[None]
+
+
+def test_plan_says_it_ignores_faults(tmp_path, capsys):
+    path = tmp_path / "faults.yaml"
+    path.write_text("cluster: {preset: dgx-h100, nodes: 2}\nfaults: [{kind: nic_down, gpu: 3}]\n")
+    assert main(["plan", str(path)]) == 0
+    assert "faults: section is not applied here" in capsys.readouterr().err
+
+
+def test_a_cluster_file_without_a_cluster_section_is_left_to_the_builder(tmp_path, capsys):
+    # no cluster: section: a cluster or topology file, whose fields the builder checks (not the sections)
+    path = tmp_path / "cluster.yaml"
+    path.write_text("preset: dgx-h100\nnodes: 2\n")
+    assert main(["plan", str(path)]) == 0
+    assert main(["collective", "--cluster", str(path), "--gpus", "16", "--max-size", "1MiB"]) == 0
+
+
+def test_a_trace_run_refuses_a_misspelled_section_of_its_file(tmp_path, capsys):
+    pytest.importorskip("google.protobuf")
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("cluster: {preset: dgx-h100, nodes: 1}\nmodel: {preset: tiny}\n"
+                   "parallel: {tp: 2, dp: 4, micro_batch: 1, global_batch: 4}\ntraining: {seq_len: 128}\n")
+    trace = tmp_path / "trace"
+    assert main(["run", str(exp), "--fidelity", "full", "--export-chakra", str(trace)]) == 0
+    capsys.readouterr()
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(EXPERIMENT)
+    assert main(["run", "--chakra", str(trace), str(typo)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("netwrk: unknown section; valid sections: name, cluster, model, parallel, training, moe, "
+                        "network, compute, options, sweep, fidelity, faults, plan") and str(typo) in err
+
+
+def test_a_sweeps_out_of_memory_rows_do_not_suggest_force(tmp_path, capsys):
+    exp = tmp_path / "oom.yaml"
+    exp.write_text("cluster: {preset: dgx-h100, nodes: 2}\nmodel: {preset: llama3-70b}\n"
+                   "parallel: {tp: 2, pp: 2, dp: 4, micro_batch: 1, global_batch: 64, sequence_parallel: true}\n"
+                   "training: {seq_len: 1024}\n")
+    out = tmp_path / "s.csv"
+    assert main(["sweep", str(exp), "--grid", "parallel.micro_batch=1,2", "-o", str(out), "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("out of memory") == 2 and "--force" not in err and "--force" not in out.read_text()
+    assert main(["run", str(exp)]) == 2  # run has --force, and says so
+    assert "(or use --force to simulate anyway)" in capsys.readouterr().err
+
+
+def test_collective_sizes_are_whole_bytes_each_once():
+    assert size_ladder(3, 100, 1.5) == [3.0, 4.0, 7.0, 10.0, 15.0, 23.0, 34.0, 51.0, 77.0]
+    assert size_ladder(1, 8, 1.01) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    assert size_ladder(1 << 20, 1 << 30) == [float(1 << k) for k in range(20, 31)]
