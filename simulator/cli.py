@@ -618,12 +618,13 @@ def _sweep():
 
 
 # -------------------------------------------------------------------- validate
-@command("validate", "compare simulated throughput with published training runs (Megatron-LM, Llama 3)")
+@command("validate", "compare simulated throughput with published training runs (Megatron-LM, Llama 3, "
+                     "DeepSeek-V3)")
 def _validate():
     def configure(p: argparse.ArgumentParser) -> None:
         p.add_argument("--only", nargs="+", metavar="NAME",
-                       help="run only these entries (default: all but the slow ones, which --list marks)")
-        p.add_argument("--all", action="store_true", help="also run the slow entries")
+                       help="run only these entries (default: every entry but those --list marks slow)")
+        p.add_argument("--all", action="store_true", help="also run the entries --list marks slow")
         p.add_argument("--max-gpus", type=int, metavar="N", help="skip entries of published runs on more than N GPUs")
         p.add_argument("--fidelity", default=None, choices=_FIDELITIES,
                        help="every entry's fidelity (default: each entry's file's: fast, or as the file says)")
