@@ -692,8 +692,10 @@ def hardware_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, *
     ``full`` repeats the forward of every layer (Narayanan et al.'s 96 instead
     of 72 for the layer terms); ``selective`` repeats what ``recompute_modules``
     names (default ``core_attn``, :class:`~workloads.parallel.ParallelConfig`):
-    the attention core (``4 B s^2 l h``, halved with ``causal``, as Korthikanti
-    et al. 2022) and, with ``mla_up_proj``, MLA's query and key/value up
+    the attention core's forward (``4 B s^2 l h``, halved with ``causal``: the ``QKᵀ`` and ``PV`` GEMMs
+    Megatron re-runs; Korthikanti et al. 2022's published HFU count ``12 B s^2 l h``, i.e.
+    ``72 B s l h² (1 + s/3h + V/12lh)``, so their HFU reads 1-3.5% above ours for the same step) and, with
+    ``mla_up_proj``, MLA's query and key/value up
     projections (``2 k n`` per token and layer each). ``layernorm`` and
     ``moe_act`` re-run element-wise kernels, which model FLOPs do not count.
     """

@@ -366,6 +366,12 @@ def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: Tra
                                                  for c in range(parallel.model_chunks)])
     else:
         acts = micro_batches_in_flight(parallel, stage) * per_mb(stage_layers(model.layers, parallel, stage))
+    if parallel.recompute == "full":
+        # The layer being recomputed: its forward runs again right before its backward, whose activations then
+        # live in full (one micro-batch, one layer: the largest of the stage's) on top of every checkpoint.
+        acts += max((activation_bytes_per_layer(model, i, b, s, t, sequence_parallel=parallel.sp, dtype_bytes=d,
+                                                flash_attention=flash_attention or parallel.cp > 1, fp8=training.fp8)
+                     for i in stage_layers(model.layers, parallel, stage)), default=0.0)
     group = parallel.microbatch_group_size
     if parallel.schedule == "interleaved" and group is not None and stage in (0, parallel.pp - 1):
         # With groups of N > pp the first rank receives the last rank's outputs N - pp iterations before their
