@@ -292,7 +292,10 @@ class Result:
     # --------------------------------------------------- bandwidth over time
     def link_timeseries(self, links: list[int] | None = None, top: int = 10, tier: str | None = None
                         ) -> pd.DataFrame:
-        """Exact bandwidth of links over time (wire bytes/s, piecewise constant).
+        """Exact bandwidth of links over time (wire bytes/s, piecewise constant), as the flow network ran them.
+        Latency-bound flows (each under 1 µs on its bottleneck, :data:`simulator.network.TINY_FLOW_S`) run at
+        their solo rate outside max-min sharing, so for well under a microsecond a link can read above its
+        capacity (several flows of one call, or of calls that start together); their bytes are exact.
 
         ``links``: link ids (the index of :attr:`links`); default the ``top`` busiest (of ``tier``, if
         given; see :meth:`busiest_links`). Long form, one row per change point: ``link, src, dst, tier, time_s,
@@ -324,7 +327,8 @@ class Result:
 
     @cached_property
     def tier_timeseries(self) -> pd.DataFrame:
-        """Exact total bandwidth of each tier over time: ``time_s`` and one column per tier in wire bytes/s
+        """Exact total bandwidth of each tier over time (sub-µs excursions above capacity as
+        :meth:`link_timeseries` says): ``time_s`` and one column per tier in wire bytes/s
         (the sum over the tier's links), constant from one row's time to the next's."""
         fabric = self.record.fabric
         network = fabric.network
