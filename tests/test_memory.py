@@ -1,5 +1,7 @@
 """Memory per GPU against the ZeRO paper and Korthikanti et al.'s activation formulas."""
 
+import dataclasses
+
 import pytest
 
 from workloads.errors import ConfigError
@@ -158,3 +160,17 @@ def test_full_recompute_adds_the_recomputed_layers_activations(flash):
     sbh = s * b * h
     layer = sbh / t * (34 + (0 if flash else 5 * a * s / h))
     assert acts == pytest.approx(8 * 12 * 2 * sbh / t + layer, rel=1e-12)
+
+
+@pytest.mark.parametrize("flash, recompute, expanded", [(False, "none", True), (True, "none", False),
+                                                        (False, "selective", False)])
+def test_unfused_gqa_attention_keeps_expanded_keys_and_values(flash, recompute, expanded):
+    # Megatron-Core's unfused DotProductAttention repeat_interleaves K and V to every query head before its
+    # batched GEMMs, which save the expanded copies: K and V at the query width. A fused kernel, or a core
+    # checkpointed by selective recompute, keeps them at the grouped width. Llama 3 8B: 32 query heads, 8 groups.
+    gqa = get_preset("llama3-8b")
+    mha = dataclasses.replace(gqa, name="mha", kv_heads=gqa.heads)
+    s, d = 4096, 2
+    diff = (activation_bytes_per_layer(mha, 0, 1, s, recompute=recompute, flash_attention=flash)
+            - activation_bytes_per_layer(gqa, 0, 1, s, recompute=recompute, flash_attention=flash))
+    assert diff == pytest.approx(0.0 if expanded else 2 * d * s * (gqa.q_hidden - gqa.kv_hidden), abs=1e-6)

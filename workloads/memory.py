@@ -280,7 +280,11 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
         qw, kw, vw, ow = model.attention_widths
         split = s * b * (d * (0 if up else qw + kw + vw) + o_bytes * ow)
     else:  # Q, K, V; projection input
-        split = s * b * (d * (model.q_hidden + 2 * model.kv_hidden) + o_bytes * model.q_hidden)
+        # Unfused attention under GQA keeps K and V expanded to every query head: Megatron-Core's
+        # DotProductAttention repeat_interleaves them before its batched GEMMs, which save the copies (the
+        # grouped ones are then free); a fused kernel, or a checkpointed core, keeps them grouped.
+        kv = model.q_hidden if not flash_attention and "core_attn" not in modules else model.kv_hidden
+        split = s * b * (d * (model.q_hidden + 2 * kv) + o_bytes * model.q_hidden)
     gates = model.mlp_matrices - 1
     if moe:
         k = model.top_k
