@@ -89,3 +89,15 @@ def test_collective_sizes_are_whole_bytes_each_once():
     assert size_ladder(3, 100, 1.5) == [3.0, 4.0, 7.0, 10.0, 15.0, 23.0, 34.0, 51.0, 77.0]
     assert size_ladder(1, 8, 1.01) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
     assert size_ladder(1 << 20, 1 << 30) == [float(1 << k) for k in range(20, 31)]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "{dir}"], "is a folder; give a preset"),
+    (["collective", "--cluster", "{dir}", "--gpus", "8"], "is a folder; give a preset"),
+    (["collective", "--cluster", "dgx-h100:-2", "--gpus", "8"], "'dgx-h100:-2': NODES must be >= 1"),
+    (["plan", "dgx-h100:0"], "'dgx-h100:0': NODES must be >= 1"),
+])
+def test_a_folder_or_a_node_count_below_one_is_named_as_such(tmp_path, capsys, argv, message):
+    assert main([a.format(dir=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

@@ -214,9 +214,14 @@ def preset_section(spec: str, field: str = "cluster") -> dict[str, object]:
     >>> preset_section("dgx-h100:4")
     {'preset': 'dgx-h100', 'nodes': 4}
     """
+    if os.path.isdir(spec):
+        raise TopologyError(f"{field}: {spec!r} is a folder; give a preset (dgx-h100, dgx-h100:4), an experiment "
+                            f"or cluster YAML file, or a GraphML topology")
     preset, sep, nodes = spec.partition(":")
     if not sep:
         return {"preset": spec}
+    if nodes.strip().lstrip("-").isdigit() and int(nodes) < 1:
+        raise TopologyError(f"{field}: {spec!r}: NODES must be >= 1, as in dgx-h100:4")
     if not nodes.strip().isdigit():
         raise TopologyError(f"{field}: {spec!r}: NODES must be an integer, as in dgx-h100:4")
     return {"preset": preset.strip(), "nodes": int(nodes)}
