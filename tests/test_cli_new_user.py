@@ -92,8 +92,8 @@ def test_collective_sizes_are_whole_bytes_each_once():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["plan", "{dir}"], "is a folder; give a preset"),
-    (["collective", "--cluster", "{dir}", "--gpus", "8"], "is a folder; give a preset"),
+    (["plan", "{dir}"], "is a folder, not a preset; give a preset"),
+    (["collective", "--cluster", "{dir}", "--gpus", "8"], "is a folder, not a preset; give a preset"),
     (["collective", "--cluster", "dgx-h100:-2", "--gpus", "8"], "'dgx-h100:-2': NODES must be >= 1"),
     (["plan", "dgx-h100:0"], "'dgx-h100:0': NODES must be >= 1"),
 ])
@@ -101,3 +101,9 @@ def test_a_folder_or_a_node_count_below_one_is_named_as_such(tmp_path, capsys, a
     assert main([a.format(dir=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_a_folder_named_like_a_preset_does_not_hide_the_preset(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dgx-h100").mkdir()
+    assert main(["collective", "--cluster", "dgx-h100", "--gpus", "8", "--max-size", "1MiB"]) == 0

@@ -214,9 +214,6 @@ def preset_section(spec: str, field: str = "cluster") -> dict[str, object]:
     >>> preset_section("dgx-h100:4")
     {'preset': 'dgx-h100', 'nodes': 4}
     """
-    if os.path.isdir(spec):
-        raise TopologyError(f"{field}: {spec!r} is a folder; give a preset (dgx-h100, dgx-h100:4), an experiment "
-                            f"or cluster YAML file, or a GraphML topology")
     preset, sep, nodes = spec.partition(":")
     if not sep:
         return {"preset": spec}
@@ -286,6 +283,10 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
     if preset is not None:
         key = preset.strip().lower() if isinstance(preset, str) else None
         if key not in PRESETS:
+            if isinstance(preset, str) and os.path.isdir(preset):  # (a preset's name wins over a folder's)
+                raise TopologyError(f"cluster.preset: {preset!r} is a folder, not a preset; give a preset "
+                                    f"({', '.join(preset_names())}), an experiment or cluster YAML file, or a GraphML "
+                                    f"topology")
             raise TopologyError(f"cluster.preset: unknown preset {preset!r}; valid: {', '.join(preset_names())}")
         preset = key
         merged.update(PRESETS[key])
