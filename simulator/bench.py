@@ -44,6 +44,8 @@ def size_ladder(min_bytes: float, max_bytes: float, factor: float = 2.0) -> list
     if not 1 <= min_bytes <= max_bytes <= MAX_BYTES:
         raise ValueError(f"--min-size/--max-size: need 1 B <= min-size <= max-size <= 1 PiB, got {min_bytes:g} "
                          f"and {max_bytes:g} bytes")
+    if min_bytes != math.floor(min_bytes) or max_bytes != math.floor(max_bytes):
+        raise ValueError(f"--min-size/--max-size: need whole numbers of bytes, got {min_bytes:g} and {max_bytes:g}")
     if not factor > 1 or not math.isfinite(factor):
         raise ValueError(f"--step-factor: must be a finite number > 1, got {factor}")
     count = math.floor(math.log(max_bytes / min_bytes) / math.log(factor) + 1e-9) + 1

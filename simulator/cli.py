@@ -79,29 +79,18 @@ def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8, fie
         nodes = max(1, math.ceil(min_gpus / gpus_per_node))
         return build_cluster({"preset": "dgx-h100", "nodes": nodes})
     if spec.lower().endswith((".yaml", ".yml", ".graphml")):
-        cluster = load_cluster(spec)
-        if spec.lower().endswith((".yaml", ".yml")):
-            _check_file_sections(spec)
+        from workloads.errors import ConfigError
+
+        from .experiment import check_file_sections
+        try:
+            cluster = load_cluster(spec, check=check_file_sections)
+        except ConfigError as exc:  # a misspelled section, named with the file (a TopologyError names it already)
+            raise ValueError(f"{spec}: {exc}") from None
         if spec.lower().endswith((".yaml", ".yml")) and _has_faults(spec):
             print(f"clustersim: note: {spec}'s faults: section is not applied here: this is the healthy fabric "
                   f"(clustersim run simulates the faults)", file=sys.stderr)
         return cluster
     return build_cluster(preset_section(spec, field))  # a preset, or PRESET:NODES
-
-
-def _check_file_sections(path: str) -> None:
-    """An experiment file (one with a ``cluster:`` section) given where only its cluster, network and faults are
-    read: refuse a misspelled section as ``clustersim run`` does (``netwrk:`` would leave the network's defaults
-    without a word). Its top-level keys are read off the text (column 0), not parsed again: a topology file of
-    thousands of GPUs takes seconds to parse."""
-    from .experiment import check_sections
-    with open(path, encoding="utf-8") as f:
-        keys = re.findall(r"^([^\s#:'\"{}\[\]-][^:#]*?)\s*:", f.read(), re.MULTILINE)
-    if "cluster" in keys:
-        try:
-            check_sections(keys)
-        except ValueError as exc:  # (a ConfigError)
-            raise ValueError(f"{path}: {exc}") from None
 
 
 def _top_level(path: str, key: str) -> object:

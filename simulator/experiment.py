@@ -363,6 +363,19 @@ def check_sections(keys: Iterable) -> None:
         raise ConfigError(f"{unknown[0]}: unknown section; valid sections: {', '.join(SECTIONS)}")
 
 
+def check_file_sections(doc: Mapping) -> None:
+    """A file read for its cluster only (``collective``, ``topology``, ``plan``): refuse a misspelled section of an
+    experiment file (one with ``cluster:``) or of a jobs file (one with ``jobs:``); a file of cluster or topology
+    fields at top level is left to the cluster builder."""
+    if "jobs" in doc:
+        from .jobs import JOBS_SECTIONS  # (jobs imports this module)
+        unknown = unknown_keys(doc, JOBS_SECTIONS)
+        if unknown:
+            raise ConfigError(f"{unknown[0]}: unknown section of a jobs file; valid: {', '.join(JOBS_SECTIONS)}")
+    elif "cluster" in doc:
+        check_sections(doc)
+
+
 def read_experiment_file(path: str | os.PathLike) -> dict:
     """Parse an experiment YAML file into a dict; one-line ``ConfigError`` for unreadable or malformed files."""
     if not isinstance(path, (str, os.PathLike)):  # (an int would be opened as a file descriptor)
@@ -583,7 +596,7 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
     """Generate the step, simulate it and attach training metrics to the result.
 
     Raises :class:`OutOfMemoryError` when the config does not fit in GPU
-    memory, unless ``force``. ``fidelity`` (``"fast"`` or ``"full"``, see
+    memory, unless ``force``. ``fidelity`` (``"fast"``, ``"full"`` or ``"lockstep"``, see
     :data:`FIDELITIES`) overrides the experiment's. ``progress(done, total)``
     is told the step's ops finished so far as the simulation goes
     (:class:`~simulator.engine.Engine`'s ``progress``; e.g. a progress bar's

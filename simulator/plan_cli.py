@@ -48,14 +48,14 @@ def load_plan_inputs(spec: str, nodes: int | None = None) -> tuple[object, objec
             raise ValueError(f"--nodes: {spec} gives the number of nodes already; give it once ({spec} or "
                              f"{section['preset']} --nodes {nodes})")
     else:
-        from .experiment import check_sections, read_experiment_file
+        from .experiment import check_file_sections, read_experiment_file
         doc = read_experiment_file(spec)
         where = f"{spec}: "
-        if "cluster" in doc:  # an experiment file: its other sections are not read here, but a typo is an error
-            try:
-                check_sections(doc)
-            except ValueError as exc:
-                raise ValueError(f"{where}{exc}") from None
+        try:  # an experiment or jobs file: its other sections are not read here, but a typo is an error
+            check_file_sections(doc)
+        except ValueError as exc:
+            raise ValueError(f"{where}{exc}") from None
+        if "cluster" in doc:
             if doc.get("faults"):
                 print(f"clustersim: note: {spec}'s faults: section is not applied here: this is the healthy "
                       f"fabric's plan (clustersim run simulates the faults)", file=sys.stderr)

@@ -404,7 +404,8 @@ class Result:
 
     @property
     def summary(self) -> dict:
-        """Headline numbers as a flat dict (JSON-ready)."""
+        """Headline numbers as a dict (JSON-ready; a few values are dicts themselves: per class, tier,
+        category). A new dict each time, the caller's to edit."""
         out = {
             "step_time_s": self.step_time,
             "exposed_comm_s": self.exposed_comm_s,

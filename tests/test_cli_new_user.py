@@ -5,6 +5,9 @@ Commands that read only part of an experiment file (the cluster, network and fau
 of running on the section's defaults without a word. A sweep's out-of-memory rows do not suggest ``--force``,
 which ``sweep`` does not have; ``collective``'s sizes are whole bytes."""
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from simulator.bench import size_ladder
@@ -107,3 +110,43 @@ def test_a_folder_named_like_a_preset_does_not_hide_the_preset(tmp_path, capsys,
     monkeypatch.chdir(tmp_path)
     (tmp_path / "dgx-h100").mkdir()
     assert main(["collective", "--cluster", "dgx-h100", "--gpus", "8", "--max-size", "1MiB"]) == 0
+
+
+def test_a_jobs_file_and_valid_yaml_shapes_are_accepted_where_the_cluster_is_read(tmp_path, capsys):
+    # a review of the section check: a jobs file (its own sections), a flow mapping or a quoted scalar that goes
+    # on at column 0 are fine; a misspelled section of a jobs file, a quoted misspelled key and a BOM are caught
+    jobs = str(Path(__file__).resolve().parent.parent / "examples" / "two-jobs.yaml")
+    for argv in (["topology", jobs], ["plan", jobs], ["collective", "--cluster", jobs, "--gpus", "16",
+                                                      "--max-size", "1MiB"]):
+        assert main(argv) == 0, argv
+    ok = tmp_path / "flow.yaml"
+    ok.write_text('name: "a\nnote: b"\ncluster: {preset: dgx-h100,\nnodes: 2}\n')
+    assert main(["topology", str(ok)]) == 0
+    capsys.readouterr()
+    for text, bad in (('cluster: {preset: dgx-h100, nodes: 2}\n"netwrk": {}\n', "netwrk"),
+                      ("\ufeffcluster: {preset: dgx-h100, nodes: 2}\nnetwrk: {}\n", "netwrk"),
+                      ("cluster: {preset: dgx-h100, nodes: 2}\njobs: []\nplacment: packed\n", "placment")):
+        path = tmp_path / "bad.yaml"
+        path.write_text(text, encoding="utf-8")
+        assert main(["topology", str(path)]) == 2
+        assert f"{bad}: unknown section" in capsys.readouterr().err
+
+
+def test_node_counts_and_sizes_that_are_not_whole_are_one_line_errors(capsys):
+    assert main(["plan", "dgx-h100:--2"]) == 2
+    assert "NODES must be an integer" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="whole numbers of bytes"):
+        size_ladder(2.5, 10)
+
+
+def test_numpy_integers_from_a_notebook_are_plain_integers():
+    # a layout read off a DataFrame or a grid from an array: accepted at load and run as ints (the run failed
+    # with "must be an integer, got np.int64(2)"; the sweep's row with a YAML error)
+    from simulator import sweep
+    from simulator.experiment import DEMO_EXPERIMENT, experiment_from_dict, run_experiment
+    doc = {**DEMO_EXPERIMENT, "parallel": {**DEMO_EXPERIMENT["parallel"], "tp": np.int64(2), "dp": np.int64(4)}}
+    exp = experiment_from_dict(doc)
+    assert type(exp.parallel.tp) is int and type(exp.parallel.dp) is int
+    assert run_experiment(exp).step_time == run_experiment(experiment_from_dict(DEMO_EXPERIMENT)).step_time
+    table = sweep(DEMO_EXPERIMENT, {"parallel.tp": np.array([1, 2])}, jobs=1, progress=False)
+    assert table["status"].tolist() == ["ok", "ok"] and table["parallel.tp"].tolist() in ([1, 2], [2, 1])

@@ -41,7 +41,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 
 import yaml
 
@@ -217,7 +218,7 @@ def preset_section(spec: str, field: str = "cluster") -> dict[str, object]:
     preset, sep, nodes = spec.partition(":")
     if not sep:
         return {"preset": spec}
-    if nodes.strip().lstrip("-").isdigit() and int(nodes) < 1:
+    if re.fullmatch(r"\s*-?\d+\s*", nodes) and int(nodes) < 1:
         raise TopologyError(f"{field}: {spec!r}: NODES must be >= 1, as in dgx-h100:4")
     if not nodes.strip().isdigit():
         raise TopologyError(f"{field}: {spec!r}: NODES must be an integer, as in dgx-h100:4")
@@ -353,7 +354,7 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
     return dataclasses.replace(cluster, name=name, params=params)
 
 
-def load_cluster(path: str | os.PathLike[str]) -> Cluster:
+def load_cluster(path: str | os.PathLike[str], check: Callable[[Mapping], None] | None = None) -> Cluster:
     """Read a YAML file and build its cluster.
 
     Parameters
@@ -364,6 +365,9 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
         level, or a topology file (YAML with ``nodes`` and ``links``, or
         ``.graphml``; :mod:`topologies.custom`). A relative ``topology``
         path is taken relative to the file's folder.
+    check : callable, optional
+        Called with a YAML file's parsed mapping before its cluster is built (a command that reads only the
+        cluster refuses a misspelled section of an experiment or jobs file with it, without parsing twice).
 
     Returns
     -------
@@ -395,6 +399,8 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
     if "cluster" not in data and experiment:  # an experiment file without its cluster, not cluster fields
         raise TopologyError(f"{where}: no 'cluster:' section (the file has {', '.join(sorted(experiment))}); give "
                             f"one, e.g. cluster: {{preset: dgx-h100, nodes: 2}}")
+    if check is not None:
+        check(data)
     section = data["cluster"] if "cluster" in data else data
     try:
         if section is data and is_topology_document(data):

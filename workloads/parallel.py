@@ -47,6 +47,7 @@ Decisions (Megatron-LM conventions unless said otherwise)
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import NamedTuple
@@ -329,6 +330,10 @@ class ParallelConfig:
     microbatch_group_size: int | None = None
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # numpy's integers (a DataFrame's, a grid's) as Python ints
+            value = getattr(self, f.name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+                object.__setattr__(self, f.name, int(value))
         for f in ("tp", "pp", "dp", "ep", "cp", "micro_batch", "virtual_stages"):
             check_int(f"parallel.{f}", getattr(self, f))
         if self.microbatch_group_size is not None:

@@ -127,7 +127,8 @@ def normalise_grid(grid: Grid) -> dict[str, Any]:
             continue
         if isinstance(values, (str, bytes)) or not isinstance(values, Iterable) or isinstance(values, Mapping):
             values = [values]
-        values = list(values)
+        # numpy scalars (a grid from an array or a DataFrame column) as the Python values a YAML grid gives
+        values = [v.item() if hasattr(v, "item") and getattr(v, "ndim", None) == 0 else v for v in values]
         if not values:
             raise ValueError(f"grid: {key}: empty list of values")
         out[key] = [_parse_layout(v) for v in values] if key == LAYOUT else values
