@@ -1213,7 +1213,7 @@ class _StepBuilder:
         compute, alltoallv = g._compute_parts, g._alltoallv
         regather = self._regather_op(rank, seg, deps, name, mb, stage)
         head, again, tail = pre = kernels[1]
-        if again is not None:  # (one tuple per recomputed set and load, as _expert_parts keeps one per load)
+        if again is not None:  # (one tuple per segment kind and load, kept as _expert_parts keeps its parts)
             key = (id(pre), load)
             pre = self._moe_parts.get(key)
             if pre is None:
