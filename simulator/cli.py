@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from topologies import build_cluster, format_bandwidth, format_bytes, format_time, load_cluster, parse_bytes
 from topologies.cluster import Cluster
@@ -82,13 +82,18 @@ def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8, fie
         from workloads.errors import ConfigError
 
         from .experiment import check_file_sections
+        faults = []
+
+        def check(doc: Mapping) -> None:  # (the file parsed once: its sections checked, its faults seen)
+            check_file_sections(doc)
+            faults.append(bool(doc.get("faults")))
+
         try:
-            cluster = load_cluster(spec, check=check_file_sections)
+            cluster = load_cluster(spec, check=check)
         except ConfigError as exc:  # a misspelled section, named with the file (a TopologyError names it already)
             raise ValueError(f"{spec}: {exc}") from None
-        if spec.lower().endswith((".yaml", ".yml")) and _has_faults(spec):
-            print(f"clustersim: note: {spec}'s faults: section is not applied here: this is the healthy fabric "
-                  f"(clustersim run simulates the faults)", file=sys.stderr)
+        if any(faults):
+            print(faults_not_applied(spec), file=sys.stderr)
         return cluster
     return build_cluster(preset_section(spec, field))  # a preset, or PRESET:NODES
 
@@ -124,9 +129,11 @@ def _file_network(spec: str | None) -> NetworkConfig:
         raise ValueError(f"{spec}: {exc}") from None
 
 
-def _has_faults(path: str) -> bool:
-    """Whether the experiment file at ``path`` lists faults."""
-    return bool(_top_level(path, "faults"))
+def faults_not_applied(spec: str) -> str:
+    """The note of a command that reads a file's cluster but not its ``faults:`` (``collective``, ``topology``,
+    ``plan``)."""
+    return (f"clustersim: note: {spec}'s faults: section is not applied here: this is the healthy fabric "
+            f"(clustersim run simulates the faults)")
 
 
 # ------------------------------------------------------------------ zero

@@ -108,7 +108,6 @@ class OutOfMemoryError(ValueError):
     def __init__(self, summary: str, hint: str | None = None) -> None:
         super().__init__(summary if hint is None else f"{summary}; {hint}")
         self.summary = summary
-        self.hint = hint
 
     def without_force(self) -> str:
         """The message without :data:`FORCE_HINT`: what a sweep's row says (``sweep`` has no ``--force``)."""
@@ -368,10 +367,8 @@ def check_file_sections(doc: Mapping) -> None:
     experiment file (one with ``cluster:``) or of a jobs file (one with ``jobs:``); a file of cluster or topology
     fields at top level is left to the cluster builder."""
     if "jobs" in doc:
-        from .jobs import JOBS_SECTIONS  # (jobs imports this module)
-        unknown = unknown_keys(doc, JOBS_SECTIONS)
-        if unknown:
-            raise ConfigError(f"{unknown[0]}: unknown section of a jobs file; valid: {', '.join(JOBS_SECTIONS)}")
+        from .jobs import check_jobs_sections  # (jobs imports this module)
+        check_jobs_sections(doc)
     elif "cluster" in doc:
         check_sections(doc)
 

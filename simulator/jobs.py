@@ -151,6 +151,13 @@ def _place(entries: list[Mapping], n_nodes: int, placement: object, seed: object
     return out  # type: ignore[return-value]
 
 
+def check_jobs_sections(doc: Mapping) -> None:
+    """Refuse a top-level key of a jobs file that is not one of :data:`JOBS_SECTIONS`."""
+    unknown = unknown_keys(doc, JOBS_SECTIONS)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section of a jobs file; valid: {', '.join(JOBS_SECTIONS)}")
+
+
 def jobs_from_dict(doc: Mapping) -> JobsSpec:
     """Resolve a jobs document (parsed YAML, see the module docstring) into a :class:`JobsSpec`.
 
@@ -159,9 +166,7 @@ def jobs_from_dict(doc: Mapping) -> JobsSpec:
     """
     if not isinstance(doc, Mapping):
         raise ConfigError("jobs file: must hold a mapping of sections (" + ", ".join(JOBS_SECTIONS) + ")")
-    unknown = unknown_keys(doc, JOBS_SECTIONS)
-    if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown section of a jobs file; valid: {', '.join(JOBS_SECTIONS)}")
+    check_jobs_sections(doc)
     entries = doc.get("jobs")
     if not isinstance(entries, list) or not entries:
         raise ConfigError("jobs: must be a non-empty list of jobs, e.g. [{name: a, nodes: 2, model: {...}, "

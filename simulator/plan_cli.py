@@ -55,10 +55,9 @@ def load_plan_inputs(spec: str, nodes: int | None = None) -> tuple[object, objec
             check_file_sections(doc)
         except ValueError as exc:
             raise ValueError(f"{where}{exc}") from None
-        if "cluster" in doc:
-            if doc.get("faults"):
-                print(f"clustersim: note: {spec}'s faults: section is not applied here: this is the healthy "
-                      f"fabric's plan (clustersim run simulates the faults)", file=sys.stderr)
+        if doc.get("faults"):
+            from .cli import faults_not_applied
+            print(faults_not_applied(spec), file=sys.stderr)
         plan = doc.get("plan")
         section = doc["cluster"] if "cluster" in doc else {k: v for k, v in doc.items() if k != "plan"}
     if nodes is not None:

@@ -34,8 +34,6 @@ def cell(value: Any) -> Any:
     """
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # a numpy scalar (a grid from an array)
-        return value.item()
     return yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip()
 
 
