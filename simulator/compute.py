@@ -345,41 +345,54 @@ def _parts_durations(later: Sequence[tuple[ComputeModel, tuple[Kernel, ...]]]) -
     the plain GEMMs (those whose time :meth:`ComputeModel._kernel_duration` works out from
     :meth:`GemmModel.time`) by :func:`_gemm_durations`, the kernels without FLOPs (memory-bound: element-wise,
     casts) by :func:`_memory_durations`; every other kernel by :meth:`ComputeModel._kernel_duration` (or
-    :meth:`ComputeModel.duration`, not a Kernel). The sums are Python's ``sum`` over the same floats in the same
-    order, so each total is the one :meth:`ComputeModel.duration` makes."""
-    values: list = []  # one per kernel of every tuple, in order; the arrays' filled in below
+    :meth:`ComputeModel.duration`, not a Kernel), each kernel object once per model however many tuples hold
+    it. The sums are Python's ``sum`` over the same floats in the same order, so each total is the one
+    :meth:`ComputeModel.duration` makes."""
+    values: list = []  # one per distinct (model, kernel object), in first-seen order; the arrays' filled in below
     # id(model) -> (model, (where, kernels) of its plain GEMMs, (where, kernels) of its kernels without FLOPs)
     arrays: dict[int, tuple[ComputeModel, tuple[list[int], list[Kernel]], tuple[list[int], list[Kernel]]]] = {}
-    bounds = []
+    # id(model) -> {id(kernel) -> its entry of ``values``}: a kernel object in many tuples (the layers' shared
+    # kernels around a MoE rank's scaled experts) is timed once; every tuple in ``later`` keeps its kernels alive
+    seen: dict[int, dict[int, int]] = {}
+    bounds: list[list[int]] = []  # each tuple's entries of ``values``, in its kernels' order
     for model, parts in later:
-        start = len(values)
         mine = None
+        index_of = seen.get(id(model))
+        if index_of is None:
+            index_of = seen[id(model)] = {}
+        entries = []
         for k in parts:
-            if type(k) is Kernel:
-                if not k.flops:
-                    which = 2
-                elif k.category == "gemm" and k.shape is not None and not k.sm_reserved:
-                    which = 1
+            i = index_of.get(id(k))
+            if i is None:
+                i = index_of[id(k)] = len(values)
+                if type(k) is Kernel:
+                    if not k.flops:
+                        which = 2
+                    elif k.category == "gemm" and k.shape is not None and not k.sm_reserved:
+                        which = 1
+                    else:
+                        which = 0
+                        values.append(model._kernel_duration(k))
+                    if which:
+                        if mine is None:
+                            mine = arrays.get(id(model))
+                            if mine is None:
+                                mine = arrays[id(model)] = (model, ([], []), ([], []))
+                        where, kernels = mine[which]
+                        where.append(i)
+                        kernels.append(k)
+                        values.append(None)
                 else:
-                    values.append(model._kernel_duration(k))
-                    continue
-                if mine is None:
-                    mine = arrays.get(id(model))
-                    if mine is None:
-                        mine = arrays[id(model)] = (model, ([], []), ([], []))
-                where, kernels = mine[which]
-                where.append(len(values))
-                kernels.append(k)
-                values.append(None)
-            else:
-                values.append(model.duration(k))
-        bounds.append((start, len(values)))
+                    values.append(model.duration(k))
+            entries.append(i)
+        bounds.append(entries)
     for model, gemms, memory in arrays.values():
         for (where, kernels), timer in ((gemms, _gemm_durations), (memory, _memory_durations)):
             if kernels:
                 for i, t in zip(where, timer(model, kernels)):
                     values[i] = t
-    return [sum(values[a:b]) for a, b in bounds]
+    at = values.__getitem__
+    return [sum(map(at, entries)) for entries in bounds]
 
 
 def _gemm_durations(model: ComputeModel, kernels: Sequence[Kernel]) -> list[float]:

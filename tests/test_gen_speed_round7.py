@@ -155,6 +155,44 @@ def test_op_durations_of_many_expert_kernels_use_the_arrays():
     assert not gemm_module._TIMES.get(id(cm.gemm))  # timed as arrays, not one by one
 
 
+def test_op_durations_time_a_kernel_object_once_per_model_wherever_it_sits():
+    """One kernel object in several tuples, at different places and beside different kernels, on ranks of two
+    models (a MoE rank's recomputed forward: the layer's shared kernels around its own scaled experts): each
+    op's time is still the sum over its own kernels on its own rank's model."""
+    cm, other = ComputeModel(get_gpu("H100-SXM")), ComputeModel(get_gpu("A100"))
+    shared = Kernel("gemm", 2.0 * 4096 * 4096 * 1024, 5e7, (4096, 4096, 1024))
+    norm = Kernel("elementwise", 0.0, 4e7)
+    scores = Kernel("attention", 2.0 * 4096 * 4096 * 128 * 16, 1e8, (4096, 4096, 128), batch=16)
+    g = OpGraph(2)
+    for rank in (0, 1):
+        for load in (100, 3000, 100):
+            expert = Kernel("gemm", 2.0 * load * 7168 * 2048, 1e4 * load, (load, 7168, 2048))
+            g.compute(rank, parts=(norm, shared, expert, scores), name="pre")
+            g.compute(rank, parts=(expert, shared, norm), name="post")
+            g.compute(rank, parts=(shared,), name="alone")
+    got = op_durations(g.ops, cm, {1: other})
+    assert same(got, reference_durations(g.ops, cm, {1: other}))
+    assert got[0] != got[9]  # the same kernels on the other model: another time
+
+
+def test_joined_parts_check_each_piece_and_keep_the_graphs_totals():
+    """:meth:`OpGraph._joined_parts` records the concatenation with the totals :meth:`OpGraph._part_sums` makes
+    of it (``sum`` over its kernels in order), and still refuses a piece with a bad kernel."""
+    head = (Kernel("elementwise", 0.0, 0.1), Kernel("gemm", 0.3, 0.2, (1, 2, 3)))
+    middle = (Kernel("gemm", 0.7, 1e-17, (3, 2, 1)),)
+    tail = (Kernel("elementwise", 1e-16, 0.3),)
+    g = OpGraph(1)
+    joined = g._joined_parts((head, middle, tail), "pre")
+    assert joined == head + middle + tail
+    fresh = OpGraph(1)
+    assert g._part_sums(joined, "pre") == fresh._part_sums(head + middle + tail, "pre")
+    op = g.ops[g.compute(0, parts=joined, name="pre")]
+    assert (op.flops, op.nbytes) == (sum(k.flops for k in joined), sum(k.nbytes for k in joined))
+    bad = (Kernel("gemm", 1.0, 1.0, (0, 1, 1)),)
+    with pytest.raises(OpGraphError, match="shape"):
+        g._joined_parts((head, bad), "pre")
+
+
 # ---------------------------------------------------------------- the generator
 def test_expert_parts_equal_scale_kernel_and_record_the_graphs_totals():
     """:meth:`_StepBuilder._expert_parts` against :func:`_scale_kernel` kernel by kernel: the token rows scale (a

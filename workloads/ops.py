@@ -380,6 +380,18 @@ class OpGraph:
         theirs in order. The ops using them then skip the per-kernel check."""
         self._part_totals[id(parts)] = (parts, flops, nbytes)
 
+    def _joined_parts(self, pieces: tuple[tuple[Kernel, ...], ...], name: str) -> tuple[Kernel, ...]:
+        """The concatenation of ``pieces`` (kernel tuples), recorded as checked: each piece is checked once by
+        identity (:meth:`_part_sums`, which most generators' pieces have passed already), so the joined tuple
+        skips the per-kernel check; its totals are still ``sum`` over its own kernels in order, as
+        :meth:`_part_sums` would add them. For a generator that makes many tuples out of a few checked ones
+        (a recomputed MoE forward: the kernels before the experts, the experts at a rank's load, the rest)."""
+        for piece in pieces:
+            self._part_sums(piece, name)
+        parts = tuple(k for piece in pieces for k in piece)
+        self._part_totals[id(parts)] = (parts, sum(k.flops for k in parts), sum(k.nbytes for k in parts))
+        return parts
+
     def _checked_group(self, rank: int, grp: tuple[int, ...]) -> tuple[int, ...]:
         """``grp``, checked (once per distinct group): non-empty distinct ranks of this graph, ``rank`` among them."""
         if grp not in self._valid_groups:

@@ -1217,7 +1217,8 @@ class _StepBuilder:
             key = (id(pre), load)
             pre = self._moe_parts.get(key)
             if pre is None:
-                pre = self._moe_parts[key] = head + self._expert_parts(again, load) + tail
+                pre = self._moe_parts[key] = g._joined_parts((head, self._expert_parts(again, load), tail),
+                                                             f"{name}.pre")
         else:
             pre = head
         last = compute(rank, pre, f"{name}.pre", deps, "gemm", layer, mb, stage, COMPUTE_STREAM)
