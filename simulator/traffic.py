@@ -56,8 +56,9 @@ def check_count(value: object, field: str, minimum: int = 0) -> int:
 def check_ids(values: object, field: str, what: str, stop: int | None = None, empty_ok: bool = False
               ) -> list[int]:
     """``values`` (a list of ``what``: whole numbers in ``0..stop-1``, or ``>= 0`` when ``stop`` is None) as a
-    list of ``int``; else ``ValueError`` naming ``field`` and the valid range. Bools are refused (``True`` is not
-    rank 1), and an empty list unless ``empty_ok``."""
+    list of ``int``, each once in the order first given (``[1, 1]`` asked for link 1's series twice, and a trace
+    showed a repeated rank's events twice); else ``ValueError`` naming ``field`` and the valid range. Bools are
+    refused (``True`` is not rank 1), and an empty list unless ``empty_ok``."""
     valid = f"0..{stop - 1}" if stop is not None else "whole numbers >= 0"
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise ValueError(f"{field}: need a list of {what}s ({valid}), got {values!r}")
@@ -67,7 +68,7 @@ def check_ids(values: object, field: str, what: str, stop: int | None = None, em
     for x in items:
         if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 0 or (stop is not None and x >= stop):
             raise ValueError(f"{field}: {x!r} is not a {what}; valid: {valid}")
-    return [int(x) for x in items]
+    return list(dict.fromkeys(int(x) for x in items))
 
 
 def known_classes(run_classes: Iterable[str] = ()) -> tuple[str, ...]:

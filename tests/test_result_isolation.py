@@ -60,3 +60,15 @@ def test_the_order_of_the_faults_list_does_not_renumber_links():
     edges = {tuple(experiment_from_dict({**doc, "faults": list(order)}).cluster.graph.edges)
              for order in itertools.permutations(faults)}
     assert len(edges) == 1
+
+
+def test_a_repeated_id_is_asked_for_once(result):
+    """``links=[l, l]`` gave link ``l``'s series twice (its integral then read twice its bytes); a repeated rank
+    doubled a timeline's bars and a trace's events. Ids are taken once each, in the order first given."""
+    busiest = result.busiest_links(2).index.tolist()
+    one = result.link_timeseries(links=busiest)
+    assert result.link_timeseries(links=[busiest[0], *busiest, busiest[1]]).equals(one)
+    rank = int(result.timeline()["rank"].iloc[0])
+    assert result.timeline([rank, rank]).equals(result.timeline([rank]))
+    from simulator.trace import trace_events
+    assert trace_events(result, ranks=[rank, rank]) == trace_events(result, ranks=[rank])
