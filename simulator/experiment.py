@@ -43,7 +43,7 @@ from topologies.components import PlanOptions, plan_options
 from topologies.faults import apply_faults, check_fault, fault_counts
 from topologies.loader import describes_topology, preset_section, resolve_topology_path
 from topologies.yamlio import load_yaml, malformed
-from workloads.errors import ConfigError, check_bool, unknown_keys, with_prefix
+from workloads.errors import ConfigError, check_bool, plain_values, unknown_keys, with_prefix
 from workloads.memory import MemoryBreakdown, memory_per_gpu
 from workloads.models import ModelSpec, model_from_dict
 from workloads.moe import RoutingModel, routing_from_dict
@@ -262,6 +262,7 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     """
     if not isinstance(doc, Mapping):
         raise ConfigError(f"experiment: the file must hold a mapping of sections ({', '.join(SECTIONS)})")
+    doc = plain_values(doc)  # (numpy scalars of a notebook's document as a file's values)
     if cluster is not None:
         check_cluster(cluster)
     if "jobs" in doc:

@@ -46,7 +46,7 @@ import pandas as pd
 
 from topologies import build_cluster
 from topologies.cluster import Cluster
-from workloads.errors import ConfigError, unknown_keys, with_prefix
+from workloads.errors import ConfigError, plain_values, unknown_keys, with_prefix
 from workloads.ops import OpGraph, merge_graphs
 from workloads.training import training_step
 
@@ -166,6 +166,7 @@ def jobs_from_dict(doc: Mapping) -> JobsSpec:
     """
     if not isinstance(doc, Mapping):
         raise ConfigError("jobs file: must hold a mapping of sections (" + ", ".join(JOBS_SECTIONS) + ")")
+    doc = plain_values(doc)  # (numpy scalars of a notebook's document as a file's values)
     check_jobs_sections(doc)
     entries = doc.get("jobs")
     if not isinstance(entries, list) or not entries:

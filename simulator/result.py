@@ -30,6 +30,7 @@ exposed communication
 from __future__ import annotations
 
 import copy
+import numbers
 import os
 from collections.abc import Callable
 from functools import cached_property
@@ -536,7 +537,7 @@ class Result:
         """
         import matplotlib.pyplot as plt
 
-        if isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not 0 < dpi <= 2400:
+        if isinstance(dpi, bool) or not isinstance(dpi, numbers.Real) or not 0 < dpi <= 2400:
             raise ValueError(f"dpi: must be a resolution in dots per inch, 0 < dpi <= 2400, got {dpi!r}")
         os.makedirs(folder, exist_ok=True)
         figures: list[tuple[str, Callable]] = [("timeline", self.plot_timeline)]

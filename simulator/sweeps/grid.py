@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from topologies.yamlio import load_yaml
-from workloads.errors import ConfigError, unknown_keys
+from workloads.errors import ConfigError, plain_values, unknown_keys
 
 from ..experiment import SECTIONS, experiment_from_dict
 from .columns import LAYOUT_COLUMNS, check_max_tp, check_metric
@@ -128,7 +128,7 @@ def normalise_grid(grid: Grid) -> dict[str, Any]:
         if isinstance(values, (str, bytes)) or not isinstance(values, Iterable) or isinstance(values, Mapping):
             values = [values]
         # numpy scalars (a grid from an array or a DataFrame column) as the Python values a YAML grid gives
-        values = [v.item() if hasattr(v, "item") and getattr(v, "ndim", None) == 0 else v for v in values]
+        values = plain_values(list(values))
         if not values:
             raise ValueError(f"grid: {key}: empty list of values")
         out[key] = [_parse_layout(v) for v in values] if key == LAYOUT else values
