@@ -188,6 +188,11 @@ def test_joined_parts_check_each_piece_and_keep_the_graphs_totals():
     assert g._part_sums(joined, "pre") == fresh._part_sums(head + middle + tail, "pre")
     op = g.ops[g.compute(0, parts=joined, name="pre")]
     assert (op.flops, op.nbytes) == (sum(k.flops for k in joined), sum(k.nbytes for k in joined))
+    for pieces in [((), middle, tail), (head, (), ()), (tail, head, middle, head)]:  # an empty first piece too
+        other = OpGraph(1)
+        joined = other._joined_parts(pieces, "pre")
+        assert joined == sum(pieces, ())
+        assert other._part_totals[id(joined)][1:] == OpGraph(1)._part_sums(sum(pieces, ()), "pre")
     bad = (Kernel("gemm", 1.0, 1.0, (0, 1, 1)),)
     with pytest.raises(OpGraphError, match="shape"):
         g._joined_parts((head, bad), "pre")
