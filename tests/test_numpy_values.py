@@ -6,6 +6,7 @@ a file gives (:func:`workloads.errors.plain_values`); the results are those of t
 import copy
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from simulator.experiment import DEMO_EXPERIMENT, experiment_from_dict, run_experiment
@@ -25,12 +26,14 @@ def _with_numpy(doc):
 
 
 def test_plain_values_turn_numpy_scalars_into_a_files_values_and_keep_the_callers_document():
-    doc = {"a": [np.int64(3), (np.float32(0.5), np.bool_(True))], np.int64(1): {"b": np.arange(3)}, "c": "x"}
+    doc = {"a": [np.int64(3), (np.float32(0.5), np.bool_(True))], np.int64(1): {"b": np.arange(3)}, "c": "x",
+           "d": pd.Series([np.int64(1), np.int64(2)]), "e": np.str_("y")}
     out = plain_values(doc)
     assert out["a"] == [3, (0.5, True)] and type(out["a"][0]) is int and type(out["a"][1][1]) is bool
-    assert type(next(k for k in out if k != "a" and k != "c")) is int
-    assert isinstance(out[1]["b"], np.ndarray)  # arrays are kept
-    assert type(doc["a"][0]) is np.int64  # the caller's document unchanged
+    assert type(next(k for k in out if k not in ("a", "c", "d", "e"))) is int
+    assert out[1]["b"] == [0, 1, 2] and all(type(x) is int for x in out[1]["b"])  # an array as a list
+    assert out["d"] == [1, 2] and type(out["d"][0]) is int and type(out["e"]) is str
+    assert type(doc["a"][0]) is np.int64 and isinstance(doc[1]["b"], np.ndarray)  # the caller's document unchanged
 
 
 def test_an_experiment_of_numpy_scalars_runs_as_the_plain_one():
@@ -43,11 +46,11 @@ def test_an_experiment_of_numpy_scalars_runs_as_the_plain_one():
 
 def test_a_jobs_document_of_numpy_scalars_resolves_as_the_plain_one():
     doc = {"cluster": {"preset": "dgx-h100", "nodes": 4}, "placement": "scattered", "placement_seed": 3,
-           "jobs": [{"name": "a", "nodes": [0, 2], "model": {"preset": "gpt2-small"},
+           "jobs": [{"name": "a", "nodes": np.array([0, 2]), "model": {"preset": "gpt2-small"},
                      "parallel": {"tp": 4, "micro_batch": 1, "global_batch": 8}, "training": {"seq_len": 1024}},
                     {"name": "b", "nodes": 1, "model": {"preset": "gpt2-small"},
                      "parallel": {"tp": 4, "micro_batch": 1, "global_batch": 8}, "training": {"seq_len": 1024}}]}
-    want = jobs_from_dict(copy.deepcopy(doc))
+    want = jobs_from_dict({**copy.deepcopy(doc), "jobs": [{**doc["jobs"][0], "nodes": [0, 2]}, doc["jobs"][1]]})
     got = jobs_from_dict(_with_numpy(doc))
     assert [j.nodes for j in got.jobs] == [j.nodes for j in want.jobs]
 

@@ -36,17 +36,17 @@ def with_prefix(exc: ValueError, prefix: str) -> ValueError:
 def plain_values(value: object) -> object:
     """``value`` with every numpy scalar inside it (mapping keys and values, list and tuple items, at any depth)
     as the Python value a YAML file gives: ``np.int64(4)`` as ``4``, ``np.float64`` as ``float``, ``np.bool_`` as
-    ``bool``. A document built in a notebook from ``np.arange`` or a DataFrame row then passes the same checks a
-    file does (``isinstance(x, int)`` is false for numpy's integers); arrays and other objects are kept. Makes
-    new containers (mappings as dicts): the caller's document is not changed."""
+    ``bool``, an array (or a pandas Series) as a list of such values. A document built in a notebook from
+    ``np.arange`` or a DataFrame row then passes the same checks a file does (``isinstance(x, int)`` is false for
+    numpy's integers). Makes new containers (mappings as dicts): the caller's document is not changed."""
     if isinstance(value, Mapping):
         return {plain_values(k): plain_values(v) for k, v in value.items()}
     if isinstance(value, list):
         return [plain_values(v) for v in value]
     if isinstance(value, tuple):
         return tuple(plain_values(v) for v in value)
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        return value.item()
+    if getattr(value, "ndim", None) is not None and hasattr(value, "tolist"):  # numpy's scalars and arrays, Series
+        return value.tolist()
     return value
 
 
