@@ -164,6 +164,28 @@ def test_live_gathered_parameters_are_bounded_by_the_prefetch():
     assert ds.peak_live <= 1e8 + 3e8 + 1e8                    # in use + one prefetch bucket (overshoot one)
 
 
+@pytest.mark.parametrize("zero", [2, 3])
+def test_fsdp_gathers_a_unit_once_however_many_micro_batches(zero):
+    """A unit is gathered at most once at a time: its next gather (the root's, at the next micro-batch's forward)
+    waits for its release. The peak of gathered parameters therefore cannot grow with the micro-batches, and
+    under SHARD_GRAD_OP (zero 2, nothing resharded in between) it is at most the stage's whole parameters. (A
+    found defect: from two micro-batches on, the root unit was counted twice, resident and "prefetched".)"""
+    from workloads.memory import memory_per_gpu
+    from workloads.sharding import stage_uses
+
+    peaks, params = [], []
+    for m in (1, 2, 4):
+        par = ParallelConfig(dp=8, micro_batch=1, global_batch=8 * m, zero=zero, zero_impl="fsdp")
+        plan = sharding_plan(par)
+        units = stage_uses(model(vocab=32000), par, plan, 0)[1]
+        peaks.append(gather_schedule(units, plan).peak_live)
+        params.append(memory_per_gpu(model(vocab=32000), par, TrainingSpec(seq_len=128), 0).parameters)
+    assert peaks[1] == peaks[2] == peaks[0] and params[1] == params[2] == params[0]
+    if zero == 2:
+        whole = sum({u.unit.key: u.unit.total for u in units}.values())
+        assert peaks[0] <= whole
+
+
 # --------------------------------------------------- α-β, communication-bound
 @pytest.mark.parametrize("nodes", [2, 4, 8])
 def test_comm_bound_zero3_step_follows_the_alpha_beta_model(nodes):

@@ -349,12 +349,14 @@ def gather_schedule(uses: Sequence[Use], plan: ShardingPlan) -> GatherSchedule:
     resident: dict[tuple, float] = {}
     need = [False] * n
     live_at = [0.0] * n
+    held_at: list[tuple] = [()] * n  # the units gathered at use i (their keys)
     for i, u in enumerate(uses):
         key = u.unit.key
         if not persistent[i] and key not in resident:
             need[i] = True
             resident[key] = u.unit.total
         live_at[i] = sum(resident.values())
+        held_at[i] = tuple(resident)
         j = next_use[i]
         if persistent[i]:
             continue
@@ -386,11 +388,18 @@ def gather_schedule(uses: Sequence[Use], plan: ShardingPlan) -> GatherSchedule:
             groups.append([i])
             size, keys = uses[i].unit.total, {key}
         group_of[i] = len(groups) - 1
-    # at use i, the next group to be gathered may already be in flight (one prefetch ahead)
+    # At use i, the next group to be gathered may already be in flight (one prefetch ahead), but not a unit of it
+    # that is still gathered at i: its next gather (the root's, of the next micro-batch) waits for its release,
+    # and a prefetch skips a module it holds. (Counting it as well held the root twice from two micro-batches.)
     sizes = [sum(uses[j].unit.total for j in g) for g in groups]
     peak, upcoming = 0.0, None
     for i in range(n - 1, -1, -1):
-        ahead = sizes[upcoming] if (upcoming is not None and plan.overlap) else 0.0
+        ahead = 0.0
+        if upcoming is not None and plan.overlap:
+            ahead = sizes[upcoming]
+            held = held_at[i]
+            if held:
+                ahead -= sum(uses[j].unit.total for j in groups[upcoming] if uses[j].unit.key in held)
         peak = max(peak, live_at[i] + ahead)
         if group_of[i] is not None and groups[group_of[i]][0] == i:
             upcoming = group_of[i]
