@@ -599,8 +599,8 @@ def _sweep():
         print(counts_line(table) + (f"; written to {args.output}" if args.output else ""))
         others = table.attrs.get("other_rows", 0)
         if others:
-            print(f"# {args.output} also keeps {others} row{'s' * (others != 1)} of other sweeps (another grid or "
-                  f"base file), after this sweep's, unranked; choose another --output to keep them apart",
+            print(f"# {args.output} also keeps {others} row{'s' * (others != 1)} of other sweeps (another grid, "
+                  f"base file or fidelity), after this sweep's, unranked; choose another --output to keep them apart",
                   file=sys.stderr)
         statuses = set(table["status"]) if len(table) else set()
         if "ok" not in statuses:  # say why nothing is feasible; nothing simulated at all is an error

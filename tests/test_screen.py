@@ -154,6 +154,28 @@ def test_refine_simulates_the_winners_in_fast(tmp_path):
     assert started[1] == (2, 2) and started[0][1] == started[0][0] - 2  # the 2 refined are re-screened
 
 
+def test_refine_keeps_the_files_simulated_rows_it_does_not_refine(tmp_path):
+    """A screen + refine sweep into a file that holds a fast sweep of the same grid (or a refine of more points)
+    wrote back only the winners' fast rows: the others, finished simulations, were dropped without a word. They
+    stay now, as rows of other sweeps, each with the values it had."""
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({**SMALL, "sweep": {"grid": {"layout": "auto"}}}))
+    out = tmp_path / "sweep.csv"
+    fast = simulator.sweep(str(base), output=out, progress=False, jobs=1)
+    assert len(fast) >= 4
+    refined = simulator.sweep(str(base), fidelity="screen", refine=2, output=out, progress=False, jobs=1)
+    assert refined.attrs["other_rows"] == len(fast) - 2
+    table = pd.read_csv(out)
+    kept = table[table["fidelity"] == "fast"].set_index("point")
+    assert sorted(kept.index) == sorted(fast["point"])  # every fast row is still in the file
+    before = fast.set_index("point")
+    assert (kept.loc[before.index, "step_time_s"].fillna(-1) == before["step_time_s"].fillna(-1)).all()
+    assert (kept.loc[before.index, "status"] == before["status"]).all()
+    # a refine of fewer points later keeps the rows refined before
+    simulator.sweep(str(base), fidelity="screen", refine=1, output=out, progress=False, jobs=1)
+    assert sorted(pd.read_csv(out).query("fidelity == 'fast'")["point"]) == sorted(fast["point"])
+
+
 def test_fidelity_is_part_of_the_point_key(tmp_path):
     out = tmp_path / "sweep.csv"
     grid = {"parallel.tp": [1, 2]}

@@ -163,6 +163,13 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
         if not refine:
             return table
         winners = [fast_points[k] for k in table.loc[table["status"] == "ok", "point"].head(refine)]
+        # The file's simulated rows of this grid that are not among the winners now (an earlier fast sweep, or
+        # an earlier refine of more points) stay in it as rows of other sweeps: finished work is never dropped.
+        chosen = {p.key for p in winners}
+        unused = [rows[p.key] for p in fast_points.values() if p.key in rows and p.key not in chosen]
+        if unused:
+            foreign = pd.concat([pd.DataFrame(unused), foreign], ignore_index=True) if len(foreign) \
+                else pd.DataFrame(unused)
         todo = [p for p in winners if p.key not in rows]
         if on_refine is not None:
             on_refine(len(winners), len(winners) - len(todo))
