@@ -186,6 +186,49 @@ def test_fsdp_gathers_a_unit_once_however_many_micro_batches(zero):
         assert peaks[0] <= whole
 
 
+def test_fsdp_no_sync_accumulates_whole_gradients_and_shard_grad_op_keeps_its_parameters():
+    """FSDP's no_sync (``zero_grad_sync: step``): "FSDP will accumulate the full model gradients (instead of
+    gradient shards) until the eventual sync" (torch FSDP.no_sync), and SHARD_GRAD_OP frees nothing in a backward
+    that does not sync (``_should_free_in_backward``), so its parameters are gathered once per step, not once per
+    micro-batch. FULL_SHARD still reshards after every forward and backward."""
+    from workloads.memory import memory_per_gpu
+    from workloads.sharding import stage_uses
+
+    m, seq, mbs = model(), TrainingSpec(seq_len=128), 4
+    for impl in ("fsdp", "fsdp2"):
+        for zero in (2, 3):
+            sync = ParallelConfig(dp=8, global_batch=8 * mbs, zero=zero, zero_impl=impl, zero_grad_sync="step")
+            each = ParallelConfig(dp=8, global_batch=8 * mbs, zero=zero, zero_impl=impl)
+            whole, shard = memory_per_gpu(m, sync, seq, 0).gradients, memory_per_gpu(m, each, seq, 0).gradients
+            assert whole == pytest.approx(8 * shard)  # the full gradients against a 1/dp shard
+    units_of = {}
+    for zero in (2, 3):
+        par = ParallelConfig(dp=8, global_batch=8 * mbs, zero=zero, zero_impl="fsdp", zero_grad_sync="step")
+        plan = sharding_plan(par)
+        uses = stage_uses(m, par, plan, 0)[1]
+        sched = gather_schedule(uses, plan)
+        units_of[zero] = {u.unit.key: u.unit.total for u in uses}
+        gathers = [uses[g[0]] for g in sched.groups]
+        if zero == 2:  # each unit gathered once, in the first micro-batch's forward
+            assert len(gathers) == len(units_of[zero]) and {u.micro_batch for u in gathers} == {0}
+        else:  # re-gathered every micro-batch
+            assert {u.micro_batch for u in gathers} == set(range(mbs))
+
+
+def test_deepspeed_holds_persistent_modules_whole():
+    """DeepSpeed ZeRO-3 never partitions a module at or below ``stage3_param_persistence_threshold``: with a
+    threshold above every module, every rank holds all of its parameters (2 bytes each), not a 1/dp shard."""
+    from workloads.memory import memory_per_gpu
+    from workloads.sharding import stage_uses
+
+    m, seq = model(), TrainingSpec(seq_len=128)
+    par = ParallelConfig(dp=8, global_batch=8, zero=3, zero_impl="deepspeed", zero_persistence=1e12)
+    units = {u.unit.key: u.unit.total for u in stage_uses(m, par, sharding_plan(par), 0)[1]}
+    held = memory_per_gpu(m, par, seq, 0).parameters
+    assert held >= 2 * sum(units.values())
+    assert held <= 2 * m.total_params()
+
+
 # --------------------------------------------------- α-β, communication-bound
 @pytest.mark.parametrize("nodes", [2, 4, 8])
 def test_comm_bound_zero3_step_follows_the_alpha_beta_model(nodes):

@@ -404,12 +404,25 @@ def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: Training
     # Parameters at rest: a shard wherever they are gathered before use (ZeRO-3, and FSDP's SHARD_GRAD_OP, which
     # reshards only after the backward); what is gathered is added at the peak below.
     params = sum(model_state_bytes(n, dp=g, zero=3 if gathered else z, dtype_bytes=d)[0] for n, g in groups)
-    grads = sum(s[1] for s in states) * plan.grad_bytes / d  # the framework's buffer (Megatron: fp32 for bf16)
+    grad_states = states
+    if plan.impl in ("fsdp", "fsdp2") and plan.grad_sync == "step":
+        # no_sync / set_requires_gradient_sync(False): FSDP accumulates the full gradients, not shards, until the
+        # micro-batch that syncs (FSDP.no_sync: "FSDP will accumulate the full model gradients (instead of
+        # gradient shards) until the eventual sync")
+        grad_states = [model_state_bytes(n, dp=g, zero=min(z, 1), dtype_bytes=d) for n, g in groups]
+    grads = sum(s[1] for s in grad_states) * plan.grad_bytes / d  # the framework's buffer (Megatron: fp32 for bf16)
     if training.fp8 and not training.fp8_param_gather:  # TE's cached FP8 weights and their transposes
         params += 2 * sum(sum(fp8_weight_params(model, i, parallel.tp, parallel.ep, parallel.expert_tp))
                           for i in stage_layers(model.layers, parallel, stage))
     if gathered:  # gathered parameters live at the peak (prefetch included)
-        params += gather_schedule(stage_uses(model, parallel, plan, stage)[1], plan).peak_live * d
+        uses = stage_uses(model, parallel, plan, stage)[1]
+        params += gather_schedule(uses, plan).peak_live * d
+        if plan.impl == "deepspeed" and plan.persistence > 0:
+            # DeepSpeed ZeRO-3 never partitions a module at or below stage3_param_persistence_threshold: every rank
+            # holds it whole (counted above as a shard), its optimizer states still partitioned
+            whole = {u.unit.key: u.unit for u in uses if u.unit.total <= plan.persistence}.values()
+            params += sum(u.params * (1 - 1 / groups[0][1]) + u.expert_params * (1 - 1 / groups[1][1])
+                          for u in whole) * d
     return MemoryBreakdown(params, grads, sum(s[2] for s in states),
                            _stage_activations(model, parallel, training, stage, flash_attention), stage)
 

@@ -346,6 +346,11 @@ def gather_schedule(uses: Sequence[Use], plan: ShardingPlan) -> GatherSchedule:
     prefix = [0.0]
     for u in uses:
         prefix.append(prefix[-1] + u.unit.total)
+    # FSDP's SHARD_GRAD_OP under no_sync (``zero_grad_sync: step``) frees nothing in the backward of a micro-batch
+    # that does not sync its gradients (PyTorch's ``_should_free_in_backward``: ``state._sync_gradients or`` a
+    # strategy that reshards after forward), so only the last micro-batch's backward reshards.
+    unsynced = plan.impl == "fsdp" and not plan.reshard_after_forward and plan.grad_sync == "step"
+    last_mb = max((u.micro_batch for u in uses), default=0)
     resident: dict[tuple, float] = {}
     need = [False] * n
     live_at = [0.0] * n
@@ -362,6 +367,8 @@ def gather_schedule(uses: Sequence[Use], plan: ShardingPlan) -> GatherSchedule:
             continue
         if plan.impl == "deepspeed":
             keep = j is not None and prefix[j] - prefix[i + 1] <= plan.reuse_distance
+        elif unsynced and u.micro_batch != last_mb:
+            keep = j is not None
         elif u.unit.root:  # not resharded after forward; resharded after its micro-batch's last backward use
             keep = j is not None and (u.phase != "B" or (uses[j].phase == "B"
                                                          and uses[j].micro_batch == u.micro_batch))
