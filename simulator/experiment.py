@@ -55,6 +55,7 @@ from workloads.parallel import (
     training_from_dict,
     validate,
 )
+from workloads.sharding import sharding_plan
 from workloads.training import StepOptions, TrainingStep, check_step_options, training_step
 
 from .compute import ComputeModel
@@ -444,9 +445,16 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
                      f"it)")
     if given("parallel", "cp_comm_type") and par.cp == 1:
         notes.append("parallel.cp_comm_type has no effect without context parallelism (cp > 1)")
+    plan = sharding_plan(par)
     for key in ("zero_prefetch", "zero_reuse_distance", "zero_persistence"):
         if given("parallel", key) and par.zero < 3:
             notes.append(f"parallel.{key} has no effect below zero: 3 (it is ZeRO-3's parameter fetching)")
+        elif given("parallel", key) and plan.impl != "deepspeed":
+            notes.append(f"parallel.{key} has no effect with zero_impl: {plan.impl} (it is DeepSpeed ZeRO-3's "
+                         f"parameter fetching)")
+    if given("parallel", "zero_overlap") and plan.gather is None:
+        notes.append("parallel.zero_overlap has no effect without per-layer parameter gathers (zero: 3, or FSDP's "
+                     "zero: 2)")
     if given("options", "tp_comm_overlap_sms") and not par.tp_comm_overlap:
         notes.append("options.tp_comm_overlap_sms has no effect without parallel.tp_comm_overlap")
     if given("options", "dualpipe_comm_sms") and not (par.schedule == "dualpipe" and model.is_moe):

@@ -176,3 +176,20 @@ def test_scale_out_settings_on_one_node_or_one_leaf_are_noted():
                   "parallel": {"tp": 2, "pp": 2, "dp": 8}}
     assert not any(("spines" in n or "oversubscription" in n or "spray" in n)
                    for n in unused_settings(experiment_from_dict(two_leaves)))
+
+
+def test_zero_knobs_of_another_implementation_are_noted():
+    """DeepSpeed's ZeRO-3 fetch knobs under FSDP, and zero_overlap where nothing is gathered per layer, change
+    nothing (a helper measured the step identical): each is noted; where they act, they are not."""
+    gpt = {"preset": "gpt2-small", "layers": 4}
+    base = {**BASE, "model": gpt}
+    fsdp = {**base, "parallel": {"tp": 1, "pp": 1, "dp": 16, "zero": 3, "zero_impl": "fsdp", "zero_prefetch": 1e6,
+                                 "zero_persistence": 10}}
+    notes = unused_settings(experiment_from_dict(fsdp))
+    assert "parallel.zero_prefetch has no effect with zero_impl: fsdp (it is DeepSpeed ZeRO-3's parameter " \
+           "fetching)" in notes and any(n.startswith("parallel.zero_persistence has no effect") for n in notes)
+    deepspeed = {**fsdp, "parallel": {**fsdp["parallel"], "zero_impl": "deepspeed", "zero_overlap": False}}
+    assert not any("zero_" in n for n in unused_settings(experiment_from_dict(deepspeed)))
+    megatron = {**base, "parallel": {"tp": 1, "pp": 1, "dp": 16, "zero": 1, "zero_overlap": False}}
+    assert any(n.startswith("parallel.zero_overlap has no effect") for n in unused_settings(
+        experiment_from_dict(megatron)))
