@@ -122,19 +122,22 @@ def _by_server(group: Sequence[int], server_of: Callable[[int], int]) -> dict[in
 def ring_channels(group: Sequence[int], server_of: Callable[[int], int]) -> list[list[int]]:
     """Ring orders, one per channel, as NCCL builds them across servers.
 
-    Inside one server (or when servers hold unequal shares of the group) there
-    is one ring in group order. When the group spans ``N`` servers with ``k``
-    members each, there are ``k`` channels; channel ``c`` enters every server at
-    its ``c``-th member and leaves at the one before, so each member's NIC is
-    used once in each direction and the ``k`` rings together use every rail.
+    Inside one server (or with one member on some server) there is one ring in
+    group order. When the group spans ``N`` servers holding ``k`` members or
+    more each, there are ``k`` channels (the fewest members any server holds:
+    NCCL keeps the fewest channels any rank's search found, and a server finds
+    one per NIC its members have); channel ``c`` enters every server at its
+    ``c``-th member and leaves at the one before, so each member's NIC is used
+    at most once in each direction and with equal shares the ``k`` rings
+    together use every rail. (Unequal shares ran on one ring until 2026-12-04:
+    12 GPUs on 8 + 4 took 4x as long as 8 of them on 4 + 4.)
     """
     servers = _by_server(group, server_of)
-    sizes = {len(v) for v in servers.values()}
-    if len(servers) == 1 or len(sizes) != 1 or sizes == {1}:
+    k = min(len(v) for v in servers.values())
+    if len(servers) == 1 or k == 1:
         return [list(group)]
-    k = sizes.pop()
     order = list(servers.values())
-    return [[m[(c + i) % k] for m in order for i in range(k)] for c in range(k)]
+    return [[m[(c + i) % len(m)] for m in order for i in range(len(m))] for c in range(k)]
 
 
 def _ring_hops(ring: Sequence[int]) -> tuple[tuple[int, int], ...]:

@@ -293,3 +293,28 @@ def test_a_rooted_tree_still_leaves_the_root_s_server_through_every_rail():
     tree = collective_time(c, "broadcast", 32, float(1 << 30), "tree")
     assert collective_time(c, "reduce", 32, float(1 << 30), "tree") == pytest.approx(tree, rel=1e-9)
     assert ring < tree < 2.5 * ring  # a double binary tree's NICs carry ~2 S / k, a ring's S / k
+
+
+def test_a_ring_over_unequal_servers_runs_on_the_smaller_servers_channels():
+    """8 + 4 GPUs of two DGX servers: NCCL keeps the fewest channels any rank found (4: one per NIC of the smaller
+    server), not one. Each channel visits every member once and uses each member's NIC at most once per
+    direction. Bound worked by hand: 12 ranks cannot all-reduce 1 GiB faster than the 4 + 4 subset by more than
+    the (n-1)/n of their busbw, and with one ring (one NIC) they took 4x as long (found by a collectives hunt)."""
+    from simulator.collectives import ring_channels
+
+    server_of = lambda r: r // 8  # noqa: E731
+    rings = ring_channels(list(range(12)), server_of)
+    assert len(rings) == 4 and all(sorted(r) == list(range(12)) for r in rings)
+    for ring in rings:  # where each channel leaves a server (the NIC it uses outbound)
+        assert sum(server_of(a) != server_of(b) for a, b in zip(ring, ring[1:] + ring[:1])) == 2
+    exits = [[a for a, b in zip(r, r[1:] + r[:1]) if server_of(a) != server_of(b)] for r in rings]
+    assert len({e[0] for e in exits}) == 4 and len({e[1] for e in exits}) == 4  # a NIC once per direction
+    cluster = leaf_spine("H100", servers=2, servers_per_leaf=2)
+    cfg = IDEAL_NET
+    graph = OpGraph(16)
+    graph.collective("all_reduce", [0, 1, 2, 3, 8, 9, 10, 11], 2.0**30, algorithm="ring")
+    subset = Engine(graph, cluster, network=cfg).run().step_time_s
+    graph = OpGraph(16)
+    graph.collective("all_reduce", list(range(12)), 2.0**30, algorithm="ring")
+    superset = Engine(graph, cluster, network=cfg).run().step_time_s
+    assert superset <= subset * (11 / 12) / (7 / 8) * 1.05
