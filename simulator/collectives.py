@@ -220,7 +220,9 @@ def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
     bytes are split over two trees, the second walking the servers in reverse, so a server interior in one
     is mostly a leaf in the other and every NIC carries about ``2·S/k``, as on a ring (NCCL's double binary
     tree; its tuner prices tree bandwidth as ring's, x0.92 for all-reduce: :func:`simulator.nccl.
-    bandwidth_factor`). With unequal servers: one channel, from each server's first member.
+    bandwidth_factor`). With unequal servers, as many channels as the smallest server holds members (as the
+    ring: :func:`ring_channels`; one channel until 2026-12-04, while the tuner priced the tree at the ring's
+    bandwidth over those channels).
 
     all_reduce reduces up and broadcasts down concurrently (pipelined), so
     every tree edge carries its share in each direction; latency is
@@ -238,8 +240,7 @@ def plan_tree(kind: str, group: Sequence[int], nbytes: float, server_of: Callabl
     if kind not in ALGORITHM_KINDS["tree"]:
         raise _not_implemented("tree", kind)
     servers = list(_by_server(group, server_of).values())
-    k = len(servers[0])
-    rails = k if all(len(m) == k for m in servers) else 1
+    rails = min(len(m) for m in servers)
     trees = 2 if len(servers) > 2 else 1  # (one or two servers: the mirror is the same tree)
     levels = (len(servers)).bit_length() - 1  # inter-server levels of the binary tree
     depth = max(levels + max(len(m) for m in servers) - 1, 1)

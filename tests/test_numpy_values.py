@@ -33,6 +33,8 @@ def test_plain_values_turn_numpy_scalars_into_a_files_values_and_keep_the_caller
     assert type(next(k for k in out if k not in ("a", "c", "d", "e"))) is int
     assert out[1]["b"] == [0, 1, 2] and all(type(x) is int for x in out[1]["b"])  # an array as a list
     assert out["d"] == [1, 2] and type(out["d"][0]) is int and type(out["e"]) is str
+    row = pd.DataFrame({"n0": [0], "n1": [2], "name": ["a"]}).iloc[0][["n0", "n1"]]  # a mixed frame's row: objects
+    assert plain_values(row) == [0, 2] and all(type(x) is int for x in plain_values(row))
     assert type(doc["a"][0]) is np.int64 and isinstance(doc[1]["b"], np.ndarray)  # the caller's document unchanged
 
 

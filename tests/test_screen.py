@@ -163,7 +163,10 @@ def test_refine_keeps_the_files_simulated_rows_it_does_not_refine(tmp_path):
     out = tmp_path / "sweep.csv"
     fast = simulator.sweep(str(base), output=out, progress=False, jobs=1)
     assert len(fast) >= 4
-    refined = simulator.sweep(str(base), fidelity="screen", refine=2, output=out, progress=False, jobs=1)
+    during = []  # the file as the screen left it (an interrupted screen must not have dropped them either)
+    refined = simulator.sweep(str(base), fidelity="screen", refine=2, output=out, progress=False, jobs=1,
+                              on_refine=lambda n, reused: during.append(pd.read_csv(out)))
+    assert sorted(during[0].query("fidelity == 'fast'")["point"]) == sorted(fast["point"])
     assert refined.attrs["other_rows"] == len(fast) - 2
     table = pd.read_csv(out)
     kept = table[table["fidelity"] == "fast"].set_index("point")

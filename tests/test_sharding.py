@@ -215,6 +215,22 @@ def test_fsdp_no_sync_accumulates_whole_gradients_and_shard_grad_op_keeps_its_pa
             assert {u.micro_batch for u in gathers} == set(range(mbs))
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+def test_shard_grad_op_under_no_sync_gathers_once_whatever_the_backward_order(schedule):
+    """GPipe runs the backwards last micro-batch first and ZB-H1 splits off weight gradients: SHARD_GRAD_OP under
+    no_sync still frees a unit only after its last use of the step, so each is gathered once per stage."""
+    from workloads.sharding import stage_uses
+
+    par = ParallelConfig(dp=4, pp=2, micro_batch=1, global_batch=16, zero=2, zero_impl="fsdp",
+                         zero_grad_sync="step", schedule=schedule)
+    plan = sharding_plan(par)
+    for stage in range(2):
+        uses = stage_uses(model(layers=8), par, plan, stage)[1]
+        sched = gather_schedule(uses, plan)
+        gathered = [uses[g[0]].unit.key for g in sched.groups]
+        assert len(gathered) == len(set(gathered)) == len({u.unit.key for u in uses})
+
+
 def test_deepspeed_holds_persistent_modules_whole():
     """DeepSpeed ZeRO-3 never partitions a module at or below ``stage3_param_persistence_threshold``: with a
     threshold above every module, every rank holds all of its parameters (2 bytes each), not a 1/dp shard."""

@@ -46,7 +46,7 @@ def plain_values(value: object) -> object:
     if isinstance(value, tuple):
         return tuple(plain_values(v) for v in value)
     if getattr(value, "ndim", None) is not None and hasattr(value, "tolist"):  # numpy's scalars and arrays, Series
-        return value.tolist()
+        return plain_values(value.tolist())  # (an object array's items stay numpy scalars in its list)
     return value
 
 

@@ -386,16 +386,13 @@ class OpGraph:
         skips the per-kernel check; its totals are still ``sum`` over its own kernels in order, as
         :meth:`_part_sums` would add them. For a generator that makes many tuples out of a few checked ones
         (a recomputed MoE forward: the kernels before the experts, the experts at a rank's load, the rest)."""
-        # ``sum`` over the joined kernels is the first piece's sum (kept by _part_sums) carried on over the others'
-        # kernels in order: the same additions, without walking the first piece's kernels again
-        flops, nbytes = self._part_sums(pieces[0], name)
-        parts = pieces[0]
-        for piece in pieces[1:]:
+        # (the totals are one ``sum`` over the joined kernels, not the pieces' sums carried on: from Python 3.12
+        # ``sum`` compensates its float additions within one call, so a carried sum can differ in the last bit)
+        parts = ()
+        for piece in pieces:
             self._part_sums(piece, name)
-            flops = sum([k.flops for k in piece], flops)
-            nbytes = sum([k.nbytes for k in piece], nbytes)
             parts += piece
-        self._part_totals[id(parts)] = (parts, flops, nbytes)
+        self._part_totals[id(parts)] = (parts, sum([k.flops for k in parts]), sum([k.nbytes for k in parts]))
         return parts
 
     def _checked_group(self, rank: int, grp: tuple[int, ...]) -> tuple[int, ...]:

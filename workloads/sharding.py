@@ -348,34 +348,35 @@ def gather_schedule(uses: Sequence[Use], plan: ShardingPlan) -> GatherSchedule:
         prefix.append(prefix[-1] + u.unit.total)
     # FSDP's SHARD_GRAD_OP under no_sync (``zero_grad_sync: step``) frees nothing in the backward of a micro-batch
     # that does not sync its gradients (PyTorch's ``_should_free_in_backward``: ``state._sync_gradients or`` a
-    # strategy that reshards after forward), so only the last micro-batch's backward reshards.
+    # strategy that reshards after forward), so a unit stays gathered until its last use of the step, in the
+    # backward that syncs (whatever the schedule's order of micro-batches).
     unsynced = plan.impl == "fsdp" and not plan.reshard_after_forward and plan.grad_sync == "step"
-    last_mb = max((u.micro_batch for u in uses), default=0)
     resident: dict[tuple, float] = {}
     need = [False] * n
     live_at = [0.0] * n
-    held_at: list[tuple] = [()] * n  # the units gathered at use i (their keys)
+    released: dict[tuple, int] = {}  # unit key -> the use after which it was last released
+    released_before = [-1] * n  # of a use that gathers: the use after which its unit was last released
     for i, u in enumerate(uses):
         key = u.unit.key
         if not persistent[i] and key not in resident:
             need[i] = True
             resident[key] = u.unit.total
+            released_before[i] = released.get(key, -1)
         live_at[i] = sum(resident.values())
-        held_at[i] = tuple(resident)
         j = next_use[i]
         if persistent[i]:
             continue
         if plan.impl == "deepspeed":
             keep = j is not None and prefix[j] - prefix[i + 1] <= plan.reuse_distance
-        elif unsynced and u.micro_batch != last_mb:
+        elif unsynced:
             keep = j is not None
         elif u.unit.root:  # not resharded after forward; resharded after its micro-batch's last backward use
             keep = j is not None and (u.phase != "B" or (uses[j].phase == "B"
                                                          and uses[j].micro_batch == u.micro_batch))
         else:
             keep = u.phase == "F" and not plan.reshard_after_forward
-        if not keep:
-            resident.pop(key, None)
+        if not keep and resident.pop(key, None) is not None:
+            released[key] = i
     groups: list[list[int]] = []
     group_of: list[int | None] = [None] * n
     size, keys = 0.0, set()
@@ -396,17 +397,18 @@ def gather_schedule(uses: Sequence[Use], plan: ShardingPlan) -> GatherSchedule:
             size, keys = uses[i].unit.total, {key}
         group_of[i] = len(groups) - 1
     # At use i, the next group to be gathered may already be in flight (one prefetch ahead), but not a unit of it
-    # that is still gathered at i: its next gather (the root's, of the next micro-batch) waits for its release,
-    # and a prefetch skips a module it holds. (Counting it as well held the root twice from two micro-batches.)
+    # that is still gathered at i (released at i or later, before the group gathers it again): a prefetch skips a
+    # module it holds, and the unit's storage is one. (Counting it as well held the root twice from two
+    # micro-batches on. The generator's timeline may still start that gather before the release: see DESIGN.)
     sizes = [sum(uses[j].unit.total for j in g) for g in groups]
+    latest = [max(released_before[j] for j in g) for g in groups]  # a group's last release of a unit it gathers
     peak, upcoming = 0.0, None
     for i in range(n - 1, -1, -1):
         ahead = 0.0
         if upcoming is not None and plan.overlap:
             ahead = sizes[upcoming]
-            held = held_at[i]
-            if held:
-                ahead -= sum(uses[j].unit.total for j in groups[upcoming] if uses[j].unit.key in held)
+            if latest[upcoming] >= i:
+                ahead -= sum(uses[j].unit.total for j in groups[upcoming] if released_before[j] >= i)
         peak = max(peak, live_at[i] + ahead)
         if group_of[i] is not None and groups[group_of[i]][0] == i:
             upcoming = group_of[i]

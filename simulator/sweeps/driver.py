@@ -156,7 +156,11 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
         if on_start is not None:
             on_start(len(points), len(points) - len(todo))
         columns, derived = param_columns(full_grid), derives_dp(full_grid)
-        recorder = _Recorder(points, columns, metric, derived, output, rows, foreign, checkpoint_s)
+        # A refine's simulated rows already in the file stay in it while the screen runs (as rows of other
+        # sweeps: an interrupted screen must not drop them); those it does not refine stay after it.
+        simulated = [rows[p.key] for p in fast_points.values() if p.key in rows]
+        recorder = _Recorder(points, columns, metric, derived, output, rows, _with_rows(foreign, simulated),
+                             checkpoint_s)
         _run(todo, base_doc, recorder, jobs, scheduler, progress)
         table = recorder.write()
         table.attrs["other_rows"] = len(foreign)
@@ -164,12 +168,10 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
             return table
         winners = [fast_points[k] for k in table.loc[table["status"] == "ok", "point"].head(refine)]
         # The file's simulated rows of this grid that are not among the winners now (an earlier fast sweep, or
-        # an earlier refine of more points) stay in it as rows of other sweeps: finished work is never dropped.
+        # an earlier refine of more points) stay in it as rows of other sweeps.
         chosen = {p.key for p in winners}
-        unused = [rows[p.key] for p in fast_points.values() if p.key in rows and p.key not in chosen]
-        if unused:
-            foreign = pd.concat([pd.DataFrame(unused), foreign], ignore_index=True) if len(foreign) \
-                else pd.DataFrame(unused)
+        foreign = _with_rows(foreign, [rows[p.key] for p in fast_points.values()
+                                       if p.key in rows and p.key not in chosen])
         todo = [p for p in winners if p.key not in rows]
         if on_refine is not None:
             on_refine(len(winners), len(winners) - len(todo))
@@ -184,6 +186,13 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
         if output is not None:
             write_table(with_other_rows(final, foreign), output)
         return final
+
+
+def _with_rows(others: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
+    """``rows`` (reused row dicts) before ``others`` (an output file's rows of other sweeps), as one frame."""
+    if not rows:
+        return others
+    return pd.concat([pd.DataFrame(rows), others], ignore_index=True) if len(others) else pd.DataFrame(rows)
 
 
 def _topology_paths(grid: Grid | None, base_dir: str) -> Grid | None:
