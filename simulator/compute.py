@@ -349,44 +349,34 @@ def _parts_durations(later: Sequence[tuple[ComputeModel, tuple[Kernel, ...]]]) -
     it. The sums are Python's ``sum`` over the same floats in the same order, so each total is the one
     :meth:`ComputeModel.duration` makes."""
     values: list = []  # one per distinct (model, kernel object), in first-seen order; the arrays' filled in below
-    # id(model) -> (model, (where, kernels) of its plain GEMMs, (where, kernels) of its kernels without FLOPs)
-    arrays: dict[int, tuple[ComputeModel, tuple[list[int], list[Kernel]], tuple[list[int], list[Kernel]]]] = {}
-    # id(model) -> {id(kernel) -> its entry of ``values``}: a kernel object in many tuples (the layers' shared
-    # kernels around a MoE rank's scaled experts) is timed once; every tuple in ``later`` keeps its kernels alive
-    seen: dict[int, dict[int, int]] = {}
+    # id(model) -> (model, {id(kernel) -> its entry of ``values``}, (where, kernels) of its plain GEMMs, (where,
+    # kernels) of its kernels without FLOPs): a kernel object in many tuples (the layers' shared kernels around a
+    # MoE rank's scaled experts) is timed once per model; every tuple in ``later`` keeps its kernels alive
+    per_model: dict[int, tuple[ComputeModel, dict[int, int], tuple[list[int], list[Kernel]],
+                               tuple[list[int], list[Kernel]]]] = {}
     bounds: list[list[int]] = []  # each tuple's entries of ``values``, in its kernels' order
     for model, parts in later:
-        mine = None
-        index_of = seen.get(id(model))
-        if index_of is None:
-            index_of = seen[id(model)] = {}
+        mine = per_model.get(id(model))
+        if mine is None:
+            mine = per_model[id(model)] = (model, {}, ([], []), ([], []))
+        index_of = mine[1]
         entries = []
         for k in parts:
             i = index_of.get(id(k))
             if i is None:
                 i = index_of[id(k)] = len(values)
-                if type(k) is Kernel:
-                    if not k.flops:
-                        which = 2
-                    elif k.category == "gemm" and k.shape is not None and not k.sm_reserved:
-                        which = 1
-                    else:
-                        which = 0
-                        values.append(model._kernel_duration(k))
-                    if which:
-                        if mine is None:
-                            mine = arrays.get(id(model))
-                            if mine is None:
-                                mine = arrays[id(model)] = (model, ([], []), ([], []))
-                        where, kernels = mine[which]
-                        where.append(i)
-                        kernels.append(k)
-                        values.append(None)
-                else:
+                if type(k) is not Kernel:
                     values.append(model.duration(k))
+                elif k.flops and not (k.category == "gemm" and k.shape is not None and not k.sm_reserved):
+                    values.append(model._kernel_duration(k))
+                else:  # a plain GEMM, or a kernel without FLOPs: timed with its model's others as arrays
+                    where, kernels = mine[2] if k.flops else mine[3]
+                    where.append(i)
+                    kernels.append(k)
+                    values.append(None)
             entries.append(i)
         bounds.append(entries)
-    for model, gemms, memory in arrays.values():
+    for model, _index_of, gemms, memory in per_model.values():
         for (where, kernels), timer in ((gemms, _gemm_durations), (memory, _memory_durations)):
             if kernels:
                 for i, t in zip(where, timer(model, kernels)):

@@ -170,7 +170,19 @@ def test_op_durations_time_a_kernel_object_once_per_model_wherever_it_sits():
             g.compute(rank, parts=(norm, shared, expert, scores), name="pre")
             g.compute(rank, parts=(expert, shared, norm), name="post")
             g.compute(rank, parts=(shared,), name="alone")
-    got = op_durations(g.ops, cm, {1: other})
+    timed = []  # (model, kernel) of every kernel the pass times one by one (the attention kernel's path)
+    scalar = ComputeModel._kernel_duration
+
+    def counted(self, k):
+        timed.append((id(self), id(k)))
+        return scalar(self, k)
+
+    ComputeModel._kernel_duration = counted
+    try:
+        got = op_durations(g.ops, cm, {1: other})
+    finally:
+        ComputeModel._kernel_duration = scalar
+    assert sorted(timed) == sorted({(id(cm), id(scores)), (id(other), id(scores))})  # once per model, not 3x
     assert same(got, reference_durations(g.ops, cm, {1: other}))
     assert got[0] != got[9]  # the same kernels on the other model: another time
 

@@ -417,12 +417,11 @@ def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: Training
     if gathered:  # gathered parameters live at the peak (prefetch included)
         uses = stage_uses(model, parallel, plan, stage)[1]
         params += gather_schedule(uses, plan).peak_live * d
-        if plan.impl == "deepspeed" and plan.persistence > 0:
-            # DeepSpeed ZeRO-3 never partitions a module at or below stage3_param_persistence_threshold: every rank
-            # holds it whole (counted above as a shard), its optimizer states still partitioned
-            whole = {u.unit.key: u.unit for u in uses if u.unit.total <= plan.persistence}.values()
-            params += sum(u.params * (1 - 1 / groups[0][1]) + u.expert_params * (1 - 1 / groups[1][1])
-                          for u in whole) * d
+        # persistent units are held whole on every rank (counted above as a shard); their optimizer states stay
+        # partitioned
+        (_dense, dense_group), (_routed, expert_group) = groups
+        whole = {u.unit.key: u.unit for u in uses if plan.persistent(u.unit)}.values()
+        params += sum(u.params * (1 - 1 / dense_group) + u.expert_params * (1 - 1 / expert_group) for u in whole) * d
     return MemoryBreakdown(params, grads, sum(s[2] for s in states),
                            _stage_activations(model, parallel, training, stage, flash_attention), stage)
 

@@ -392,7 +392,7 @@ class OpGraph:
         for piece in pieces:
             self._part_sums(piece, name)
             parts += piece
-        self._part_totals[id(parts)] = (parts, sum([k.flops for k in parts]), sum([k.nbytes for k in parts]))
+        self._known_parts(parts, sum([k.flops for k in parts]), sum([k.nbytes for k in parts]))
         return parts
 
     def _checked_group(self, rank: int, grp: tuple[int, ...]) -> tuple[int, ...]:

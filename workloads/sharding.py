@@ -121,6 +121,11 @@ class ShardingPlan:
     def shards_optimizer(self) -> bool:
         return self.stage >= 1
 
+    def persistent(self, unit: Unit) -> bool:
+        """Whether ``unit`` is never partitioned: DeepSpeed ZeRO-3 keeps a module of at most
+        ``stage3_param_persistence_threshold`` elements whole on every rank (never gathered, held in full)."""
+        return self.impl == "deepspeed" and unit.total <= self.persistence
+
 
 def sharding_plan(parallel: ParallelConfig, dtype: str = "bf16", grad_dtype_bytes: int | None = None) -> ShardingPlan:
     """Resolve ``parallel.zero`` / ``zero_impl`` / ``zero_grad_sync`` into a :class:`ShardingPlan`.
@@ -336,7 +341,7 @@ class GatherSchedule:
 def gather_schedule(uses: Sequence[Use], plan: ShardingPlan) -> GatherSchedule:
     """Simulate parameter residency over one step's uses and group the all-gathers as the framework does."""
     n = len(uses)
-    persistent = [plan.impl == "deepspeed" and u.unit.total <= plan.persistence for u in uses]
+    persistent = [plan.persistent(u.unit) for u in uses]
     next_use: list[int | None] = [None] * n
     last: dict[tuple, int] = {}
     for i in range(n - 1, -1, -1):
