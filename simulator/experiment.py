@@ -452,6 +452,9 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
         elif given("parallel", key) and plan.impl != "deepspeed":
             notes.append(f"parallel.{key} has no effect with zero_impl: {plan.impl} (it is DeepSpeed ZeRO-3's "
                          f"parameter fetching)")
+    if given("parallel", "zero_prefetch") and plan.impl == "deepspeed" and par.zero >= 3 and not plan.overlap:
+        notes.append("parallel.zero_prefetch has no effect with zero_overlap: false (blocking gathers fetch each "
+                     "module when it is used, none ahead)")
     if given("parallel", "zero_overlap") and plan.gather is None:
         notes.append("parallel.zero_overlap has no effect without per-layer parameter gathers (zero: 3, or FSDP's "
                      "zero: 2)")

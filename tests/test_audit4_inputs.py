@@ -3,7 +3,7 @@ its accepted spelling."""
 import pytest
 
 from simulator.cli import main
-from simulator.experiment import experiment_from_dict, unused_settings
+from simulator.experiment import experiment_from_dict, run_experiment, unused_settings
 from topologies import build_cluster
 from topologies.units import TopologyError
 from workloads.errors import ConfigError
@@ -188,8 +188,18 @@ def test_zero_knobs_of_another_implementation_are_noted():
     notes = unused_settings(experiment_from_dict(fsdp))
     assert "parallel.zero_prefetch has no effect with zero_impl: fsdp (it is DeepSpeed ZeRO-3's parameter " \
            "fetching)" in notes and any(n.startswith("parallel.zero_persistence has no effect") for n in notes)
-    deepspeed = {**fsdp, "parallel": {**fsdp["parallel"], "zero_impl": "deepspeed", "zero_overlap": False}}
+    deepspeed = {**fsdp, "parallel": {**fsdp["parallel"], "zero_impl": "deepspeed"}}
     assert not any("zero_" in n for n in unused_settings(experiment_from_dict(deepspeed)))
+    # Blocking gathers (zero_overlap: false) fetch no module ahead: the prefetch bucket is noted, and the step
+    # and memory are indeed those of another bucket size.
+    blocking = {**deepspeed, "parallel": {**deepspeed["parallel"], "zero_overlap": False}}
+    assert [n for n in unused_settings(experiment_from_dict(blocking)) if "zero_" in n] == [
+        "parallel.zero_prefetch has no effect with zero_overlap: false (blocking gathers fetch each module when it "
+        "is used, none ahead)"]
+    other = {**blocking, "parallel": {**blocking["parallel"], "zero_prefetch": 1e9}}
+    exps = [experiment_from_dict(d) for d in (blocking, other)]
+    assert run_experiment(exps[0], fidelity="full").step_time == run_experiment(exps[1], fidelity="full").step_time
+    assert exps[0].memory() == exps[1].memory()
     megatron = {**base, "parallel": {"tp": 1, "pp": 1, "dp": 16, "zero": 1, "zero_overlap": False}}
     assert any(n.startswith("parallel.zero_overlap has no effect") for n in unused_settings(
         experiment_from_dict(megatron)))
