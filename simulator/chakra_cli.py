@@ -20,10 +20,12 @@ Kept out of :mod:`simulator.cli`, which only registers the options and calls in.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
 import time
+import warnings
 
 from topologies import build_cluster, load_cluster
 from topologies.cluster import Cluster
@@ -91,13 +93,12 @@ def _export_line(folder: str, ranks: int) -> str:
 def run_trace(args: argparse.Namespace) -> int:
     """``clustersim run [FILE] --chakra DIR``: simulate a Chakra trace and print what ``run`` prints."""
     from topologies.faults import apply_faults
-    from workloads.chakra import ChakraError, read_chakra, write_chakra
-    from workloads.parallel import training_from_dict
+    from workloads.chakra import ChakraError, ChakraWarning, read_chakra, trace_settings, write_chakra
 
     from .cli import check_folder, check_writable, parse_trace_ranks, write_outputs
     from .compute import ComputeModel
     from .engine import Engine, paused_gc
-    from .experiment import _compute_from_dict, _faults_from_list, _network_from_dict, _section, read_experiment_file
+    from .experiment import _faults_from_list, _network_from_dict, _section, read_experiment_file
     from .result import Result
 
     check_writable(args.trace, "--trace")
@@ -105,9 +106,17 @@ def run_trace(args: argparse.Namespace) -> int:
     check_folder(args.plots, "--plots")
     t0 = time.perf_counter()
     try:
-        graph = read_chakra(args.chakra)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ChakraWarning)
+            graph = read_chakra(args.chakra)
+            written = trace_settings(args.chakra)
     except ChakraError as exc:  # every error of the trace is one of --chakra's input
         raise with_prefix(exc, "--chakra") from None
+    for w in caught:
+        if issubclass(w.category, ChakraWarning):
+            print(f"clustersim: note: --chakra: {w.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     world = graph.world_size
     bad = [r for r in trace_ranks if r >= world] if isinstance(trace_ranks, list) else []
     if bad:
@@ -117,6 +126,8 @@ def run_trace(args: argparse.Namespace) -> int:
         notes = trace_unused(doc)
     except ValueError as exc:  # a misspelled section of the file
         raise with_prefix(exc, args.file) from None
+    if args.cluster is not None and doc.get("cluster"):
+        notes.append(f"cluster: has no effect: --cluster {args.cluster} replaces the file's cluster section")
     for note in notes:
         print(f"clustersim: note: {note}", file=sys.stderr)
     if args.cluster is not None:
@@ -126,14 +137,14 @@ def run_trace(args: argparse.Namespace) -> int:
             cluster = build_cluster(_section(doc, "cluster")) if doc.get("cluster") else trace_cluster("dgx-h100",
                                                                                                       world)
         network = _network_from_dict(_section(doc, "network"))
-        dtype = training_from_dict(_section(doc, "training")).dtype
-        compute = ComputeModel(cluster.gpu, dtype=dtype, **_compute_from_dict(_section(doc, "compute")))
+        dtype, settings = _compute_settings(doc, written, cluster.gpu.name)
+        compute = ComputeModel(cluster.gpu, dtype=dtype, **settings)
         faults = _faults_from_list(doc.get("faults"), cluster)
         healthy_cluster = cluster
         if faults:
             cluster = apply_faults(cluster, faults)
     except ValueError as exc:
-        raise with_prefix(exc, str(args.file)) from None
+        raise (with_prefix(exc, str(args.file)) if args.file else exc) from None
     if world > cluster.num_gpus:
         raise ValueError(f"cluster: the trace has {world} ranks but {cluster.name} has {cluster.num_gpus} GPUs")
     if args.export_chakra is not None:
@@ -164,6 +175,47 @@ def run_trace(args: argparse.Namespace) -> int:
     if args.export_chakra is not None and not args.json:
         print(_export_line(args.export_chakra, world))
     return 0
+
+
+def _compute_settings(doc: dict, written: dict, gpu: str) -> tuple[str, dict]:
+    """``(dtype, compute settings)`` to time a trace's kernels with: the experiment file's where it gives them
+    (``training.dtype``, the ``compute`` section), else what the trace was written with (``written``,
+    :func:`~workloads.chakra.trace_settings`), else the defaults. Prints a note where the file's settings or
+    the cluster's GPU differ from the trace's, since the step then differs from the one exported."""
+    from workloads.parallel import training_from_dict
+
+    from .experiment import _compute_from_dict, _section
+    training, section = _section(doc, "training"), _section(doc, "compute")
+    dtype = training_from_dict(training).dtype
+    settings = _compute_from_dict(section)
+    if not written:
+        return dtype, settings
+    try:
+        theirs = dict(written["compute"])
+        their_dtype = training_from_dict({"dtype": theirs.pop("dtype", "bf16")}).dtype
+        their_settings = _compute_from_dict(theirs)
+    except ValueError as exc:
+        raise with_prefix(exc, "--chakra: the trace's clustersim.compute") from None
+    from .compute import ComputeModel
+    defaults = {f.name: f.default for f in dataclasses.fields(ComputeModel) if f.name not in ("gpu", "dtype")}
+    notes = []
+    if written["gpu"] != gpu:
+        notes.append(f"the trace's compute was timed for {written['gpu']}; its kernels are re-timed for this "
+                     f"cluster's {gpu}")
+    if "dtype" in training and dtype != their_dtype:
+        notes.append(f"training.dtype {dtype} re-times the trace's kernels, written for {their_dtype}")
+    elif "dtype" not in training:
+        dtype = their_dtype
+    if section and {**defaults, **settings} != {**defaults, **their_settings}:
+        notes.append("compute: the file's compute settings re-time the trace's kernels, written with "
+                     + ", ".join(f"{k}: {v}" for k, v in sorted(their_settings.items()) if defaults.get(k) != v)
+                     if any(defaults.get(k) != v for k, v in their_settings.items()) else
+                     "compute: the file's compute settings re-time the trace's kernels, written with the defaults")
+    elif not section:
+        settings = their_settings
+    for note in notes:
+        print(f"clustersim: note: {note}", file=sys.stderr)
+    return dtype, settings
 
 
 TRACE_SECTIONS = ("name", "cluster", "network", "compute", "faults", "training")

@@ -732,8 +732,13 @@ class Engine:
         blocked = [op for op in ops if np.isnan(issue_s[op.id])]
         if blocked:
             op = blocked[0]
+            waits = [d for d in op.deps if np.isnan(end_s[d])]
+            # the op before it on its stream, which the engine makes it wait for too (the stream's order)
+            before = next((o for o in reversed(ops[:op.id]) if o.rank == op.rank and o.stream == op.stream), None)
+            behind = (f" and, on its stream {op.stream!r}, behind {_describe(before)}"
+                      if before is not None and np.isnan(end_s[before.id]) and before.id not in waits else "")
             lines.append(f"{len(blocked)} op(s) never became ready, e.g. {_describe(op)} "
-                         f"waiting on op(s) {[d for d in op.deps if np.isnan(end_s[d])]}")
+                         f"waiting on op(s) {waits}{behind}")
         unfinished = int(np.isnan(end_s).sum())
         return f"deadlock: {unfinished} op(s) can never finish: " + "; ".join(lines[:6])
 

@@ -35,6 +35,13 @@ ignores; the kernels of fused compute ops are tables in each file's
 GlobalMetadata (``clustersim.parts.<k>.*``), once per distinct tuple, which
 a node names by index (``clustersim.parts``). Reading them back is lossless:
 the same op graph, step time and bytes on every link (``tests/test_chakra.py``).
+Each file's GlobalMetadata also records the GPU and compute settings the
+durations were modelled with (``clustersim.gpu``, ``clustersim.compute``:
+the CLI re-times the trace with them when no experiment file says otherwise)
+and a CRC-32 of its nodes (``clustersim.digest``): a file edited after it was
+written (``duration_micros`` or ``comm_size`` changed by another tool) is read
+by its Chakra fields only, with a :class:`ChakraWarning`, since its
+``clustersim.*`` attributes may no longer describe it.
 A full graph is needed (one program per rank); a graph of representatives or
 a dependency across ranks is refused.
 
@@ -64,8 +71,9 @@ Reading a trace clustersim did not write
   deadlock here (reported, exit 3 in the CLI).
 """
 
-from .read import read_chakra, trace_files
+from .read import ChakraWarning, read_chakra, trace_files, trace_settings
 from .schema import FORMAT, PREFIX, ChakraError
 from .write import DurationModel, write_chakra
 
-__all__ = ["ChakraError", "write_chakra", "read_chakra", "trace_files", "DurationModel", "PREFIX", "FORMAT"]
+__all__ = ["ChakraError", "ChakraWarning", "write_chakra", "read_chakra", "trace_files", "trace_settings",
+           "DurationModel", "PREFIX", "FORMAT"]

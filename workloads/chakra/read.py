@@ -6,6 +6,8 @@ import heapq
 import json
 import math
 import re
+import warnings
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +31,7 @@ from .schema import (
 
 _SKIPPED = ("INVALID_NODE", "METADATA_NODE")
 _MODELLED = ("COMP_NODE", "COMM_COLL_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE")
-_FILE_RE = re.compile(r"(?P<prefix>.+)\.(?P<rank>\d+)\.et")
+_FILE_RE = re.compile(r"(?P<prefix>.+)\.(?P<rank>0|[1-9]\d*)\.et")  # rank as ASTRA-sim's to_string(id) writes it
 
 
 def trace_files(path: str | Path, prefix: str | None = None) -> tuple[str, list[Path]]:
@@ -171,6 +173,51 @@ def read_chakra(path: str | Path, *, prefix: str | None = None, clustersim_attrs
     """
     classes()  # a one-line ChakraError if protobuf is missing
     prefix, files = trace_files(path, prefix)
+    try:
+        return _read(files, prefix, clustersim_attrs)
+    except _Edited as edited:
+        warnings.warn(ChakraWarning(
+            f"{edited.args[0]}: the file changed after clustersim wrote it (its clustersim.digest no longer matches "
+            f"its nodes), so its clustersim.* attributes may not describe its Chakra fields (duration_micros, "
+            f"comm_size, dependencies); reading the Chakra fields only, as ASTRA-sim does"), stacklevel=2)
+        return _read(files, prefix, False)
+
+
+class ChakraWarning(UserWarning):
+    """Something about a trace the reader worked around (the CLI prints it as a note)."""
+
+
+class _Edited(Exception):
+    """A file's nodes are not the bytes clustersim wrote (``clustersim.digest``); args: the file."""
+
+
+def trace_settings(path: str | Path, prefix: str | None = None) -> dict[str, Any]:
+    """What a trace clustersim wrote says about how its compute was timed: ``{"gpu": name, "compute":
+    {setting: value, ...}}`` (the :class:`~simulator.compute.ComputeModel` it was written with, ``dtype``
+    included), from its first file's GlobalMetadata; ``{}`` for a foreign trace or one written without a
+    compute model. Reads only that message."""
+    _, files = trace_files(path, prefix)
+    data = read_file_bytes(files[0])
+    first = next(iter_frames(data, files[0]), None)
+    if first is None:
+        return {}
+    attrs = _meta_attrs(parse("GlobalMetadata", first[1], files[0], first[0]))
+    gpu, compute = attrs.get(PREFIX + "gpu"), attrs.get(PREFIX + "compute")
+    if not isinstance(gpu, str) or not isinstance(compute, str):
+        return {}
+    try:
+        settings = json.loads(compute)
+    except ValueError:
+        settings = None
+    if not isinstance(settings, dict):
+        raise ChakraError(f"{files[0]}: GlobalMetadata: clustersim.compute is not a JSON object of compute "
+                          f"settings: {compute[:80]!r}")
+    return {"gpu": gpu, "compute": settings}
+
+
+def _read(files: list[Path], prefix: str, clustersim_attrs: bool) -> OpGraph:
+    """:func:`read_chakra` of the rank files ``files``; raises :class:`_Edited` for a file clustersim wrote
+    whose nodes changed since (read with ``clustersim_attrs``)."""
     world = len(files)
     groups = _Groups(world, files[0].parent, prefix)
     groups.load_json(files[0].parent, prefix)
@@ -178,9 +225,12 @@ def read_chakra(path: str | Path, *, prefix: str | None = None, clustersim_attrs
     lossless = None
     parts_cache: dict[tuple, tuple[Kernel, ...]] = {}
     for rank, p in enumerate(files):  # one file at a time: only the specs of the ops are kept
-        meta, nodes = _parse_file(p)
+        meta, nodes, digest = _parse_file(p)
         meta_attrs = _meta_attrs(meta)
         fmt = meta_attrs.get(PREFIX + "format") if clustersim_attrs else None
+        recorded = meta_attrs.get(PREFIX + "digest")
+        if fmt is not None and isinstance(recorded, int) and recorded != digest:
+            raise _Edited(p)
         if fmt is not None and fmt != FORMAT:
             raise ChakraError(f"{p}: clustersim.format {fmt} is not the supported {FORMAT}; read it with "
                               f"clustersim_attrs=False, or with the clustersim version that wrote it")
@@ -262,8 +312,8 @@ def _check_rank_count(meta_attrs: dict[str, Any], path: Path, rank: int, world: 
                           f"files of one trace?")
 
 
-def _parse_file(path: Path) -> tuple[Any, list[Any]]:
-    """``(GlobalMetadata, [Node, ...])`` of one ET file."""
+def _parse_file(path: Path) -> tuple[Any, list[Any], int]:
+    """``(GlobalMetadata, [Node, ...], CRC-32 of the bytes after the GlobalMetadata)`` of one ET file."""
     from google.protobuf.unknown_fields import UnknownFieldSet
 
     data = read_file_bytes(path)
@@ -278,7 +328,11 @@ def _parse_file(path: Path) -> tuple[Any, list[Any]]:
     if len(UnknownFieldSet(meta)):
         raise ChakraError(f"{path}: the first message is not a Chakra GlobalMetadata (fields outside the schema); "
                           f"is this a Chakra execution trace?")
-    return meta, [parse("Node", body, path, offset) for offset, body in frames]
+    nodes, start = [], None
+    for offset, body in frames:
+        start = offset if start is None else start
+        nodes.append(parse("Node", body, path, offset))
+    return meta, nodes, zlib.crc32(memoryview(data)[start:]) if start is not None else 0
 
 
 def _is_json(data: bytes) -> bool:
@@ -428,23 +482,44 @@ def _rank_units(rank: int, nodes: list[Any], path: Path, groups: _Groups, lossle
     resolved: dict[int, list[int]] = {}
     active: set[int] = set()
 
-    def through(node_id: int, child: Any) -> list[int]:
-        """Unit indices that a dependency on ``node_id`` stands for."""
+    def check(node_id: int, child: Any) -> None:
         if node_id not in by_id:
             raise ChakraError(f"{path}: node {child.id} ({child.name!r}) depends on node {node_id}, which is not in "
                               f"the file")
+
+    def through(node_id: int, child: Any) -> list[int]:
+        """Unit indices that a dependency on ``node_id`` stands for: itself, or for a skipped node (metadata,
+        invalid) what it depends on, in order. A walk with its own stack: chains of skipped nodes may be
+        longer than Python's recursion limit."""
+        check(node_id, child)
         if node_id in unit_of:
             return [unit_of[node_id]]
-        if node_id in resolved:
-            return resolved[node_id]
-        if node_id in active:
-            raise ChakraError(f"{path}: dependency cycle through node {node_id}")
-        active.add(node_id)
-        skipped = by_id[node_id]
-        out = [u for d in dict.fromkeys([*skipped.data_deps, *skipped.ctrl_deps]) for u in through(d, skipped)]
-        active.discard(node_id)
-        resolved[node_id] = out = list(dict.fromkeys(out))
-        return out
+        stack = [(node_id, None)]  # (skipped node, its dependencies left to walk; None: not entered yet)
+        while stack:
+            top, left = stack[-1]
+            if left is None:
+                if top in active:
+                    raise ChakraError(f"{path}: dependency cycle through node {top}")
+                active.add(top)
+                skipped = by_id[top]
+                left = list(dict.fromkeys([*skipped.data_deps, *skipped.ctrl_deps]))[::-1]
+                stack[-1] = (top, left)
+            while left:
+                d = left[-1]
+                check(d, by_id[top])
+                if d in unit_of or d in resolved:
+                    left.pop()
+                    continue
+                stack.append((d, None))
+                break
+            else:
+                stack.pop()
+                active.discard(top)
+                skipped = by_id[top]
+                out = [u for d in dict.fromkeys([*skipped.data_deps, *skipped.ctrl_deps])
+                       for u in ([unit_of[d]] if d in unit_of else resolved[d])]
+                resolved[top] = list(dict.fromkeys(out))
+        return resolved[node_id]
 
     for index, unit in enumerate(units):
         first = unit.nodes[0]
@@ -452,6 +527,8 @@ def _rank_units(rank: int, nodes: list[Any], path: Path, groups: _Groups, lossle
         explicit: list[int] = []
         for node in unit.nodes:
             for d in dict.fromkeys([*node.data_deps, *node.ctrl_deps]):
+                if d == node.id:
+                    raise ChakraError(f"{path}: dependency cycle: node {node.id} ({node.name!r}) depends on itself")
                 if d in own:  # the previous part of a coarsened collective
                     continue
                 for u in through(d, node):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import math
 import os
+import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -193,11 +196,17 @@ class _Writer:
         self.durations: dict[tuple, float] = {}
 
     def write_rank(self, rank: int, ops: list[Op], fh: BinaryIO) -> None:
-        """The GlobalMetadata, the process groups ``rank`` is in (a METADATA_NODE), then one node per op."""
+        """The GlobalMetadata, the process groups ``rank`` is in (a METADATA_NODE), then one node per op.
+
+        The nodes are written to memory first: the GlobalMetadata, which comes first in the file, records a
+        CRC-32 of their bytes (``clustersim.digest``), by which the reader tells a trace edited after it was
+        written (its ``clustersim.*`` attributes then no longer describe its Chakra fields)."""
         C = self.C
         meta = C["GlobalMetadata"](version=SCHEMA_VERSION)
         for name, value in (("format", FORMAT), ("world_size", self.graph.world_size), ("rank", rank)):
             meta.attr.add(name=PREFIX + name, int64_val=value)
+        for name, value in _compute_settings(self.compute).items():
+            meta.attr.add(name=PREFIX + name, string_val=value)
         # The kernels of fused compute ops, once per distinct tuple (generators share a few among many ops).
         self.parts_index: dict[int, int] = {}
         by_value: dict[tuple, int] = {}
@@ -208,8 +217,7 @@ class _Writer:
                     k = by_value[op.parts] = len(by_value)
                     _parts_table(meta, k, op.parts)
                 self.parts_index[id(op.parts)] = k
-        fh.write(frame(meta))
-        self.fh = fh
+        self.fh = nodes = io.BytesIO()
         self.next_id = 0
         mine = sorted({op.group for op in ops if isinstance(op, Collective)}, key=lambda g: int(self.groups[g]))
         if mine:  # first: ASTRA-sim issues the ready nodes lowest id first, so the groups exist before they are used
@@ -222,6 +230,11 @@ class _Writer:
             prev = last_on_stream.get(op.stream)
             last_on_stream[op.stream] = op.id
             self.add(op, prev)
+        body = nodes.getbuffer()
+        meta.attr.add(name=PREFIX + "digest", int64_val=zlib.crc32(body))
+        fh.write(frame(meta))
+        fh.write(body)
+        del body
 
     def _node(self, op: Op, type_name: str) -> Any:
         node = self.C["Node"](id=self.next_id, name=op.name, type=NODE_TYPES.index(type_name))
@@ -332,6 +345,18 @@ class _Writer:
             if k == 1:
                 template = node
         self.last_node[op.id] = node.id
+
+
+def _compute_settings(compute: DurationModel | None) -> dict[str, str]:
+    """What the compute durations were modelled with, for the GlobalMetadata: ``gpu`` (its name) and
+    ``compute`` (every other setting of a :class:`~simulator.compute.ComputeModel`, dtype included, as JSON),
+    so that re-reading the trace without an experiment file times its kernels as written. Nothing for
+    another duration model."""
+    if compute is None or not dataclasses.is_dataclass(compute) or not hasattr(compute, "gpu"):
+        return {}
+    settings = {f.name: getattr(compute, f.name) for f in dataclasses.fields(compute)
+                if f.name != "gpu" and getattr(compute, f.name) is not None}  # (None: the model's own choice)
+    return {"gpu": str(compute.gpu.name), "compute": json.dumps(settings, sort_keys=True)}
 
 
 def _parts_table(meta: Any, k: int, parts: tuple) -> None:
