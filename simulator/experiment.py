@@ -26,7 +26,7 @@ import copy
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import TYPE_CHECKING
@@ -375,8 +375,9 @@ def check_file_sections(doc: Mapping) -> None:
         check_sections(doc)
 
 
-def read_experiment_file(path: str | os.PathLike) -> dict:
-    """Parse an experiment YAML file into a dict; one-line ``ConfigError`` for unreadable or malformed files."""
+def read_experiment_file(path: str | os.PathLike, sections: Sequence[str] = SECTIONS) -> dict:
+    """Parse an experiment YAML file into a dict; one-line ``ConfigError`` for unreadable or malformed files
+    (``sections``: the file's valid sections, named when it holds no mapping; a jobs file's differ)."""
     if not isinstance(path, (str, os.PathLike)):  # (an int would be opened as a file descriptor)
         raise TypeError(f"experiment file: must be a path (str or os.PathLike), got {type(path).__name__} "
                         f"{path!r:.60}")
@@ -392,7 +393,7 @@ def read_experiment_file(path: str | os.PathLike) -> dict:
     if doc is None:
         raise ConfigError(f"{path}: the file is empty")
     if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: must hold a mapping of sections ({', '.join(SECTIONS)})")
+        raise ConfigError(f"{path}: must hold a mapping of sections ({', '.join(sections)})")
     if "cluster" in doc:  # a relative topology file is next to the experiment file
         doc["cluster"] = resolve_topology_path(doc["cluster"], os.path.dirname(os.fspath(path)))
     return doc

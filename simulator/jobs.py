@@ -185,9 +185,11 @@ def jobs_from_dict(doc: Mapping) -> JobsSpec:
             raise ConfigError(f"jobs[{i}].{bad[0]}: unknown field; valid fields: {', '.join(JOB_FIELDS)}")
         if "nodes" not in job:
             raise ConfigError(f"jobs[{i}].nodes: required: a node count or a list of node indices")
-        name = label(job.get("name"), f"jobs[{i}].name") or f"job{i}"
+        given = label(job.get("name"), f"jobs[{i}].name")
+        name = given or f"job{i}"
         if name in names:
-            raise ConfigError(f"jobs[{i}].name: {name!r} is used twice; job names must differ")
+            raise ConfigError(f"jobs[{i}].name: {name!r} is used twice; job names must differ" if given else
+                              f"jobs[{i}]: its default name {name!r} is another job's name; name this job (name:)")
         names.add(name)
     placed = _place(entries, len(nodes), doc.get("placement", "contiguous"), doc.get("placement_seed", 0))
     steps = doc.get("steps", "auto")
@@ -214,7 +216,7 @@ def jobs_from_dict(doc: Mapping) -> JobsSpec:
 
 def load_jobs(path: str | os.PathLike) -> JobsSpec:
     """Read and resolve a jobs YAML file (one-line errors name the file)."""
-    doc = read_experiment_file(path)
+    doc = read_experiment_file(path, JOBS_SECTIONS)
     try:
         return jobs_from_dict(doc)
     except ValueError as exc:
@@ -232,22 +234,29 @@ class JobsResult:
     jobs : pandas.DataFrame
         One row per job: ``job, nodes, gpus, steps, step_time_s`` (per step, together),
         ``alone_step_time_s``, ``slowdown`` (together / alone, >= 1 up to rounding), ``slowdown_bound``
-        (module docstring), ``shared_links``, ``rank_offset``.
+        (module docstring), ``shared_links``, ``rank_offset``, ``span`` (when the job's last step ended, as a
+        fraction of the joint run: below 1 the others ran alone after it).
     shared_links : pandas.DataFrame
         Links two or more jobs used: ``link, src, dst, tier, capacity_Bps`` and ``bytes_<job>`` per job
         (wire bytes over all its steps), ``jobs`` (how many used it).
+    notes : list of str
+        What the reader should know about the numbers: a job that ended before two thirds of the joint run
+        (``steps: auto`` runs at most :data:`MAX_AUTO_STEPS` steps), after which the others ran alone.
     """
 
-    def __init__(self, name: str, together: Result, jobs: pd.DataFrame, shared_links: pd.DataFrame) -> None:
+    def __init__(self, name: str, together: Result, jobs: pd.DataFrame, shared_links: pd.DataFrame,
+                 notes: list[str] | None = None) -> None:
         self.name = name
         self.together = together
         self.jobs = jobs
         self.shared_links = shared_links
+        self.notes = list(notes or [])
 
     @property
     def summary(self) -> dict:
         return {"name": self.name, "jobs": self.jobs.to_dict(orient="records"),
-                "shared_links": int(len(self.shared_links)), "sim_wall_s": self.together.sim_wall_s}
+                "shared_links": int(len(self.shared_links)), "notes": list(self.notes),
+                "sim_wall_s": self.together.sim_wall_s}
 
 
 def _job_end(record: RunRecord, lo: int, hi: int) -> float:
@@ -320,9 +329,16 @@ def run_jobs(spec: JobsSpec, *, force: bool = False) -> JobsResult:
     used = by_job > 0
     shared = used.sum(axis=0) >= 2
     usable = record.fabric.usable_capacity
-    rows = []
+    rows, notes = [], []
+    ends = [_job_end(record, offsets[j], offsets[j] + sizes[j]) for j in range(len(spec.jobs))]
     for j, job in enumerate(spec.jobs):
-        end = _job_end(record, offsets[j], offsets[j] + sizes[j])
+        end = ends[j]
+        span = end / max(ends) if max(ends) > 0 else 1.0
+        if span < 2 / 3:  # (rounding the step counts alone never leaves a job under 2/3 of the window)
+            why = (f"{steps[j]} step{'s' if steps[j] > 1 else ''}" + (", the most steps: auto runs"
+                                                                      if steps[j] == MAX_AUTO_STEPS else ""))
+            notes.append(f"job {job.name!r} ({why}) ends at {span:.0%} of the joint run; the other jobs run "
+                         f"alone after it, so their slowdowns read the interference of that part only")
         mine = used[j] & shared
         others = by_job[:, mine].sum(axis=0) - by_job[j, mine]
         hold = float((others / usable[mine]).sum())
@@ -330,7 +346,7 @@ def run_jobs(spec: JobsSpec, *, force: bool = False) -> JobsResult:
                      "step_time_s": end / steps[j], "alone_step_time_s": alone_s[j] / steps[j],
                      "slowdown": end / alone_s[j] if alone_s[j] else float("nan"),
                      "slowdown_bound": 1 + hold / alone_s[j] if alone_s[j] else float("nan"),
-                     "shared_links": int(mine.sum()), "rank_offset": offsets[j]})
+                     "shared_links": int(mine.sum()), "rank_offset": offsets[j], "span": span})
     links = record.fabric.links
     idx = np.flatnonzero(shared)
     table = {"link": idx, "src": [links[i][0] for i in idx], "dst": [links[i][1] for i in idx],
@@ -341,4 +357,4 @@ def run_jobs(spec: JobsSpec, *, force: bool = False) -> JobsResult:
     shared_links = pd.DataFrame(table)
     if len(shared_links):
         shared_links = shared_links.sort_values("link", kind="stable").reset_index(drop=True)
-    return JobsResult(spec.name, together, pd.DataFrame(rows), shared_links)
+    return JobsResult(spec.name, together, pd.DataFrame(rows), shared_links, notes)
