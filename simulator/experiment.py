@@ -36,7 +36,7 @@ import yaml
 
 from topologies import build_cluster, format_bandwidth, parse_time
 from topologies.bisection import bisection_bandwidth
-from topologies.builders import ratio_text
+from topologies.builders import ratio_text, ratios_text
 from topologies.capacity import plan_columns
 from topologies.cluster import Cluster, check_cluster
 from topologies.components import PlanOptions, plan_options
@@ -702,11 +702,16 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
     fabric = str(p.get("fabric", "custom"))
     switches = [f"{p[k]} {one if p[k] == 1 else k}" for k, one in (("leaves", "leaf"), ("spines", "spine"),
                                                                     ("cores", "core")) if p.get(k)]
+    if p.get("pods", 1) > 1 and p.get("leaves_per_pod") and p.get("spines"):  # a fat tree's spines are per pod
+        switches[1] += " per pod"
     if switches:
         fabric += f" ({', '.join(switches)})"
     if "oversubscription" in p:
         ratio = p["oversubscription"]
-        if ratio == 1:
+        core = p.get("core_oversubscription", 1.0) if p.get("cores") else 1.0
+        if core != 1:
+            fabric += f", {ratios_text(ratio, core)} oversubscribed"
+        elif ratio == 1:
             fabric += ", non-blocking"
         elif p.get("leaves") == 1 and not p.get("cores"):
             # one leaf has no uplinks: nothing leaves it, so the ratio set in the file changes nothing

@@ -106,6 +106,13 @@ def ratio_text(oversubscription: float) -> str:
     return f"{oversubscription:g}:1"
 
 
+def ratios_text(oversubscription: float, core_oversubscription: float = 1.0) -> str:
+    """A fabric's ratio for its title: the leaf's, and a fat tree's core ratio where it has cores and one is
+    set (``"1:1"``, ``"2:1, core 4:1"``)."""
+    text = ratio_text(oversubscription)
+    return text if core_oversubscription == 1 else f"{text}, core {ratio_text(core_oversubscription)}"
+
+
 def _link(g: nx.DiGraph, u: Hashable, v: Hashable, bandwidth: float, latency: float, kind: str, tier: str) -> None:
     """Add one full-duplex link: the edges ``u -> v`` and ``v -> u`` with equal attributes."""
     g.add_edge(u, v, bandwidth=bandwidth, latency=latency, kind=kind, tier=tier)
@@ -221,14 +228,15 @@ class _ScaleOut:
             **derived,
         }
 
-    def name(self) -> str:
+    def name(self, core_oversubscription: float = 1.0) -> str:
         n = self.servers * self.gpus_per_server
         return (f"{self.servers}x {self.gpu.name} server ({n} GPUs), {self.fabric} "
-                f"{ratio_text(self.oversubscription)}")
+                f"{ratios_text(self.oversubscription, core_oversubscription)}")
 
     def cluster(self, g: nx.DiGraph, gpus: list[tuple], params: dict) -> Cluster:
+        name = self.name(params.get("core_oversubscription", 1.0) if params.get("cores") else 1.0)
         return validate_cluster(Cluster(graph=g, gpu=self.gpu, gpus=tuple(gpus), gpus_per_server=self.gpus_per_server,
-                                        name=self.name(), params=params))
+                                        name=name, params=params))
 
 
 def _add_switches(g: nx.DiGraph, kind: str, count: int, start: int = 0) -> list[tuple]:
@@ -384,8 +392,12 @@ def rail_optimized(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, s
     every server in the pod attaches to it, so same-rail GPUs in a pod are
     ``gpu -> nic -> leaf -> nic -> gpu`` (4 edges, one switch). Every leaf
     connects to every spine with one aggregated link per direction of
-    ``servers_per_leaf * nic_bandwidth / (spines * oversubscription)``. There
-    are always spines (cross-rail traffic between servers needs them).
+    ``pod * nic_bandwidth / (spines * oversubscription)``, ``pod`` being
+    ``servers_per_leaf``, or the number of servers when there are fewer (one
+    partial pod is sized for what it holds; a partial last pod among full ones
+    keeps a full pod's uplinks, as a partial last leaf of :func:`leaf_spine`
+    does). There are always spines (cross-rail traffic between servers needs
+    them).
 
     Parameters
     ----------
@@ -395,8 +407,9 @@ def rail_optimized(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, s
     servers_per_leaf : int
         Servers per pod (= NIC ports per rail leaf).
     spines : int, optional
-        Default: ``servers_per_leaf``, so at 1:1 each leaf-spine link carries
-        one NIC port's bandwidth.
+        Default: ``ceil(pod / oversubscription)`` (``pod``: ``servers_per_leaf``,
+        or the servers when fewer), so each leaf-spine link carries one NIC
+        port's bandwidth (at 1:1 exactly).
 
     Returns
     -------
@@ -419,12 +432,18 @@ def rail_optimized(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, s
         pod = s // p.servers_per_leaf
         for rail, nic in enumerate(server_nics):
             p.attach(g, nic, leaves[pod * p.gpus_per_server + rail])
-    uplink = _uplink_rate(p.servers_per_leaf * p.nic_bandwidth / (p.spines * p.oversubscription),
+    # A pod holds at most the cluster's servers: a single partial pod (4 servers of 16) is sized, and gets its
+    # default spines, for the servers it has, not for a full pod's ports it would never fill. The default spines
+    # give each leaf-spine link one NIC port's bandwidth (a leaf's uplink ports / its NIC ports = 1 / ratio), so
+    # an oversubscribed pod has fewer spines, not more links each thinner than a port.
+    pod_size = min(p.servers_per_leaf, p.servers)
+    n_spines = max(1, math.ceil(pod_size / p.oversubscription - 1e-9)) if spines is None else p.spines
+    uplink = _uplink_rate(pod_size * p.nic_bandwidth / (n_spines * p.oversubscription),
                           "oversubscription", p.oversubscription)
-    for spine in _add_switches(g, "spine", p.spines):
+    for spine in _add_switches(g, "spine", n_spines):
         for leaf in leaves:
             _link(g, leaf, spine, uplink, p.switch_latency, "ib", "spine")
-    return p.cluster(g, gpus, p.params(pods=pods, leaves=len(leaves), spines=p.spines, uplink_bandwidth=uplink))
+    return p.cluster(g, gpus, p.params(pods=pods, leaves=len(leaves), spines=n_spines, uplink_bandwidth=uplink))
 
 
 def fat_tree(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, servers_per_leaf: int = 16,

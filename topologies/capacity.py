@@ -22,7 +22,10 @@ How the graph becomes parts
   model (the builders' default 16-server leaf has 256 ports) is priced as a
   non-blocking two-tier Clos of the largest model, as director switches are
   built inside: ``ceil(P / (k/2))`` lower boxes, enough upper boxes for their
-  ``k/2`` uplinks each, and those internal links counted as cables.
+  ``k/2`` uplinks each, and those internal links counted as cables. Two tiers
+  of ``k``-port boxes reach ``k²/2`` ports (2,048 of 64); a larger one (the
+  spines of 65,536 GPUs) is a three-tier Clos, whose upper tier is ``k/2``
+  such Clos switches of ``ceil(P / (k/2))`` ports each (``_clos``).
 * **NICs**: one per ``nic`` node, the slowest NIC model at least as fast as
   its link to the fabric. **NVSwitch chips**: per ``nvswitch`` node, from the
   number of GPUs around it and its NVLink links to other NVSwitch nodes (rule
@@ -144,17 +147,33 @@ def _port_speed(g: _Adjacency, family: str, opts: PlanOptions) -> int:
     return next((s for s in speeds if s * _G >= wanted * (1 - _EPS)), speeds[-1])
 
 
-def _model(ports: int, family: str, speed: int) -> tuple[SwitchModel, int, int]:
-    """``(model, boxes, internal cables)`` of a logical switch of ``ports`` ports (see the module docstring)."""
+_TIERS = {2: "two-", 3: "three-"}
+
+
+def _model(ports: int, family: str, speed: int) -> tuple[SwitchModel, int, int, int]:
+    """``(model, boxes, internal cables, levels)`` of a logical switch of ``ports`` ports (see the module
+    docstring); ``levels`` is 1 for one box."""
     fits = sorted((m for m in SWITCH_MODELS if m.family == family and m.port_Gbps == speed), key=lambda m: m.ports)
     for m in fits:
         if m.ports >= ports:
-            return m, 1, 0
+            return m, 1, 0, 1
     big = fits[-1]
-    half = big.ports // 2
+    return (big, *_clos(ports, big.ports))
+
+
+def _clos(ports: int, k: int) -> tuple[int, int, int]:
+    """``(boxes, internal cables, levels)`` of a non-blocking folded Clos of ``ports`` ports from ``k``-port
+    boxes: ``L = ceil(ports / (k/2))`` lower boxes, each with ``k/2`` ports down and one up to each of ``k/2``
+    spines of ``L`` ports. A spine of at most ``k`` ports is (a share of) one box, so two levels reach
+    ``k²/2`` ports; a larger spine is itself such a Clos (three levels reach ``k³/4``, the fat tree)."""
+    if ports <= k:
+        return 1, 0, 1
+    half = k // 2
     lower = math.ceil(ports / half)
-    upper = math.ceil(lower * half / big.ports)
-    return big, lower + upper, lower * half
+    if lower <= k:
+        return lower + math.ceil(lower * half / k), lower * half, 2
+    boxes, cables, levels = _clos(lower, k)
+    return lower + half * boxes, lower * half + half * cables, levels + 1
 
 
 def _link_bandwidth(g: _Adjacency, u: Hashable, v: Hashable) -> float:
@@ -238,16 +257,16 @@ def _bom(cluster: Cluster, opts: PlanOptions) -> tuple[list[dict], dict]:
                 cables[_tier(g, s, n), opts.nic_media] += k
             elif order[s] < order[n]:
                 cables[_tier(g, s, n), opts.switch_media] += k
-        model, boxes, internal = _model(ports, family, speed)
-        entry = switches.setdefault((kind, model, internal > 0), [0, 0])
+        model, boxes, internal, levels = _model(ports, family, speed)
+        entry = switches.setdefault((kind, model, levels), [0, 0])
         entry[0] += boxes
         entry[1] += ports
         if internal:
             cables[kind, opts.switch_media] += internal
     rows = []
-    for (kind, model, clos), (boxes, ports) in sorted(switches.items(),
-                                                       key=lambda kv: (SWITCH_LEVELS[kv[0][0]], kv[0][2])):
-        spec = model.spec + (", in two-tier Clos" if clos else "")
+    for (kind, model, levels), (boxes, ports) in sorted(switches.items(),
+                                                         key=lambda kv: (SWITCH_LEVELS[kv[0][0]], kv[0][2])):
+        spec = model.spec + ("" if levels == 1 else f", in {_TIERS.get(levels, f'{levels}-')}tier Clos")
         rows.append(_row(f"{kind} switch", kind, model.component, spec, boxes, opts, ports_used=ports))
     nics: Counter = Counter()
     domains: dict[Hashable, list] = {}  # NVLink domain (server) -> [component, chips, GPUs]
@@ -324,8 +343,8 @@ def _oversubscription(cluster: Cluster) -> dict[str, float]:
     ``examples/fabrics/two-racks.yaml``) the tier's host-facing : switch-to-switch bandwidth: what the hosts of a
     switch can send out of it. Links within a tier count as neither down- nor uplinks there, so such a fabric
     read as having no oversubscription ("one switch tier") however thin the cables between its switches."""
-    out = oversubscription_by_tier(cluster)
-    g = cluster.graph
+    out = oversubscription_by_tier(cluster, worst=True)  # (a full leaf's: a partial last one's spare uplinks
+    g = cluster.graph                                     # would read as a lower ratio than the one built)
     down: dict[str, float] = {}
     side: dict[str, float] = {}
     for s, kind in g.nodes(data="kind"):

@@ -70,6 +70,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
+from xml.etree import ElementTree
 from xml.etree.ElementTree import ParseError
 
 import networkx as nx
@@ -528,6 +529,13 @@ def cluster_from_graph(h: nx.Graph, source: str | None = None) -> Cluster:
     return cluster
 
 
+def _undeclared_nodes(path: str, h: nx.Graph) -> list[Hashable]:
+    """Nodes of ``h`` (read from GraphML file ``path``) that no ``<node>`` element declares: networkx adds the
+    end of an edge as a node without a word, so a mistyped edge end would be a switch or GPU of its own."""
+    declared = {el.get("id") for el in ElementTree.parse(path).iter() if el.tag.rsplit("}", 1)[-1] == "node"}
+    return [x for x in h.nodes if x not in declared]
+
+
 # ------------------------------------------------------------------ files
 def load_topology(path: str | os.PathLike[str]) -> Cluster:
     """Read a topology file: YAML (``nodes`` and ``links``) or GraphML (by its ``.graphml`` suffix).
@@ -550,6 +558,12 @@ def load_topology(path: str | os.PathLike[str]) -> Cluster:
                     "text here" if isinstance(e, ValueError) and str(e).startswith("could not convert") else "")
             raise TopologyError(f"{where}: malformed GraphML: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
                                 f"{hint}") from None
+        undeclared = _undeclared_nodes(where, h)
+        if undeclared:
+            x = undeclared[0]
+            u, v = next((u, v) for u, v in h.edges() if x in (u, v))
+            raise TopologyError(f"{where}: edge {u!r} -> {v!r} names node {x!r}, which no <node> declares (a typo? "
+                                f"networkx would make it a node of its own)")
         try:
             return cluster_from_graph(h, where)
         except TopologyError as e:

@@ -286,8 +286,12 @@ def _borrow_nic(graph: nx.DiGraph, cluster: Cluster, gpu: Hashable) -> bool:
         shared = [w for w in mine if graph.has_edge(w, peer)]
         if peer_nics and (shared or not switched):
             nvlink = [graph.edges[gpu, w]["bandwidth"] for w in shared]
-            bw = min(nvlink) if nvlink else cluster.gpu.nvlink_bandwidth
             nic = peer_nics[0]
+            # no faster than either leg: NVLink to the peer, then the peer's own (PCIe) link to its NIC. (The two
+            # GPUs' traffic shares the NIC's cable but not that PCIe link here: each gets its rate, so a fault
+            # never adds capacity, though two GPUs behind a PCIe link slower than the NIC read up to 2x it.)
+            bw = min(min(nvlink) if nvlink else cluster.gpu.nvlink_bandwidth,
+                     graph.edges[peer, nic]["bandwidth"], graph.edges[nic, peer]["bandwidth"])
             # as long as the path it stands for: over NVLink to the peer (through an NVSwitch, or the direct
             # link), then the peer's own link to its NIC; one way and back
             for a, b, hops in ((gpu, nic, [(gpu, w, peer) for w in shared] or [(gpu, peer)]),

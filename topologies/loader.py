@@ -12,7 +12,7 @@ Fields (all optional except that one of ``preset`` / ``gpu`` is needed)::
       pcie_bandwidth: 64GB/s      # GPU <-> NIC per direction; default by PCIe gen
       fabric: leaf_spine          # leaf_spine | rail_optimized | fat_tree | single_node
       nodes_per_leaf: 16          # (rail_optimized: nodes per pod)
-      spines: 16                  # default nodes_per_leaf (fat_tree: per pod)
+      spines: 16                  # default nodes_per_leaf (fat_tree: per pod; rail_optimized: nodes in a pod / ratio)
       oversubscription: 1         # leaf downlink : uplink, >= 1 ("3:1" also accepted)
       nvlink_latency: 0.25us      # per hop
       nic_latency: 0.25us
@@ -144,7 +144,7 @@ def _fabric(value: object) -> str:
 
 
 def _describe(preset: str | None, nodes: int, gpus_per_node: int, gpu_name: str, fabric: str,
-              oversubscription: float) -> str:
+              oversubscription: float, core_oversubscription: float = 1.0) -> str:
     n = nodes * gpus_per_node
     ref = PRESETS.get(preset) if preset else None
     if ref is not None and ref["gpu"] == gpu_name and ref["gpus_per_node"] == gpus_per_node:
@@ -153,7 +153,7 @@ def _describe(preset: str | None, nodes: int, gpus_per_node: int, gpu_name: str,
         text = f"{nodes}x {gpus_per_node}-GPU {gpu_name} node ({n} GPUs)"
     if fabric == "single_node":
         return f"{text}, single_node"
-    return f"{text}, {fabric} {builders.ratio_text(oversubscription)}"
+    return f"{text}, {fabric} {builders.ratios_text(oversubscription, core_oversubscription)}"
 
 
 def topology_key(section: Mapping[str, object]) -> str | None:
@@ -350,7 +350,9 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
 
     rename = {"servers": "nodes", "gpus_per_server": "gpus_per_node", "servers_per_leaf": "nodes_per_leaf"}
     params = {"preset": preset, **{rename.get(k, k): v for k, v in cluster.params.items()}}
-    name = _describe(preset, nodes, gpus_per_node, gpu.name, fabric, oversubscription)  # type: ignore[arg-type]
+    core = cluster.params.get("core_oversubscription", 1.0) if cluster.params.get("cores") else 1.0
+    name = _describe(preset, nodes, gpus_per_node, gpu.name, fabric, oversubscription,  # type: ignore[arg-type]
+                     core)
     return dataclasses.replace(cluster, name=name, params=params)
 
 
