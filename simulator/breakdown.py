@@ -40,6 +40,7 @@ overlapping each other counted in each — so its figures are at least these.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -107,7 +108,8 @@ def pipeline_window(ops) -> float:
     return float(end.max()) if len(end) else float("nan")
 
 
-def rank_segments(ops, window: float, step_time: float) -> pd.DataFrame:
+def rank_segments(ops, window: float | Mapping[int, float], step_time: float
+                  ) -> pd.DataFrame:
     """The partition of every rank in ``ops`` as intervals: ``rank, start_s, end_s, category`` with
     adjacent intervals of one category merged (so a bubble is one row)."""
     import pandas as pd  # here, not at import: ``import simulator`` stays quick
@@ -129,7 +131,8 @@ def time_breakdown(ops, window: float, step_time: float) -> pd.DataFrame:
     return breakdown_frame(*breakdown_arrays(ops, window, step_time))
 
 
-def breakdown_arrays(ops, window: float, step_time: float) -> tuple[np.ndarray, list[str], np.ndarray]:
+def breakdown_arrays(ops, window: float | Mapping[int, float], step_time: float
+                     ) -> tuple[np.ndarray, list[str], np.ndarray]:
     """:func:`time_breakdown` as arrays, without pandas: ``(ranks, categories, seconds)``, the distinct ranks
     (sorted), the categories present in reading order (:func:`category_order`) and seconds per rank and
     category (``len(ranks) x len(categories)``)."""
@@ -210,7 +213,7 @@ def _unique(values: np.ndarray) -> np.ndarray:
     return aux[mask]
 
 
-def _partition(ops, window: float, step_time: float
+def _partition(ops, window: float | Mapping[int, float], step_time: float
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every rank's partition at once (see the module docstring).
 
@@ -224,35 +227,57 @@ def _partition(ops, window: float, step_time: float
     return ranks, seg_rank, start, end, np.array(layer_names, dtype=object)[owner]
 
 
-def _partition_owners(ops, window: float, step_time: float
+def _by_rank(value: float | Mapping[int, float], ranks: np.ndarray) -> np.ndarray:
+    """The pipeline window (s) per rank of ``ranks``: one for all, or each rank's from a mapping (the jobs of a
+    joint run each have their own, :func:`group_windows`)."""
+    if isinstance(value, Mapping):
+        return np.array([value[r] for r in ranks.tolist()], dtype=float)
+    return np.full(len(ranks), float(value))
+
+
+def group_windows(ops, groups: Sequence[tuple[int, int]]) -> dict[int, float]:
+    """``{rank: pipeline window}`` (s) where the ranks form ``groups``, ranges ``[lo, hi)`` that each run a
+    step of their own (the jobs of :func:`simulator.jobs.run_jobs`): each group's window is the end of its own
+    last micro-batch op, so a job whose pipeline ends first reads its gradient sync and optimizer as such,
+    not as the bubble of a longer job's pipeline (and its GPUs idle after its last op, to the joint end)."""
+    rank = _column(ops, "rank")
+    stream, micro_batch, end = _column(ops, "stream"), _column(ops, "micro_batch"), _column(ops, "end_s")
+    window: dict[int, float] = {}
+    for lo, hi in groups:
+        mine = (rank >= lo) & (rank < hi)
+        w = pipeline_window({"stream": stream[mine], "micro_batch": micro_batch[mine], "end_s": end[mine]})
+        window.update(dict.fromkeys(range(lo, hi), w))
+    return window
+
+
+def _partition_owners(ops, window: float | Mapping[int, float], step_time: float
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """:func:`_partition` with each segment's category given as the index of the layer that owns it, in
     the list of the layers' categories (returned last)."""
     ranks, ridx = np.unique(_column(ops, "rank"), return_inverse=True)
     nr = len(ranks)
+    win, stop = _by_rank(window, ranks), np.full(nr, float(step_time))
     s, e, issue = _column(ops, "start_s"), _column(ops, "end_s"), _column(ops, "issue_s")
     spans = []  # (layer index, rank index, start, end) arrays per layer
     every = np.arange(nr)
     layers = _layers(ops)
     for li, (name, sel, wait) in enumerate(layers):
         if sel is None:
-            end = window if name == "bubble" else step_time
-            a, b, r = np.zeros(nr), np.full(nr, end), every
+            a, b, r = np.zeros(nr), (win if name == "bubble" else stop), every
         else:
             a, b, r = (issue[sel], s[sel], ridx[sel]) if wait else (s[sel], e[sel], ridx[sel])
         keep = b > a
         spans.append((li, r[keep], a[keep], b[keep]))
-    fixed = np.array([0.0, window, step_time])
-    times = _unique(np.concatenate([fixed, *(x[2] for x in spans), *(x[3] for x in spans)]))
-    times = times[(times >= 0) & (times <= step_time)]
+    fixed_r, fixed_t = np.tile(every, 3), np.concatenate([np.zeros(nr), win, stop])  # each rank's 0, window, end
+    times = _unique(np.concatenate([fixed_t, *(x[2] for x in spans), *(x[3] for x in spans)]))
+    times = times[(times >= 0) & (times <= (stop.max() if nr else 0.0))]
     nt = len(times)
 
     def key(r: np.ndarray, t: np.ndarray) -> np.ndarray:
         return r.astype(np.int64) * nt + np.searchsorted(times, t)
 
     keys = [(li, key(r, a), key(r, b)) for li, r, a, b in spans]
-    bounds = _unique(np.concatenate([key(np.repeat(every, 3), np.tile(fixed, nr)),
-                                     *(x[1] for x in keys), *(x[2] for x in keys)]))
+    bounds = _unique(np.concatenate([key(fixed_r, fixed_t), *(x[1] for x in keys), *(x[2] for x in keys)]))
     nseg = len(bounds) - 1
     owner = np.full(nseg, -1, dtype=np.int64)
     for li, ka, kb in keys:

@@ -230,7 +230,9 @@ class JobsResult:
     ----------
     together : Result
         The run of every job at once (ranks: job after job, each over its own GPUs); its links, traffic
-        matrices, timelines and plots show the whole fabric.
+        matrices, timelines and plots show the whole fabric. Its ``rank_groups`` are the jobs' ranks: each
+        job's time breakdown has its own pipeline window and end, and timelines and traces show each job's
+        stages (:meth:`~simulator.result.Result.phases` and ``step_time`` are the joint run's).
     jobs : pandas.DataFrame
         One row per job: ``job, nodes, gpus, steps, step_time_s`` (per step, together),
         ``alone_step_time_s``, ``slowdown`` (together / alone, >= 1 up to rounding), ``slowdown_bound``
@@ -323,7 +325,8 @@ def run_jobs(spec: JobsSpec, *, force: bool = False) -> JobsResult:
             rank_compute.update({r: model for r in range(off, off + n)})
         first = spec.jobs[0].experiment
         record = Engine(merged, view, first.compute_model(), first.network, rank_compute=rank_compute).run()
-    together = Result(record, sim_wall_s=time.perf_counter() - t0)
+    together = Result(record, sim_wall_s=time.perf_counter() - t0,
+                      rank_groups=[(off, off + n) for off, n in zip(offsets, sizes)])
 
     by_job = _link_bytes_by_job(record, offsets, sizes)
     used = by_job > 0

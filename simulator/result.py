@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import numbers
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -51,8 +51,12 @@ if TYPE_CHECKING:
 class Result:
     """What a simulation produced. Build it with :func:`simulator.simulate` or from a :class:`RunRecord`."""
 
-    def __init__(self, record: RunRecord, sim_wall_s: float = 0.0) -> None:
+    def __init__(self, record: RunRecord, sim_wall_s: float = 0.0,
+                 rank_groups: Sequence[tuple[int, int]] | None = None) -> None:
         self.record = record
+        # rank ranges [lo, hi) that each run a step of their own (the jobs of a joint run, simulator.jobs):
+        # each has its own pipeline window and end in the breakdowns, and its own stages in timelines and traces
+        self.rank_groups = [(int(lo), int(hi)) for lo, hi in rank_groups] if rank_groups else None
         self.step_time = record.step_time_s
         self.sim_wall_s = sim_wall_s
         self.events = record.events
@@ -446,8 +450,9 @@ class Result:
 
     @cached_property
     def _breakdown_arrays(self) -> tuple[np.ndarray, list[str], np.ndarray]:
-        ranks, categories, seconds = _breakdown.breakdown_arrays(self._op_arrays, self.pipeline_window_s,
-                                                                  self.step_time)
+        window = (_breakdown.group_windows(self._op_arrays, self.rank_groups) if self.rank_groups else
+                  self.pipeline_window_s)
+        ranks, categories, seconds = _breakdown.breakdown_arrays(self._op_arrays, window, self.step_time)
         ranks.flags.writeable = seconds.flags.writeable = False  # shared by every caller
         return ranks, categories, seconds
 
@@ -464,12 +469,12 @@ class Result:
         representative stands for (fidelity fast or lockstep) shows its representative's bars under its own
         number, as the trace does."""
         if ranks is None:
-            return _timeline().timeline_bars(self._rep_frame(), self.step_time, None)
+            return _timeline().timeline_bars(self._rep_frame(), self.step_time, None, groups=self.rank_groups)
         ranks = _traffic().check_ids(ranks, "ranks", "rank", self.record.graph.world_size)
         replicas = getattr(self.record.graph, "replicas", None) or {}
         rep_of = {x: r for r, xs in replicas.items() for x in xs}
         reps = list(dict.fromkeys(rep_of.get(r, r) for r in ranks))
-        bars = _timeline().timeline_bars(self._rep_frame(), self.step_time, reps)
+        bars = _timeline().timeline_bars(self._rep_frame(), self.step_time, reps, groups=self.rank_groups)
         if reps == ranks:
             return bars
         return _pd().concat([bars[bars["rank"] == rep_of.get(r, r)].assign(rank=r) for r in ranks],

@@ -13,10 +13,12 @@ coloured by class.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 
-from .breakdown import COMPUTE_CATEGORIES, op_category, pipeline_window, rank_segments
+from .breakdown import COMPUTE_CATEGORIES, group_windows, op_category, pipeline_window, rank_segments
 from .traffic import check_ids
 
 COLUMNS = ["rank", "stage", "lane", "category", "start_s", "end_s", "micro_batch", "chunk", "label"]
@@ -25,36 +27,49 @@ COLUMNS = ["rank", "stage", "lane", "category", "start_s", "end_s", "micro_batch
 def stage_representatives(ops: pd.DataFrame) -> dict[int, int]:
     """``{stage: lowest rank of that stage}`` from the ops' ``stage`` tags (ranks without tagged ops are
     left out); ``{}`` when no op carries a stage."""
+    return {s: r for r, s in stage_ranks(ops).items()}
+
+
+def stage_ranks(ops: pd.DataFrame, groups: Sequence[tuple[int, int]] | None = None) -> dict[int, int]:
+    """``{rank: its stage}`` for the lowest rank of each pipeline stage, in stage order; with ``groups``
+    (rank ranges ``[lo, hi)`` that each run a pipeline of their own, the jobs of a joint run) one per stage of
+    each group, group after group, so that no group's stages are shown as another's."""
     tagged = ops[ops["stage"] >= 0]
     if tagged.empty:
         return {}
-    first = tagged.groupby("stage")["rank"].min()
-    return {int(s): int(r) for s, r in first.items()}
+    if not groups:
+        first = tagged.groupby("stage")["rank"].min()
+        return {int(r): int(s) for s, r in first.items()}
+    out: dict[int, int] = {}
+    for lo, hi in groups:
+        mine = tagged[(tagged["rank"] >= lo) & (tagged["rank"] < hi)]
+        out.update({int(r): int(s) for s, r in mine.groupby("stage")["rank"].min().items()})
+    return out
 
 
 def timeline_bars(ops: pd.DataFrame, step_time: float | None, ranks: list[int] | None = None,
-                  max_ranks: int = 16) -> pd.DataFrame:
+                  max_ranks: int = 16, groups: Sequence[tuple[int, int]] | None = None) -> pd.DataFrame:
     """Bars of the timeline of ``ranks`` (default: one representative per pipeline stage, else the first
     ``max_ranks`` ranks), from a frame like ``result.rep_ops``; ``step_time`` (s) ends the last row (None:
     the last op's end). ``ranks`` is a non-empty list of ranks that have ops in ``ops``.
 
     Columns: ``rank, stage, lane`` (``"main"``: the partition; ``"comm"``: communication in flight off
     the compute stream), ``category, start_s, end_s, micro_batch, chunk`` and ``label`` (the micro-batch
-    number on compute bars, ``"3.1"`` for chunk 1 of an interleaved schedule).
+    number on compute bars, ``"3.1"`` for chunk 1 of an interleaved schedule). ``groups``: rank ranges that
+    each run a step of their own (:func:`stage_ranks`, :func:`~simulator.breakdown.group_windows`).
     """
-    window = pipeline_window(ops)
-    reps = stage_representatives(ops)
+    stage_of = stage_ranks(ops, groups)
     if ranks is None:
-        ranks = list(reps.values()) if reps else sorted(ops["rank"].unique().tolist())[:max_ranks]
+        ranks = list(stage_of) if stage_of else sorted(ops["rank"].unique().tolist())[:max_ranks]
     else:
         ranks = check_ids(ranks, "ranks", "rank")
-    stage_of = {r: s for s, r in reps.items()}
     missing = sorted(set(ranks) - set(ops["rank"].unique().tolist()))
     if missing:
         raise ValueError(f"ranks: {missing[0]} has no ops in this result (with fidelity fast/lockstep only "
-                         f"representative ranks do; e.g. {sorted(reps.values())[:8]})")
+                         f"representative ranks do; e.g. {sorted(stage_of)[:8]})")
     sel = ops[ops["rank"].isin(ranks)]
     parts = []
+    window = group_windows(ops, groups) if groups else pipeline_window(ops)
     seg = rank_segments(sel, window, ops["end_s"].max() if step_time is None else step_time)
     other = seg[~seg["category"].isin(COMPUTE_CATEGORIES[:3])]
     parts.append(other.assign(lane="main", micro_batch=-1, chunk=-1, label=""))

@@ -34,7 +34,7 @@ import pandas as pd
 
 from workloads.ops import Recv, Send
 
-from .timeline import stage_representatives
+from .timeline import stage_ranks
 from .traffic import check_ids, window_means
 
 FABRIC_PID = 1 << 30
@@ -46,10 +46,10 @@ RANK_CHOICES = ("stages", "all")
 default), every rank."""
 
 
-def trace_ranks(ranks: Sequence[int] | str | None, world_size: int, stage_reps: dict[int, int], present: list[int]
+def trace_ranks(ranks: Sequence[int] | str | None, world_size: int, stage_reps: Sequence[int], present: list[int]
                 ) -> list[int]:
-    """The ranks a trace shows: ``None``/``"stages"`` one per pipeline stage (``stage_reps``; ``present``, the
-    simulated ranks, without stages), ``"all"`` every rank, else a non-empty list of ranks in
+    """The ranks a trace shows: ``None``/``"stages"`` one per pipeline stage (``stage_reps``, in stage order;
+    ``present``, the simulated ranks, without stages), ``"all"`` every rank, else a non-empty list of ranks in
     ``0..world_size-1`` (no bools); ``ValueError`` naming ``trace ranks`` otherwise."""
     if isinstance(ranks, str):
         if ranks not in RANK_CHOICES:
@@ -59,7 +59,7 @@ def trace_ranks(ranks: Sequence[int] | str | None, world_size: int, stage_reps: 
             return list(range(world_size))
         ranks = None
     if ranks is None:
-        return list(stage_reps.values()) if stage_reps else present
+        return list(stage_reps) if stage_reps else present
     return check_ids(ranks, "trace ranks", "rank", world_size)
 
 
@@ -70,9 +70,8 @@ def trace_events(result, ranks: Sequence[int] | str | None = None, *, counters: 
     graph = result.record.graph
     replicas = getattr(graph, "replicas", None) or {}
     rep_of = {x: r for r, xs in replicas.items() for x in xs}
-    reps = stage_representatives(rep_ops)
-    ranks = trace_ranks(ranks, graph.world_size, reps, sorted(rep_ops["rank"].unique().tolist()))
-    stage = {r: s for s, r in reps.items()}
+    stage = stage_ranks(rep_ops, result.rank_groups)  # (representative rank -> its stage, in stage order)
+    ranks = trace_ranks(ranks, graph.world_size, list(stage), sorted(rep_ops["rank"].unique().tolist()))
     streams = {s: i for i, s in enumerate(sorted(rep_ops["stream"].unique()))}
     events: list[dict] = []
     wanted = {rep_of.get(r, r) for r in ranks}

@@ -5,10 +5,13 @@ such."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
 from simulator.cli import main
+from simulator.experiment import run_experiment
 from simulator.jobs import MAX_AUTO_STEPS, jobs_from_dict, run_jobs
 
 CLUSTER = {"preset": "dgx-h100", "nodes": 4, "nodes_per_leaf": 2, "spines": 2, "oversubscription": 4}
@@ -69,3 +72,35 @@ def test_a_default_name_taken_by_another_job_is_named_as_a_default(tmp_path, cap
     (tmp_path / "d.yaml").write_text(yaml.safe_dump({"cluster": CLUSTER, "jobs": [first, second]}))
     assert main(["jobs", str(tmp_path / "d.yaml")]) == 2
     assert "jobs[1]: its default name 'job1' is another job's name; name this job (name:)" in capsys.readouterr().err
+
+
+def test_the_joint_runs_breakdown_timeline_and_trace_keep_each_jobs_pipeline(tmp_path):
+    # Two jobs on their own leaves (nothing shared: each runs as alone). Before, the joint run's one pipeline
+    # window read the short job's gradient sync and optimizer as bubble (optimizer 0, exposed dp 0) and its
+    # timeline and trace showed one "stage 0" for both jobs (job long's stage 0, rank 16, missing).
+    def job(name, layers, **par):
+        return {"name": name, "nodes": 2, "model": {"preset": "gpt2-small", "layers": layers},
+                "training": {"seq_len": 512}, "parallel": {"micro_batch": 2, "global_batch": 32, **par}}
+    spec = jobs_from_dict({"cluster": {"preset": "dgx-h100", "nodes": 4, "nodes_per_leaf": 2},
+                           "placement": "contiguous", "steps": 1,
+                           "jobs": [job("short", 4, tp=4), job("long", 12, tp=2, pp=2)]})
+    result = run_jobs(spec)
+    assert (result.jobs["shared_links"] == 0).all() and (result.jobs["slowdown"] == 1.0).all()
+    together = result.together
+    assert together.rank_groups == [(0, 16), (16, 32)]
+    alone = run_experiment(spec.jobs[0].experiment).time_breakdown().loc[0]
+    joint = together.time_breakdown().loc[0]
+    for category in alone.index.drop("idle", errors="ignore"):
+        assert joint[category] == pytest.approx(alone[category], rel=1e-9, abs=1e-15), category
+    assert alone["optimizer"] > 0 and alone["exposed_dp"] > 0
+    # its GPUs idle from its own end to the joint run's: every row still sums to the step time
+    assert joint["idle"] == pytest.approx(alone.get("idle", 0.0) + together.step_time
+                                          - result.jobs["step_time_s"][0])
+    assert together.time_breakdown().drop(columns="replicas").sum(axis=1).to_numpy() == pytest.approx(
+        together.step_time)
+    stages = together.timeline().groupby("rank")["stage"].first().to_dict()
+    assert stages == {0: 0, 16: 0, 24: 1}
+    together.to_chrome_trace(str(tmp_path / "t.json"))
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert [e["args"]["name"] for e in events if e.get("name") == "process_name"] == [
+        "rank 0 (stage 0)", "rank 16 (stage 0)", "rank 24 (stage 1)", "fabric"]
