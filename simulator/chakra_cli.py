@@ -112,11 +112,7 @@ def run_trace(args: argparse.Namespace) -> int:
             written = trace_settings(args.chakra)
     except ChakraError as exc:  # every error of the trace is one of --chakra's input
         raise with_prefix(exc, "--chakra") from None
-    for w in caught:
-        if issubclass(w.category, ChakraWarning):
-            print(f"clustersim: note: --chakra: {w.message}", file=sys.stderr)
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    _print_notes(caught, "--chakra")
     world = graph.world_size
     bad = [r for r in trace_ranks if r >= world] if isinstance(trace_ranks, list) else []
     if bad:
@@ -148,7 +144,10 @@ def run_trace(args: argparse.Namespace) -> int:
     if world > cluster.num_gpus:
         raise ValueError(f"cluster: the trace has {world} ranks but {cluster.name} has {cluster.num_gpus} GPUs")
     if args.export_chakra is not None:
-        write_chakra(graph, args.export_chakra, compute=compute)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ChakraWarning)
+            write_chakra(graph, args.export_chakra, compute=compute)
+        _print_notes(caught, "--export-chakra")
     slowdown = {f["gpu"]: float(f["factor"]) for f in faults if f.get("kind") == "straggler"}
     for gpu in [g for g in slowdown if g >= world]:  # (the engine refuses a rank its graph does not have)
         print(f"clustersim: note: faults: the straggler on GPU {gpu} has no effect: the trace runs on GPUs "
@@ -175,6 +174,17 @@ def run_trace(args: argparse.Namespace) -> int:
     if args.export_chakra is not None and not args.json:
         print(_export_line(args.export_chakra, world))
     return 0
+
+
+def _print_notes(caught: list[warnings.WarningMessage], option: str) -> None:
+    """The :class:`~workloads.chakra.ChakraWarning` s caught as ``clustersim: note:`` lines led by ``option``;
+    other warnings as they were."""
+    from workloads.chakra import ChakraWarning
+    for w in caught:
+        if issubclass(w.category, ChakraWarning):
+            print(f"clustersim: note: {option}: {w.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _compute_settings(doc: dict, written: dict, gpu: str) -> tuple[str, dict]:

@@ -145,3 +145,23 @@ def test_rank_files_are_named_without_leading_zeros(tmp_path):
     write_trace(tmp_path, [[node(0, COMP, "a", duration_us=5)]] * 2)
     (tmp_path / "t.1.et").rename(tmp_path / "t.01.et")
     assert read_chakra(tmp_path).world_size == 1
+
+
+def test_writing_collectives_astra_sim_does_not_simulate_warns(tmp_path):
+    # ASTRA-sim's Workload::issue_coll_comm (astra-sim 0383c20) simulates ALL_REDUCE, ALL_TO_ALL, ALL_GATHER and
+    # REDUCE_SCATTER; it replays a BROADCAST from duration_micros and stops at REDUCE or GATHER.
+    from workloads.chakra import write_chakra
+    from workloads.ops import OpGraph
+    g = OpGraph(2)
+    g.collective("broadcast", [0, 1], 1e6)
+    g.collective("gather", [0, 1], 1e6)
+    with pytest.warns(ChakraWarning, match="BROADCAST, GATHER collectives, which ASTRA-sim's workload layer does "
+                                           "not simulate"):
+        write_chakra(g, tmp_path / "a")
+    assert [op.collective for op in read_chakra(tmp_path / "a").ops] == ["broadcast", "broadcast", "gather",
+                                                                         "gather"]
+    plain = OpGraph(2)
+    plain.collective("all_reduce", [0, 1], 1e6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_chakra(plain, tmp_path / "b")

@@ -7,12 +7,13 @@ import io
 import json
 import math
 import os
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from ..ops import Collective, Compute, Op, OpGraph, Recv, Send, is_size
-from .read import scan
+from .read import ChakraWarning, scan
 from .schema import (
     COLLECTIVE_COMM_TYPES,
     FORMAT,
@@ -27,6 +28,8 @@ from .schema import (
 )
 
 _INT32_MAX = 2**31 - 1
+ASTRA_SIM_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+"""The collectives ASTRA-sim's workload layer simulates (``Workload::issue_coll_comm``, astra-sim at 0383c20)."""
 
 
 class DurationModel(Protocol):
@@ -102,6 +105,13 @@ def write_chakra(graph: OpGraph, folder: str | Path, *, compute: DurationModel |
             raise ChakraError(f"rank {op.rank} op {op.id} {op.name!r}: tag {op.tag} does not fit Chakra's comm_tag "
                               f"(int32, 0..{_INT32_MAX})")
         _check_values(op)
+    others = sorted({op.collective for op in ops if isinstance(op, Collective)} - set(ASTRA_SIM_COLLECTIVES))
+    if others:
+        warnings.warn(ChakraWarning(
+            f"write_chakra: the trace has {', '.join(TO_COMM[k] for k in others)} collectives, which ASTRA-sim's "
+            f"workload layer does not simulate (it runs {', '.join(TO_COMM[k] for k in ASTRA_SIM_COLLECTIVES)}; "
+            f"a BROADCAST takes its duration_micros, 0 here, and REDUCE / GATHER stop it); clustersim reads them "
+            f"back as written"), stacklevel=2)
     folder = Path(folder)
     world = graph.world_size
     check_trace_folder(folder, world, prefix)
