@@ -113,11 +113,3 @@ def test_a_graphml_edge_to_an_undeclared_node_is_refused(tmp_path):
     path.write_text(typo)
     with pytest.raises(TopologyError, match=r"names node 'spine:7', which no <node> declares"):
         load_topology(path)
-
-
-@pytest.mark.parametrize("field", ["nic_bandwidth", "nvlink_bandwidth", "pcie_bandwidth"])
-def test_a_link_rate_beyond_any_fabric_is_refused(field):
-    # Before: nic_bandwidth 1e20 planned 22,666,666,685 switches without a word.
-    with pytest.raises(TopologyError, match=rf"cluster.{field}: 1e\+20 is 1e\+20 bytes/s; a link carries at most"):
-        build_cluster({"preset": "dgx-h100", "nodes": 40, field: 1e20})
-    assert build_cluster({"preset": "dgx-h100", "nodes": 2, field: "8Pbps"}).num_gpus == 16  # the ceiling itself

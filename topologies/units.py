@@ -62,9 +62,6 @@ _TIME_EXAMPLES = "e.g. 2us, 1.5ms, 500ns, 1s"
 BARE_BANDWIDTH_MIN = 1e6
 """A bandwidth given as a bare number is bytes/s; below 1 MB/s it is surely a forgotten unit
 (``nic_bandwidth: 400`` meant 400 Gb/s), so it is refused with the unit spelled out."""
-LINK_BANDWIDTH_MAX = 1e15
-"""The fastest link rate taken (bytes/s, 8 Pb/s): hundreds of times an 1.8 TB/s NVLink 5 GPU's, so only a slip
-(``nic_bandwidth: 1e20``) exceeds it, which a capacity plan would price as billions of switches."""
 BARE_TIME_MAX = 1e-3
 """A time given as a bare number is seconds; a link or step latency above 1 ms is surely a forgotten
 unit (``step_latency: 2`` meant 2 µs), so it is refused with the unit spelled out."""
@@ -200,10 +197,6 @@ def parse_link_bandwidth(value: object, field: str = "bandwidth") -> float:
     if rate < BARE_BANDWIDTH_MIN:
         raise TopologyError(f"{field}: {value!r} is {rate:g} bytes/s; a link needs at least {BARE_BANDWIDTH_MIN:g} "
                             f"bytes/s ({_BW_EXAMPLES})")
-    if rate > LINK_BANDWIDTH_MAX:
-        raise TopologyError(f"{field}: {value!r} is {rate:g} bytes/s; a link carries at most "
-                            f"{LINK_BANDWIDTH_MAX:g} bytes/s here (8 Pb/s, hundreds of times any fabric's), or the "
-                            f"plan counts switches by the billion ({_BW_EXAMPLES})")
     return rate
 
 
