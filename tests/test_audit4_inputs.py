@@ -144,13 +144,14 @@ def test_ops_frame_carries_each_collectives_count():
 
 
 def test_a_leaf_spine_link_narrower_than_one_port_is_noted():
-    # 4 nodes per rail pod at 4:1 over the default 4 spines: 4 x 50 GB/s / (4 x 4) = 12.5 GB/s per link, a
-    # quarter of a port; one spine gives the same ratio with whole ports.
+    # 4 nodes per rail pod at 4:1 over 4 spines: 4 x 50 GB/s / (4 x 4) = 12.5 GB/s per link, a quarter of a
+    # port; one spine gives the same ratio with whole ports, and is the default (a pod's ports / the ratio).
     doc = {**BASE, "cluster": {"preset": "dgx-h100", "nodes": 8, "nodes_per_leaf": 4, "fabric": "rail_optimized",
-                               "oversubscription": 4}, "parallel": {"tp": 2, "pp": 2, "dp": 16}}
+                               "oversubscription": 4, "spines": 4}, "parallel": {"tp": 2, "pp": 2, "dp": 16}}
     notes = [n for n in unused_settings(experiment_from_dict(doc)) if n.startswith("cluster.spines")]
     assert len(notes) == 1 and "12.5 GB/s, less than one 50 GB/s port" in notes[0] and "spines: 1 " in notes[0]
-    doc["cluster"]["spines"] = 1
+    del doc["cluster"]["spines"]
+    assert experiment_from_dict(doc).cluster.params["spines"] == 1
     assert not any(n.startswith("cluster.spines") for n in unused_settings(experiment_from_dict(doc)))
     doc["cluster"] = {**doc["cluster"], "fabric": "leaf_spine", "spines": 4}  # 4 x 8 x 50 / 16: 100 GB/s
     assert not any(n.startswith("cluster.spines") for n in unused_settings(experiment_from_dict(doc)))
