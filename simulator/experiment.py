@@ -463,6 +463,16 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
         notes.append("options.tp_comm_overlap_sms has no effect without parallel.tp_comm_overlap")
     if given("options", "dualpipe_comm_sms") and not (par.schedule == "dualpipe" and model.is_moe):
         notes.append("options.dualpipe_comm_sms has no effect outside DualPipe with a MoE model")
+    if _deepspeed_pipeline(par):
+        notes.append(f"parallel.zero: {par.zero} with pp {par.pp} and zero_impl deepspeed: DeepSpeed's pipeline "
+                     f"engine refuses ZeRO-2/3 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); "
+                     f"simulated as given (zero_impl: fsdp2 is a framework that combines them, torchtitan)")
+    late = [m for m in ("layernorm", "moe_act") if m in par.selective_modules]
+    if exp.training.fp8 and par.recompute == "selective" and late:
+        notes.append(f"parallel.recompute_modules: {', '.join(late)} with dtype fp8: Megatron-Core refuses "
+                     f"{'them' if len(late) > 1 else 'it'} under its delayed-scaling FP8 recipe (\"Delayed scaling "
+                     f"does not support moe_act and layernorm recompute for fp8\"; other recipes and DeepSeek-V3's "
+                     f"fine-grained FP8 recompute them); simulated as given")
     if given("compute", "fp8_matmul_efficiency") and exp.training.dtype != "fp8":
         notes.append(f"compute.fp8_matmul_efficiency has no effect with dtype: {exp.training.dtype} "
                      f"(training.dtype: fp8 reads it)")
@@ -562,10 +572,14 @@ def memory_remedies(exp: Experiment) -> list[tuple[str, MemoryBreakdown]]:
     candidates: list[tuple[str, dict]] = []
     if par.recompute != "full" and set(modules) - set(par.selective_modules):
         both = list(dict.fromkeys([*par.selective_modules, *modules]))
-        candidates.append((f"parallel.recompute: selective, parallel.recompute_modules: [{', '.join(both)}]",
-                           {"recompute": "selective", "recompute_modules": tuple(both)}))
+        late = [m for m in ("layernorm", "moe_act") if m in both] if exp.training.fp8 else []
+        caveat = (f" (under FP8, Megatron-Core recomputes {', '.join(late)} only with a recipe other than delayed "
+                  f"scaling)" if late else "")
+        candidates.append((f"parallel.recompute: selective, parallel.recompute_modules: [{', '.join(both)}]"
+                           + caveat, {"recompute": "selective", "recompute_modules": tuple(both)}))
     if par.grad_dp * par.weight_copies > 1:  # (DualPipe shards over the mirror stage's copy too)
-        candidates += [(f"parallel.zero: {z}", {"zero": z}) for z in (1, 2, 3) if z > par.zero]
+        candidates += [(f"parallel.zero: {z}", {"zero": z}) for z in (1, 2, 3) if z > par.zero
+                       and not _deepspeed_pipeline(dataclasses.replace(par, zero=z))]
     if par.recompute != "full":
         what = "parallel.recompute: full" + (" without parallel.recompute_modules"
                                              if par.recompute_modules is not None else "")
@@ -587,6 +601,12 @@ def memory_remedies(exp: Experiment) -> list[tuple[str, MemoryBreakdown]]:
         if memory.fits(hbm):
             out.append((what, memory))
     return out
+
+
+def _deepspeed_pipeline(par: ParallelConfig) -> bool:
+    """Whether ``par`` is DeepSpeed ZeRO-2/3 under pipeline parallelism, which DeepSpeed's ``PipelineEngine``
+    refuses ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism")."""
+    return par.pp > 1 and par.zero >= 2 and sharding_plan(par).impl == "deepspeed"
 
 
 def check_memory(exp: Experiment, force: bool = False) -> MemoryBreakdown:

@@ -593,7 +593,8 @@ def optimizer_op(params_per_gpu: float) -> LayerOp:
 
 
 def optimizer_step_ops(shard_params: float, local_params: float, grad_bytes: int,
-                       dtype_bytes: int = 2, fp8_shard_params: float = 0.0) -> tuple[list[LayerOp], list[LayerOp]]:
+                       dtype_bytes: int = 2, fp8_shard_params: float = 0.0, fp32_main_grads: bool = False
+                       ) -> tuple[list[LayerOp], list[LayerOp]]:
     """The memory-bound kernels of one optimizer step, as Megatron-LM runs them (``optimizer.step()``).
 
     Returns ``(before, after)`` the global gradient-norm all-reduce:
@@ -612,12 +613,19 @@ def optimizer_step_ops(shard_params: float, local_params: float, grad_bytes: int
       the gradient buffer of all ``local_params`` for the next step
       (``zero_grad_buffer``).
 
-    Gradient clipping's rescale (only when the norm exceeds the threshold) is
+    With ``fp32_main_grads`` (16-bit gradients, Megatron's ``Float16OptimizerWithFloat16Params``) the step
+    first copies them to fp32 main grads (``grad_copy``: reads ``grad_bytes``, writes 4), which the norm and
+    Adam then read (4 bytes each).
+
+    Gradient clipping's rescale (only when the norm exceeds the threshold) and fp16's loss-scale unscaling are
     left out. All are streaming kernels: their cost is their HBM bytes.
     """
     mixed = dtype_bytes < 4
-    adam = grad_bytes + 24
-    before = [LayerOp("grad_norm", "optimizer", 2.0 * shard_params, grad_bytes * shard_params)]
+    main = 4 if fp32_main_grads else grad_bytes  # the gradient the optimizer reads
+    adam = main + 24
+    before = [LayerOp("grad_norm", "optimizer", 2.0 * shard_params, main * shard_params)]
+    if fp32_main_grads:
+        before.insert(0, LayerOp("grad_copy", "optimizer", 0.0, (grad_bytes + 4) * shard_params))
     after = [LayerOp("optimizer", "optimizer", ADAM_FLOPS_PER_PARAM * shard_params, adam * shard_params)]
     if mixed:
         after.append(LayerOp("param_copy", "optimizer", 0.0,

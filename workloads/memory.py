@@ -227,7 +227,7 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
                                tp: int = 1, *, sequence_parallel: bool = False,
                                recompute: str = "none", dtype_bytes: int = 2,
                                flash_attention: bool = False, fp8: bool = False,
-                               recompute_modules: Sequence[str] | None = None) -> float:
+                               recompute_modules: Sequence[str] | None = None, etp: int | None = None) -> float:
     """Bytes layer ``layer`` stores for backward, per micro-batch, on one TP rank.
 
     See the module docstring for the terms (Korthikanti et al. 2022, Table 2).
@@ -241,6 +241,8 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
     it recomputes: ``core_attn`` the scores, ``layernorm`` the two norms'
     outputs, ``mla_up_proj`` MLA's Q, K, V and normed latents, ``moe_act`` the
     routed experts' fc2 input (Megatron-Core's output-discarding checkpoints).
+    ``etp``: the routed experts' TP degree (default ``tp``): the tokens entering
+    them are this rank's, gathered over the expert-TP group.
 
     Examples
     --------
@@ -288,7 +290,12 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
     gates = model.mlp_matrices - 1
     if moe:
         k = model.top_k
-        replicated += g * sbh * k  # routed copies of the tokens entering the experts
+        # routed copies of the tokens entering the experts: this rank's s b / sp tokens, gathered over the
+        # expert-TP group (etp ranks; Megatron-Core's all-gather after the dispatch), k copies of each: with
+        # etp = t under SP, s b k of them, the rows the experts' GEMMs have (flops.py). (TP without SP leaves
+        # every TP rank all s b tokens already: nothing to gather.)
+        gathered = (etp or t) if sp > 1 or t == 1 else 1
+        replicated += g * sbh * k * gathered
         width = model.expert_ffn_hidden * (k + model.shared_experts)
         fc2_inputs = model.expert_ffn_hidden * (model.shared_experts + (0 if "moe_act" in modules else k))
         split += s * b * (width * d * gates + fc2_inputs * g)  # fc1 output(s), fc2 input
@@ -362,7 +369,8 @@ def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: Tra
         return sum(activation_bytes_per_layer(model, i, b, s, t, sequence_parallel=parallel.sp,
                                               recompute=parallel.recompute, dtype_bytes=d,
                                               flash_attention=flash_attention or parallel.cp > 1,
-                                              fp8=training.fp8, recompute_modules=parallel.recompute_modules)
+                                              fp8=training.fp8, recompute_modules=parallel.recompute_modules,
+                                              etp=parallel.expert_tp)
                    for i in layers)
 
     if parallel.schedule in ("dualpipe", "interleaved"):  # chunks can differ: weigh each by its own layers
@@ -374,7 +382,8 @@ def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: Tra
         # The layer being recomputed: its forward runs again right before its backward, whose activations then
         # live in full (one micro-batch, one layer: the largest of the stage's) on top of every checkpoint.
         acts += max((activation_bytes_per_layer(model, i, b, s, t, sequence_parallel=parallel.sp, dtype_bytes=d,
-                                                flash_attention=flash_attention or parallel.cp > 1, fp8=training.fp8)
+                                                flash_attention=flash_attention or parallel.cp > 1, fp8=training.fp8,
+                                                etp=parallel.expert_tp)
                      for i in stage_layers(model.layers, parallel, stage)), default=0.0)
     group = parallel.microbatch_group_size
     if parallel.schedule == "interleaved" and group is not None and stage in (0, parallel.pp - 1):
@@ -422,7 +431,10 @@ def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: Training
         (_dense, dense_group), (_routed, expert_group) = groups
         whole = {u.unit.key: u.unit for u in uses if plan.persistent(u.unit)}.values()
         params += sum(u.params * (1 - 1 / dense_group) + u.expert_params * (1 - 1 / expert_group) for u in whole) * d
-    return MemoryBreakdown(params, grads, sum(s[2] for s in states),
+    optimizer = sum(s[2] for s in states)
+    if plan.fp32_main_grads:  # fp32 copies of the 16-bit gradients, one per parameter the optimizer updates
+        optimizer += 4 * sum(n / (g if z >= 1 else 1) for n, g in groups)
+    return MemoryBreakdown(params, grads, optimizer,
                            _stage_activations(model, parallel, training, stage, flash_attention), stage)
 
 

@@ -100,6 +100,10 @@ class ShardingPlan:
         FSDP2's copy of every gathered group into per-parameter tensors.
     step_gather : bool
         All-gather of the updated 16-bit parameters after the optimizer step (ZeRO-1/2).
+    fp32_main_grads : bool
+        The optimizer keeps fp32 copies of 16-bit gradients (Megatron's ``Float16OptimizerWithFloat16Params``
+        with a 16-bit gradient buffer: ``_copy_model_grads_to_main_grads``), 4 bytes per parameter it updates;
+        with an fp32 buffer (bf16's default) it reads that buffer instead.
     """
 
     impl: str
@@ -116,6 +120,7 @@ class ShardingPlan:
     persistence: float = 0.0
     copy_out: bool = False
     step_gather: bool = False
+    fp32_main_grads: bool = False
 
     @property
     def shards_optimizer(self) -> bool:
@@ -166,7 +171,10 @@ def sharding_plan(parallel: ParallelConfig, dtype: str = "bf16", grad_dtype_byte
     if impl in ("fsdp", "fsdp2"):
         return ShardingPlan(impl, z, sync, grad_bytes, bucket, "layer", reshard_after_forward=z == 3,
                             overlap=parallel.zero_overlap, copy_out=impl == "fsdp2")
-    return ShardingPlan(impl, z, sync, grad_bytes, bucket, None, step_gather=z == 1)
+    # Megatron's docs (distributed optimizer): fp16 params with fp16 grads take 20 bytes a parameter (4 + 16/d
+    # distributed), bf16 with fp32 grads 18 (6 + 12/d): the 16-bit buffer's fp32 main-grad copy is the difference
+    return ShardingPlan(impl, z, sync, grad_bytes, bucket, None, step_gather=z == 1,
+                        fp32_main_grads=dtype_bytes < 4 and grad_bytes < 4)
 
 
 # ------------------------------------------------------------------ units

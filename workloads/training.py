@@ -1765,7 +1765,8 @@ class _StepBuilder:
         if self.train.fp8_param_gather:
             fp8_dense, fp8_routed = self.stage_fp8_weights(stage)
             fp8_shard = fp8_dense / holders + fp8_routed / expert_holders
-        before, after = optimizer_step_ops(shard, dense + experts, self.grad_bytes, self.dtype, fp8_shard)
+        before, after = optimizer_step_ops(shard, dense + experts, self.grad_bytes, self.dtype, fp8_shard,
+                                           plan.fp32_main_grads)
         step_deps = [last_op] + dp_ops + tied
         norm = g.compute(rank, parts=_kernels(before), name="grad_norm", deps=step_deps, stream=COMPUTE_STREAM,
                          category="optimizer", stage=stage)
