@@ -220,13 +220,22 @@ def _collective():
         network = _file_network(args.cluster)  # (a file's network: section, e.g. routing: spray, is honoured)
         network = dataclasses.replace(network, fidelity=args.fidelity or network.fidelity,
                                       pxn=network.pxn and args.pxn)
-        table = collective_sweep(cluster, args.op, args.gpus, sizes, args.algo, network)
+        from .collectives import CollectiveError
+        try:
+            table = collective_sweep(cluster, args.op, args.gpus, sizes, args.algo, network)
+        except CollectiveError as exc:  # (an algorithm that does not implement the op: name the option)
+            text = str(exc)
+            if not text.startswith("algorithm: "):
+                raise
+            raise ValueError("--algo: " + text[len("algorithm: "):]) from None
         if args.json:
             print(json.dumps(table.to_dict(orient="records")))
             return 0
         print(f"# {args.op} over {args.gpus} GPUs of {cluster.name}, algorithm {args.algo}"
               + ("" if network.pxn else ", PXN off") + (", spray" if network.routing == "spray" else "")
-              + (", fidelity full" if network.fidelity == "full" else ""))
+              + (", fidelity full" if network.fidelity == "full" else "")
+              + (", network model analytic (no contention)" if network.model == "analytic" else "")
+              + "; size: the whole buffer, as nccl-tests prints it (all-gather's output, reduce-scatter's input)")
         print(f"{'size':>12} {'time':>12} {'algbw':>14} {'busbw':>14}")
         for row in table.itertuples(index=False):
             print(f"{format_bytes(row.size_bytes):>12} {format_time(row.time_s):>12} "

@@ -212,6 +212,15 @@ class NetworkConfig:
         return gpu_nvlink_efficiency if tier == "nvlink" else NIC_EFFICIENCY
 
 
+def _priced(kind: str, algorithm: str) -> tuple[str, ...]:
+    """The algorithms :meth:`Fabric.choose` plans and prices for ``algorithm``: ``auto``'s candidates, else the
+    one given, with the ring before a forced tree all-reduce, whose protocols NCCL's tuner prices off the
+    ring's bandwidth (``NCCL_ALGO=Tree`` narrows the algorithms, not the pricing)."""
+    if algorithm == "auto":
+        return AUTO_CANDIDATES[kind]
+    return ("ring", algorithm) if algorithm == "tree" and kind == "all_reduce" else (algorithm,)
+
+
 class Fabric:
     """Ranks, routes and a network backend for one simulation run."""
 
@@ -478,11 +487,11 @@ class Fabric:
             candidates = AUTO_CANDIDATES[kind] if algorithm == "auto" else (algorithm,)
             best = None
             ring_bandwidth: list[float] | None = None  # (ring vs tree: see below)
-            for a in candidates:
+            for a in _priced(kind, algorithm):
                 plan = planned[a] = plan_collective(kind, group, nbytes, self.server_of, a,
                                                     stagger=self.config.nccl_latency)
                 protocols = self.protocols(plan)
-                if len(candidates) == 1 and len(protocols) == 1:  # nothing to choose: no estimate needed
+                if len(candidates) == 1 and len(protocols) == 1 and a in candidates:  # nothing to choose
                     best = (0.0, a, protocols[0])
                     break
                 if a == "tree" and ring_bandwidth is not None and len(group) > 1:
@@ -501,6 +510,8 @@ class Fabric:
                     estimates, idle = self._cached_estimates(plan)
                     if a == "ring" and "tree" in candidates and kind == "all_reduce":
                         ring_bandwidth = [t - lat for t, lat in zip(estimates, idle)]
+                if a not in candidates:  # priced only (a forced tree's protocols are priced off the ring)
+                    continue
                 for t, protocol in zip(estimates, protocols):
                     if best is None or t < best[0]:
                         best = (t, a, protocol)
@@ -864,9 +875,8 @@ class Fabric:
         if n < 2 or n > _LANE_RANKS or any(len(g) != n for g in groups):
             return None
         g0 = groups[0]
-        candidates = AUTO_CANDIDATES[kind] if algorithm == "auto" else (algorithm,)
         plans = [plan_collective(kind, g0, nbytes, self.server_of, a, stagger=self.config.nccl_latency)
-                 for a in candidates]  # as choose() estimates them
+                 for a in _priced(kind, algorithm)]  # as choose() estimates them
         if any(sum(len(t.hops) for p in plan.phases for t in p) > _SHAPE_HOPS for plan in plans):
             return None  # (estimates not cached per shape: see choose)
         position = {r: i for i, r in enumerate(g0)}
