@@ -92,8 +92,8 @@ HOP_LATENCY_S: Mapping[str, Mapping[str, Mapping[str, float]]] = {
 """Latency of one algorithm step over a hop of each kind, seconds (``hwLat``)."""
 
 NET_OVERHEAD_S = 1.0 * _US
-"""Per-step cost of posting to the network (x3 for Simple); the floor of intra-server steps of a
-collective that spans servers (``intraLat = max(intraLat, netOverhead)``)."""
+"""Per-step cost of posting to the network (x3 for Simple); the floor of intra-server steps of a ring
+that spans servers (``intraLat = max(intraLat, netOverhead)``, in tuning.cc's ring branch only)."""
 
 NIC_EFFICIENCY = 0.95
 """Fraction of a NIC's (and the fabric's) line rate NCCL reaches at large sizes (see the module table)."""
@@ -109,7 +109,8 @@ def step_latencies(algorithm: str, protocol: str, spans_servers: bool,
     """``(base, intra-server step, inter-server step)`` latencies in seconds for one collective."""
     cls = ALGORITHM_LATENCY_CLASS.get(algorithm, "ring")
     intra = HOP_LATENCY_S[intra_kind][cls][protocol]
-    if spans_servers:
+    if spans_servers and cls == "ring":  # ("Inter-node rings still have to launch nsteps * net overhead": the
+        # floor is in tuning.cc's ring branch only; a tree's intra-server steps keep their NVLink latency)
         intra = max(intra, NET_OVERHEAD_S * (3 if protocol == "Simple" else 1))
     return BASE_LATENCY_S[cls][protocol], intra, HOP_LATENCY_S["net"][cls][protocol]
 

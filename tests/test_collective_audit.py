@@ -47,3 +47,14 @@ def test_the_table_says_what_size_is_and_which_network_model_ran(tmp_path, capsy
     assert main(["collective", "--gpus", "16", "--cluster", str(tmp_path / "a.yaml"), "--min-size", "1MiB",
                  "--max-size", "1MiB"]) == 0
     assert ", network model analytic (no contention)" in capsys.readouterr().out
+
+
+def test_the_network_post_overhead_floors_a_rings_intra_server_steps_only():
+    # NCCL's tuning.cc applies intraLat = max(intraLat, netOverhead) in its ring branch ("Inter-node rings still
+    # have to launch nsteps * net overhead"); the tree's formula keeps the NVLink hop latency.
+    from simulator.nccl import HOP_LATENCY_S, NET_OVERHEAD_S, step_latencies
+    for protocol in ("LL", "LL128", "Simple"):
+        floor = NET_OVERHEAD_S * (3 if protocol == "Simple" else 1)
+        assert step_latencies("tree", protocol, True)[1] == HOP_LATENCY_S["nvlink"]["tree"][protocol]
+        assert step_latencies("ring", protocol, True)[1] == max(HOP_LATENCY_S["nvlink"]["ring"][protocol], floor)
+        assert step_latencies("ring", protocol, False)[1] == HOP_LATENCY_S["nvlink"]["ring"][protocol]
