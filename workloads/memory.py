@@ -380,11 +380,15 @@ def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: Tra
         acts = micro_batches_in_flight(parallel, stage) * per_mb(stage_layers(model.layers, parallel, stage))
     if parallel.recompute == "full":
         # The layer being recomputed: its forward runs again right before its backward, whose activations then
-        # live in full (one micro-batch, one layer: the largest of the stage's) on top of every checkpoint.
+        # live in full (one micro-batch, one layer: the largest of the stage's) on top of every checkpoint but
+        # its own, its input, which those activations hold already (the first norm's input).
+        layers = stage_layers(model.layers, parallel, stage)
+        own = activation_bytes_per_layer(model, 0, b, s, t, sequence_parallel=parallel.sp, recompute="full",
+                                         dtype_bytes=d) if layers else 0.0
         acts += max((activation_bytes_per_layer(model, i, b, s, t, sequence_parallel=parallel.sp, dtype_bytes=d,
                                                 flash_attention=flash_attention or parallel.cp > 1, fp8=training.fp8,
                                                 etp=parallel.expert_tp)
-                     for i in stage_layers(model.layers, parallel, stage)), default=0.0)
+                     for i in layers), default=0.0) - own
     group = parallel.microbatch_group_size
     if parallel.schedule == "interleaved" and group is not None and stage in (0, parallel.pp - 1):
         # With groups of N > pp the first rank receives the last rank's outputs N - pp iterations before their
