@@ -93,7 +93,14 @@ def _export_line(folder: str, ranks: int) -> str:
 def run_trace(args: argparse.Namespace) -> int:
     """``clustersim run [FILE] --chakra DIR``: simulate a Chakra trace and print what ``run`` prints."""
     from topologies.faults import apply_faults
-    from workloads.chakra import ChakraError, ChakraWarning, read_chakra, trace_settings, write_chakra
+    from workloads.chakra import (
+        ChakraError,
+        ChakraWarning,
+        TraceEditedWarning,
+        read_chakra,
+        trace_settings,
+        write_chakra,
+    )
 
     from .cli import check_folder, check_writable, parse_trace_ranks, write_outputs
     from .compute import ComputeModel
@@ -113,6 +120,8 @@ def run_trace(args: argparse.Namespace) -> int:
     except ChakraError as exc:  # every error of the trace is one of --chakra's input
         raise with_prefix(exc, "--chakra") from None
     _print_notes(caught, "--chakra")
+    if any(issubclass(w.category, TraceEditedWarning) for w in caught):
+        written = {}  # (read by its Chakra fields: fixed durations, nothing to re-time)
     world = graph.world_size
     bad = [r for r in trace_ranks if r >= world] if isinstance(trace_ranks, list) else []
     if bad:

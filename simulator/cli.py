@@ -413,14 +413,13 @@ def _jobs():
         p.add_argument("--links", type=int, default=10, metavar="N", help="shared links listed (default 10)")
 
     def run(args: argparse.Namespace) -> int:
-        from .experiment import unused_settings
-        from .jobs import load_jobs, run_jobs
+        from .experiment import read_experiment_file
+        from .jobs import JOBS_SECTIONS, job_notes, load_jobs, run_jobs
         if args.links < 0:
             raise ValueError(f"--links: must be >= 0, got {args.links}")
         spec = load_jobs(args.file)
-        for job in spec.jobs:  # (as run prints them for one experiment)
-            for note in unused_settings(job.experiment):
-                print(f"clustersim: note: job {job.name!r}: {note}", file=sys.stderr)
+        for note in job_notes(spec, read_experiment_file(args.file, JOBS_SECTIONS)):
+            print(f"clustersim: note: {note}", file=sys.stderr)
         result = run_jobs(spec, force=args.force)
         for note in result.notes:
             print(f"clustersim: note: {note}", file=sys.stderr)

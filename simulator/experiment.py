@@ -36,7 +36,7 @@ import yaml
 
 from topologies import build_cluster, format_bandwidth, parse_time
 from topologies.bisection import bisection_bandwidth
-from topologies.builders import ratio_text, ratios_text
+from topologies.builders import rail_pod, ratio_text, ratios_text
 from topologies.capacity import plan_columns
 from topologies.cluster import Cluster, check_cluster
 from topologies.components import PlanOptions, plan_options
@@ -494,7 +494,8 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
         # (the builders spread a leaf's uplink bandwidth over its spines: with many spines and a high ratio
         # each leaf-spine cable would be a fraction of a port, which no switch has)
         params = exp.cluster.params
-        ports = params["nodes_per_leaf"] * (params["gpus_per_node"] if fabric == "leaf_spine" else 1)
+        ports = (params["nodes_per_leaf"] * params["gpus_per_node"] if fabric == "leaf_spine"
+                 else rail_pod(params["nodes"], params["nodes_per_leaf"]))
         fewer = max(1, int(ports / params["oversubscription"]))
         spines = f"cluster.spines: {params['spines']}" + ("" if given("cluster", "spines") else " (the default)")
         notes.append(f"{spines} at {ratio_text(params['oversubscription'])} gives each leaf-spine link "

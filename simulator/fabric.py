@@ -212,13 +212,14 @@ class NetworkConfig:
         return gpu_nvlink_efficiency if tier == "nvlink" else NIC_EFFICIENCY
 
 
-def _priced(kind: str, algorithm: str) -> tuple[str, ...]:
+def _priced(kind: str, algorithm: str, nccl: bool = True) -> tuple[str, ...]:
     """The algorithms :meth:`Fabric.choose` plans and prices for ``algorithm``: ``auto``'s candidates, else the
-    one given, with the ring before a forced tree all-reduce, whose protocols NCCL's tuner prices off the
-    ring's bandwidth (``NCCL_ALGO=Tree`` narrows the algorithms, not the pricing)."""
+    one given, with the ring before a forced tree all-reduce under NCCL's model (``nccl``), whose protocols
+    NCCL's tuner prices off the ring's bandwidth (``NCCL_ALGO=Tree`` narrows the algorithms, not the pricing;
+    the uniform latency model has one protocol, nothing to price)."""
     if algorithm == "auto":
         return AUTO_CANDIDATES[kind]
-    return ("ring", algorithm) if algorithm == "tree" and kind == "all_reduce" else (algorithm,)
+    return ("ring", algorithm) if algorithm == "tree" and kind == "all_reduce" and nccl else (algorithm,)
 
 
 class Fabric:
@@ -487,7 +488,7 @@ class Fabric:
             candidates = AUTO_CANDIDATES[kind] if algorithm == "auto" else (algorithm,)
             best = None
             ring_bandwidth: list[float] | None = None  # (ring vs tree: see below)
-            for a in _priced(kind, algorithm):
+            for a in _priced(kind, algorithm, self.config.nccl_latency):
                 plan = planned[a] = plan_collective(kind, group, nbytes, self.server_of, a,
                                                     stagger=self.config.nccl_latency)
                 protocols = self.protocols(plan)
@@ -876,7 +877,7 @@ class Fabric:
             return None
         g0 = groups[0]
         plans = [plan_collective(kind, g0, nbytes, self.server_of, a, stagger=self.config.nccl_latency)
-                 for a in _priced(kind, algorithm)]  # as choose() estimates them
+                 for a in _priced(kind, algorithm, self.config.nccl_latency)]  # as choose() estimates them
         if any(sum(len(t.hops) for p in plan.phases for t in p) > _SHAPE_HOPS for plan in plans):
             return None  # (estimates not cached per shape: see choose)
         position = {r: i for i, r in enumerate(g0)}

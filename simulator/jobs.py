@@ -214,6 +214,24 @@ def jobs_from_dict(doc: Mapping) -> JobsSpec:
     return JobsSpec(label(doc.get("name"), "name") or " + ".join(j.name for j in jobs), cluster, jobs, steps)
 
 
+_SHARED = ("cluster.", "network.", "fidelity")
+"""Notes about the sections the jobs share (said once, against the jobs file's own sections)."""
+
+
+def job_notes(spec: JobsSpec, doc: Mapping) -> list[str]:
+    """The settings of a jobs file that have no effect, as :func:`~simulator.experiment.unused_settings` finds
+    them for one experiment: each job's own (``job 'a': ...``), then the shared sections' once (judged against
+    the jobs file's ``cluster``, ``network`` and ``fidelity``, which a job's own document does not hold)."""
+    from .experiment import unused_settings
+    out = [f"job {job.name!r}: {n}" for job in spec.jobs for n in unused_settings(job.experiment)
+           if not n.startswith(_SHARED)]
+    shared = {k: doc[k] for k in ("cluster", "network", "fidelity") if k in doc}
+    first = spec.jobs[0].experiment
+    out += [n for n in unused_settings(dataclasses.replace(first, raw={**(first.raw or {}), **shared}))
+            if n.startswith(_SHARED)]
+    return out
+
+
 def load_jobs(path: str | os.PathLike) -> JobsSpec:
     """Read and resolve a jobs YAML file (one-line errors name the file)."""
     doc = read_experiment_file(path, JOBS_SECTIONS)

@@ -506,7 +506,8 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
         if exp.training.fp8_param_gather:
             fp8_dense, _ = b.stage_fp8_weights(stage)
             fp8_shard = fp8_dense / grad_dp
-        before, after = optimizer_step_ops(shard, dense + experts, b.grad_bytes, b.dtype, fp8_shard)
+        before, after = optimizer_step_ops(shard, dense + experts, b.grad_bytes, b.dtype, fp8_shard,
+                                           b.plan.fp32_main_grads)
         norm_c[stage], opt_c[stage] = timer(before), timer(after)
     rank0 = lay.rank()
     mp = tuple(lay.rank(tp=r, dp=0, pp=s) for s in range(p) for r in range(t))

@@ -107,6 +107,9 @@ def test_an_edited_trace_is_read_by_its_chakra_fields_with_a_note(fp32_trace, tm
     step, err = _step(["run", "--chakra", str(tmp_path / "edited"), "--cluster", "dgx-h100:1"], capsys)
     assert "clustersim: note: --chakra:" in err and "reading the Chakra fields only" in err
     assert step > 5 * plain  # ten times every duration and size
+    # its durations are fixed: another GPU re-times nothing, and no note says it does
+    _, err = _step(["run", "--chakra", str(tmp_path / "edited"), "--cluster", "dgx-b200:1"], capsys)
+    assert "re-timed" not in err and "reading the Chakra fields only" in err
 
 
 def test_a_node_that_depends_on_itself_is_a_cycle(tmp_path):

@@ -40,6 +40,12 @@ def test_a_single_partial_rail_pod_is_sized_for_its_servers():
         "fabric_cost_usd"]
     # a full pod at 4:1: 4 spines, one port each from every rail leaf (16 NIC ports down, 4 up)
     assert rail_optimized("H100", servers=32, oversubscription=4).params["spines"] == 4
+    # a ratio that does not divide the pod: floor(16 / 3) = 5 spines, each link 16 x 50 / 15 = 53.3 GB/s, at
+    # least one port (the review: ceil gave 6 links of 44.4 GB/s, thinner than a port, and the narrow-link note
+    # then fired on a default file)
+    odd = rail_optimized("H100", servers=32, oversubscription=3)
+    assert odd.params["spines"] == 5 and odd.params["uplink_bandwidth"] == pytest.approx(16 * NIC / 15)
+    assert rail_optimized("H100", servers=4, oversubscription=3).params["spines"] == 1
     # full pods are as they were: spines = servers per pod, one NIC port per link at 1:1
     full = rail_optimized("H100", servers=32)
     assert full.params["spines"] == 16 and full.params["uplink_bandwidth"] == NIC
@@ -86,8 +92,9 @@ def test_the_plan_names_a_three_tier_clos():
     # 2,048 servers on leaves of 2: 1,024 leaves, each 16 NIC ports down and 16 up to one spine of 16,384 ports
     bom = cap.bill_of_materials(leaf_spine("H100", servers=2048, servers_per_leaf=2, spines=1))
     spine = bom[bom["item"] == "spine switch"]
-    assert list(spine["spec"]) == ["64x400G, in three-tier Clos"] and list(spine["count"]) == [
-        cap._clos(16384, 64)[0]]
+    # by hand: 16,384 / 32 = 512 lower boxes, each up to 32 spines of 512 ports; a 512-port spine is itself
+    # 16 lower boxes + 8 upper (a two-tier Clos): 512 + 32 x 24 = 1,280 boxes
+    assert list(spine["spec"]) == ["64x400G, in three-tier Clos"] and list(spine["count"]) == [1280]
 
 
 @pytest.mark.parametrize("down", [[0], [0, 8], [0, 2, 4, 6, 8, 10, 12, 14], list(range(7))])
@@ -113,3 +120,23 @@ def test_a_graphml_edge_to_an_undeclared_node_is_refused(tmp_path):
     path.write_text(typo)
     with pytest.raises(TopologyError, match=r"names node 'spine:7', which no <node> declares"):
         load_topology(path)
+
+
+def test_a_clos_of_boxes_too_small_to_shrink_is_refused():
+    with pytest.raises(ValueError, match="at least 4 ports"):
+        cap._clos(5, 2)
+
+
+def test_default_rail_spines_draw_no_narrow_link_note():
+    from simulator.experiment import experiment_from_dict, unused_settings
+    base = {"model": {"preset": "gpt2-small", "layers": 2}, "training": {"seq_len": 256},
+            "parallel": {"tp": 2, "pp": 2, "micro_batch": 1}}  # (global batch: dp, one micro-batch each)
+    for nodes, ratio in ((32, 3), (4, 3), (8, 4)):
+        doc = {**base, "cluster": {"preset": "dgx-h100", "nodes": nodes, "fabric": "rail_optimized",
+                                   "oversubscription": ratio}}
+        assert not any(n.startswith("cluster.spines") for n in unused_settings(experiment_from_dict(doc)))
+    # and where spines are given too many for one partial pod, the advice counts the pod's servers
+    doc = {**base, "cluster": {"preset": "dgx-h100", "nodes": 4, "fabric": "rail_optimized", "oversubscription": 3,
+                               "spines": 5}}
+    notes = [n for n in unused_settings(experiment_from_dict(doc)) if n.startswith("cluster.spines")]
+    assert len(notes) == 1 and notes[0].endswith("spines: 1 or fewer keeps each link at least one port")

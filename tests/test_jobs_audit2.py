@@ -104,3 +104,15 @@ def test_the_joint_runs_breakdown_timeline_and_trace_keep_each_jobs_pipeline(tmp
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert [e["args"]["name"] for e in events if e.get("name") == "process_name"] == [
         "rank 0 (stage 0)", "rank 16 (stage 0)", "rank 24 (stage 1)", "fabric"]
+
+
+def test_shared_sections_are_noted_once_and_judged_against_the_jobs_file(tmp_path, capsys):
+    # The review: per-job notes repeated the cluster's note for every job and called a given spines "the default"
+    # (a job's own document holds no cluster section).
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 8, "nodes_per_leaf": 4, "fabric": "rail_optimized",
+                       "oversubscription": 4, "spines": 4}, "steps": 1,
+           "jobs": [{**_job(name, 2, 16, 256, tp=2, pp=2), "nodes": 4} for name in ("a", "b")]}
+    (tmp_path / "j.yaml").write_text(yaml.safe_dump(doc))
+    assert main(["jobs", str(tmp_path / "j.yaml")]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("clustersim: note:")]
+    assert len(notes) == 1 and notes[0].startswith("clustersim: note: cluster.spines: 4 at 4:1 gives")

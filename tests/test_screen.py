@@ -104,9 +104,10 @@ def test_screen_is_exact_without_a_pipeline():
     segments, bucketed DP reduction, optimizer, parameter all-gather) are the engine's ops in the same order:
     the two agree to rounding, whatever tp and ZeRO stage. With TP (sequence parallel) the backward's re-gathers
     share NVLink with the overlapped DP buckets in the engine, which the screen does not price: within 0.5%."""
-    for tp, zero in ((1, 0), (2, 1), (4, 1)):
+    for tp, zero, dtype in ((1, 0, "bf16"), (2, 1, "bf16"), (4, 1, "bf16"), (1, 1, "fp16")):
         doc = copy.deepcopy(SMALL)
         doc["parallel"].update(tp=tp, dp=8 // tp, zero=zero)
+        doc["training"] = {**doc.get("training", {}), "dtype": dtype}  # fp16: Megatron's fp32 main-grad copies
         exp = experiment_from_dict(doc)
         assert screen_experiment(exp)["step_time_s"] == pytest.approx(run_experiment(exp).step_time,
                                                                       rel=1e-9 if tp == 1 else 5e-3)

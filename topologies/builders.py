@@ -377,6 +377,12 @@ def leaf_spine(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, serve
     return p.cluster(g, gpus, p.params(leaves=n_leaves, spines=n_spines, uplink_bandwidth=uplink))
 
 
+def rail_pod(servers: int, servers_per_leaf: int) -> int:
+    """Servers in a rail-optimized pod as :func:`rail_optimized` sizes it: ``servers_per_leaf``, or all the
+    servers when there are fewer (one partial pod is sized for what it holds)."""
+    return min(servers_per_leaf, servers)
+
+
 def rail_optimized(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, servers_per_leaf: int = 16,
                    spines: int | None = None, nic_bandwidth: float | str | None = None,
                    nvlink_bandwidth: float | str | None = None, oversubscription: float = 1.0,
@@ -407,9 +413,10 @@ def rail_optimized(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, s
     servers_per_leaf : int
         Servers per pod (= NIC ports per rail leaf).
     spines : int, optional
-        Default: ``ceil(pod / oversubscription)`` (``pod``: ``servers_per_leaf``,
-        or the servers when fewer), so each leaf-spine link carries one NIC
-        port's bandwidth (at 1:1 exactly).
+        Default: ``floor(pod / oversubscription)`` (``pod``: ``servers_per_leaf``,
+        or the servers when fewer; at least 1), so each leaf-spine link carries
+        at least one NIC port's bandwidth (exactly one where the ratio divides
+        the pod).
 
     Returns
     -------
@@ -434,10 +441,10 @@ def rail_optimized(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, s
             p.attach(g, nic, leaves[pod * p.gpus_per_server + rail])
     # A pod holds at most the cluster's servers: a single partial pod (4 servers of 16) is sized, and gets its
     # default spines, for the servers it has, not for a full pod's ports it would never fill. The default spines
-    # give each leaf-spine link one NIC port's bandwidth (a leaf's uplink ports / its NIC ports = 1 / ratio), so
-    # an oversubscribed pod has fewer spines, not more links each thinner than a port.
-    pod_size = min(p.servers_per_leaf, p.servers)
-    n_spines = max(1, math.ceil(pod_size / p.oversubscription - 1e-9)) if spines is None else p.spines
+    # give each leaf-spine link at least one NIC port's bandwidth (exactly one where the ratio divides the pod),
+    # so an oversubscribed pod has fewer spines, not more links each thinner than a port.
+    pod_size = rail_pod(p.servers, p.servers_per_leaf)
+    n_spines = max(1, math.floor(pod_size / p.oversubscription + 1e-9)) if spines is None else p.spines
     uplink = _uplink_rate(pod_size * p.nic_bandwidth / (n_spines * p.oversubscription),
                           "oversubscription", p.oversubscription)
     for spine in _add_switches(g, "spine", n_spines):

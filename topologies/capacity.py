@@ -168,6 +168,8 @@ def _clos(ports: int, k: int) -> tuple[int, int, int]:
     ``k²/2`` ports; a larger spine is itself such a Clos (three levels reach ``k³/4``, the fat tree)."""
     if ports <= k:
         return 1, 0, 1
+    if k < 4:  # (two ports up and down at least, or the lower tier never shrinks)
+        raise ValueError(f"a Clos of {ports} ports needs boxes of at least 4 ports, got {k}")
     half = k // 2
     lower = math.ceil(ports / half)
     if lower <= k:

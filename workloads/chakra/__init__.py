@@ -71,9 +71,9 @@ Reading a trace clustersim did not write
   deadlock here (reported, exit 3 in the CLI).
 """
 
-from .read import ChakraWarning, read_chakra, trace_files, trace_settings
+from .read import ChakraWarning, TraceEditedWarning, read_chakra, trace_files, trace_settings
 from .schema import FORMAT, PREFIX, ChakraError
 from .write import DurationModel, write_chakra
 
-__all__ = ["ChakraError", "ChakraWarning", "write_chakra", "read_chakra", "trace_files", "trace_settings",
-           "DurationModel", "PREFIX", "FORMAT"]
+__all__ = ["ChakraError", "ChakraWarning", "TraceEditedWarning", "write_chakra", "read_chakra", "trace_files",
+           "trace_settings", "DurationModel", "PREFIX", "FORMAT"]

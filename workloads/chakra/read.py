@@ -176,7 +176,7 @@ def read_chakra(path: str | Path, *, prefix: str | None = None, clustersim_attrs
     try:
         return _read(files, prefix, clustersim_attrs)
     except _Edited as edited:
-        warnings.warn(ChakraWarning(
+        warnings.warn(TraceEditedWarning(
             f"{edited.args[0]}: the file changed after clustersim wrote it (its clustersim.digest no longer matches "
             f"its nodes), so its clustersim.* attributes may not describe its Chakra fields (duration_micros, "
             f"comm_size, dependencies); reading the Chakra fields only, as ASTRA-sim does"), stacklevel=2)
@@ -187,6 +187,11 @@ class ChakraWarning(UserWarning):
     """Something about a trace the reader worked around (the CLI prints it as a note)."""
 
 
+class TraceEditedWarning(ChakraWarning):
+    """A trace clustersim wrote was changed since: read by its Chakra fields only (its compute settings no
+    longer describe its durations)."""
+
+
 class _Edited(Exception):
     """A file's nodes are not the bytes clustersim wrote (``clustersim.digest``); args: the file."""
 
@@ -195,7 +200,7 @@ def trace_settings(path: str | Path, prefix: str | None = None) -> dict[str, Any
     """What a trace clustersim wrote says about how its compute was timed: ``{"gpu": name, "compute":
     {setting: value, ...}}`` (the :class:`~simulator.compute.ComputeModel` it was written with, ``dtype``
     included), from its first file's GlobalMetadata; ``{}`` for a foreign trace or one written without a
-    compute model. Reads only that message."""
+    compute model. Parses only that message (the file is read, and gunzipped, whole)."""
     _, files = trace_files(path, prefix)
     data = read_file_bytes(files[0])
     first = next(iter_frames(data, files[0]), None)

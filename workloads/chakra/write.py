@@ -128,7 +128,7 @@ def write_chakra(graph: OpGraph, folder: str | Path, *, compute: DurationModel |
     try:  # every file under a temporary name first: a failure leaves no partial trace that reads as a smaller one
         for rank, ops in enumerate(by_rank):
             path = folder / f"{prefix}.{rank}.et"
-            with open(_partial(path), "wb") as fh:  # one rank at a time, message by message: memory stays flat
+            with open(_partial(path), "wb") as fh:  # one rank at a time: memory holds one rank's nodes
                 written.append(path)
                 writer.write_rank(rank, ops, fh)
         if groups:
