@@ -256,11 +256,14 @@ def _partition_owners(ops, window: float | Mapping[int, float], step_time: float
     the list of the layers' categories (returned last)."""
     ranks, ridx = np.unique(_column(ops, "rank"), return_inverse=True)
     nr = len(ranks)
+    layers = _layers(ops)
+    if nr == 0:  # (a graph with no ops: no rank, no segment)
+        empty = np.zeros(0)
+        return ranks, empty.astype(np.int64), empty, empty, empty.astype(np.int64), [n for n, _, _ in layers]
     win, stop = _by_rank(window, ranks), np.full(nr, float(step_time))
     s, e, issue = _column(ops, "start_s"), _column(ops, "end_s"), _column(ops, "issue_s")
     spans = []  # (layer index, rank index, start, end) arrays per layer
     every = np.arange(nr)
-    layers = _layers(ops)
     for li, (name, sel, wait) in enumerate(layers):
         if sel is None:
             a, b, r = np.zeros(nr), (win if name == "bubble" else stop), every

@@ -53,6 +53,7 @@ published microbenchmarks).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -60,6 +61,7 @@ from functools import cached_property
 import numpy as np
 
 from topologies.cluster import GPUSpec
+from topologies.gpus import get_gpu
 from workloads.ops import Compute, Kernel, Op
 from workloads.parallel import DTYPE_BYTES
 
@@ -152,13 +154,16 @@ class ComputeModel:
     p2p_sms: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.gpu, str):  # (a GPU by name, as the topology builders take it)
+            object.__setattr__(self, "gpu", get_gpu(self.gpu))
         if self.dtype not in self.gpu.peak_flops:
             raise ValueError(f"training.dtype: {self.dtype!r} is not supported by {self.gpu.name}; valid: "
                              f"{', '.join(self._trainable_dtypes())}")
         for name in ("matmul_efficiency", "fp8_matmul_efficiency", "attention_efficiency", "memory_efficiency",
                      "score_memory_efficiency"):
             v = getattr(self, name)
-            if v is not None and not (isinstance(v, (int, float)) and MIN_EFFICIENCY <= v <= 1):
+            if v is not None and not (isinstance(v, numbers.Real) and not isinstance(v, bool)
+                                      and MIN_EFFICIENCY <= v <= 1):
                 raise ValueError(f"compute.{name}: must be a fraction of the peak in [{MIN_EFFICIENCY:g}, 1], "
                                  f"got {v!r}")
         if not (isinstance(self.op_overhead_s, (int, float)) and 0 <= self.op_overhead_s <= _MAX_OP_OVERHEAD_S):
@@ -166,7 +171,7 @@ class ComputeModel:
                              f"[0, {_MAX_OP_OVERHEAD_S:g}] (a kernel launch is ~1e-6), got {self.op_overhead_s!r}")
         for name in ("comm_sms", "p2p_sms"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < self.gpu.sm_count:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v < self.gpu.sm_count:
                 raise ValueError(f"compute.{name}: must be an integer number of SMs in 0..{self.gpu.sm_count - 1} "
                                  f"({self.gpu.name} has {self.gpu.sm_count}), got {v!r}")
         if not (isinstance(self.gemm_k_overhead, int) and 0 <= self.gemm_k_overhead <= 65536):

@@ -35,6 +35,7 @@ hanging: unmatched collectives and send/recv pairs are found before the run
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import math
 from collections.abc import Callable, Iterator, Mapping
@@ -708,7 +709,11 @@ class Engine:
                 extra[extra <= 4 * np.spacing(end_a[ids])] = 0.0
                 weight = np.array([len(replicas[ops[i].rank]) if replicas else 1 for i in ids.tolist()], dtype=float)
                 stretch = float(extra @ weight) / graph.world_size
-        return RunRecord(self.graph, fabric, issue_a, start_a, end_a, _event_count(env) - merged, step, stretch)
+        # the record keeps the graph as it ran: a graph built on afterwards (a notebook adding ops for the next
+        # run) leaves this run's result as it was (its frames are read off the op list lazily)
+        ran = copy.copy(graph)
+        ran.ops = list(ops)
+        return RunRecord(ran, fabric, issue_a, start_a, end_a, _event_count(env) - merged, step, stretch)
 
     def _comm_sms(self) -> dict[int, tuple[int, int, int]]:
         """Per rank with ops: ``(its GPU's SMs, SMs a collective holds, SMs a send or receive holds)`` from its

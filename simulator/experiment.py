@@ -637,6 +637,10 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
         raise TypeError(f"run_experiment: needs an Experiment (load_experiment or experiment_from_dict), got "
                         f"{type(exp).__name__}")
     t0 = time.perf_counter()
+    world = exp.parallel.world_size
+    if world != exp.cluster.num_gpus:  # (experiment_from_dict checks it; an Experiment edited since may not hold)
+        raise ConfigError(f"parallel: tp x cp x pp x dp = {world} but cluster {exp.cluster.name!r} has "
+                          f"{exp.cluster.num_gpus} GPUs; they must be equal")
     memory = check_memory(exp, force)
     fidelity = _fidelity(exp.fidelity if fidelity is None else fidelity)
     with paused_gc():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import chain, islice
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 import simpy
@@ -183,7 +183,7 @@ class NetworkConfig:
                              f"valid: {', '.join(REPLICA_SENDS)}")
         if self.channels not in CHANNEL_COUNTS:
             raise ValueError(f"network.channels: {self.channels!r} unknown; valid: {', '.join(CHANNEL_COUNTS)}")
-        if self.step_latency_s is not None and not (isinstance(self.step_latency_s, (int, float))
+        if self.step_latency_s is not None and not (isinstance(self.step_latency_s, Real)
                                                     and 0 <= self.step_latency_s < 1):
             raise ValueError(f"network.step_latency: must be 'nccl' or a time in [0, 1 s), got {self.step_latency_s!r}")
         if self.fidelity not in ("fast", "full"):
@@ -193,7 +193,7 @@ class NetworkConfig:
         for tier, v in values:
             if tier and tier not in TIER_NAMES:
                 raise ValueError(f"network.bandwidth_efficiency.{tier}: unknown tier; valid: {', '.join(TIER_NAMES)}")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not MIN_EFFICIENCY <= v <= 1:
+            if isinstance(v, bool) or not isinstance(v, Real) or not MIN_EFFICIENCY <= v <= 1:
                 name = f"network.bandwidth_efficiency{'.' + tier if tier else ''}"
                 raise ValueError(f"{name}: must be a fraction of the link rate in [{MIN_EFFICIENCY:g}, 1], got {v!r}")
 

@@ -68,7 +68,11 @@ class Result:
     @property
     def stages(self) -> pd.DataFrame:
         """Where time went per pipeline stage (:func:`simulator.experiment.pipeline_stages`, set by
-        :func:`~simulator.experiment.run_experiment`); an empty frame for a bare :func:`simulator.simulate`."""
+        :func:`~simulator.experiment.run_experiment`); an empty frame for a bare :func:`simulator.simulate`. A
+        copy: the user's to edit (the summary and :meth:`plot_stages` read their own)."""
+        return self._stage_frame().copy()
+
+    def _stage_frame(self) -> pd.DataFrame:
         if self._stages is None:
             build = self._deferred.get("stages")
             self._stages = build() if build is not None else _pd().DataFrame()
@@ -91,7 +95,7 @@ class Result:
                 return [dict(row) for row in self._stage_records]
             if "stages" not in self._deferred:
                 return []
-        return self.stages.to_dict("records")
+        return self._stage_frame().to_dict("records")
 
     @property
     def expert_load(self) -> pd.DataFrame:
@@ -330,11 +334,16 @@ class Result:
             return pd.DataFrame(columns=["link", "src", "dst", "tier", "time_s", "rate_Bps", "utilization"])
         return pd.concat(parts, ignore_index=True)
 
-    @cached_property
+    @property
     def tier_timeseries(self) -> pd.DataFrame:
         """Exact total bandwidth of each tier over time (sub-µs excursions above capacity as
         :meth:`link_timeseries` says): ``time_s`` and one column per tier in wire bytes/s
-        (the sum over the tier's links), constant from one row's time to the next's."""
+        (the sum over the tier's links), constant from one row's time to the next's. A copy: the user's to
+        edit (traces and plots read their own)."""
+        return self._tier_series.copy()
+
+    @cached_property
+    def _tier_series(self) -> pd.DataFrame:
         fabric = self.record.fabric
         network = fabric.network
         return _traffic().tier_series(network.ledger, network.routes, fabric.tier)
@@ -497,15 +506,15 @@ class Result:
 
     def plot_stages(self, ax=None):
         """Where each pipeline stage's step time went (:attr:`stages`' partition), stacked seconds per category."""
-        if self.stages.empty:
+        if self._stage_frame().empty:
             raise ValueError("plot_stages: this run has no pipeline stages (a bare simulate of an op graph), "
                              "nothing to draw")
-        return _plotting().plot_stages(self.stages, ax=ax)
+        return _plotting().plot_stages(self._stage_frame(), ax=ax)
 
     def plot_tier_bandwidth(self, ax=None):
         """Bandwidth each tier carries over the step (:attr:`tier_timeseries`, bytes/s) against its capacity."""
         capacity = self._links.groupby("tier")["bandwidth_Bps"].sum().to_dict()
-        return _plotting().plot_tier_bandwidth(self.tier_timeseries, self.phases(), ax=ax, capacity=capacity)
+        return _plotting().plot_tier_bandwidth(self._tier_series, self.phases(), ax=ax, capacity=capacity)
 
     def plot_link_heatmap(self, top: int = 20, tier: str | None = None, bins: int = 200, ax=None):
         """The ``top`` (>= 1) busiest links (of ``tier``, if given) over ``bins`` (>= 1) time windows."""
@@ -546,7 +555,7 @@ class Result:
             raise ValueError(f"dpi: must be a resolution in dots per inch, 0 < dpi <= 2400, got {dpi!r}")
         os.makedirs(folder, exist_ok=True)
         figures: list[tuple[str, Callable]] = [("timeline", self.plot_timeline)]
-        if len(self.stages):
+        if len(self._stage_frame()):
             figures.append(("stages", self.plot_stages))
         figures += [("tier_bandwidth", self.plot_tier_bandwidth), ("link_heatmap", self.plot_link_heatmap),
                     ("traffic_node", lambda: self.plot_traffic_matrix("node"))]

@@ -168,7 +168,7 @@ def _peer_rank(rank: int, rep: int, peer_rep: int, result, placed: dict[int, pd.
 
 def _counter_events(result, max_points: int) -> list[dict]:
     """Tier bandwidth counters (GB/s) on the fabric's own track."""
-    tiers = result.tier_timeseries
+    tiers = result._tier_series  # (not the copy handed to users, which they may have edited)
     cols = [c for c in tiers.columns if c != "time_s" and tiers[c].abs().max() > 0]
     if not cols:
         return []

@@ -45,6 +45,7 @@ model, not to the wire.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Hashable
 
 import networkx as nx
@@ -78,9 +79,9 @@ DEFAULT_SWITCH_LATENCY = 0.5e-6
 
 
 def _positive_int(value: object, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:  # (numpy's too)
         raise TopologyError(f"{field}: {value!r} is not a positive integer")
-    return value
+    return int(value)
 
 
 def _oversubscription(value: object, field: str = "oversubscription") -> float:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -102,9 +103,9 @@ def _int(value: object, key: str, *, optional: bool = False) -> int | None:
         # (the experiment's own fields refuse a quoted number too: one rule for every numeric field)
         raise TopologyError(f"cluster.{key}: {value!r} is text; write the number without quotes "
                             f"({key}: {value.strip()})")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:  # (numpy's too)
         raise TopologyError(f"cluster.{key}: {value!r} is not a positive integer")
-    return value
+    return int(value)
 
 
 def _ratio(value: object, key: str) -> float:
