@@ -210,7 +210,8 @@ def test_deferred_frames_survive_copies_and_failed_builds():
     frame = pd.DataFrame({"stage": [0, 1]})
     r.defer("stages", lambda: frame)
     c = copy.copy(r)
-    assert c.stages is frame and r.stages is frame
+    # (built once, the frame deferred; a user gets a copy of it: 2026-12-04)
+    assert c._stage_frame() is frame and r._stage_frame() is frame and c.stages.equals(frame)
     calls = []
 
     def flaky():
@@ -224,7 +225,7 @@ def test_deferred_frames_survive_copies_and_failed_builds():
     import pytest
     with pytest.raises(ImportError):
         _ = r2.stages
-    assert r2.stages is frame  # tried again, not an empty frame
+    assert r2._stage_frame() is frame  # tried again, not an empty frame
 
 
 def test_patching_simulator_sweep_is_kept_and_undone():

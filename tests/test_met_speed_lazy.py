@@ -150,8 +150,8 @@ def test_frames_are_built_on_first_access_and_can_be_replaced(moe):
     with pytest.raises(AttributeError, match="expert_load"):
         _ = res.expert_load  # a dense model has none
     assert getattr(res, "expert_load", None) is None
-    first = res.stages
-    assert res.stages is first and len(first) == 2
+    first = res.stages  # (a copy of the frame built once: 2026-12-04)
+    assert res._stage_frame() is res._stage_frame() and res.stages.equals(first) and len(first) == 2
     res.stages = pd.DataFrame({"stage": [0]})
     assert list(res.stages.columns) == ["stage"]
     res.defer("stages", lambda: pd.DataFrame({"x": [1]}))
