@@ -109,6 +109,7 @@ def unsupported_reason(exp: Experiment) -> str | None:
         (opt.p2p != "async", "options.p2p: blocking"),
         (bool(exp.faults), "faults"),
         (opt.granularity != "chunk", "options.granularity: layer"),
+        (exp.network.model != "flow", f"network.model: {exp.network.model} (the screen prices every link's load)"),
     )
     for bad, what in checks:
         if bad:

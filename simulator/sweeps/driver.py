@@ -139,6 +139,9 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
     check_fields(fast_base if screening else base_doc, full_grid)  # the loader refuses fidelity: screen
     metric = metric or settings["metric"] or "step_time_s"
     check_metric(metric)
+    if screening and metric.startswith("bytes_"):  # (a screened row has no per-tier bytes: every rank alike)
+        raise ValueError(f"metric: {metric} is not a column of screened rows (the screen prices no links' bytes); "
+                         f"rank a screen by step_time_s, mfu, tokens_per_s or a cost, or sweep with --fidelity fast")
     if output is not None:
         output_format(output)
     if max_tp is not None:

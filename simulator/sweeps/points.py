@@ -144,7 +144,10 @@ def _auto_layouts(doc: Mapping, clusters: _ClusterCache, max_tp: int | None) -> 
     if sizes is None:
         return [{}]  # the point resolves to an invalid row with the cluster's own message
     num_gpus, per_server = sizes
-    return [dict(zip(LAYOUT_COLUMNS, lay)) for lay in layouts(num_gpus, max_tp or per_server)]
+    cp = get_path(doc, "parallel.cp", 1)  # (context parallelism takes its share of the GPUs first)
+    if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1 or num_gpus % cp:
+        return [{}]  # the point resolves to an invalid row with the layout's own message
+    return [dict(zip(LAYOUT_COLUMNS, lay)) for lay in layouts(num_gpus // cp, max_tp or per_server)]
 
 
 def _point_dp(doc: Mapping, clusters: _ClusterCache) -> int | None:
