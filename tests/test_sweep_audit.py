@@ -42,3 +42,21 @@ def test_a_screen_cannot_rank_by_bytes_it_does_not_price(tmp_path, capsys):
                  "layout=auto", "--no-progress", "--out", str(tmp_path / "m.csv")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("clustersim: error: metric: bytes_spine is not a column of screened rows")
+
+
+def test_a_grid_path_into_a_value_is_refused_naming_the_field(tmp_path, capsys):
+    # Before: parallel.placement.0 made a mapping of the list (every point invalid, exit 2 after running them);
+    # parallel.tp.x printed "# 2 points" first.
+    assert main(["sweep", DEMO, "--grid", "parallel.placement.0=tp,dp", "--no-progress", "--out",
+                 str(tmp_path / "p.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("clustersim: error: grid: parallel.placement.0: parallel.placement is a field, not a "
+                          "section") and err.count("\n") == 1
+    assert main(["sweep", DEMO, "--grid", "parallel.tp.x=1,2", "--no-progress", "--out",
+                 str(tmp_path / "q.csv")]) == 2
+    out = capsys.readouterr()
+    assert "points" not in out.out and "parallel.tp is not a section of fields" in out.err
+    assert not (tmp_path / "p.csv").exists() and not (tmp_path / "q.csv").exists()
+    # a path into a mapping that is a field's value is still a sweep (bandwidth efficiency per tier)
+    assert main(["sweep", DEMO, "--grid", "network.bandwidth_efficiency.leaf=0.8,0.9", "--no-progress", "--out",
+                 str(tmp_path / "ok.csv")]) == 0

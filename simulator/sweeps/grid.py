@@ -156,11 +156,21 @@ def check_fields(base: Mapping, grid: Grid) -> None:
             continue
         parts = key.split(".")
         prefixes = tuple(".".join(parts[:i]) + ": unknown field" for i in range(1, len(parts) + 1))
+        # a field above the path's end (parallel.placement of parallel.placement.0): the path goes into a value
+        fields = tuple(".".join(parts[:i]) + ":" for i in range(2, len(parts)))
         try:
-            experiment_from_dict(apply_overrides(base, {key: values[0]}))
+            doc = apply_overrides(base, {key: values[0]})
+        except ValueError as exc:  # (a parent that holds a plain value)
+            raise ValueError(f"grid: {one_line(exc)}; sweep the field itself, not a part of it") from None
+        try:
+            experiment_from_dict(doc)
         except ValueError as exc:
             if str(exc).startswith(prefixes):
                 raise ValueError(f"grid: {one_line(exc)}") from None
+            if str(exc).startswith(fields):
+                field = str(exc).split(":", 1)[0]
+                raise ValueError(f"grid: {key}: {field} is a field, not a section; sweep {field} itself (e.g. "
+                                 f"--grid '{field}=...' with whole values)") from None
 
 
 def merge_grids(*grids: Grid | None) -> dict[str, Any]:
