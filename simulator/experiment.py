@@ -255,11 +255,13 @@ def derived_dp(num_gpus: int, tp: int, pp: int) -> int | None:
     return None if num_gpus % (tp * pp) else num_gpus // (tp * pp)
 
 
-def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experiment:
+def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None, *, job: bool = True) -> Experiment:
     """Resolve an experiment document (already parsed YAML) into an :class:`Experiment`.
 
     ``cluster``, if given, is the cluster to run on instead of the document's ``cluster`` section (which must
-    then be absent): a job's GPUs on a shared fabric (:mod:`simulator.jobs`).
+    then be absent): a job's GPUs on a shared fabric (:mod:`simulator.jobs`), or (``job=False``) the
+    document's own cluster section built once by the caller (a sweep's points), whose messages then name
+    ``cluster.nodes`` rather than a job's nodes.
     """
     if not isinstance(doc, Mapping):
         raise ConfigError(f"experiment: the file must hold a mapping of sections ({', '.join(SECTIONS)})")
@@ -273,7 +275,7 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None) -> Experi
     if doc.get("sweep") is not None:  # read by `clustersim sweep` only, but a malformed one is an error everywhere
         from .sweeps.grid import sweep_settings  # (here: the sweeps package imports this module)
         sweep_settings(doc)
-    shared = cluster is not None  # a job's GPUs of a shared fabric: the job's nodes size it, not cluster.nodes
+    shared = cluster is not None and job  # a job's GPUs of a shared fabric: its nodes size it, not cluster.nodes
     required = [("model", "model: {preset: gpt3-175b}")]
     if cluster is None:
         required.insert(0, ("cluster", "cluster: {preset: dgx-h100, nodes: 2}"))

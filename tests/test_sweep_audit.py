@@ -60,3 +60,12 @@ def test_a_grid_path_into_a_value_is_refused_naming_the_field(tmp_path, capsys):
     # a path into a mapping that is a field's value is still a sweep (bandwidth efficiency per tier)
     assert main(["sweep", DEMO, "--grid", "network.bandwidth_efficiency.leaf=0.8,0.9", "--no-progress", "--out",
                  str(tmp_path / "ok.csv")]) == 0
+
+
+def test_a_sweeps_invalid_layout_is_told_to_resize_cluster_nodes(tmp_path, capsys):
+    # Before: the worker's cached cluster made every point read as a job of a shared fabric ("give the job other
+    # nodes (its nodes: field)"), a field a sweep has not.
+    main(["sweep", DEMO, "--fidelity", "screen", "--grid", "layout=2x2x2", "--no-progress", "--out",
+          str(tmp_path / "i.csv")])
+    reason = _rows(tmp_path / "i.csv")[0]["reason"]
+    assert reason.endswith("set dp to 4 or resize cluster.nodes") and "job" not in reason

@@ -41,7 +41,7 @@ def _screen_experiment(doc: Mapping):
         _CLUSTERS[key] = cluster
     if cluster is None:
         return experiment_from_dict(doc)  # the loader's own message for a missing cluster
-    return experiment_from_dict({k: v for k, v in doc.items() if k != "cluster"}, cluster=cluster)
+    return experiment_from_dict({k: v for k, v in doc.items() if k != "cluster"}, cluster=cluster, job=False)
 
 
 def _metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
