@@ -226,10 +226,9 @@ def _compute_settings(doc: dict, written: dict, gpu: str) -> tuple[str, dict]:
     elif "dtype" not in training:
         dtype = their_dtype
     if section and {**defaults, **settings} != {**defaults, **their_settings}:
-        notes.append("compute: the file's compute settings re-time the trace's kernels, written with "
-                     + ", ".join(f"{k}: {v}" for k, v in sorted(their_settings.items()) if defaults.get(k) != v)
-                     if any(defaults.get(k) != v for k, v in their_settings.items()) else
-                     "compute: the file's compute settings re-time the trace's kernels, written with the defaults")
+        changed = ", ".join(f"{k}: {v}" for k, v in sorted(their_settings.items()) if defaults.get(k) != v)
+        notes.append(f"compute: the file's compute settings re-time the trace's kernels, written with "
+                     f"{changed or 'the defaults'}")
     elif not section:
         settings = their_settings
     for note in notes:
