@@ -273,7 +273,7 @@ def _partition_owners(ops, window: float | Mapping[int, float], step_time: float
         spans.append((li, r[keep], a[keep], b[keep]))
     fixed_r, fixed_t = np.tile(every, 3), np.concatenate([np.zeros(nr), win, stop])  # each rank's 0, window, end
     times = _unique(np.concatenate([fixed_t, *(x[2] for x in spans), *(x[3] for x in spans)]))
-    times = times[(times >= 0) & (times <= (stop.max() if nr else 0.0))]
+    times = times[(times >= 0) & (times <= step_time)]
     nt = len(times)
 
     def key(r: np.ndarray, t: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ from topologies.loader import MAX_GPUS, preset_section
 from workloads.ops import COLLECTIVE_KINDS
 
 from . import chakra_cli
-from .collectives import COLLECTIVE_ALGORITHMS
+from .collectives import COLLECTIVE_ALGORITHMS, valid_algorithms
 from .engine import DeadlockError
 from .fabric import NetworkConfig
 
@@ -202,6 +202,9 @@ def _collective():
         if args.op == "sendrecv" and args.algo != "auto":  # (bench.collective_time runs sendrecv as send/recv)
             raise ValueError(f"--algo: {args.algo} does not apply to sendrecv, a point-to-point transfer with no "
                              f"algorithm choice; leave --algo out (or give auto)")
+        if args.op != "sendrecv" and args.algo not in valid_algorithms(args.op):
+            raise ValueError(f"--algo: {args.algo} does not implement {args.op}; valid for {args.op}: "
+                             f"{', '.join(valid_algorithms(args.op))}")
         if args.gpus is not None and not 2 <= args.gpus <= MAX_GPUS:
             raise ValueError(f"--gpus: must be in 2..{MAX_GPUS:,}, got {args.gpus:,}")
         lo = _whole(parse_bytes(args.min_size, "--min-size", allow_zero=False), args.min_size, "--min-size",
@@ -220,14 +223,7 @@ def _collective():
         network = _file_network(args.cluster)  # (a file's network: section, e.g. routing: spray, is honoured)
         network = dataclasses.replace(network, fidelity=args.fidelity or network.fidelity,
                                       pxn=network.pxn and args.pxn)
-        from .collectives import CollectiveError
-        try:
-            table = collective_sweep(cluster, args.op, args.gpus, sizes, args.algo, network)
-        except CollectiveError as exc:  # (an algorithm that does not implement the op: name the option)
-            text = str(exc)
-            if not text.startswith("algorithm: "):
-                raise
-            raise ValueError("--algo: " + text[len("algorithm: "):]) from None
+        table = collective_sweep(cluster, args.op, args.gpus, sizes, args.algo, network)
         if args.json:
             print(json.dumps(table.to_dict(orient="records")))
             return 0

@@ -249,8 +249,9 @@ class JobsResult:
     together : Result
         The run of every job at once (ranks: job after job, each over its own GPUs); its links, traffic
         matrices, timelines and plots show the whole fabric. Its ``rank_groups`` are the jobs' ranks: each
-        job's time breakdown has its own pipeline window and end, and timelines and traces show each job's
-        stages (:meth:`~simulator.result.Result.phases` and ``step_time`` are the joint run's).
+        job's time breakdown has its own pipeline window (its GPUs idle from its last op to the joint end),
+        and timelines and traces show each job's stages (:meth:`~simulator.result.Result.phases` and
+        ``step_time`` are the joint run's).
     jobs : pandas.DataFrame
         One row per job: ``job, nodes, gpus, steps, step_time_s`` (per step, together),
         ``alone_step_time_s``, ``slowdown`` (together / alone, >= 1 up to rounding), ``slowdown_bound``

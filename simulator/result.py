@@ -55,7 +55,7 @@ class Result:
                  rank_groups: Sequence[tuple[int, int]] | None = None) -> None:
         self.record = record
         # rank ranges [lo, hi) that each run a step of their own (the jobs of a joint run, simulator.jobs):
-        # each has its own pipeline window and end in the breakdowns, and its own stages in timelines and traces
+        # each has its own pipeline window in the breakdowns, and its own stages in timelines and traces
         self.rank_groups = [(int(lo), int(hi)) for lo, hi in rank_groups] if rank_groups else None
         self.step_time = record.step_time_s
         self.sim_wall_s = sim_wall_s

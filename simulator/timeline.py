@@ -24,12 +24,6 @@ from .traffic import check_ids
 COLUMNS = ["rank", "stage", "lane", "category", "start_s", "end_s", "micro_batch", "chunk", "label"]
 
 
-def stage_representatives(ops: pd.DataFrame) -> dict[int, int]:
-    """``{stage: lowest rank of that stage}`` from the ops' ``stage`` tags (ranks without tagged ops are
-    left out); ``{}`` when no op carries a stage."""
-    return {s: r for r, s in stage_ranks(ops).items()}
-
-
 def stage_ranks(ops: pd.DataFrame, groups: Sequence[tuple[int, int]] | None = None) -> dict[int, int]:
     """``{rank: its stage}`` for the lowest rank of each pipeline stage, in stage order; with ``groups``
     (rank ranges ``[lo, hi)`` that each run a pipeline of their own, the jobs of a joint run) one per stage of
@@ -37,11 +31,8 @@ def stage_ranks(ops: pd.DataFrame, groups: Sequence[tuple[int, int]] | None = No
     tagged = ops[ops["stage"] >= 0]
     if tagged.empty:
         return {}
-    if not groups:
-        first = tagged.groupby("stage")["rank"].min()
-        return {int(r): int(s) for s, r in first.items()}
     out: dict[int, int] = {}
-    for lo, hi in groups:
+    for lo, hi in groups or [(0, int(tagged["rank"].max()) + 1)]:
         mine = tagged[(tagged["rank"] >= lo) & (tagged["rank"] < hi)]
         out.update({int(r): int(s) for s, r in mine.groupby("stage")["rank"].min().items()})
     return out
