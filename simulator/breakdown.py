@@ -163,9 +163,11 @@ def category_order(names) -> list[str]:
     return [*COMPUTE_CATEGORIES, *comm, *WAITS, "bubble", "idle"]
 
 
-def _layers(ops) -> list[tuple[str, np.ndarray | None, bool]]:
+def _layers(ops) -> list[tuple[str, np.ndarray | None, str]]:
     """The partition's layers in priority order: ``(category, selected ops or None for a whole-rank span,
-    whether the interval is the wait before the op starts)``."""
+    which interval of each op)``: ``"run"`` from its start to its end (less its members' wait), ``"wait"``
+    from its issue to its start, ``"tail"`` its members' wait at its end (optional column ``member_wait_s``:
+    a representative's op that its members finish early, on average, to wait for the slowest of them)."""
     kind = np.asarray(_column(ops, "kind"), dtype=object)
     micro_batch = _column(ops, "micro_batch")
     traffic_class = np.asarray(_column(ops, "traffic_class"), dtype=object)
@@ -176,27 +178,35 @@ def _layers(ops) -> list[tuple[str, np.ndarray | None, bool]]:
     in_mb = micro_batch >= 0
     ep = traffic_class == "ep"
     waiting = blocking & (_column(ops, "issue_s") < _column(ops, "start_s"))
+    tail = (_column(ops, "member_wait_s") > 0) if _has(ops, "member_wait_s") else np.zeros(len(kind), dtype=bool)
     comm_names = sorted(cat_names[len(COMPUTE_CATEGORIES):])  # every class named is that of a communication op
-    layers: list[tuple[str, np.ndarray | None, bool]] = []
+    layers: list[tuple[str, np.ndarray | None, str]] = []
 
     def comm(mask: np.ndarray) -> None:
-        layers.extend((c, mask & (code == cat_code[c]), False) for c in comm_names)
+        layers.extend((c, mask & (code == cat_code[c]), "run") for c in comm_names)
 
     # micro-batch work: what the pipeline schedule is made of
-    layers.extend((c, is_compute & (code == cat_code[c]), False) for c in ("forward", "backward", "recompute"))
+    layers.extend((c, is_compute & (code == cat_code[c]), "run") for c in ("forward", "backward", "recompute"))
     comm(blocking & in_mb)
-    layers.append(("moe_wait", waiting & in_mb & ep, True))
-    layers.append(("sync_wait", waiting & in_mb & ~ep, True))
+    layers.append(("moe_wait", tail & in_mb, "tail"))
+    layers.append(("moe_wait", waiting & in_mb & ep, "wait"))
+    layers.append(("sync_wait", waiting & in_mb & ~ep, "wait"))
     comm(~is_compute & ~blocking & in_mb)
-    layers.append(("bubble", None, False))
+    layers.append(("bubble", None, "run"))
     # the rest of the step: optimizer, gradient synchronisation, waiting for the others
-    layers.extend((c, is_compute & (code == cat_code[c]), False) for c in ("optimizer", "other_compute"))
+    layers.extend((c, is_compute & (code == cat_code[c]), "run") for c in ("optimizer", "other_compute"))
     comm(blocking & ~in_mb)
-    layers.append(("moe_wait", waiting & ~in_mb & ep, True))
-    layers.append(("sync_wait", waiting & ~in_mb & ~ep, True))
+    layers.append(("moe_wait", tail & ~in_mb, "tail"))
+    layers.append(("moe_wait", waiting & ~in_mb & ep, "wait"))
+    layers.append(("sync_wait", waiting & ~in_mb & ~ep, "wait"))
     comm(~is_compute & ~blocking)
-    layers.append(("idle", None, False))
+    layers.append(("idle", None, "run"))
     return layers
+
+
+def _has(ops, name: str) -> bool:
+    """Whether ``ops`` (a frame, or a mapping of column names to arrays) has column ``name``."""
+    return name in ops
 
 
 def _unique(values: np.ndarray) -> np.ndarray:
@@ -262,13 +272,15 @@ def _partition_owners(ops, window: float | Mapping[int, float], step_time: float
         return ranks, empty.astype(np.int64), empty, empty, empty.astype(np.int64), [n for n, _, _ in layers]
     win, stop = _by_rank(window, ranks), np.full(nr, float(step_time))
     s, e, issue = _column(ops, "start_s"), _column(ops, "end_s"), _column(ops, "issue_s")
+    cut = e - _column(ops, "member_wait_s") if _has(ops, "member_wait_s") else e  # where the members' wait starts
     spans = []  # (layer index, rank index, start, end) arrays per layer
     every = np.arange(nr)
-    for li, (name, sel, wait) in enumerate(layers):
+    for li, (name, sel, part) in enumerate(layers):
         if sel is None:
             a, b, r = np.zeros(nr), (win if name == "bubble" else stop), every
         else:
-            a, b, r = (issue[sel], s[sel], ridx[sel]) if wait else (s[sel], e[sel], ridx[sel])
+            a, b = {"run": (s, cut), "wait": (issue, s), "tail": (cut, e)}[part]
+            a, b, r = a[sel], b[sel], ridx[sel]
         keep = b > a
         spans.append((li, r[keep], a[keep], b[keep]))
     fixed_r, fixed_t = np.tile(every, 3), np.concatenate([np.zeros(nr), win, stop])  # each rank's 0, window, end

@@ -296,9 +296,14 @@ class ComputeModel:
 
 
 def op_durations(ops: Sequence[Op], compute: ComputeModel,
-                 rank_compute: Mapping[int, ComputeModel] | None = None) -> list[float]:
+                 rank_compute: Mapping[int, ComputeModel] | None = None,
+                 member_busy: dict[int, float] | None = None) -> list[float]:
     """Seconds of every compute op of ``ops`` (indexed by op id; NaN for the other ops) on its rank's model
     (``rank_compute``, else ``compute``): :meth:`ComputeModel.duration`, once per distinct op shape.
+
+    An op with ``members`` (a representative computing for ranks whose work differs) takes its longest
+    member's time; ``member_busy``, if given, receives ``{op id: mean member time / that time}`` for each
+    such op (the share of the op its members compute, on average: the rest they wait).
 
     An op with ``duration_s`` takes it. A coarsened op (non-empty ``parts``) is timed once per kernel tuple
     object and model (generators share one tuple across many ops), all such tuples together at the end by
@@ -311,6 +316,7 @@ def op_durations(ops: Sequence[Op], compute: ComputeModel,
     by_value: dict[tuple, float] = {}
     later: list[tuple[ComputeModel, tuple[Kernel, ...]]] = []  # tuples to time together, in first-seen order
     waiting: list[int] = []  # ids of the ops timed with ``later``
+    members: list[tuple[int, ComputeModel, tuple]] = []  # (op id, model, members) of ops with members
     slots: list[int] = []  # ... and their entries of it
     model = compute
     for op in ops:
@@ -322,6 +328,9 @@ def op_durations(ops: Sequence[Op], compute: ComputeModel,
         if not one:
             model = rank_compute.get(op.rank, compute)
         parts = op.parts
+        if parts and op.members is not None:
+            members.append((op.id, model, op.members))
+            continue
         if parts:  # (duration() is then the sum over the kernels alone)
             key = id(parts) if one else (id(parts), id(model))
             slot = slot_of.get(key)
@@ -337,10 +346,22 @@ def op_durations(ops: Sequence[Op], compute: ComputeModel,
         if d is None:
             d = by_value[vkey] = model.duration(op)
         duration[op.id] = d
+    if members:  # every member's tuple timed with the others, each distinct (tuple, model) once
+        for _op, model, tuples in members:
+            for parts in tuples:
+                key = id(parts) if one else (id(parts), id(model))
+                if key not in slot_of:
+                    slot_of[key] = len(later)
+                    later.append((model, parts))
     if later:
         timed = _parts_durations(later)
         for i, slot in zip(waiting, slots):
             duration[i] = timed[slot]
+        for i, model, tuples in members:
+            times = [timed[slot_of[id(p) if one else (id(p), id(model))]] for p in tuples]
+            duration[i] = longest = max(times)
+            if member_busy is not None:
+                member_busy[i] = sum(times) / len(times) / longest if longest > 0 else 1.0
     return duration
 
 

@@ -39,7 +39,7 @@ import copy
 import gc
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from heapq import heappush
 from numbers import Real
 
@@ -98,6 +98,9 @@ class RunRecord:
     compute_beside_comm_s: float = 0.0
     """Seconds of compute time per rank (the mean over the world's ranks) that the SMs communication held
     beside it added (module docstring, "Compute beside communication")."""
+    member_busy: dict[int, float] = field(default_factory=dict)
+    """Op id -> the share of the op its members compute, on average, for each compute op with ``members``
+    (:func:`simulator.compute.op_durations`); the rest of the op they wait for its slowest member."""
 
 
 def _describe(op: Op) -> str:
@@ -468,7 +471,8 @@ class Engine:
 
         # Compute durations, once per distinct op shape (coarsened ops often share their kernel tuple).
         nan = float("nan")
-        duration = op_durations(ops, compute, self.rank_compute)
+        member_busy: dict[int, float] = {}
+        duration = op_durations(ops, compute, self.rank_compute, member_busy)
         if self.slowdown:
             factor = {r: max(self.slowdown.get(x, 1.0) for x in (replicas or {}).get(r, (r,)))
                       for r in {op.rank for op in ops}}
@@ -713,7 +717,8 @@ class Engine:
         # run) leaves this run's result as it was (its frames are read off the op list lazily)
         ran = copy.copy(graph)
         ran.ops = list(ops)
-        return RunRecord(ran, fabric, issue_a, start_a, end_a, _event_count(env) - merged, step, stretch)
+        return RunRecord(ran, fabric, issue_a, start_a, end_a, _event_count(env) - merged, step, stretch,
+                         member_busy)
 
     def _comm_sms(self) -> dict[int, tuple[int, int, int]]:
         """Per rank with ops: ``(its GPU's SMs, SMs a collective holds, SMs a send or receive holds)`` from its

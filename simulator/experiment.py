@@ -75,9 +75,11 @@ network still carries every member's flows (each DP/PP flow and collective is re
 TP collectives run over the real group; a send's replicas of one kind run as one flow over all their routes
 unless ``network.replica_sends: each``), so link loads and contention are those of the full run. The two
 agree on step time within 2% (``tests/test_fidelity.py``). ``lockstep`` goes further: one
-representative per pipeline stage (and EP index, for MoE models unless ``moe.routing: balanced`` gives every
-EP rank one program) stands for its whole DP x TP block (expert-DP x TP), so DP replicas advance in lockstep,
-each op waiting for the slowest replica's flows; the network still carries every replica's flows. A MoE step
+representative per pipeline stage stands for its whole DP x TP block, so DP replicas advance in lockstep,
+each op waiting for the slowest replica's flows; the network still carries every replica's flows. A MoE
+stage's representative issues for its whole EP group with its slowest member's experts (one per EP index,
+for its expert-DP x TP block, where work runs beside the experts: the overlapped shared expert, a split
+backward; docs/DESIGN.md, "Skewed MoE stages"). A MoE step
 whose DeepEP matrices differ between the EP groups of one stage (groups spread over nodes unalike) runs as
 ``fast``. Exact when the replicas see the same contention; usually pessimistic otherwise
 (measured: +0.003% at 1,024 GPUs on the GPT-3 ladder, up to +14% on a deliberately comm-bound config with

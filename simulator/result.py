@@ -178,6 +178,13 @@ class Result:
         n = len(out["rank"])  # (fromiter: the same object array as np.array's, a third quicker)
         out.update({c: np.fromiter(self._op_column(c), dtype=object, count=n)
                     for c in ("kind", "name", "stream", "traffic_class")})
+        busy = getattr(self.record, "member_busy", None)
+        if busy:  # a representative's members wait out the end of its op for the slowest of them
+            ids = np.fromiter(busy, dtype=np.int64, count=len(busy))
+            share = np.fromiter(busy.values(), dtype=float, count=len(busy))
+            wait = np.zeros(n)
+            wait[ids] = (out["end_s"][ids] - out["start_s"][ids]) * (1.0 - share)
+            out["member_wait_s"] = wait
         return out
 
     def _rep_frame(self) -> pd.DataFrame:

@@ -99,6 +99,15 @@ class Compute(Op):
     A coarsened op stands for a fused sequence of kernels: ``parts`` holds one
     :class:`Kernel` each, its time is the sum of theirs, and ``flops`` /
     ``nbytes`` are their totals.
+
+    ``members`` (with ``parts``) is every member's kernels, for a graph whose
+    representative computes on behalf of ranks whose work differs
+    (``graph.replicas``; ``lockstep``'s skewed MoE stages: each EP rank's
+    experts at its own load), in the order of the representative's EP group;
+    each member tuple stands for an equal share of the representative's
+    replicas. The op takes the longest member's time (the members' next
+    exchange waits for the slowest of them); ``parts`` is that member's
+    kernels, and the others' shortfall is their wait (``moe_wait``).
     """
 
     flops: float = 0.0
@@ -107,6 +116,7 @@ class Compute(Op):
     shape: tuple[int, int, int] | None = None
     duration_s: float | None = None
     parts: tuple[Kernel, ...] | None = None
+    members: tuple[tuple[Kernel, ...], ...] | None = None
     kind = "compute"
 
 
@@ -464,10 +474,12 @@ class OpGraph:
         return n
 
     def _compute_parts(self, rank: int, parts: tuple[Kernel, ...], name: str, deps: Iterable[int], category: str,
-                       layer: int, micro_batch: int, stage: int, stream: str) -> int:
+                       layer: int, micro_batch: int, stage: int, stream: str,
+                       members: tuple[tuple[Kernel, ...], ...] | None = None) -> int:
         """:meth:`compute` of a coarsened op (``parts`` a tuple of kernels; no shape, no ``duration_s``, traffic
         class ``compute``), positionally: the hot path of the MoE generators (three compute ops per layer pass
-        of every rank). The same checks, the same op."""
+        of every rank). The same checks, the same op. ``members``: every member's kernels (:class:`Compute`),
+        ``parts`` among them; each tuple checked as ``parts`` is."""
         if not 0 <= rank < self.world_size:
             self._check_rank(rank)
         if category not in COMPUTE_CATEGORIES:
@@ -477,10 +489,16 @@ class OpGraph:
             flops, nbytes = cached[1], cached[2]
         else:
             flops, nbytes = self._part_sums(parts, name)
+        if members is not None:
+            if not (type(members) is tuple and members and any(m is parts for m in members)):
+                raise OpGraphError(f"compute {name!r}: members must be a non-empty tuple of kernel tuples holding "
+                                   f"the op's parts")
+            for member in members:
+                self._part_sums(member, name)
         ops = self.ops
         n = len(ops)
         ops.append(Compute(n, rank, stream, self._deps(deps, n), name, "compute", layer, micro_batch, stage,
-                           float(flops), float(nbytes), category, None, None, parts))
+                           float(flops), float(nbytes), category, None, None, parts, members))
         return n
 
     def _checked_rows(self, rows: Sequence[Sequence[float]], grp: tuple[int, ...], rank: int,
@@ -503,7 +521,11 @@ class OpGraph:
         if len(out) != len(grp):
             raise OpGraphError(f"rows: need {len(grp)} rows (one per group member), got {len(out)}")
         if not known:
+            valid = self._valid_splits  # rows a generator handed over as checked splits need no scan
             for i, row in enumerate(out):
+                seen = valid.get(id(rows[i]))
+                if seen is not None and seen[0] is rows[i] and seen[1] == row and len(row) == len(grp):
+                    continue
                 if len(row) != len(grp) or not all(0.0 <= x < float("inf") for x in row):
                     raise OpGraphError(f"rows: row {i} needs {len(grp)} finite non-negative sizes, got {row}")
             if isinstance(rows, tuple):

@@ -183,7 +183,7 @@ from .flops import (
 from .memory import stage_params
 from .models import ModelSpec
 from .moe import LayerRouting, RoutingModel, deepep_matrices, route_layer
-from .ops import Kernel, OpGraph
+from .ops import Compute, Kernel, OpGraph
 from .parallel import (
     ParallelConfig,
     RankLayout,
@@ -392,8 +392,16 @@ class TrainingStep:
         kernel's masked half and dropped MoE tokens left out, its backward's recomputed ``Q Kᵀ`` in."""
         replicas = getattr(self.graph, "replicas", None)
         if replicas:  # a graph of representatives: each op runs on every rank its rank stands for
-            return sum(op.flops * len(replicas[op.rank]) for op in self.graph.ops if op.kind == "compute")
+            return sum(_member_flops(op) * len(replicas[op.rank]) for op in self.graph.ops if op.kind == "compute")
         return sum(getattr(op, "flops", 0.0) for op in self.graph.ops if op.kind == "compute")
+
+
+def _member_flops(op: Compute) -> float:
+    """FLOPs one rank a representative's compute op stands for executes, on average: its own, or the mean over
+    its ``members`` (each an equal share of the representative's replicas)."""
+    if op.members is None:
+        return op.flops
+    return sum(sum(k.flops for k in member) for member in op.members) / len(op.members)
 
 
 # ------------------------------------------------------------------ segments
@@ -580,6 +588,8 @@ class _StepBuilder:
         # are one object.
         self._whole_ep_groups = False
         self._ep_matrices: dict[tuple, tuple] = {}
+        self._loads_of: dict[tuple, tuple[int, ...]] = {}  # (layer, draw's micro-batch, EP group) -> its loads
+        self._member_parts: dict[tuple, tuple] = {}  # (id(kernels), loads) -> every member's kernels
         self._equal_matrices: dict[tuple, tuple] = {}
         self._moe_kernels: dict[int, tuple] = {}  # id(segment's MoE split) -> (split, kernels before, after)
         self._end_params: dict[int, float] = {}
@@ -1140,6 +1150,27 @@ class _StepBuilder:
             self._ep_matrices[key] = found
         return found
 
+    def _group_loads(self, rank: int, layer: int, mb: int) -> tuple[int, ...]:
+        """Token slots each member of ``rank``'s EP group computes in micro-batch ``mb`` of ``layer``, in group
+        order (kept per draw and group: every lane's representative asks)."""
+        group, _e = self._ep_group(rank)
+        key = (layer, mb if self.routing.draw == "micro_batch" else None, group)
+        loads = self._loads_of.get(key)
+        if loads is None:
+            loads = self._loads_of[key] = tuple(self._moe_rows_for(r, layer, mb)[2][2] for r in group)
+        return loads
+
+    def _members(self, kernels: tuple[Kernel, ...], loads: tuple[int, ...] | None, scaled) -> tuple | None:
+        """Every member's kernels (``Compute.members``) made by ``scaled(kernels, load)`` for each member's
+        load, one tuple per distinct (kernels, loads); None when every member has one load."""
+        if loads is None:
+            return None
+        key = (id(kernels), loads)
+        found = self._member_parts.get(key)
+        if found is None:
+            found = self._member_parts[key] = tuple(scaled(kernels, x) for x in loads)
+        return found
+
     def emit_moe(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
         """One pass of a MoE layer outside DualPipe's pairs: :meth:`moe_pieces` run to completion.
 
@@ -1181,8 +1212,12 @@ class _StepBuilder:
         # rows of the whole group, when this rank issues the exchanges for its EP peers too (lockstep, symmetric)
         if self._whole_ep_groups:
             out_rows, back_rows, *forward_rows = self._group_matrices(rank, seg.layer, mb)  # bytes, member x member
+            loads = self._group_loads(rank, seg.layer, mb)
+            load = max(loads)  # the slowest member's experts: the exchange after them waits for it
+            if min(loads) == load:  # (balanced routing: one load, one program)
+                loads = None
         else:
-            out_rows = back_rows = None
+            out_rows = back_rows = loads = None
             forward_rows = (None, None)
         gather = None
         if self.expert_grid:
@@ -1212,16 +1247,13 @@ class _StepBuilder:
         # the hot ops by the graph's positional builders (the same checks and ops as compute / collective_op)
         compute, alltoallv = g._compute_parts, g._alltoallv
         regather = self._regather_op(rank, seg, deps, name, mb, stage)
-        head, again, tail = pre = kernels[1]
-        if again is not None:  # (one tuple per segment kind and load, kept as _expert_parts keeps its parts)
-            key = (id(pre), load)
-            pre = self._moe_parts.get(key)
-            if pre is None:
-                pre = self._moe_parts[key] = g._joined_parts((head, self._expert_parts(again, load), tail),
-                                                             f"{name}.pre")
+        head, again, tail = kernels[1]
+        if again is not None:
+            pre = self._recomputed_pre(kernels[1], load, name)
+            members = self._members(kernels[1], loads, lambda k, x: self._recomputed_pre(k, x, name))
         else:
-            pre = head
-        last = compute(rank, pre, f"{name}.pre", deps, "gemm", layer, mb, stage, COMPUTE_STREAM)
+            pre, members = head, None
+        last = compute(rank, pre, f"{name}.pre", deps, "gemm", layer, mb, stage, COMPUTE_STREAM, members)
         last = self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
         yield last
         first = alltoallv(rank, group, out_row, out_rows, f"{name}.ep_{'dispatch' if fwd else 'combine_grad'}",
@@ -1239,7 +1271,7 @@ class _StepBuilder:
                                     stream=a2a_stream)
             wait = [first] if apart else []
         done = compute(rank, self._expert_parts(kernels[3], load), f"{name}.experts", wait, "gemm", layer, mb, stage,
-                       COMPUTE_STREAM)
+                       COMPUTE_STREAM, self._members(kernels[3], loads, self._expert_parts))
         yield done
         if gather is not None:
             done = g.collective_op(rank, "reduce_scatter", gather, load * self.model.hidden * self.dtype,
@@ -1255,6 +1287,29 @@ class _StepBuilder:
         if shared:
             yield compute(rank, kernels[5], f"{name}.shared_2", (), "gemm", layer, mb, stage, COMPUTE_STREAM)
         return compute(rank, kernels[2], f"{name}.post", wait, "gemm", layer, mb, stage, COMPUTE_STREAM)
+
+    def _recomputed_pre(self, pre: tuple, load: int, name: str) -> tuple[Kernel, ...]:
+        """The kernels before a backward's first exchange under full recomputation (``pre``: the kernels before
+        the recomputed experts, those experts' balanced kernels, the rest) at ``load`` token slots; one tuple per
+        segment kind and load, kept as :meth:`_expert_parts` keeps its parts."""
+        key = (id(pre), load)
+        parts = self._moe_parts.get(key)
+        if parts is None:
+            head, again, tail = pre
+            parts = self._moe_parts[key] = self.graph._joined_parts((head, self._expert_parts(again, load), tail),
+                                                                    f"{name}.pre")
+        return parts
+
+    def _expert_w_parts(self, expert_w: tuple, load: int, name: str) -> tuple[Kernel, ...]:
+        """A split backward's W pass (``expert_w``: the kernels before the routed experts' weight gradients,
+        their balanced kernels, the rest) at ``load`` token slots, kept per (pass kind, load)."""
+        key = (id(expert_w), load)
+        parts = self._moe_parts.get(key)
+        if parts is None:
+            before, balanced, after = expert_w
+            parts = self._moe_parts[key] = self.graph._joined_parts(
+                (before, self._expert_parts(balanced, load), after), name)
+        return parts
 
     def _tokens(self, layer: int, mb: int, draw: tuple) -> np.ndarray:
         """Tokens EP rank ``i`` sends to EP rank ``j`` in ``draw`` (:meth:`LayerRouting.rank_matrix`), made once
@@ -1551,9 +1606,19 @@ class _StepBuilder:
             deps = [last]
         parts = seg.parts
         if seg.expert_w is not None:  # the routed experts' weight gradients at this rank's load
-            before, balanced, after = seg.expert_w
-            load = self._moe_rows_for(rank, seg.layer, mb)[2][2] * (self.etp if self.expert_grid else 1)
-            parts = before + self._expert_parts(balanced, load) + after
+            if self._whole_ep_groups:  # (issued for the whole EP group: its slowest member's, as the exchanges)
+                loads = self._group_loads(rank, seg.layer, mb)
+                load = max(loads)
+                loads = None if min(loads) == load else loads
+            else:
+                load = self._moe_rows_for(rank, seg.layer, mb)[2][2] * (self.etp if self.expert_grid else 1)
+                loads = None
+            parts = self._expert_w_parts(seg.expert_w, load, name)
+            members = self._members(seg.expert_w, loads, lambda w, x: self._expert_w_parts(w, x, name))
+            if members is not None:
+                return self._emit_tp(rank, seg, name, g._compute_parts(rank, parts, name, deps, "gemm", seg.layer,
+                                                                      mb, stage, COMPUTE_STREAM, members),
+                                     mb, stage, after=regather)
         if parts or last is None:
             last = g.compute(rank, parts=parts, name=name, deps=deps, **tags)
         return self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
@@ -2179,8 +2244,14 @@ class _StepBuilder:
         if representatives == "stage" and self.expert_parallel and not self._ep_layouts_agree():
             representatives = "tp"  # one stage's EP groups need different DeepEP matrices: no lockstep
         # Balanced routing gives every EP rank the same expert load and rows that are one another's relabelling:
-        # then every EP index runs one program, and one rank can stand for its whole EP group too.
-        self._whole_ep_groups = representatives == "stage" and self.expert_parallel and self.routing.kind == "balanced"
+        # then every EP index runs one program, and one rank can stand for its whole EP group too. Under skewed
+        # routing the members' programs differ only in their experts' loads, between the two exchanges that
+        # synchronise them: one rank stands for the group there too, at its slowest member's load, unless work
+        # runs beside the experts that a faster member would start early (the shared expert overlapping the
+        # exchanges; a split backward's W passes and DualPipe's pairs), where it keeps a rank per EP index.
+        self._whole_ep_groups = representatives == "stage" and self.expert_parallel and (
+            self.routing.kind == "balanced" or not (
+                self.split_backward or (self.routing.shared_expert_overlap and self.model.shared_experts)))
         span = 1 if self._whole_ep_groups else ep  # EP indices with a representative of their own
         if representatives == "stage" and self.t * self.cp * self.par.dp // span > 1:
             # Every rank of a pipeline stage runs the same program as the ranks with its EP index in the
