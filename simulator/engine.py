@@ -711,7 +711,9 @@ class Engine:
                 # an op never slowed ends at start + duration up to the rounding of the sums: a few ulps of its
                 # end, not time its SMs lost (examples/custom-fabric.yaml read 1.4e-18 s per rank)
                 extra[extra <= 4 * np.spacing(end_a[ids])] = 0.0
-                weight = np.array([len(replicas[ops[i].rank]) if replicas else 1 for i in ids.tolist()], dtype=float)
+                # (an op with members: its faster members' ops are shorter, taken as stretched in proportion)
+                weight = np.array([len(replicas[ops[i].rank]) * member_busy.get(i, 1.0) if replicas else 1
+                                   for i in ids.tolist()], dtype=float)
                 stretch = float(extra @ weight) / graph.world_size
         # the record keeps the graph as it ran: a graph built on afterwards (a notebook adding ops for the next
         # run) leaves this run's result as it was (its frames are read off the op list lazily)

@@ -648,8 +648,11 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
     memory = check_memory(exp, force)
     fidelity = _fidelity(exp.fidelity if fidelity is None else fidelity)
     with paused_gc():
+        representatives = _REPRESENTATIVES[fidelity]
+        if representatives == "stage" and exp.slowdown():  # a straggler is one EP member, not its whole group
+            representatives = "stage_ep"
         step = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing,
-                             representatives=_REPRESENTATIVES[fidelity])
+                             representatives=representatives)
         healthy = None
         if exp.faults:  # the same step on the healthy cluster, for the cost of the faults
             healthy = Engine(step.graph, exp.healthy_cluster, exp.compute_model(), exp.network).run().step_time_s

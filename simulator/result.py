@@ -162,8 +162,9 @@ class Result:
                 col = np.fromiter(map(attrgetter(name), ops), dtype=float, count=n)
             elif name == "count":  # a coarsened collective runs count times back to back (nbytes each)
                 col = np.fromiter((getattr(o, "count", 1) for o in ops), dtype=np.int64, count=n)
-            elif name == "flops":
-                col = np.fromiter((getattr(o, "flops", 0.0) for o in ops), dtype=float, count=n)
+            elif name == "flops":  # (a representative computing for members of unequal loads: their mean)
+                col = np.fromiter((o.mean_flops if o.kind == "compute" else getattr(o, "flops", 0.0) for o in ops),
+                                  dtype=float, count=n)
             else:
                 col = np.fromiter(map(attrgetter(name), ops), dtype=np.int64, count=n)
             cache[name] = col

@@ -119,6 +119,13 @@ class Compute(Op):
     members: tuple[tuple[Kernel, ...], ...] | None = None
     kind = "compute"
 
+    @property
+    def mean_flops(self) -> float:
+        """FLOPs one rank the op stands for executes, on average: ``flops``, or the mean over ``members``."""
+        if self.members is None:
+            return self.flops
+        return sum(sum(k.flops for k in member) for member in self.members) / len(self.members)
+
 
 @dataclass(slots=True, eq=False)
 class Collective(Op):

@@ -183,7 +183,7 @@ from .flops import (
 from .memory import stage_params
 from .models import ModelSpec
 from .moe import LayerRouting, RoutingModel, deepep_matrices, route_layer
-from .ops import Compute, Kernel, OpGraph
+from .ops import Kernel, OpGraph
 from .parallel import (
     ParallelConfig,
     RankLayout,
@@ -392,16 +392,8 @@ class TrainingStep:
         kernel's masked half and dropped MoE tokens left out, its backward's recomputed ``Q Kᵀ`` in."""
         replicas = getattr(self.graph, "replicas", None)
         if replicas:  # a graph of representatives: each op runs on every rank its rank stands for
-            return sum(_member_flops(op) * len(replicas[op.rank]) for op in self.graph.ops if op.kind == "compute")
+            return sum(op.mean_flops * len(replicas[op.rank]) for op in self.graph.ops if op.kind == "compute")
         return sum(getattr(op, "flops", 0.0) for op in self.graph.ops if op.kind == "compute")
-
-
-def _member_flops(op: Compute) -> float:
-    """FLOPs one rank a representative's compute op stands for executes, on average: its own, or the mean over
-    its ``members`` (each an equal share of the representative's replicas)."""
-    if op.members is None:
-        return op.flops
-    return sum(sum(k.flops for k in member) for member in op.members) / len(op.members)
 
 
 # ------------------------------------------------------------------ segments
@@ -1300,17 +1292,6 @@ class _StepBuilder:
                                                                     f"{name}.pre")
         return parts
 
-    def _expert_w_parts(self, expert_w: tuple, load: int, name: str) -> tuple[Kernel, ...]:
-        """A split backward's W pass (``expert_w``: the kernels before the routed experts' weight gradients,
-        their balanced kernels, the rest) at ``load`` token slots, kept per (pass kind, load)."""
-        key = (id(expert_w), load)
-        parts = self._moe_parts.get(key)
-        if parts is None:
-            before, balanced, after = expert_w
-            parts = self._moe_parts[key] = self.graph._joined_parts(
-                (before, self._expert_parts(balanced, load), after), name)
-        return parts
-
     def _tokens(self, layer: int, mb: int, draw: tuple) -> np.ndarray:
         """Tokens EP rank ``i`` sends to EP rank ``j`` in ``draw`` (:meth:`LayerRouting.rank_matrix`), made once
         per draw: every EP index's rows read it."""
@@ -1606,19 +1587,10 @@ class _StepBuilder:
             deps = [last]
         parts = seg.parts
         if seg.expert_w is not None:  # the routed experts' weight gradients at this rank's load
-            if self._whole_ep_groups:  # (issued for the whole EP group: its slowest member's, as the exchanges)
-                loads = self._group_loads(rank, seg.layer, mb)
-                load = max(loads)
-                loads = None if min(loads) == load else loads
-            else:
-                load = self._moe_rows_for(rank, seg.layer, mb)[2][2] * (self.etp if self.expert_grid else 1)
-                loads = None
-            parts = self._expert_w_parts(seg.expert_w, load, name)
-            members = self._members(seg.expert_w, loads, lambda w, x: self._expert_w_parts(w, x, name))
-            if members is not None:
-                return self._emit_tp(rank, seg, name, g._compute_parts(rank, parts, name, deps, "gemm", seg.layer,
-                                                                      mb, stage, COMPUTE_STREAM, members),
-                                     mb, stage, after=regather)
+            # (a split backward keeps a representative per EP index: never issued for a whole EP group)
+            before, balanced, after = seg.expert_w
+            load = self._moe_rows_for(rank, seg.layer, mb)[2][2] * (self.etp if self.expert_grid else 1)
+            parts = before + self._expert_parts(balanced, load) + after
         if parts or last is None:
             last = g.compute(rank, parts=parts, name=name, deps=deps, **tags)
         return self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
@@ -2243,6 +2215,9 @@ class _StepBuilder:
             representatives = None
         if representatives == "stage" and self.expert_parallel and not self._ep_layouts_agree():
             representatives = "tp"  # one stage's EP groups need different DeepEP matrices: no lockstep
+        per_ep_index = representatives == "stage_ep"  # (stragglers: members of an EP group differ in speed too)
+        if per_ep_index:
+            representatives = "stage"
         # Balanced routing gives every EP rank the same expert load and rows that are one another's relabelling:
         # then every EP index runs one program, and one rank can stand for its whole EP group too. Under skewed
         # routing the members' programs differ only in their experts' loads, between the two exchanges that
@@ -2251,7 +2226,8 @@ class _StepBuilder:
         # exchanges; a split backward's W passes and DualPipe's pairs), where it keeps a rank per EP index.
         self._whole_ep_groups = representatives == "stage" and self.expert_parallel and (
             self.routing.kind == "balanced" or not (
-                self.split_backward or (self.routing.shared_expert_overlap and self.model.shared_experts)))
+                per_ep_index or self.split_backward
+                or (self.routing.shared_expert_overlap and self.model.shared_experts)))
         span = 1 if self._whole_ep_groups else ep  # EP indices with a representative of their own
         if representatives == "stage" and self.t * self.cp * self.par.dp // span > 1:
             # Every rank of a pipeline stage runs the same program as the ranks with its EP index in the
@@ -2398,7 +2374,7 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     routing : RoutingModel, optional
         Token routing of MoE layers (default uniform, dropless); used when
         ``parallel.ep > 1``.
-    representatives : {None, "tp", "stage"}
+    representatives : {None, "tp", "stage", "stage_ep"}
         ``"tp"`` (or True): emit the program of one representative per TP
         group only (its ``tp = 0`` rank) and set ``graph.replicas`` to
         ``{representative: its TP group}``: the members of a TP group run
@@ -2410,8 +2386,12 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
         ``tp = 0, dp = 0`` rank, whose exchanges then carry every EP member's
         rows) standing for its expert-DP (DP) x TP block, listed DP-major
         (``fidelity="lockstep"``); ``"tp"`` instead where DeepEP dispatch
-        meets EP groups of one stage spread over nodes unalike. Default None:
-        every rank's program.
+        meets EP groups of one stage spread over nodes unalike. Under skewed
+        routing a stage's representative issues for its whole EP group at its
+        slowest member's expert load (``Compute.members``), except where work
+        runs beside the experts (the overlapped shared expert, a split
+        backward) or with ``"stage_ep"`` (ranks of unequal speed: stragglers),
+        which keep one per EP index. Default None: every rank's program.
 
     Examples
     --------
@@ -2424,8 +2404,8 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     validate(model, parallel, training)
     if representatives is True:
         representatives = "tp"
-    if representatives not in (None, False, "tp", "stage"):
-        raise ConfigError(f"representatives: {representatives!r} unknown; valid: None, 'tp', 'stage'")
+    if representatives not in (None, False, "tp", "stage", "stage_ep"):
+        raise ConfigError(f"representatives: {representatives!r} unknown; valid: None, 'tp', 'stage', 'stage_ep'")
     options = options or StepOptions()
     if options.p2p == "blocking" and parallel.schedule in ("zb-h1", "dualpipe"):
         raise ConfigError(f"options.p2p: blocking send/recv is modelled for the gpipe, 1f1b and interleaved schedules; "
