@@ -13,6 +13,9 @@ micro-batch work the pipeline schedule is made of:
 3. **waits** — such a collective issued, waiting for the slowest member of its
    group: ``moe_wait`` for expert-parallel all-to-alls (routing imbalance:
    peers still computing their heavier experts), ``sync_wait`` for others;
+   an expert-parallel exchange off the compute stream (``moe.shared_expert_overlap``,
+   DualPipe's pairs) issued and waiting, with nothing above running, is
+   ``moe_wait`` too (below the transfers of item 4);
 4. **transfers of a micro-batch** off the compute stream — an activation or
    gradient in flight to or from this rank (``exposed_pp``), a prefetched
    ZeRO-3 parameter gather (``exposed_zero``);
@@ -177,7 +180,11 @@ def _layers(ops) -> list[tuple[str, np.ndarray | None, str]]:
     blocking = (_column(ops, "stream") == _COMPUTE_STREAM) & ~is_compute
     in_mb = micro_batch >= 0
     ep = traffic_class == "ep"
-    waiting = blocking & (_column(ops, "issue_s") < _column(ops, "start_s"))
+    issued_early = _column(ops, "issue_s") < _column(ops, "start_s")
+    waiting = blocking & issued_early
+    # an exchange off the compute stream (the overlapped shared expert's, DualPipe's) waited for by an idle
+    # compute stream: the same wait for the slowest EP member as a blocking one's
+    waiting_aside = ~blocking & ~is_compute & issued_early & ep
     tail = (_column(ops, "member_wait_s") > 0) if _has(ops, "member_wait_s") else np.zeros(len(kind), dtype=bool)
     comm_names = sorted(cat_names[len(COMPUTE_CATEGORIES):])  # every class named is that of a communication op
     layers: list[tuple[str, np.ndarray | None, str]] = []
@@ -192,6 +199,7 @@ def _layers(ops) -> list[tuple[str, np.ndarray | None, str]]:
     layers.append(("moe_wait", waiting & in_mb & ep, "wait"))
     layers.append(("sync_wait", waiting & in_mb & ~ep, "wait"))
     comm(~is_compute & ~blocking & in_mb)
+    layers.append(("moe_wait", waiting_aside & in_mb, "wait"))
     layers.append(("bubble", None, "run"))
     # the rest of the step: optimizer, gradient synchronisation, waiting for the others
     layers.extend((c, is_compute & (code == cat_code[c]), "run") for c in ("optimizer", "other_compute"))

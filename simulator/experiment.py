@@ -44,7 +44,7 @@ from topologies.faults import apply_faults, check_fault, fault_counts
 from topologies.loader import describes_topology, preset_section, resolve_topology_path
 from topologies.yamlio import load_yaml, malformed
 from workloads.errors import ConfigError, check_bool, plain_values, unknown_keys, with_prefix
-from workloads.memory import MemoryBreakdown, memory_per_gpu
+from workloads.memory import MemoryBreakdown, memory_per_gpu, routed_rows_factor
 from workloads.models import ModelSpec, model_from_dict
 from workloads.moe import RoutingModel, routing_from_dict
 from workloads.parallel import (
@@ -153,7 +153,10 @@ class Experiment:
         """Peak memory per GPU (most loaded pipeline stage)."""
         return memory_per_gpu(self.model, self.parallel, self.training,
                               flash_attention=self.options.flash_attention,
-                              grad_dtype_bytes=self.options.grad_dtype_bytes)
+                              grad_dtype_bytes=self.options.grad_dtype_bytes,
+                              routed_factor=routed_rows_factor(self.model, self.parallel, self.training,
+                                                               self.routing.capacity_factor,
+                                                               self.routing.pad_to_capacity))
 
     def compute_model(self) -> ComputeModel:
         return ComputeModel(self.cluster.gpu, dtype=self.training.dtype, **self.compute)
@@ -445,6 +448,14 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
         notes.append(f"moe: has no effect: model {model.name} has no experts (model.experts, model.top_k)")
     elif given("moe", "zipf_s") and exp.routing.kind != "zipf":
         notes.append(f"moe.zipf_s has no effect with routing: {exp.routing.kind} (only routing: zipf reads it)")
+    if model.is_moe and given("moe", "max_nodes") and exp.routing.dispatch != "deepep":
+        notes.append(f"moe.max_nodes has no effect with dispatch: {exp.routing.dispatch} (only dispatch: deepep "
+                     f"sends a token once per node; the all-to-all sends it once per expert)")
+    moe_keys = list(raw["moe"]) if isinstance(raw.get("moe"), Mapping) else []
+    if model.is_moe and par.ep == 1 and moe_keys:
+        notes.append(f"moe.{', moe.'.join(moe_keys)} {'has' if len(moe_keys) == 1 else 'have'} no effect at "
+                     f"parallel.ep 1: without expert parallelism every rank computes its experts at the balanced "
+                     f"load (routing, capacity dropping and padding are simulated with ep > 1)")
     if model.is_moe and given("moe", "expert_load") and exp.routing.kind != "custom":
         notes.append(f"moe.expert_load has no effect with routing: {exp.routing.kind} (only routing: custom reads "
                      f"it)")
@@ -489,6 +500,11 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
                "fidelity lockstep with one rank per pipeline stage, where no representative stands for others")
         notes.append(f"network.replica_sends has no effect with {why}; it is how the sends of a representative's "
                      f"replicas run on the flow model, in fidelity fast or lockstep")
+    fabric_faults = sorted({f.get("kind") for f in exp.faults if f.get("kind") != "straggler"})
+    if fabric_faults and replicas > 1:
+        notes.append(f"faults ({', '.join(fabric_faults)}) with fidelity {fidelity}: a representative's replicas "
+                     f"run in step, so a faulted member's flows hold back the others it stands for (a degraded "
+                     f"NVLink port of one TP member read +4.7% against full); re-check with fidelity: full")
     if given("network", "channels") and not exp.network.nccl_latency:
         notes.append("network.channels has no effect with network.step_latency given as a time; it is NCCL's "
                      "channel count, part of NCCL's model (step_latency: nccl)")

@@ -75,7 +75,7 @@ def timeline_bars(ops: pd.DataFrame, step_time: float | None, ranks: list[int] |
 
 
 def _compute_bars(ops: pd.DataFrame) -> pd.DataFrame:
-    """One bar per run of consecutive forward/backward/recompute ops of one micro-batch and chunk."""
+    """One bar per run of back-to-back forward/backward/recompute ops of one micro-batch and chunk."""
     comp = ops[(ops["kind"] == "compute") & (ops["micro_batch"] >= 0)].sort_values(["rank", "start_s"],
                                                                                     kind="stable")
     if comp.empty:
@@ -84,9 +84,12 @@ def _compute_bars(ops: pd.DataFrame) -> pd.DataFrame:
                       comp["traffic_class"].to_numpy())
     chunk = np.array([_chunk(n) for n in comp["name"].tolist()], dtype=np.int64)
     rank, mb = comp["rank"].to_numpy(), comp["micro_batch"].to_numpy()
-    key_change = np.r_[True, (rank[1:] != rank[:-1]) | (mb[1:] != mb[:-1]) | (cat[1:] != cat[:-1])
-                       | (chunk[1:] != chunk[:-1])]
     s, e = comp["start_s"].to_numpy(), comp["end_s"].to_numpy()
+    # a run also breaks where its rank's compute pauses (a blocking TP collective or a wait between two ops):
+    # the pause is another category of the partition, and a bar across it would be drawn over it
+    reached = comp.groupby("rank", sort=False)["end_s"].cummax().to_numpy()  # (ops sorted by rank, then start)
+    key_change = np.r_[True, (rank[1:] != rank[:-1]) | (mb[1:] != mb[:-1]) | (cat[1:] != cat[:-1])
+                       | (chunk[1:] != chunk[:-1]) | (s[1:] > reached[:-1])]
     first = np.flatnonzero(key_change)
     out = pd.DataFrame({"rank": rank[first], "lane": "main", "category": cat[first],
                         "start_s": s[first], "end_s": np.maximum.reduceat(e, first) if len(first) else e,

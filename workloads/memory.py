@@ -98,6 +98,7 @@ from functools import lru_cache
 
 from .flops import LOSS_BYTES, fp8_weight_params
 from .models import ModelSpec
+from .moe import capacity_slots
 from .parallel import (
     ParallelConfig,
     TrainingSpec,
@@ -227,7 +228,8 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
                                tp: int = 1, *, sequence_parallel: bool = False,
                                recompute: str = "none", dtype_bytes: int = 2,
                                flash_attention: bool = False, fp8: bool = False,
-                               recompute_modules: Sequence[str] | None = None, etp: int | None = None) -> float:
+                               recompute_modules: Sequence[str] | None = None, etp: int | None = None,
+                               routed_factor: float = 1.0) -> float:
     """Bytes layer ``layer`` stores for backward, per micro-batch, on one TP rank.
 
     See the module docstring for the terms (Korthikanti et al. 2022, Table 2).
@@ -243,6 +245,9 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
     routed experts' fc2 input (Megatron-Core's output-discarding checkpoints).
     ``etp``: the routed experts' TP degree (default ``tp``): the tokens entering
     them are this rank's, gathered over the expert-TP group.
+    ``routed_factor``: token slots the routed experts hold over the balanced
+    ``s b k`` (``moe.pad_to_capacity``: every expert padded to its capacity,
+    :func:`routed_rows_factor`); their saved inputs and fc1 outputs scale with it.
 
     Examples
     --------
@@ -295,9 +300,10 @@ def activation_bytes_per_layer(model: ModelSpec, layer: int, micro_batch: int, s
         # etp = t under SP, s b k of them, the rows the experts' GEMMs have (flops.py). (TP without SP leaves
         # every TP rank all s b tokens already: nothing to gather.)
         gathered = (etp or t) if sp > 1 or t == 1 else 1
-        replicated += g * sbh * k * gathered
-        width = model.expert_ffn_hidden * (k + model.shared_experts)
-        fc2_inputs = model.expert_ffn_hidden * (model.shared_experts + (0 if "moe_act" in modules else k))
+        routed = k * routed_factor  # (token slots per token: k, or more when padded to capacity)
+        replicated += g * sbh * routed * gathered
+        width = model.expert_ffn_hidden * (routed + model.shared_experts)
+        fc2_inputs = model.expert_ffn_hidden * (model.shared_experts + (0 if "moe_act" in modules else routed))
         split += s * b * (width * d * gates + fc2_inputs * g)  # fc1 output(s), fc2 input
     else:
         split += s * b * model.ffn_hidden * (d * gates + g)  # fc1 output(s) + fc2 input
@@ -361,7 +367,7 @@ def _peak_in_flight(parallel: ParallelConfig, stage: int, per_chunk: Sequence[fl
 
 
 def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec, stage: int,
-                       flash_attention: bool) -> float:
+                       flash_attention: bool, routed_factor: float = 1.0) -> float:
     b, t, d = parallel.micro_batch, parallel.tp, training.dtype_bytes
     s = training.seq_len // parallel.cp  # context parallelism: this rank's tokens (attention is always fused)
 
@@ -370,7 +376,7 @@ def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: Tra
                                               recompute=parallel.recompute, dtype_bytes=d,
                                               flash_attention=flash_attention or parallel.cp > 1,
                                               fp8=training.fp8, recompute_modules=parallel.recompute_modules,
-                                              etp=parallel.expert_tp)
+                                              etp=parallel.expert_tp, routed_factor=routed_factor)
                    for i in layers)
 
     if parallel.schedule in ("dualpipe", "interleaved"):  # chunks can differ: weigh each by its own layers
@@ -387,7 +393,7 @@ def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: Tra
                                          dtype_bytes=d) if layers else 0.0
         acts += max((activation_bytes_per_layer(model, i, b, s, t, sequence_parallel=parallel.sp, dtype_bytes=d,
                                                 flash_attention=flash_attention or parallel.cp > 1, fp8=training.fp8,
-                                                etp=parallel.expert_tp)
+                                                etp=parallel.expert_tp, routed_factor=routed_factor)
                      for i in layers), default=0.0) - own
     group = parallel.microbatch_group_size
     if parallel.schedule == "interleaved" and group is not None and stage in (0, parallel.pp - 1):
@@ -405,7 +411,8 @@ def _stage_activations(model: ModelSpec, parallel: ParallelConfig, training: Tra
 
 # ------------------------------------------------------------------ entry
 def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec, stage: int,
-                  flash_attention: bool, grad_dtype_bytes: int | None) -> MemoryBreakdown:
+                  flash_attention: bool, grad_dtype_bytes: int | None, routed_factor: float = 1.0
+                  ) -> MemoryBreakdown:
     dense, routed = stage_params(model, parallel, stage)
     d, z = training.dtype_bytes, parallel.zero
     plan = sharding_plan(parallel, training.dtype, grad_dtype_bytes)
@@ -439,12 +446,13 @@ def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: Training
     if plan.fp32_main_grads:  # fp32 copies of the 16-bit gradients, one per parameter the optimizer updates
         optimizer += 4 * sum(n / (g if z >= 1 else 1) for n, g in groups)
     return MemoryBreakdown(params, grads, optimizer,
-                           _stage_activations(model, parallel, training, stage, flash_attention), stage)
+                           _stage_activations(model, parallel, training, stage, flash_attention, routed_factor),
+                           stage)
 
 
 def memory_per_gpu(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
                    stage: int | None = None, *, flash_attention: bool = False,
-                   grad_dtype_bytes: int | None = None) -> MemoryBreakdown:
+                   grad_dtype_bytes: int | None = None, routed_factor: float = 1.0) -> MemoryBreakdown:
     """Peak memory of one GPU of pipeline stage ``stage`` (default: the most loaded stage).
 
     Parameters
@@ -460,6 +468,11 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelConfig, training: Trainin
         Bytes per element of the gradient buffer; default the implementation's
         (:func:`~workloads.sharding.sharding_plan`: Megatron keeps fp32 gradients
         for bf16 training, DeepSpeed and FSDP the model dtype).
+    routed_factor : float, default 1
+        The routed experts' token slots over the balanced count
+        (:func:`routed_rows_factor`: ``moe.pad_to_capacity``). Dropless and
+        dropping routings are counted at the balanced count: a hot expert's
+        rank under skewed routing holds more.
 
     Returns
     -------
@@ -480,5 +493,19 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelConfig, training: Trainin
     """
     validate(model, parallel, training)
     stages = range(parallel.pp) if stage is None else [stage]
-    return max((_stage_memory(model, parallel, training, i, flash_attention, grad_dtype_bytes) for i in stages),
-               key=lambda mb: mb.total)
+    return max((_stage_memory(model, parallel, training, i, flash_attention, grad_dtype_bytes, routed_factor)
+                for i in stages), key=lambda mb: mb.total)
+
+
+def routed_rows_factor(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
+                       capacity_factor: float | None, pad_to_capacity: bool) -> float:
+    """Token slots an EP rank's routed experts hold over the balanced ``T k`` (``T`` the tokens an EP rank
+    routes, ``b s``, or ``b s / t`` on the expert grid): with ``pad_to_capacity`` every expert is padded to its
+    capacity ``C = ceil(T k / E c)`` per source rank (:func:`~workloads.moe.capacity_slots`), so a rank holds
+    ``C E`` slots from its ``ep`` sources for its ``E / ep`` experts; 1 otherwise, and without expert
+    parallelism (the generator routes only with ``ep > 1``)."""
+    if not (model.is_moe and parallel.ep > 1 and pad_to_capacity and capacity_factor is not None):
+        return 1.0
+    tokens = parallel.micro_batch * training.seq_len // (parallel.tp if parallel.expert_grid else 1)
+    slots = tokens * model.top_k
+    return capacity_slots(tokens, model.top_k, model.experts, capacity_factor) * model.experts / slots
