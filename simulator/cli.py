@@ -386,6 +386,9 @@ def _run():
             print(f"clustersim: note: {note}", file=sys.stderr)
         if args.trace_ranks != "stages" and not args.trace:  # (given: not the default)
             print("clustersim: note: --trace-ranks has no effect without --trace", file=sys.stderr)
+        if (exp.raw or {}).get("sweep") is not None:
+            print("clustersim: note: sweep: has no effect in clustersim run, which runs the file as it is; "
+                  "clustersim sweep FILE runs its grid", file=sys.stderr)
         with _ops_bar(not args.no_progress) as progress:
             try:
                 result = run_experiment(exp, force=args.force, fidelity=args.fidelity, progress=progress)
@@ -768,6 +771,17 @@ def _whole(value: float, given: str, field: str, unit: str, example: str) -> flo
     return value
 
 
+_MESSAGE_CHARS = 1000
+
+
+def _bounded(message: str) -> str:
+    """``message`` cut to :data:`_MESSAGE_CHARS` characters: an error echoing a huge value (a 200,000-entry list
+    printed a 2.6 MB line) still reads as one line."""
+    if len(message) <= _MESSAGE_CHARS:
+        return message
+    return f"{message[:_MESSAGE_CHARS]}... ({len(message) - _MESSAGE_CHARS:,} more characters)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``clustersim`` console script."""
     args = build_parser().parse_args(argv)
@@ -782,7 +796,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clustersim: {exc}", file=sys.stderr)
         return 3
     except (ValueError, OSError) as exc:
-        print(f"clustersim: error: {exc}", file=sys.stderr)
+        print(f"clustersim: error: {_bounded(str(exc))}", file=sys.stderr)
         return 2
     except (TypeError, ArithmeticError, LookupError, AttributeError, RecursionError) as exc:
         # An input that got past validation without a clear message: still one line, never a traceback.

@@ -89,3 +89,84 @@ def test_a_fabric_fault_under_representatives_is_noted():
     assert not any(n.startswith("faults") for n in unused_settings(exp, "full"))
     doc["faults"] = [{"kind": "straggler", "gpu": 1, "factor": 1.5}]  # (a representative runs at its slowest's)
     assert not any(n.startswith("faults") for n in unused_settings(experiment_from_dict(doc)))
+
+
+# ------------------------------------------------------------ bad input (the CLI hunt)
+def _base_doc() -> dict:
+    return {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "gpt2-small"},
+            "parallel": {"tp": 2, "pp": 2, "dp": 4, "micro_batch": 1, "global_batch": 8},
+            "training": {"seq_len": 128}}
+
+
+def _run_cli(tmp_path, doc: dict, *extra: str, capsys) -> tuple[int, str]:
+    import yaml
+
+    from simulator.cli import main
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    status = main(["run", str(path), "--no-progress", *extra])
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("nic_bandwidth", 1e308, "cluster.nic_bandwidth: 1e+308 is 1e+308 bytes/s; a link takes at most 1e+21"),
+    ("nvlink_bandwidth", "1e30GB/s", "cluster.nvlink_bandwidth: '1e30GB/s' is 1e+39 bytes/s"),
+    ("nic_latency", "1e300s", "cluster.nic_latency: '1e300s' is 1e+300 s; a link's latency must be below 1 s"),
+])
+def test_absurd_link_rates_and_latencies_are_refused(tmp_path, capsys, field, value, expected):
+    # 1e308 crashed ("internal error: OverflowError"); 1e300 s latencies printed a 300-digit step time
+    doc = _base_doc()
+    doc["cluster"][field] = value
+    status, err = _run_cli(tmp_path, doc, capsys=capsys)
+    assert status == 2 and expected in err and err.count("\n") == 1
+
+
+def test_a_faults_absurd_extra_latency_is_refused(tmp_path, capsys):
+    doc = _base_doc()
+    doc["faults"] = [{"kind": "latency", "tier": "leaf", "extra": "1e300s"}]
+    status, err = _run_cli(tmp_path, doc, capsys=capsys)
+    assert status == 2 and "faults[0].extra: '1e300s' is 1e+300 s" in err
+
+
+def test_graphml_latencies_are_seconds(tmp_path):
+    # GraphML's numbers are seconds: 2 ms was refused as "no unit, write the unit", which GraphML cannot
+    import networkx as nx
+
+    from topologies.builders import single_server
+    from topologies.custom import load_topology
+    from topologies.export import cluster_to_graphml
+
+    path = tmp_path / "two.graphml"
+    cluster_to_graphml(single_server("h100", 2), path)
+    graph = nx.read_graphml(path)
+    for latency, ok in ((0.002, True), (1e300, False)):
+        for _u, _v, data in graph.edges(data=True):
+            data["latency"] = latency
+        nx.write_graphml(graph, path)
+        if ok:
+            assert {d["latency"] for _u, _v, d in load_topology(path).graph.edges(data=True)} == {0.002}
+        else:
+            with pytest.raises(ValueError, match="is 1e\\+300 s; a link's latency must be below 1 s"):
+                load_topology(path)
+
+
+def test_an_error_echoing_a_huge_value_stays_short(tmp_path, capsys):
+    doc = _base_doc()
+    doc["parallel"].update(recompute="selective", recompute_modules=["core_attn"] * 50_000)
+    status, err = _run_cli(tmp_path, doc, capsys=capsys)
+    assert status == 2 and err.startswith("clustersim: error:") and len(err) < 1_200 and "more characters" in err
+
+
+def test_a_sweep_section_in_a_run_file_is_noted(tmp_path, capsys):
+    doc = _base_doc()
+    doc["sweep"] = {"grid": {"parallel.tp": [1, 2]}}
+    status, err = _run_cli(tmp_path, doc, capsys=capsys)
+    assert status == 0 and "note: sweep: has no effect in clustersim run" in err
+
+
+def test_blocking_p2p_with_zero_bubble_names_the_file(tmp_path, capsys):
+    doc = _base_doc()
+    doc["parallel"]["schedule"] = "zb-h1"
+    doc["options"] = {"p2p": "blocking"}
+    status, err = _run_cli(tmp_path, doc, capsys=capsys)
+    assert status == 2 and "exp.yaml: options.p2p: blocking send/recv" in err

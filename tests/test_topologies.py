@@ -362,13 +362,13 @@ def test_build_cluster_errors(section, match):
 
 @pytest.mark.parametrize("fabric, nodes", [("leaf_spine", 2), ("fat_tree", 2), ("single_node", 1)])
 def test_cluster_latencies_over_a_millisecond_with_their_unit(fabric, nodes):
-    # A latency written with its unit is that time, however long (a bare number over 1 ms reads as a missing
-    # unit; the section's parsed seconds must not be taken for one)
+    # A latency written with its unit is that time, however long below the 1 s ceiling (a bare number over 1 ms
+    # reads as a missing unit; the section's parsed seconds must not be taken for one)
     c = topo.build_cluster({"preset": "dgx-h100", "nodes": nodes, "fabric": fabric, "nvlink_latency": "2ms",
-                            **({} if fabric == "single_node" else {"nic_latency": "1.5ms", "switch_latency": "3s"})})
+                            **({} if fabric == "single_node" else {"nic_latency": "1.5ms", "switch_latency": "0.5s"})})
     assert c.params["nvlink_latency"] == 2e-3
     if fabric != "single_node":
-        assert (c.params["nic_latency"], c.params["switch_latency"]) == (1.5e-3, 3.0)
+        assert (c.params["nic_latency"], c.params["switch_latency"]) == (1.5e-3, 0.5)
     with pytest.raises(TopologyError, match=r"^cluster\.nic_latency: 0\.002 has no unit"):
         topo.build_cluster({"preset": "dgx-h100", "nodes": nodes, "nic_latency": 0.002})
 

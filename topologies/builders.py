@@ -52,7 +52,7 @@ import networkx as nx
 
 from topologies.cluster import Cluster, GPUSpec, TopologyError
 from topologies.gpus import PCIE_BANDWIDTH, get_gpu
-from topologies.units import BARE_BANDWIDTH_MIN, parse_bandwidth, parse_time
+from topologies.units import BARE_BANDWIDTH_MIN, parse_link_bandwidth, parse_link_latency
 from topologies.validate import validate_cluster
 
 __all__ = [
@@ -184,17 +184,17 @@ class _ScaleOut:
         self.servers_per_leaf = _positive_int(servers_per_leaf, "servers_per_leaf")
         self.spines = self.servers_per_leaf if spines is None else _positive_int(spines, "spines")
         self.nic_bandwidth = (self.gpu.nic_bandwidth if nic_bandwidth is None
-                              else parse_bandwidth(nic_bandwidth, "nic_bandwidth"))
+                              else parse_link_bandwidth(nic_bandwidth, "nic_bandwidth"))
         self.nvlink_bandwidth = (self.gpu.nvlink_bandwidth if nvlink_bandwidth is None
-                                 else parse_bandwidth(nvlink_bandwidth, "nvlink_bandwidth"))
+                                 else parse_link_bandwidth(nvlink_bandwidth, "nvlink_bandwidth"))
         # Default PCIe: the GPU's generation x16, raised to the NIC rate when a
         # faster NIC is configured (a faster NIC comes with a matching PCIe gen).
         self.pcie_bandwidth = (max(PCIE_BANDWIDTH.get(self.gpu.name, 64e9), self.nic_bandwidth)
-                               if pcie_bandwidth is None else parse_bandwidth(pcie_bandwidth, "pcie_bandwidth"))
+                               if pcie_bandwidth is None else parse_link_bandwidth(pcie_bandwidth, "pcie_bandwidth"))
         self.oversubscription = _oversubscription(oversubscription)
-        self.nvlink_latency = parse_time(nvlink_latency, "nvlink_latency")
-        self.nic_latency = parse_time(nic_latency, "nic_latency")
-        self.switch_latency = parse_time(switch_latency, "switch_latency")
+        self.nvlink_latency = parse_link_latency(nvlink_latency, "nvlink_latency")
+        self.nic_latency = parse_link_latency(nic_latency, "nic_latency")
+        self.switch_latency = parse_link_latency(switch_latency, "switch_latency")
         self.nvlink_racks = _nvlink_racks(nvlink_racks, self.gpus_per_server)
 
     def servers_and_nics(self) -> tuple[nx.DiGraph, list[tuple], list[list[tuple]]]:
@@ -286,9 +286,9 @@ def single_server(gpu: str | GPUSpec = "H100-SXM", gpus_per_server: int = 8,
     """
     spec = get_gpu(gpu)
     gps = _positive_int(gpus_per_server, "gpus_per_server")
-    nvlink_bw = spec.nvlink_bandwidth if nvlink_bandwidth is None else parse_bandwidth(nvlink_bandwidth,
+    nvlink_bw = spec.nvlink_bandwidth if nvlink_bandwidth is None else parse_link_bandwidth(nvlink_bandwidth,
                                                                                        "nvlink_bandwidth")
-    nvlink_lat = parse_time(nvlink_latency, "nvlink_latency")
+    nvlink_lat = parse_link_latency(nvlink_latency, "nvlink_latency")
     g = nx.DiGraph()
     racks = _nvlink_racks(nvlink_racks, gps)
     gpus = _add_server(g, 0, gps, nvlink_bw, nvlink_lat, racks)

@@ -78,7 +78,7 @@ import yaml
 
 from topologies.cluster import LINK_KINDS, NODE_KINDS, TIERS, Cluster, GPUSpec, TopologyError
 from topologies.gpus import get_gpu
-from topologies.units import parse_link_bandwidth, parse_time
+from topologies.units import parse_link_bandwidth, parse_link_latency
 from topologies.validate import validate_cluster
 from topologies.yamlio import load_large_yaml, malformed
 
@@ -252,7 +252,7 @@ def _edge_attrs(fields: Mapping, kinds: tuple[str, str], field: str, reverse: bo
     """``bandwidth, latency, kind, tier`` of one direction of a link entry, parsed and checked."""
     suffix = "_reverse" if reverse else ""
     attrs = {}
-    for key, parse in (("bandwidth", parse_link_bandwidth), ("latency", parse_time)):
+    for key, parse in (("bandwidth", parse_link_bandwidth), ("latency", parse_link_latency)):
         name = key + suffix
         value = fields.get(name, fields.get(key))
         if value is None:
@@ -520,6 +520,9 @@ def cluster_from_graph(h: nx.Graph, source: str | None = None) -> Cluster:
         if not h.has_edge(v, u):
             raise TopologyError(f"edge {u!r} -> {v!r}: has no reverse edge {v!r} -> {u!r} (links are full duplex)")
         kinds = (graph.nodes[a]["kind"], graph.nodes[b]["kind"])
+        latency = data.get("latency")
+        if isinstance(latency, (int, float)) and not isinstance(latency, bool):  # GraphML's numbers are seconds
+            data = {**data, "latency": f"{latency!r}s"}
         graph.add_edge(a, b, **_edge_attrs(data, kinds, f"edge {u!r} -> {v!r}"))
     cluster = _finish(graph, _rank_order(gpus, ranks, ""), gpu, attrs.get("name"), source, "")
     stated = attrs.get("gpus_per_server")

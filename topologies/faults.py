@@ -44,7 +44,7 @@ import networkx as nx
 
 from topologies.cluster import TIERS, Cluster, TopologyError
 from topologies.custom import node_label
-from topologies.units import BARE_BANDWIDTH_MIN, parse_time
+from topologies.units import BARE_BANDWIDTH_MIN, parse_link_latency
 
 __all__ = ["FAULT_KINDS", "MIN_FRACTION", "TOPOLOGY_FAULTS", "apply_faults", "fault_counts", "node_name",
            "parse_node"]
@@ -232,7 +232,7 @@ def _faulty_graph(cluster: Cluster, faults: Sequence[Mapping]) -> tuple[nx.DiGra
                 raise TopologyError(f"{field}.tier: the {tier} links already have extra latency "
                                     f"(faults[{tiers[tier]}]); give one entry per tier")
             tiers[tier] = i
-            edits.append(("latency", tier, parse_time(fault["extra"], f"{field}.extra")))
+            edits.append(("latency", tier, parse_link_latency(fault["extra"], f"{field}.extra")))
         else:  # straggler: applied by the simulator; one factor per GPU
             rank = _gpu_rank(fault["gpu"], cluster, f"{field}.gpu")
             if rank in stragglers:

@@ -52,7 +52,7 @@ from topologies.cluster import Cluster, TopologyError
 from topologies.custom import GRAPHML_SUFFIXES, cluster_from_dict, is_topology_document, load_topology
 from topologies.gpus import GPU_SPECS, get_gpu
 from topologies.presets import PRESETS, preset_names
-from topologies.units import parse_link_bandwidth, parse_time
+from topologies.units import parse_link_bandwidth, parse_link_latency
 from topologies.yamlio import load_yaml, malformed, not_utf8
 
 MAX_GPUS = 262_144
@@ -324,7 +324,7 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
     # Checked here (errors name the cluster section's fields); the builders parse the values as written, since
     # seconds as a bare number over BARE_TIME_MAX read as a missing unit
     for field in ("nvlink_latency", "nic_latency", "switch_latency"):
-        parse_time(merged[field], f"cluster.{field}")
+        parse_link_latency(merged[field], f"cluster.{field}")
     nvlink_lat, nic_lat, switch_lat = merged["nvlink_latency"], merged["nic_latency"], merged["switch_latency"]
 
     common = dict(gpu=gpu, servers=nodes, gpus_per_server=gpus_per_node, servers_per_leaf=nodes_per_leaf,

@@ -36,6 +36,7 @@ __all__ = [
     "parse_bytes",
     "parse_bandwidth",
     "parse_link_bandwidth",
+    "parse_link_latency",
     "parse_time",
     "format_bytes",
     "format_bandwidth",
@@ -62,6 +63,12 @@ _TIME_EXAMPLES = "e.g. 2us, 1.5ms, 500ns, 1s"
 BARE_BANDWIDTH_MIN = 1e6
 """A bandwidth given as a bare number is bytes/s; below 1 MB/s it is surely a forgotten unit
 (``nic_bandwidth: 400`` meant 400 Gb/s), so it is refused with the unit spelled out."""
+LINK_BANDWIDTH_MAX = 1e21
+"""The most bytes/s a link may be given (1 ZB/s): a thousand times the ``1000000TB/s`` that makes a tier's
+communication free in a what-if; beyond it the simulator's arithmetic overflows (``1e308`` crashed)."""
+LINK_LATENCY_MAX = 1.0
+"""The most seconds a link's latency (or a fault's extra latency) may be, as ``network.step_latency``: a GPU
+fabric's hops take microseconds; ``1e300s`` read back as a step of ~10^300 s."""
 BARE_TIME_MAX = 1e-3
 """A time given as a bare number is seconds; a link or step latency above 1 ms is surely a forgotten
 unit (``step_latency: 2`` meant 2 µs), so it is refused with the unit spelled out."""
@@ -197,7 +204,26 @@ def parse_link_bandwidth(value: object, field: str = "bandwidth") -> float:
     if rate < BARE_BANDWIDTH_MIN:
         raise TopologyError(f"{field}: {value!r} is {rate:g} bytes/s; a link needs at least {BARE_BANDWIDTH_MIN:g} "
                             f"bytes/s ({_BW_EXAMPLES})")
+    if rate > LINK_BANDWIDTH_MAX:
+        raise TopologyError(f"{field}: {value!r:.40} is {rate:g} bytes/s; a link takes at most "
+                            f"{LINK_BANDWIDTH_MAX:g} bytes/s (1000000TB/s already makes its transfers free)")
     return rate
+
+
+def parse_link_latency(value: object, field: str = "latency") -> float:
+    """:func:`parse_time` of a link's latency (or a fault's extra latency), refused at or above
+    :data:`LINK_LATENCY_MAX` (1 s). The one ceiling for every place a link's latency is given.
+
+    Examples
+    --------
+    >>> parse_link_latency("2us")
+    2e-06
+    """
+    seconds = parse_time(value, field)
+    if seconds >= LINK_LATENCY_MAX:
+        raise TopologyError(f"{field}: {value!r:.40} is {seconds:g} s; a link's latency must be below "
+                            f"{LINK_LATENCY_MAX:g} s (fabric hops take microseconds: '2us')")
+    return seconds
 
 
 def parse_time(value: object, field: str = "time", *, allow_zero: bool = True) -> float:

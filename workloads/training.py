@@ -512,7 +512,11 @@ def _recompute_before_use(forward: list[LayerOp], backward: list[LayerOp],
 def check_step_options(model: ModelSpec, parallel: ParallelConfig, options: StepOptions) -> None:
     """Raise :class:`ConfigError` for generator options the layout cannot take: an empty end chunk (the
     embedding, or the output layer and loss, alone) with ``options.embedding_and_loss: false`` would have
-    nothing to run; and unfused attention under context parallelism (its attention is fused only)."""
+    nothing to run; unfused attention under context parallelism (its attention is fused only); and blocking
+    send/recv with a schedule whose sends it does not model."""
+    if options.p2p == "blocking" and parallel.schedule in ("zb-h1", "dualpipe"):
+        raise ConfigError(f"options.p2p: blocking send/recv is modelled for the gpipe, 1f1b and interleaved schedules; "
+                          f"use p2p: async with {parallel.schedule}")
     if parallel.cp > 1 and not options.flash_attention:  # (also where the kernels are made: workloads.flops)
         raise ConfigError(CP_NEEDS_FUSED_ATTENTION)
     if not options.embedding_and_loss and any(not chunk_layers(model.layers, parallel, s, c)
@@ -2407,9 +2411,6 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     if representatives not in (None, False, "tp", "stage", "stage_ep"):
         raise ConfigError(f"representatives: {representatives!r} unknown; valid: None, 'tp', 'stage', 'stage_ep'")
     options = options or StepOptions()
-    if options.p2p == "blocking" and parallel.schedule in ("zb-h1", "dualpipe"):
-        raise ConfigError(f"options.p2p: blocking send/recv is modelled for the gpipe, 1f1b and interleaved schedules; "
-                          f"use p2p: async with {parallel.schedule}")
     builder = _StepBuilder(model, parallel, training, options, routing)
     graph = builder.build(representatives)
     flops = model_flops_per_step(model, parallel.global_batch, training.seq_len, causal=options.causal)

@@ -122,6 +122,9 @@ def _dask(docs: Sequence[Mapping], address: str) -> Iterator[Results]:
     except (OSError, TimeoutError) as exc:
         raise ValueError(f"--scheduler: cannot connect to {address} within {DASK_CONNECT_S} s: "
                          f"{one_line(exc)}") from None
+    except ValueError as exc:  # (an address dask cannot parse: 'bogus' has no port)
+        raise ValueError(f"--scheduler: {address!r} is not a scheduler address (tcp://HOST:PORT): "
+                         f"{one_line(exc)}") from None
     futures = client.map(run_point, list(docs), pure=False)
     index = {f.key: i for i, f in enumerate(futures)}
     finished = False
