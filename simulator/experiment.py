@@ -446,9 +446,9 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
                      f"its experts have no effect; the step is dense")
     if raw.get("moe") and not model.is_moe:
         notes.append(f"moe: has no effect: model {model.name} has no experts (model.experts, model.top_k)")
-    elif given("moe", "zipf_s") and exp.routing.kind != "zipf":
+    elif given("moe", "zipf_s") and exp.routing.kind != "zipf" and par.ep > 1:
         notes.append(f"moe.zipf_s has no effect with routing: {exp.routing.kind} (only routing: zipf reads it)")
-    if model.is_moe and given("moe", "max_nodes") and exp.routing.dispatch != "deepep":
+    if model.is_moe and given("moe", "max_nodes") and exp.routing.dispatch != "deepep" and par.ep > 1:
         notes.append(f"moe.max_nodes has no effect with dispatch: {exp.routing.dispatch} (only dispatch: deepep "
                      f"sends a token once per node; the all-to-all sends it once per expert)")
     moe_keys = list(raw["moe"]) if isinstance(raw.get("moe"), Mapping) else []
@@ -456,7 +456,7 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
         notes.append(f"moe.{', moe.'.join(moe_keys)} {'has' if len(moe_keys) == 1 else 'have'} no effect at "
                      f"parallel.ep 1: without expert parallelism every rank computes its experts at the balanced "
                      f"load (routing, capacity dropping and padding are simulated with ep > 1)")
-    if model.is_moe and given("moe", "expert_load") and exp.routing.kind != "custom":
+    if model.is_moe and given("moe", "expert_load") and exp.routing.kind != "custom" and par.ep > 1:
         notes.append(f"moe.expert_load has no effect with routing: {exp.routing.kind} (only routing: custom reads "
                      f"it)")
     if given("parallel", "cp_comm_type") and par.cp == 1:
@@ -500,7 +500,9 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
                "fidelity lockstep with one rank per pipeline stage, where no representative stands for others")
         notes.append(f"network.replica_sends has no effect with {why}; it is how the sends of a representative's "
                      f"replicas run on the flow model, in fidelity fast or lockstep")
-    fabric_faults = sorted({f.get("kind") for f in exp.faults if f.get("kind") != "straggler"})
+    # (a straggler's representative runs at its slowest replica's speed, and a latency fault delays every link of
+    # its tier alike: neither tells the members apart)
+    fabric_faults = sorted({f.get("kind") for f in exp.faults if f.get("kind") not in ("straggler", "latency")})
     if fabric_faults and replicas > 1:
         notes.append(f"faults ({', '.join(fabric_faults)}) with fidelity {fidelity}: a representative's replicas "
                      f"run in step, so a faulted member's flows hold back the others it stands for (a degraded "

@@ -170,3 +170,12 @@ def test_blocking_p2p_with_zero_bubble_names_the_file(tmp_path, capsys):
     doc["options"] = {"p2p": "blocking"}
     status, err = _run_cli(tmp_path, doc, capsys=capsys)
     assert status == 2 and "exp.yaml: options.p2p: blocking send/recv" in err
+
+
+def test_a_latency_fault_is_not_taken_for_an_asymmetric_one():
+    # a latency fault delays every link of its tier alike: fast and full agree bit for bit, nothing to note
+    doc = _base_doc()
+    doc["faults"] = [{"kind": "latency", "tier": "leaf", "extra": "5us"}]
+    exp = experiment_from_dict(doc)
+    assert not any(n.startswith("faults") for n in unused_settings(exp))
+    assert run_experiment(exp, fidelity="fast").step_time == run_experiment(exp, fidelity="full").step_time

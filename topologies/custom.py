@@ -66,6 +66,7 @@ are ignored.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from collections import Counter
@@ -521,8 +522,8 @@ def cluster_from_graph(h: nx.Graph, source: str | None = None) -> Cluster:
             raise TopologyError(f"edge {u!r} -> {v!r}: has no reverse edge {v!r} -> {u!r} (links are full duplex)")
         kinds = (graph.nodes[a]["kind"], graph.nodes[b]["kind"])
         latency = data.get("latency")
-        if isinstance(latency, (int, float)) and not isinstance(latency, bool):  # GraphML's numbers are seconds
-            data = {**data, "latency": f"{latency!r}s"}
+        if isinstance(latency, numbers.Real) and not isinstance(latency, bool):  # GraphML's numbers are seconds
+            data = {**data, "latency": f"{float(latency)!r}s"}
         graph.add_edge(a, b, **_edge_attrs(data, kinds, f"edge {u!r} -> {v!r}"))
     cluster = _finish(graph, _rank_order(gpus, ranks, ""), gpu, attrs.get("name"), source, "")
     stated = attrs.get("gpus_per_server")

@@ -205,7 +205,7 @@ def parse_link_bandwidth(value: object, field: str = "bandwidth") -> float:
         raise TopologyError(f"{field}: {value!r} is {rate:g} bytes/s; a link needs at least {BARE_BANDWIDTH_MIN:g} "
                             f"bytes/s ({_BW_EXAMPLES})")
     if rate > LINK_BANDWIDTH_MAX:
-        raise TopologyError(f"{field}: {value!r:.40} is {rate:g} bytes/s; a link takes at most "
+        raise TopologyError(f"{field}: {value!r:.40} is {rate:.8g} bytes/s; a link takes at most "
                             f"{LINK_BANDWIDTH_MAX:g} bytes/s (1000000TB/s already makes its transfers free)")
     return rate
 
