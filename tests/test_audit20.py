@@ -179,3 +179,18 @@ def test_a_latency_fault_is_not_taken_for_an_asymmetric_one():
     exp = experiment_from_dict(doc)
     assert not any(n.startswith("faults") for n in unused_settings(exp))
     assert run_experiment(exp, fidelity="fast").step_time == run_experiment(exp, fidelity="full").step_time
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_output_layers_regather_stays_under_tp_overlap(overlap):
+    # gpt2-small at TP 2 with SP, one micro-batch: per rank 12 layers x 10 buffers of b s h (4 SP collectives
+    # forward, 4 backward, 2 re-gathers), the embedding's and output layer's forward and backward collectives
+    # (4) and the output layer's re-gather (1, Megatron's own ColumnParallelLinear: no userbuffers), each moving
+    # (t - 1) / t of a buffer per rank. TP overlap dropped the last one.
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 2}, "model": {"preset": "gpt2-small"},
+           "parallel": {"tp": 2, "sequence_parallel": True, "tp_comm_overlap": overlap, "micro_batch": 1,
+                        "global_batch": 1},
+           "training": {"seq_len": 1024}}
+    result = run_experiment(experiment_from_dict(doc), fidelity="full")
+    buffer = 1 * 1024 * 768 * 2
+    assert result.bytes_by_class["tp"] == (12 * 10 + 5) * buffer * (2 - 1) / 2 * 2

@@ -238,7 +238,10 @@ def test_training_step_api():
     held = {k.sm_reserved for op in step.graph.ops if op.kind == "compute" and op.parts for k in op.parts}
     assert held == {0, 8}
     streams = {op.stream for op in step.graph.ops if op.kind == "collective" and op.traffic_class == "tp"}
-    assert streams == {"compute", "tp_overlap"}
+    # (tp_regather: the output layer's re-gather, Megatron's own ColumnParallelLinear, not a userbuffers layer)
+    assert streams == {"compute", "tp_overlap", "tp_regather"}
+    regathers = [op for op in step.graph.ops if op.kind == "collective" and op.stream == "tp_regather"]
+    assert {op.count for op in regathers} == {1}
 
 
 @pytest.mark.parametrize("pp, m", [(1, 3), (2, 4)])

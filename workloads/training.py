@@ -653,9 +653,11 @@ class _StepBuilder:
         of no layers, without the kinds it has none of."""
         return {kind: n for kind, n in self._tp_counts(0, phase, first, last).items() if n}
 
-    def _regathers(self, inputs: int, phase: str) -> int:
+    def _regathers(self, inputs: int, phase: str, userbuffers: bool = True) -> int:
         """All-gathers of ``inputs`` column-parallel linears' inputs that a backward pass runs under sequence
-        parallelism without TP overlap (0 otherwise): ``inputs`` itself.
+        parallelism (0 otherwise, and for the layers' own linears under TP overlap, whose userbuffers run the
+        gather beside the data-gradient GEMM: ``userbuffers`` False for the output layer, Megatron's own
+        ``ColumnParallelLinear`` either way): ``inputs`` itself.
 
         Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication`` and Transformer Engine's ``Linear``
         save the sequence-split input and all-gather it again in backward for the weight gradient, launched
@@ -663,7 +665,7 @@ class _StepBuilder:
         without recomputation), ``b s h`` elements each, on their own stream. Inputs per layer:
         :meth:`_column_inputs`; the output layer (a ``ColumnParallelLinear``) adds one on the last stage.
         """
-        if self.t == 1 or not self.sp or phase not in ("B", "BW") or self.par.tp_comm_overlap:
+        if self.t == 1 or not self.sp or phase not in ("B", "BW") or (userbuffers and self.par.tp_comm_overlap):
             return 0
         return inputs
 
@@ -776,7 +778,7 @@ class _StepBuilder:
             head_ends, tail_ends = (first, False) if fwd else (False, last), (False, last) if fwd else (first, False)
             if head:
                 segs.insert(0, _Segment(head, self._end_counts(phase, *head_ends), at[0],
-                                        regather=0 if fwd or not last else self._regathers(1, phase)))
+                                        regather=0 if fwd or not last else self._regathers(1, phase, False)))
             if tail:
                 segs.append(_Segment(tail, self._end_counts(phase, *tail_ends), at[-1]))
             if not segs:  # an embedding-only chunk's input-gradient pass (zb-h1, DualPipe): nothing to compute
@@ -799,8 +801,8 @@ class _StepBuilder:
                              (sum(g[0] for g in grads.values()) + emb_params) * gb,
                              sum(g[1] for g in grads.values()) * gb, recompute=tuple(again),
                              ub=(head, self._layer_runs(order, phase), tail) if ub else None,
-                             regather=self._regathers(self._column_inputs(False) * len(layers) + (1 if last else 0),
-                                                     phase))]
+                             regather=self._regathers(self._column_inputs(False) * len(layers), phase)
+                             + self._regathers(1 if last else 0, phase, False))]
         for seg in segs:
             seg.phase = phase
         self._segments_cache[key] = segs
@@ -1429,6 +1431,7 @@ class _StepBuilder:
             return g.collective_op(rank, kind, group, nbytes, name=f"{name}.tp_{what}_{kind}", stream=stream,
                                    deps=after, count=count, holds_sms=stream != UB_STREAM, **tags)
 
+        regather = self._regather_op(rank, seg, deps, name, mb, stage)  # (the output layer's, beside the pass)
         head, runs, tail = seg.ub
         add([k.kernel() for k in head], False)
         for kernels, again, n in runs:
@@ -1476,7 +1479,7 @@ class _StepBuilder:
         flush()
         if state["pending"] or state.get("bulk_ag") is not None:
             raise AssertionError(f"{name}: a layer pass ended on overlapped communication")
-        return self._emit_tp(rank, seg, name, state["last"], mb, stage)
+        return self._emit_tp(rank, seg, name, state["last"], mb, stage, after=regather)
 
     # ---------------------------------------------------------------- emit
     # ------------------------------------------------------------------ CP
