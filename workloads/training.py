@@ -1245,7 +1245,7 @@ class _StepBuilder:
         # the hot ops by the graph's positional builders (the same checks and ops as compute / collective_op)
         compute, alltoallv = g._compute_parts, g._alltoallv
         regather = self._regather_op(rank, seg, deps, name, mb, stage)
-        head, again, tail = kernels[1]
+        head, again, _tail = kernels[1]
         if again is not None:
             pre = self._recomputed_pre(kernels[1], load, name)
             members = self._members(kernels[1], loads, lambda k, x: self._recomputed_pre(k, x, name))
@@ -2218,13 +2218,13 @@ class _StepBuilder:
         ranks: Sequence[int] = range(self.par.world_size)
         lay = self.layout
         ep = self.par.ep
+        per_ep_index = representatives == "stage_ep"  # (stragglers: members of an EP group differ in speed too)
+        if per_ep_index:
+            representatives = "stage"
         if self.expert_grid:  # EP groups cross TP groups: TP peers run different programs, emit every rank
             representatives = None
         if representatives == "stage" and self.expert_parallel and not self._ep_layouts_agree():
             representatives = "tp"  # one stage's EP groups need different DeepEP matrices: no lockstep
-        per_ep_index = representatives == "stage_ep"  # (stragglers: members of an EP group differ in speed too)
-        if per_ep_index:
-            representatives = "stage"
         # Balanced routing gives every EP rank the same expert load and rows that are one another's relabelling:
         # then every EP index runs one program, and one rank can stand for its whole EP group too. Under skewed
         # routing the members' programs differ only in their experts' loads, between the two exchanges that
