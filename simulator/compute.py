@@ -10,7 +10,9 @@ gemm
     ceiling ``matmul_efficiency`` (the GPU's measured maximum achievable
     matmul FLOP/s, :mod:`topologies.gpus`). A batched GEMM (the ``b·a/t``
     heads of unfused attention) is timed as ``batch`` GEMMs in one launch,
-    never with the batch folded into a GEMM dimension.
+    never with the batch folded into a GEMM dimension. At another dtype's
+    peak (fp32) the critical intensity scales with the rate, as
+    ``gemm_fp8``'s below.
 gemm_fp8
     the same wave/tile model at the GPU's dense FP8 peak under its measured
     FP8 ceiling (``GPUSpec.matmul_efficiency_fp8``, or
@@ -206,7 +208,14 @@ class ComputeModel:
     def gemm(self) -> GemmModel:
         """The wave/tile GEMM model of this GPU and datatype."""
         eff = self.matmul_efficiency if self.matmul_efficiency is not None else self.gpu.matmul_efficiency
-        return GemmModel(self.peak_flops, self.gpu.sm_count, eff, self.gpu.gemm_critical_intensity,
+        # The critical intensity is the 16-bit rate's; another dtype's rate r times it needs r times the FLOPs
+        # per operand byte (as gemm_fp8; fp32's r is ~1/15 on Hopper, whose 4-byte operands otherwise starved
+        # every tile: 38% of peak at 8192^3). The pipeline fill keeps its 16-bit depth: fp32's SIMT kernels are
+        # not the tensor-core pipeline it was measured on, and 9 elements let tiny fp32 GEMMs split k 16 ways
+        # and beat the same bf16 GEMM.
+        bf16 = self.gpu.peak_flops.get("bf16")
+        ratio = self.peak_flops / bf16 if bf16 else 1.0
+        return GemmModel(self.peak_flops, self.gpu.sm_count, eff, self.gpu.gemm_critical_intensity * ratio,
                          self.gpu.hbm_bandwidth, _DTYPE_BYTES.get(self.base_dtype, 2), self.gemm_k_overhead)
 
     def _trainable_dtypes(self) -> list[str]:

@@ -35,7 +35,10 @@ terms, each with where it comes from:
   below peak.
 * **Split-K** — when ``m·n`` gives too few tiles, cuBLAS splits ``k`` over
   ``split`` tiles and reduces their fp32 partials; we try ``split`` in
-  1, 2, 4, 8, 16 and charge the reduction as HBM traffic.
+  1, 2, 4, 8, 16 and charge the reduction as HBM traffic. A split's slices
+  are at least ``2·k_overhead`` deep (a shorter ``k`` is charged as that
+  depth), so no GEMM gets faster as ``k`` grows (a gate on the slice depth
+  did: 64×64×511 took 1.6x as long as ×512).
 * **Stream-K** (``stream_k``, FP8 GEMMs on Hopper and later) — a persistent
   kernel deals every SM an equal share of all tiles' k-iterations, so there is
   no partial last wave: ``t = 2·tm·tn·(tiles·k / sm_count + (ceil(tiles /
@@ -153,10 +156,13 @@ def _best_time(model: GemmModel, m: int, n: int, k: int, batch: int) -> tuple[fl
             if t < best_t:
                 best_t, best = t, (tm, tn, 0)  # split 0: stream-K
         for split in SPLITS:
-            if split > 1 and (k // split < 2 * k_overhead or tiles >= sm_count):
+            if split > 1 and tiles >= sm_count:
                 break
             waves = ceil(tiles * split / sm_count)
-            t = waves * 2.0 * tm * tn * (ceil(k / split) + k_overhead) / rate
+            # a split's slices are at least two pipeline fills deep (padded: a shorter k runs the same kernel as
+            # the shortest k the split is worth at, so the time never falls as k grows)
+            depth = ceil(k / split) if split == 1 else max(ceil(k / split), 2 * k_overhead)
+            t = waves * 2.0 * tm * tn * (depth + k_overhead) / rate
             if split > 1:  # write and read back the fp32 partials, write the result
                 t += batch * m * n * (2 * split * PARTIAL_BYTES + model.dtype_bytes) / model.hbm_bandwidth
             if t < best_t:
@@ -330,11 +336,14 @@ def _candidate_times(model: GemmModel, rates: list, m, n, k, batch: int) -> np.n
     few = tiles < sm_count
     for split in SPLITS:
         if split > 1:
-            alive = few & (k // split >= 2 * k_overhead)
+            alive = few
             if not alive.any():
                 break
         waves = ceil(tiles * split / sm_count).astype(i64)
-        t = waves * 2.0 * tm * tn * (ceil(k / split).astype(i64) + k_overhead) / rate
+        depth = ceil(k / split).astype(i64)
+        if split > 1:  # (padded to two pipeline fills, as _best_time)
+            depth = np.maximum(depth, 2 * k_overhead)
+        t = waves * 2.0 * tm * tn * (depth + k_overhead) / rate
         if split > 1:
             t = t + batch * m * n * (2 * split * PARTIAL_BYTES + model.dtype_bytes) / model.hbm_bandwidth
             t = np.where(alive, t, math.inf)

@@ -194,3 +194,41 @@ def test_the_output_layers_regather_stays_under_tp_overlap(overlap):
     result = run_experiment(experiment_from_dict(doc), fidelity="full")
     buffer = 1 * 1024 * 768 * 2
     assert result.bytes_by_class["tp"] == (12 * 10 + 5) * buffer * (2 - 1) / 2 * 2
+
+
+# ------------------------------------------------------------ GEMM model (the compute hunt)
+@pytest.mark.parametrize("gpu, dtype", [("a100", "bf16"), ("h100", "bf16"), ("h100", "fp8"), ("b200", "bf16")])
+def test_no_gemm_gets_faster_as_k_grows(gpu, dtype):
+    # A gate on the split-K slice depth let k = 512 split where 511 could not: 64x64x511 took 1.64x as long.
+    from simulator.compute import ComputeModel
+    from topologies.gpus import get_gpu
+    model = ComputeModel(get_gpu(gpu), dtype=dtype)
+    gemm = model.fp8_gemm if dtype == "fp8" else model.gemm
+    for m, n in ((64, 64), (256, 256), (128, 1024), (1, 4096)):
+        times = [gemm.time(m, n, k) for k in range(1, 9000, 7)]
+        assert all(b >= a for a, b in zip(times, times[1:])), (m, n)
+        assert gemm.time(m, n, 511) <= gemm.time(m, n, 512)
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100", "b200"])
+def test_fp32_gemms_are_not_starved_by_the_16_bit_critical_intensity(gpu):
+    # At fp32's rate (1/15 of bf16 on Hopper) L2 cannot be the bound: a large square GEMM runs near the
+    # best-shape ceiling, as bf16 does (H100 read 38% of the fp32 peak)
+    from simulator.compute import ComputeModel
+    from topologies.gpus import get_gpu
+    model = ComputeModel(get_gpu(gpu), dtype="fp32")
+    n = 8192
+    achieved = 2.0 * n ** 3 / model.gemm.time(n, n, n) / model.peak_flops
+    assert 0.95 * model.gpu.matmul_efficiency <= achieved <= model.gpu.matmul_efficiency
+
+
+def test_an_fp32_gemm_is_never_faster_than_the_same_bf16_gemm():
+    # fp32's rate is 1/15 of bf16's on Hopper: at one efficiency no shape may come out faster in fp32 (a pipeline
+    # fill scaled to 9 elements let tiny fp32 GEMMs split k 16 ways and beat bf16, found while fixing the above)
+    from simulator.compute import ComputeModel
+    from topologies.gpus import get_gpu
+    fp32, bf16 = (ComputeModel(get_gpu("h100"), dtype=d, matmul_efficiency=0.3).gemm for d in ("fp32", "bf16"))
+    for m in (32, 64, 128, 1024):
+        for n in (64, 96, 256, 4096):
+            for k in (16, 96, 128, 256, 1000, 8192):
+                assert bf16.time(m, n, k) <= fp32.time(m, n, k), (m, n, k)
