@@ -145,15 +145,19 @@ def test_lockstep_of_a_balanced_moe_model_stands_one_rank_for_each_stage(name):
     assert len(lockstep.record.graph.ops) * 16 == len(full.record.graph.ops)  # each stands for 16 ranks' ops
 
 
-def test_lockstep_runs_as_fast_where_one_stages_ep_groups_need_different_deepep_matrices():
+@pytest.mark.parametrize("straggler", [False, True])
+def test_lockstep_runs_as_fast_where_one_stages_ep_groups_need_different_deepep_matrices(straggler):
     # Pipeline-inner placement on 3 nodes: EP group (0, 3) lies on one node, (6, 9) on two, so DeepEP sends
     # them different matrices and no rank can stand for both (found by review: the stage's representative
     # used to replay its own group's matrix on the other, -12% EP bytes). Lockstep falls back to fast's
-    # representatives (none at TP 1) and equals full.
+    # representatives (none at TP 1) and equals full. With a straggler too (lockstep then asks for a
+    # representative per EP index, "stage_ep", which skipped this check: found in the twentieth session).
     doc = _doc({"nodes": 3}, {"tp": 1, "pp": 3, "dp": 8, "ep": 2, "zero": 1, "placement": ["tp", "pp", "dp"]})
     doc["model"] = {"preset": "mixtral-8x7b", "layers": 6, "hidden": 512, "ffn_hidden": 1024, "heads": 8,
                     "kv_heads": 8, "vocab": 1000, "experts": 16}
     doc["moe"] = {"routing": "balanced", "dispatch": "deepep", "max_nodes": 1}
+    if straggler:
+        doc["faults"] = [{"kind": "straggler", "gpu": 5, "factor": 1.2}]
     exp = experiment_from_dict(doc)
     full = run_experiment(exp, force=True, fidelity="full")
     lockstep = run_experiment(exp, force=True, fidelity="lockstep")

@@ -171,19 +171,3 @@ def test_the_ops_frames_flops_are_the_members_mean(runs, name):
     full, lockstep = runs[name]
     assert lockstep.ops["flops"].sum() == pytest.approx(full.ops["flops"].sum(), rel=1e-9)
 
-
-def test_a_straggler_does_not_skip_the_deepep_layout_check():
-    # Stragglers ask for a representative per EP index ("stage_ep"); EP groups spread over nodes unalike still
-    # need fast's representatives (none at TP 1), as without a straggler (tests/test_fidelity.py)
-    doc = _doc({"dp": 8, "ep": 2, "placement": ["tp", "pp", "dp"]},
-               {"routing": "balanced", "dispatch": "deepep", "max_nodes": 1}, {"nodes": 3})
-    doc["parallel"]["pp"] = 3
-    doc["parallel"]["global_batch"] = 32
-    doc["model"]["layers"] = 6
-    doc["faults"] = [{"kind": "straggler", "gpu": 5, "factor": 1.2}]
-    exp = experiment_from_dict(doc)
-    full = run_experiment(exp, force=True, fidelity="full")
-    lockstep = run_experiment(exp, force=True, fidelity="lockstep")
-    assert lockstep.record.graph.replicas is None
-    assert lockstep.step_time == full.step_time
-    assert lockstep.bytes_by_class["ep"] == pytest.approx(full.bytes_by_class["ep"], rel=1e-12)
