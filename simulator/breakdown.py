@@ -185,7 +185,8 @@ def _layers(ops) -> list[tuple[str, np.ndarray | None, str]]:
     # an exchange off the compute stream (the overlapped shared expert's, DualPipe's) waited for by an idle
     # compute stream: the same wait for the slowest EP member as a blocking one's
     waiting_aside = ~blocking & ~is_compute & issued_early & ep
-    tail = (_column(ops, "member_wait_s") > 0) if _has(ops, "member_wait_s") else np.zeros(len(kind), dtype=bool)
+    # (``in``: a frame's columns, a mapping's keys)
+    tail = (_column(ops, "member_wait_s") > 0) if "member_wait_s" in ops else np.zeros(len(kind), dtype=bool)
     comm_names = sorted(cat_names[len(COMPUTE_CATEGORIES):])  # every class named is that of a communication op
     layers: list[tuple[str, np.ndarray | None, str]] = []
 
@@ -210,11 +211,6 @@ def _layers(ops) -> list[tuple[str, np.ndarray | None, str]]:
     comm(~is_compute & ~blocking)
     layers.append(("idle", None, "run"))
     return layers
-
-
-def _has(ops, name: str) -> bool:
-    """Whether ``ops`` (a frame, or a mapping of column names to arrays) has column ``name``."""
-    return name in ops
 
 
 def _unique(values: np.ndarray) -> np.ndarray:
@@ -280,7 +276,7 @@ def _partition_owners(ops, window: float | Mapping[int, float], step_time: float
         return ranks, empty.astype(np.int64), empty, empty, empty.astype(np.int64), [n for n, _, _ in layers]
     win, stop = _by_rank(window, ranks), np.full(nr, float(step_time))
     s, e, issue = _column(ops, "start_s"), _column(ops, "end_s"), _column(ops, "issue_s")
-    cut = e - _column(ops, "member_wait_s") if _has(ops, "member_wait_s") else e  # where the members' wait starts
+    cut = e - _column(ops, "member_wait_s") if "member_wait_s" in ops else e  # where the members' wait starts
     spans = []  # (layer index, rank index, start, end) arrays per layer
     every = np.arange(nr)
     for li, (name, sel, part) in enumerate(layers):

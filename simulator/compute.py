@@ -325,8 +325,18 @@ def op_durations(ops: Sequence[Op], compute: ComputeModel,
     by_value: dict[tuple, float] = {}
     later: list[tuple[ComputeModel, tuple[Kernel, ...]]] = []  # tuples to time together, in first-seen order
     waiting: list[int] = []  # ids of the ops timed with ``later``
-    members: list[tuple[int, ComputeModel, tuple]] = []  # (op id, model, members) of ops with members
     slots: list[int] = []  # ... and their entries of it
+    member_slots: list[tuple[int, list[int]]] = []  # (op id, its members' entries of ``later``) of ops with members
+
+    def slot_for(model: ComputeModel, parts: tuple[Kernel, ...]) -> int:
+        """The entry of ``later`` that times ``parts`` on ``model``, added when first seen."""
+        key = id(parts) if one else (id(parts), id(model))
+        slot = slot_of.get(key)
+        if slot is None:
+            slot = slot_of[key] = len(later)
+            later.append((model, parts))
+        return slot
+
     model = compute
     for op in ops:
         if op.kind != "compute":
@@ -337,17 +347,12 @@ def op_durations(ops: Sequence[Op], compute: ComputeModel,
         if not one:
             model = rank_compute.get(op.rank, compute)
         parts = op.parts
-        if parts and op.members is not None:
-            members.append((op.id, model, op.members))
-            continue
         if parts:  # (duration() is then the sum over the kernels alone)
-            key = id(parts) if one else (id(parts), id(model))
-            slot = slot_of.get(key)
-            if slot is None:
-                slot = slot_of[key] = len(later)
-                later.append((model, parts))
-            waiting.append(op.id)
-            slots.append(slot)
+            if op.members is None:
+                waiting.append(op.id)
+                slots.append(slot_for(model, parts))
+            else:
+                member_slots.append((op.id, [slot_for(model, member) for member in op.members]))
             continue
         # (no parts, or none in them: duration() reads the op's own category, FLOPs, bytes and shape)
         vkey = (id(model), op.category, op.flops, op.nbytes, op.shape)
@@ -355,19 +360,12 @@ def op_durations(ops: Sequence[Op], compute: ComputeModel,
         if d is None:
             d = by_value[vkey] = model.duration(op)
         duration[op.id] = d
-    if members:  # every member's tuple timed with the others, each distinct (tuple, model) once
-        for _op, model, tuples in members:
-            for parts in tuples:
-                key = id(parts) if one else (id(parts), id(model))
-                if key not in slot_of:
-                    slot_of[key] = len(later)
-                    later.append((model, parts))
     if later:
         timed = _parts_durations(later)
         for i, slot in zip(waiting, slots):
             duration[i] = timed[slot]
-        for i, model, tuples in members:
-            times = [timed[slot_of[id(p) if one else (id(p), id(model))]] for p in tuples]
+        for i, entries in member_slots:
+            times = [timed[slot] for slot in entries]
             duration[i] = longest = max(times)
             if member_busy is not None:
                 member_busy[i] = sum(times) / len(times) / longest if longest > 0 else 1.0
