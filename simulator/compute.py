@@ -168,7 +168,8 @@ class ComputeModel:
                                       and MIN_EFFICIENCY <= v <= 1):
                 raise ValueError(f"compute.{name}: must be a fraction of the peak in [{MIN_EFFICIENCY:g}, 1], "
                                  f"got {v!r}")
-        if not (isinstance(self.op_overhead_s, (int, float)) and 0 <= self.op_overhead_s <= _MAX_OP_OVERHEAD_S):
+        v = self.op_overhead_s
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v <= _MAX_OP_OVERHEAD_S:
             raise ValueError(f"compute.op_overhead_s: must be a finite number of seconds in "
                              f"[0, {_MAX_OP_OVERHEAD_S:g}] (a kernel launch is ~1e-6), got {self.op_overhead_s!r}")
         for name in ("comm_sms", "p2p_sms"):
@@ -176,7 +177,8 @@ class ComputeModel:
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v < self.gpu.sm_count:
                 raise ValueError(f"compute.{name}: must be an integer number of SMs in 0..{self.gpu.sm_count - 1} "
                                  f"({self.gpu.name} has {self.gpu.sm_count}), got {v!r}")
-        if not (isinstance(self.gemm_k_overhead, int) and 0 <= self.gemm_k_overhead <= 65536):
+        v = self.gemm_k_overhead
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v <= 65536:
             raise ValueError(f"compute.gemm_k_overhead: must be an integer in 0..65536, got {self.gemm_k_overhead!r}")
         if self.attention_efficiency is None:
             kernel = self.fused_attention_kernel

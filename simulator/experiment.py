@@ -36,7 +36,7 @@ import yaml
 
 from topologies import build_cluster, format_bandwidth, parse_time
 from topologies.bisection import bisection_bandwidth
-from topologies.builders import rail_pod, ratio_text, ratios_text
+from topologies.builders import core_ratio, default_spines, rail_pod, ratio_text, ratios_text
 from topologies.capacity import plan_columns
 from topologies.cluster import Cluster, check_cluster
 from topologies.components import PlanOptions, plan_options
@@ -87,6 +87,10 @@ whose DeepEP matrices differ between the EP groups of one stage (groups spread o
 ``fast``. Not to be confused with ``network.fidelity`` (pipelined rings vs every ring step)."""
 
 _REPRESENTATIVES = {"full": None, "fast": "tp", "lockstep": "stage"}
+
+FP8_DELAYED_SCALING_NO_RECOMPUTE = ("layernorm", "moe_act")
+"""Recompute modules Megatron-Core refuses under FP8's delayed-scaling recipe (``transformer_config.py``: "Delayed
+scaling does not support moe_act and layernorm recompute for fp8"): noted, and caveated as a remedy."""
 
 
 DEMO_EXPERIMENT = {
@@ -482,7 +486,7 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
         notes.append(f"parallel.zero: {par.zero} with pp {par.pp} and zero_impl deepspeed: DeepSpeed's pipeline "
                      f"engine refuses ZeRO-2/3 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); "
                      f"simulated as given (zero_impl: fsdp2 is a framework that combines them, torchtitan)")
-    late = [m for m in ("layernorm", "moe_act") if m in par.selective_modules]
+    late = [m for m in FP8_DELAYED_SCALING_NO_RECOMPUTE if m in par.selective_modules]
     if exp.training.fp8 and par.recompute == "selective" and late:
         notes.append(f"parallel.recompute_modules: {', '.join(late)} with dtype fp8: Megatron-Core refuses "
                      f"{'them' if len(late) > 1 else 'it'} under its delayed-scaling FP8 recipe (\"Delayed scaling "
@@ -518,7 +522,7 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
         params = exp.cluster.params
         ports = (params["nodes_per_leaf"] * params["gpus_per_node"] if fabric == "leaf_spine"
                  else rail_pod(params["nodes"], params["nodes_per_leaf"]))
-        fewer = max(1, int(ports / params["oversubscription"]))
+        fewer = default_spines(ports, params["oversubscription"])
         spines = f"cluster.spines: {params['spines']}" + ("" if given("cluster", "spines") else " (the default)")
         notes.append(f"{spines} at {ratio_text(params['oversubscription'])} gives each leaf-spine link "
                      f"{format_bandwidth(uplink)}, less than one {format_bandwidth(port)} port: it is simulated "
@@ -595,7 +599,7 @@ def memory_remedies(exp: Experiment) -> list[tuple[str, MemoryBreakdown]]:
     candidates: list[tuple[str, dict]] = []
     if par.recompute != "full" and set(modules) - set(par.selective_modules):
         both = list(dict.fromkeys([*par.selective_modules, *modules]))
-        late = [m for m in ("layernorm", "moe_act") if m in both] if exp.training.fp8 else []
+        late = [m for m in FP8_DELAYED_SCALING_NO_RECOMPUTE if m in both] if exp.training.fp8 else []
         caveat = (f" (under FP8, Megatron-Core recomputes {', '.join(late)} only with a recipe other than delayed "
                   f"scaling)" if late else "")
         candidates.append((f"parallel.recompute: selective, parallel.recompute_modules: [{', '.join(both)}]"
@@ -758,7 +762,7 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
         fabric += f" ({', '.join(switches)})"
     if "oversubscription" in p:
         ratio = p["oversubscription"]
-        core = p.get("core_oversubscription", 1.0) if p.get("cores") else 1.0
+        core = core_ratio(p)
         if core != 1:
             fabric += f", {ratios_text(ratio, core)} oversubscribed"
         elif ratio == 1:

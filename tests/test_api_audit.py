@@ -67,3 +67,9 @@ def test_numpy_numbers_and_gpu_names_in_the_constructors():
     assert model.gpu.name == "H100-SXM" and model.comm_sms == 20
     with pytest.raises(ValueError, match="compute.comm_sms"):
         ComputeModel("H100", comm_sms=np.float64(20.5))
+    # (op_overhead_s and gemm_k_overhead too: np.float32 and np.int64 were refused; booleans still are)
+    ComputeModel("H100", op_overhead_s=np.float32(1e-6), gemm_k_overhead=np.int64(128))
+    with pytest.raises(ValueError, match="compute.gemm_k_overhead"):
+        ComputeModel("H100", gemm_k_overhead=True)
+    with pytest.raises(ValueError, match="compute.op_overhead_s"):
+        ComputeModel("H100", op_overhead_s=True)

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 
 import networkx as nx
 
@@ -105,6 +105,17 @@ def _uplink_rate(rate: float, field: str, value: float) -> float:
 def ratio_text(oversubscription: float) -> str:
     """``1.0 -> "1:1"``, ``3.0 -> "3:1"``, ``1.5 -> "1.5:1"``."""
     return f"{oversubscription:g}:1"
+
+
+def core_ratio(params: Mapping) -> float:
+    """A built fabric's core oversubscription, from its ``params``: a fat tree's with cores, else 1."""
+    return params.get("core_oversubscription", 1.0) if params.get("cores") else 1.0
+
+
+def default_spines(ports: int, oversubscription: float) -> int:
+    """Spines a leaf of ``ports`` NIC ports gets by default at ``oversubscription``: as many as keep each
+    leaf-spine link at least one port's bandwidth (``floor(ports / ratio)``, at least 1)."""
+    return max(1, math.floor(ports / oversubscription + 1e-9))
 
 
 def ratios_text(oversubscription: float, core_oversubscription: float = 1.0) -> str:
@@ -235,7 +246,7 @@ class _ScaleOut:
                 f"{ratios_text(self.oversubscription, core_oversubscription)}")
 
     def cluster(self, g: nx.DiGraph, gpus: list[tuple], params: dict) -> Cluster:
-        name = self.name(params.get("core_oversubscription", 1.0) if params.get("cores") else 1.0)
+        name = self.name(core_ratio(params))
         return validate_cluster(Cluster(graph=g, gpu=self.gpu, gpus=tuple(gpus), gpus_per_server=self.gpus_per_server,
                                         name=name, params=params))
 
@@ -445,7 +456,7 @@ def rail_optimized(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, s
     # give each leaf-spine link at least one NIC port's bandwidth (exactly one where the ratio divides the pod),
     # so an oversubscribed pod has fewer spines, not more links each thinner than a port.
     pod_size = rail_pod(p.servers, p.servers_per_leaf)
-    n_spines = max(1, math.floor(pod_size / p.oversubscription + 1e-9)) if spines is None else p.spines
+    n_spines = default_spines(pod_size, p.oversubscription) if spines is None else p.spines
     uplink = _uplink_rate(pod_size * p.nic_bandwidth / (n_spines * p.oversubscription),
                           "oversubscription", p.oversubscription)
     for spine in _add_switches(g, "spine", n_spines):

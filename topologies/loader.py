@@ -351,9 +351,8 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
 
     rename = {"servers": "nodes", "gpus_per_server": "gpus_per_node", "servers_per_leaf": "nodes_per_leaf"}
     params = {"preset": preset, **{rename.get(k, k): v for k, v in cluster.params.items()}}
-    core = cluster.params.get("core_oversubscription", 1.0) if cluster.params.get("cores") else 1.0
     name = _describe(preset, nodes, gpus_per_node, gpu.name, fabric, oversubscription,  # type: ignore[arg-type]
-                     core)
+                     builders.core_ratio(cluster.params))
     return dataclasses.replace(cluster, name=name, params=params)
 
 
