@@ -70,18 +70,19 @@ def check_export_folder(folder: str | None, world: int) -> None:
         check_trace_folder(folder, world)
 
 
-def export_experiment(exp, folder: str | None) -> str | None:
-    """``--export-chakra``: write ``exp``'s full step (every rank's program) as a Chakra trace into ``folder``.
+def export_experiment(exp, folder: str | None, *, force: bool = False) -> str | None:
+    """``--export-chakra``: write ``exp``'s full step (every rank's program) as a Chakra trace into ``folder``
+    (with ``force``, however many ops it has: :mod:`workloads.op_budget`).
 
     Returns the summary line to print after the run (None without ``folder``)."""
     if folder is None:
         return None
     from workloads.chakra import write_chakra
-    from workloads.training import training_step
 
     from .engine import paused_gc
+    from .experiment import build_step
     with paused_gc():
-        step = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing, representatives=None)
+        step = build_step(exp, None, force, what="--export-chakra: every rank's program: ")
         write_chakra(step.graph, folder, compute=exp.compute_model())
     return _export_line(folder, step.graph.world_size)
 

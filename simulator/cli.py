@@ -362,6 +362,7 @@ def _run():
 
     def run(args: argparse.Namespace) -> int:
         from workloads.errors import with_prefix
+        from workloads.op_budget import StepTooLargeError
         from workloads.parallel import RankLayout
 
         from .bulk_alltoall import slow_alltoallv_note, under_one_switch
@@ -394,8 +395,10 @@ def _run():
                 result = run_experiment(exp, force=args.force, fidelity=args.fidelity, progress=progress)
             except OutOfMemoryError as exc:  # (found after loading: named by its file, as loading errors are)
                 raise with_prefix(exc.with_remedies(exp), args.file) from None
-        exported = chakra_cli.export_experiment(exp, args.export_chakra)
-        write_outputs(result, args, trace_ranks)
+            except StepTooLargeError as exc:
+                raise with_prefix(exc, args.file) from None
+        write_outputs(result, args, trace_ranks)  # (before the export, which may refuse a graph too large)
+        exported = chakra_cli.export_experiment(exp, args.export_chakra, force=args.force)
         if exported and not args.json:
             print(exported)
         return 0

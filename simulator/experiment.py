@@ -47,6 +47,7 @@ from workloads.errors import ConfigError, check_bool, plain_values, unknown_keys
 from workloads.memory import MemoryBreakdown, memory_per_gpu, routed_rows_factor
 from workloads.models import ModelSpec, model_from_dict
 from workloads.moe import RoutingModel, routing_from_dict
+from workloads.op_budget import MAX_OPS, StepTooLargeError
 from workloads.parallel import (
     ParallelConfig,
     TrainingSpec,
@@ -108,6 +109,11 @@ FORCE_HINT = " (or use --force to simulate anyway)"
 """The end of an out-of-memory hint where the command has ``--force`` (``run``, ``jobs``; a sweep has none)."""
 
 
+def without_force(message: str) -> str:
+    """``message`` without the :data:`FORCE_HINT` it may end with (where the command has no ``--force``)."""
+    return message[:-len(FORCE_HINT)] if message.endswith(FORCE_HINT) else message
+
+
 class OutOfMemoryError(ValueError):
     """The configuration does not fit in GPU memory: ``summary`` (the breakdown against the GPU's memory),
     then ``hint`` (what to do about it) when given, which may end with :data:`FORCE_HINT`."""
@@ -118,8 +124,7 @@ class OutOfMemoryError(ValueError):
 
     def without_force(self) -> str:
         """The message without :data:`FORCE_HINT`: what a sweep's row says (``sweep`` has no ``--force``)."""
-        text = str(self)
-        return text[:-len(FORCE_HINT)] if text.endswith(FORCE_HINT) else text
+        return without_force(str(self))
 
     def with_remedies(self, exp: Experiment) -> OutOfMemoryError:
         """The same error, its hint replaced by the single changes that make ``exp`` fit
@@ -176,12 +181,18 @@ _PRESET_SECTIONS = ("cluster", "model")
 dgx-h100:4`` (the command line's ``PRESET:NODES``) is ``cluster: {preset: dgx-h100, nodes: 4}``."""
 
 
+def preset_fields(key: str, text: str) -> dict:
+    """The fields of section ``key`` given as ``text`` (:data:`_PRESET_SECTIONS`): ``{preset: text}``, or for
+    the cluster ``PRESET:NODES`` as well (:func:`topologies.loader.preset_section`)."""
+    return preset_section(text) if key == "cluster" else {"preset": text}
+
+
 def _section(doc: Mapping, key: str) -> dict:
     value = doc.get(key, {})
     if value is None:
         return {}
     if isinstance(value, str) and key in _PRESET_SECTIONS:
-        return preset_section(value) if key == "cluster" else {"preset": value}
+        return preset_fields(key, value)
     if not isinstance(value, Mapping):
         got = f"the text {value!r}" if isinstance(value, str) else type(value).__name__
         raise ConfigError(f"{key}: must be a mapping of fields (e.g. {key}: {{field: value}}), got {got}")
@@ -648,12 +659,25 @@ def check_memory(exp: Experiment, force: bool = False) -> MemoryBreakdown:
     return memory
 
 
+def build_step(exp: Experiment, representatives: str | None, force: bool = False, what: str = "") -> TrainingStep:
+    """``exp``'s training step (:func:`~workloads.training.training_step` with ``representatives``), refused
+    with a :class:`~workloads.op_budget.StepTooLargeError` that ends with :data:`FORCE_HINT` when its graph would
+    have more than :data:`~workloads.op_budget.MAX_OPS` ops, unless ``force``; ``what`` leads that message."""
+    try:
+        return training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing,
+                             representatives=representatives, max_ops=None if force else MAX_OPS)
+    except StepTooLargeError as exc:
+        raise StepTooLargeError(f"{what}{exc}{FORCE_HINT}", exc.ops, exc.limit) from None
+
+
 def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None = None,
                    progress: Callable[[int, int], None] | None = None) -> Result:
     """Generate the step, simulate it and attach training metrics to the result.
 
     Raises :class:`OutOfMemoryError` when the config does not fit in GPU
-    memory, unless ``force``. ``fidelity`` (``"fast"``, ``"full"`` or ``"lockstep"``, see
+    memory, and :class:`~workloads.op_budget.StepTooLargeError` when its op
+    graph would have more than :data:`~workloads.op_budget.MAX_OPS` ops,
+    unless ``force``. ``fidelity`` (``"fast"``, ``"full"`` or ``"lockstep"``, see
     :data:`FIDELITIES`) overrides the experiment's. ``progress(done, total)``
     is told the step's ops finished so far as the simulation goes
     (:class:`~simulator.engine.Engine`'s ``progress``; e.g. a progress bar's
@@ -673,8 +697,7 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
         representatives = _REPRESENTATIVES[fidelity]
         if representatives == "stage" and exp.slowdown():  # a straggler is one EP member, not its whole group
             representatives = "stage_ep"
-        step = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing,
-                             representatives=representatives)
+        step = build_step(exp, representatives, force)
         healthy = None
         if exp.faults:  # the same step on the healthy cluster, for the cost of the faults
             healthy = Engine(step.graph, exp.healthy_cluster, exp.compute_model(), exp.network).run().step_time_s

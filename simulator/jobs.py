@@ -48,13 +48,13 @@ from topologies import build_cluster
 from topologies.cluster import Cluster
 from workloads.errors import ConfigError, plain_values, unknown_keys, with_prefix
 from workloads.ops import OpGraph, merge_graphs
-from workloads.training import training_step
 
 from .engine import Engine, RunRecord, paused_gc
 from .experiment import (
     _REPRESENTATIVES,
     Experiment,
     OutOfMemoryError,
+    build_step,
     experiment_from_dict,
     label,
     read_experiment_file,
@@ -303,7 +303,8 @@ def _link_bytes_by_job(record: RunRecord, offsets: list[int], sizes: list[int]) 
 def run_jobs(spec: JobsSpec, *, force: bool = False) -> JobsResult:
     """Simulate every job alone and all together on the shared fabric (see the module docstring).
 
-    Raises :class:`~simulator.experiment.OutOfMemoryError` when a job does not fit, unless ``force``.
+    Raises :class:`~simulator.experiment.OutOfMemoryError` when a job does not fit, and
+    :class:`~workloads.op_budget.StepTooLargeError` when its op graph is too large to simulate, unless ``force``.
     """
     if not isinstance(spec, JobsSpec):
         raise TypeError(f"spec: must be a JobsSpec (simulator.jobs.load_jobs), got {type(spec).__name__}")
@@ -317,8 +318,7 @@ def run_jobs(spec: JobsSpec, *, force: bool = False) -> JobsResult:
             if not memory.fits(cluster.gpu.hbm_bytes) and not force:
                 raise OutOfMemoryError(f"job {job.name!r}: out of memory: {memory.describe()} > "
                                        f"{cluster.gpu.hbm_bytes / 1e9:.0f} GB (use --force to simulate anyway)")
-            step = training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing,
-                                 representatives=_REPRESENTATIVES[exp.fidelity])
+            step = build_step(exp, _REPRESENTATIVES[exp.fidelity], force, what=f"job {job.name!r}: ")
             graphs.append(step.graph)
 
         def alone(j: int, steps: int) -> float:

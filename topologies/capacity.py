@@ -133,10 +133,20 @@ def _family(g: _Adjacency, opts: PlanOptions) -> str:
 
 
 def _host_links(g: _Adjacency) -> Counter:
-    """Bandwidth (bytes/s) of every host-to-switch link -> how many there are."""
+    """Bandwidth (bytes/s) of every host-to-switch link and NIC-to-NIC cable -> how many there are."""
     kind = g.kind
-    return Counter(d["bandwidth"] for s, k in kind.items() if k in SWITCH_LEVELS
-                   for n, d in g.succ[s].items() if kind[n] not in SWITCH_LEVELS)
+    links = Counter(d["bandwidth"] for s, k in kind.items() if k in SWITCH_LEVELS
+                    for n, d in g.succ[s].items() if kind[n] not in SWITCH_LEVELS)
+    links.update(_link_bandwidth(g, u, v) for u, v in _nic_cables(g))
+    return links
+
+
+def _nic_cables(g: _Adjacency) -> list[tuple[Hashable, Hashable]]:
+    """The NIC pairs cabled to each other without a switch (servers back to back; a custom fabric's direct
+    cable), one ``(u, v)`` per pair."""
+    kind = g.kind
+    nics = {n: i for i, n in enumerate(n for n, k in kind.items() if k == "nic")}
+    return [(u, v) for u, i in nics.items() for v in g.succ[u] if v in nics and (nics[v] > i or u not in g.succ[v])]
 
 
 def _port_speed(g: _Adjacency, family: str, opts: PlanOptions) -> int:
@@ -190,7 +200,9 @@ def _tier(g: _Adjacency, u: Hashable, v: Hashable) -> str:
 
 
 def _nic_model(g: _Adjacency, nic: Hashable, fallback_Bps: float) -> tuple[str, int]:
-    rates = [d["bandwidth"] for n, d in g.succ[nic].items() if g.kind[n] in SWITCH_LEVELS]
+    """``(component, Gb/s)`` of the NIC model with the rate of ``nic``'s fastest cable (to a switch or another
+    NIC); ``fallback_Bps`` (the GPU's NIC rate) when it has none."""
+    rates = [d["bandwidth"] for n, d in g.succ[nic].items() if g.kind[n] in SWITCH_LEVELS or g.kind[n] == "nic"]
     gbps = (max(rates) if rates else fallback_Bps) / _G
     return next(((name, s) for s, name in NIC_MODELS if s >= gbps * (1 - _EPS)), NIC_MODELS[-1][::-1])
 
@@ -265,6 +277,8 @@ def _bom(cluster: Cluster, opts: PlanOptions) -> tuple[list[dict], dict]:
         entry[1] += ports
         if internal:
             cables[kind, opts.switch_media] += internal
+    for u, v in _nic_cables(g):
+        cables[_tier(g, u, v), opts.nic_media] += _units(_link_bandwidth(g, u, v), port)
     rows = []
     for (kind, model, levels), (boxes, ports) in sorted(switches.items(),
                                                          key=lambda kv: (SWITCH_LEVELS[kv[0][0]], kv[0][2])):

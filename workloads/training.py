@@ -183,6 +183,7 @@ from .flops import (
 from .memory import stage_params
 from .models import ModelSpec
 from .moe import LayerRouting, RoutingModel, deepep_matrices, route_layer
+from .op_budget import MAX_OPS, OpBudget
 from .ops import Kernel, OpGraph
 from .parallel import (
     ParallelConfig,
@@ -561,6 +562,7 @@ class _StepBuilder:
         self.p2p_bytes = self.act_elems * self.dtype / (self.t if (self.sp or self.pp_gather) else 1)
         self.tp_bytes = self.act_elems * self.dtype
         self.graph = OpGraph(parallel.world_size)
+        self._budget = OpBudget(None, parallel.world_size, self.graph)  # (build sets the limit)
         self.schedules = pipeline_schedule(parallel.schedule, self.p, self.m, parallel.virtual_stages,
                                            parallel.microbatch_group_size)
         # contiguous micro-batches per chunk of the interleaved schedule (Megatron-Core's default: pp)
@@ -1685,7 +1687,9 @@ class _StepBuilder:
         queues: dict[str, list[int]] = {"act": [], "grad": []}
         barrier = self._exchanges(rank, posts[0], actions, None, queues) if batched else []
         idx = 0
+        budget = self._budget
         while idx < len(actions):
+            budget.check(idx, len(actions))
             group = actions[idx:idx + 2] if actions[idx].paired else actions[idx:idx + 1]
             a = group[0]
             if aligned and a.phase == "F":
@@ -2214,7 +2218,7 @@ class _StepBuilder:
         return [self.graph.collective_op(rank, "all_reduce", group, nbytes, name="embedding_grad_sync",
                                          stream="dp", deps=[after], traffic_class="dp", stage=stage)]
 
-    def build(self, representatives: str | None = None) -> OpGraph:
+    def build(self, representatives: str | None = None, max_ops: int | None = MAX_OPS) -> OpGraph:
         ranks: Sequence[int] = range(self.par.world_size)
         lay = self.layout
         ep = self.par.ep
@@ -2252,8 +2256,10 @@ class _StepBuilder:
         elif representatives and self.t > 1:
             ranks = [r for r in ranks if lay.coords(r).tp == 0]
             self.graph.replicas = {r: lay.tp_group(r) for r in ranks}
+        self._budget = OpBudget(max_ops, len(ranks), self.graph)
         for rank in ranks:
             self.build_rank(rank)
+            self._budget.rank_done()
         return self.graph
 
 
@@ -2369,7 +2375,7 @@ class _Buckets:
 
 def training_step(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
                   options: StepOptions | None = None, routing: RoutingModel | None = None, *,
-                  representatives: str | bool | None = None) -> TrainingStep:
+                  representatives: str | bool | None = None, max_ops: int | None = MAX_OPS) -> TrainingStep:
     """Generate the op graph of one training step.
 
     Parameters
@@ -2399,6 +2405,10 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
         runs beside the experts (the overlapped shared expert, a split
         backward) or with ``"stage_ep"`` (ranks of unequal speed: stragglers),
         which keep one per EP index. Default None: every rank's program.
+    max_ops : int or None
+        Raise :class:`~workloads.op_budget.StepTooLargeError` (a ``ConfigError``) as soon as the graph is
+        projected to exceed this many ops, early in its building (:mod:`workloads.op_budget`; default
+        :data:`~workloads.op_budget.MAX_OPS`); None: no limit.
 
     Examples
     --------
@@ -2415,7 +2425,7 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
         raise ConfigError(f"representatives: {representatives!r} unknown; valid: None, 'tp', 'stage', 'stage_ep'")
     options = options or StepOptions()
     builder = _StepBuilder(model, parallel, training, options, routing)
-    graph = builder.build(representatives)
+    graph = builder.build(representatives, max_ops)
     flops = model_flops_per_step(model, parallel.global_batch, training.seq_len, causal=options.causal)
     hw_flops = hardware_flops_per_step(model, parallel.global_batch, training.seq_len,
                                        recompute=parallel.recompute, causal=options.causal,

@@ -19,6 +19,9 @@ HIGHER_IS_BETTER = frozenset({"mfu", "tflops_per_gpu", "tokens_per_s", "bisectio
 """Metrics ranked in decreasing order; every other metric ranks in increasing order."""
 KEY_COLUMN = "point"
 """Column holding each row's stable point key (see :func:`simulator.sweeps.points.point_key`)."""
+RANK_COLUMNS = ("rank", "screen_rank")
+"""Ranks a sweep gives its rows (``screen_rank``: the screen's, under ``--refine``): they belong to the sweep that
+ranked them, so rows reused or kept from another sweep's file lose them."""
 LAYOUT_COLUMNS = ("parallel.tp", "parallel.pp", "parallel.dp")
 """Columns written by a ``layout`` grid entry, in ``TPxPPxDP`` order."""
 FIDELITY_COLUMN = "fidelity"

@@ -6,6 +6,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from ..experiment import preset_fields
+
 __all__ = ["get_path", "set_path", "apply_overrides"]
 
 
@@ -15,7 +17,8 @@ def get_path(doc: Mapping, path: str, default: Any = None) -> Any:
     Parameters
     ----------
     doc : Mapping
-        An experiment document; a section given as a string is read as ``{preset: <string>}``.
+        An experiment document; a section given as a string is read as ``{preset: <string>}`` (a
+        cluster's ``PRESET:NODES`` as ``{preset: PRESET, nodes: NODES}``).
     path : str
         Dotted path, e.g. ``"parallel.tp"``.
     default : Any, optional
@@ -32,12 +35,13 @@ def get_path(doc: Mapping, path: str, default: Any = None) -> Any:
     'dgx-h100'
     """
     node: Any = doc
+    section = ""
     for part in path.split("."):
         if isinstance(node, str):
-            node = {"preset": node}
+            node = preset_fields(section, node)
         if not isinstance(node, Mapping) or part not in node:
             return default
-        node = node[part]
+        node, section = node[part], part
     return node
 
 
@@ -48,7 +52,8 @@ def set_path(doc: dict, path: str, value: Any) -> None:
     ----------
     doc : dict
         An experiment document, modified in place; a section given as a
-        string becomes ``{preset: <string>}`` first.
+        string becomes ``{preset: <string>}`` first (a cluster's
+        ``PRESET:NODES``: ``{preset: PRESET, nodes: NODES}``).
     path : str
         Dotted path, e.g. ``"cluster.nodes"``.
     value : Any
@@ -64,7 +69,7 @@ def set_path(doc: dict, path: str, value: Any) -> None:
     for part in parts[:-1]:
         child = node.get(part)
         if isinstance(child, str):
-            child = {"preset": child}
+            child = preset_fields(part, child)
         elif not isinstance(child, dict):
             child = {} if child is None else child
         node[part] = child

@@ -18,7 +18,7 @@ except ImportError:  # not POSIX: no lock
 
 import pandas as pd
 
-from .columns import KEY_COLUMN
+from .columns import KEY_COLUMN, RANK_COLUMNS
 
 __all__ = ["OUTPUT_FORMATS", "REUSABLE", "output_format", "read_table", "write_table", "previous_rows",
            "output_lock"]
@@ -151,7 +151,7 @@ def previous_rows(output: str | os.PathLike | None, keys: set[str]) -> tuple[dic
     Returns
     -------
     rows : dict
-        Point key -> row (missing cells dropped, no ``rank``) for this
+        Point key -> row (missing cells dropped, no ranks nor ``screen_*`` columns) for this
         sweep's points whose status is :data:`REUSABLE`.
     foreign : pandas.DataFrame
         The rows of other sweeps, kept after this sweep's rows.
@@ -176,6 +176,8 @@ def previous_rows(output: str | os.PathLike | None, keys: set[str]) -> tuple[dic
     if "step_time_s" in old.columns:
         whole &= (old["status"] != "ok") | pd.to_numeric(old["step_time_s"], errors="coerce").notna()
     mine = old[KEY_COLUMN].isin(keys)
-    reuse = old[mine & whole].drop(columns=["rank"], errors="ignore")
+    # (what ranked or screened a row belongs to the sweep that did: a plain sweep reusing a refined row showed the
+    # screen's rank beside its own; a screened sweep sets its own again)
+    reuse = old[mine & whole].drop(columns=[c for c in old.columns if c in RANK_COLUMNS or c.startswith("screen_")])
     rows = {r[KEY_COLUMN]: {k: v for k, v in r.items() if not _isna(v)} for r in reuse.to_dict("records")}
     return rows, old[~mine & old[KEY_COLUMN].notna()]

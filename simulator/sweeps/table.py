@@ -8,7 +8,15 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from .columns import CAPACITY_COLUMNS, FIDELITY_COLUMN, HIGHER_IS_BETTER, KEY_COLUMN, METRIC_COLUMNS, SCREEN
+from .columns import (
+    CAPACITY_COLUMNS,
+    FIDELITY_COLUMN,
+    HIGHER_IS_BETTER,
+    KEY_COLUMN,
+    METRIC_COLUMNS,
+    RANK_COLUMNS,
+    SCREEN,
+)
 from .points import Point
 
 __all__ = ["cell", "result_row", "build_table", "rank_table", "merge_refined"]
@@ -158,12 +166,14 @@ def with_other_rows(table: pd.DataFrame, others: pd.DataFrame) -> pd.DataFrame:
     """``table`` (this sweep's ranked rows) followed by ``others``, the rows of other sweeps an output file
     already held (:func:`~simulator.sweeps.store.previous_rows`), as the file is written.
 
-    The others' ``rank`` cells are left empty (a rank belongs to the sweep that ranked it; kept, the file
-    would list two rows of rank 1), and a column whose values are all integers stays integer where the other
+    The others' ``rank`` and ``screen_rank`` cells are left empty (a rank belongs to the sweep that ranked it;
+    kept, the file would list two rows of rank 1) and stay ``Int64`` (an object column of ``pd.NA`` made the
+    ranks text in a Parquet file), and a column whose values are all integers stays integer where the other
     sweep has no value for it (``Int64``, not the floats a gap makes)."""
     if others.empty:
         return table
-    others = others.assign(rank=pd.NA) if "rank" in others.columns else others
+    others = others.assign(**{c: pd.array([pd.NA] * len(others), dtype="Int64")
+                              for c in RANK_COLUMNS if c in others.columns})
     integral = [c for c in table.columns.union(others.columns)
                 if any(c in f.columns and pd.api.types.is_integer_dtype(f[c].dtype) for f in (table, others))]
     out = pd.concat([table, others], ignore_index=True)

@@ -10,7 +10,7 @@ from typing import Any
 from topologies import build_cluster
 from topologies.cluster import Cluster
 
-from ..experiment import OutOfMemoryError, experiment_from_dict, run_experiment
+from ..experiment import OutOfMemoryError, experiment_from_dict, run_experiment, without_force
 from .columns import CAPACITY_COLUMNS, FIDELITY_COLUMN, METRIC_COLUMNS, SCREEN
 from .errors import failed_reason, one_line
 
@@ -35,7 +35,7 @@ def _screen_experiment(doc: Mapping):
     key = json.dumps(section, sort_keys=True, default=str)
     cluster = _CLUSTERS.get(key)
     if cluster is None and section:
-        cluster = build_cluster(section if isinstance(section, Mapping) else {"preset": section})
+        cluster = build_cluster(section)  # (a string is PRESET or PRESET:NODES, as in an experiment file)
         if len(_CLUSTERS) >= _MAX_CLUSTERS:
             _CLUSTERS.pop(next(iter(_CLUSTERS)))
         _CLUSTERS[key] = cluster
@@ -97,7 +97,7 @@ def run_point(doc: Mapping) -> dict[str, Any]:
     except OutOfMemoryError as exc:
         out.update(status="oom", reason=one_line(exc.without_force()))
     except ValueError as exc:
-        out.update(status="invalid", reason=one_line(exc))
+        out.update(status="invalid", reason=without_force(one_line(exc)))
     except Exception as exc:  # noqa: BLE001 - a failed point is a row, not a crash of the sweep
         out.update(status="failed", reason=failed_reason(exc))
     out["sim_wall_s"] = time.perf_counter() - t0

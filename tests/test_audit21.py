@@ -1,0 +1,101 @@
+"""Fixes from the twenty-first session's QA hunts (each test fails on the session's start, ``65437d4``).
+
+Sweeps: the ``cluster: PRESET:NODES`` shorthand under a swept cluster field and in the screen; ranks of other
+sweeps' rows kept as ``Int64`` in Parquet (they became text, ``'<NA>'`` included); a screen's rank and value
+not carried into a later sweep that reuses a refined row.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from simulator.cli import main
+from simulator.experiment import experiment_from_dict, run_experiment
+from simulator.sweeps import sweep
+
+SHORT = {"cluster": "dgx-h100:1", "model": {"preset": "tiny"},
+         "parallel": {"tp": 2, "pp": 2, "dp": 2, "micro_batch": 1, "global_batch": 8}, "training": {"seq_len": 128}}
+LONG = {**SHORT, "cluster": {"preset": "dgx-h100", "nodes": 1}}
+
+
+def _step_times(df: pd.DataFrame) -> dict:
+    ok = df[df["status"] == "ok"]
+    return dict(zip(ok["point"], ok["step_time_s"]))
+
+
+@pytest.mark.parametrize("grid,fidelity", [
+    ({"cluster.nodes": [1, 2], "parallel.tp": [2]}, None),   # the dp follows the nodes
+    ({"layout": ["2x2x2", "1x2x4"]}, "screen"),
+])
+def test_the_cluster_shorthand_sweeps_as_its_fields(grid, fidelity):
+    short = sweep(SHORT, grid, jobs=1, progress=False, fidelity=fidelity)
+    long = sweep(LONG, grid, jobs=1, progress=False, fidelity=fidelity)
+    assert (short["status"] == "ok").all(), short["reason"].tolist()
+    assert sorted(_step_times(short).values()) == sorted(_step_times(long).values())
+    # and the two-node point is the run of the same file with two nodes
+    if "cluster.nodes" in grid:
+        two = run_experiment(experiment_from_dict({**SHORT, "cluster": "dgx-h100:2",
+                                                   "parallel": {**SHORT["parallel"], "dp": 4}}))
+        assert two.step_time in set(_step_times(short).values())
+
+
+def test_other_sweeps_ranks_stay_integers_in_parquet(tmp_path):
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "q.parquet"
+    sweep(LONG, {"parallel.micro_batch": [1, 2]}, jobs=1, progress=False, output=out)
+    sweep(LONG, {"parallel.tp": [1, 2]}, jobs=1, progress=False, output=out)
+    df = pd.read_parquet(out)
+    assert pd.api.types.is_integer_dtype(df["rank"].dtype), df["rank"].dtype
+    assert df["rank"].isna().sum() >= 1 and (df["rank"] == 1).sum() == 1
+    assert sorted(df["rank"].dropna().tolist()) == list(range(1, df["rank"].notna().sum() + 1))
+
+
+def test_a_plain_sweep_reusing_refined_rows_carries_no_screen_columns(tmp_path):
+    out = tmp_path / "r.csv"
+    grid = {"layout": ["2x2x2", "1x2x4", "2x1x4", "1x1x8"]}
+    sweep(LONG, grid, jobs=1, progress=False, output=out, fidelity="screen", refine=2)
+    plain = sweep(LONG, grid, jobs=1, progress=False, output=out)
+    for col in [c for c in plain.columns if c.startswith("screen_")]:
+        assert plain[col].isna().all(), (col, plain[col].tolist())
+    ranks = plain["rank"].dropna().tolist()
+    assert sorted(ranks) == list(range(1, len(ranks) + 1))
+    # the file holds this sweep's rows once each, ranked by this sweep alone
+    written = pd.read_csv(out)
+    assert written["rank"].dropna().tolist() == ranks
+
+
+def test_the_cli_sweeps_a_shorthand_file(tmp_path, capsys):
+    path = tmp_path / "short.yaml"
+    path.write_text("cluster: dgx-h100:1\nmodel: {preset: tiny}\nparallel: {tp: 2, pp: 2, dp: 2, micro_batch: 1, "
+                    "global_batch: 8}\ntraining: {seq_len: 128}\n")
+    argv = ["sweep", str(path), "--grid", "cluster.nodes=1,2", "--grid", "parallel.tp=2", "--jobs", "1",
+            "--no-progress"]
+    assert main(argv) == 0
+    assert "2 points: 2 ok, 0 invalid" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ plan: NICs cabled back to back
+def _back_to_back(rate: str, switch: bool = False):
+    from topologies.custom import cluster_from_dict
+    nodes = ["gpu:0:0", "nic:0:0", "gpu:1:0", "nic:1:0"] + (["leaf:0"] if switch else [])
+    links = [{"a": "gpu:0:0", "b": "nic:0:0", "bandwidth": "64GB/s", "latency": "0.25us"},
+             {"a": "gpu:1:0", "b": "nic:1:0", "bandwidth": "64GB/s", "latency": "0.25us"},
+             {"a": "nic:0:0", "b": "nic:1:0", "bandwidth": rate, "latency": "0.5us", "kind": "ib", "tier": "leaf"}]
+    if switch:  # both servers on a leaf as well: the direct cable is a second path
+        links += [{"a": f"nic:{s}:0", "b": "leaf:0", "bandwidth": rate, "latency": "0.5us"} for s in (0, 1)]
+    return cluster_from_dict({"gpu": "H100-SXM", "nodes": nodes, "links": links})
+
+
+@pytest.mark.parametrize("rate,gbps,nic", [("400Gbps", 400, "ConnectX-7"), ("800Gbps", 800, "ConnectX-8")])
+@pytest.mark.parametrize("switch", [False, True])
+def test_a_nic_to_nic_cable_is_a_cable_and_sets_the_nic_model(rate, gbps, nic, switch):
+    from topologies.capacity import bill_of_materials
+    bom = bill_of_materials(_back_to_back(rate, switch))
+    nics = bom[bom["item"] == "NIC"]
+    assert nics["component"].tolist() == [nic] and nics["count"].tolist() == [2]
+    # one cable between the NICs (+ two NIC-leaf cables with the switch), each optical with a transceiver per end
+    fibers = int(bom.loc[bom["item"] == "fiber", "count"].sum())
+    assert fibers == 1 + 2 * switch
+    assert int(bom.loc[bom["item"] == "transceiver", "count"].sum()) == 2 * fibers
+    assert set(bom.loc[bom["item"] == "transceiver", "component"]) == {f"transceiver-{gbps}G"}
