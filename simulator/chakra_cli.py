@@ -31,6 +31,7 @@ from topologies import build_cluster, load_cluster
 from topologies.cluster import Cluster
 from topologies.loader import preset_section
 from workloads.errors import with_prefix
+from workloads.ops import Compute
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -104,7 +105,6 @@ def run_trace(args: argparse.Namespace) -> int:
     )
 
     from .cli import check_folder, check_writable, parse_trace_ranks, write_outputs
-    from .compute import ComputeModel
     from .engine import Engine, paused_gc
     from .experiment import _faults_from_list, _network_from_dict, _section, read_experiment_file
     from .result import Result
@@ -142,9 +142,12 @@ def run_trace(args: argparse.Namespace) -> int:
         if args.cluster is None:
             cluster = build_cluster(_section(doc, "cluster")) if doc.get("cluster") else trace_cluster("dgx-h100",
                                                                                                       world)
+    except ValueError as exc:
+        raise (with_prefix(exc, str(args.file)) if args.file else exc) from None
+    _check_fp8(graph, cluster.gpu)
+    try:
         network = _network_from_dict(_section(doc, "network"))
-        dtype, settings = _compute_settings(doc, written, cluster.gpu.name)
-        compute = ComputeModel(cluster.gpu, dtype=dtype, **settings)
+        compute = _trace_compute(cluster.gpu, *_compute_settings(doc, written, cluster.gpu.name))
         faults = _faults_from_list(doc.get("faults"), cluster)
         healthy_cluster = cluster
         if faults:
@@ -197,11 +200,52 @@ def _print_notes(caught: list[warnings.WarningMessage], option: str) -> None:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
-def _compute_settings(doc: dict, written: dict, gpu: str) -> tuple[str, dict]:
-    """``(dtype, compute settings)`` to time a trace's kernels with: the experiment file's where it gives them
-    (``training.dtype``, the ``compute`` section), else what the trace was written with (``written``,
-    :func:`~workloads.chakra.trace_settings`), else the defaults. Prints a note where the file's settings or
-    the cluster's GPU differ from the trace's, since the step then differs from the one exported."""
+def _check_fp8(graph, gpu) -> None:
+    """Refuse, naming the trace, a trace holding FP8 GEMMs on a GPU without FP8 tensor cores (no setting of the
+    experiment file can re-time them: they are the trace's kernels)."""
+    if "fp8" in gpu.peak_flops:
+        return
+    for op in graph.ops:
+        if isinstance(op, Compute) and (op.category == "gemm_fp8" or any(
+                k.category == "gemm_fp8" for k in op.parts or ())):
+            raise ValueError(f"--chakra: the trace holds FP8 GEMMs (op {op.name!r} of rank {op.rank}: written under "
+                             f"training.dtype fp8), which {gpu.name} has no FP8 tensor cores for; run it on a GPU "
+                             f"with them (H100, H200, B200 ...)")
+
+
+def _trace_compute(gpu, dtype: str, settings: dict, inherited: tuple[bool, bool]):
+    """The compute model of ``gpu`` with ``dtype`` and ``settings`` (:func:`_compute_settings`); where those the
+    trace recorded (``inherited``: the dtype, the compute settings) are not available on ``gpu`` (FP8 on an A100,
+    a Hopper-only attention kernel), the defaults in their place, with a note."""
+    from .compute import ComputeModel
+    try:
+        return ComputeModel(gpu, dtype=dtype, **settings)
+    except ValueError as exc:
+        if not any(inherited):
+            raise
+        # the fewest of the trace's settings replaced by the defaults: its compute settings, its dtype, both
+        for drop_settings, drop_dtype in ((True, False), (False, True), (True, True)):
+            if (drop_settings and not inherited[1]) or (drop_dtype and not inherited[0]):
+                continue
+            try:
+                fallback = ComputeModel(gpu, dtype="bf16" if drop_dtype else dtype,
+                                        **({} if drop_settings else settings))
+            except ValueError:
+                continue
+            what = " and ".join(w for w, dropped in (("training.dtype", drop_dtype),
+                                                     ("compute settings", drop_settings)) if dropped)
+            print(f"clustersim: note: the trace's recorded {what} cannot time kernels on {gpu.name} ({exc}); "
+                  f"timed with the defaults instead (set them in the experiment file to choose)", file=sys.stderr)
+            return fallback
+        raise  # (the file's own settings do not fit this GPU either)
+
+
+def _compute_settings(doc: dict, written: dict, gpu: str) -> tuple[str, dict, tuple[bool, bool]]:
+    """``(dtype, compute settings, inherited)`` to time a trace's kernels with: the experiment file's where it
+    gives them (``training.dtype``, the ``compute`` section), else what the trace was written with (``written``,
+    :func:`~workloads.chakra.trace_settings`), else the defaults; ``inherited`` says whether the dtype and the
+    settings are the trace's. Prints a note where the file's settings or the cluster's GPU differ from the
+    trace's, since the step then differs from the one exported."""
     from workloads.parallel import training_from_dict
 
     from .experiment import _compute_from_dict, _section
@@ -209,7 +253,7 @@ def _compute_settings(doc: dict, written: dict, gpu: str) -> tuple[str, dict]:
     dtype = training_from_dict(training).dtype
     settings = _compute_from_dict(section)
     if not written:
-        return dtype, settings
+        return dtype, settings, (False, False)
     try:
         theirs = dict(written["compute"])
         their_dtype = training_from_dict({"dtype": theirs.pop("dtype", "bf16")}).dtype
@@ -234,7 +278,7 @@ def _compute_settings(doc: dict, written: dict, gpu: str) -> tuple[str, dict]:
         settings = their_settings
     for note in notes:
         print(f"clustersim: note: {note}", file=sys.stderr)
-    return dtype, settings
+    return dtype, settings, ("dtype" not in training, not section)
 
 
 TRACE_SECTIONS = ("name", "cluster", "network", "compute", "faults", "training")

@@ -7,6 +7,8 @@ not carried into a later sweep that reuses a refined row.
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -99,3 +101,87 @@ def test_a_nic_to_nic_cable_is_a_cable_and_sets_the_nic_model(rate, gbps, nic, s
     assert fibers == 1 + 2 * switch
     assert int(bom.loc[bom["item"] == "transceiver", "count"].sum()) == 2 * fibers
     assert set(bom.loc[bom["item"] == "transceiver", "component"]) == {f"transceiver-{gbps}G"}
+
+
+# ------------------------------------------------------------------ Chakra traces
+TINY_RUN = """\
+cluster: {preset: dgx-h100, nodes: 1}
+model: {preset: tiny}
+parallel: {tp: 2, pp: 1, dp: 4, micro_batch: 1, global_batch: 8}
+training: {seq_len: 128, dtype: DTYPE}
+compute: {attention_kernel: KERNEL}
+"""
+
+
+def _export(tmp_path, dtype="bf16", kernel="fa3"):
+    path = tmp_path / "run.yaml"
+    path.write_text(TINY_RUN.replace("DTYPE", dtype).replace("KERNEL", kernel))
+    folder = tmp_path / f"et-{dtype}-{kernel}"
+    assert main(["run", str(path), "--export-chakra", str(folder), "--no-progress"]) == 0
+    return folder
+
+
+def test_a_trace_cut_at_a_nodes_end_is_refused_as_truncated(tmp_path, capsys):
+    from workloads.chakra import ChakraError, read_chakra
+    from workloads.chakra.schema import iter_frames
+    folder = _export(tmp_path)
+    capsys.readouterr()
+    rank_file = sorted(folder.glob("*.3.et"))[0]
+    data = rank_file.read_bytes()
+    frames = list(iter_frames(data, rank_file))
+    rank_file.write_bytes(data[:frames[-1][0]])  # the last node dropped exactly at its length prefix
+    with pytest.raises(ChakraError, match=rf"truncated: {len(frames) - 2:,} of the {len(frames) - 1:,} nodes"):
+        read_chakra(folder)
+    assert main(["run", "--chakra", str(folder), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "truncated" in err[0]
+
+
+def test_a_trace_edited_in_its_middle_is_still_read_by_its_chakra_fields(tmp_path):
+    # dropping a node from the middle (a gap in the ids clustersim numbers 0, 1, ...) is an edit, not a cut
+    from workloads.chakra import read_chakra
+    from workloads.chakra.read import TraceEditedWarning
+    from workloads.chakra.schema import iter_frames
+    folder = _export(tmp_path)
+    from workloads.chakra.schema import classes, frame
+    rank_file = sorted(folder.glob("*.0.et"))[0]
+    data = rank_file.read_bytes()
+    frames = list(iter_frames(data, rank_file))
+    # the last node dropped and the one before renumbered, leaving a gap in the ids (as an editor that dropped a
+    # node and kept the others' ids would): fewer nodes than written, but not a cut
+    node_cls = classes()["Node"]
+    nodes = []
+    for _offset, body in frames[1:]:
+        node = node_cls()
+        node.ParseFromString(bytes(body))
+        nodes.append(node)
+    nodes[-2].id = nodes[-1].id + 5  # a gap, as an editor that dropped a node and kept the ids would leave
+    rank_file.write_bytes(data[:frames[1][0]] + b"".join(frame(n) for n in nodes[:-1]))
+    with pytest.warns(TraceEditedWarning):
+        read_chakra(folder)
+
+
+def test_an_fp8_trace_on_a_gpu_without_fp8_is_refused_naming_the_trace(tmp_path, capsys):
+    folder = _export(tmp_path, dtype="fp8")
+    capsys.readouterr()
+    bf16 = tmp_path / "bf16.yaml"
+    bf16.write_text("training: {dtype: bf16}\n")
+    for argv in ([], [str(bf16)]):
+        assert main(["run", *argv, "--chakra", str(folder), "--cluster", "dgx-a100", "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("clustersim: error: --chakra: the trace holds FP8 GEMMs"), err
+        assert "A100-80GB-SXM has no FP8 tensor cores" in err[-1]
+
+
+def test_a_trace_s_hopper_kernel_setting_falls_back_on_an_a100_with_a_note(tmp_path, capsys):
+    folder = _export(tmp_path, dtype="bf16", kernel="fa3")
+    capsys.readouterr()
+    assert main(["run", "--chakra", str(folder), "--cluster", "dgx-a100", "--no-progress", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "the trace's recorded compute settings cannot time kernels on A100-80GB-SXM" in err
+    assert "training.dtype and" not in err  # its dtype (bf16) was kept
+    # the same step as a file that sets the default kernel itself
+    fa2 = tmp_path / "fa2.yaml"
+    fa2.write_text("compute: {attention_kernel: fa2}\n")
+    assert main(["run", str(fa2), "--chakra", str(folder), "--cluster", "dgx-a100", "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == json.loads(out)["step_time_s"]

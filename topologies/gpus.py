@@ -154,8 +154,10 @@ GPU_SPECS: dict[str, GPUSpec] = {
     ),
     # NVIDIA HGX B200 / DGX B200 datasheets, per GPU (8-GPU totals / 8):
     # FP32 75 TF, TF32 2.2 PF*, BF16/FP16 4.5 PF*, FP8 9 PF* (* sparse; dense
-    # is half). HBM3e 180 GB at 8 TB/s. NVLink 5: 1.8 TB/s bidirectional =
-    # 900 GB/s per direction. DGX B200: ConnectX-7 400 Gb/s per GPU.
+    # is half). HBM3e 180 GB at 8 TB/s (DGX B200: 64 TB/s for 8 GPUs; the HGX
+    # B200 table says 7.7 TB/s per GPU, ~4% less for memory-bound kernels on
+    # HGX). NVLink 5: 1.8 TB/s bidirectional = 900 GB/s per direction.
+    # DGX B200: ConnectX-7 400 Gb/s per GPU.
     # FP4 exists but is not a training dtype here.
     "B200": GPUSpec(
         name="B200",
@@ -180,8 +182,10 @@ GPU_SPECS: dict[str, GPUSpec] = {
     # 576 TB/s (8 TB/s per GPU), NVLink 5 at 130 TB/s (1.8 TB/s bidirectional =
     # 900 GB/s per direction per GPU) over one 72-GPU NVLink switch domain. Each
     # compute tray (4 GPUs) has 4x ConnectX-7 400 Gb/s: one per GPU. FP32 80 TF
-    # as B200 (not in the rack datasheet). SMs and the critical GEMM intensity:
-    # B200's (same GPU die); MAMF fractions in the module docstring.
+    # (the GB200 NVL72 / HGX B200 spec table's per-GPU figure; B200: 75). 152 SMs
+    # enabled as the device reports them (B200: 148; NVIDIA publishes no count:
+    # kernels' own notes on GB200 say 152). The critical GEMM intensity is
+    # B200's (same die); MAMF fractions in the module docstring.
     "GB200": GPUSpec(
         name="GB200",
         peak_flops=MappingProxyType(
@@ -191,7 +195,7 @@ GPU_SPECS: dict[str, GPUSpec] = {
         hbm_bandwidth=8000 * _GB,
         nvlink_bandwidth=900 * _GB,
         nic_bandwidth=400e9 / 8,
-        sm_count=148,
+        sm_count=152,
         matmul_efficiency=0.729,
         matmul_efficiency_fp8=0.723,
         gemm_critical_intensity=85.3,
@@ -203,7 +207,9 @@ GPU_SPECS: dict[str, GPUSpec] = {
     # 360 PF*, TF32 180 PF* (* sparse: dense 5, 2.5, 1.25 PF per GPU; Blackwell
     # Ultra adds FP4 and attention-exponent throughput, not BF16/FP8 matmul
     # rate), HBM3e 20.1 TB (279 GB per GPU) at 576 TB/s, NVLink 5 as GB200. Each
-    # GPU has a ConnectX-8 SuperNIC at 800 Gb/s. 160 SMs (Blackwell Ultra).
+    # GPU has a ConnectX-8 SuperNIC at 800 Gb/s. 152 SMs enabled as the device
+    # reports them (sm_103, cc 10.3; the full Blackwell Ultra die has 160:
+    # NVIDIA's "Inside NVIDIA Blackwell Ultra"; B200 likewise enables 148).
     "GB300": GPUSpec(
         name="GB300",
         peak_flops=MappingProxyType(
@@ -213,7 +219,7 @@ GPU_SPECS: dict[str, GPUSpec] = {
         hbm_bandwidth=8000 * _GB,
         nvlink_bandwidth=900 * _GB,
         nic_bandwidth=800e9 / 8,
-        sm_count=160,
+        sm_count=152,
         matmul_efficiency=0.786,
         matmul_efficiency_fp8=0.745,
         gemm_critical_intensity=85.3,

@@ -235,6 +235,7 @@ def _read(files: list[Path], prefix: str, clustersim_attrs: bool) -> OpGraph:
         fmt = meta_attrs.get(PREFIX + "format") if clustersim_attrs else None
         recorded = meta_attrs.get(PREFIX + "digest")
         if fmt is not None and isinstance(recorded, int) and recorded != digest:
+            _check_whole(p, nodes, meta_attrs.get(PREFIX + "nodes"))
             raise _Edited(p)
         if fmt is not None and fmt != FORMAT:
             raise ChakraError(f"{p}: clustersim.format {fmt} is not the supported {FORMAT}; read it with "
@@ -315,6 +316,15 @@ def _check_rank_count(meta_attrs: dict[str, Any], path: Path, rank: int, world: 
     if isinstance(own, int) and own != rank:
         raise ChakraError(f"{path}: clustersim.rank says this is rank {own}'s program, not rank {rank}'s; are these "
                           f"files of one trace?")
+
+
+def _check_whole(path: Path, nodes: list[Any], written: object) -> None:
+    """Refuse a file clustersim wrote whose nodes changed because it was cut short at a node's end: fewer nodes
+    than the ``written`` (``clustersim.nodes``), numbered 0, 1, ... as clustersim numbers them, with no gap (an
+    edit that dropped nodes elsewhere is read as an edited trace)."""
+    if isinstance(written, int) and len(nodes) < written and all(n.id == i for i, n in enumerate(nodes)):
+        raise ChakraError(f"{path}: truncated: {len(nodes):,} of the {written:,} nodes clustersim wrote (the file "
+                          f"ends at a node's end)")
 
 
 def _parse_file(path: Path) -> tuple[Any, list[Any], int]:

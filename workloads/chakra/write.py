@@ -210,7 +210,8 @@ class _Writer:
 
         The nodes are written to memory first: the GlobalMetadata, which comes first in the file, records a
         CRC-32 of their bytes (``clustersim.digest``), by which the reader tells a trace edited after it was
-        written (its ``clustersim.*`` attributes then no longer describe its Chakra fields)."""
+        written (its ``clustersim.*`` attributes then no longer describe its Chakra fields), and their number
+        (``clustersim.nodes``), by which it tells a file cut short at a node's end from an edited one."""
         C = self.C
         meta = C["GlobalMetadata"](version=SCHEMA_VERSION)
         for name, value in (("format", FORMAT), ("world_size", self.graph.world_size), ("rank", rank)):
@@ -242,6 +243,7 @@ class _Writer:
             self.add(op, prev)
         body = nodes.getbuffer()
         meta.attr.add(name=PREFIX + "digest", int64_val=zlib.crc32(body))
+        meta.attr.add(name=PREFIX + "nodes", int64_val=self.next_id)  # (how many: a file cut short is told apart)
         fh.write(frame(meta))
         fh.write(body)
         del body
