@@ -65,6 +65,11 @@ class Result:
         self._stage_records: list[dict] | None = None  # the rows of a deferred ``stages`` (see defer)
         self._deferred: dict[str, Callable[[], object]] = {}
 
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a Result does not pickle or deep-copy: it holds its simulation's live state (the fabric "
+                        "and flow network its views read); keep its summary and frames (result.summary, "
+                        "result.ops.to_parquet(...)), or pickle the Experiment and run it again")
+
     @property
     def stages(self) -> pd.DataFrame:
         """Where time went per pipeline stage (:func:`simulator.experiment.pipeline_stages`, set by
@@ -555,14 +560,15 @@ class Result:
 
         ``timeline``, ``stages`` (pipeline runs), ``tier_bandwidth``, ``link_heatmap`` (20 busiest links),
         ``traffic_<level>`` for node and, on a fabric with leaves, leaf level, ``link_utilization``,
-        ``bytes_by_class_and_tier``.
+        ``bytes_by_class_and_tier``; the timeline only for a run with ops, the link figures only where bytes
+        crossed a link.
         """
         import matplotlib.pyplot as plt
 
         if isinstance(dpi, bool) or not isinstance(dpi, numbers.Real) or not 0 < dpi <= 2400:
             raise ValueError(f"dpi: must be a resolution in dots per inch, 0 < dpi <= 2400, got {dpi!r}")
         os.makedirs(folder, exist_ok=True)
-        figures: list[tuple[str, Callable]] = [("timeline", self.plot_timeline)]
+        figures: list[tuple[str, Callable]] = [("timeline", self.plot_timeline)] if len(self.record.graph.ops) else []
         if len(self._stage_frame()):
             figures.append(("stages", self.plot_stages))
         figures += [("tier_bandwidth", self.plot_tier_bandwidth), ("link_heatmap", self.plot_link_heatmap),

@@ -38,6 +38,13 @@ def stage_ranks(ops: pd.DataFrame, groups: Sequence[tuple[int, int]] | None = No
     return out
 
 
+def rank_stages(ops: pd.DataFrame) -> dict[int, int]:
+    """``{rank: its pipeline stage}`` for every rank of ``ops`` with stage-tagged ops (the lowest stage of a rank
+    that holds two: DualPipe's)."""
+    tagged = ops[ops["stage"] >= 0]
+    return {int(r): int(s) for r, s in tagged.groupby("rank")["stage"].min().items()}
+
+
 def timeline_bars(ops: pd.DataFrame, step_time: float | None, ranks: list[int] | None = None,
                   max_ranks: int = 16, groups: Sequence[tuple[int, int]] | None = None) -> pd.DataFrame:
     """Bars of the timeline of ``ranks`` (default: one representative per pipeline stage, else the first
@@ -49,15 +56,16 @@ def timeline_bars(ops: pd.DataFrame, step_time: float | None, ranks: list[int] |
     number on compute bars, ``"3.1"`` for chunk 1 of an interleaved schedule). ``groups``: rank ranges that
     each run a step of their own (:func:`stage_ranks`, :func:`~simulator.breakdown.group_windows`).
     """
-    stage_of = stage_ranks(ops, groups)
+    first_of_stages = stage_ranks(ops, groups)
     if ranks is None:
-        ranks = list(stage_of) if stage_of else sorted(ops["rank"].unique().tolist())[:max_ranks]
+        ranks = list(first_of_stages) if first_of_stages else sorted(ops["rank"].unique().tolist())[:max_ranks]
     else:
         ranks = check_ids(ranks, "ranks", "rank")
     missing = sorted(set(ranks) - set(ops["rank"].unique().tolist()))
     if missing:
         raise ValueError(f"ranks: {missing[0]} has no ops in this result (with fidelity fast/lockstep only "
-                         f"representative ranks do; e.g. {sorted(stage_of)[:8]})")
+                         f"representative ranks do; e.g. {sorted(first_of_stages)[:8]})")
+    stage_of = rank_stages(ops[ops["rank"].isin(ranks)])
     sel = ops[ops["rank"].isin(ranks)]
     parts = []
     window = group_windows(ops, groups) if groups else pipeline_window(ops)

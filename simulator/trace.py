@@ -34,7 +34,7 @@ import pandas as pd
 
 from workloads.ops import Recv, Send
 
-from .timeline import stage_ranks
+from .timeline import rank_stages, stage_ranks
 from .traffic import check_ids, window_means
 
 FABRIC_PID = 1 << 30
@@ -70,8 +70,9 @@ def trace_events(result, ranks: Sequence[int] | str | None = None, *, counters: 
     graph = result.record.graph
     replicas = getattr(graph, "replicas", None) or {}
     rep_of = {x: r for r, xs in replicas.items() for x in xs}
-    stage = stage_ranks(rep_ops, result.rank_groups)  # (representative rank -> its stage, in stage order)
-    ranks = trace_ranks(ranks, graph.world_size, list(stage), sorted(rep_ops["rank"].unique().tolist()))
+    first_of_stages = stage_ranks(rep_ops, result.rank_groups)  # (the default ranks: one per stage, in order)
+    ranks = trace_ranks(ranks, graph.world_size, list(first_of_stages), sorted(rep_ops["rank"].unique().tolist()))
+    stage = rank_stages(rep_ops[rep_ops["rank"].isin({rep_of.get(r, r) for r in ranks})])
     streams = {s: i for i, s in enumerate(sorted(rep_ops["stream"].unique()))}
     events: list[dict] = []
     wanted = {rep_of.get(r, r) for r in ranks}

@@ -185,3 +185,67 @@ def test_a_trace_s_hopper_kernel_setting_falls_back_on_an_a100_with_a_note(tmp_p
     fa2.write_text("compute: {attention_kernel: fa2}\n")
     assert main(["run", str(fa2), "--chakra", str(folder), "--cluster", "dgx-a100", "--no-progress", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["step_time_s"] == json.loads(out)["step_time_s"]
+
+
+# ------------------------------------------------------------------ the Python API
+DEMO_FILE = "examples/demo.yaml"
+
+
+def test_experiments_clusters_and_catalogue_entries_pickle_and_deep_copy():
+    import copy
+    import pickle
+    from types import MappingProxyType
+
+    from simulator.experiment import load_experiment
+    exp = load_experiment(DEMO_FILE)
+    again = pickle.loads(pickle.dumps(exp))
+    assert run_experiment(again).summary["step_time_s"] == run_experiment(exp).summary["step_time_s"]
+    for obj in (exp.cluster.gpu, exp.plan):
+        for twin in (pickle.loads(pickle.dumps(obj)), copy.deepcopy(obj)):
+            assert twin == obj
+    gpu = copy.deepcopy(exp.cluster).gpu
+    assert isinstance(gpu.peak_flops, MappingProxyType)  # still read-only
+    with pytest.raises(TypeError):
+        gpu.peak_flops["bf16"] = 1.0
+
+
+def test_a_result_refuses_pickling_in_one_clear_line_and_copies_shallowly():
+    import copy
+    import pickle
+
+    from simulator.experiment import load_experiment
+    r = run_experiment(load_experiment(DEMO_FILE))
+    for deep in (pickle.dumps, copy.deepcopy):
+        with pytest.raises(TypeError, match="a Result does not pickle or deep-copy.*pickle the Experiment"):
+            deep(r)
+    assert copy.copy(r).summary == r.summary
+
+
+@pytest.mark.parametrize("fidelity", ["full", "fast", "lockstep"])
+def test_timeline_and_trace_give_every_rank_its_own_stage(fidelity, tmp_path):
+    # the demo: TP2 PP2 DP4, ranks 0-7 on stage 0 and 8-15 on stage 1 (the ops frame says so in every fidelity)
+    from simulator.experiment import load_experiment
+    r = run_experiment(load_experiment(DEMO_FILE), fidelity=fidelity)
+    ops = r.ops
+    truth = ops[ops["stage"] >= 0].groupby("rank")["stage"].min().to_dict()
+    assert truth == {k: k // 8 for k in range(16)}
+    ranks = sorted(set(r.rep_ops["rank"]))
+    shown = r.timeline(ranks).groupby("rank")["stage"].first().to_dict()
+    assert shown == {k: truth[k] for k in ranks}
+    path = tmp_path / "t.json"
+    r.to_chrome_trace(path, ranks=[1, 3, 9, 13])
+    events = json.loads(path.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    names = [e["args"]["name"] for e in events if e.get("name") == "process_name" and e["pid"] != "fabric"]
+    assert [n for n in names if n.startswith("rank")] == [
+        "rank 1 (stage 0)", "rank 3 (stage 0)", "rank 9 (stage 1)", "rank 13 (stage 1)"]
+
+
+def test_save_plots_of_a_run_without_ops_skips_the_timeline(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    from simulator import simulate
+    from topologies import single_server
+    from workloads.ops import OpGraph
+    written = simulate(OpGraph(4), single_server("H100", 4)).save_plots(str(tmp_path))
+    assert written and not any(p.endswith("timeline.png") for p in written)

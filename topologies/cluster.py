@@ -31,8 +31,10 @@ Node labels are tuples, as networkx generators do: ``("gpu", server, local)``,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import networkx as nx
 
@@ -45,8 +47,24 @@ class TopologyError(ValueError):
     """Invalid cluster description: the message names the field and what is valid."""
 
 
+class PicklesProxies:
+    """Pickling and deep copies for a dataclass whose fields may be read-only mapping proxies (the catalogues'
+    ``GPUSpec.peak_flops``, ``PlanOptions.components``), which neither handles: it is rebuilt from its fields,
+    each proxy from a dict of its items (a proxy again)."""
+
+    def __reduce__(self):
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        proxies = tuple(k for k, v in fields.items() if isinstance(v, MappingProxyType))
+        return _rebuilt, (type(self), {k: dict(v) if k in proxies else v for k, v in fields.items()}, proxies)
+
+
+def _rebuilt(cls: type, fields: dict, proxies: tuple[str, ...]):
+    """``cls(**fields)`` with the ``proxies`` fields read-only again (:class:`PicklesProxies`)."""
+    return cls(**{k: MappingProxyType(v) if k in proxies else v for k, v in fields.items()})
+
+
 @dataclass(frozen=True)
-class GPUSpec:
+class GPUSpec(PicklesProxies):
     """One GPU model's datasheet numbers, SI units.
 
     Attributes

@@ -76,7 +76,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from topologies.cluster import TopologyError
+from topologies.cluster import PicklesProxies, TopologyError
 from topologies.units import parse_bandwidth
 
 __all__ = [
@@ -219,7 +219,7 @@ def nvswitch_chips(gpus: int, arch: str, switch_links: int = 0) -> tuple[str, in
 
 
 @dataclass(frozen=True)
-class PlanOptions:
+class PlanOptions(PicklesProxies):
     """Resolved ``plan:`` section.
 
     Attributes
