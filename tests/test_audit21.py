@@ -249,3 +249,27 @@ def test_save_plots_of_a_run_without_ops_skips_the_timeline(tmp_path):
     from workloads.ops import OpGraph
     written = simulate(OpGraph(4), single_server("H100", 4)).save_plots(str(tmp_path))
     assert written and not any(p.endswith("timeline.png") for p in written)
+
+
+# ------------------------------------------------------------------ ZeRO-3 without overlap
+@pytest.mark.parametrize("impl", ["fsdp", "fsdp2", "deepspeed"])
+def test_zero_overlap_off_splits_gathers_per_tensor_only_under_deepspeed(impl):
+    # FSDP gathers a unit's one flat parameter in one collective whether it prefetches or not; DeepSpeed <= 0.5
+    # fetched every parameter tensor on its own (what zero_overlap: false reproduces)
+    from simulator.experiment import build_step
+
+    def calls(overlap):
+        exp = experiment_from_dict({"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
+                                    "parallel": {"tp": 1, "pp": 1, "dp": 8, "global_batch": 8, "zero": 3,
+                                                 "zero_impl": impl, "zero_overlap": overlap},
+                                    "training": {"seq_len": 1024}})
+        ops = [op for op in build_step(exp, None).graph.ops if op.rank == 0 and op.name == "zero_gather"]
+        return sum(op.count for op in ops), sum(op.nbytes * op.count for op in ops), {op.stream for op in ops}
+
+    (n_on, bytes_on, streams_on), (n_off, bytes_off, streams_off) = calls(True), calls(False)
+    assert bytes_off == pytest.approx(bytes_on, rel=1e-12)
+    assert streams_off == {"compute"} and "compute" not in streams_on
+    if impl == "deepspeed":
+        assert n_off > 5 * n_on  # a dozen tensors per layer, against DeepSpeed's coalesced prefetches
+    else:
+        assert n_off == n_on  # one per unit (and the root unit) either way

@@ -270,9 +270,10 @@ class ParallelConfig:
         (Megatron; FSDP inside ``no_sync``). ``auto``: the implementation's.
     zero_overlap : bool
         ZeRO-3 parameter all-gathers run on their own stream, prefetched ahead
-        of use (default). False: each fetch blocks the compute stream, one
-        collective per parameter tensor (DeepSpeed <= 0.5, 2021, which
-        synchronised the device after every fetch).
+        of use (default). False: each fetch blocks the compute stream; under
+        DeepSpeed one collective per parameter tensor (DeepSpeed <= 0.5, 2021,
+        which synchronised the device after every fetch), under FSDP the
+        unit's one all-gather without prefetch.
     zero_prefetch : float
         DeepSpeed ``stage3_prefetch_bucket_size``, elements (default 5e7):
         upcoming modules are gathered together until this many.

@@ -91,7 +91,8 @@ class ShardingPlan:
         The recomputed forward of full activation recomputation gathers like a forward (DeepSpeed's
         hooks fire on it); FSDP's reuses the backward's gather.
     overlap : bool
-        All-gathers on their own stream, prefetched; False: blocking, one per parameter tensor.
+        All-gathers on their own stream, prefetched; False: blocking on the compute stream (DeepSpeed: one per
+        parameter tensor; FSDP: the unit's one flat all-gather, unprefetched).
     prefetch : float
         Elements of upcoming parameters one prefetch gathers at most (DeepSpeed); FSDP prefetches one unit.
     reuse_distance, persistence : float

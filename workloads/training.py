@@ -922,7 +922,8 @@ class _StepBuilder:
                      groups: list[list[int]], g: int, mb: int, stage: int) -> int:
         """The all-gather of fetch group ``g``: one coalesced collective over the DP group (routed experts
         over the expert-DP group), prefetched once the previous group's first use is about to start; without
-        overlap, one blocking collective per parameter tensor on the compute stream."""
+        overlap, blocking on the compute stream: DeepSpeed's one collective per parameter tensor, FSDP's the
+        unit's one flat all-gather (turning prefetch off does not split it)."""
         lay, plan = self.layout, self.plan
         dense = sum(uses[i].unit.params for i in group) * self.dtype
         experts = sum(uses[i].unit.expert_params for i in group) * self.dtype
@@ -933,7 +934,7 @@ class _StepBuilder:
             if before in use_end:
                 deps = [use_end[before]]
         stream = "zero" if plan.overlap else COMPUTE_STREAM
-        count = 1 if plan.overlap else tensors
+        count = tensors if not plan.overlap and plan.impl == "deepspeed" else 1
         last = None
         for nbytes, grp in ((dense, lay.dp_group(rank)), (experts, lay.expert_dp_group(rank))):
             if nbytes > 0 and len(grp) > 1:
