@@ -218,7 +218,7 @@ def match_ops(graph: OpGraph) -> dict[int, tuple]:
 
     Collectives: ``("c", group, k)`` for the k-th collective a rank issues on
     ``group``. Point-to-point: ``("p", src, dst, k)`` for the k-th transfer
-    from ``src`` to ``dst``. Members of one key must agree on kind and bytes.
+    from ``src`` to ``dst``. Members of one key must agree on kind, bytes and algorithm.
     In a graph with representatives (``graph.replicas``) only the
     representatives of a group issue its collectives (:func:`group_shape`).
     """
@@ -299,6 +299,9 @@ def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]], dic
                                                                                    first.count):
                     raise OpGraphError(f"{_describe(o)}: {o.collective} of {o.nbytes:g} B does not match "
                                        f"{_describe(first)}: {first.collective} of {first.nbytes:g} B")
+                if o.algorithm != first.algorithm:  # (one member's would be run for all: the others' ignored)
+                    raise OpGraphError(f"{_describe(o)}: algorithm {o.algorithm!r} does not match "
+                                       f"{_describe(first)}: {first.algorithm!r}")
         else:
             kinds = sorted(o.kind for o in ops)
             if kinds != ["recv", "send"]:

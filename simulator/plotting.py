@@ -127,7 +127,8 @@ def plot_tier_bandwidth(tiers: pd.DataFrame, phases: list[tuple[str, float, floa
     ax.set_xlabel("time (s)")
     ax.set_ylabel("fraction of the tier's capacity" if capacity else "GB/s, all links of the tier")
     ax.set_title("Bandwidth per fabric tier over the step", fontsize=9, loc="left")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    if ax.get_legend_handles_labels()[0]:  # (a step that moved no bytes draws no tier)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
     return ax
 
 

@@ -273,3 +273,53 @@ def test_zero_overlap_off_splits_gathers_per_tensor_only_under_deepspeed(impl):
         assert n_off > 5 * n_on  # a dozen tensors per layer, against DeepSpeed's coalesced prefetches
     else:
         assert n_off == n_on  # one per unit (and the root unit) either way
+
+
+def _forged(folder, name, value_field, value):
+    """Rank 0's first node holding attribute ``name`` (else its first collective) given ``value`` (as
+    ``value_field``), the file's digest recomputed to match (a tool that writes clustersim.* attributes itself)."""
+    import zlib
+
+    from workloads.chakra.schema import frame, iter_frames, parse, read_file_bytes
+    path = sorted(folder.glob("*.0.et"))[0]
+    data = read_file_bytes(path)
+    frames = list(iter_frames(data, path))
+    meta = parse("GlobalMetadata", frames[0][1], path, 0)
+    nodes = [parse("Node", body, path, offset) for offset, body in frames[1:]]
+    found = [a for n in nodes for a in n.attr if a.name == name]
+    if found:
+        attr = found[0]
+        attr.Clear()
+        attr.name = name
+    else:  # (an attribute written only where it is not the default: on the first collective)
+        attr = next(n for n in nodes if any(a.name == "comm_type" for a in n.attr)).attr.add(name=name)
+    setattr(attr, value_field, value)
+    body = b"".join(frame(n) for n in nodes)
+    next(a for a in meta.attr if a.name == "clustersim.digest").int64_val = zlib.crc32(body)
+    path.write_bytes(frame(meta) + body)
+
+
+@pytest.mark.parametrize("name,field,value,words", [
+    ("clustersim.traffic_class", "int64_val", 1, "'clustersim.traffic_class' must be a string, got 1"),
+    ("clustersim.stream", "int64_val", 5, "'clustersim.stream' must be a string, got 5"),
+    ("clustersim.layer", "string_val", "x", "'clustersim.layer' must be an integer, got 'x'"),
+    ("clustersim.algorithm", "string_val", "tree", "algorithm 'auto' does not match"),
+])
+def test_a_forged_clustersim_attribute_is_one_clear_line(tmp_path, capsys, name, field, value, words):
+    folder = _export(tmp_path)
+    _forged(folder, name, field, value)
+    capsys.readouterr()
+    assert main(["run", "--chakra", str(folder), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0] and "internal error" not in err[0], err
+
+
+def test_members_of_a_collective_must_agree_on_its_algorithm():
+    from simulator import simulate
+    from topologies import single_server
+    from workloads.ops import OpGraph, OpGraphError
+    g = OpGraph(2)
+    g.collective_op(0, "all_reduce", (0, 1), 1e6, algorithm="ring")
+    g.collective_op(1, "all_reduce", (0, 1), 1e6, algorithm="tree")
+    with pytest.raises(OpGraphError, match="algorithm 'tree' does not match .*'ring'"):
+        simulate(g, single_server("H100", 2))

@@ -651,10 +651,24 @@ def _spec(unit: _Unit, lossless: bool, tables: dict[int, tuple[Kernel, ...]]) ->
     def number(name: str, default: float | None = 0.0) -> float | None:
         return need(name) if a.get(name) is not None else default
 
+    def text(name: str, default: str) -> str:
+        """An optional string attribute (a ``clustersim.*`` tag: stream, class, category, algorithm)."""
+        value = a.get(name, default)
+        if not isinstance(value, str):
+            raise OpGraphError(f"attribute {name!r} must be a string, got {value!r}")
+        return value
+
+    def whole(name: str) -> int:
+        """An optional integer attribute, -1 when absent (``clustersim.layer``, ``micro_batch``, ``stage``)."""
+        value = a.get(name, -1)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise OpGraphError(f"attribute {name!r} must be an integer, got {value!r}")
+        return value
+
     tags: dict[str, Any] = {}
     if lossless:
-        tags = {"stream": a.get(PREFIX + "stream", "compute"), "traffic_class": a.get(PREFIX + "traffic_class", ""),
-                **{k: a.get(PREFIX + k, -1) for k in ("layer", "micro_batch", "stage")}}
+        tags = {"stream": text(PREFIX + "stream", "compute"), "traffic_class": text(PREFIX + "traffic_class", ""),
+                **{k: whole(PREFIX + k) for k in ("layer", "micro_batch", "stage")}}
     if type_name == "COMP_NODE":
         if lossless:
             parts = None
@@ -664,7 +678,7 @@ def _spec(unit: _Unit, lossless: bool, tables: dict[int, tuple[Kernel, ...]]) ->
                     raise OpGraphError(f"clustersim.parts {a[PREFIX + 'parts']} is not a kernel table of this file")
             shape = a.get(PREFIX + "shape")
             return spec("compute", (rank, number(PREFIX + "flops"), number(PREFIX + "nbytes")),
-                        category=a.get(PREFIX + "category", "gemm"), shape=tuple(shape) if shape else None,
+                        category=text(PREFIX + "category", "gemm"), shape=tuple(shape) if shape else None,
                         duration_s=number(PREFIX + "duration_s", None), parts=parts, **tags)
         stream = "cpu" if a.get("is_cpu_op") else "compute"
         if node.duration_micros > 0:
@@ -687,7 +701,7 @@ def _spec(unit: _Unit, lossless: bool, tables: dict[int, tuple[Kernel, ...]]) ->
             if count != len(unit.nodes):
                 raise OpGraphError(f"clustersim.count {count} but {len(unit.nodes)} chained nodes")
             return spec("collective_op", (rank, kind, None, number(PREFIX + "nbytes")), pg,
-                        algorithm=a.get(PREFIX + "algorithm", "auto"), count=count, split=numbers(PREFIX + "split"),
+                        algorithm=text(PREFIX + "algorithm", "auto"), count=count, split=numbers(PREFIX + "split"),
                         holds_sms=a.get(PREFIX + "holds_sms", 1) != 0, **tags)
         size = 0.0 if COLLECTIVE_COMM_TYPES[comm_type] == "BARRIER" else need("comm_size")
         return spec("collective_op", (rank, kind, None, size), pg, kind in PER_RANK_INPUT, stream="comm",
