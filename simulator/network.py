@@ -930,6 +930,7 @@ class FlowNetwork(_NetworkBase):
         # Active flows per link id, insertion-ordered (one persistent dict per link: no allocation per flow).
         self._on_link: list[dict[Flow, None]] = [{} for _ in self._cap]
         self._busy_since: list[float] = [0.0] * len(self._cap)
+        self._tiny_free: list[float] = [0.0] * len(self._cap)  # when each link's latency-bound flows are through
         # Sum over active flows of what they can ever ask of a link. A link whose demand stays within its
         # capacity can never saturate, so it constrains nobody and couples nobody: only *tight* links
         # (demand above capacity) enter the max-min problem and its connected components.
@@ -1157,14 +1158,35 @@ class FlowNetwork(_NetworkBase):
 
     def _tiny(self, flow: Flow, latency_s: float, solo: float) -> None:
         """A latency-bound flow (a scalar all-reduce, an LL step): its bytes take under TINY_FLOW_S even at
-        the bottleneck, so it cannot matter to anybody's rate; it finishes at its solo time without joining
-        the max-min problem (and without gluing its links' components together)."""
+        the bottleneck, so it cannot matter to a real flow's rate; it runs at its solo rate without joining the
+        max-min problem (and without gluing its links' components together).
+
+        Latency-bound flows of other calls on one link queue there, first come first served: a flow starts
+        when each of its links is through with the ones before it (``_tiny_free``), holds each link for its
+        bytes over the link's capacity (its solo time on its bottleneck), and that held time is the link's busy
+        time. Alone, it starts after its latency and ends at its solo time, as it always did. Seven sub-µs sends
+        from one GPU to its peers, each a call of its own, all ran at the full rate of its one NVLink port
+        before; now they cross it one after another, and the last ends when all their bytes could have."""
         now = self.env.now
         route = flow.route
+        start = now + latency_s
+        free, cap, busy = self._tiny_free, self._cap, self.ledger._busy_acc
+        begin = start
+        for link in route.ulinks:
+            if free[link] > begin:
+                begin = free[link]
+        end = begin + solo
+        rate, nbytes = route.solo_rate, flow.nbytes
+        for link, m in zip(route.ulinks, route.mults):
+            c = cap[link]
+            held = solo if rate * m >= c * (1 - 1e-9) else nbytes * m / c  # (its bottleneck: exactly to its end)
+            free[link] = begin + held
+            busy[link] += held
         log = self.ledger.log_rate
-        log(now + latency_s, route, route.solo_rate)
-        log(now + latency_s + solo, route, -route.solo_rate)
-        self.env.timeout(latency_s + solo).callbacks.append(lambda _ev, f=flow: self._finish(f))
+        log(begin, route, rate)
+        log(end, route, -rate)
+        wait = latency_s + solo if begin == start else end - now  # (alone: the very sum it always waited)
+        self.env.timeout(wait).callbacks.append(lambda _ev, f=flow: self._finish(f))
 
     # ------------------------------------------------------------ replays
     def _call(self, specs: Sequence[FlowSpec]) -> _Call:

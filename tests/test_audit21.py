@@ -323,3 +323,91 @@ def test_members_of_a_collective_must_agree_on_its_algorithm():
     g.collective_op(1, "all_reduce", (0, 1), 1e6, algorithm="tree")
     with pytest.raises(OpGraphError, match="algorithm 'tree' does not match .*'ring'"):
         simulate(g, single_server("H100", 2))
+
+
+# ------------------------------------------------------------------ latency-bound flows of separate calls
+def _fan_out(size, peers=7):
+    from workloads.ops import OpGraph
+    g = OpGraph(peers + 1)
+    for p in range(1, peers + 1):  # rank 0 sends to each peer at once, each send a call of its own
+        g.send(0, p, size, stream=f"s{p}")
+        g.recv(p, 0, size, stream=f"s{p}")
+    return g
+
+
+def test_concurrent_sub_microsecond_sends_share_their_link():
+    # 7 x 400 kB from one H100 over its one 450 GB/s NVLink port: each alone is latency-bound (0.89 us), but
+    # together they need 7 x 0.89 us of the port, which max-min sharing would give them too; the links'
+    # latencies are 2 x 0.25 us (GPU -> NVSwitch -> GPU)
+    from simulator import NetworkConfig, simulate
+    from topologies import single_server
+    net = NetworkConfig(step_latency_s=0.0, bandwidth_efficiency=1.0)
+    r = simulate(_fan_out(4e5), single_server("H100", 8), network=net)
+    assert r.step_time == pytest.approx(0.5e-6 + 7 * 4e5 / 450e9, rel=1e-9)  # was 1.39 us: 7x the port
+    assert r.link_timeseries(top=1)["utilization"].max() <= 1 + 1e-9
+
+
+def test_the_step_grows_smoothly_with_bytes_across_the_latency_bound_threshold():
+    # 3% more bytes used to add 6 us (the sends turned from latency-bound, each at the full rate, to shared)
+    from simulator import simulate
+    from topologies import single_server
+    cluster = single_server("H100", 8)
+    small, large = (simulate(_fan_out(s), cluster).step_time for s in (3.6e5, 3.7e5))
+    assert 0 < large - small < 1e-6
+
+
+def test_latency_bound_flows_count_as_busy_time():
+    # 100 back-to-back 100 kB sends: every byte latency-bound; the link was busy bytes / capacity
+    from simulator import NetworkConfig, simulate
+    from topologies import single_server
+    from workloads.ops import OpGraph
+    g = OpGraph(2)
+    s = r = None
+    for _ in range(100):
+        s = g.send(0, 1, 1e5, deps=[s] if s is not None else [])
+        r = g.recv(1, 0, 1e5, deps=[r] if r is not None else [])
+    busy = {}
+    for model in ("flow", "analytic"):
+        net = NetworkConfig(model=model, bandwidth_efficiency=1.0)
+        links = simulate(g, single_server("H100", 2), network=net).links
+        busy[model] = links.loc[links["bytes"] > 0, "busy_s"].iloc[0]
+    assert busy["flow"] == pytest.approx(1e7 / 450e9, rel=1e-9)  # was 0
+    assert busy["analytic"] == pytest.approx(1e7 / 450e9, rel=1e-9)
+
+
+# ------------------------------------------------------------------ sweeps on an address that is not Dask's
+@pytest.mark.parametrize("mode,words", [
+    ("silent", "accepted a connection but no Dask scheduler answered within 3 s"),  # (the dashboard's port, say)
+    ("garbage", "is not a Dask scheduler"),                                          # (an HTTP server)
+])
+def test_a_scheduler_address_that_is_not_dask_is_one_line(monkeypatch, mode, words):
+    pytest.importorskip("distributed")
+    import socket
+    import threading
+
+    from simulator.sweeps import execute
+    monkeypatch.setattr(execute, "DASK_CONNECT_S", 1)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    conns = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conns.append(conn)
+            if mode == "garbage":
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n" * 4)
+
+    threading.Thread(target=serve, daemon=True).start()
+    address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    try:
+        with pytest.raises(ValueError, match=f"--scheduler: .*{words}"):
+            sweep(LONG, {"parallel.micro_batch": [1, 2]}, scheduler=address, progress=False)
+    finally:
+        server.close()
+        for conn in conns:
+            conn.close()

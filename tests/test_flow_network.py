@@ -693,7 +693,9 @@ def _call_end(specs, capacity):
 
 @pytest.mark.parametrize("flows, each_b, expected_s", [
     (10, 500.0, 5e-6),   # 10 x 0.5 us alone, 5 us together on the shared link: they share it (max-min)
-    (2, 400.0, 0.4e-6),  # 2 x 0.4 us alone, 0.8 us together: latency-bound still, each at its solo time
+    # 2 x 0.4 us alone, 0.8 us together: latency-bound still, queued on the shared link (FlowNetwork._tiny): the
+    # second ends at 2 x 400 B / 1e9 B/s, as sharing would end both (it ended at 0.4 us, link 0 at twice its rate)
+    (2, 400.0, 0.8e-6),
 ])
 def test_sub_microsecond_flows_of_one_call_share_a_link_they_overload_together(flows, each_b, expected_s):
     # Flow i crosses its own 1e12 B/s link i + 1 and the shared 1e9 B/s link 0. Each alone is under

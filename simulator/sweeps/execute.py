@@ -110,6 +110,39 @@ def _terminate(workers: Iterable[multiprocessing.process.BaseProcess]) -> None:
             proc.join(timeout=5)
 
 
+def _connect(client_class: type, address: str) -> Any:
+    """A Dask ``Client`` of the scheduler at ``address``, or a one-line ``ValueError`` saying why not: nothing
+    listens there, the address does not parse, or what answers is not a Dask scheduler. ``Client``'s own timeout
+    bounds the connection only, not the handshake: a peer that accepts and says nothing (the dashboard's port,
+    8787, instead of the scheduler's, 8786) held the sweep forever, and one that answers with other bytes (an
+    HTTP server) ended in a traceback. So the client is made in a daemon thread waited for a bounded time."""
+    made: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            made["client"] = client_class(address, timeout=f"{DASK_CONNECT_S}s")
+        except BaseException as exc:  # noqa: BLE001 - reported below, in the caller's thread
+            made["error"] = exc
+
+    thread = threading.Thread(target=connect, name="clustersim-dask-connect", daemon=True)
+    thread.start()
+    thread.join(3 * DASK_CONNECT_S)
+    exc = made.get("error")
+    if "client" in made:
+        return made["client"]
+    if thread.is_alive():
+        raise ValueError(f"--scheduler: {address} accepted a connection but no Dask scheduler answered within "
+                         f"{3 * DASK_CONNECT_S} s (a scheduler listens on port 8786; 8787 is its dashboard)")
+    if isinstance(exc, (OSError, TimeoutError)):
+        raise ValueError(f"--scheduler: cannot connect to {address} within {DASK_CONNECT_S} s: "
+                         f"{one_line(exc)}") from None
+    if isinstance(exc, ValueError):  # (an address dask cannot parse: 'bogus' has no port)
+        raise ValueError(f"--scheduler: {address!r} is not a scheduler address (tcp://HOST:PORT): "
+                         f"{one_line(exc)}") from None
+    raise ValueError(f"--scheduler: what answers at {address} is not a Dask scheduler ({type(exc).__name__}: "
+                     f"{one_line(exc)[:200]})") from None
+
+
 @contextlib.contextmanager
 def _dask(docs: Sequence[Mapping], address: str) -> Iterator[Results]:
     try:
@@ -117,14 +150,7 @@ def _dask(docs: Sequence[Mapping], address: str) -> Iterator[Results]:
     except ImportError:
         raise ValueError("--scheduler needs dask.distributed: pip install '.[dask]' in the checkout "
                          "(or dask[distributed])") from None
-    try:
-        client = Client(address, timeout=f"{DASK_CONNECT_S}s")
-    except (OSError, TimeoutError) as exc:
-        raise ValueError(f"--scheduler: cannot connect to {address} within {DASK_CONNECT_S} s: "
-                         f"{one_line(exc)}") from None
-    except ValueError as exc:  # (an address dask cannot parse: 'bogus' has no port)
-        raise ValueError(f"--scheduler: {address!r} is not a scheduler address (tcp://HOST:PORT): "
-                         f"{one_line(exc)}") from None
+    client = _connect(Client, address)
     futures = client.map(run_point, list(docs), pure=False)
     index = {f.key: i for i, f in enumerate(futures)}
     finished = False
