@@ -491,12 +491,18 @@ def write_outputs(result, args: argparse.Namespace, trace_ranks: list[int] | str
     if getattr(args, "trace", None):
         ranks = None if trace_ranks == "stages" else (
             list(range(result.record.graph.world_size)) if trace_ranks == "all" else trace_ranks)
-        n = result.to_chrome_trace(args.trace, ranks)
+        try:
+            n = result.to_chrome_trace(args.trace, ranks)
+        except OSError as exc:  # (a full disk, a vanished folder: found only as the trace is written)
+            raise ValueError(f"--trace: cannot write {args.trace}: {exc.strerror or exc}") from None
         lines.append(f"  trace written to     {args.trace} ({n:,} events)")
     if getattr(args, "plots", None):
         import matplotlib
         matplotlib.use("Agg")  # files only: no display needed
-        paths = result.save_plots(args.plots)
+        try:
+            paths = result.save_plots(args.plots)
+        except OSError as exc:
+            raise ValueError(f"--plots: cannot write into {args.plots}: {exc.strerror or exc}") from None
         folder = os.path.join(args.plots, "")  # one trailing separator, however the folder was typed
         lines.append(f"  figures written to   {folder} ({', '.join(os.path.basename(p) for p in paths)})")
     if args.json:

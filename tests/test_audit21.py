@@ -411,3 +411,12 @@ def test_a_scheduler_address_that_is_not_dask_is_one_line(monkeypatch, mode, wor
         server.close()
         for conn in conns:
             conn.close()
+
+
+def test_a_trace_that_cannot_be_written_names_the_option(capsys):
+    import os
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (a device that is always full)")
+    assert main(["run", DEMO_FILE, "--trace", "/dev/full", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "clustersim: error: --trace: cannot write /dev/full: No space left on device"
