@@ -79,9 +79,11 @@ def test_lockstep_stands_one_rank_for_each_stage_block():
 
 @pytest.mark.parametrize("routing", ["uniform", "zipf"])
 def test_lockstep_of_a_skewed_moe_model_stands_one_rank_for_each_stage(routing):
-    # TP2, DP8 with EP4: two EP groups per stage. Routing is drawn per layer, the same in every EP group, and the
-    # EP ranks' programs differ only in their experts' loads, between the two exchanges that synchronise them:
-    # one representative per stage issues for its whole EP group at its slowest member's load.
+    # TP2, DP8 with EP4: two EP groups per stage. Routing is drawn per layer, the same in every EP group: the
+    # ranks with one EP index in every EP group (and their TP peers) run one program. (Without TP one
+    # representative per stage issues for its whole EP group at its slowest member's load,
+    # tests/test_lockstep_skewed_moe.py; with TP the dispatcher's all-gather over each member's TP group carries
+    # that member's own load, so lockstep keeps one per stage and EP index.)
     doc = _doc({"nodes": 4, "nodes_per_leaf": 2, "spines": 2}, {"tp": 2, "pp": 2, "dp": 8, "ep": 4, "zero": 1})
     doc["model"] = {"preset": "mixtral-8x7b", "layers": 4, "hidden": 512, "ffn_hidden": 1024, "heads": 8,
                     "kv_heads": 8, "vocab": 1000}
@@ -89,7 +91,7 @@ def test_lockstep_of_a_skewed_moe_model_stands_one_rank_for_each_stage(routing):
     exp = experiment_from_dict(doc)
     full = run_experiment(exp, force=True, fidelity="full")
     lockstep = run_experiment(exp, force=True, fidelity="lockstep")
-    assert len(lockstep.record.graph.replicas) == 2
+    assert len(lockstep.record.graph.replicas) == 2 * 4
     # nothing runs beside the experts; latency-bound flows queue on their links (FlowNetwork._tiny), and a
     # representative's replicated sub-µs flow waits for the latest of its replicas' links: ~2e-9 (~20 ps) apart
     assert lockstep.step_time == pytest.approx(full.step_time, rel=1e-8)

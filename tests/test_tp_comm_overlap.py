@@ -158,12 +158,15 @@ def test_context_parallel_layers_re_gather_too(cp_comm_type):
     assert len(regathers) == MODEL["layers"] * m * tp * cp and set(regathers["stream"]) == {"tp_regather"}
 
 
-@pytest.mark.parametrize("shared, per_buffer", [(0, 9), (1, 10)])
+@pytest.mark.parametrize("shared, per_buffer", [(0, 13), (1, 18)])
 def test_moe_layers_re_gather_their_qkv_and_shared_expert_inputs(shared, per_buffer):
-    # A MoE layer: forward 2 AG + 2 RS (attention, and the dispatcher's gather of the tokens over TP), backward
-    # the same and the re-gather of the QKV input (Megatron-Core's column-parallel attention), plus that of the
-    # shared expert's up-projection input; the routed experts' input is the dispatcher's gather, kept by
-    # autograd, so it is not gathered again.
+    # A MoE layer, forward: the attention's AG + RS of b s h, the shared expert's (Megatron-Core's
+    # SharedExpertMLP gathers the layer's tokens as a dense MLP does), and the dispatcher's AG over TP after the
+    # exchange and RS before the combine of the k b s tokens the rank's experts run (k = 2: 2 buffers each);
+    # backward the same and the re-gather of the QKV input (column-parallel attention), plus that of the shared
+    # expert's up-projection input; the routed experts' input is the dispatcher's gather, kept by autograd, so
+    # it is not gathered again. Per layer 2 (2 + 2k) + 1 = 13 buffers, 2 (4 + 2k) + 2 = 18 with shared experts
+    # (9 and 10 until 2026-12-04, when the MoE layer had a dense MLP's pair in place of the dispatcher's).
     tp, dp, layers, s = 2, 4, 2, 1024
     doc = {"cluster": {"preset": "dgx-h100", "nodes": 1},
            "model": {"preset": "mixtral-8x7b", "layers": layers, "shared_experts": shared},

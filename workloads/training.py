@@ -678,11 +678,14 @@ class _StepBuilder:
         return 1 + (1 if self.model.shared_experts else 0) if moe else 2
 
     def _layer_tp_counts(self, layer: int, phase: str) -> dict[str, int]:
-        """TP collectives of one layer's pass: :meth:`_tp_counts`, except that on the expert grid (``etp !=
-        tp``) an MoE layer without shared experts keeps only the attention's pair: Megatron-Core routes the
-        sequence-parallel tokens as they are and gathers over the expert TP group after the dispatch."""
+        """TP collectives of one layer's pass: :meth:`_tp_counts`, except that an expert-parallel MoE layer
+        without shared experts keeps only the attention's pair: Megatron-Core routes the sequence-parallel tokens
+        as they are and all-gathers the dispatched ones over the expert TP group after the exchange (the TP
+        group itself when ``etp = tp``; :meth:`moe_pieces`), and reduce-scatters them before the combine. (Shared
+        experts gather the layer's tokens as a dense MLP does: Megatron-Core's ``SharedExpertMLP``.)"""
         counts = self._tp_counts(1, phase, False, False)
-        if self.expert_grid and self.model.is_moe_layer(layer) and not self.model.shared_experts:
+        if (self.expert_grid or self.expert_parallel) and self.model.is_moe_layer(layer) \
+                and not self.model.shared_experts:
             counts = {k: v // 2 for k, v in counts.items()}
         return counts
 
@@ -1221,14 +1224,16 @@ class _StepBuilder:
             out_rows = back_rows = loads = None
             forward_rows = (None, None)
         gather = None
-        if self.expert_grid:
-            # Megatron-Core's alltoall dispatcher with etp > 1: all-gather the dispatched tokens over the expert
-            # TP group, run the experts on all of them (etp x load rows, width f / etp), reduce-scatter back.
+        # Megatron-Core's alltoall dispatcher with etp > 1: all-gather the dispatched tokens over the expert TP
+        # group, run the experts on all of them (width f / etp), reduce-scatter back before the combine.
+        if self.expert_grid:  # (drawn per rank: etp x load rows)
             if self.etp > 1:
                 gather = self._etp_groups.get(rank)
                 if gather is None:
                     gather = self._etp_groups[rank] = self.layout.etp_group(rank)
             load *= self.etp
+        elif self.t > 1:  # etp = tp: its expert TP group is the TP group (drawn per TP group: load rows already)
+            gather = self._tp_group(rank)
         kernels = self._moe_kernels.get(id(seg.moe))
         if kernels is None or kernels[0] is not seg.moe:
             before, experts, after = seg.moe[:3]
@@ -2236,9 +2241,11 @@ class _StepBuilder:
         # synchronise them: one rank stands for the group there too, at its slowest member's load, unless work
         # runs beside the experts that a faster member would start early (the shared expert overlapping the
         # exchanges; a split backward's W passes and DualPipe's pairs), where it keeps a rank per EP index.
+        # (Also per EP index with TP under skewed routing: the dispatcher's all-gather over each member's TP group
+        # carries that member's own load, which one collective of the representative's cannot.)
         self._whole_ep_groups = representatives == "stage" and self.expert_parallel and (
             self.routing.kind == "balanced" or not (
-                per_ep_index or self.split_backward
+                per_ep_index or self.split_backward or self.t > 1
                 or (self.routing.shared_expert_overlap and self.model.shared_experts)))
         span = 1 if self._whole_ep_groups else ep  # EP indices with a representative of their own
         if representatives == "stage" and self.t * self.cp * self.par.dp // span > 1:
