@@ -420,3 +420,17 @@ def test_a_trace_that_cannot_be_written_names_the_option(capsys):
     assert main(["run", DEMO_FILE, "--trace", "/dev/full", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "clustersim: error: --trace: cannot write /dev/full: No space left on device"
+
+
+def test_a_node_limit_that_cannot_bind_changes_nothing():
+    # routing that leaves half the nodes without load: every token's experts already lie on the two loaded
+    # nodes, so a limit of 2 or 3 nodes per token is no limit (was 0.75 each for M = 2: 12% fewer DeepEP bytes)
+    import numpy as np
+
+    from workloads.moe import node_limited_shares
+    p = np.array([0.5, 0.5, 0.0, 0.0])
+    for m in (2, 3, 4):
+        assert node_limited_shares(p, m).tolist() == p.tolist()
+    # with three loaded nodes and M = 2 the formula runs over those three: p / (p + (1 - p) / 2)
+    q = np.array([0.5, 0.25, 0.25, 0.0])
+    assert node_limited_shares(q, 2) == pytest.approx([0.5 / 0.75, 0.25 / 0.625, 0.25 / 0.625, 0.0])

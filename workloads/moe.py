@@ -308,20 +308,23 @@ def route_layer(model_experts: int, top_k: int, tokens_per_rank: int, ep: int, r
 
 def node_limited_shares(node_probs: np.ndarray, max_nodes: int) -> np.ndarray:
     """Share ``σ_n`` of a token's choices that node ``n`` takes when it is one of the token's ``max_nodes``
-    nodes (module docstring): ``p_n / (p_n + (M - 1)(1 - p_n) / (N - 1))``; ``p_n`` itself when
-    ``M >= N`` (unlimited), 1 when ``M = 1``.
+    nodes (module docstring): ``p_n / (p_n + (M - 1)(1 - p_n) / (N - 1))`` with ``N`` the nodes of positive
+    ``p`` (a node without load is never one of a token's); ``p_n`` itself when ``M >= N`` (the limit cannot
+    bind), 1 when ``M = 1``.
 
     Examples
     --------
     >>> node_limited_shares(np.full(8, 1 / 8), 4).tolist()   # uniform: 1/M
     [0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25]
+    >>> node_limited_shares(np.array([0.5, 0.5, 0.0, 0.0]), 2).tolist()   # two loaded nodes: nothing to limit
+    [0.5, 0.5, 0.0, 0.0]
     """
     p = np.asarray(node_probs, dtype=float)
-    n = len(p)
+    nz = p > 0
+    n = int(nz.sum())  # the nodes a token can choose: one without load never takes part of one's share
     if max_nodes >= n:
         return p
     out = np.zeros_like(p)
-    nz = p > 0
     out[nz] = p[nz] / (p[nz] + (max_nodes - 1) * (1.0 - p[nz]) / (n - 1))
     return out
 
