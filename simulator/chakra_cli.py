@@ -144,7 +144,6 @@ def run_trace(args: argparse.Namespace) -> int:
                                                                                                       world)
     except ValueError as exc:
         raise (with_prefix(exc, str(args.file)) if args.file else exc) from None
-    _check_fp8(graph, cluster.gpu)
     try:
         network = _network_from_dict(_section(doc, "network"))
         compute = _trace_compute(cluster.gpu, *_compute_settings(doc, written, cluster.gpu.name))
@@ -154,6 +153,7 @@ def run_trace(args: argparse.Namespace) -> int:
             cluster = apply_faults(cluster, faults)
     except ValueError as exc:
         raise (with_prefix(exc, str(args.file)) if args.file else exc) from None
+    _check_fp8(graph, compute)  # (after the file's compute settings: the trace, not the file, is to blame)
     if world > cluster.num_gpus:
         raise ValueError(f"cluster: the trace has {world} ranks but {cluster.name} has {cluster.num_gpus} GPUs")
     if args.export_chakra is not None:
@@ -200,17 +200,19 @@ def _print_notes(caught: list[warnings.WarningMessage], option: str) -> None:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
-def _check_fp8(graph, gpu) -> None:
-    """Refuse, naming the trace, a trace holding FP8 GEMMs on a GPU without FP8 tensor cores (no setting of the
-    experiment file can re-time them: they are the trace's kernels)."""
-    if "fp8" in gpu.peak_flops:
-        return
+def _check_fp8(graph, compute) -> None:
+    """Refuse, naming the trace, a trace holding FP8 GEMMs that ``compute``'s GPU cannot time (no FP8 tensor
+    cores, or no measured FP8 ceiling: :attr:`~simulator.compute.ComputeModel.fp8_gemm`'s own check); no setting
+    of the experiment file can re-time them: they are the trace's kernels."""
     for op in graph.ops:
         if isinstance(op, Compute) and (op.category == "gemm_fp8" or any(
                 k.category == "gemm_fp8" for k in op.parts or ())):
-            raise ValueError(f"--chakra: the trace holds FP8 GEMMs (op {op.name!r} of rank {op.rank}: written under "
-                             f"training.dtype fp8), which {gpu.name} has no FP8 tensor cores for; run it on a GPU "
-                             f"with them (H100, H200, B200 ...)")
+            try:
+                compute.fp8_gemm  # noqa: B018 - the cached model, built (and checked) on first read
+            except ValueError as exc:
+                raise ValueError(f"--chakra: the trace holds FP8 GEMMs (op {op.name!r} of rank {op.rank}: written "
+                                 f"under training.dtype fp8), which {compute.gpu.name} cannot run: {exc}") from None
+            return
 
 
 def _trace_compute(gpu, dtype: str, settings: dict, inherited: tuple[bool, bool]):

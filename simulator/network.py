@@ -1161,16 +1161,18 @@ class FlowNetwork(_NetworkBase):
         the bottleneck, so it cannot matter to a real flow's rate; it runs at its solo rate without joining the
         max-min problem (and without gluing its links' components together).
 
-        Latency-bound flows of other calls on one link queue there, first come first served: a flow starts
-        when each of its links is through with the ones before it (``_tiny_free``), holds each link for its
-        bytes over the link's capacity (its solo time on its bottleneck), and that held time is the link's busy
-        time. Alone, it starts after its latency and ends at its solo time, as it always did. Seven sub-µs sends
-        from one GPU to its peers, each a call of its own, all ran at the full rate of its one NVLink port
-        before; now they cross it one after another, and the last ends when all their bytes could have."""
+        Latency-bound flows on one link queue there, first come first served (those of one call too, in the
+        call's order): a flow starts when each of its links is through with the ones before it (``_tiny_free``),
+        holds each link for its bytes over the link's capacity (its solo time on its bottleneck), and ends when
+        its bottleneck is through. Alone, it starts after its latency and ends at its solo time, as it always
+        did. Seven sub-µs sends from one GPU to its peers, each a call of its own, all ran at the full rate of
+        its one NVLink port before; now they cross it one after another, and the last ends when all their bytes
+        could have. Not counted: their busy time (a link that carries only such flows reads none), which would
+        need the real flows' busy spans (not to count an instant twice) and the twin links' mirroring."""
         now = self.env.now
         route = flow.route
         start = now + latency_s
-        free, cap, busy = self._tiny_free, self._cap, self.ledger._busy_acc
+        free, cap = self._tiny_free, self._cap
         begin = start
         for link in route.ulinks:
             if free[link] > begin:
@@ -1181,7 +1183,6 @@ class FlowNetwork(_NetworkBase):
             c = cap[link]
             held = solo if rate * m >= c * (1 - 1e-9) else nbytes * m / c  # (its bottleneck: exactly to its end)
             free[link] = begin + held
-            busy[link] += held
         log = self.ledger.log_rate
         log(begin, route, rate)
         log(end, route, -rate)

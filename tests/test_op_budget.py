@@ -75,8 +75,12 @@ def test_the_budget_counts_every_rank_it_was_given():
             graph.compute(rank, duration_s=1e-6, category="fixed", name="c")
         budget.rank_done()
     assert budget.projected(0, 10) == (120.0, 30.0)
-    with pytest.raises(StepTooLargeError, match=r"~120 ops \(4 simulated ranks x ~30\), over the limit of 100"):
-        budget.check(0, 10)
+    budget.check(0, 10)  # a projection up to a quarter over the limit passes (its first actions' one-off ops)
+    budget.limit = 90
+    with pytest.raises(StepTooLargeError, match=r"~120 ops \(4 simulated ranks x ~30\), over the limit of 90"):
+        budget.check(0, 10)  # 120 > 1.25 x 90
+    with pytest.raises(StepTooLargeError):
+        OpBudget(50, 4, graph).check(0, 10)  # the 60 ops built are over 50, projected or not
     OpBudget(None, 4, graph).check(0, 10)  # no limit: never raises
 
 

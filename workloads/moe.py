@@ -55,7 +55,7 @@ GPUs a token reaches, which is what DeepEP's dispatch sends
 (:func:`deepep_matrices`). Model: a token picks its ``M`` nodes, then its
 ``k`` choices independently among the experts of those nodes, node ``n``
 taking the share ``σ_n = p_n / (p_n + (M - 1)(1 - p_n) / (N - 1))`` of them
-(``p_n``: probability of node ``n`` of the ``N`` in the EP group; the other
+(``p_n``: probability of node ``n`` of the ``N`` of the EP group that hold load; the other
 ``M - 1`` nodes at the average). Exact for uniform routing (``σ = 1/M``:
 ``M (1 - (1 - 1/M)^k)`` distinct nodes per token) and in both limits
 (``M = 1``: one node per token; ``M ≥ N``: unlimited). DeepSeek's own
