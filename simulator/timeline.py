@@ -38,7 +38,7 @@ def stage_ranks(ops: pd.DataFrame, groups: Sequence[tuple[int, int]] | None = No
     return out
 
 
-def rank_stages(ops: pd.DataFrame) -> dict[int, int]:
+def stage_of_each_rank(ops: pd.DataFrame) -> dict[int, int]:
     """``{rank: its pipeline stage}`` for every rank of ``ops`` with stage-tagged ops (the lowest stage of a rank
     that holds two: DualPipe's)."""
     tagged = ops[ops["stage"] >= 0]
@@ -65,7 +65,7 @@ def timeline_bars(ops: pd.DataFrame, step_time: float | None, ranks: list[int] |
     if missing:
         raise ValueError(f"ranks: {missing[0]} has no ops in this result (with fidelity fast/lockstep only "
                          f"representative ranks do; e.g. {sorted(first_of_stages)[:8]})")
-    stage_of = rank_stages(ops[ops["rank"].isin(ranks)])
+    stage_of = stage_of_each_rank(ops[ops["rank"].isin(ranks)])
     sel = ops[ops["rank"].isin(ranks)]
     parts = []
     window = group_windows(ops, groups) if groups else pipeline_window(ops)

@@ -34,7 +34,7 @@ import pandas as pd
 
 from workloads.ops import Recv, Send
 
-from .timeline import rank_stages, stage_ranks
+from .timeline import stage_of_each_rank, stage_ranks
 from .traffic import check_ids, window_means
 
 FABRIC_PID = 1 << 30
@@ -72,7 +72,7 @@ def trace_events(result, ranks: Sequence[int] | str | None = None, *, counters: 
     rep_of = {x: r for r, xs in replicas.items() for x in xs}
     first_of_stages = stage_ranks(rep_ops, result.rank_groups)  # (the default ranks: one per stage, in order)
     ranks = trace_ranks(ranks, graph.world_size, list(first_of_stages), sorted(rep_ops["rank"].unique().tolist()))
-    stage = rank_stages(rep_ops[rep_ops["rank"].isin({rep_of.get(r, r) for r in ranks})])
+    stage = stage_of_each_rank(rep_ops[rep_ops["rank"].isin({rep_of.get(r, r) for r in ranks})])
     streams = {s: i for i, s in enumerate(sorted(rep_ops["stream"].unique()))}
     events: list[dict] = []
     wanted = {rep_of.get(r, r) for r in ranks}

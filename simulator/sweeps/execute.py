@@ -117,19 +117,29 @@ def _connect(client_class: type, address: str) -> Any:
     8787, instead of the scheduler's, 8786) held the sweep forever, and one that answers with other bytes (an
     HTTP server) ended in a traceback. So the client is made in a daemon thread waited for a bounded time."""
     made: dict[str, Any] = {}
+    lock = threading.Lock()
 
     def connect() -> None:
         try:
-            made["client"] = client_class(address, timeout=f"{DASK_CONNECT_S}s")
+            client = client_class(address, timeout=f"{DASK_CONNECT_S}s")
         except BaseException as exc:  # noqa: BLE001 - reported below, in the caller's thread
             made["error"] = exc
+            return
+        with lock:
+            late = made.get("abandoned", False)
+            if not late:
+                made["client"] = client
+        if late:  # (made after the caller gave up: not left open as dask's default client)
+            client.close()
 
     thread = threading.Thread(target=connect, name="clustersim-dask-connect", daemon=True)
     thread.start()
     thread.join(3 * DASK_CONNECT_S)
+    with lock:
+        if "client" in made:
+            return made["client"]
+        made["abandoned"] = True
     exc = made.get("error")
-    if "client" in made:
-        return made["client"]
     if thread.is_alive():
         raise ValueError(f"--scheduler: {address} accepted a connection but no Dask scheduler answered within "
                          f"{3 * DASK_CONNECT_S} s (a scheduler listens on port 8786; 8787 is its dashboard)")
