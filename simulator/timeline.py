@@ -65,8 +65,8 @@ def timeline_bars(ops: pd.DataFrame, step_time: float | None, ranks: list[int] |
     if missing:
         raise ValueError(f"ranks: {missing[0]} has no ops in this result (with fidelity fast/lockstep only "
                          f"representative ranks do; e.g. {sorted(first_of_stages)[:8]})")
-    stage_of = stage_of_each_rank(ops[ops["rank"].isin(ranks)])
     sel = ops[ops["rank"].isin(ranks)]
+    stage_of = stage_of_each_rank(sel)
     parts = []
     window = group_windows(ops, groups) if groups else pipeline_window(ops)
     seg = rank_segments(sel, window, ops["end_s"].max() if step_time is None else step_time)

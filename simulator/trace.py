@@ -72,11 +72,10 @@ def trace_events(result, ranks: Sequence[int] | str | None = None, *, counters: 
     rep_of = {x: r for r, xs in replicas.items() for x in xs}
     first_of_stages = stage_ranks(rep_ops, result.rank_groups)  # (the default ranks: one per stage, in order)
     ranks = trace_ranks(ranks, graph.world_size, list(first_of_stages), sorted(rep_ops["rank"].unique().tolist()))
-    stage = stage_of_each_rank(rep_ops[rep_ops["rank"].isin({rep_of.get(r, r) for r in ranks})])
+    needed = rep_ops[rep_ops["rank"].isin({rep_of.get(r, r) for r in ranks})]
+    stage = stage_of_each_rank(needed)
     streams = {s: i for i, s in enumerate(sorted(rep_ops["stream"].unique()))}
     events: list[dict] = []
-    wanted = {rep_of.get(r, r) for r in ranks}
-    needed = rep_ops[rep_ops["rank"].isin(wanted)]
     by_rank = {r: part for r, part in needed.groupby("rank", sort=False)}
     placed: dict[int, pd.DataFrame] = {}
     for rank in ranks:

@@ -137,8 +137,8 @@ def test_a_trace_cut_at_a_nodes_end_is_refused_as_truncated(tmp_path, capsys):
     assert len(err) == 1 and "truncated" in err[0]
 
 
-def test_a_trace_edited_in_its_middle_is_still_read_by_its_chakra_fields(tmp_path):
-    # dropping a node from the middle (a gap in the ids clustersim numbers 0, 1, ...) is an edit, not a cut
+def test_a_trace_with_a_gap_in_its_node_ids_is_still_read_by_its_chakra_fields(tmp_path):
+    # fewer nodes than written but a gap in the ids clustersim numbers 0, 1, ... is an edit, not a cut
     from workloads.chakra import read_chakra
     from workloads.chakra.read import TraceEditedWarning
     from workloads.chakra.schema import iter_frames

@@ -50,6 +50,16 @@ def test_the_projection_is_close_to_the_graph_built(changes, parallel, represent
     assert len(_step(changes, parallel, representatives, int(1.25 * built)).graph.ops) == built
 
 
+@pytest.mark.parametrize("changes,parallel,representatives", CONFIGS)
+def test_the_ops_built_are_held_to_the_limit(changes, parallel, representatives):
+    # one op under the graph's size: refused, though the last ops (a rank's last action, its reductions and
+    # optimizer) come after the last projection (they were let through: a 168-op graph under a limit of 148)
+    built = len(_step(changes, parallel, representatives, None).graph.ops)
+    with pytest.raises(StepTooLargeError):
+        _step(changes, parallel, representatives, built - 1)
+    assert len(_step(changes, parallel, representatives, built).graph.ops) == built
+
+
 def test_refused_before_the_graph_is_built(monkeypatch):
     # gpt2-small with SP over 4 x 1,024 micro-batches: ~10^5 ops per rank; the budget of 5,000 stops the builder
     # within the first rank's first few actions, not at the end

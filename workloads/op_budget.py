@@ -58,8 +58,13 @@ class OpBudget:
         self.start = len(graph.ops)  # ops when the rank in progress began
 
     def rank_done(self) -> None:
+        """Count a rank built; refuse if its tail (its last action, reductions, optimizer: after the last
+        :meth:`check`) took the ops built over the limit."""
         self.done += 1
         self.start = len(self.graph.ops)
+        if self.limit is not None and self.start > self.limit:
+            per_rank = self.start / self.done
+            self._refuse(max(float(self.start), per_rank * self.ranks), per_rank)
 
     def projected(self, action: int, actions: int) -> tuple[float, float]:
         """``(ops of the whole graph, ops per rank)`` projected when ``action`` of the rank in progress's
@@ -79,9 +84,13 @@ class OpBudget:
             return
         ops, per_rank = self.projected(action, actions)
         if ops > self.limit * _SLACK or len(self.graph.ops) > self.limit:
-            minutes = ops * CPU_SECONDS_PER_OP / 60
-            raise StepTooLargeError(
-                f"the step would have ~{ops:,.0f} ops ({self.ranks:,} simulated ranks x ~{per_rank:,.0f}), over "
-                f"the limit of {self.limit:,} (~{ops * BYTES_PER_OP / 1e9:,.1f} GB of memory and ~{minutes:,.1f} "
-                f"min of CPU to simulate); fewer micro-batches (parallel.global_batch), fewer model.layers or "
-                f"fidelity: lockstep make it smaller", ops, self.limit)
+            self._refuse(ops, per_rank)
+
+    def _refuse(self, ops: float, per_rank: float) -> None:
+        """Raise the one-line :class:`StepTooLargeError` of ``ops`` projected (``per_rank`` each)."""
+        minutes = ops * CPU_SECONDS_PER_OP / 60
+        raise StepTooLargeError(
+            f"the step would have ~{ops:,.0f} ops ({self.ranks:,} simulated ranks x ~{per_rank:,.0f}), over "
+            f"the limit of {self.limit:,} (~{ops * BYTES_PER_OP / 1e9:,.1f} GB of memory and ~{minutes:,.1f} "
+            f"min of CPU to simulate); fewer micro-batches (parallel.global_batch), fewer model.layers or "
+            f"fidelity: lockstep make it smaller", ops, self.limit)

@@ -562,7 +562,6 @@ class _StepBuilder:
         self.p2p_bytes = self.act_elems * self.dtype / (self.t if (self.sp or self.pp_gather) else 1)
         self.tp_bytes = self.act_elems * self.dtype
         self.graph = OpGraph(parallel.world_size)
-        self._budget = OpBudget(None, parallel.world_size, self.graph)  # (build sets the limit)
         self.schedules = pipeline_schedule(parallel.schedule, self.p, self.m, parallel.virtual_stages,
                                            parallel.microbatch_group_size)
         # contiguous micro-batches per chunk of the interleaved schedule (Megatron-Core's default: pp)
@@ -684,8 +683,7 @@ class _StepBuilder:
         group itself when ``etp = tp``; :meth:`moe_pieces`), and reduce-scatters them before the combine. (Shared
         experts gather the layer's tokens as a dense MLP does: Megatron-Core's ``SharedExpertMLP``.)"""
         counts = self._tp_counts(1, phase, False, False)
-        if (self.expert_grid or self.expert_parallel) and self.model.is_moe_layer(layer) \
-                and not self.model.shared_experts:
+        if self.expert_parallel and self.model.is_moe_layer(layer) and not self.model.shared_experts:
             counts = {k: v // 2 for k, v in counts.items()}
         return counts
 
@@ -1226,14 +1224,13 @@ class _StepBuilder:
         gather = None
         # Megatron-Core's alltoall dispatcher with etp > 1: all-gather the dispatched tokens over the expert TP
         # group, run the experts on all of them (width f / etp), reduce-scatter back before the combine.
-        if self.expert_grid:  # (drawn per rank: etp x load rows)
-            if self.etp > 1:
-                gather = self._etp_groups.get(rank)
-                if gather is None:
-                    gather = self._etp_groups[rank] = self.layout.etp_group(rank)
+        # (etp = tp: the expert TP group is the TP group, RankLayout.etp_group)
+        if self.etp > 1:
+            gather = self._etp_groups.get(rank)
+            if gather is None:
+                gather = self._etp_groups[rank] = self.layout.etp_group(rank)
+        if self.expert_grid:  # (drawn per rank: etp x load rows; per TP group otherwise, load rows already)
             load *= self.etp
-        elif self.t > 1:  # etp = tp: its expert TP group is the TP group (drawn per TP group: load rows already)
-            gather = self._tp_group(rank)
         kernels = self._moe_kernels.get(id(seg.moe))
         if kernels is None or kernels[0] is not seg.moe:
             before, experts, after = seg.moe[:3]
