@@ -93,6 +93,8 @@ def _compute_bars(ops: pd.DataFrame) -> pd.DataFrame:
     chunk = np.array([_chunk(n) for n in comp["name"].tolist()], dtype=np.int64)
     rank, mb = comp["rank"].to_numpy(), comp["micro_batch"].to_numpy()
     s, e = comp["start_s"].to_numpy(), comp["end_s"].to_numpy()
+    if "member_wait_s" in comp:  # a representative's op ends, for its bar, where its members start to wait
+        e = e - comp["member_wait_s"].to_numpy()
     # a run also breaks where its rank's compute pauses (a blocking TP collective or a wait between two ops):
     # the pause is another category of the partition, and a bar across it would be drawn over it
     reached = comp.groupby("rank", sort=False)["end_s"].cummax().to_numpy()  # (ops sorted by rank, then start)
