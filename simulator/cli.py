@@ -809,7 +809,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (TypeError, ArithmeticError, LookupError, AttributeError, RecursionError) as exc:
         # An input that got past validation without a clear message: still one line, never a traceback.
-        msg = str(exc).splitlines()[0] if str(exc) else ""
+        msg = _bounded(str(exc).splitlines()[0]) if str(exc) else ""
         print(f"clustersim: internal error: {type(exc).__name__}: {msg} (please report this input)",
               file=sys.stderr)
         return 1

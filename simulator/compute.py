@@ -210,15 +210,18 @@ class ComputeModel:
     def gemm(self) -> GemmModel:
         """The wave/tile GEMM model of this GPU and datatype."""
         eff = self.matmul_efficiency if self.matmul_efficiency is not None else self.gpu.matmul_efficiency
-        # The critical intensity is the 16-bit rate's; another dtype's rate r times it needs r times the FLOPs
-        # per operand byte (as gemm_fp8; fp32's r is ~1/15 on Hopper, whose 4-byte operands otherwise starved
-        # every tile: 38% of peak at 8192^3). The pipeline fill keeps its 16-bit depth: fp32's SIMT kernels are
-        # not the tensor-core pipeline it was measured on, and 9 elements let tiny fp32 GEMMs split k 16 ways
-        # and beat the same bf16 GEMM.
-        bf16 = self.gpu.peak_flops.get("bf16")
-        ratio = self.peak_flops / bf16 if bf16 else 1.0
-        return GemmModel(self.peak_flops, self.gpu.sm_count, eff, self.gpu.gemm_critical_intensity * ratio,
+        # The pipeline fill keeps its 16-bit depth: fp32's SIMT kernels are not the tensor-core pipeline it was
+        # measured on, and 9 elements let tiny fp32 GEMMs split k 16 ways and beat the same bf16 GEMM.
+        return GemmModel(self.peak_flops, self.gpu.sm_count, eff, self._critical_intensity(self.peak_flops),
                          self.gpu.hbm_bandwidth, _DTYPE_BYTES.get(self.base_dtype, 2), self.gemm_k_overhead)
+
+    def _critical_intensity(self, peak: float) -> float:
+        """FLOPs per operand byte a tile needs at a dense rate of ``peak`` FLOP/s: the 16-bit rate's
+        (``GPUSpec.gemm_critical_intensity``) times ``peak`` over the bf16 peak, since r times the rate needs r
+        times the FLOPs per byte (FP8: 2x; fp32 ~1/15 on Hopper, whose 4-byte operands at the 16-bit intensity
+        starved every tile: 38% of peak at 8192^3). A GPU without a bf16 peak keeps its own figure."""
+        bf16 = self.gpu.peak_flops.get("bf16")
+        return self.gpu.gemm_critical_intensity * (peak / bf16 if bf16 else 1.0)
 
     def _trainable_dtypes(self) -> list[str]:
         """The ``training.dtype`` values this GPU has a peak for (``tf32`` is a GEMM mode of fp32 training, not
@@ -236,9 +239,10 @@ class ComputeModel:
         if eff is None:
             raise ValueError(f"compute.fp8_matmul_efficiency: {self.gpu.name} has no measured FP8 GEMM ceiling; "
                              f"set it (a fraction of the FP8 peak in [{MIN_EFFICIENCY:g}, 1])")
-        ratio = self.gpu.peak("fp8") / self.gpu.peak("bf16")
-        return GemmModel(self.gpu.peak("fp8"), self.gpu.sm_count, eff, self.gpu.gemm_critical_intensity * ratio,
-                         self.gpu.hbm_bandwidth, 1, round(self.gemm_k_overhead * ratio), stream_k=True)
+        peak = self.gpu.peak("fp8")
+        ratio = peak / self.gpu.peak("bf16")
+        return GemmModel(peak, self.gpu.sm_count, eff, self._critical_intensity(peak), self.gpu.hbm_bandwidth, 1,
+                         round(self.gemm_k_overhead * ratio), stream_k=True)
 
     def reserved_gemm(self, gemm: GemmModel, sm_reserved: int) -> GemmModel:
         """``gemm`` on the SMs that ``sm_reserved`` communication SMs leave: fewer SMs, the same rate each."""

@@ -18,6 +18,7 @@ import simpy
 from simpy.events import Event
 
 from topologies.cluster import Cluster
+from topologies.units import LINK_LATENCY_MAX
 
 from .bulk_alltoall import bulk_flows, under_one_switch
 from .collectives import AUTO_CANDIDATES, COLLECTIVE_ALGORITHMS, CollectiveError, Plan, Transfer, plan_collective
@@ -184,7 +185,7 @@ class NetworkConfig:
         if self.channels not in CHANNEL_COUNTS:
             raise ValueError(f"network.channels: {self.channels!r} unknown; valid: {', '.join(CHANNEL_COUNTS)}")
         if self.step_latency_s is not None and not (isinstance(self.step_latency_s, Real)
-                                                    and 0 <= self.step_latency_s < 1):
+                                                    and 0 <= self.step_latency_s < LINK_LATENCY_MAX):
             raise ValueError(f"network.step_latency: must be 'nccl' or a time in [0, 1 s), got {self.step_latency_s!r}")
         if self.fidelity not in ("fast", "full"):
             raise ValueError(f"network.fidelity: {self.fidelity!r} unknown; valid: fast, full")
