@@ -113,8 +113,9 @@ def core_ratio(params: Mapping) -> float:
 
 
 def default_spines(ports: int, oversubscription: float) -> int:
-    """Spines a leaf of ``ports`` NIC ports gets by default at ``oversubscription``: as many as keep each
-    leaf-spine link at least one port's bandwidth (``floor(ports / ratio)``, at least 1)."""
+    """The most spines that keep each leaf-spine link of a leaf of ``ports`` NIC ports at ``oversubscription``
+    at least one port's bandwidth (``floor(ports / ratio)``, at least 1): the rail-optimized builder's default
+    spines, and the bound the experiment's note holds any fabric's spines to."""
     return max(1, math.floor(ports / oversubscription + 1e-9))
 
 

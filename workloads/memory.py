@@ -506,6 +506,6 @@ def routed_rows_factor(model: ModelSpec, parallel: ParallelConfig, training: Tra
     parallelism (the generator routes only with ``ep > 1``)."""
     if not (model.is_moe and parallel.ep > 1 and pad_to_capacity and capacity_factor is not None):
         return 1.0
-    tokens = parallel.micro_batch * training.seq_len // (parallel.tp if parallel.expert_grid else 1)
+    tokens = parallel.routed_tokens(training.seq_len)
     slots = tokens * model.top_k
     return capacity_slots(tokens, model.top_k, model.experts, capacity_factor) * model.experts / slots

@@ -473,6 +473,12 @@ class ParallelConfig:
         """The routed experts' tensor-parallel degree: ``etp``, or ``tp`` when unset."""
         return self.etp or self.tp
 
+    def routed_tokens(self, seq_len: int) -> int:
+        """Tokens each rank's router draws per micro-batch of ``seq_len``: its TP group's ``b·s`` with
+        ``etp = tp`` (routed once per TP group, as :mod:`workloads.training` draws them), its own sequence-parallel
+        ``b·s/tp`` on the expert grid."""
+        return self.micro_batch * seq_len // (self.tp if self.expert_grid else 1)
+
     @property
     def expert_grid(self) -> bool:
         """The experts have their own grid (``etp`` differs from ``tp``): EP groups may cross TP groups."""

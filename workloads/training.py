@@ -1016,7 +1016,7 @@ class _StepBuilder:
             # made from it (rows, DeepEP matrices) are made and kept once, not per (layer, micro-batch).
             r = self._balanced_draw
             if r is None:
-                tokens = self.par.micro_batch * self.train.seq_len // (self.t if self.expert_grid else 1)
+                tokens = self.par.routed_tokens(self.train.seq_len)
                 r = route_layer(self.model.experts, self.model.top_k, tokens, self.par.ep, self.routing, layer,
                                 key[1])
                 if self.routing.kind == "balanced":
