@@ -536,9 +536,13 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     if not exp.options.embedding_and_loss:
         flops -= 6.0 * exp.model.hidden * exp.model.vocab * par.global_batch * exp.training.seq_len
     peak = exp.cluster.gpu.peak(exp.training.base_dtype)
-    bubble = [max(0.0, pipe - bz) for bz in busy]
+    # The bubble as a run reports it (docs/DESIGN.md, "Where the time went"): idle compute inside the pipeline
+    # window less the activation transfers, which every stage waits for on the fill and drain chains and
+    # which are exposed PP communication, not bubble.
+    pp_exposed = 2 * (nvs - 1) * comm
+    bubble = [max(0.0, pipe - bz - pp_exposed) for bz in busy]
     exposed = {"tp": m * sum(tp_mb) / p,
-               "pp": 2 * (nvs - 1) * comm,  # the transfers on the fill and drain chains
+               "pp": pp_exposed,  # the transfers on the fill and drain chains
                "dp": sum(max(0.0, e - f) for e, f in zip(dp_end, finish)) / p,
                "zero": sum(gather) / p,
                "sync": sync}

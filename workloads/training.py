@@ -2210,8 +2210,14 @@ class _StepBuilder:
                                         stage=stage)
 
     def _tied_embedding_sync(self, rank: int, stage: int, after: int) -> list[int]:
-        """All-reduce of the tied word-embedding gradient between the first and last pipeline stage."""
-        if not self.model.tied_embeddings or self.p == 1 or stage not in (0, self.p - 1):
+        """All-reduce of the tied word-embedding gradient between the first and last pipeline stage.
+
+        None under DualPipe: rank ``r`` holds stages ``r`` and ``p-1-r``, so the first and last ranks each hold
+        the embedding and the output layer, whose gradients the mirrored stages already reduce together; the
+        tied weight's gradient is their local sum (Megatron's embedding group exists because under 1F1B the two
+        halves live on different ranks)."""
+        if (not self.model.tied_embeddings or self.p == 1 or stage not in (0, self.p - 1)
+                or self.dual):
             return []
         c = self.layout.coords(rank)
         group = (self.layout.rank(tp=c.tp, dp=c.dp, pp=0, cp=c.cp),
