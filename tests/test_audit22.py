@@ -53,3 +53,37 @@ def test_screen_bubble_leaves_out_the_activation_transfers_it_reports_as_exposed
     assert window == pytest.approx(screened["pipeline_s"], rel=1e-12)
     fast = run_experiment(exp, force=True, fidelity="fast").summary
     assert screened["bubble_fraction"] == pytest.approx(fast["bubble_fraction"], abs=0.03)
+
+
+# ------------------------------------------------------------------ custom fabrics
+def test_an_nvlink_cable_between_two_servers_is_refused(tmp_path):
+    """A server is one NVLink domain: the planners (hierarchical stages, PXN, NCCL's intra-node latencies) and the
+    node-level traffic views read "same server" as "joined by NVLink". A file cabling server 0's GPU to server
+    1's NVSwitch loaded, and a send between two GPUs of "server 0" then crossed the leaf while the node matrix
+    counted it inside the node."""
+    import pathlib
+
+    from topologies import TopologyError, load_topology
+    good = pathlib.Path(__file__).parent.parent / "examples" / "fabrics" / "two-racks.yaml"
+    text = good.read_text()
+    assert len(load_topology(good).gpus) == 8
+    cable = "  - {a: gpu:0:0, b: nvswitch:0,"
+    assert text.count(cable) == 1
+    bad = tmp_path / "crossed.yaml"
+    bad.write_text(text.replace(cable, "  - {a: gpu:0:0, b: nvswitch:1,"))
+    with pytest.raises(TopologyError, match="NVLink link joins server 0 and server 1"):
+        load_topology(bad)
+
+
+def test_an_nvlink_between_two_servers_nvswitches_is_refused():
+    from topologies import TopologyError, cluster_from_dict
+    link = {"bandwidth": "50GB/s", "latency": "0.5us"}
+    doc = {"gpu": "H100", "nodes": ["leaf:0"], "links": []}
+    for s in range(2):
+        doc["nodes"] += [f"gpu:{s}:0", f"nvswitch:{s}", f"nic:{s}:0"]
+        doc["links"] += [{"a": f"gpu:{s}:0", "b": f"nvswitch:{s}", **link}, {"a": f"gpu:{s}:0", "b": f"nic:{s}:0", **link},
+                         {"a": f"nic:{s}:0", "b": "leaf:0", **link}]
+    assert len(cluster_from_dict(doc).gpus) == 2
+    doc["links"].append({"a": "nvswitch:0", "b": "nvswitch:1", "bandwidth": "900GB/s", "latency": "0.25us"})
+    with pytest.raises(TopologyError, match="an NVLink domain is one server"):
+        cluster_from_dict(doc)

@@ -458,7 +458,8 @@ def test_example_fabric_and_experiment():
 
 
 @pytest.mark.parametrize("extra", [
-    {"a": "nvswitch:0", "b": "nvswitch:1", "bandwidth": "900GB/s", "latency": "0.25us"},   # NVLink between servers
+    # (An NVLink between the two servers' NVSwitches was the other case: a server is one NVLink domain, so such
+    # a cable is refused now, tests/test_audit22.py; NVSwitch transit inside a server: the gb200-nvl36x2 preset.)
     {"a": "nic:0:0", "b": "nic:1:0", "bandwidth": "50GB/s", "latency": "0.5us", "kind": "ib", "tier": "leaf"},
 ])
 def test_routes_on_irregular_fabrics_are_the_shortest(extra):

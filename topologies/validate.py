@@ -51,6 +51,7 @@ def validate_cluster(cluster: Cluster) -> Cluster:
       non-negative, finite ``latency`` (s), ``kind`` in :data:`LINK_KINDS` and
       ``tier`` in :data:`TIERS`;
     * every edge ``(u, v)`` has its reverse ``(v, u)`` (links are full duplex);
+    * every ``nvlink`` edge joins two nodes of one ``server`` (a server is one NVLink domain);
     * ``gpus`` is non-empty, without duplicates, and lists nodes of kind
       ``gpu``; ``gpus_per_server`` is a positive integer;
     * the graph is weakly connected.
@@ -94,6 +95,12 @@ def validate_cluster(cluster: Cluster) -> Cluster:
                 _bad_edge(u, v, data)
             if u not in adj[v]:
                 raise TopologyError(f"edge {u!r} -> {v!r}: has no reverse edge {v!r} -> {u!r} (links are full duplex)")
+            if data["tier"] == "nvlink" and g.nodes[u]["server"] != g.nodes[v]["server"]:
+                # A server is one NVLink domain: the planners (hierarchical stages, PXN, NCCL's intra-node
+                # latencies) and the node-level traffic views read "same server" as "joined by NVLink".
+                raise TopologyError(f"edge {u!r} -> {v!r}: an NVLink link joins server {g.nodes[u]['server']} and "
+                                    f"server {g.nodes[v]['server']}; an NVLink domain is one server (give both "
+                                    f"ends the same server, or cable them through NICs)")
 
     if not cluster.gpus:
         raise TopologyError("cluster.gpus: is empty")
