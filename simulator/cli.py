@@ -462,7 +462,10 @@ def parse_trace_ranks(text: str) -> list[int] | str:
     if text in ("stages", "all"):
         return text
     try:
-        ranks = [int(x) for x in text.split(",") if x.strip()]
+        items = text.split(",")
+        if not all(x.isdecimal() for x in items):  # (int() would read "1_0" as 10; an empty item is a typo)
+            raise ValueError
+        ranks = [int(x) for x in items]
     except ValueError:
         raise ValueError(f"--trace-ranks: {text!r} is not a list of ranks such as 0,8,16, nor 'stages' or "
                          f"'all'") from None

@@ -343,7 +343,8 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None, *, job: b
     name = label(doc.get("name"), "name") or f"{model.name} on {cluster.name}"
     exp = Experiment(str(name), cluster, model, parallel, training, _network_from_dict(_section(doc, "network")),
                      _compute_from_dict(_section(doc, "compute")), _options_from_dict(_section(doc, "options")),
-                     raw=copy.deepcopy(dict(doc)), fidelity=_fidelity(doc.get("fidelity", "fast")),
+                     raw=copy.deepcopy(dict(doc)), fidelity=_fidelity(
+                         "fast" if doc.get("fidelity") is None else doc["fidelity"]),
                      routing=dataclasses.replace(routing_from_dict(_section(doc, "moe")),
                                                  node_gpus=cluster.gpus_per_server))
     check_step_options(model, parallel, exp.options)  # (at load time too: the error then names the file)

@@ -81,9 +81,50 @@ def test_an_nvlink_between_two_servers_nvswitches_is_refused():
     doc = {"gpu": "H100", "nodes": ["leaf:0"], "links": []}
     for s in range(2):
         doc["nodes"] += [f"gpu:{s}:0", f"nvswitch:{s}", f"nic:{s}:0"]
-        doc["links"] += [{"a": f"gpu:{s}:0", "b": f"nvswitch:{s}", **link}, {"a": f"gpu:{s}:0", "b": f"nic:{s}:0", **link},
-                         {"a": f"nic:{s}:0", "b": "leaf:0", **link}]
+        doc["links"] += [{"a": f"gpu:{s}:0", "b": f"nvswitch:{s}", **link},
+                         {"a": f"gpu:{s}:0", "b": f"nic:{s}:0", **link}, {"a": f"nic:{s}:0", "b": "leaf:0", **link}]
     assert len(cluster_from_dict(doc).gpus) == 2
     doc["links"].append({"a": "nvswitch:0", "b": "nvswitch:1", "bandwidth": "900GB/s", "latency": "0.25us"})
     with pytest.raises(TopologyError, match="an NVLink domain is one server"):
         cluster_from_dict(doc)
+
+
+# ------------------------------------------------------------------ input parsing
+@pytest.mark.parametrize("layout", [[2.9, 2, 4], [True, 2, 8], "2_0x1x1", " 2x 2x 4", [2, 2]])  # ([2, 2]: kept)
+def test_a_sweep_layout_takes_whole_numbers_only(layout):
+    """int() truncated 2.9 to 2, read True as 1 and "2_0" as 20: those points ran as layouts nobody asked for,
+    where parallel.tp: 2.9 is refused."""
+    from simulator.sweeps.grid import normalise_grid
+    with pytest.raises(ValueError, match="grid: layout:"):
+        normalise_grid({"layout": [layout]})
+
+
+def test_a_sweep_layout_still_reads_its_two_documented_forms():  # (kept behaviour)
+    from simulator.sweeps.grid import normalise_grid
+    assert normalise_grid({"layout": ["8x8x16", [8, 8, 16], "2X1X4"]})["layout"] == [(8, 8, 16), (8, 8, 16),
+                                                                                      (2, 1, 4)]
+
+
+@pytest.mark.parametrize("text", ["1_0", "1,,2", " 1", "1,", "+1"])
+def test_trace_ranks_are_whole_numbers_without_gaps(text):
+    from simulator.cli import parse_trace_ranks
+    with pytest.raises(ValueError, match="--trace-ranks"):
+        parse_trace_ranks(text)
+    assert parse_trace_ranks("0,8,16") == [0, 8, 16] and parse_trace_ranks("stages") == "stages"
+
+
+@pytest.mark.parametrize("sweep", [0, False, "", [], {"grid": 0}, {"grid": False}, {"grid": ""}, {"grid": []}])
+def test_a_sweep_section_that_is_not_a_mapping_is_refused_even_when_falsy(sweep):
+    """Only null means "absent"; `sweep: {grid: 5}` was refused while `sweep: {grid: 0}` ran as no sweep."""
+    from workloads.errors import ConfigError
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
+           "parallel": {"tp": 4}, "sweep": sweep}
+    with pytest.raises(ConfigError, match="^sweep"):
+        experiment_from_dict(doc)
+
+
+def test_fidelity_null_means_the_default_as_null_does_everywhere():
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
+           "parallel": {"tp": 4}, "fidelity": None}
+    assert experiment_from_dict(doc).fidelity == "fast"
+    assert experiment_from_dict({**doc, "sweep": None}).fidelity == "fast"

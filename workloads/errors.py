@@ -54,13 +54,14 @@ def plain_values(value: object) -> object:
 # naming ``field`` (e.g. "model.layers") and the valid choices.
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """An integer and not a bool (``True`` is an ``int`` to Python, never a count to a user)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_int(field: str, value: object, *, minimum: int = 1) -> None:
     """Raise :class:`ConfigError` unless ``value`` is an integer ``>= minimum``."""
-    if not _is_int(value) or value < minimum:  # type: ignore[operator]
+    if not is_int(value) or value < minimum:  # type: ignore[operator]
         what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ConfigError(f"{field}: must be {what}, got {value!r}")
 

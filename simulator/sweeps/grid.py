@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from topologies.yamlio import load_yaml
-from workloads.errors import ConfigError, plain_values, unknown_keys
+from workloads.errors import ConfigError, is_int, plain_values, unknown_keys
 
 from ..experiment import SECTIONS, experiment_from_dict
 from .columns import LAYOUT_COLUMNS, check_max_tp, check_metric
@@ -92,7 +92,10 @@ def _parse_layout(value: Any) -> tuple[int, int, int]:
     """``"8x8x16"`` or ``[8, 8, 16]`` -> ``(tp, pp, dp)``."""
     parts = value.lower().split("x") if isinstance(value, str) else value
     try:
-        tp, pp, dp = (int(p) for p in parts)
+        # Whole numbers only: int() would truncate 2.9, read True as 1 and "2_0" as 20.
+        tp, pp, dp = (int(p) if (p.isdecimal() if isinstance(p, str) else is_int(p)) else None for p in parts)
+        if None in (tp, pp, dp):
+            raise ValueError
     except (TypeError, ValueError):
         raise ValueError(f"grid: layout: {value!r} is not auto or TPxPPxDP such as 8x8x16") from None
     return tp, pp, dp
@@ -215,13 +218,15 @@ def sweep_settings(doc: Mapping) -> dict[str, Any]:
     ConfigError
         A section that is not a mapping, has an unknown field, or a ``grid`` that is not a mapping.
     """
-    section = doc.get("sweep") or {}
+    section = doc.get("sweep")
+    section = {} if section is None else section  # (only null is absent: 0, false, '' and [] are malformed)
     if not isinstance(section, Mapping):
         raise ConfigError(f"sweep: must be a mapping with fields {', '.join(SWEEP_FIELDS)}")
     unknown = unknown_keys(section, SWEEP_FIELDS)
     if unknown:
         raise ConfigError(f"sweep.{unknown[0]}: unknown field; valid fields: {', '.join(SWEEP_FIELDS)}")
-    grid = section.get("grid") or {}
+    grid = section.get("grid")
+    grid = {} if grid is None else grid
     if not isinstance(grid, Mapping):
         raise ConfigError("sweep.grid: must map dotted paths to lists of values, e.g. {parallel.tp: [1, 2, 4, 8]}")
     for name, check in (("metric", check_metric), ("max_tp", check_max_tp)):
