@@ -49,6 +49,7 @@ from workloads.models import ModelSpec, model_from_dict
 from workloads.moe import RoutingModel, routing_from_dict
 from workloads.op_budget import MAX_OPS, StepTooLargeError
 from workloads.parallel import (
+    SPLIT_BACKWARD_SCHEDULES,
     ParallelConfig,
     TrainingSpec,
     layers_per_stage,
@@ -88,6 +89,24 @@ whose DeepEP matrices differ between the EP groups of one stage (groups spread o
 ``fast``. Not to be confused with ``network.fidelity`` (pipelined rings vs every ring step)."""
 
 _REPRESENTATIVES = {"full": None, "fast": "tp", "lockstep": "stage"}
+
+
+def representatives_for(exp: Experiment, fidelity: str) -> str | None:
+    """Which ranks a representative stands for in ``fidelity`` (:func:`~workloads.training.training_step`'s
+    ``representatives``): a TP group in ``fast``, a stage's block in ``lockstep``, none in ``full``.
+
+    Stragglers narrow it: in ``lockstep`` one stands for an EP index, not the whole group (a straggler is one
+    EP member); under a split backward (``zb-h1``, ``dualpipe``) every rank runs its own program, since a
+    straggler's healthy TP partners run their W passes, which hold no TP collective, at their own speed and
+    start their DP reductions earlier (a representative at the slowest member's speed read +8.5% on a 4:1
+    fabric, tests/test_audit22.py)."""
+    representatives = _REPRESENTATIVES[fidelity]
+    if exp.slowdown():
+        if exp.parallel.schedule in SPLIT_BACKWARD_SCHEDULES:
+            return None
+        if representatives == "stage":
+            return "stage_ep"
+    return representatives
 
 FP8_DELAYED_SCALING_NO_RECOMPUTE = ("layernorm", "moe_act")
 """Recompute modules Megatron-Core refuses under FP8's delayed-scaling recipe (``transformer_config.py``: "Delayed
@@ -695,10 +714,7 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
     memory = check_memory(exp, force)
     fidelity = _fidelity(exp.fidelity if fidelity is None else fidelity)
     with paused_gc():
-        representatives = _REPRESENTATIVES[fidelity]
-        if representatives == "stage" and exp.slowdown():  # a straggler is one EP member, not its whole group
-            representatives = "stage_ep"
-        step = build_step(exp, representatives, force)
+        step = build_step(exp, representatives_for(exp, fidelity), force)
         healthy = None
         if exp.faults:  # the same step on the healthy cluster, for the cost of the faults
             healthy = Engine(step.graph, exp.healthy_cluster, exp.compute_model(), exp.network).run().step_time_s

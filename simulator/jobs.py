@@ -51,13 +51,13 @@ from workloads.ops import OpGraph, merge_graphs
 
 from .engine import Engine, RunRecord, paused_gc
 from .experiment import (
-    _REPRESENTATIVES,
     Experiment,
     OutOfMemoryError,
     build_step,
     experiment_from_dict,
     label,
     read_experiment_file,
+    representatives_for,
 )
 from .result import Result
 
@@ -318,7 +318,7 @@ def run_jobs(spec: JobsSpec, *, force: bool = False) -> JobsResult:
             if not memory.fits(cluster.gpu.hbm_bytes) and not force:
                 raise OutOfMemoryError(f"job {job.name!r}: out of memory: {memory.describe()} > "
                                        f"{cluster.gpu.hbm_bytes / 1e9:.0f} GB (use --force to simulate anyway)")
-            step = build_step(exp, _REPRESENTATIVES[exp.fidelity], force, what=f"job {job.name!r}: ")
+            step = build_step(exp, representatives_for(exp, exp.fidelity), force, what=f"job {job.name!r}: ")
             graphs.append(step.graph)
 
         def alone(j: int, steps: int) -> float:

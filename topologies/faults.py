@@ -273,10 +273,11 @@ def _borrow_nic(graph: nx.DiGraph, cluster: Cluster, gpu: Hashable) -> bool:
     """Attach ``gpu`` (its NIC gone) over NVLink to the NIC of the next GPU of its server whose NIC still
     works (is there and has a cable into the fabric) and that it still reaches over NVLink (an NVSwitch of both
     is up, where the server has NVSwitches); False if no GPU of its server qualifies."""
-    rank = cluster.gpus.index(gpu)
     server = graph.nodes[gpu]["server"]
-    peers = [g for g in cluster.gpus if g != gpu and graph.nodes[g]["server"] == server]
-    start = rank % len(peers) if peers else 0
+    mates = [g for g in cluster.gpus if graph.nodes[g]["server"] == server]
+    local = mates.index(gpu)  # (its place in its server: peers[local] is the GPU after it)
+    peers = mates[:local] + mates[local + 1:]
+    start = local % len(peers) if peers else 0
     switched = bool(_nvswitches(cluster.graph, gpu))  # (its NVLink runs through NVSwitches, which may be down)
     mine = _nvswitches(graph, gpu)
     for peer in peers[start:] + peers[:start]:  # the next GPU of the server

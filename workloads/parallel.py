@@ -69,6 +69,8 @@ DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 ``training.dtype``. FP8 training (Transformer Engine) keeps all of them in bf16 and casts only the inputs of
 its FP8 GEMMs to 1-byte copies (:mod:`workloads.flops`), hence 2."""
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "dualpipe")
+SPLIT_BACKWARD_SCHEDULES = ("zb-h1", "dualpipe")
+"""Schedules that split a backward into B (input gradient) and a later W (weight gradient) pass."""
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act")
 """What ``recompute: selective`` may recompute (Megatron-Core's ``--recompute-modules``; default ``core_attn``)."""

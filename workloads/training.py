@@ -186,6 +186,7 @@ from .moe import LayerRouting, RoutingModel, deepep_matrices, route_layer
 from .op_budget import MAX_OPS, OpBudget
 from .ops import Kernel, OpGraph
 from .parallel import (
+    SPLIT_BACKWARD_SCHEDULES,
     ParallelConfig,
     RankLayout,
     TrainingSpec,
@@ -566,7 +567,7 @@ class _StepBuilder:
                                            parallel.microbatch_group_size)
         # contiguous micro-batches per chunk of the interleaved schedule (Megatron-Core's default: pp)
         self.group = parallel.microbatch_group_size or self.p
-        self.split_backward = parallel.schedule in ("zb-h1", "dualpipe")
+        self.split_backward = parallel.schedule in SPLIT_BACKWARD_SCHEDULES
         # (micro-batch, chunk) whose backward is split into B and a later W, per stage; other backwards are whole
         self.split_keys = [{(a.micro_batch, a.chunk) for a in acts if a.phase == "W"} for acts in self.schedules]
         self._segments_cache: dict[tuple, list[_Segment]] = {}
