@@ -158,3 +158,43 @@ def test_nic_down_borrows_the_next_gpus_nic_on_every_server():
         gpu = cluster.gpus[rank]
         nics = [w for w in sick.graph.successors(gpu) if sick.graph.nodes[w]["kind"] == "nic"]
         assert nics == [("nic", server, (local + 1) % 8)], rank
+
+
+# ------------------------------------------------------------------ MoE capacity under TP
+def test_each_tp_rank_routes_its_sequence_parallel_share_under_its_own_capacity():
+    """Megatron-Core's router runs on each rank's b·s/t sequence-parallel tokens and keeps at most
+    get_capacity(b·s/t · k, E, c) = ceil(b·s/t · k / E · c) per expert (``topk_softmax_with_capacity``); the TP
+    group's b·s choices were capped at ceil(b·s · k / E · c) together, which drops fewer: the dropped fraction read
+    the same at t = 1, 2 and 4. Truth: a Monte Carlo of the per-rank rule, done here with numpy alone."""
+    import math
+
+    import numpy as np
+
+    from workloads.moe import RoutingModel, route_layer
+    tokens, k, experts, tp = 4096, 2, 8, 4
+    routing = RoutingModel("uniform", capacity_factor=1.0)
+    draws = [route_layer(experts, k, tokens, 2, routing, layer, routers=tp) for layer in range(200)]
+    simulated = sum(r.dropped for r in draws) / sum(int(r.choices.sum()) for r in draws)
+    cap = math.ceil(tokens // tp * k / experts * 1.0)
+    x = np.random.default_rng(1).multinomial(tokens // tp * k, np.full(experts, 1 / experts), size=200_000)
+    megatron = np.maximum(x - cap, 0).sum() / x.sum()                      # 2.33%
+    assert simulated == pytest.approx(megatron, rel=0.08)
+    one_cap = math.ceil(tokens * k / experts)                              # the group capped together: ~1.2%
+    y = x.reshape(-1, tp, experts).sum(axis=1)
+    assert np.maximum(y - one_cap, 0).sum() / y.sum() < 0.6 * megatron  # (what the old rule dropped)
+    assert all(r.capacity == tp * cap for r in draws)
+
+
+def test_padded_slots_under_tp_are_each_routers_capacity():
+    """With pad_to_capacity every rank sends its own capacity per expert: 64 tokens over TP 2 is 32 per rank,
+    ceil(32 · 2 / 8 · 1.01) = 9 slots per expert, 8 experts x 9 slots x h 1024 x 2 bytes per dispatch (the TP
+    group's ceil(64 · 2 / 8 · 1.01) = 17 slots gave 8.5 per rank)."""
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1},
+           "model": {"preset": "mixtral-8x7b", "layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 8,
+                     "ffn_hidden": 2048, "moe_ffn_hidden": 2048, "vocab": 32000},
+           "parallel": {"tp": 2, "dp": 4, "ep": 2, "micro_batch": 1, "global_batch": 4, "sequence_parallel": True},
+           "training": {"seq_len": 64},
+           "moe": {"routing": "uniform", "capacity_factor": 1.01, "pad_to_capacity": True}}
+    ops = run_experiment(experiment_from_dict(doc)).ops
+    dispatch = ops[(ops["rank"] == 0) & (ops["name"] == "F0.c0.L0.ep_dispatch")]["nbytes"]
+    assert list(dispatch) == [8 * 9 * 1024 * 2]

@@ -501,11 +501,13 @@ def routed_rows_factor(model: ModelSpec, parallel: ParallelConfig, training: Tra
                        capacity_factor: float | None, pad_to_capacity: bool) -> float:
     """Token slots an EP rank's routed experts hold over the balanced ``T k`` (``T`` the tokens an EP rank
     routes, ``b s``, or ``b s / t`` on the expert grid): with ``pad_to_capacity`` every expert is padded to its
-    capacity ``C = ceil(T k / E c)`` per source rank (:func:`~workloads.moe.capacity_slots`), so a rank holds
-    ``C E`` slots from its ``ep`` sources for its ``E / ep`` experts; 1 otherwise, and without expert
-    parallelism (the generator routes only with ``ep > 1``)."""
+    capacity, ``r`` routers' ``C = ceil(T/r k / E c)`` per source rank (:func:`~workloads.moe.capacity_slots`;
+    ``r`` = :attr:`~workloads.parallel.ParallelConfig.routers`), so a rank holds ``r C E`` slots from its ``ep``
+    sources for its ``E / ep`` experts; 1 otherwise, and without expert parallelism (the generator routes only
+    with ``ep > 1``)."""
     if not (model.is_moe and parallel.ep > 1 and pad_to_capacity and capacity_factor is not None):
         return 1.0
-    tokens = parallel.routed_tokens(training.seq_len)
+    tokens, routers = parallel.routed_tokens(training.seq_len), parallel.routers
     slots = tokens * model.top_k
-    return capacity_slots(tokens, model.top_k, model.experts, capacity_factor) * model.experts / slots
+    return (routers * capacity_slots(tokens // routers, model.top_k, model.experts, capacity_factor)
+            * model.experts / slots)

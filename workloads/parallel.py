@@ -482,6 +482,12 @@ class ParallelConfig:
         return self.micro_batch * seq_len // (self.tp if self.expert_grid else 1)
 
     @property
+    def routers(self) -> int:
+        """Routers sharing the tokens :meth:`routed_tokens` counts, each with its own capacity: the TP group's
+        ``t`` ranks with ``etp = tp`` (Megatron-Core routes each rank's sequence-parallel share), else 1."""
+        return 1 if self.expert_grid else self.tp
+
+    @property
     def expert_grid(self) -> bool:
         """The experts have their own grid (``etp`` differs from ``tp``): EP groups may cross TP groups."""
         return self.expert_tp != self.tp

@@ -1019,7 +1019,7 @@ class _StepBuilder:
             if r is None:
                 tokens = self.par.routed_tokens(self.train.seq_len)
                 r = route_layer(self.model.experts, self.model.top_k, tokens, self.par.ep, self.routing, layer,
-                                key[1])
+                                key[1], self.par.routers)
                 if self.routing.kind == "balanced":
                     self._balanced_draw = r
             self._draws[key] = r
