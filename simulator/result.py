@@ -163,8 +163,9 @@ class Result:
                 col = list(map(attrgetter(name), ops))
             elif name == "collective":
                 col = [getattr(o, "collective", "") for o in ops]
-            elif name == "nbytes":
-                col = np.fromiter(map(attrgetter(name), ops), dtype=float, count=n)
+            elif name == "nbytes":  # (a representative exchanging for members of unequal loads: their mean)
+                col = np.fromiter((sum(map(sum, rows)) / len(rows) if (rows := getattr(o, "rows", None))
+                                   else o.nbytes for o in ops), dtype=float, count=n)
             elif name == "count":  # a coarsened collective runs count times back to back (nbytes each)
                 col = np.fromiter((getattr(o, "count", 1) for o in ops), dtype=np.int64, count=n)
             elif name == "flops":  # (a representative computing for members of unequal loads: their mean)
@@ -228,7 +229,9 @@ class Result:
 
         With ``fidelity="fast"`` (a graph of representatives) every rank a representative stands for
         gets a copy of the representative's rows (same ``id`` and times, its own ``rank``), so the
-        frame has the rows of a full simulation.
+        frame has the rows of a full simulation. Where a ``lockstep`` representative stands for members of
+        unequal expert loads (skewed routing) its ``flops`` and its exchanges' ``nbytes`` are the members'
+        mean, so that sums over ranks are exact; each member's own is in the op graph (``rows``).
         """
         df = self.rep_ops
         replicas = getattr(self.record.graph, "replicas", None)

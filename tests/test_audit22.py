@@ -198,3 +198,20 @@ def test_padded_slots_under_tp_are_each_routers_capacity():
     ops = run_experiment(experiment_from_dict(doc)).ops
     dispatch = ops[(ops["rank"] == 0) & (ops["name"] == "F0.c0.L0.ep_dispatch")]["nbytes"]
     assert list(dispatch) == [8 * 9 * 1024 * 2]
+
+
+# ------------------------------------------------------------------ the ops frame in lockstep
+def test_lockstep_exchanges_in_the_ops_frame_sum_to_what_every_rank_sent():
+    """Under skewed routing a lockstep representative stands for EP members of unequal loads; the ops frame gave
+    every member the representative's exchange bytes (rank 0's: +0.42% summed over ranks against full, whose
+    every rank sends its 2^32 in all). As with FLOPs, a member row now carries the members' mean."""
+    totals = {}
+    for fidelity in ("full", "lockstep"):
+        doc = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "mixtral-8x7b", "layers": 2},
+               "parallel": {"tp": 1, "pp": 1, "ep": 8, "dp": 16, "micro_batch": 1, "global_batch": 32, "zero": 1},
+               "training": {"seq_len": 1024}, "fidelity": fidelity}
+        ops = run_experiment(experiment_from_dict(doc)).ops
+        exchanges = ops[ops["collective"] == "all_to_all"]
+        totals[fidelity] = (exchanges["nbytes"].sum(), ops["flops"].sum())
+    assert totals["lockstep"][0] == pytest.approx(totals["full"][0], rel=1e-12)
+    assert totals["lockstep"][1] == pytest.approx(totals["full"][1], rel=1e-12)
