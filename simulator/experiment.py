@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -674,9 +675,38 @@ def check_memory(exp: Experiment, force: bool = False) -> MemoryBreakdown:
     hbm = exp.cluster.gpu.hbm_bytes
     if not memory.fits(hbm) and not force:
         raise OutOfMemoryError(f"out of memory: {memory.describe()} > {hbm / 1e9:.0f} GB of {exp.cluster.gpu.name}",
-                               "lower it with parallel.zero (1-3), more tp or pp, parallel.recompute: full or a "
-                               f"smaller parallel.micro_batch{FORCE_HINT}")
+                               f"{memory_hint(exp)}{FORCE_HINT}")
     return memory
+
+
+STATE_BYTES_PER_PARAM = 16
+"""The fewest bytes of model state a parameter takes under mixed-precision Adam (ZeRO's ``2 + 2 + 12``: 16-bit
+weight and gradient, fp32 master weight and two moments; fp32 training's ``4 + 4 + 8`` is as many)."""
+
+
+def memory_hint(exp: Experiment) -> str:
+    """What may lower a step's memory per GPU, naming only the knobs with room left (:func:`memory_remedies`
+    says which single change fits, when one does): a higher ZeRO stage where gradients are reduced over more
+    than one rank, more TP or PP where DP can give up ranks, full recomputation, a smaller micro-batch. When
+    the model's states alone, sharded over every GPU, exceed a GPU's memory, the cluster is too small."""
+    par, hbm, gpus = exp.parallel, exp.cluster.gpu.hbm_bytes, exp.cluster.num_gpus
+    states = STATE_BYTES_PER_PARAM * exp.model.total_params()
+    if states / gpus > hbm:
+        need = math.ceil(states / hbm)
+        return (f"the cluster is too small: the model's states alone ({STATE_BYTES_PER_PARAM} bytes a parameter, "
+                f"{states / 1e12:.2f} TB) need at least {need:,} GPUs of {hbm / 1e9:.0f} GB, sharded over all")
+    knobs = []
+    if par.zero < 3 and par.grad_dp > 1:
+        knobs.append(f"a higher parallel.zero (now {par.zero}; up to 3)")
+    if par.dp > 1:
+        knobs.append("more tp or pp")
+    if par.recompute != "full":
+        knobs.append("parallel.recompute: full")
+    if par.micro_batch > 1:
+        knobs.append("a smaller parallel.micro_batch")
+    if not knobs:
+        return "no single knob of this layout has room left: try more GPUs"
+    return "lower it with " + ", ".join(knobs[:-1]) + (" or " if len(knobs) > 1 else "") + knobs[-1]
 
 
 def build_step(exp: Experiment, representatives: str | None, force: bool = False, what: str = "") -> TrainingStep:

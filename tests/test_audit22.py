@@ -215,3 +215,24 @@ def test_lockstep_exchanges_in_the_ops_frame_sum_to_what_every_rank_sent():
         totals[fidelity] = (exchanges["nbytes"].sum(), ops["flops"].sum())
     assert totals["lockstep"][0] == pytest.approx(totals["full"][0], rel=1e-12)
     assert totals["lockstep"][1] == pytest.approx(totals["full"][1], rel=1e-12)
+
+
+# ------------------------------------------------------------------ the out-of-memory hint
+def test_the_memory_hint_names_only_knobs_with_room_left():
+    """The fixed hint offered parallel.zero (1-3), recompute: full and a smaller micro-batch to a layout already
+    at ZeRO-3, full recomputation and one sequence, and ZeRO where one rank reduces its own gradients."""
+    from simulator.experiment import memory_hint
+
+    def hint(parallel: dict, nodes: int = 1, model: str = "gpt3-13b") -> str:
+        return memory_hint(experiment_from_dict({"cluster": {"preset": "dgx-h100", "nodes": nodes},
+                                                 "model": {"preset": model}, "parallel": parallel,
+                                                 "training": {"seq_len": 2048}}))
+    assert hint({"tp": 1, "dp": 8, "micro_batch": 1, "global_batch": 8, "zero": 3, "recompute": "full"}) == \
+        "lower it with more tp or pp"
+    assert hint({"tp": 8, "dp": 1, "micro_batch": 2, "global_batch": 2}) == \
+        "lower it with parallel.recompute: full or a smaller parallel.micro_batch"
+    assert hint({"tp": 1, "dp": 8, "micro_batch": 4, "global_batch": 32, "zero": 1}).startswith(
+        "lower it with a higher parallel.zero (now 1; up to 3), more tp or pp")
+    # GPT-3 175B on 8 GPUs: 16 bytes x 174.6 B parameters = 2.79 TB of states, 35 H100s at the least
+    too_small = hint({"tp": 8, "dp": 1, "micro_batch": 1, "global_batch": 1}, model="gpt3-175b")
+    assert too_small.startswith("the cluster is too small") and "at least 35 GPUs" in too_small
