@@ -598,8 +598,12 @@ def _sweep():
         for text in args.grid:
             path, values = parse_grid_arg(text)
             if path in grid:
+                merged = grid[path] + values
+                if "auto" in merged:  # (auto stands for every valid value: normalise_grid refuses it mixed)
+                    raise ValueError(f"--grid: {path} given twice; auto stands for every valid value, so give "
+                                     f"{path}=auto alone or list the values in one --grid")
                 raise ValueError(f"--grid: {path} given twice; give all its values in one --grid, "
-                                 f"e.g. {path}={','.join(map(str, grid[path] + values))}")
+                                 f"e.g. {path}={','.join(map(str, merged))}")
             grid[path] = values
 
         def started(points: int, reused: int) -> None:

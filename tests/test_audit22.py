@@ -236,3 +236,25 @@ def test_the_memory_hint_names_only_knobs_with_room_left():
     # GPT-3 175B on 8 GPUs: 16 bytes x 174.6 B parameters = 2.79 TB of states, 35 H100s at the least
     too_small = hint({"tp": 8, "dp": 1, "micro_batch": 1, "global_batch": 1}, model="gpt3-175b")
     assert too_small.startswith("the cluster is too small") and "at least 35 GPUs" in too_small
+
+
+# ------------------------------------------------------------------ sweep grids with auto
+@pytest.mark.parametrize("key, values", [("parallel.micro_batch", ["auto", 1]), ("layout", ["auto", "2x2x4"])])
+def test_auto_mixed_with_other_values_is_refused_in_one_line(key, values):
+    """`auto` among other values ran as an `invalid` row (micro-batch), or was refused as "'auto' is not auto"
+    (layout); the CLI's hint for a repeated --grid key even suggested the mix."""
+    from simulator.sweeps.grid import normalise_grid
+    with pytest.raises(ValueError, match=f"grid: {key}: auto stands for every valid value"):
+        normalise_grid({key: values})
+    assert normalise_grid({key: "auto"}) == {key: "auto"}  # (kept: auto alone)
+
+
+def test_a_repeated_grid_key_with_auto_does_not_suggest_the_mix(tmp_path, capsys):
+    import pathlib
+
+    from simulator.cli import main
+    demo = pathlib.Path(__file__).parent.parent / "examples" / "demo.yaml"
+    code = main(["sweep", str(demo), "--grid", "parallel.micro_batch=auto", "--grid", "parallel.micro_batch=1",
+                 "-o", str(tmp_path / "out.csv"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "auto alone" in err and "auto,1" not in err

@@ -134,6 +134,9 @@ def normalise_grid(grid: Grid) -> dict[str, Any]:
         values = plain_values(list(values))
         if not values:
             raise ValueError(f"grid: {key}: empty list of values")
+        if key in AUTO_KEYS and AUTO in values:
+            raise ValueError(f"grid: {key}: auto stands for every valid value and cannot be mixed with others; "
+                             f"sweep {key}=auto alone, or list the values")
         out[key] = [_parse_layout(v) for v in values] if key == LAYOUT else values
     if LAYOUT in out and any(k in out for k in LAYOUT_COLUMNS):
         raise ValueError(f"grid: {LAYOUT} sets {', '.join(LAYOUT_COLUMNS)}; do not sweep them as well")
