@@ -30,7 +30,9 @@ from .nccl import (
     bandwidth_factor,
     collective_channels,
     p2p_protocol,
+    ring_plateau,
     step_latencies,
+    tree_correction,
 )
 from .network import AnalyticNetwork, FlowNetwork
 from .routing import Router
@@ -456,7 +458,13 @@ class Fabric:
         if not self.config.nccl_latency:
             alpha = self.config.step_latency_s
             return 0.0, alpha, alpha
-        return step_latencies(plan.algorithm, protocol, self._spans_servers(plan.group) if spans is None else spans)
+        spans = self._spans_servers(plan.group) if spans is None else spans
+        costs = step_latencies(plan.algorithm, protocol, spans)
+        if spans and protocol == "Simple" and plan.algorithm == "ring" and plan.kind == "all_reduce":
+            plateau = ring_plateau(plan.nbytes, len(plan.group))
+            if plateau != 1.0:
+                costs = (costs[0] * plateau, costs[1] * plateau, costs[2] * plateau)
+        return costs
 
     def protocols(self, plan: Plan) -> tuple[str, ...]:
         """Protocols the plan may run: NCCL's three for collectives; point-to-point patterns
@@ -506,7 +514,7 @@ class Fabric:
                     latency = self._cached_estimates(plan)[1]
                     one_node = not self._spans_servers(group)
                     estimates = [lat + ring * n / (n - 1) * BANDWIDTH_FACTOR[p]
-                                 / bandwidth_factor(a, kind, p, one_node)
+                                 / bandwidth_factor(a, kind, p, one_node, nbytes)
                                  for lat, ring, p in zip(latency, ring_bandwidth, protocols)]
                 else:
                     estimates, idle = self._cached_estimates(plan)
@@ -583,7 +591,9 @@ class Fabric:
             phases.append(tuple(transfers))
         usable = self.usable_capacity[list(relabel)].tolist() if relabel else []
         spans = self._spans_servers(plan.group) if self.config.nccl_latency else None
-        return (plan.algorithm, plan.kind, spans, self.protocols(plan), tuple(phases), tuple(usable))
+        # (a ring's plateau and a tree's correction depend on the all-reduce's size, not its transfers' alone)
+        size = plan.nbytes if plan.kind == "all_reduce" and plan.algorithm in ("ring", "tree") else None
+        return (plan.algorithm, plan.kind, spans, self.protocols(plan), tuple(phases), tuple(usable), size)
 
     def estimate(self, plan: Plan, protocol: str = "Simple") -> float:
         """Contention-free time of ``plan`` under ``protocol`` in seconds: NCCL's latency terms plus
@@ -603,7 +613,7 @@ class Fabric:
         1,024 ranks: 37% of the 131,072-GPU step's CPU went to such passes)."""
         spans = self._spans_servers(plan.group) if self.config.nccl_latency else None
         costs = [self._costs(plan, p, spans) for p in protocols]
-        factors = [BANDWIDTH_FACTOR[p] for p in protocols]
+        factors = [BANDWIDTH_FACTOR[p] * self._tree_correction(plan, p) for p in protocols]
         totals = [c[0] if plan.phases else 0.0 for c in costs]
         latencies = list(totals)
         # What a phase's loads read is only its transfers' hops and labels (routes, capacities): a large phase's
@@ -741,11 +751,26 @@ class Fabric:
             self._one_switch_groups[group] = out
         return out
 
+    def _tree_correction(self, plan: Plan, protocol: str) -> float:
+        """:func:`~simulator.nccl.tree_correction` of ``plan`` if it is a tree all-reduce under NCCL's model, else
+        1: the fraction of its bandwidth it reaches."""
+        if plan.algorithm != "tree" or plan.kind != "all_reduce" or not self.config.nccl_latency:
+            return 1.0
+        return tree_correction(protocol, plan.nbytes)
+
     def _route_plan(self, plan: Plan, protocol: str, count: int = 1) -> tuple[tuple[tuple, ...], ...]:
         """Flow specs of ``plan``: wire bytes are the payload over the protocol's bandwidth factor (an LL
-        line carries 4 data bytes in 8); the base latency is paid once, by the first phase."""
+        line carries 4 data bytes in 8); the base latency is paid once, by the first phase. A tree
+        all-reduce that reaches only a fraction ``c`` of its bandwidth (:meth:`_tree_correction`) pays the
+        time its bytes lose to that, ``(1 - c)`` of its contention-free bandwidth term over ``c``, with its
+        base latency: its flows carry their own bytes (the links' byte counts stay true)."""
         costs = self._costs(plan, protocol)
         factor = BANDWIDTH_FACTOR[protocol]
+        correction = self._tree_correction(plan, protocol)
+        if correction != 1.0:
+            totals, idle = self._cached_estimates(plan)
+            i = self.protocols(plan).index(protocol)
+            costs = (costs[0] + (totals[i] - idle[i]) * (1.0 - correction), costs[1], costs[2])
         grouped = self.config.all_to_all != "per_pair" and plan.kind == "all_to_all"
         last = self._last_routed
         routed = iter(last[1] if last is not None and last[0] is plan.phases else

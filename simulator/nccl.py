@@ -40,11 +40,23 @@ NIC / IB    DGX A100 8x HDR 200 Gb/s: 192 GB/s per node   0.95
             "46-49 GB/s per 400 Gb/s NIC"
 ==========  ===========================================  =====================
 
+NCCL's tuner also carries two corrections of its own model at medium sizes, both
+in ``ncclTopoGetAlgoTime`` (``tuning.cc``, NCCL 2.30.7, lines 620-656): a tree
+all-reduce reaches only a fraction of its modelled bandwidth, by protocol and
+size (:data:`TREE_CORRECTION`: "Trees are not perfectly sticking to the model
+for medium sizes"), and a ring all-reduce over several nodes under Simple takes
+1.4x its modelled latency (:data:`RING_PLATEAU`, "Plateau effect of ring").
+Both are applied to what is simulated, not only to the tuner's choice: with
+them two DGX A100-class nodes' all-reduce of 4-128 MiB is within 20% of
+nccl-tests (NCCL 2.17, Azure NDmv4; it read 1.15-1.75x the measured bus
+bandwidth without them; ``tests/test_compute_grounding.py``).
+
 Not modelled: NVLS / NVLink SHARP and in-network (SHARP) reductions (H100
 all-reduce reaches ~480 GB/s bus bandwidth with NVLS, against ~365 on a ring;
 an all-reduce inside an NVLink domain is therefore up to ~25% pessimistic on
-Hopper), NCCL's per-architecture caps of the LL protocol's bandwidth, the tree
-bandwidth corrections and the 1.4x ring latency "plateau" term.
+Hopper), NCCL's per-architecture caps of the LL protocol's bandwidth. Inside
+one server a ring all-reduce of 4-32 MiB reads 1.1-1.5x the bus bandwidth
+nccl-tests measure on 8 A100s (NCCL's tuner has no correction there either).
 """
 
 from __future__ import annotations
@@ -63,16 +75,49 @@ TREE_ALL_REDUCE_FACTOR = 0.92
 """NCCL's tuner prices a tree all-reduce at 0.92 of the tree's bandwidth (``busBw * .92``, ``tuning.cc``)."""
 
 
-def bandwidth_factor(algorithm: str, kind: str, protocol: str, one_node: bool = False) -> float:
+TREE_CORRECTION: Mapping[str, tuple[float, ...]] = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+}
+"""NCCL's ``treeCorrectionFactor`` (``tuning.cc``, NCCL 2.30.7): the fraction of its modelled bandwidth a tree
+all-reduce reaches, by protocol and ``log2(bytes / 64)`` (64 B to 256 MiB; entries past the 23rd unused)."""
+
+RING_PLATEAU = 1.4
+"""NCCL multiplies a ring all-reduce's latency over several nodes under Simple by this on sm80 and later (1.9
+before, which no catalogue GPU is) once each rank's share per channel is 64 bytes or more (``tuning.cc``: "Plateau
+effect of ring")."""
+
+RING_PLATEAU_CHANNELS = 32
+"""Channels assumed in the plateau's size test (NCCL's ``MAXCHANNELS``; the test ``bytes / (channels · ranks) >=
+64`` then holds from 2 KiB a rank: below that a collective is latency-bound by far either way)."""
+
+
+def tree_correction(protocol: str, nbytes: float) -> float:
+    """:data:`TREE_CORRECTION` of a tree all-reduce of ``nbytes`` under ``protocol`` (1 outside its range)."""
+    size = int(nbytes) >> 6
+    log_size = size.bit_length() - 1  # (NCCL's log2i: floor(log2), -1 for 0)
+    return TREE_CORRECTION[protocol][log_size] if 0 <= log_size < 23 else 1.0
+
+
+def ring_plateau(nbytes: float, ranks: int) -> float:
+    """NCCL's factor on a multi-node Simple ring all-reduce's latency (:data:`RING_PLATEAU`), 1 below its size."""
+    return RING_PLATEAU if nbytes / (RING_PLATEAU_CHANNELS * ranks) >= 64 else 1.0
+
+
+def bandwidth_factor(algorithm: str, kind: str, protocol: str, one_node: bool = False,
+                     nbytes: float | None = None) -> float:
     """The fraction of the bus bandwidth NCCL's tuner prices a collective at under ``protocol``:
     :data:`BANDWIDTH_FACTOR`, or for the tree :data:`TREE_BANDWIDTH_FACTOR` (LL128 on ``one_node``: 7/9),
-    x :data:`TREE_ALL_REDUCE_FACTOR` for all-reduce. The tuner's choice reads it (:meth:`simulator.fabric.
-    Fabric.choose`); data moves at the protocols' own factors (:data:`BANDWIDTH_FACTOR`: LL's and LL128's
-    wire formats), not at the tuner's corrections."""
+    x :data:`TREE_ALL_REDUCE_FACTOR` for all-reduce, and x :func:`tree_correction` of ``nbytes`` when given. The
+    tuner's choice reads it (:meth:`simulator.fabric.Fabric.choose`); data moves at the protocols' own factors
+    (:data:`BANDWIDTH_FACTOR`: LL's and LL128's wire formats), a tree all-reduce's slowed by its correction."""
     if algorithm != "tree":
         return BANDWIDTH_FACTOR[protocol]
     factor = 7.0 / 9.0 if protocol == "LL128" and one_node else TREE_BANDWIDTH_FACTOR[protocol]
-    return factor * (TREE_ALL_REDUCE_FACTOR if kind == "all_reduce" else 1.0)
+    if kind != "all_reduce":
+        return factor
+    return factor * TREE_ALL_REDUCE_FACTOR * (1.0 if nbytes is None else tree_correction(protocol, nbytes))
 
 _US = 1e-6
 BASE_LATENCY_S: Mapping[str, Mapping[str, float]] = {
