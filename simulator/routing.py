@@ -28,9 +28,12 @@ it stays on the destination's rail (NCCL ``src/graph/search.cc``,
 reach it from ``GPU x`` over NVLink). On a rail-optimized fabric this keeps a
 ring's hop between servers, and every all-to-all transfer between two servers
 of one pod, on one rail leaf instead of the spines. The ECMP hash stays that of
-the true pair. PXN applies where the fabric is regular and the proxy shares the
-source's NVSwitch and owns its NIC (GPUs sharing a NIC after a ``nic_down`` fault
-route as without PXN); elsewhere a transfer leaves through the source's own NIC.
+the true pair. PXN applies where the fabric is regular and the proxy is in the
+source's NVLink domain, on its NVSwitch or on one linked to it (NVL36x2's other
+rack: one more NVSwitch hop; NCCL asks only for an NVLink path inside the host,
+which a domain is here), and owns its NIC (GPUs sharing a NIC after a ``nic_down``
+fault route as without PXN); elsewhere a transfer leaves through the source's own
+NIC.
 The local index is the device index ``i`` of a GPU labelled ``("gpu", server, i)``
 (else its place among its server's GPUs in the graph). Left out: NCCL only
 proxies through a GPU of the same communicator, which routes here (per GPU pair,
@@ -448,9 +451,9 @@ class Router:
 
     def proxy(self, src: Hashable, dst: Hashable) -> Hashable | None:
         """The GPU whose NIC a transfer from ``src`` to ``dst`` on another server leaves through under PXN
-        (the GPU of ``src``'s server with ``dst``'s local index, on ``src``'s NVSwitch, owning its NIC), or
-        None where the transfer leaves through ``src``'s own NIC: PXN off, the same local index, a pair inside
-        one NVLink domain, or a proxy that does not qualify."""
+        (the GPU of ``src``'s server with ``dst``'s local index, on ``src``'s NVSwitch or one linked to it,
+        owning its NIC), or None where the transfer leaves through ``src``'s own NIC: PXN off, the same local
+        index, a pair inside one NVLink domain, or a proxy that does not qualify."""
         if not self.pxn:
             return None
         a, b = self._attach.get(src), self._attach.get(dst)
@@ -459,9 +462,10 @@ class Router:
         if a[0] == b[0] or (b[0] is not None and b[0] in self._succ[a[0]]):
             return None
         p = self._rail_gpu.get((self._server.get(src), self._local.get(dst)))
-        if p is None or p == src or not self._owns_nic(p) or self._attach[p][0] != a[0]:
+        if p is None or p == src or not self._owns_nic(p):
             return None
-        return p
+        switch = self._attach[p][0]
+        return p if switch == a[0] or (switch is not None and switch in self._succ[a[0]]) else None
 
     def _up_leg(self, gpu: Hashable) -> list[int]:
         """Link ids GPU -> its NIC -> first switch (cached per GPU)."""
@@ -489,7 +493,9 @@ class Router:
             up = self._up_leg(src)
         else:
             li = self.link_index
-            up = [li[(src, a[0])], li[(a[0], p)], *self._up_leg(p)]
+            switch = self._attach[p][0]  # (the proxy's NVSwitch: src's, or one linked to it)
+            hops = [a[0], p] if switch == a[0] else [a[0], switch, p]
+            up = [li[(src, a[0])], *(li[(x, y)] for x, y in zip(hops, hops[1:])), *self._up_leg(p)]
             a = self._attach[p]
         down = self._down.get(dst)
         if down is None:
@@ -551,6 +557,7 @@ class Router:
             table["srv"], table["loc"], table["rail"] = np.array(srv), np.array(loc), rail
             table["pxok"] = (table["ok"] & (table["nvs"] >= 0) & (table["n2g"] >= 0)
                              & np.array([self._owns_nic(g) for g in gpus], dtype=bool))
+        table["nvs_nodes"] = list(nvs_index)  # type: ignore[assignment]  # (the NVSwitch of each "nvs" number)
         self._switch_nodes = list(sw_index)
         self._mid_by_code = {}  # (codes are of this table's switch numbering)
         self._table = (gpus, table)
@@ -601,10 +608,24 @@ class Router:
             # under PXN the transfer leaves through the NIC of GPU exits (s where PXN does not apply; see proxy())
             if self.pxn:
                 at = np.maximum(e, 0)
-                via = (e >= 0) & (e != s) & (t["g2n"][s] >= 0) & t["pxok"][at] & (t["nvs"][at] == t["nvs"][s])
+                # (a proxy on another NVSwitch of the domain: one more hop, over the NVSwitches' link)
+                via = (e >= 0) & (e != s) & (t["g2n"][s] >= 0) & t["pxok"][at] & (t["dom"][at] == t["dom"][s])
+                across = via & (t["nvs"][at] != t["nvs"][s])
+                if across.any():
+                    switches = t["nvs_nodes"]
+                    pairs = t["nvs"][s[across]] * len(switches) + t["nvs"][at[across]]
+                    codes, inverse = np.unique(pairs, return_inverse=True)
+                    li = self.link_index
+                    link = np.array([li.get((switches[c // len(switches)], switches[c % len(switches)]), -1)
+                                     for c in codes.tolist()], dtype=np.int64)[inverse]
+                    bridge = np.full(len(s), -1, dtype=np.int64)
+                    bridge[across] = link
+                    via &= ~across | (bridge >= 0)  # (NVSwitches of a domain not linked: no PXN between them)
+                    across &= via
                 exits = np.where(via, e, s)
             else:
                 exits, via = s, np.zeros(len(s), dtype=bool)
+                across = via
             a, b = t["sw"][exits], t["sw"][d]
             nsw = len(self._switch_nodes)
             upairs, inv = np.unique(a * nsw + b, return_inverse=True)
@@ -625,16 +646,18 @@ class Router:
                 table = np.concatenate([mids[c] for c in chosen.tolist()])
                 offset = np.zeros(len(upairs), dtype=np.int64)
                 offset[chosen] = np.cumsum(k[chosen]) - k[chosen]
-                for proxied in (False, True):
-                    rows = np.flatnonzero((width[inv] == m) & (via == proxied))
+                for lead in (0, 2, 3):  # no proxy; GPU -> NVSwitch -> proxy; GPU -> NVSwitch -> NVSwitch -> proxy
+                    kind = ~via if lead == 0 else (via & ~across if lead == 2 else across)
+                    rows = np.flatnonzero((width[inv] == m) & kind)
                     if not len(rows):
                         continue
-                    lead = 2 if proxied else 0  # GPU -> NVSwitch -> proxy, then the proxy's up leg
                     block = np.empty((len(rows), m + 4 + lead), dtype=np.int64)
                     ru, rd = exits[rows], d[rows]
-                    if proxied:
+                    if lead:
                         block[:, 0] = t["g2n"][s[rows]]
-                        block[:, 1] = t["n2g"][ru]
+                        if lead == 3:
+                            block[:, 1] = bridge[rows]
+                        block[:, lead - 1] = t["n2g"][ru]
                     block[:, lead] = t["up0"][ru]
                     block[:, lead + 1] = t["up1"][ru]
                     block[:, lead + 2:lead + m + 2] = table[offset[inv[rows]] + pick[rows]]

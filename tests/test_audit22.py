@@ -258,3 +258,52 @@ def test_a_repeated_grid_key_with_auto_does_not_suggest_the_mix(tmp_path, capsys
                  "-o", str(tmp_path / "out.csv"), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and "auto alone" in err and "auto,1" not in err
+
+
+# ------------------------------------------------------------------ PXN on NVL36x2
+def test_pxn_on_nvl36x2_proxies_through_the_other_rack_as_on_nvl72():
+    """NVL36x2 is one 72-GPU NVLink domain of two racks, each with its own NVSwitch trays, linked. PXN proxied
+    only through a GPU on the source's own NVSwitch, so a transfer whose proxy sat in the other rack left
+    through its own NIC: 8 NICs of each rack carried nothing and 8 carried twice their share, and 8 strided
+    1 GiB all-reduces (the DP groups of a TP-8 layout) took 9.6 ms where NVL72, or NVL36x2 without PXN, take
+    4.9 ms. Truth: 1 GiB x 2 x 17/18 x 2 crossings x 8 groups / 144 NICs = 225.4 MB on every NIC."""
+    from simulator import simulate
+    from simulator.fabric import NetworkConfig
+    from topologies import build_cluster
+    from workloads.ops import OpGraph
+    steps = {}
+    for preset in ("gb200-nvl72", "gb200-nvl36x2"):
+        cluster = build_cluster({"preset": preset, "nodes": 2})
+        graph = OpGraph(cluster.num_gpus)
+        for t in range(8):
+            graph.collective("all_reduce", [t + 8 * d for d in range(18)], 2**30, algorithm="ring")
+        result = simulate(graph, cluster, network=NetworkConfig(pxn=True))
+        links = result.links
+        nics = links[(links["tier"] == "leaf") & links["src"].str.startswith("('nic'")]["bytes"]
+        assert nics.min() == pytest.approx(2**30 * 2 * 17 / 18 * 2 * 8 / 144, rel=1e-9)
+        assert nics.max() == pytest.approx(nics.min(), rel=1e-9)
+        steps[preset] = result.step_time
+    assert steps["gb200-nvl36x2"] == pytest.approx(steps["gb200-nvl72"], rel=1e-9)
+
+
+def test_a_cross_rack_proxy_route_crosses_both_nvswitches_and_agrees_with_the_array_router():
+    import numpy as np
+
+    from simulator.routing import Router
+    from topologies import build_cluster
+    cluster = build_cluster({"preset": "gb200-nvl36x2", "nodes": 2})
+    graph = cluster.graph
+    index = {e: i for i, e in enumerate(graph.edges)}
+    router = Router(graph, index, pxn=True)
+    src, dst = ("gpu", 0, 0), ("gpu", 1, 40)    # rack A of server 0 to rack B's local index 40 on server 1
+    assert router.proxy(src, dst) == ("gpu", 0, 40)
+    names = {i: e for e, i in index.items()}
+    hops = [names[i] for i in router.route(src, dst).tolist()]
+    assert hops[:4] == [(src, ("nvswitch", 0)), (("nvswitch", 0), ("nvswitch", 0, 1)),
+                        (("nvswitch", 0, 1), ("gpu", 0, 40)), (("gpu", 0, 40), ("nic", 0, 40))]
+    gpus = list(cluster.gpus)
+    pairs = [(a, b) for a in range(0, 144, 7) for b in range(1, 144, 5) if a // 72 != b // 72]
+    s, d = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+    together = router.routes(gpus, s, d, np.zeros(len(pairs), dtype=np.int64))
+    for (a, b), links in zip(pairs, together):
+        assert links.tolist() == router.route(gpus[a], gpus[b], 0).tolist()
