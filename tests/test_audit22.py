@@ -307,3 +307,15 @@ def test_a_cross_rack_proxy_route_crosses_both_nvswitches_and_agrees_with_the_ar
     together = router.routes(gpus, s, d, np.zeros(len(pairs), dtype=np.int64))
     for (a, b), links in zip(pairs, together):
         assert links.tolist() == router.route(gpus[a], gpus[b], 0).tolist()
+
+
+# ------------------------------------------------------------------ capacity plan
+def test_a_nic_faster_than_every_model_is_counted_as_the_cards_that_carry_it():
+    """A 1.6 Tb/s NIC has no model here (the fastest is ConnectX-8, 800 Gb/s); it was priced as one card while
+    its switch side counted two ports and two cables. 144 GPUs x 2 cards = 288."""
+    from topologies import build_cluster
+    from topologies.capacity import capacity_plan
+    cluster = build_cluster({"preset": "gb300-nvl72", "nodes": 2, "nic_bandwidth": "1600Gbps"})
+    rows = capacity_plan(cluster).rows
+    nics = [r for r in rows if r["item"] == "NIC"]
+    assert [(r["component"], r["count"]) for r in nics] == [("ConnectX-8", 288)]

@@ -199,12 +199,18 @@ def _tier(g: _Adjacency, u: Hashable, v: Hashable) -> str:
     return d["tier"]
 
 
-def _nic_model(g: _Adjacency, nic: Hashable, fallback_Bps: float) -> tuple[str, int]:
-    """``(component, Gb/s)`` of the NIC model with the rate of ``nic``'s fastest cable (to a switch or another
-    NIC); ``fallback_Bps`` (the GPU's NIC rate) when it has none."""
+def _nic_model(g: _Adjacency, nic: Hashable, fallback_Bps: float) -> tuple[tuple[str, int], int]:
+    """``((component, Gb/s), count)``: the NIC model with the rate of ``nic``'s fastest cable (to a switch or
+    another NIC; ``fallback_Bps``, the GPU's NIC rate, when it has none), one of it; a rate no model reaches
+    takes as many of the fastest as carry it (a 1.6 Tb/s NIC: two 800 Gb/s cards, as its switch ports and cables
+    are counted)."""
     rates = [d["bandwidth"] for n, d in g.succ[nic].items() if g.kind[n] in SWITCH_LEVELS or g.kind[n] == "nic"]
     gbps = (max(rates) if rates else fallback_Bps) / _G
-    return next(((name, s) for s, name in NIC_MODELS if s >= gbps * (1 - _EPS)), NIC_MODELS[-1][::-1])
+    model = next(((name, s) for s, name in NIC_MODELS if s >= gbps * (1 - _EPS)), None)
+    if model is not None:
+        return model, 1
+    fastest, name = NIC_MODELS[-1]
+    return (name, fastest), math.ceil(gbps / fastest - _EPS)
 
 
 def _nvswitch(g: _Adjacency, n: Hashable, pred, arch: str) -> tuple[str, int, int]:
@@ -288,7 +294,8 @@ def _bom(cluster: Cluster, opts: PlanOptions) -> tuple[list[dict], dict]:
     domains: dict[Hashable, list] = {}  # NVLink domain (server) -> [component, chips, GPUs]
     for n, kind in g.kind.items():
         if kind == "nic":
-            nics[_nic_model(g, n, cluster.gpu.nic_bandwidth)] += 1
+            model, count = _nic_model(g, n, cluster.gpu.nic_bandwidth)
+            nics[model] += count
         elif kind == "nvswitch":
             name, per, gpus = _nvswitch(g, n, pred, cluster.gpu.arch)
             domain = domains.setdefault(graph.nodes[n].get("server", n), [name, 0, 0])
