@@ -20,7 +20,8 @@ micro-batch work the pipeline schedule is made of:
    gradient in flight to or from this rank (``exposed_pp``), a prefetched
    ZeRO-3 parameter gather (``exposed_zero``);
 5. **bubble** — none of the above, inside the pipeline window (from 0 to the
-   end of the last micro-batch op on any rank): the schedule leaves the GPU
+   end of the last micro-batch op on any rank; in a joint run each job's own,
+   one per step, :func:`group_windows`): the schedule leaves the GPU
    without micro-batch work. Anything else that runs then (an overlapped
    gradient reduction, the last stage's gradient norm) is hidden in it;
 
@@ -56,6 +57,11 @@ WAITS = ("moe_wait", "sync_wait")
 _PHASE = {"F": "forward", "B": "backward", "W": "backward", "R": "recompute"}  # W: a split backward's weight grads
 _OPTIMIZER_OPS = ("grad_norm", "optimizer")
 _COMPUTE_STREAM = "compute"
+
+Window = float | Mapping[int, float] | Mapping[int, tuple[tuple[float, float], ...]]
+"""The pipeline window of a partition: its end (s) for every rank, or each rank's from a mapping (the jobs of a
+joint run each have their own, :func:`group_windows`), or each rank's windows as ``(start, end)`` intervals (a
+job that runs several steps of a joint run: one per step)."""
 
 
 def op_category(kind: np.ndarray, name: np.ndarray, micro_batch: np.ndarray, traffic_class: np.ndarray
@@ -111,7 +117,7 @@ def pipeline_window(ops) -> float:
     return float(end.max()) if len(end) else float("nan")
 
 
-def rank_segments(ops, window: float | Mapping[int, float], step_time: float
+def rank_segments(ops, window: Window, step_time: float
                   ) -> pd.DataFrame:
     """The partition of every rank in ``ops`` as intervals: ``rank, start_s, end_s, category`` with
     adjacent intervals of one category merged (so a bubble is one row)."""
@@ -134,7 +140,7 @@ def time_breakdown(ops, window: float, step_time: float) -> pd.DataFrame:
     return breakdown_frame(*breakdown_arrays(ops, window, step_time))
 
 
-def breakdown_arrays(ops, window: float | Mapping[int, float], step_time: float
+def breakdown_arrays(ops, window: Window, step_time: float
                      ) -> tuple[np.ndarray, list[str], np.ndarray]:
     """:func:`time_breakdown` as arrays, without pandas: ``(ranks, categories, seconds)``, the distinct ranks
     (sorted), the categories present in reading order (:func:`category_order`) and seconds per rank and
@@ -227,7 +233,7 @@ def _unique(values: np.ndarray) -> np.ndarray:
     return aux[mask]
 
 
-def _partition(ops, window: float | Mapping[int, float], step_time: float
+def _partition(ops, window: Window, step_time: float
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every rank's partition at once (see the module docstring).
 
@@ -241,30 +247,51 @@ def _partition(ops, window: float | Mapping[int, float], step_time: float
     return ranks, seg_rank, start, end, np.array(layer_names, dtype=object)[owner]
 
 
-def _by_rank(value: float | Mapping[int, float], ranks: np.ndarray) -> np.ndarray:
-    """The pipeline window (s) per rank of ``ranks``: one for all, or each rank's from a mapping (the jobs of a
-    joint run each have their own, :func:`group_windows`)."""
-    if isinstance(value, Mapping):
-        return np.array([value[r] for r in ranks.tolist()], dtype=float)
-    return np.full(len(ranks), float(value))
+def _bubble_spans(window: Window, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rank index, start, end)`` of every pipeline window of ``ranks`` (:data:`Window`); a window given by
+    its end starts at 0."""
+    nr = len(ranks)
+    if not isinstance(window, Mapping):
+        return np.arange(nr), np.zeros(nr), np.full(nr, float(window))
+    values = [window[r] for r in ranks.tolist()]
+    if all(not isinstance(v, tuple) for v in values):
+        return np.arange(nr), np.zeros(nr), np.array(values, dtype=float)
+    spans = [(i, *span) for i, v in enumerate(values) for span in (v if isinstance(v, tuple) else ((0.0, v),))]
+    r, a, b = zip(*spans)
+    return np.array(r, dtype=np.int64), np.array(a, dtype=float), np.array(b, dtype=float)
 
 
-def group_windows(ops, groups: Sequence[tuple[int, int]]) -> dict[int, float]:
-    """``{rank: pipeline window}`` (s) where the ranks form ``groups``, ranges ``[lo, hi)`` that each run a
-    step of their own (the jobs of :func:`simulator.jobs.run_jobs`): each group's window is the end of its own
-    last micro-batch op, so a job whose pipeline ends first reads its gradient sync and optimizer as such,
-    not as the bubble of a longer job's pipeline (and its GPUs idle after its last op, to the joint end)."""
+def group_windows(ops, groups: Sequence[tuple[int, int]], steps: Sequence[int] | None = None) -> dict:
+    """``{rank: pipeline window}`` (:data:`Window`) where the ranks form ``groups``, ranges ``[lo, hi)`` that
+    each run a step of their own (the jobs of :func:`simulator.jobs.run_jobs`): each group's window is the end
+    of its own last micro-batch op, so a job whose pipeline ends first reads its gradient sync and optimizer as
+    such, not as the bubble of a longer job's pipeline (and its GPUs idle after its last op, to the joint end).
+
+    ``steps``: how many steps each group runs, its ops being that many copies of one step's, one after
+    another in ``ops`` (:func:`workloads.ops.merge_graphs`). A group of several steps has a window per step,
+    from its first micro-batch op (0 for the first step) to its last, so that each step's gradient sync and
+    optimizer read as such too, not as the next step's bubble."""
     rank = _column(ops, "rank")
-    stream, micro_batch, end = _column(ops, "stream"), _column(ops, "micro_batch"), _column(ops, "end_s")
-    window: dict[int, float] = {}
-    for lo, hi in groups:
-        mine = (rank >= lo) & (rank < hi)
-        w = pipeline_window({"stream": stream[mine], "micro_batch": micro_batch[mine], "end_s": end[mine]})
-        window.update(dict.fromkeys(range(lo, hi), w))
+    stream, micro_batch = _column(ops, "stream"), _column(ops, "micro_batch")
+    start, end = _column(ops, "start_s"), _column(ops, "end_s")
+    window: dict = {}
+    for g, (lo, hi) in enumerate(groups):
+        mine = np.flatnonzero((rank >= lo) & (rank < hi))
+        k = steps[g] if steps is not None else 1
+        if k <= 1 or len(mine) % k:
+            w = pipeline_window({"stream": stream[mine], "micro_batch": micro_batch[mine], "end_s": end[mine]})
+            window.update(dict.fromkeys(range(lo, hi), w))
+            continue
+        spans = []
+        for i, copy in enumerate(np.split(mine, k)):
+            sel = copy[(stream[copy] == _COMPUTE_STREAM) & (micro_batch[copy] >= 0)]
+            if len(sel):
+                spans.append((0.0 if i == 0 else float(np.nanmin(start[sel])), float(np.nanmax(end[sel]))))
+        window.update(dict.fromkeys(range(lo, hi), tuple(spans)))
     return window
 
 
-def _partition_owners(ops, window: float | Mapping[int, float], step_time: float
+def _partition_owners(ops, window: Window, step_time: float
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """:func:`_partition` with each segment's category given as the index of the layer that owns it, in
     the list of the layers' categories (returned last)."""
@@ -274,20 +301,22 @@ def _partition_owners(ops, window: float | Mapping[int, float], step_time: float
     if nr == 0:  # (a graph with no ops: no rank, no segment)
         empty = np.zeros(0)
         return ranks, empty.astype(np.int64), empty, empty, empty.astype(np.int64), [n for n, _, _ in layers]
-    win, stop = _by_rank(window, ranks), np.full(nr, float(step_time))
+    win_r, win_a, win_b = _bubble_spans(window, ranks)
+    stop = np.full(nr, float(step_time))
     s, e, issue = _column(ops, "start_s"), _column(ops, "end_s"), _column(ops, "issue_s")
     cut = e - _column(ops, "member_wait_s") if "member_wait_s" in ops else e  # where the members' wait starts
     spans = []  # (layer index, rank index, start, end) arrays per layer
     every = np.arange(nr)
     for li, (name, sel, part) in enumerate(layers):
         if sel is None:
-            a, b, r = np.zeros(nr), (win if name == "bubble" else stop), every
+            a, b, r = (win_a, win_b, win_r) if name == "bubble" else (np.zeros(nr), stop, every)
         else:
             a, b = {"run": (s, cut), "wait": (issue, s), "tail": (cut, e)}[part]
             a, b, r = a[sel], b[sel], ridx[sel]
         keep = b > a
         spans.append((li, r[keep], a[keep], b[keep]))
-    fixed_r, fixed_t = np.tile(every, 3), np.concatenate([np.zeros(nr), win, stop])  # each rank's 0, window, end
+    fixed_r = np.concatenate([every, win_r, every])  # each rank's 0, window ends, step end
+    fixed_t = np.concatenate([np.zeros(nr), win_b, stop])
     times = _unique(np.concatenate([fixed_t, *(x[2] for x in spans), *(x[3] for x in spans)]))
     times = times[(times >= 0) & (times <= step_time)]
     nt = len(times)

@@ -345,7 +345,7 @@ def run_jobs(spec: JobsSpec, *, force: bool = False) -> JobsResult:
         first = spec.jobs[0].experiment
         record = Engine(merged, view, first.compute_model(), first.network, rank_compute=rank_compute).run()
     together = Result(record, sim_wall_s=time.perf_counter() - t0,
-                      rank_groups=[(off, off + n) for off, n in zip(offsets, sizes)])
+                      rank_groups=[(off, off + n) for off, n in zip(offsets, sizes)], group_steps=steps)
 
     by_job = _link_bytes_by_job(record, offsets, sizes)
     used = by_job > 0

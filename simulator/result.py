@@ -52,11 +52,14 @@ class Result:
     """What a simulation produced. Build it with :func:`simulator.simulate` or from a :class:`RunRecord`."""
 
     def __init__(self, record: RunRecord, sim_wall_s: float = 0.0,
-                 rank_groups: Sequence[tuple[int, int]] | None = None) -> None:
+                 rank_groups: Sequence[tuple[int, int]] | None = None,
+                 group_steps: Sequence[int] | None = None) -> None:
         self.record = record
         # rank ranges [lo, hi) that each run a step of their own (the jobs of a joint run, simulator.jobs):
-        # each has its own pipeline window in the breakdowns, and its own stages in timelines and traces
+        # each has its own pipeline window in the breakdowns, and its own stages in timelines and traces;
+        # group_steps: how many steps each runs, one after another (a window per step)
         self.rank_groups = [(int(lo), int(hi)) for lo, hi in rank_groups] if rank_groups else None
+        self.group_steps = [int(k) for k in group_steps] if group_steps and rank_groups else None
         self.step_time = record.step_time_s
         self.sim_wall_s = sim_wall_s
         self.events = record.events
@@ -486,8 +489,8 @@ class Result:
 
     @cached_property
     def _breakdown_arrays(self) -> tuple[np.ndarray, list[str], np.ndarray]:
-        window = (_breakdown.group_windows(self._op_arrays, self.rank_groups) if self.rank_groups else
-                  self.pipeline_window_s)
+        window = (_breakdown.group_windows(self._op_arrays, self.rank_groups, self.group_steps)
+                  if self.rank_groups else self.pipeline_window_s)
         ranks, categories, seconds = _breakdown.breakdown_arrays(self._op_arrays, window, self.step_time)
         ranks.flags.writeable = seconds.flags.writeable = False  # shared by every caller
         return ranks, categories, seconds
@@ -505,12 +508,14 @@ class Result:
         representative stands for (fidelity fast or lockstep) shows its representative's bars under its own
         number, as the trace does."""
         if ranks is None:
-            return _timeline().timeline_bars(self._rep_frame(), self.step_time, None, groups=self.rank_groups)
+            return _timeline().timeline_bars(self._rep_frame(), self.step_time, None, groups=self.rank_groups,
+                                             steps=self.group_steps)
         ranks = _traffic().check_ids(ranks, "ranks", "rank", self.record.graph.world_size)
         replicas = getattr(self.record.graph, "replicas", None) or {}
         rep_of = {x: r for r, xs in replicas.items() for x in xs}
         reps = list(dict.fromkeys(rep_of.get(r, r) for r in ranks))
-        bars = _timeline().timeline_bars(self._rep_frame(), self.step_time, reps, groups=self.rank_groups)
+        bars = _timeline().timeline_bars(self._rep_frame(), self.step_time, reps, groups=self.rank_groups,
+                                         steps=self.group_steps)
         if reps == ranks:
             return bars
         return _pd().concat([bars[bars["rank"] == rep_of.get(r, r)].assign(rank=r) for r in ranks],

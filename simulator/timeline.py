@@ -46,7 +46,8 @@ def stage_of_each_rank(ops: pd.DataFrame) -> dict[int, int]:
 
 
 def timeline_bars(ops: pd.DataFrame, step_time: float | None, ranks: list[int] | None = None,
-                  max_ranks: int = 16, groups: Sequence[tuple[int, int]] | None = None) -> pd.DataFrame:
+                  max_ranks: int = 16, groups: Sequence[tuple[int, int]] | None = None,
+                  steps: Sequence[int] | None = None) -> pd.DataFrame:
     """Bars of the timeline of ``ranks`` (default: one representative per pipeline stage, else the first
     ``max_ranks`` ranks), from a frame like ``result.rep_ops``; ``step_time`` (s) ends the last row (None:
     the last op's end). ``ranks`` is a non-empty list of ranks that have ops in ``ops``.
@@ -54,7 +55,8 @@ def timeline_bars(ops: pd.DataFrame, step_time: float | None, ranks: list[int] |
     Columns: ``rank, stage, lane`` (``"main"``: the partition; ``"comm"``: communication in flight off
     the compute stream), ``category, start_s, end_s, micro_batch, chunk`` and ``label`` (the micro-batch
     number on compute bars, ``"3.1"`` for chunk 1 of an interleaved schedule). ``groups``: rank ranges that
-    each run a step of their own (:func:`stage_ranks`, :func:`~simulator.breakdown.group_windows`).
+    each run a step of their own (:func:`stage_ranks`, :func:`~simulator.breakdown.group_windows`), ``steps``
+    how many each runs.
     """
     first_of_stages = stage_ranks(ops, groups)
     if ranks is None:
@@ -68,7 +70,7 @@ def timeline_bars(ops: pd.DataFrame, step_time: float | None, ranks: list[int] |
     sel = ops[ops["rank"].isin(ranks)]
     stage_of = stage_of_each_rank(sel)
     parts = []
-    window = group_windows(ops, groups) if groups else pipeline_window(ops)
+    window = group_windows(ops, groups, steps) if groups else pipeline_window(ops)
     seg = rank_segments(sel, window, ops["end_s"].max() if step_time is None else step_time)
     other = seg[~seg["category"].isin(COMPUTE_CATEGORIES[:3])]
     parts.append(other.assign(lane="main", micro_batch=-1, chunk=-1, label=""))
