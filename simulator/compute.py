@@ -31,6 +31,14 @@ attention, attention_bwd
 elementwise, fp8_cast, optimizer
     memory-bound: ``nbytes / (hbm_bandwidth · memory_efficiency)``; default
     0.85, what STREAM-like kernels reach on HBM2e/HBM3.
+activation
+    an MLP's activation (GeLU, SwiGLU), memory-bound at ``activation_memory_efficiency``
+    of HBM bandwidth. Default 0.56: Megatron-Core's fused SwiGLU (``bias_swiglu_impl``)
+    reads 2 and writes 1 element of 2 bytes per output element at 1.77-1.88 TB/s of an
+    H100 SXM's 3.35 for 4,096-32,768 columns of 8,192 tokens (0.114-0.859 ms; Liger-Kernel
+    ``benchmark/data/all_benchmark_data.csv``, rows ``megatron_swiglu``, provider
+    ``megatron``, commit 2120862), not a STREAM copy's 0.85. Measured on SwiGLU and
+    Hopper; GeLU and other GPUs take the same fraction.
 scores
     the element-wise kernels of unfused attention over the ``s × s`` scores
     (scale-mask-softmax, dropout), memory-bound at ``score_memory_efficiency``
@@ -113,6 +121,8 @@ class ComputeModel:
     score_memory_efficiency : float
         Fraction of HBM bandwidth that kernels streaming unfused attention's
         ``s × s`` scores reach (softmax, dropout, the batched score GEMMs).
+    activation_memory_efficiency : float
+        Fraction of HBM bandwidth that an MLP's fused activation reaches.
     gemm_k_overhead : int
         Per-tile pipeline fill and drain of a GEMM, in elements of ``k``.
     op_overhead_s : float
@@ -150,6 +160,7 @@ class ComputeModel:
     attention_efficiency: float | None = None
     memory_efficiency: float = 0.85
     score_memory_efficiency: float = 0.65
+    activation_memory_efficiency: float = 0.56
     gemm_k_overhead: int = K_OVERHEAD
     op_overhead_s: float = 1e-6
     comm_sms: int = 24
@@ -162,7 +173,7 @@ class ComputeModel:
             raise ValueError(f"training.dtype: {self.dtype!r} is not supported by {self.gpu.name}; valid: "
                              f"{', '.join(self._trainable_dtypes())}")
         for name in ("matmul_efficiency", "fp8_matmul_efficiency", "attention_efficiency", "memory_efficiency",
-                     "score_memory_efficiency"):
+                     "score_memory_efficiency", "activation_memory_efficiency"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, numbers.Real) and not isinstance(v, bool)
                                       and MIN_EFFICIENCY <= v <= 1):
@@ -284,9 +295,11 @@ class ComputeModel:
 
     def _roofline(self, category: str, batch: int, nbytes: float, t_math: float) -> float:
         """Seconds of a kernel whose math takes ``t_math`` s and which moves ``nbytes`` of HBM traffic: the
-        larger of the two, plus the per-op overhead (score and batched-GEMM traffic at their own efficiency)."""
+        larger of the two, plus the per-op overhead (score and batched-GEMM traffic, and activations, at their own
+        efficiency)."""
         scores = category == "scores" or (category == "gemm" and batch > 1)
-        efficiency = self.score_memory_efficiency if scores else self.memory_efficiency
+        efficiency = (self.score_memory_efficiency if scores else
+                      self.activation_memory_efficiency if category == "activation" else self.memory_efficiency)
         t_mem = nbytes / (self.gpu.hbm_bandwidth * efficiency) if nbytes else 0.0
         return max(t_math, t_mem) + self.op_overhead_s
 
@@ -457,11 +470,12 @@ def _roofline_durations(model: ComputeModel, kernels: Sequence[Kernel], t_math: 
     positive (the scalar path would raise or divide by zero) takes the scalar path."""
     hbm = model.gpu.hbm_bandwidth
     plain, scores = hbm * model.memory_efficiency, hbm * model.score_memory_efficiency
-    if not (plain > 0 and scores > 0):
+    activation = hbm * model.activation_memory_efficiency
+    if not (plain > 0 and scores > 0 and activation > 0):
         return [model._kernel_duration(k) for k in kernels]
     nbytes = np.array([k.nbytes for k in kernels], dtype=np.float64)
-    rate = np.array([scores if k.category == "scores" or (k.category == "gemm" and k.batch > 1) else plain
-                     for k in kernels])
+    rate = np.array([scores if k.category == "scores" or (k.category == "gemm" and k.batch > 1) else
+                     activation if k.category == "activation" else plain for k in kernels])
     with np.errstate(divide="ignore", invalid="ignore"):
         t_mem = np.where(nbytes == 0, 0.0, nbytes / rate)
     return (np.maximum(t_math, t_mem) + model.op_overhead_s).tolist()

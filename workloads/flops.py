@@ -429,7 +429,9 @@ def _mlp_forward(prefix: str, model: ModelSpec, tokens: int, width: int, d: int,
     act_elements = tokens * width * (gates + 1)  # read 1 (GeLU) or 2 (SwiGLU) inputs, write 1
     return [
         *_linear(f"{prefix}_up", tokens, gates * width, h, d, fp8, norm_fused),
-        _elementwise(f"{prefix}_activation", act_elements, d),
+        # (its own category: Megatron's fused activation streams at a measured fraction of HBM of its own,
+        # simulator.compute.ComputeModel.activation_memory_efficiency)
+        LayerOp(f"{prefix}_activation", "activation", 0.0, float(act_elements * d)),
         *_linear(f"{prefix}_down", tokens, h, width, d, fp8),
     ]
 

@@ -39,10 +39,11 @@ COLLECTIVE_KINDS = (
     "reduce",
     "gather",
 )
-COMPUTE_CATEGORIES = ("gemm", "gemm_fp8", "attention", "attention_bwd", "elementwise", "fp8_cast", "scores",
-                      "optimizer", "fixed")
+COMPUTE_CATEGORIES = ("gemm", "gemm_fp8", "attention", "attention_bwd", "elementwise", "activation", "fp8_cast",
+                      "scores", "optimizer", "fixed")
 """Kernel kinds the hardware model times (:class:`simulator.compute.ComputeModel`): ``gemm_fp8`` is a GEMM on
-FP8 operands (at the GPU's FP8 rate), ``fp8_cast`` a memory-bound FP8 cast / transpose / scale update."""
+FP8 operands (at the GPU's FP8 rate), ``fp8_cast`` a memory-bound FP8 cast / transpose / scale update,
+``activation`` an MLP's fused activation (GeLU, SwiGLU), memory-bound at a measured rate of its own."""
 
 
 @dataclass(frozen=True, slots=True)
