@@ -462,7 +462,7 @@ def parse_trace_ranks(text: str) -> list[int] | str:
     if text in ("stages", "all"):
         return text
     try:
-        items = text.split(",")
+        items = [x.strip() for x in text.split(",")]  # (spaces after commas are fine)
         if not all(x.isdecimal() for x in items):  # (int() would read "1_0" as 10; an empty item is a typo)
             raise ValueError
         ranks = [int(x) for x in items]

@@ -48,7 +48,7 @@ from workloads.errors import ConfigError, check_bool, plain_values, unknown_keys
 from workloads.memory import MemoryBreakdown, memory_per_gpu, routed_rows_factor
 from workloads.models import ModelSpec, model_from_dict
 from workloads.moe import RoutingModel, routing_from_dict
-from workloads.op_budget import MAX_OPS, StepTooLargeError
+from workloads.op_budget import MAX_OPS, StepTooLargeError, without_lockstep
 from workloads.parallel import (
     SPLIT_BACKWARD_SCHEDULES,
     ParallelConfig,
@@ -101,13 +101,19 @@ def representatives_for(exp: Experiment, fidelity: str) -> str | None:
     straggler's healthy TP partners run their W passes, which hold no TP collective, at their own speed and
     start their DP reductions earlier (a representative at the slowest member's speed read +8.5% on a 4:1
     fabric, tests/test_audit22.py)."""
+    if _every_rank_for_stragglers(exp):
+        return None
     representatives = _REPRESENTATIVES[fidelity]
-    if exp.slowdown():
-        if exp.parallel.schedule in SPLIT_BACKWARD_SCHEDULES:
-            return None
-        if representatives == "stage":
-            return "stage_ep"
-    return representatives
+    return "stage_ep" if representatives == "stage" and exp.slowdown() else representatives
+
+
+def _every_rank_for_stragglers(exp: Experiment) -> bool:
+    """A straggler under a split backward: every fidelity simulates every rank (:func:`representatives_for`)."""
+    return bool(exp.slowdown()) and exp.parallel.schedule in SPLIT_BACKWARD_SCHEDULES
+
+
+_EVERY_RANK = ("a straggler under a split backward (schedule: {schedule}) runs every rank in every fidelity: "
+               "its healthy TP partners' W passes hold no TP collective and run ahead")
 
 FP8_DELAYED_SCALING_NO_RECOMPUTE = ("layernorm", "moe_act")
 """Recompute modules Megatron-Core refuses under FP8's delayed-scaling recipe (``transformer_config.py``: "Delayed
@@ -538,6 +544,9 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
                      f"replicas run on the flow model, in fidelity fast or lockstep")
     # (a straggler's representative runs at its slowest replica's speed, and a latency fault delays every link of
     # its tier alike: neither tells the members apart)
+    if replicas > 1 and _every_rank_for_stragglers(exp):
+        notes.append(f"fidelity {fidelity}: " + _EVERY_RANK.format(schedule=exp.parallel.schedule)
+                     + " (as fidelity full: slower to simulate)")
     fabric_faults = sorted({f.get("kind") for f in exp.faults if f.get("kind") not in ("straggler", "latency")})
     if fabric_faults and replicas > 1:
         notes.append(f"faults ({', '.join(fabric_faults)}) with fidelity {fidelity}: a representative's replicas "
@@ -636,9 +645,7 @@ def memory_remedies(exp: Experiment) -> list[tuple[str, MemoryBreakdown]]:
                   f"scaling)" if late else "")
         candidates.append((f"parallel.recompute: selective, parallel.recompute_modules: [{', '.join(both)}]"
                            + caveat, {"recompute": "selective", "recompute_modules": tuple(both)}))
-    if par.grad_dp * par.weight_copies > 1:  # (DualPipe shards over the mirror stage's copy too)
-        candidates += [(f"parallel.zero: {z}", {"zero": z}) for z in (1, 2, 3) if z > par.zero
-                       and not _deepspeed_pipeline(dataclasses.replace(par, zero=z))]
+    candidates += [(f"parallel.zero: {z}", {"zero": z}) for z in _higher_zero_stages(exp)]
     if par.recompute != "full":
         what = "parallel.recompute: full" + (" without parallel.recompute_modules"
                                              if par.recompute_modules is not None else "")
@@ -659,6 +666,26 @@ def memory_remedies(exp: Experiment) -> list[tuple[str, MemoryBreakdown]]:
             continue
         if memory.fits(hbm):
             out.append((what, memory))
+    return out
+
+
+def _higher_zero_stages(exp: Experiment) -> list[int]:
+    """The ZeRO stages above ``exp``'s that shard something and that its layout may run (:func:`~workloads.
+    parallel.validate`: DualPipe, Megatron's distributed optimizer, a parameter server and a separate expert TP
+    refuse some; DeepSpeed's pipeline engine runs ZeRO-1 only)."""
+    par = exp.parallel
+    if par.grad_dp * par.weight_copies <= 1:  # (DualPipe shards over the mirror stage's copy too)
+        return []
+    out = []
+    for z in range(par.zero + 1, 4):
+        parallel = dataclasses.replace(par, zero=z)
+        if _deepspeed_pipeline(parallel):
+            continue
+        try:
+            validate(exp.model, parallel, exp.training, exp.cluster.num_gpus)
+        except ConfigError:
+            continue
+        out.append(z)
     return out
 
 
@@ -686,9 +713,10 @@ weight and gradient, fp32 master weight and two moments; fp32 training's ``4 + 4
 
 def memory_hint(exp: Experiment) -> str:
     """What may lower a step's memory per GPU, naming only the knobs with room left (:func:`memory_remedies`
-    says which single change fits, when one does): a higher ZeRO stage where gradients are reduced over more
-    than one rank, more TP or PP where DP can give up ranks, full recomputation, a smaller micro-batch. When
-    the model's states alone, sharded over every GPU, exceed a GPU's memory, the cluster is too small."""
+    says which single change fits, when one does): the higher ZeRO stages the layout may run
+    (:func:`_higher_zero_stages`), more TP or PP where DP can give up ranks, full recomputation, a smaller
+    micro-batch. When the model's states alone, sharded over every GPU, exceed a GPU's memory, the cluster is
+    too small."""
     par, hbm, gpus = exp.parallel, exp.cluster.gpu.hbm_bytes, exp.cluster.num_gpus
     states = STATE_BYTES_PER_PARAM * exp.model.total_params()
     if states / gpus > hbm:
@@ -696,8 +724,9 @@ def memory_hint(exp: Experiment) -> str:
         return (f"the cluster is too small: the model's states alone ({STATE_BYTES_PER_PARAM} bytes a parameter, "
                 f"{states / 1e12:.2f} TB) need at least {need:,} GPUs of {hbm / 1e9:.0f} GB, sharded over all")
     knobs = []
-    if par.zero < 3 and par.grad_dp > 1:
-        knobs.append(f"a higher parallel.zero (now {par.zero}; up to 3)")
+    stages = _higher_zero_stages(exp)
+    if stages:
+        knobs.append(f"parallel.zero: {' or '.join(map(str, stages))} (now {par.zero})")
     if par.dp > 1:
         knobs.append("more tp or pp")
     if par.recompute != "full":
@@ -706,18 +735,21 @@ def memory_hint(exp: Experiment) -> str:
         knobs.append("a smaller parallel.micro_batch")
     if not knobs:
         return "no single knob of this layout has room left: try more GPUs"
-    return "lower it with " + ", ".join(knobs[:-1]) + (" or " if len(knobs) > 1 else "") + knobs[-1]
+    return "lower it with " + "; ".join(knobs[:-1]) + ("; or " if len(knobs) > 1 else "") + knobs[-1]
 
 
-def build_step(exp: Experiment, representatives: str | None, force: bool = False, what: str = "") -> TrainingStep:
+def build_step(exp: Experiment, representatives: str | None, force: bool = False, what: str = "",
+               lockstep_helps: bool = True) -> TrainingStep:
     """``exp``'s training step (:func:`~workloads.training.training_step` with ``representatives``), refused
     with a :class:`~workloads.op_budget.StepTooLargeError` that ends with :data:`FORCE_HINT` when its graph would
-    have more than :data:`~workloads.op_budget.MAX_OPS` ops, unless ``force``; ``what`` leads that message."""
+    have more than :data:`~workloads.op_budget.MAX_OPS` ops, unless ``force``; ``what`` leads that message, which
+    suggests fidelity lockstep unless ``lockstep_helps`` is False."""
     try:
         return training_step(exp.model, exp.parallel, exp.training, exp.options, exp.routing,
                              representatives=representatives, max_ops=None if force else MAX_OPS)
     except StepTooLargeError as exc:
-        raise StepTooLargeError(f"{what}{exc}{FORCE_HINT}", exc.ops, exc.limit) from None
+        message = str(exc) if lockstep_helps else without_lockstep(str(exc))
+        raise StepTooLargeError(f"{what}{message}{FORCE_HINT}", exc.ops, exc.limit) from None
 
 
 def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None = None,
@@ -744,7 +776,9 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
     memory = check_memory(exp, force)
     fidelity = _fidelity(exp.fidelity if fidelity is None else fidelity)
     with paused_gc():
-        step = build_step(exp, representatives_for(exp, fidelity), force)
+        every_rank = fidelity != "full" and _every_rank_for_stragglers(exp)
+        what = _EVERY_RANK.format(schedule=exp.parallel.schedule) + "; " if every_rank else ""
+        step = build_step(exp, representatives_for(exp, fidelity), force, what, lockstep_helps=not every_rank)
         healthy = None
         if exp.faults:  # the same step on the healthy cluster, for the cost of the faults
             healthy = Engine(step.graph, exp.healthy_cluster, exp.compute_model(), exp.network).run().step_time_s

@@ -46,10 +46,13 @@ all-reduce reaches only a fraction of its modelled bandwidth, by protocol and
 size (:data:`TREE_CORRECTION`: "Trees are not perfectly sticking to the model
 for medium sizes"), and a ring all-reduce over several nodes under Simple takes
 1.4x its modelled latency (:data:`RING_PLATEAU`, "Plateau effect of ring").
-Both are applied to what is simulated, not only to the tuner's choice: with
-them two DGX A100-class nodes' all-reduce of 4-128 MiB is within 20% of
-nccl-tests (NCCL 2.17, Azure NDmv4; it read 1.15-1.75x the measured bus
-bandwidth without them; ``tests/test_compute_grounding.py``).
+Both are applied to what is simulated, not only to the tuner's choice (the
+tree's as time paid with its base latency, priced without contention:
+``Fabric._route_plan``). Two DGX A100-class nodes' all-reduce against
+nccl-tests (NCCL 2.17, Azure NDmv4; ``tests/test_compute_grounding.py``): 16 MiB
+now reads 1.29x the measured bus bandwidth (1.75x without them), 4-128 MiB
+1.1-1.64x (LL128 rings and trees, whose per-channel bandwidth caps NCCL's tuner
+has and this model has not), from 256 MiB within 7%.
 
 Not modelled: NVLS / NVLink SHARP and in-network (SHARP) reductions (H100
 all-reduce reaches ~480 GB/s bus bandwidth with NVLS, against ~365 on a ring;
@@ -81,7 +84,8 @@ TREE_CORRECTION: Mapping[str, tuple[float, ...]] = {
     "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
 }
 """NCCL's ``treeCorrectionFactor`` (``tuning.cc``, NCCL 2.30.7): the fraction of its modelled bandwidth a tree
-all-reduce reaches, by protocol and ``log2(bytes / 64)`` (64 B to 256 MiB; entries past the 23rd unused)."""
+all-reduce reaches, by protocol and ``log2(bytes / 64)`` (64 B to 256 MiB). NCCL 2.30 has 24 entries and reads
+the 24th for NVLS trees only (not modelled); a tree reads the first 23, as earlier versions' table holds."""
 
 RING_PLATEAU = 1.4
 """NCCL multiplies a ring all-reduce's latency over several nodes under Simple by this on sm80 and later (1.9

@@ -167,8 +167,17 @@ class Result:
             elif name == "collective":
                 col = [getattr(o, "collective", "") for o in ops]
             elif name == "nbytes":  # (a representative exchanging for members of unequal loads: their mean)
-                col = np.fromiter((sum(map(sum, rows)) / len(rows) if (rows := getattr(o, "rows", None))
-                                   else o.nbytes for o in ops), dtype=float, count=n)
+                means: dict[int, float] = {}  # id(rows) -> mean (a draw's rows serve every micro-batch's ops)
+
+                def nbytes(op) -> float:
+                    rows = getattr(op, "rows", None)
+                    if not rows:
+                        return op.nbytes
+                    mean = means.get(id(rows))
+                    if mean is None:
+                        mean = means[id(rows)] = sum(map(sum, rows)) / len(rows)
+                    return mean
+                col = np.fromiter(map(nbytes, ops), dtype=float, count=n)
             elif name == "count":  # a coarsened collective runs count times back to back (nbytes each)
                 col = np.fromiter((getattr(o, "count", 1) for o in ops), dtype=np.int64, count=n)
             elif name == "flops":  # (a representative computing for members of unequal loads: their mean)

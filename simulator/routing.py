@@ -335,6 +335,7 @@ class Router:
         self._mid_arrays: dict[tuple, np.ndarray] = {}  # the same as (paths, links) arrays (routes)
         self._table: tuple | None = None  # (gpus, per-GPU arrays): see _gpu_table
         self._switch_nodes: list = []
+        self._nvswitch_nodes: list = []
         self._mid_by_code: dict[int, tuple[np.ndarray, int, int]] = {}  # route_blocks: switch pair code ->
         # (its _mid_array, paths, links per path)
         # Plain dicts of the graph (one pass each): the checks below touch every GPU, NIC and NVSwitch.
@@ -557,8 +558,8 @@ class Router:
             table["srv"], table["loc"], table["rail"] = np.array(srv), np.array(loc), rail
             table["pxok"] = (table["ok"] & (table["nvs"] >= 0) & (table["n2g"] >= 0)
                              & np.array([self._owns_nic(g) for g in gpus], dtype=bool))
-        table["nvs_nodes"] = list(nvs_index)  # type: ignore[assignment]  # (the NVSwitch of each "nvs" number)
         self._switch_nodes = list(sw_index)
+        self._nvswitch_nodes = list(nvs_index)  # (the NVSwitch of each "nvs" number of this table)
         self._mid_by_code = {}  # (codes are of this table's switch numbering)
         self._table = (gpus, table)
         return table
@@ -612,7 +613,7 @@ class Router:
                 via = (e >= 0) & (e != s) & (t["g2n"][s] >= 0) & t["pxok"][at] & (t["dom"][at] == t["dom"][s])
                 across = via & (t["nvs"][at] != t["nvs"][s])
                 if across.any():
-                    switches = t["nvs_nodes"]
+                    switches = self._nvswitch_nodes
                     pairs = t["nvs"][s[across]] * len(switches) + t["nvs"][at[across]]
                     codes, inverse = np.unique(pairs, return_inverse=True)
                     li = self.link_index
@@ -620,12 +621,14 @@ class Router:
                                      for c in codes.tolist()], dtype=np.int64)[inverse]
                     bridge = np.full(len(s), -1, dtype=np.int64)
                     bridge[across] = link
-                    via &= ~across | (bridge >= 0)  # (NVSwitches of a domain not linked: no PXN between them)
+                    # (a guard: a domain whose NVSwitches are not all linked makes the fabric irregular, _regular(),
+                    # and its pairs take route())
+                    via &= ~across | (bridge >= 0)
                     across &= via
                 exits = np.where(via, e, s)
             else:
                 exits, via = s, np.zeros(len(s), dtype=bool)
-                across = via
+                across = np.zeros(len(s), dtype=bool)
             a, b = t["sw"][exits], t["sw"][d]
             nsw = len(self._switch_nodes)
             upairs, inv = np.unique(a * nsw + b, return_inverse=True)

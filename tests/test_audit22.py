@@ -90,7 +90,7 @@ def test_an_nvlink_between_two_servers_nvswitches_is_refused():
 
 
 # ------------------------------------------------------------------ input parsing
-@pytest.mark.parametrize("layout", [[2.9, 2, 4], [True, 2, 8], "2_0x1x1", " 2x 2x 4", [2, 2]])  # ([2, 2]: kept)
+@pytest.mark.parametrize("layout", [[2.9, 2, 4], [True, 2, 8], "2_0x1x1", "2x+2x4", [2, 2]])  # ([2, 2]: kept)
 def test_a_sweep_layout_takes_whole_numbers_only(layout):
     """int() truncated 2.9 to 2, read True as 1 and "2_0" as 20: those points ran as layouts nobody asked for,
     where parallel.tp: 2.9 is refused."""
@@ -101,16 +101,16 @@ def test_a_sweep_layout_takes_whole_numbers_only(layout):
 
 def test_a_sweep_layout_still_reads_its_two_documented_forms():  # (kept behaviour)
     from simulator.sweeps.grid import normalise_grid
-    assert normalise_grid({"layout": ["8x8x16", [8, 8, 16], "2X1X4"]})["layout"] == [(8, 8, 16), (8, 8, 16),
-                                                                                      (2, 1, 4)]
+    assert normalise_grid({"layout": ["8x8x16", [8, 8, 16], "2X1X4", "2 x 2 x 4"]})["layout"] == [
+        (8, 8, 16), (8, 8, 16), (2, 1, 4), (2, 2, 4)]
 
 
-@pytest.mark.parametrize("text", ["1_0", "1,,2", " 1", "1,", "+1"])
+@pytest.mark.parametrize("text", ["1_0", "1,,2", "1,", "+1", "1 0"])
 def test_trace_ranks_are_whole_numbers_without_gaps(text):
     from simulator.cli import parse_trace_ranks
     with pytest.raises(ValueError, match="--trace-ranks"):
         parse_trace_ranks(text)
-    assert parse_trace_ranks("0,8,16") == [0, 8, 16] and parse_trace_ranks("stages") == "stages"
+    assert parse_trace_ranks("0, 8,16") == [0, 8, 16] and parse_trace_ranks("stages") == "stages"  # (kept)
 
 
 @pytest.mark.parametrize("sweep", [0, False, "", [], {"grid": 0}, {"grid": False}, {"grid": ""}, {"grid": []}])
@@ -230,9 +230,12 @@ def test_the_memory_hint_names_only_knobs_with_room_left():
     assert hint({"tp": 1, "dp": 8, "micro_batch": 1, "global_batch": 8, "zero": 3, "recompute": "full"}) == \
         "lower it with more tp or pp"
     assert hint({"tp": 8, "dp": 1, "micro_batch": 2, "global_batch": 2}) == \
-        "lower it with parallel.recompute: full or a smaller parallel.micro_batch"
+        "lower it with parallel.recompute: full; or a smaller parallel.micro_batch"
     assert hint({"tp": 1, "dp": 8, "micro_batch": 4, "global_batch": 32, "zero": 1}).startswith(
-        "lower it with a higher parallel.zero (now 1; up to 3), more tp or pp")
+        "lower it with parallel.zero: 2 or 3 (now 1); more tp or pp")
+    # only the stages the layout may run (review): Megatron's distributed optimizer runs ZeRO 0 and 1 only
+    assert "parallel.zero" not in hint({"tp": 1, "dp": 8, "micro_batch": 4, "global_batch": 32, "zero": 1,
+                                        "zero_impl": "megatron"})
     # GPT-3 175B on 8 GPUs: 16 bytes x 174.6 B parameters = 2.79 TB of states, 35 H100s at the least
     too_small = hint({"tp": 8, "dp": 1, "micro_batch": 1, "global_batch": 1}, model="gpt3-175b")
     assert too_small.startswith("the cluster is too small") and "at least 35 GPUs" in too_small
@@ -348,3 +351,21 @@ jobs:
         assert table.loc[rank, "optimizer"] == pytest.approx(mine["duration_s"].sum(), rel=1e-6)
         columns = [c for c in table.columns if c != "replicas"]
         assert table.loc[rank, columns].sum() == pytest.approx(together.step_time, rel=1e-9)
+
+
+def test_a_straggler_under_a_split_backward_says_why_every_rank_runs():
+    """Review: lockstep builds every rank there, so a step over the op budget was refused with "or fidelity:
+    lockstep make it smaller" on a lockstep run; the refusal and the run's notes now say why."""
+    from simulator.experiment import unused_settings
+    from workloads.op_budget import StepTooLargeError
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 8}, "model": {"preset": "gpt3-13b"},
+           "parallel": {"tp": 8, "pp": 4, "dp": 2, "micro_batch": 1, "global_batch": 65536, "schedule": "zb-h1"},
+           "training": {"seq_len": 2048}, "fidelity": "lockstep",
+           "faults": [{"kind": "straggler", "gpu": 1, "factor": 1.5}]}
+    exp = experiment_from_dict(doc)
+    with pytest.raises(StepTooLargeError) as refused:
+        run_experiment(exp)
+    message = str(refused.value)
+    assert message.startswith("a straggler under a split backward (schedule: zb-h1) runs every rank")
+    assert "fidelity: lockstep" not in message and "or fewer model.layers make it smaller" in message
+    assert any("runs every rank in every fidelity" in note for note in unused_settings(exp))

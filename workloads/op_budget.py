@@ -34,6 +34,15 @@ _MIN_ACTIONS = 4
 ops: FP8 weight casts, parameter gathers)."""
 
 
+LOCKSTEP_HINT = " or fidelity: lockstep"
+"""The refusal's last suggestion; :func:`without_lockstep` takes it out where lockstep cannot help."""
+
+
+def without_lockstep(message: str) -> str:
+    """A refusal's message without :data:`LOCKSTEP_HINT` (its other suggestions joined by "or")."""
+    return message.replace(LOCKSTEP_HINT, "").replace(", fewer model.layers make", " or fewer model.layers make")
+
+
 class StepTooLargeError(ConfigError):
     """The step's op graph would have more ops than the limit: ``ops`` (the projection, a float) over ``limit``."""
 
@@ -92,5 +101,5 @@ class OpBudget:
         raise StepTooLargeError(
             f"the step would have ~{ops:,.0f} ops ({self.ranks:,} simulated ranks x ~{per_rank:,.0f}), over "
             f"the limit of {self.limit:,} (~{ops * BYTES_PER_OP / 1e9:,.1f} GB of memory and ~{minutes:,.1f} "
-            f"min of CPU to simulate); fewer micro-batches (parallel.global_batch), fewer model.layers or "
-            f"fidelity: lockstep make it smaller", ops, self.limit)
+            f"min of CPU to simulate); fewer micro-batches (parallel.global_batch), fewer model.layers"
+            f"{LOCKSTEP_HINT} make it smaller", ops, self.limit)

@@ -93,7 +93,8 @@ def _parse_layout(value: Any) -> tuple[int, int, int]:
     parts = value.lower().split("x") if isinstance(value, str) else value
     try:
         # Whole numbers only: int() would truncate 2.9, read True as 1 and "2_0" as 20.
-        tp, pp, dp = (int(p) if (p.isdecimal() if isinstance(p, str) else is_int(p)) else None for p in parts)
+        tp, pp, dp = (int(p) if (p.strip().isdecimal() if isinstance(p, str) else is_int(p)) else None
+                      for p in parts)
         if None in (tp, pp, dp):
             raise ValueError
     except (TypeError, ValueError):
