@@ -119,6 +119,10 @@ TABLES: dict[tuple[str, str], dict[str, dict[int, tuple[float, ...]]]] = {
 """``(arch, kernel) -> pass -> head_dim -> fraction of dense peak`` at :data:`SEQ_LENS` (causal mask)."""
 
 
+ATTENTION_KERNELS = tuple(sorted({k for _, k in TABLES}))
+"""Every fused attention kernel with published rates on some GPU generation (``compute.attention_kernel``)."""
+
+
 def kernels_for(arch: str) -> list[str]:
     """Attention kernels with published rates on a GPU generation."""
     arch = _FALLBACK_ARCH.get(arch, arch)

@@ -75,7 +75,7 @@ from topologies.gpus import get_gpu
 from workloads.ops import Compute, Kernel, Op
 from workloads.parallel import DTYPE_BYTES
 
-from .attention import DEFAULT_KERNEL, attention_fraction, kernels_for
+from .attention import ATTENTION_KERNELS, DEFAULT_KERNEL, attention_fraction, kernels_for
 from .gemm import K_OVERHEAD, GemmModel, times
 
 _DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -191,6 +191,10 @@ class ComputeModel:
         v = self.gemm_k_overhead
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v <= 65536:
             raise ValueError(f"compute.gemm_k_overhead: must be an integer in 0..65536, got {self.gemm_k_overhead!r}")
+        if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_KERNELS:
+            # (a name no GPU has rates for: a typo, refused even where attention_efficiency sets the rate)
+            raise ValueError(f"compute.attention_kernel: {self.attention_kernel!r} unknown; valid: "
+                             f"{', '.join(ATTENTION_KERNELS)}")
         if self.attention_efficiency is None:
             kernel = self.fused_attention_kernel
             if kernel not in kernels_for(self.gpu.arch):

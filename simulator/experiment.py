@@ -533,6 +533,17 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
     if given("compute", "fp8_matmul_efficiency") and exp.training.dtype != "fp8":
         notes.append(f"compute.fp8_matmul_efficiency has no effect with dtype: {exp.training.dtype} "
                      f"(training.dtype: fp8 reads it)")
+    fused = exp.options.flash_attention
+    for key in ("attention_kernel", "attention_efficiency"):
+        if given("compute", key) and not fused:
+            notes.append(f"compute.{key} has no effect with options.flash_attention: false (unfused attention's "
+                         f"kernels are timed as GEMMs and score kernels)")
+    if given("compute", "score_memory_efficiency") and fused:
+        notes.append("compute.score_memory_efficiency has no effect with fused attention (options.flash_attention: "
+                     "true, the default): no s x s scores go through HBM")
+    if given("compute", "attention_kernel") and given("compute", "attention_efficiency") and fused:
+        notes.append("compute.attention_kernel has no effect with compute.attention_efficiency set (one flat "
+                     "fraction of peak instead of the kernel's published rates)")
     # ranks a representative can stand for at most: fast, its TP group; lockstep, its stage's DP x CP x TP block
     replicas = {"fast": par.tp, "lockstep": par.tp * par.cp * par.dp}.get(fidelity, 1)
     if given("network", "replica_sends") and (replicas == 1 or exp.network.model != "flow"):

@@ -369,3 +369,27 @@ def test_a_straggler_under_a_split_backward_says_why_every_rank_runs():
     assert message.startswith("a straggler under a split backward (schedule: zb-h1) runs every rank")
     assert "fidelity: lockstep" not in message and "or fewer model.layers make it smaller" in message
     assert any("runs every rank in every fidelity" in note for note in unused_settings(exp))
+
+
+# ------------------------------------------------------------------ compute knobs
+def test_an_unknown_attention_kernel_is_refused_even_with_a_flat_attention_efficiency():
+    from simulator.compute import ComputeModel
+    from topologies import get_gpu
+    with pytest.raises(ValueError, match="compute.attention_kernel: 'flashattn9' unknown; valid: cudnn, fa2, fa3"):
+        ComputeModel(get_gpu("H100"), attention_kernel="flashattn9", attention_efficiency=0.5)
+    ComputeModel(get_gpu("A100"), attention_kernel="fa3", attention_efficiency=0.5)  # (kept: a known name)
+
+
+def test_attention_knobs_that_do_nothing_are_noted():
+    from simulator.experiment import unused_settings
+    base = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
+            "parallel": {"tp": 4}, "training": {"seq_len": 1024}}
+    unfused = experiment_from_dict({**base, "options": {"flash_attention": False},
+                                    "compute": {"attention_kernel": "fa3"}})
+    assert any("compute.attention_kernel has no effect with options.flash_attention: false" in n
+               for n in unused_settings(unfused))
+    fused = experiment_from_dict({**base, "compute": {"score_memory_efficiency": 0.5, "attention_kernel": "fa3",
+                                                      "attention_efficiency": 0.4}})
+    notes = unused_settings(fused)
+    assert any("compute.score_memory_efficiency has no effect" in n for n in notes)
+    assert any("compute.attention_kernel has no effect with compute.attention_efficiency" in n for n in notes)

@@ -17,8 +17,9 @@ Counting conventions
   by default; ``causal=True`` halves them, which is what a causal flash kernel
   executes), HBM bytes read Q, K, V and write O only (no ``s^2`` matrix).
   Backward is counted as 2x the forward FLOPs (the four gradient matmuls);
-  a flash backward also recomputes ``QK^T`` (another 0.5x) -- that is left to
-  the attention efficiency of the hardware model, so model FLOPs stay exact.
+  a flash backward also recomputes ``QK^T`` (another 0.5x): that is in the
+  kernel's executed FLOPs (``LayerOp.executed`` x 1.25, the FA papers' 2.5x
+  backward convention of the published rates), so model FLOPs stay exact.
   Backward bytes read Q, K, V, O, dO and write dQ, dK, dV: 2x the forward.
 * Every GEMM ``Y[m,n] = X[m,k] W[k,n]`` has two backward GEMMs of the same
   FLOPs: data-grad ``dX = dY W^T`` (shape ``(m, k, n)``, name ``*.dgrad``) and
