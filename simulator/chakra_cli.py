@@ -67,8 +67,12 @@ def check_export_folder(folder: str | None, world: int) -> None:
     """``--export-chakra``: refuse a folder that holds a larger trace's rank files before the run, not after it
     (:func:`~workloads.chakra.write.check_trace_folder`)."""
     if folder is not None:
+        from workloads.chakra import ChakraError
         from workloads.chakra.write import check_trace_folder
-        check_trace_folder(folder, world)
+        try:
+            check_trace_folder(folder, world)
+        except ChakraError as exc:  # (the library names the folder; the command line names the option too)
+            raise ChakraError(f"--export-chakra: {exc}") from None
 
 
 def export_experiment(exp, folder: str | None, *, force: bool = False) -> str | None:

@@ -475,12 +475,17 @@ def parse_trace_ranks(text: str) -> list[int] | str:
 
 
 def check_folder(path: str | None, flag: str) -> None:
-    """Refuse an output folder that cannot be created or written, before any work is done."""
-    if not path:
+    """Refuse an output folder that cannot be created or written, before any work is done (None: not asked
+    for; an empty name is refused, not read as the current folder)."""
+    if path is None:
         return
+    if not path.strip():
+        raise ValueError(f"{flag}: needs a folder name (give . for the current folder)")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{flag}: {path!r} exists and is not a folder")
     parent = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(path) and os.path.exists(parent) and not os.path.isdir(parent):
+        raise ValueError(f"{flag}: {parent!r} is a file, not a folder")
     if not os.path.isdir(path) and not os.path.isdir(parent):
         raise ValueError(f"{flag}: folder {parent!r} does not exist")
     reason = _cannot_create_in(path if os.path.isdir(path) else parent)

@@ -393,3 +393,24 @@ def test_attention_knobs_that_do_nothing_are_noted():
     notes = unused_settings(fused)
     assert any("compute.score_memory_efficiency has no effect" in n for n in notes)
     assert any("compute.attention_kernel has no effect with compute.attention_efficiency" in n for n in notes)
+
+
+# ------------------------------------------------------------------ output folders
+def test_output_folder_options_refuse_an_empty_name_and_a_file_parent(tmp_path, capsys):
+    """--export-chakra "" wrote the trace into the current folder (exit 0); a folder under a regular file was
+    said not to exist; the larger-trace refusal did not name the option."""
+    import pathlib
+
+    from simulator.cli import main
+    demo = str(pathlib.Path(__file__).parent.parent / "examples" / "demo.yaml")
+    assert main(["run", demo, "--no-progress", "--export-chakra", ""]) == 2
+    assert "--export-chakra: needs a folder name" in capsys.readouterr().err
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    assert main(["run", demo, "--no-progress", "--plots", str(a_file / "sub")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    big = tmp_path / "trace"
+    big.mkdir()
+    (big / "clustersim.999.et").write_bytes(b"")  # a rank file of a larger trace
+    assert main(["run", demo, "--no-progress", "--export-chakra", str(big)]) == 2
+    assert "--export-chakra: " in (err := capsys.readouterr().err) and "already holds clustersim.999.et" in err
