@@ -930,7 +930,8 @@ class FlowNetwork(_NetworkBase):
         # Active flows per link id, insertion-ordered (one persistent dict per link: no allocation per flow).
         self._on_link: list[dict[Flow, None]] = [{} for _ in self._cap]
         self._busy_since: list[float] = [0.0] * len(self._cap)
-        self._tiny_free: list[float] = [0.0] * len(self._cap)  # when each link's latency-bound flows are through
+        # link -> (begin, end) of the latency-bound flows holding it from now on (_tiny), in the order placed
+        self._tiny_busy: dict[int, list[tuple[float, float]]] = {}
         # Sum over active flows of what they can ever ask of a link. A link whose demand stays within its
         # capacity can never saturate, so it constrains nobody and couples nobody: only *tight* links
         # (demand above capacity) enter the max-min problem and its connected components.
@@ -1161,28 +1162,41 @@ class FlowNetwork(_NetworkBase):
         the bottleneck, so it cannot matter to a real flow's rate; it runs at its solo rate without joining the
         max-min problem (and without gluing its links' components together).
 
-        Latency-bound flows on one link queue there, first come first served (those of one call too, in the
-        call's order): a flow starts when each of its links is through with the ones before it (``_tiny_free``),
-        holds each link for its bytes over the link's capacity (its solo time on its bottleneck), and ends when
-        its bottleneck is through. Alone, it starts after its latency and ends at its solo time, as it always
-        did. Seven sub-µs sends from one GPU to its peers, each a call of its own, all ran at the full rate of
-        its one NVLink port before; now they cross it one after another, and the last ends when all their bytes
-        could have. Not counted: their busy time (a link that carries only such flows reads none), which would
-        need the real flows' busy spans (not to count an instant twice) and the twin links' mirroring."""
+        Latency-bound flows on one link take turns there: a flow holds each of its links for its bytes over the
+        link's capacity (its solo time on its bottleneck) and starts at the first instant from its own start
+        (now + its latency) at which none of its links is held by another (``_tiny_busy``: the held spans, each
+        link's in the order placed), so a flow placed later may go first where it starts first (one of a later
+        call with a shorter latency, in the gap before an earlier call's). It ends when its bottleneck is
+        through. Alone, it starts after its latency and ends at its solo time, as it always did. Seven sub-µs
+        sends from one GPU to its peers, each a call of its own, all ran at the full rate of its one NVLink
+        port before; now they cross it one after another, and the last ends when all their bytes could have.
+        Not counted: their busy time (a link that carries only such flows reads none), which would need the
+        real flows' busy spans (not to count an instant twice) and the twin links' mirroring."""
         now = self.env.now
         route = flow.route
         start = now + latency_s
-        free, cap = self._tiny_free, self._cap
-        begin = start
-        for link in route.ulinks:
-            if free[link] > begin:
-                begin = free[link]
-        end = begin + solo
+        busy, cap = self._tiny_busy, self._cap
         rate, nbytes = route.solo_rate, flow.nbytes
+        holds = []
         for link, m in zip(route.ulinks, route.mults):
             c = cap[link]
-            held = solo if rate * m >= c * (1 - 1e-9) else nbytes * m / c  # (its bottleneck: exactly to its end)
-            free[link] = begin + held
+            holds.append((link, solo if rate * m >= c * (1 - 1e-9) else nbytes * m / c))  # (bottleneck: to its end)
+        begin = start
+        moved = True
+        while moved:  # (the first instant from its start free on every link: each pass only moves it later)
+            moved = False
+            for link, held in holds:
+                for a, b in busy.get(link, ()):
+                    if a < begin + held and begin < b:
+                        begin, moved = b, True
+        end = begin + solo
+        for link, held in holds:
+            spans = busy.get(link)
+            if spans is None:
+                busy[link] = [(begin, begin + held)]
+            else:
+                spans[:] = [s for s in spans if s[1] > now]  # (spans over by now hold nothing from now on)
+                spans.append((begin, begin + held))
         log = self.ledger.log_rate
         log(begin, route, rate)
         log(end, route, -rate)

@@ -414,3 +414,32 @@ def test_output_folder_options_refuse_an_empty_name_and_a_file_parent(tmp_path, 
     (big / "clustersim.999.et").write_bytes(b"")  # a rank file of a larger trace
     assert main(["run", demo, "--no-progress", "--export-chakra", str(big)]) == 2
     assert "--export-chakra: " in (err := capsys.readouterr().err) and "already holds clustersim.999.et" in err
+
+
+# ------------------------------------------------------------------ latency-bound flows of concurrent calls
+def test_identical_small_exchanges_of_four_groups_end_together_in_full_as_in_fast():
+    """Four EP groups (TP 4) start identical exchanges of 16 KiB a pair at one instant across a spine. Their
+    latency-bound flows took turns on each link in the order placed, so a later call's flow with a shorter
+    latency waited for an earlier call's that started after it: the four ended 0.43 µs apart and `full` read
+    2.2% over `fast` (a fidelity fuzz). A flow now starts at the first instant from its own start its links
+    are free: the calls end one spine byte-time apart (0.086 µs), and the fidelities agree within 0.5%."""
+    import numpy as np
+
+    from simulator.engine import Engine
+    from topologies import build_cluster
+    from workloads.ops import OpGraph
+    cluster = build_cluster({"preset": "dgx-h100", "nodes": 2, "nodes_per_leaf": 1})
+    graph = OpGraph(16)
+    for t in range(4):
+        graph.collective("all_to_all", [t + 4 * d for d in range(4)], 4 * 16384, traffic_class="ep")
+    ends = np.asarray(Engine(graph, cluster).run().end_s)[:16:4]
+    assert ends.max() - ends.min() < 0.3e-6
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 2, "nodes_per_leaf": 1},
+           "model": {"preset": "mixtral-8x7b", "layers": 4, "hidden": 256, "heads": 4, "kv_heads": 4,
+                     "ffn_hidden": 512, "moe_ffn_hidden": 256, "experts": 16, "top_k": 2, "vocab": 4096},
+           "parallel": {"tp": 4, "pp": 1, "dp": 4, "ep": 4, "micro_batch": 1, "global_batch": 32,
+                        "sequence_parallel": True},
+           "training": {"seq_len": 256}, "moe": {"routing": "uniform"}}
+    exp = experiment_from_dict(doc)
+    full, fast = (run_experiment(exp, fidelity=f).step_time for f in ("full", "fast"))
+    assert fast == pytest.approx(full, rel=0.005)
