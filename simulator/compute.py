@@ -297,14 +297,19 @@ class ComputeModel:
         t_math = op.flops / self.achieved_flops(op) if op.flops else 0.0
         return self._roofline(op.category, getattr(op, "batch", 1), op.nbytes, t_math)
 
+    def _hbm_efficiency(self, category: str, batch: int) -> float:
+        """The fraction of HBM bandwidth a kernel of ``category`` (``batch`` GEMMs) streams at: unfused attention's
+        scores and the batched GEMMs over them at ``score_memory_efficiency``, an MLP's activation at
+        ``activation_memory_efficiency``, every other kernel at ``memory_efficiency``."""
+        if category == "scores" or (category == "gemm" and batch > 1):
+            return self.score_memory_efficiency
+        return self.activation_memory_efficiency if category == "activation" else self.memory_efficiency
+
     def _roofline(self, category: str, batch: int, nbytes: float, t_math: float) -> float:
         """Seconds of a kernel whose math takes ``t_math`` s and which moves ``nbytes`` of HBM traffic: the
         larger of the two, plus the per-op overhead (score and batched-GEMM traffic, and activations, at their own
         efficiency)."""
-        scores = category == "scores" or (category == "gemm" and batch > 1)
-        efficiency = (self.score_memory_efficiency if scores else
-                      self.activation_memory_efficiency if category == "activation" else self.memory_efficiency)
-        t_mem = nbytes / (self.gpu.hbm_bandwidth * efficiency) if nbytes else 0.0
+        t_mem = nbytes / (self.gpu.hbm_bandwidth * self._hbm_efficiency(category, batch)) if nbytes else 0.0
         return max(t_math, t_mem) + self.op_overhead_s
 
     def _kernel_duration(self, k: Kernel) -> float:
@@ -473,13 +478,12 @@ def _roofline_durations(model: ComputeModel, kernels: Sequence[Kernel], t_math: 
     overhead; ``max`` of these finite non-negative values is exact). A model whose bandwidth terms are not
     positive (the scalar path would raise or divide by zero) takes the scalar path."""
     hbm = model.gpu.hbm_bandwidth
-    plain, scores = hbm * model.memory_efficiency, hbm * model.score_memory_efficiency
-    activation = hbm * model.activation_memory_efficiency
-    if not (plain > 0 and scores > 0 and activation > 0):
+    if not (hbm * min(model.memory_efficiency, model.score_memory_efficiency,
+                      model.activation_memory_efficiency) > 0):
         return [model._kernel_duration(k) for k in kernels]
     nbytes = np.array([k.nbytes for k in kernels], dtype=np.float64)
-    rate = np.array([scores if k.category == "scores" or (k.category == "gemm" and k.batch > 1) else
-                     activation if k.category == "activation" else plain for k in kernels])
+    efficiency = model._hbm_efficiency
+    rate = np.array([hbm * efficiency(k.category, k.batch) for k in kernels])
     with np.errstate(divide="ignore", invalid="ignore"):
         t_mem = np.where(nbytes == 0, 0.0, nbytes / rate)
     return (np.maximum(t_math, t_mem) + model.op_overhead_s).tolist()

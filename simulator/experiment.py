@@ -45,7 +45,7 @@ from topologies.faults import apply_faults, check_fault, fault_counts
 from topologies.loader import describes_topology, preset_section, resolve_topology_path
 from topologies.yamlio import load_yaml, malformed
 from workloads.errors import ConfigError, check_bool, plain_values, unknown_keys, with_prefix
-from workloads.memory import MemoryBreakdown, memory_per_gpu, routed_rows_factor
+from workloads.memory import MemoryBreakdown, memory_per_gpu, model_state_bytes, routed_rows_factor
 from workloads.models import ModelSpec, model_from_dict
 from workloads.moe import RoutingModel, routing_from_dict
 from workloads.op_budget import MAX_OPS, StepTooLargeError, without_lockstep
@@ -717,22 +717,19 @@ def check_memory(exp: Experiment, force: bool = False) -> MemoryBreakdown:
     return memory
 
 
-STATE_BYTES_PER_PARAM = 16
-"""The fewest bytes of model state a parameter takes under mixed-precision Adam (ZeRO's ``2 + 2 + 12``: 16-bit
-weight and gradient, fp32 master weight and two moments; fp32 training's ``4 + 4 + 8`` is as many)."""
-
-
 def memory_hint(exp: Experiment) -> str:
     """What may lower a step's memory per GPU, naming only the knobs with room left (:func:`memory_remedies`
     says which single change fits, when one does): the higher ZeRO stages the layout may run
     (:func:`_higher_zero_stages`), more TP or PP where DP can give up ranks, full recomputation, a smaller
-    micro-batch. When the model's states alone, sharded over every GPU, exceed a GPU's memory, the cluster is
+    micro-batch. When the model's states alone (:func:`~workloads.memory.model_state_bytes`: ZeRO's ``2 + 2 +
+    12`` bytes a parameter in mixed precision), sharded over every GPU, exceed a GPU's memory, the cluster is
     too small."""
     par, hbm, gpus = exp.parallel, exp.cluster.gpu.hbm_bytes, exp.cluster.num_gpus
-    states = STATE_BYTES_PER_PARAM * exp.model.total_params()
+    params = exp.model.total_params()
+    states = sum(model_state_bytes(params, dtype_bytes=exp.training.dtype_bytes))
     if states / gpus > hbm:
         need = math.ceil(states / hbm)
-        return (f"the cluster is too small: the model's states alone ({STATE_BYTES_PER_PARAM} bytes a parameter, "
+        return (f"the cluster is too small: the model's states alone ({states / params:.0f} bytes a parameter, "
                 f"{states / 1e12:.2f} TB) need at least {need:,} GPUs of {hbm / 1e9:.0f} GB, sharded over all")
     knobs = []
     stages = _higher_zero_stages(exp)

@@ -34,13 +34,13 @@ _MIN_ACTIONS = 4
 ops: FP8 weight casts, parameter gathers)."""
 
 
-LOCKSTEP_HINT = " or fidelity: lockstep"
-"""The refusal's last suggestion; :func:`without_lockstep` takes it out where lockstep cannot help."""
+LOCKSTEP_HINT = ", and so does fidelity: lockstep"
+"""The refusal's last clause; :func:`without_lockstep` takes it out where lockstep cannot help."""
 
 
 def without_lockstep(message: str) -> str:
-    """A refusal's message without :data:`LOCKSTEP_HINT` (its other suggestions joined by "or")."""
-    return message.replace(LOCKSTEP_HINT, "").replace(", fewer model.layers make", " or fewer model.layers make")
+    """A refusal's message without :data:`LOCKSTEP_HINT`."""
+    return message.replace(LOCKSTEP_HINT, "")
 
 
 class StepTooLargeError(ConfigError):
@@ -101,5 +101,5 @@ class OpBudget:
         raise StepTooLargeError(
             f"the step would have ~{ops:,.0f} ops ({self.ranks:,} simulated ranks x ~{per_rank:,.0f}), over "
             f"the limit of {self.limit:,} (~{ops * BYTES_PER_OP / 1e9:,.1f} GB of memory and ~{minutes:,.1f} "
-            f"min of CPU to simulate); fewer micro-batches (parallel.global_batch), fewer model.layers"
-            f"{LOCKSTEP_HINT} make it smaller", ops, self.limit)
+            f"min of CPU to simulate); fewer micro-batches (parallel.global_batch) or fewer model.layers make it "
+            f"smaller{LOCKSTEP_HINT}", ops, self.limit)
