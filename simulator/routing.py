@@ -612,19 +612,13 @@ class Router:
                 # (a proxy on another NVSwitch of the domain: one more hop, over the NVSwitches' link)
                 via = (e >= 0) & (e != s) & (t["g2n"][s] >= 0) & t["pxok"][at] & (t["dom"][at] == t["dom"][s])
                 across = via & (t["nvs"][at] != t["nvs"][s])
-                if across.any():
-                    switches = self._nvswitch_nodes
-                    pairs = t["nvs"][s[across]] * len(switches) + t["nvs"][at[across]]
-                    codes, inverse = np.unique(pairs, return_inverse=True)
-                    li = self.link_index
-                    link = np.array([li.get((switches[c // len(switches)], switches[c % len(switches)]), -1)
-                                     for c in codes.tolist()], dtype=np.int64)[inverse]
+                if across.any():  # (a regular fabric links a domain's NVSwitches pairwise, _regular())
+                    switches, li = self._nvswitch_nodes, self.link_index
+                    n = len(switches)
+                    codes, inverse = np.unique(t["nvs"][s[across]] * n + t["nvs"][at[across]], return_inverse=True)
                     bridge = np.full(len(s), -1, dtype=np.int64)
-                    bridge[across] = link
-                    # (a guard: a domain whose NVSwitches are not all linked makes the fabric irregular, _regular(),
-                    # and its pairs take route())
-                    via &= ~across | (bridge >= 0)
-                    across &= via
+                    bridge[across] = np.array([li[(switches[c // n], switches[c % n])] for c in codes.tolist()],
+                                              dtype=np.int64)[inverse]
                 exits = np.where(via, e, s)
             else:
                 exits, via = s, np.zeros(len(s), dtype=bool)
