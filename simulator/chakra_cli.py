@@ -146,9 +146,6 @@ def run_trace(args: argparse.Namespace) -> int:
         if args.cluster is None:
             cluster = build_cluster(_section(doc, "cluster")) if doc.get("cluster") else trace_cluster("dgx-h100",
                                                                                                       world)
-    except ValueError as exc:
-        raise (with_prefix(exc, str(args.file)) if args.file else exc) from None
-    try:
         network = _network_from_dict(_section(doc, "network"))
         compute = _trace_compute(cluster.gpu, *_compute_settings(doc, written, cluster.gpu.name))
         faults = _faults_from_list(doc.get("faults"), cluster)
@@ -208,15 +205,16 @@ def _check_fp8(graph, compute) -> None:
     """Refuse, naming the trace, a trace holding FP8 GEMMs that ``compute``'s GPU cannot time (no FP8 tensor
     cores, or no measured FP8 ceiling: :attr:`~simulator.compute.ComputeModel.fp8_gemm`'s own check); no setting
     of the experiment file can re-time them: they are the trace's kernels."""
+    try:
+        compute.fp8_gemm  # noqa: B018 - the cached model, built (and checked) on first read
+        return  # (a GPU that can time FP8 GEMMs: no op to look for)
+    except ValueError as exc:
+        reason = exc
     for op in graph.ops:
         if isinstance(op, Compute) and (op.category == "gemm_fp8" or any(
                 k.category == "gemm_fp8" for k in op.parts or ())):
-            try:
-                compute.fp8_gemm  # noqa: B018 - the cached model, built (and checked) on first read
-            except ValueError as exc:
-                raise ValueError(f"--chakra: the trace holds FP8 GEMMs (op {op.name!r} of rank {op.rank}: written "
-                                 f"under training.dtype fp8), which {compute.gpu.name} cannot run: {exc}") from None
-            return
+            raise ValueError(f"--chakra: the trace holds FP8 GEMMs (op {op.name!r} of rank {op.rank}: written "
+                             f"under training.dtype fp8), which {compute.gpu.name} cannot run: {reason}") from None
 
 
 def _trace_compute(gpu, dtype: str, settings: dict, inherited: tuple[bool, bool]):

@@ -395,8 +395,8 @@ def _run():
                 result = run_experiment(exp, force=args.force, fidelity=args.fidelity, progress=progress)
             except OutOfMemoryError as exc:  # (found after loading: named by its file, as loading errors are)
                 raise with_prefix(exc.with_remedies(exp), args.file) from None
-            except StepTooLargeError as exc:  # (its type kept: with_prefix would rebuild it as a ConfigError)
-                raise StepTooLargeError(f"{args.file}: {exc}", exc.ops, exc.limit) from None
+            except StepTooLargeError as exc:
+                raise with_prefix(exc, args.file) from None
         write_outputs(result, args, trace_ranks)  # (before the export, which may refuse a graph too large)
         exported = chakra_cli.export_experiment(exp, args.export_chakra, force=args.force)
         if exported and not args.json:

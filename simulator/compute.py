@@ -230,13 +230,18 @@ class ComputeModel:
         return GemmModel(self.peak_flops, self.gpu.sm_count, eff, self._critical_intensity(self.peak_flops),
                          self.gpu.hbm_bandwidth, _DTYPE_BYTES.get(self.base_dtype, 2), self.gemm_k_overhead)
 
+    def _rate_ratio(self, peak: float) -> float:
+        """``peak`` FLOP/s over the GPU's bf16 peak (1 for a GPU without one): how many times the 16-bit rate's
+        FLOPs per operand byte a tile at that rate needs, and how many times its pipeline fill in elements."""
+        bf16 = self.gpu.peak_flops.get("bf16")
+        return peak / bf16 if bf16 else 1.0
+
     def _critical_intensity(self, peak: float) -> float:
         """FLOPs per operand byte a tile needs at a dense rate of ``peak`` FLOP/s: the 16-bit rate's
-        (``GPUSpec.gemm_critical_intensity``) times ``peak`` over the bf16 peak, since r times the rate needs r
-        times the FLOPs per byte (FP8: 2x; fp32 ~1/15 on Hopper, whose 4-byte operands at the 16-bit intensity
-        starved every tile: 38% of peak at 8192^3). A GPU without a bf16 peak keeps its own figure."""
-        bf16 = self.gpu.peak_flops.get("bf16")
-        return self.gpu.gemm_critical_intensity * (peak / bf16 if bf16 else 1.0)
+        (``GPUSpec.gemm_critical_intensity``) times :meth:`_rate_ratio`, since r times the rate needs r times
+        the FLOPs per byte (FP8: 2x; fp32 ~1/15 on Hopper, whose 4-byte operands at the 16-bit intensity
+        starved every tile: 38% of peak at 8192^3)."""
+        return self.gpu.gemm_critical_intensity * self._rate_ratio(peak)
 
     def _trainable_dtypes(self) -> list[str]:
         """The ``training.dtype`` values this GPU has a peak for (``tf32`` is a GEMM mode of fp32 training, not
@@ -255,9 +260,8 @@ class ComputeModel:
             raise ValueError(f"compute.fp8_matmul_efficiency: {self.gpu.name} has no measured FP8 GEMM ceiling; "
                              f"set it (a fraction of the FP8 peak in [{MIN_EFFICIENCY:g}, 1])")
         peak = self.gpu.peak("fp8")
-        ratio = peak / self.gpu.peak("bf16")
         return GemmModel(peak, self.gpu.sm_count, eff, self._critical_intensity(peak), self.gpu.hbm_bandwidth, 1,
-                         round(self.gemm_k_overhead * ratio), stream_k=True)
+                         round(self.gemm_k_overhead * self._rate_ratio(peak)), stream_k=True)
 
     def reserved_gemm(self, gemm: GemmModel, sm_reserved: int) -> GemmModel:
         """``gemm`` on the SMs that ``sm_reserved`` communication SMs leave: fewer SMs, the same rate each."""

@@ -148,10 +148,6 @@ class OutOfMemoryError(ValueError):
         super().__init__(summary if hint is None else f"{summary}; {hint}")
         self.summary = summary
 
-    def without_force(self) -> str:
-        """The message without :data:`FORCE_HINT`: what a sweep's row says (``sweep`` has no ``--force``)."""
-        return without_force(str(self))
-
     def with_remedies(self, exp: Experiment) -> OutOfMemoryError:
         """The same error, its hint replaced by the single changes that make ``exp`` fit
         (:func:`memory_remedies`), when there are any."""

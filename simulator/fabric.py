@@ -188,7 +188,8 @@ class NetworkConfig:
             raise ValueError(f"network.channels: {self.channels!r} unknown; valid: {', '.join(CHANNEL_COUNTS)}")
         if self.step_latency_s is not None and not (isinstance(self.step_latency_s, Real)
                                                     and 0 <= self.step_latency_s < LINK_LATENCY_MAX):
-            raise ValueError(f"network.step_latency: must be 'nccl' or a time in [0, 1 s), got {self.step_latency_s!r}")
+            raise ValueError(f"network.step_latency: must be 'nccl' or a time in [0, {LINK_LATENCY_MAX:g} s), "
+                             f"got {self.step_latency_s!r}")
         if self.fidelity not in ("fast", "full"):
             raise ValueError(f"network.fidelity: {self.fidelity!r} unknown; valid: fast, full")
         eff = self.bandwidth_efficiency

@@ -197,31 +197,25 @@ class Result:
         n = len(out["rank"])  # (fromiter: the same object array as np.array's, a third quicker)
         out.update({c: np.fromiter(self._op_column(c), dtype=object, count=n)
                     for c in ("kind", "name", "stream", "traffic_class")})
-        wait = self._member_wait(out["start_s"], out["end_s"])
-        if wait is not None:
-            out["member_wait_s"] = wait
-        return out
-
-    def _member_wait(self, start: np.ndarray, end: np.ndarray) -> np.ndarray | None:
-        """Seconds at the end of each op that a representative's members wait there for the slowest of them
-        (``RunRecord.member_busy``), or None where no op has members; ``start``/``end``: every op's (s)."""
+        # ``member_wait_s``: seconds at the end of each op that a representative's members wait there for the
+        # slowest of them (RunRecord.member_busy), where some op has members
         busy = getattr(self.record, "member_busy", None)
-        if not busy:
-            return None
-        ids = np.fromiter(busy, dtype=np.int64, count=len(busy))
-        share = np.fromiter(busy.values(), dtype=float, count=len(busy))
-        wait = np.zeros(len(start))
-        wait[ids] = (end[ids] - start[ids]) * (1.0 - share)
-        return wait
+        if busy:
+            ids = np.fromiter(busy, dtype=np.int64, count=len(busy))
+            share = np.fromiter(busy.values(), dtype=float, count=len(busy))
+            start, end = out["start_s"], out["end_s"]
+            out["member_wait_s"] = np.zeros(len(start))
+            out["member_wait_s"][ids] = (end[ids] - start[ids]) * (1.0 - share)
+        return out
 
     def _rep_frame(self) -> pd.DataFrame:
         """A new frame of the representatives' ops (:attr:`rep_ops`), read off the op graph: what the timeline
         and the trace draw, whatever a user has done to the frames handed out."""
         df = _pd().DataFrame({c: self._op_column(c) for c in self._OP_COLUMNS})
         df["duration_s"] = df["end_s"] - df["start_s"]
-        wait = self._member_wait(df["start_s"].to_numpy(), df["end_s"].to_numpy())
+        wait = self._op_arrays.get("member_wait_s")
         if wait is not None:  # (the timeline draws that wait as moe_wait, as the breakdown counts it)
-            df["member_wait_s"] = wait
+            df["member_wait_s"] = wait.copy()
         return df
 
     @cached_property

@@ -43,11 +43,8 @@ def test_the_projection_is_close_to_the_graph_built(changes, parallel, represent
         _step(changes, parallel, representatives, built // 4)  # a limit the projection passes early
     assert info.value.limit == built // 4
     # refused early, on a projection of the right order (the actions so far; the gradient reductions and the
-    # optimizer after a rank's last action are not in it yet)
-    assert built // 4 < info.value.ops <= 1.25 * built, (info.value.ops, built)
-    # a limit a quarter above the graph's size is never refused: no projection along the way overshoots by more
-    # (the builder's one-off ops of a first forward)
-    assert len(_step(changes, parallel, representatives, int(1.25 * built)).graph.ops) == built
+    # optimizer after a rank's last action are not in it yet); that it passed the limit is the refusal itself
+    assert info.value.ops <= 1.25 * built, (info.value.ops, built)
 
 
 @pytest.mark.parametrize("changes,parallel,representatives", CONFIGS)
@@ -57,6 +54,8 @@ def test_the_ops_built_are_held_to_the_limit(changes, parallel, representatives)
     built = len(_step(changes, parallel, representatives, None).graph.ops)
     with pytest.raises(StepTooLargeError):
         _step(changes, parallel, representatives, built - 1)
+    # the graph's own size is never refused: no projection along the way overshoots it by more than the quarter
+    # of slack (the builder's one-off ops of a first forward)
     assert len(_step(changes, parallel, representatives, built).graph.ops) == built
 
 

@@ -12,6 +12,7 @@ with a one-line message that starts with the offending field (``model.heads``,
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,14 +23,16 @@ class ConfigError(ValueError):
 
 
 def with_prefix(exc: ValueError, prefix: str) -> ValueError:
-    """``exc`` again, its message led by ``prefix`` (a file name, a job): the same type when it takes one
-    message, else a :class:`ConfigError` (a ``UnicodeDecodeError`` needs five arguments: rebuilding it as its
-    own type raised a TypeError instead of the one-line error)."""
+    """``exc`` again, its message led by ``prefix`` (a file name, a job): a copy of it, its type and attributes
+    kept, whose message is the new one; a :class:`ConfigError` where that cannot be (a ``UnicodeDecodeError``'s
+    message is not its ``args``: rebuilt as its own type it raised a TypeError instead of the one-line error)."""
     message = f"{prefix}: {exc}"
     try:
-        return type(exc)(message)
+        new = copy.copy(exc)  # (its type and attributes kept: a StepTooLargeError's ops and limit)
     except TypeError:
         return ConfigError(message)
+    new.args = (message,)
+    return new if str(new) == message else ConfigError(message)
 
 
 # ----------------------------------------------------------------- checkers

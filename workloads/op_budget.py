@@ -51,6 +51,9 @@ class StepTooLargeError(ConfigError):
         self.ops = ops
         self.limit = limit
 
+    def __reduce__(self) -> tuple:  # (pickles and copies: a worker process raises it back to its caller)
+        return type(self), (str(self), self.ops, self.limit)
+
 
 class OpBudget:
     """Watches an :class:`~workloads.ops.OpGraph` as the programs of ``ranks`` ranks are built into it.
@@ -72,8 +75,7 @@ class OpBudget:
         self.done += 1
         self.start = len(self.graph.ops)
         if self.limit is not None and self.start > self.limit:
-            per_rank = self.start / self.done
-            self._refuse(max(float(self.start), per_rank * self.ranks), per_rank)
+            self._refuse(*self.projected(0, 1))  # (before the next rank's first action: the ranks built)
 
     def projected(self, action: int, actions: int) -> tuple[float, float]:
         """``(ops of the whole graph, ops per rank)`` projected when ``action`` of the rank in progress's

@@ -95,7 +95,7 @@ def run_point(doc: Mapping) -> dict[str, Any]:
             out["memory_per_gpu_bytes"] = float(exp.memory().total)
             out.update(_metrics(run_experiment(exp).summary))
     except OutOfMemoryError as exc:
-        out.update(status="oom", reason=one_line(exc.without_force()))
+        out.update(status="oom", reason=without_force(one_line(exc)))
     except ValueError as exc:
         out.update(status="invalid", reason=without_force(one_line(exc)))
     except Exception as exc:  # noqa: BLE001 - a failed point is a row, not a crash of the sweep
