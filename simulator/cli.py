@@ -366,7 +366,7 @@ def _run():
         from workloads.parallel import RankLayout
 
         from .bulk_alltoall import slow_alltoallv_note, under_one_switch
-        from .experiment import OutOfMemoryError, load_experiment, run_experiment, unused_settings
+        from .experiment import OutOfMemoryError, check_memory, load_experiment, run_experiment, unused_settings
         chakra_cli.check_arguments(args)
         if args.chakra is not None:
             return chakra_cli.run_trace(args)
@@ -390,15 +390,19 @@ def _run():
         if (exp.raw or {}).get("sweep") is not None:
             print("clustersim: note: sweep: has no effect in clustersim run, which runs the file as it is; "
                   "clustersim sweep FILE runs its grid", file=sys.stderr)
-        with _ops_bar(not args.no_progress) as progress:
-            try:
+        try:
+            if args.export_chakra is not None:
+                # Exported before the run: a step that does not fit, or whose every-rank graph is over the op
+                # budget, is refused before minutes of simulation rather than after them.
+                check_memory(exp, args.force)
+            exported = chakra_cli.export_experiment(exp, args.export_chakra, force=args.force)
+            with _ops_bar(not args.no_progress) as progress:
                 result = run_experiment(exp, force=args.force, fidelity=args.fidelity, progress=progress)
-            except OutOfMemoryError as exc:  # (found after loading: named by its file, as loading errors are)
-                raise with_prefix(exc.with_remedies(exp), args.file) from None
-            except StepTooLargeError as exc:
-                raise with_prefix(exc, args.file) from None
-        write_outputs(result, args, trace_ranks)  # (before the export, which may refuse a graph too large)
-        exported = chakra_cli.export_experiment(exp, args.export_chakra, force=args.force)
+        except OutOfMemoryError as exc:  # (found after loading: named by its file, as loading errors are)
+            raise with_prefix(exc.with_remedies(exp), args.file) from None
+        except StepTooLargeError as exc:
+            raise with_prefix(exc, args.file) from None
+        write_outputs(result, args, trace_ranks)
         if exported and not args.json:
             print(exported)
         return 0
