@@ -48,6 +48,7 @@ import simpy
 from simpy.events import NORMAL
 
 from topologies.cluster import Cluster
+from workloads.errors import is_int
 from workloads.ops import Op, OpGraph, OpGraphError
 
 from .compute import ComputeModel, op_durations
@@ -372,11 +373,11 @@ class Engine:
         Defaults to the cluster's GPU in bf16.
     network : NetworkConfig, optional
     slowdown : Mapping[int, float], optional
-        Rank -> factor on every compute op of that rank (a straggler GPU). In a
+        Rank (any integer, numpy's too) -> factor on every compute op of that rank (a straggler GPU). In a
         graph of representatives a representative runs at the slowest factor of
         the ranks it stands for (they proceed together).
     rank_compute : Mapping[int, ComputeModel], optional
-        Rank -> the compute model of that rank's ops, where it is not
+        Rank (as in ``slowdown``) -> the compute model of that rank's ops, where it is not
         ``compute`` (several jobs, each with its own dtype and knobs, sharing
         one fabric: :mod:`simulator.jobs`).
     progress : callable, optional
@@ -408,18 +409,21 @@ class Engine:
         self.graph = graph
         self.cluster = cluster
         self.compute = compute or ComputeModel(cluster.gpu)
+        # (ranks: any integer, numpy's too, kept as int; a compute end is scheduled unchecked: no negative delay)
         self.slowdown = dict(slowdown or {})
-        for rank, factor in self.slowdown.items():  # (a compute end is scheduled unchecked: no negative delay)
-            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < graph.world_size:
+        for rank, factor in self.slowdown.items():
+            if not is_int(rank) or not 0 <= rank < graph.world_size:
                 raise ValueError(f"slowdown: {rank!r} is not a rank of this graph (0..{graph.world_size - 1})")
             if isinstance(factor, bool) or not isinstance(factor, Real) or not 0 < factor < math.inf:
                 raise ValueError(f"slowdown[{rank}]: must be a finite factor > 0, got {factor!r}")
+        self.slowdown = {int(rank): factor for rank, factor in self.slowdown.items()}
         self.rank_compute = dict(rank_compute or {})
         for rank, model in self.rank_compute.items():
-            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < graph.world_size:
+            if not is_int(rank) or not 0 <= rank < graph.world_size:
                 raise ValueError(f"rank_compute: {rank!r} is not a rank of this graph (0..{graph.world_size - 1})")
             if not isinstance(model, ComputeModel):
                 raise TypeError(f"rank_compute[{rank}]: must be a ComputeModel, got {type(model).__name__}")
+        self.rank_compute = {int(rank): model for rank, model in self.rank_compute.items()}
         _check_replicas(graph)
         self._ran = False
         if progress is not None and not callable(progress):

@@ -582,15 +582,17 @@ class Result:
 
         ``timeline``, ``stages`` (pipeline runs), ``tier_bandwidth``, ``link_heatmap`` (20 busiest links),
         ``traffic_<level>`` for node and, on a fabric with leaves, leaf level, ``link_utilization``,
-        ``bytes_by_class_and_tier``; the timeline only for a run with ops, the link figures only where bytes
-        crossed a link.
+        ``bytes_by_class_and_tier``; the timeline only for a run with bars to draw (not one whose ops all take no
+        time), the link figures only where bytes crossed a link.
         """
         import matplotlib.pyplot as plt
 
         if isinstance(dpi, bool) or not isinstance(dpi, numbers.Real) or not 0 < dpi <= 2400:
             raise ValueError(f"dpi: must be a resolution in dots per inch, 0 < dpi <= 2400, got {dpi!r}")
         os.makedirs(folder, exist_ok=True)
-        figures: list[tuple[str, Callable]] = [("timeline", self.plot_timeline)] if len(self.record.graph.ops) else []
+        bars = self.timeline() if len(self.record.graph.ops) else None  # (no bars: every op took no time)
+        figures: list[tuple[str, Callable]] = ([("timeline", lambda: _plotting().plot_timeline(bars))]
+                                               if bars is not None and len(bars) else [])
         if len(self._stage_frame()):
             figures.append(("stages", self.plot_stages))
         figures += [("tier_bandwidth", self.plot_tier_bandwidth), ("link_heatmap", self.plot_link_heatmap),

@@ -56,6 +56,7 @@ from topologies.units import BARE_BANDWIDTH_MIN, parse_link_bandwidth, parse_lin
 from topologies.validate import validate_cluster
 
 __all__ = [
+    "MAX_GPUS",
     "DEFAULT_NVLINK_LATENCY",
     "DEFAULT_NIC_LATENCY",
     "DEFAULT_SWITCH_LATENCY",
@@ -67,6 +68,10 @@ __all__ = [
     "ratio_text",
 ]
 
+MAX_GPUS = 262_144
+"""The largest cluster built (GPUs): twice a 16K-node, 131,072-GPU fabric. The graph and routes grow with it,
+so a larger value (``nodes: 10**18``, ``leaf_spine("H100", 10**12)``) is refused before anything is allocated
+(:func:`check_gpu_count`)."""
 DEFAULT_NVLINK_LATENCY = 0.25e-6
 """Seconds per GPU <-> NVSwitch hop (see module docstring)."""
 DEFAULT_NIC_LATENCY = 0.25e-6
@@ -84,12 +89,29 @@ def _positive_int(value: object, field: str) -> int:
     return int(value)
 
 
+def check_gpu_count(servers: int, gpus_per_server: int, field: str = "servers", unit: str = "servers",
+                    fewer: str | None = None) -> None:
+    """Raise :class:`TopologyError`, naming ``field``, when ``servers`` x ``gpus_per_server`` exceeds
+    :data:`MAX_GPUS`: checked before anything is built (the builders and :func:`topologies.build_cluster`, in one
+    wording; ``unit``: what ``servers`` counts, ``fewer``: what to reduce, default ``unit``)."""
+    total = servers * gpus_per_server
+    if total > MAX_GPUS:
+        raise TopologyError(f"{field}: {servers} {unit} x {gpus_per_server} GPUs = {total:,} GPUs exceeds the "
+                            f"supported {MAX_GPUS:,}; use fewer {fewer or unit}")
+
+
 def _oversubscription(value: object, field: str = "oversubscription") -> float:
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 1e300
-            or not math.isfinite(value)):  # (1e300 first: an int beyond any float is refused, not an OverflowError)
+    """A ratio >= 1 as a float: any real number (numpy's too), not a bool."""
+    x = math.nan
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            x = float(value)  # (first: np.float32 compared with 1e300 overflowed with a warning)
+        except OverflowError:  # an int beyond any float: refused below
+            x = math.inf
+    if not 1 <= x <= 1e300:
         raise TopologyError(f"{field}: {value!r} is not a number >= 1 (downlink:uplink, e.g. 1 for non-blocking, "
                             f"3 for 3:1)")
-    return float(value)
+    return x
 
 
 def _uplink_rate(rate: float, field: str, value: float) -> float:
@@ -193,6 +215,7 @@ class _ScaleOut:
         self.gpu = get_gpu(gpu)
         self.servers = _positive_int(servers, "servers")
         self.gpus_per_server = _positive_int(gpus_per_server, "gpus_per_server")
+        check_gpu_count(self.servers, self.gpus_per_server)
         self.servers_per_leaf = _positive_int(servers_per_leaf, "servers_per_leaf")
         self.spines = self.servers_per_leaf if spines is None else _positive_int(spines, "spines")
         self.nic_bandwidth = (self.gpu.nic_bandwidth if nic_bandwidth is None
@@ -275,7 +298,7 @@ def single_server(gpu: str | GPUSpec = "H100-SXM", gpus_per_server: int = 8,
     gpu : str or GPUSpec
         GPU model name or alias (see :func:`topologies.get_gpu`).
     gpus_per_server : int
-        GPUs in the NVLink domain.
+        GPUs in the NVLink domain, at most :data:`MAX_GPUS` (262,144).
     nvlink_bandwidth : float or str, optional
         Per GPU, per direction (bytes/s or e.g. ``"450GB/s"``); default: the
         GPU spec's.
@@ -298,6 +321,7 @@ def single_server(gpu: str | GPUSpec = "H100-SXM", gpus_per_server: int = 8,
     """
     spec = get_gpu(gpu)
     gps = _positive_int(gpus_per_server, "gpus_per_server")
+    check_gpu_count(1, gps, "gpus_per_server", "server", "GPUs per server")
     nvlink_bw = spec.nvlink_bandwidth if nvlink_bandwidth is None else parse_link_bandwidth(nvlink_bandwidth,
                                                                                        "nvlink_bandwidth")
     nvlink_lat = parse_link_latency(nvlink_latency, "nvlink_latency")
@@ -334,7 +358,8 @@ def leaf_spine(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, serve
     gpu : str or GPUSpec
         GPU model name or alias.
     servers : int
-        Number of servers (NVLink domains).
+        Number of servers (NVLink domains); ``servers * gpus_per_server`` is
+        at most :data:`MAX_GPUS` (262,144), checked before anything is built.
     gpus_per_server : int
         GPUs (and NICs) per server.
     servers_per_leaf : int
@@ -346,7 +371,7 @@ def leaf_spine(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, serve
     nic_bandwidth, nvlink_bandwidth : float or str, optional
         Per GPU, per direction; default: the GPU spec's.
     oversubscription : float
-        Leaf downlink : uplink bandwidth, >= 1.
+        Leaf downlink : uplink bandwidth, >= 1 (any real number, numpy's too).
     pcie_bandwidth : float or str, optional
         GPU <-> NIC per direction. Default: PCIe Gen5 x16 (64 GB/s; Gen4 x16,
         32 GB/s, for A100), never below the NIC rate.

@@ -48,6 +48,7 @@ from collections.abc import Callable, Mapping
 import yaml
 
 from topologies import builders
+from topologies.builders import MAX_GPUS as MAX_GPUS  # (re-exported: defined once, where the builders refuse)
 from topologies.cluster import Cluster, TopologyError
 from topologies.custom import GRAPHML_SUFFIXES, cluster_from_dict, is_topology_document, load_topology
 from topologies.gpus import GPU_SPECS, get_gpu
@@ -55,9 +56,6 @@ from topologies.presets import PRESETS, preset_names
 from topologies.units import parse_link_bandwidth, parse_link_latency
 from topologies.yamlio import load_yaml, malformed, not_utf8
 
-MAX_GPUS = 262_144
-"""The largest cluster built (GPUs): twice a 16K-node, 131,072-GPU fabric. The graph and routes grow with it,
-so a larger value (``nodes: 10**18``) is refused before anything is allocated."""
 MAX_SWITCHES = 65_536
 """The most switches (or nodes per leaf) of one tier."""
 
@@ -109,6 +107,7 @@ def _int(value: object, key: str, *, optional: bool = False) -> int | None:
 
 
 def _ratio(value: object, key: str) -> float:
+    """``cluster.<key>`` as a ratio >= 1: a real number (numpy's too, not a bool) or text, ``"3"`` or ``"3:1"``."""
     x: object = value
     if isinstance(value, str):
         text = value.strip()
@@ -117,9 +116,9 @@ def _ratio(value: object, key: str) -> float:
             x = float(num) / float(den) if sep else float(text)
         except (ValueError, ZeroDivisionError):
             x = None
-    if isinstance(x, int) and not isinstance(x, bool) and x > 1e300:  # (an int beyond any float: refused too)
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool) and x > 1e300:  # (beyond any float: refused)
         x = math.inf
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not 1 <= x < math.inf:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not 1 <= x < math.inf:  # (numpy's numbers too)
         raise TopologyError(f"cluster.{key}: {value!r} is not a ratio >= 1 (downlink:uplink, e.g. 1 for "
                             f"non-blocking, 3 or '3:1')")
     return float(x)
@@ -233,7 +232,8 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
     ----------
     section : Mapping or str
         The section's fields (see the module docstring); values may carry
-        units (``"400Gbps"``, ``"450GB/s"``, ``"1us"``). A bare string is
+        units (``"400Gbps"``, ``"450GB/s"``, ``"1us"``); numbers may be numpy
+        scalars (``np.int64``, ``np.float32``), as a plain int or float. A bare string is
         shorthand for ``{"preset": section}``, or with ``PRESET:NODES`` for
         ``{"preset": ..., "nodes": ...}`` (:func:`preset_section`). A section with ``links``
         (or a list of ``nodes``) is a topology document
@@ -300,9 +300,7 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
     gpu = get_gpu(merged["gpu"], "cluster.gpu")  # type: ignore[arg-type]
     nodes = _int(merged["nodes"], "nodes")
     gpus_per_node = _int(merged["gpus_per_node"], "gpus_per_node")
-    if nodes * gpus_per_node > MAX_GPUS:
-        raise TopologyError(f"cluster.nodes: {nodes} nodes x {gpus_per_node} GPUs = {nodes * gpus_per_node:,} GPUs "
-                            f"exceeds the supported {MAX_GPUS:,}; use fewer nodes")
+    builders.check_gpu_count(nodes, gpus_per_node, "cluster.nodes", "nodes")  # type: ignore[arg-type]
     fabric = _fabric(merged["fabric"])
     nodes_per_leaf = _int(merged["nodes_per_leaf"], "nodes_per_leaf")
     spines = _int(merged["spines"], "spines", optional=True)
@@ -380,7 +378,11 @@ def load_cluster(path: str | os.PathLike[str], check: Callable[[Mapping], None] 
     TopologyError
         One line naming the file: it is missing or unreadable, is not valid
         YAML, is not a mapping, or its cluster section is invalid.
+    TypeError
+        ``path`` is not a str or os.PathLike (``None``, an int: ``open`` would read a file descriptor).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: must be a file path (str or os.PathLike), got {type(path).__name__} {path!r:.60}")
     where = os.fspath(path)
     if where.lower().endswith(GRAPHML_SUFFIXES):
         return load_topology(where)

@@ -18,8 +18,8 @@ Conventions
   PiB`` are binary (2**10 ... 2**50). Prefix letters are case-insensitive.
 * The final ``b`` is case-sensitive in bandwidths: ``Gbps`` / ``Gb/s`` are
   bits per second, ``GB/s`` / ``GBps`` are bytes per second.
-* A plain number (int, float or numeric string) is already in SI units:
-  bytes, bytes/s or seconds.
+* A plain number (int, float, a numpy scalar such as ``np.int64``, or a numeric
+  string) is already in SI units: bytes, bytes/s or seconds. A bool is no number.
 
 Every invalid value raises :class:`~topologies.cluster.TopologyError` with a
 one-line message naming the field, the value and what would be valid.
@@ -28,6 +28,7 @@ one-line message naming the field, the value and what would be valid.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
 from topologies.cluster import TopologyError
@@ -80,10 +81,11 @@ def _prefix_factor(prefix: str | None) -> float:
 
 
 def _split(value: object) -> tuple[float, str] | None:
-    """``(number, unit)`` of an int, float or string, or ``None`` if unparseable."""
+    """``(number, unit)`` of a real number (numpy's too: ``np.int64``, ``np.float32``), or of a string; ``None``
+    if unparseable (a bool among them: ``True`` is no size)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):
         try:
             return float(value), ""
         except OverflowError:  # an int beyond any float (YAML reads 1 followed by 400 zeros exactly)
@@ -107,7 +109,7 @@ def parse_bytes(value: object, field: str = "size", *, allow_zero: bool = True) 
 
     Parameters
     ----------
-    value : int, float or str
+    value : int, float (numpy's too) or str
         A plain number is bytes; a string may carry a unit ``B``, ``KB``,
         ``MB``, ``GB``, ``TB``, ``PB`` (decimal) or ``KiB`` ... ``PiB``
         (binary).
@@ -151,7 +153,7 @@ def parse_bandwidth(value: object, field: str = "bandwidth") -> float:
 
     Parameters
     ----------
-    value : int, float or str
+    value : int, float (numpy's too) or str
         A plain number is bytes/s. Units ending in ``bps`` or ``b/s`` are bits
         per second; units ending in ``Bps`` or ``B/s`` are bytes per second.
     field : str
@@ -231,7 +233,7 @@ def parse_time(value: object, field: str = "time", *, allow_zero: bool = True) -
 
     Parameters
     ----------
-    value : int, float or str
+    value : int, float (numpy's too) or str
         A plain number is seconds; units ``s``, ``ms``, ``us`` (or ``µs``),
         ``ns``, ``ps``.
     field : str

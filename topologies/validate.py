@@ -12,7 +12,7 @@ from numbers import Real
 
 import networkx as nx
 
-from topologies.cluster import LINK_KINDS, NODE_KINDS, TIERS, Cluster, TopologyError
+from topologies.cluster import LINK_KINDS, NODE_KINDS, TIERS, Cluster, TopologyError, check_cluster
 
 __all__ = ["validate_cluster"]
 
@@ -45,6 +45,8 @@ def validate_cluster(cluster: Cluster) -> Cluster:
 
     Checks, in order:
 
+    * ``cluster`` is a :class:`Cluster` (else a one-line ``TypeError``; :func:`~topologies.export.cluster_to_dict`
+      and :func:`~topologies.export.cluster_to_yaml` check through here);
     * ``graph`` is a ``networkx.DiGraph`` with at least one node;
     * every node has ``kind`` in :data:`NODE_KINDS` and an integer ``server``;
     * every edge has a positive, finite ``bandwidth`` (bytes/s), a
@@ -69,7 +71,10 @@ def validate_cluster(cluster: Cluster) -> Cluster:
     ------
     TopologyError
         Naming the first offending node or edge and attribute.
+    TypeError
+        ``cluster`` is not a :class:`Cluster` (``None``, a preset name).
     """
+    check_cluster(cluster)
     g = cluster.graph
     if not isinstance(g, nx.DiGraph) or g.is_multigraph():
         raise TopologyError(f"cluster.graph: expected a networkx.DiGraph, got {type(g).__name__}")

@@ -225,6 +225,19 @@ def _tag(tag: object) -> int:
     return int(tag)
 
 
+def _names(stream: object, traffic_class: object) -> tuple[str, str]:
+    """``(stream, traffic_class)`` as plain strs (a str subclass such as ``np.str_`` taken); a builder's call
+    with either not a non-empty string is refused there: a ``None`` or int class simulated, then broke
+    ``Result.summary`` and ``time_breakdown`` (a sort of None with str, ``"exposed_" + 5``)."""
+    if not isinstance(traffic_class, str) or not traffic_class:
+        raise OpGraphError(f"traffic_class: must be a non-empty string (dp, tp, pp, ep, cp, zero, compute, or a "
+                           f"name of your own), got {traffic_class!r:.60}")
+    if not isinstance(stream, str) or not stream:
+        raise OpGraphError(f"stream: must be a non-empty string (ops on one rank and stream run in order: compute, "
+                           f"comm, or a name of your own), got {stream!r:.60}")
+    return str(stream), str(traffic_class)
+
+
 class OpGraph:
     """Per-rank programs of operations for one training step.
 
@@ -301,9 +314,12 @@ class OpGraph:
         micro_batch: int = -1,
         stage: int = -1,
     ) -> int:
-        """Append a :class:`Compute` op on ``rank``; return its id."""
+        """Append a :class:`Compute` op on ``rank``; return its id. ``stream`` and ``traffic_class`` are non-empty
+        strings."""
         if type(rank) is not int or not 0 <= rank < self.world_size:
             self._check_rank(rank)
+        if type(traffic_class) is not str or type(stream) is not str or not (traffic_class and stream):
+            stream, traffic_class = _names(stream, traffic_class)
         if not (is_size(flops) and is_size(nbytes)):
             raise OpGraphError(f"compute {name!r}: flops and nbytes must be finite numbers >= 0, got {flops!r}, "
                                f"{nbytes!r}")
@@ -345,9 +361,12 @@ class OpGraph:
         stage: int = -1,
         holds_sms: bool = True,
     ) -> int:
-        """Append one member's :class:`Collective` op; return its id."""
+        """Append one member's :class:`Collective` op; return its id. ``stream`` and ``traffic_class`` are
+        non-empty strings."""
         if type(rank) is not int or not 0 <= rank < self.world_size:
             self._check_rank(rank)
+        if type(traffic_class) is not str or type(stream) is not str or not (traffic_class and stream):
+            stream, traffic_class = _names(stream, traffic_class)
         if collective not in COLLECTIVE_KINDS:
             raise OpGraphError(f"collective: {collective!r} unknown; valid: {', '.join(COLLECTIVE_KINDS)}")
         # (exact types first: the abstract-class checks cost more than the rest of the call)
@@ -579,6 +598,8 @@ class OpGraph:
             self._check_rank(peer, "peer")
         if peer == rank:
             raise OpGraphError(f"peer: rank {rank} cannot {cls.kind} to itself")
+        if type(traffic_class) is not str or type(stream) is not str or not (traffic_class and stream):
+            stream, traffic_class = _names(stream, traffic_class)
         if not is_size(nbytes):
             raise OpGraphError(f"nbytes: must be a finite number of bytes >= 0, got {nbytes!r}")
         ops = self.ops
@@ -590,14 +611,16 @@ class OpGraph:
     def send(self, rank: int, peer: int, nbytes: float, *, name: str = "", deps: Iterable[int] = (),
              stream: str = "comm", traffic_class: str = "pp", layer: int = -1, micro_batch: int = -1,
              stage: int = -1, tag: int = 0) -> int:
-        """Append a :class:`Send` of ``nbytes`` from ``rank`` to ``peer``; return its id."""
+        """Append a :class:`Send` of ``nbytes`` from ``rank`` to ``peer``; return its id. ``stream`` and
+        ``traffic_class`` are non-empty strings."""
         return self._p2p(Send, rank, peer, nbytes, name, deps, stream, traffic_class, layer, micro_batch, stage,
                          tag)
 
     def recv(self, rank: int, peer: int, nbytes: float, *, name: str = "", deps: Iterable[int] = (),
              stream: str = "comm", traffic_class: str = "pp", layer: int = -1, micro_batch: int = -1,
              stage: int = -1, tag: int = 0) -> int:
-        """Append a :class:`Recv` on ``rank`` of ``nbytes`` from ``peer``; return its id."""
+        """Append a :class:`Recv` on ``rank`` of ``nbytes`` from ``peer``; return its id. ``stream`` and
+        ``traffic_class`` are non-empty strings."""
         return self._p2p(Recv, rank, peer, nbytes, name, deps, stream, traffic_class, layer, micro_batch, stage,
                          tag)
 

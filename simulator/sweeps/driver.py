@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from topologies.loader import resolve_topology_path
+from workloads.errors import is_int
 
 from ..experiment import read_experiment_file
 from .columns import SCREEN, check_fidelity, check_max_tp, check_metric
@@ -53,7 +54,8 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
         ``step_time_s``); lower is better except for
         :data:`~simulator.sweeps.columns.HIGHER_IS_BETTER`.
     jobs : int, optional
-        Local worker processes (default all cores; 1 runs in this process).
+        Local worker processes (default all cores; 1 runs in this process); any
+        integer >= 1, numpy's too (``np.int64``), not a bool.
     scheduler : str, optional
         Address of a Dask distributed scheduler, e.g. ``tcp://10.0.0.1:8786``;
         overrides ``jobs``.
@@ -105,8 +107,9 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
     """
     if isinstance(checkpoint_s, bool) or not isinstance(checkpoint_s, (int, float)) or not checkpoint_s > 0:
         raise ValueError(f"checkpoint_s: must be a number of seconds > 0, got {checkpoint_s!r}")
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+    if jobs is not None and (not is_int(jobs) or jobs < 1):  # (numpy's integers too, as an int)
         raise ValueError(f"jobs: must be an integer >= 1 (worker processes; None: one per core), got {jobs!r}")
+    jobs = None if jobs is None else int(jobs)
     if grid is not None and not isinstance(grid, Mapping):
         raise ValueError(f"grid: must map dotted paths to lists of values, e.g. {{'parallel.tp': [1, 2, 4]}}; "
                          f"got {type(grid).__name__}")

@@ -667,7 +667,9 @@ def _spec(unit: _Unit, lossless: bool, tables: dict[int, tuple[Kernel, ...]]) ->
 
     tags: dict[str, Any] = {}
     if lossless:
-        tags = {"stream": text(PREFIX + "stream", "compute"), "traffic_class": text(PREFIX + "traffic_class", ""),
+        # (a class left out: OpGraph's own defaults, "compute" for a kernel and "dp" for a collective)
+        tags = {"stream": text(PREFIX + "stream", "compute"),
+                "traffic_class": text(PREFIX + "traffic_class", "compute" if type_name == "COMP_NODE" else "dp"),
                 **{k: whole(PREFIX + k) for k in ("layer", "micro_batch", "stage")}}
     if type_name == "COMP_NODE":
         if lossless:
