@@ -333,8 +333,11 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     tp_cost = {kind: collective_time(fabric, kind, [tp_group], b.tp_bytes)
                for kind in ("all_reduce", "all_gather", "reduce_scatter")}
 
+    loss_cost = sum(collective_time(fabric, "all_reduce", [tp_group], nbytes) for nbytes in b.loss_all_reduce_bytes())
+
     def tp_time(segs) -> float:
-        return sum(n * tp_cost[kind] for s in segs for kind, n in s.tp.items())
+        return sum(n * tp_cost[kind] for s in segs for kind, n in s.tp.items()) + sum(
+            loss_cost for s in segs if s.loss_reduce)
 
     stage_groups: dict[int, tuple[int, ...]] = {}
 
@@ -515,7 +518,10 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     sync = collective_time(fabric, "all_reduce", [mp], 4.0)
     if par.zero >= 1 and grad_dp > 1:
         sync += collective_time(fabric, "all_reduce", [lay.grad_group(rank0)], 4.0)
-    synced = max(max(f, e) + n for f, e, n in zip(finish, dp_end, norm_c)) + sync
+    # (with sequence parallelism each stage first all-reduces its norms' gradients over TP, on the compute stream)
+    sp_sync = [collective_time(fabric, "all_reduce", [tp_group], nbytes) if nbytes else 0.0
+               for nbytes in map(b.sequence_parallel_grad_bytes, range(p))]
+    synced = max(max(f, e) + g + n for f, e, g, n in zip(finish, dp_end, sp_sync, norm_c)) + sync
     if b.plan.step_gather and grad_dp > 1:
         # Every stage gathers right after its optimizer (all start from the synchronised norm), over the
         # rings of the stages gathering at the same time.

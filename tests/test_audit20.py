@@ -194,14 +194,18 @@ def test_the_output_layers_regather_stays_under_tp_overlap(overlap):
     # gpt2-small at TP 2 with SP, one micro-batch: per rank 12 layers x 10 buffers of b s h (4 SP collectives
     # forward, 4 backward, 2 re-gathers), the embedding's and output layer's forward and backward collectives
     # (4) and the output layer's re-gather (1, Megatron's own ColumnParallelLinear: no userbuffers), each moving
-    # (t - 1) / t of a buffer per rank. TP overlap dropped the last one.
+    # (t - 1) / t of a buffer per rank. TP overlap dropped the last one. GPT-2's learned positions make the
+    # embedding's forward collective an all-reduce (one more buffer's (t - 1) / t); every micro-batch's loss
+    # all-reduces 12 bytes a token, and the step all-reduces the fp32 gradients of the norms and row-parallel
+    # biases (12 layers x (2 LayerNorms x 2h + 2h) + the final LayerNorm's 2h) over TP: 2 (t - 1) / t each.
     doc = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 2}, "model": {"preset": "gpt2-small"},
            "parallel": {"tp": 2, "sequence_parallel": True, "tp_comm_overlap": overlap, "micro_batch": 1,
                         "global_batch": 1},
            "training": {"seq_len": 1024}}
     result = run_experiment(experiment_from_dict(doc), fidelity="full")
     buffer = 1 * 1024 * 768 * 2
-    assert result.bytes_by_class["tp"] == (12 * 10 + 5) * buffer * (2 - 1) / 2 * 2
+    loss, norms = 12 * 1024, (12 * 6 * 768 + 2 * 768) * 4
+    assert result.bytes_by_class["tp"] == ((12 * 10 + 6) * buffer * (2 - 1) / 2 + (loss + norms) * 2 * (2 - 1) / 2) * 2
 
 
 # ------------------------------------------------------------ GEMM model (the compute hunt)

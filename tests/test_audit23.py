@@ -54,3 +54,82 @@ def test_export_chakra_still_writes_the_trace_and_the_run_still_reports(tmp_path
     out = capsys.readouterr().out
     assert "Chakra trace in" in out and "step time" in out.lower()
     assert len(list((tmp_path / "et").glob("clustersim.*.et"))) == 16
+
+
+# ------------------------------------------------------------------ Megatron-Core mechanisms (a hunt against its code)
+def _builder(model: str = "gpt2-small", **par):
+    from workloads.models import get_preset
+    from workloads.parallel import ParallelConfig, TrainingSpec
+    from workloads.training import StepOptions, _StepBuilder
+    fields = {"tp": 1, "micro_batch": 1, "global_batch": 1, **par}
+    return _StepBuilder(get_preset(model), ParallelConfig(**fields), TrainingSpec(seq_len=1024), StepOptions())
+
+
+def _kernels(builder, phase: str, stage: int = 0):
+    return [k for seg in builder.segments(stage, 0, phase, True) for k in seg.kernels]
+
+
+def test_the_embedding_gradient_is_accumulated_every_micro_batch():
+    """The lookup's backward (PyTorch's embedding_dense_backward) zero-fills a dense gradient of the table and
+    Megatron's hook adds it into the fp32 main_grad: 2 + 2 + 4 + 4 bytes an element (gpt2-small: the 50,304-row
+    padded vocabulary and the 1,024 learned positions, h = 768), with gradient-accumulation fusion or without.
+    Only the layers' weight gradients were accumulated (README "Per-step costs" says every micro-batch's are)."""
+    b = _builder()
+    acc = [k for k in _kernels(b, "B") if k.name == "embedding.grad_accumulate"]
+    assert len(acc) == 1 and acc[0].nbytes == (50304 + 1024) * 768 * (2 + 2 + 4 + 4)
+
+
+def test_the_output_layers_weight_gradient_accumulates_into_the_fp32_buffer():
+    """The output layer is a ColumnParallelLinear: under gradient-accumulation fusion its weight-gradient GEMM
+    reads and writes the fp32 main_grad (the layers' GEMMs did, the output layer's wrote bf16 and stopped):
+    2 (h T + T V) operand bytes + 2 x 4 V h for the buffer (gpt2-small, T = 1,024 tokens, V = 50,304, h = 768)."""
+    b = _builder()
+    wgrad = next(k for k in _kernels(b, "B") if k.name == "logits.wgrad")
+    h, t, v = 768, 1024, 50304
+    assert wgrad.nbytes == 2 * (h * t + t * v) + 2 * 4 * v * h
+
+
+def _tp_ops(doc_model: str, sp: bool, tp: int = 2, **model):
+    from simulator.experiment import experiment_from_dict, run_experiment
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": tp},
+           "model": {"preset": doc_model, **model},
+           "parallel": {"tp": tp, "sequence_parallel": sp, "micro_batch": 1, "global_batch": 2},
+           "training": {"seq_len": 1024}}
+    ops = run_experiment(experiment_from_dict(doc), fidelity="full").ops
+    return ops[(ops["rank"] == 0) & (ops["traffic_class"] == "tp")]
+
+
+def test_sequence_parallel_gpt_embedding_is_all_reduced_not_reduce_scattered():
+    """Megatron-Core's LanguageModelEmbedding reduce-scatters the embedding only without learned positions
+    (``reduce_scatter_embeddings``); GPT's is all-reduced, the positions added, then split locally. Per micro-batch
+    of gpt2-small at TP 2 with SP: one all-reduce forward (the rest AG / RS), where there was none; Llama (rotary)
+    keeps its reduce-scatter."""
+    gpt = _tp_ops("gpt2-small", True)
+    embedding = gpt[gpt["name"].str.startswith("F") & gpt["name"].str.endswith("tp_all_reduce")]
+    assert len(embedding) == 2 and (embedding["nbytes"] == 1024 * 768 * 2).all()  # one per micro-batch
+    rotary = _tp_ops("tiny", True, learned_positions=False)
+    assert not rotary["name"].str.endswith("tp_all_reduce").any()
+
+
+def test_the_vocab_parallel_loss_all_reduces_over_tp_every_micro_batch():
+    """Megatron-Core's fused vocab-parallel cross-entropy all-reduces the fp32 logit maximum (4 bytes a token) and
+    then the predicted logit and the sum of exponentials (8 bytes a token) over TP, in every micro-batch's
+    forward on the last stage; nothing in the backward; nothing without TP."""
+    ops = _tp_ops("gpt2-small", False)
+    loss = ops[ops["name"].str.endswith("loss_all_reduce")]
+    assert sorted(loss["nbytes"]) == [4 * 1024] * 2 + [8 * 1024] * 2
+    assert loss["name"].str.startswith("F").all() and (loss["collective"] == "all_reduce").all()
+    from simulator.experiment import experiment_from_dict, run_experiment
+    alone = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 1}, "model": {"preset": "gpt2-small"},
+             "parallel": {"micro_batch": 1, "global_batch": 1}, "training": {"seq_len": 1024}}
+    assert not run_experiment(experiment_from_dict(alone)).ops["name"].str.endswith("loss_all_reduce").any()
+
+
+def test_sequence_parallel_norm_gradients_are_all_reduced_once_per_step():
+    """finalize_model_grads → _allreduce_layernorm_grads: with SP one all-reduce over TP of the fp32 gradients of
+    the norms and row-parallel biases (gpt2-small: 12 layers x (2 LayerNorms x 2h + 2 biases x h) + the final
+    LayerNorm's 2h, h = 768), after the DP reductions and before the gradient norm; none without SP."""
+    ops = _tp_ops("gpt2-small", True)
+    sync = ops[ops["name"] == "sequence_parallel_grad_sync"]
+    assert len(sync) == 1 and sync["nbytes"].iloc[0] == (12 * 6 * 768 + 2 * 768) * 4
+    assert not (_tp_ops("gpt2-small", False)["name"] == "sequence_parallel_grad_sync").any()

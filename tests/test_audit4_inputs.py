@@ -131,7 +131,9 @@ def test_ops_frame_carries_each_collectives_count():
     # a coarsened collective (a layer's TP collectives) is count calls of nbytes each. Hand count for one
     # micro-batch of gpt2-small (12 layers) on TP 4 with sequence parallelism: per layer 2 all-gathers and 2
     # reduce-scatters forward, as many backward plus 2 re-gathers; the embedding and the output layer one each
-    # way, and the output layer's re-gather: 12 * 10 + 5 buffers of b s h bf16 elements on every rank.
+    # way, and the output layer's re-gather: 12 * 10 + 5 buffers of b s h bf16 elements on every rank; besides,
+    # the loss's two all-reduces (4 and 8 bytes a token) and the step's all-reduce of the norms' and row-parallel
+    # biases' fp32 gradients (12 x 6h + 2h).
     from simulator.experiment import run_experiment
     doc = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 4}, "model": {"preset": "gpt2-small"},
            "parallel": {"tp": 4, "sequence_parallel": True, "micro_batch": 1, "global_batch": 1},
@@ -139,7 +141,8 @@ def test_ops_frame_carries_each_collectives_count():
     ops = run_experiment(experiment_from_dict(doc), fidelity="full").ops
     assert (ops["count"] > 1).any() and (ops.loc[ops["kind"] == "compute", "count"] == 1).all()
     tp = ops[(ops["rank"] == 0) & (ops["traffic_class"] == "tp")]
-    assert (tp["nbytes"] * tp["count"]).sum() == pytest.approx((12 * 10 + 5) * 512 * 768 * 2)
+    assert (tp["nbytes"] * tp["count"]).sum() == pytest.approx((12 * 10 + 5) * 512 * 768 * 2 + 12 * 512
+                                                               + (12 * 6 * 768 + 2 * 768) * 4)
     assert tp["nbytes"].sum() < (tp["nbytes"] * tp["count"]).sum()  # (nbytes alone undercounts)
 
 

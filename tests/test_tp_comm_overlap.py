@@ -45,6 +45,13 @@ def _run(overlap=True, *, tp=8, dp=1, pp=1, m=1, dtype="bf16", cluster=None, opt
     return run_experiment(experiment_from_dict(doc), fidelity=fidelity, force=True)
 
 
+def _norm_sync(tp: int, layers: int = MODEL["layers"], hidden: int = H) -> float:
+    """Bytes one TP group's ranks send for the step's all-reduce of the norms' fp32 gradients under sequence
+    parallelism (Megatron-Core's ``_allreduce_layernorm_grads``: two RMSNorms of ``h`` a layer; a ring all-reduce
+    sends ``2 (t - 1) / t`` of it from each of the ``t`` ranks)."""
+    return 2 * (tp - 1) * 2 * hidden * layers * 4
+
+
 def _rank0(result):
     ops = result.ops
     return ops[ops["rank"] == 0].set_index("name")
@@ -130,7 +137,8 @@ def test_tp_bytes_by_hand(dtype, recompute, per_buffer):
     tp, m = 4, 2
     r = _run(tp=tp, m=m, dtype=dtype, recompute=recompute)
     buffer = 1 * S * H * 2                          # b s h bf16 elements
-    assert r.bytes_by_class["tp"] == pytest.approx(MODEL["layers"] * m * per_buffer * (tp - 1) * buffer)
+    assert r.bytes_by_class["tp"] == pytest.approx(MODEL["layers"] * m * per_buffer * (tp - 1) * buffer
+                                                   + _norm_sync(tp))
 
 
 @pytest.mark.parametrize("recompute, per_buffer", [("none", 10), ("full", 14)])
@@ -140,7 +148,8 @@ def test_without_overlap_the_same_buffers_move(recompute, per_buffer):
     # 10 buffers per layer as with the overlap (14 with full recompute), in bf16.
     tp, m = 4, 2
     r = _run(False, tp=tp, m=m, recompute=recompute)
-    assert r.bytes_by_class["tp"] == pytest.approx(MODEL["layers"] * m * per_buffer * (tp - 1) * S * H * 2)
+    assert r.bytes_by_class["tp"] == pytest.approx(MODEL["layers"] * m * per_buffer * (tp - 1) * S * H * 2
+                                                   + _norm_sync(tp))
 
 
 @pytest.mark.parametrize("cp_comm_type", ["p2p", "all_gather", "a2a"])
@@ -153,7 +162,8 @@ def test_context_parallel_layers_re_gather_too(cp_comm_type):
                         "global_batch": m},
            "training": {"seq_len": S}, "options": {"granularity": "layer", "embedding_and_loss": False}}
     r = run_experiment(experiment_from_dict(doc), fidelity="full", force=True)
-    assert r.bytes_by_class["tp"] == pytest.approx(MODEL["layers"] * m * 10 * (tp - 1) * S // cp * H * 2 * cp)
+    assert r.bytes_by_class["tp"] == pytest.approx(MODEL["layers"] * m * 10 * (tp - 1) * S // cp * H * 2 * cp
+                                                   + cp * _norm_sync(tp))
     regathers = r.ops[r.ops["name"].str.endswith(".tp_regather")]
     assert len(regathers) == MODEL["layers"] * m * tp * cp and set(regathers["stream"]) == {"tp_regather"}
 
@@ -175,7 +185,8 @@ def test_moe_layers_re_gather_their_qkv_and_shared_expert_inputs(shared, per_buf
            "moe": {"routing": "balanced"}}
     full = run_experiment(experiment_from_dict(doc), fidelity="full", force=True)
     groups, buffer = dp, s * 4096 * 2  # TP groups; b s h bf16 elements (mixtral hidden 4096)
-    assert full.bytes_by_class["tp"] == pytest.approx(groups * layers * per_buffer * (tp - 1) * buffer)
+    assert full.bytes_by_class["tp"] == pytest.approx(groups * (layers * per_buffer * (tp - 1) * buffer
+                                                                + _norm_sync(tp, layers, 4096)))
     fast = run_experiment(experiment_from_dict(doc), fidelity="fast", force=True)
     assert fast.bytes_by_class["tp"] == pytest.approx(full.bytes_by_class["tp"])
     assert fast.step_time == pytest.approx(full.step_time, rel=1e-9)

@@ -189,7 +189,13 @@ def test_tp_bytes_per_step_hand_count(sp, t):
     # and the output layer (a ColumnParallelLinear) re-gathers its input: half an all-reduce per micro-batch.
     all_reduces = m * (4 * model.layers + 2) + (m * (model.layers + 0.5) if sp else 0)
     ring_payload = t * 2 * (t - 1) / t * S                     # summed over the t ranks of one group
-    assert res.bytes_by_class["tp"] == pytest.approx(dp * all_reduces * ring_payload, rel=1e-12)
+    # Megatron-Core's fused vocab-parallel cross-entropy all-reduces, per micro-batch, the fp32 logit maximum
+    # (4 bytes a token) and the predicted logit with the sum of exponentials (8 bytes a token); with SP,
+    # finalize_model_grads all-reduces the fp32 gradients of the norms (2h a layer, RMSNorm) and the final norm
+    # (h) once per step (_allreduce_layernorm_grads).
+    loss = m * t * 2 * (t - 1) / t * (4 + 8) * b * s
+    norms = t * 2 * (t - 1) / t * (2 * model.hidden * model.layers + model.hidden) * FP32 if sp else 0.0
+    assert res.bytes_by_class["tp"] == pytest.approx(dp * (all_reduces * ring_payload + loss + norms), rel=1e-12)
 
 
 @pytest.mark.parametrize("sp, scatter_gather", [(False, False), (False, True), (True, True)])

@@ -552,6 +552,23 @@ def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, 
     return PassOps(fwd, backward_of(fwd))
 
 
+def embedding_gradient_accumulation(params: float, dtype_bytes: int, main_grad_bytes: int) -> LayerOp:
+    """The dense gradient of ``params`` embedding parameters (one TP rank's vocabulary shard, and a learned
+    position table) added into the gradient buffer, per micro-batch: ``params · (2 d + 2 main_grad_bytes)`` bytes.
+
+    An embedding lookup's backward (PyTorch's ``embedding_dense_backward``, which Megatron-Core's
+    ``VocabParallelEmbedding`` runs) zero-fills a dense gradient of the whole table (``d`` bytes an element) before
+    it adds the rows in; Megatron's gradient hook then adds it into the ``main_grad`` buffer
+    (``param.main_grad.add_(param.grad)``: read ``d``, read and write ``main_grad_bytes``). Weight-gradient GEMM
+    fusion cannot apply: the lookup is not a GEMM. So this kernel runs every micro-batch, fusion or not.
+    """
+    return LayerOp(EMBEDDING_GRAD_ACCUMULATE, "elementwise", 0.0, params * (2 * dtype_bytes + 2 * main_grad_bytes))
+
+
+EMBEDDING_GRAD_ACCUMULATE = "embedding.grad_accumulate"
+"""Name of :func:`embedding_gradient_accumulation`'s kernel (part of the embedding's weight gradient)."""
+
+
 def embedding_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *,
                   dtype_bytes: int = 2) -> PassOps:
     """Word (+ position) embedding lookup on one TP rank of the first stage.

@@ -166,11 +166,13 @@ import numpy as np
 from .errors import ConfigError
 from .flops import (
     CP_NEEDS_FUSED_ATTENTION,
+    EMBEDDING_GRAD_ACCUMULATE,
     FP8_CAST_BYTES,
     RECOMPUTED_KERNELS,
     LayerOp,
     accumulate_gradients,
     base_name,
+    embedding_gradient_accumulation,
     embedding_ops,
     fp8_gemm_modules,
     fp8_weight_params,
@@ -259,6 +261,11 @@ the expert-DP process group, whose NCCL communicator has a CUDA stream of its ow
 buffer's (:data:`DP_STREAM`) rather than after them."""
 DP_STREAMS = (DP_STREAM, EXPERT_DP_STREAM)
 """The stream of a buffer's collectives, indexed by whether it is the routed experts'."""
+LOSS_ALL_REDUCES = (4, 8)
+"""Bytes per token of the vocab-parallel cross-entropy's all-reduces over TP, in order (Megatron-Core's fused
+``_VocabParallelCrossEntropy.forward``, ``megatron/core/fusions/fused_cross_entropy.py``, the kernel whose HBM
+bytes :data:`~workloads.flops.CROSS_ENTROPY_BYTES` are): the fp32 logits maximum (MAX), then the fp32 predicted
+logit and sum of exponentials concatenated (SUM); none in the backward."""
 RECOMPUTE_PHASE = "R"
 """First letter of a recompute op's name (``R3.c0.L5``: recomputed forward of micro-batch 3, chunk 0, from
 layer 5), as ``F`` and ``B`` start forward and backward ops."""
@@ -424,6 +431,8 @@ class _Segment:
     # gradients, those at the balanced load, kernels after them); the experts' part is scaled per rank and
     # micro-batch by its drawn load (:meth:`_StepBuilder._expert_wgrads`)
     expert_w: tuple[tuple[Kernel, ...], tuple[Kernel, ...], tuple[Kernel, ...]] | None = None
+    # the last stage's forward with TP: the vocab-parallel cross-entropy's own all-reduces (:data:`LOSS_ALL_REDUCES`)
+    loss_reduce: bool = False
 
 
 def _scale_kernel(k: Kernel, factor: float, at: int | None) -> Kernel:
@@ -648,6 +657,11 @@ class _StepBuilder:
             return {"all_reduce": 2 * n * (2 if full else 1) + extra}
         ag = 2 * n * (2 if full else 1) + ((1 if last else 0) if phase == "F" else (1 if first else 0))
         rs = 2 * n * (2 if full else 1) + ((1 if first else 0) if phase == "F" else (1 if last else 0))
+        if phase == "F" and first and self.model.learned_positions:
+            # Megatron-Core reduce-scatters the embedding only without learned positions (LanguageModelEmbedding's
+            # reduce_scatter_embeddings): GPT's is all-reduced, the positions added, then the sequence split locally
+            # (whose backward is the all-gather counted above)
+            return {"all_reduce": 1, "all_gather": ag, "reduce_scatter": rs - 1}
         return {"all_gather": ag, "reduce_scatter": rs}
 
     def _end_counts(self, phase: str, first: bool, last: bool) -> dict[str, int]:
@@ -747,12 +761,19 @@ class _StepBuilder:
         head: list[LayerOp] = []
         tail: list[LayerOp] = []
         ends = self.opt.embedding_and_loss
+        vocab_shard = self.model.word_embedding_params(t, padded_vocab(self.model.vocab, t))
         if first and ends:
             emb = embedding_ops(self.model, mb, s, t, dtype_bytes=self.dtype)
-            (head if phase == "F" else tail).extend(emb.forward if phase == "F" else self._split(emb.backward, phase))
+            # (its dense gradient into the gradient buffer, every micro-batch: embedding_gradient_accumulation)
+            backward = emb.backward + [embedding_gradient_accumulation(
+                vocab_shard + self.model.position_embedding_params(), self.dtype, self.grad_bytes)]
+            (head if phase == "F" else tail).extend(emb.forward if phase == "F" else self._split(backward, phase))
         if last and ends:
             out = logits_ops(self.model, mb, s, t, sequence_parallel=self.sp, dtype_bytes=self.dtype)
-            (tail if phase == "F" else head).extend(out.forward if phase == "F" else self._split(out.backward, phase))
+            # (the output layer's weight gradient accumulates into the buffer as the layers' do)
+            backward = accumulate_gradients(out.backward, vocab_shard, self.grad_bytes, self.dtype,
+                                            self.opt.grad_accumulation_fusion)
+            (tail if phase == "F" else head).extend(out.forward if phase == "F" else self._split(backward, phase))
         order = layers if phase == "F" else list(reversed(layers))
         at = order or [self._end_layer(stage, chunk)]
         emb_params = self.end_params(stage, chunk)
@@ -784,7 +805,8 @@ class _StepBuilder:
                 segs.insert(0, _Segment(head, self._end_counts(phase, *head_ends), at[0],
                                         regather=0 if fwd or not last else self._regathers(1, phase, False)))
             if tail:
-                segs.append(_Segment(tail, self._end_counts(phase, *tail_ends), at[-1]))
+                segs.append(_Segment(tail, self._end_counts(phase, *tail_ends), at[-1],
+                                     loss_reduce=fwd and tail_ends[1] and t > 1))
             if not segs:  # an embedding-only chunk's input-gradient pass (zb-h1, DualPipe): nothing to compute
                 segs.append(_Segment([], {}, at[0]))
             for kernels, ends in ((head, head_ends), (tail, tail_ends)):
@@ -806,7 +828,8 @@ class _StepBuilder:
                              sum(g[1] for g in grads.values()) * gb, recompute=tuple(again),
                              ub=(head, self._layer_runs(order, phase), tail) if ub else None,
                              regather=self._regathers(self._column_inputs(False) * len(layers), phase)
-                             + self._regathers(1 if last else 0, phase, False))]
+                             + self._regathers(1 if last else 0, phase, False),
+                             loss_reduce=phase == "F" and last and t > 1)]
         for seg in segs:
             seg.phase = phase
         self._segments_cache[key] = segs
@@ -818,7 +841,8 @@ class _StepBuilder:
         if not self.split_backward or phase == "BW":
             return backward
         wgrad = phase == "W"
-        return [o for o in backward if (_weight_gradient(o) or o.name == "embedding.bwd") == wgrad]
+        return [o for o in backward
+                if (_weight_gradient(o) or o.name in ("embedding.bwd", EMBEDDING_GRAD_ACCUMULATE)) == wgrad]
 
     def _layer_runs(self, order: Sequence[int], phase: str) -> list[tuple[list[LayerOp], tuple[bool, ...], int]]:
         """The layers of one pass as runs of consecutive identical layers: ``(kernels, recompute mask, count)``."""
@@ -895,7 +919,7 @@ class _StepBuilder:
                 final = i == len(pieces) - 1  # the pass's TP collectives (and re-gathers) go with its last piece
                 sub = _Segment(list(ops), dict(seg.tp) if final else {}, seg.layer,
                                persistent * gb if extra else 0.0, moe=seg.moe, phase=phase, recompute=again,
-                               regather=seg.regather if final else 0)
+                               regather=seg.regather if final else 0, loss_reduce=final and seg.loss_reduce)
                 out.append((sub, unit, use))
         # A unit's gradients are ready after its last backward use in the pass (a tied embedding is used twice).
         last_b = {unit.key: i for i, (_s, unit, use) in enumerate(out) if use == "B"}
@@ -1359,7 +1383,7 @@ class _StepBuilder:
                  after: Sequence[int] = ()) -> int:
         """The pass's blocking TP collectives after ``last`` on the compute stream; the first also waits for
         ``after`` (the backward's re-gathers)."""
-        if not seg.tp and not after:  # no TP collectives in this pass: nothing to emit
+        if not seg.tp and not after and not seg.loss_reduce:  # no TP collectives in this pass: nothing to emit
             return last
         group = self._tp_group(rank)
         for kind in ("all_reduce", "all_gather", "reduce_scatter"):
@@ -1368,6 +1392,13 @@ class _StepBuilder:
                 last = self.graph.collective_op(rank, kind, group, self.tp_bytes, name=f"{name}.tp_{kind}",
                                                 stream=COMPUTE_STREAM, count=count, traffic_class="tp",
                                                 layer=seg.layer, micro_batch=mb, stage=stage, deps=after)
+                after = ()
+        if seg.loss_reduce:
+            for nbytes in self.loss_all_reduce_bytes():
+                last = self.graph.collective_op(rank, "all_reduce", group, nbytes,
+                                                name=f"{name}.loss_all_reduce", stream=COMPUTE_STREAM,
+                                                traffic_class="tp", layer=seg.layer, micro_batch=mb, stage=stage,
+                                                deps=[last, *after])
                 after = ()
         if after:
             raise AssertionError(f"{name}: re-gathers with no TP collective to wait for them")
@@ -1810,6 +1841,7 @@ class _StepBuilder:
         # the last reduction of each stream (the dense buffer's and the experts'), which end after the others
         dp_ops = list(pending.last_by_stream.values())
         tied = self._tied_embedding_sync(rank, stage, last_op)
+        tied += self._sequence_parallel_grad_sync(rank, stage, [last_op] + dp_ops)
         dense, experts = self.stage_params(stage)
         holders, expert_holders = len(dp_group), len(pending.expert_group)  # the distributed optimizer's shards
         shard = (dense / holders + experts / expert_holders) if par.zero >= 1 else dense + experts
@@ -2209,6 +2241,35 @@ class _StepBuilder:
         return self.graph.collective_op(rank, "all_gather", group, self.tp_bytes, name=f"pp_gather.{name}",
                                         stream=COMPUTE_STREAM, deps=[recv], traffic_class="pp", micro_batch=mb,
                                         stage=stage)
+
+    def sequence_parallel_grad_bytes(self, stage: int) -> float:
+        """Bytes of the step's all-reduce over TP, with sequence parallelism, of the gradients of the parameters
+        that TP replicates but each rank trains on its own sequence share: the norms and the row-parallel linears'
+        biases of the stage's layers, and the final norm (Megatron-Core's ``finalize_model_grads`` →
+        ``_allreduce_layernorm_grads``: one coalesced all-reduce of their ``main_grad`` after the data-parallel
+        reductions and before the gradient norm). 0 without TP or sequence parallelism."""
+        if self.t == 1 or not self.sp:
+            return 0.0
+        model = self.model
+        per_layer = model.norm_params() + (2 * model.hidden if model.bias else 0)
+        params = per_layer * len(stage_layers(model.layers, self.par, stage))
+        if self.opt.embedding_and_loss and any(self.position(stage, c) == self.nvs - 1 for c in range(self.v)):
+            params += model.final_norm_params()
+        return float(params * self.grad_bytes)
+
+    def _sequence_parallel_grad_sync(self, rank: int, stage: int, deps: list[int]) -> list[int]:
+        """:meth:`sequence_parallel_grad_bytes` all-reduced over ``rank``'s TP group on the compute stream."""
+        nbytes = self.sequence_parallel_grad_bytes(stage)
+        if not nbytes:
+            return []
+        return [self.graph.collective_op(rank, "all_reduce", self._tp_group(rank), nbytes,
+                                         name="sequence_parallel_grad_sync", stream=COMPUTE_STREAM, deps=deps,
+                                         traffic_class="tp", stage=stage)]
+
+    def loss_all_reduce_bytes(self) -> tuple[float, ...]:
+        """Bytes of each of one micro-batch's cross-entropy all-reduces over TP (:data:`LOSS_ALL_REDUCES`)."""
+        tokens = self.par.micro_batch * self.local_seq
+        return tuple(float(per_token * tokens) for per_token in LOSS_ALL_REDUCES)
 
     def _tied_embedding_sync(self, rank: int, stage: int, after: int) -> list[int]:
         """All-reduce of the tied word-embedding gradient between the first and last pipeline stage.
