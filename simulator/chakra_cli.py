@@ -31,7 +31,7 @@ from topologies import build_cluster, load_cluster
 from topologies.cluster import Cluster
 from topologies.loader import preset_section
 from workloads.errors import with_prefix
-from workloads.ops import Compute
+from workloads.ops import FP8_GEMM_CATEGORIES, Compute
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -211,8 +211,8 @@ def _check_fp8(graph, compute) -> None:
     except ValueError as exc:
         reason = exc
     for op in graph.ops:
-        if isinstance(op, Compute) and (op.category == "gemm_fp8" or any(
-                k.category == "gemm_fp8" for k in op.parts or ())):
+        if isinstance(op, Compute) and (op.category in FP8_GEMM_CATEGORIES or any(
+                k.category in FP8_GEMM_CATEGORIES for k in op.parts or ())):
             raise ValueError(f"--chakra: the trace holds FP8 GEMMs (op {op.name!r} of rank {op.rank}: written "
                              f"under training.dtype fp8), which {compute.gpu.name} cannot run: {reason}") from None
 

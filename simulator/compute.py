@@ -23,6 +23,11 @@ gemm_fp8
     is ``r`` times as many elements of ``k`` (``gemm_k_overhead × r``). Its
     kernels may schedule stream-K (:mod:`simulator.gemm`), which the
     published FP8 best shapes show cuBLASLt does.
+gemm_fp8_wgrad
+    a weight-gradient GEMM of blockwise FP8 scaling (``training.fp8_recipe: blockwise``, DeepSeek-V3's
+    recipe): ``gemm_fp8``'s model under its own measured ceiling (``GPUSpec.matmul_efficiency_fp8_wgrad``:
+    DeepSeek's DeepGEMM kernels, 1092 of 1979 TFLOP/s at best on an H800, against 1,550 for its forward
+    GEMMs; or ``fp8_wgrad_matmul_efficiency``), the FP8 ceiling where the GPU has no measurement.
 attention, attention_bwd
     :mod:`simulator.attention`: the published forward and backward rates of
     the fused kernel (FlashAttention-2/3, cuDNN) for the GPU generation, head
@@ -72,7 +77,7 @@ import numpy as np
 
 from topologies.cluster import GPUSpec
 from topologies.gpus import get_gpu
-from workloads.ops import Compute, Kernel, Op
+from workloads.ops import GEMM_CATEGORIES, Compute, Kernel, Op
 from workloads.parallel import DTYPE_BYTES
 
 from .attention import ATTENTION_KERNELS, DEFAULT_KERNEL, attention_fraction, kernels_for
@@ -105,6 +110,9 @@ class ComputeModel:
         the FP8 peak, whatever ``dtype``.
     matmul_efficiency : float or None
         Overrides ``gpu.matmul_efficiency`` (the best-shape GEMM ceiling).
+    fp8_wgrad_matmul_efficiency : float or None
+        Overrides ``gpu.matmul_efficiency_fp8_wgrad`` (``gemm_fp8_wgrad`` kernels: blockwise FP8's weight
+        gradients; module docstring).
     fp8_matmul_efficiency : float or None
         Overrides ``gpu.matmul_efficiency_fp8`` (the best-shape FP8 GEMM
         ceiling, a fraction of the FP8 peak); needed for FP8 on a GPU without
@@ -156,6 +164,7 @@ class ComputeModel:
     dtype: str = "bf16"
     matmul_efficiency: float | None = None
     fp8_matmul_efficiency: float | None = None
+    fp8_wgrad_matmul_efficiency: float | None = None
     attention_kernel: str | None = None
     attention_efficiency: float | None = None
     memory_efficiency: float = 0.85
@@ -172,7 +181,8 @@ class ComputeModel:
         if self.dtype not in self.gpu.peak_flops:
             raise ValueError(f"training.dtype: {self.dtype!r} is not supported by {self.gpu.name}; valid: "
                              f"{', '.join(self._trainable_dtypes())}")
-        for name in ("matmul_efficiency", "fp8_matmul_efficiency", "attention_efficiency", "memory_efficiency",
+        for name in ("matmul_efficiency", "fp8_matmul_efficiency", "fp8_wgrad_matmul_efficiency",
+                     "attention_efficiency", "memory_efficiency",
                      "score_memory_efficiency", "activation_memory_efficiency"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, numbers.Real) and not isinstance(v, bool)
@@ -263,6 +273,20 @@ class ComputeModel:
         return GemmModel(peak, self.gpu.sm_count, eff, self._critical_intensity(peak), self.gpu.hbm_bandwidth, 1,
                          round(self.gemm_k_overhead * self._rate_ratio(peak)), stream_k=True)
 
+    @cached_property
+    def fp8_wgrad_gemm(self) -> GemmModel:
+        """The FP8 GEMM model (:attr:`fp8_gemm`) under the weight-gradient ceiling of blockwise scaling
+        (``fp8_wgrad_matmul_efficiency``, else ``GPUSpec.matmul_efficiency_fp8_wgrad``, else the FP8 ceiling
+        itself where no measurement exists): module docstring, ``gemm_fp8_wgrad``."""
+        gemm = self.fp8_gemm
+        eff = next((e for e in (self.fp8_wgrad_matmul_efficiency, self.gpu.matmul_efficiency_fp8_wgrad)
+                    if e is not None), gemm.efficiency)
+        return replace(gemm, efficiency=eff)
+
+    def gemm_model(self, category: str) -> GemmModel:
+        """The GEMM model that times kernels of ``category`` (one of :data:`~workloads.ops.GEMM_CATEGORIES`)."""
+        return self.gemm if category == "gemm" else self.fp8_gemm if category == "gemm_fp8" else self.fp8_wgrad_gemm
+
     def reserved_gemm(self, gemm: GemmModel, sm_reserved: int) -> GemmModel:
         """``gemm`` on the SMs that ``sm_reserved`` communication SMs leave: fewer SMs, the same rate each."""
         sms = gemm.sm_count - sm_reserved
@@ -273,8 +297,8 @@ class ComputeModel:
 
     def achieved_flops(self, op: Compute | Kernel) -> float:
         """Sustained FLOP/s of ``op`` (before the memory roofline)."""
-        if op.category in ("gemm", "gemm_fp8"):
-            gemm = self.gemm if op.category == "gemm" else self.fp8_gemm
+        if op.category in GEMM_CATEGORIES:
+            gemm = self.gemm_model(op.category)
             reserved = getattr(op, "sm_reserved", 0)
             if reserved:
                 gemm = self.reserved_gemm(gemm, reserved)

@@ -529,6 +529,9 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
     if given("compute", "fp8_matmul_efficiency") and exp.training.dtype != "fp8":
         notes.append(f"compute.fp8_matmul_efficiency has no effect with dtype: {exp.training.dtype} "
                      f"(training.dtype: fp8 reads it)")
+    if given("compute", "fp8_wgrad_matmul_efficiency") and exp.training.fp8_recipe != "blockwise":
+        notes.append("compute.fp8_wgrad_matmul_efficiency has no effect without training.fp8_recipe: blockwise "
+                     "(it times blockwise FP8's weight-gradient GEMMs)")
     fused = exp.options.flash_attention
     for key in ("attention_kernel", "attention_efficiency"):
         if given("compute", key) and not fused:

@@ -367,7 +367,7 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
             if b.pp_gather:  # Megatron's scatter/gather: the received 1/t all-gathered over TP
                 xf += tp_cost["all_gather"] if j > 0 else 0.0
                 xb += tp_cost["all_gather"] if j < nvs - 1 else 0.0
-            if b.fp8:  # after every pass: the amax all-reduce over the stage, then the scale update
+            if b.fp8_amax:  # after every pass: the amax all-reduce over the stage, then the scale update
                 xf += fp8_amax(stage, chunk, 0)
                 xb += fp8_amax(stage, chunk, 1)
             tf[j], tb[j] = cf + xf, cb + xb

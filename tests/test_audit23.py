@@ -5,6 +5,8 @@ Every test here failed on the session's start (``a774273``) unless its docstring
 
 from __future__ import annotations
 
+import pytest
+
 from simulator.cli import main
 
 TINY_3D = """\
@@ -133,3 +135,62 @@ def test_sequence_parallel_norm_gradients_are_all_reduced_once_per_step():
     sync = ops[ops["name"] == "sequence_parallel_grad_sync"]
     assert len(sync) == 1 and sync["nbytes"].iloc[0] == (12 * 6 * 768 + 2 * 768) * 4
     assert not (_tp_ops("gpt2-small", False)["name"] == "sequence_parallel_grad_sync").any()
+
+
+# ------------------------------------------------------------------ blockwise FP8 (DeepSeek-V3's recipe)
+def _fp8_layer(recipe: str):
+    from workloads.flops import layer_ops
+    from workloads.models import get_preset
+    return layer_ops(get_preset("llama3-8b"), 1, 4096, 1, fp8=True, fp8_recipe=recipe)
+
+
+def test_blockwise_fp8_weight_gradients_are_their_own_kernels():
+    """Under blockwise scaling only the weight gradients change kind (both operands scaled along the reduced
+    token dimension: DeepGEMM's 1D1D kernels); the forward and data-gradient GEMMs stay FP8 GEMMs, and the
+    default recipe is unchanged."""
+    block, tensor = _fp8_layer("blockwise"), _fp8_layer("tensorwise")
+    kinds = {op.name: op.category for op in block.backward}
+    assert {n for n, c in kinds.items() if c == "gemm_fp8_wgrad"} == {n for n in kinds if n.endswith(".wgrad")}
+    assert all(kinds[n] == "gemm_fp8" for n in kinds if n.endswith(".dgrad"))
+    assert not any(op.category == "gemm_fp8_wgrad" for op in tensor.backward)
+    assert [(o.name, o.flops, o.nbytes) for o in block.backward] == [(o.name, o.flops, o.nbytes)
+                                                                     for o in tensor.backward]
+
+
+def test_blockwise_fp8_runs_slower_weight_gradients_and_no_amax_reductions():
+    from simulator.experiment import experiment_from_dict, run_experiment
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 2}, "model": {"preset": "tiny"},
+           "parallel": {"tp": 1, "dp": 2, "micro_batch": 1, "global_batch": 2},
+           "training": {"seq_len": 128, "dtype": "fp8"}}
+    tensor = run_experiment(experiment_from_dict(doc)).ops
+    doc["training"]["fp8_recipe"] = "blockwise"
+    block = run_experiment(experiment_from_dict(doc)).ops
+    assert tensor["name"].str.contains("fp8_amax|fp8_scale_update").any()
+    assert not block["name"].str.contains("fp8_amax|fp8_scale_update").any()
+
+
+@pytest.mark.parametrize("training, message", [
+    ({"seq_len": 128, "fp8_recipe": "blockwise"}, "training.fp8_recipe: blockwise needs training.dtype: fp8"),
+    ({"seq_len": 128, "dtype": "fp8", "fp8_recipe": "mxfp8"}, "training.fp8_recipe"),
+])
+def test_fp8_recipe_bad_values_are_one_line(training, message, tmp_path, capsys):
+    import yaml
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "tiny"},
+                                    "parallel": {"dp": 8, "micro_batch": 1, "global_batch": 8},
+                                    "training": training}))
+    assert main(["run", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    if training.get("fp8_recipe") == "mxfp8":
+        assert "tensorwise" in err and "blockwise" in err
+
+
+def test_the_wgrad_ceiling_falls_back_to_the_fp8_ceiling_without_a_measurement():
+    from simulator.compute import ComputeModel
+    from topologies.gpus import get_gpu
+    b200 = ComputeModel(get_gpu("B200"), dtype="fp8")
+    assert b200.fp8_wgrad_gemm.efficiency == b200.fp8_gemm.efficiency  # (no published blockwise wgrad on B200)
+    h800 = ComputeModel(get_gpu("H800"), dtype="fp8")
+    assert h800.fp8_wgrad_gemm.efficiency == pytest.approx(1092 / 1978.9, rel=2e-3)  # DeepGEMM's best row
+    assert ComputeModel(get_gpu("H800"), dtype="fp8", fp8_wgrad_matmul_efficiency=0.6).fp8_wgrad_gemm.efficiency == 0.6

@@ -91,6 +91,11 @@ class GPUSpec(PicklesProxies):
         The same for FP8 (E4M3) operands, as a fraction of the FP8 dense peak;
         None where no measurement exists (FP8 GEMMs then need
         ``compute.fp8_matmul_efficiency``).
+    matmul_efficiency_fp8_wgrad : float or None
+        The same for the weight-gradient GEMMs of fine-grained (blockwise) FP8 scaling
+        (``training.fp8_recipe: blockwise``: both operands scaled per 128 elements along the reduced token
+        dimension, DeepGEMM's 1D1D kernels), as a fraction of the FP8 dense peak; None where no measurement
+        exists (they then run at ``matmul_efficiency_fp8``).
     nvlink_efficiency : float
         Fraction of the NVLink rate NCCL's ring reaches at large sizes
         (nccl-tests bus bandwidth on one NVSwitch node / NVLink rate).
@@ -114,6 +119,7 @@ class GPUSpec(PicklesProxies):
     sm_count: int
     matmul_efficiency: float = 0.8
     matmul_efficiency_fp8: float | None = None
+    matmul_efficiency_fp8_wgrad: float | None = None
     gemm_critical_intensity: float = 64.0
     nvlink_efficiency: float = 0.8
     arch: str = "sm90"

@@ -76,8 +76,8 @@ from typing import NamedTuple
 
 from .errors import ConfigError
 from .models import ModelSpec
-from .ops import Kernel
-from .parallel import padded_vocab, resolve_recompute_modules
+from .ops import GEMM_CATEGORIES, Kernel
+from .parallel import FP8_RECIPES, padded_vocab, resolve_recompute_modules
 
 __all__ = [
     "LayerOp", "PassOps", "layer_ops", "embedding_ops", "logits_ops", "optimizer_op", "optimizer_step_ops",
@@ -87,7 +87,6 @@ __all__ = [
     "ADAM_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM", "FP8_CAST_BYTES",
 ]
 
-OP_CATEGORIES = ("gemm", "gemm_fp8", "attention", "attention_bwd", "elementwise", "fp8_cast", "scores", "optimizer")
 FP8_CAST_BYTES = 4
 """HBM bytes per element of Transformer Engine's cast-transpose of a bf16 tensor to FP8: read 2, write the
 FP8 copy (1) and its FP8 transpose (1) (``fp8_cast_transpose_fused``; cuBLASLt's FP8 GEMMs on Hopper take
@@ -153,10 +152,10 @@ class LayerOp:
     ----------
     name : str
         Kernel name, e.g. ``"qkv"``, ``"qkv.wgrad"``, ``"attention.bwd"``.
-    category : {"gemm", "gemm_fp8", "attention", "attention_bwd", "elementwise", "fp8_cast", "scores", "optimizer"}
-        Efficiency class for the hardware model (``scores``: element-wise
-        kernels over the ``s × s`` attention scores of unfused attention;
-        ``gemm_fp8``: a GEMM on FP8 operands; ``fp8_cast``: an FP8 cast).
+    category : str
+        Efficiency class for the hardware model, one of :data:`workloads.ops.COMPUTE_CATEGORIES` (``scores``:
+        element-wise kernels over the ``s × s`` attention scores of unfused attention; ``gemm_fp8``: a GEMM on
+        FP8 operands; ``gemm_fp8_wgrad``: a weight gradient of blockwise FP8; ``fp8_cast``: an FP8 cast).
     flops : float
         Floating-point operations (multiply and add counted separately).
     nbytes : float
@@ -256,7 +255,7 @@ def accumulate_gradients(backward: list[LayerOp], params: float, main_grad_bytes
                                    params * (2 * main_grad_bytes + dtype_bytes))]
     out = []
     for op in backward:
-        if (op.category in ("gemm", "gemm_fp8") and op.name.endswith(".wgrad") and op.batch == 1
+        if (op.category in GEMM_CATEGORIES and op.name.endswith(".wgrad") and op.batch == 1
                 and op.shape is not None):
             k, n, _m = op.shape  # the output of a weight-gradient GEMM is the weight
             op = LayerOp(op.name, op.category, op.flops, op.nbytes + (2 * main_grad_bytes - dtype_bytes) * k * n,
@@ -273,7 +272,7 @@ forward's FLOPs where the model counts 2x (Dao 2023, FlashAttention-2, section
 convention of the published backward TFLOP/s this model uses)."""
 
 
-def backward_of(forward: list[LayerOp]) -> list[LayerOp]:
+def backward_of(forward: list[LayerOp], fp8_recipe: str = FP8_RECIPES[0]) -> list[LayerOp]:
     """Backward kernels of ``forward``, in reverse order, by the module's rules.
 
     A GEMM ``Y = X W`` (``batch`` times) has two backward GEMMs of its FLOPs
@@ -283,7 +282,10 @@ def backward_of(forward: list[LayerOp]) -> list[LayerOp]:
     head: the batch is never folded into a GEMM dimension. An FP8 GEMM's
     backward first casts ``dY`` to FP8 (and its transpose), then runs both
     GEMMs on FP8 operands with a bf16 output; an FP8 cast has no backward.
+    Under ``fp8_recipe`` ``blockwise`` the weight gradient is a
+    ``gemm_fp8_wgrad`` (its own measured rate: :class:`~workloads.parallel.TrainingSpec`).
     """
+    wgrad_category = "gemm_fp8_wgrad" if fp8_recipe == "blockwise" else "gemm_fp8"
     out: list[LayerOp] = []
     for op in reversed(forward):
         if op.category == "fp8_cast":
@@ -294,7 +296,7 @@ def backward_of(forward: list[LayerOp]) -> list[LayerOp]:
             d = (op.nbytes - m * k - k * n) / (m * n)  # bytes of the output element
             out.append(LayerOp(f"{op.name}.fp8_cast_grad", "fp8_cast", 0.0, float(FP8_CAST_BYTES * m * n)))
             out.append(LayerOp(f"{op.name}.dgrad", "gemm_fp8", op.flops, m * n + n * k + d * m * k, (m, k, n)))
-            out.append(LayerOp(f"{op.name}.wgrad", "gemm_fp8", op.flops, k * m + m * n + d * k * n, (k, n, m)))
+            out.append(LayerOp(f"{op.name}.wgrad", wgrad_category, op.flops, k * m + m * n + d * k * n, (k, n, m)))
         elif op.category == "gemm":
             assert op.shape is not None
             m, n, k = op.shape
@@ -483,7 +485,8 @@ def fp8_weight_params(model: ModelSpec, layer: int, tp: int = 1, ep: int = 1,
 
 def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, layer: int = 0,
               sequence_parallel: bool = False, dtype_bytes: int = 2, causal: bool = False,
-              flash_attention: bool = True, fp8: bool = False, cp: int = 1, cp_comm_type: str = "p2p") -> PassOps:
+              flash_attention: bool = True, fp8: bool = False, cp: int = 1, cp_comm_type: str = "p2p",
+              fp8_recipe: str = FP8_RECIPES[0]) -> PassOps:
     """Kernels of transformer layer ``layer`` on one TP rank for one micro-batch.
 
     Parameters
@@ -520,6 +523,9 @@ def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, 
     cp_comm_type : {"p2p", "all_gather", "a2a"}
         Ring attention, all-gather or all-to-all (the attention kernel's
         shape and heads).
+    fp8_recipe : {"tensorwise", "blockwise"}
+        FP8 scaling (:class:`~workloads.parallel.TrainingSpec`): ``blockwise``
+        weight gradients are ``gemm_fp8_wgrad`` kernels (:func:`backward_of`).
 
     Returns
     -------
@@ -549,7 +555,7 @@ def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, 
     else:
         fwd += _mlp_forward("mlp", model, tokens, model.ffn_hidden // t, d, fp8, norm_fused=rows == tokens)
     fwd.append(_elementwise("mlp_residual", 3 * rows * h, d))
-    return PassOps(fwd, backward_of(fwd))
+    return PassOps(fwd, backward_of(fwd, fp8_recipe))
 
 
 def embedding_gradient_accumulation(params: float, dtype_bytes: int, main_grad_bytes: int) -> LayerOp:

@@ -88,6 +88,10 @@ ZERO_IMPLS = ("auto", "megatron", "deepspeed", "fsdp", "fsdp2")
 """PyTorch DDP's default ``bucket_cap_mb=25`` (25 MiB)."""
 
 
+FP8_RECIPES = ("tensorwise", "blockwise")
+"""``training.fp8_recipe`` values (:class:`TrainingSpec`); the first is the default."""
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """What one step trains on.
@@ -109,18 +113,32 @@ class TrainingSpec:
         keeps its GEMM weights in FP8 only (no bf16 copy); the distributed
         optimizer casts the updated master weights straight to FP8 and
         all-gathers them in FP8 (1 byte per weight). Needs ``dtype: fp8``.
+    fp8_recipe : {"tensorwise", "blockwise"}, default "tensorwise"
+        How FP8 tensors are scaled (:data:`FP8_RECIPES`). ``tensorwise``:
+        Transformer Engine's one scale per tensor (delayed scaling), whose
+        amax histories are all-reduced every pass. ``blockwise``: DeepSeek-V3's
+        fine-grained scaling (report section 3.3.2: a scale per 1 x 128
+        activation tile and per 128 x 128 weight block, computed online, so no
+        amax reduction); its weight-gradient GEMMs, both operands scaled along
+        the reduced token dimension, run at their own measured ceiling
+        (``GPUSpec.matmul_efficiency_fp8_wgrad``, category ``gemm_fp8_wgrad``).
+        Needs ``dtype: fp8`` when not the default.
     """
 
     seq_len: int = 2048
     dtype: str = "bf16"
     fp8_param_gather: bool = False
+    fp8_recipe: str = "tensorwise"
 
     def __post_init__(self) -> None:
         check_int("training.seq_len", self.seq_len)
         check_choice("training.dtype", self.dtype, tuple(DTYPE_BYTES))
         check_bool("training.fp8_param_gather", self.fp8_param_gather)
+        check_choice("training.fp8_recipe", self.fp8_recipe, FP8_RECIPES)
         if self.fp8_param_gather and not self.fp8:
             raise ConfigError(f"training.fp8_param_gather: needs training.dtype: fp8 (got {self.dtype})")
+        if self.fp8_recipe != FP8_RECIPES[0] and not self.fp8:
+            raise ConfigError(f"training.fp8_recipe: {self.fp8_recipe} needs training.dtype: fp8 (got {self.dtype})")
 
     @property
     def dtype_bytes(self) -> int:

@@ -186,7 +186,7 @@ from .memory import stage_params
 from .models import ModelSpec
 from .moe import LayerRouting, RoutingModel, deepep_matrices, route_layer
 from .op_budget import MAX_OPS, OpBudget
-from .ops import Kernel, OpGraph
+from .ops import FP8_GEMM_CATEGORIES, GEMM_CATEGORIES, Kernel, OpGraph
 from .parallel import (
     SPLIT_BACKWARD_SCHEDULES,
     ParallelConfig,
@@ -484,7 +484,7 @@ def _ub_chunk(op: LayerOp, n: int, sm_reserved: int) -> Kernel:
 def _weight_gradient(op: LayerOp) -> bool:
     """A weight-gradient kernel (``W`` of a split backward): a linear layer's ``dW = Xᵀ dY`` GEMM (not the
     second operand gradient of a batched activation GEMM) or the accumulation of the weight gradients."""
-    return (op.category in ("gemm", "gemm_fp8") and op.name.endswith(".wgrad") and op.batch == 1) \
+    return (op.category in GEMM_CATEGORIES and op.name.endswith(".wgrad") and op.batch == 1) \
         or op.name == "grad_accumulate"
 
 
@@ -550,6 +550,8 @@ class _StepBuilder:
         self.sp = parallel.sp
         self.dtype = training.dtype_bytes
         self.fp8 = training.fp8
+        # delayed scaling's amax histories, reduced after every pass; blockwise scales are computed online
+        self.fp8_amax = self.fp8 and training.fp8_recipe == "tensorwise"
         self._stage_groups: dict[int, tuple[int, ...]] = {}
         self._chunk_layers: dict[tuple[int, int], list[int]] = {}
         self._cp_groups: dict[int, tuple[int, ...]] = {}
@@ -732,6 +734,7 @@ class _StepBuilder:
         ops = layer_ops(self.model, self.par.micro_batch, self.train.seq_len, tp or self.t, layer=layer,
                         sequence_parallel=self.sp, dtype_bytes=self.dtype, causal=self.opt.causal,
                         flash_attention=self.opt.flash_attention, fp8=self.fp8, cp=self.cp,
+                        fp8_recipe=self.train.fp8_recipe,
                         cp_comm_type=self.par.cp_comm_type)
         if phase == "F":
             return ops.forward, (False,) * len(ops.forward)
@@ -1473,7 +1476,7 @@ class _StepBuilder:
         add([k.kernel() for k in head], False)
         for kernels, again, n in runs:
             for op, rec in zip(kernels, again):
-                method = UB_METHODS.get(op.name) if op.category in ("gemm", "gemm_fp8") else None
+                method = UB_METHODS.get(op.name) if op.category in GEMM_CATEGORIES else None
                 if method is None:
                     add([op.kernel()] * n, rec)
                 elif method == "ring":
@@ -1813,7 +1816,7 @@ class _StepBuilder:
                                 pending.add(seg, last_op if overlap and not defer else None)
                     if single:
                         pending.launch(a.chunk, last_op)
-                if self.fp8 and a.phase != "W":
+                if self.fp8_amax and a.phase != "W":
                     last_op = self._fp8_amax(rank, a, stage, last_op)
                 if reduce_now and every_mb:
                     pending.flush(last_op)  # the end of every backward (DeepSpeed's epilogue, FSDP's last unit)
@@ -1996,7 +1999,7 @@ class _StepBuilder:
         if moe and self.opt.dualpipe_comm_sms:
             self._leave_sms(first_op, self.opt.dualpipe_comm_sms)
         for a in pair:
-            if self.fp8 and a.phase != "W":
+            if self.fp8_amax and a.phase != "W":
                 last = self._fp8_amax(rank, a, stage, last)
         if every_mb and any(self.makes_grads(stage, a) for a in pair):
             pending.flush(last)
@@ -2007,7 +2010,7 @@ class _StepBuilder:
         holds ``sms`` SMs for communication (:attr:`~workloads.ops.Kernel.sm_reserved`, the most of its own
         and ``sms``); a GEMM op without kernels becomes one such kernel. Other kernels are left alone: the
         compute model shares SMs out for GEMMs only (attention and memory-bound kernels keep their rate)."""
-        gemms = ("gemm", "gemm_fp8")
+        gemms = GEMM_CATEGORIES
         reserved = self._reserved  # (id of a kernel tuple, sms) -> (that tuple, its reserved copy): ops that
         for op in self.graph.ops[first_op:]:  # shared kernels keep sharing them (the engine caches by identity)
             if op.kind != "compute" or op.duration_s is not None:
@@ -2136,7 +2139,7 @@ class _StepBuilder:
                     ops += self._param_gathers(rank, stage, a.chunk, todo, before, experts)
                 if need[i] >= 0:
                     wait.append(ops[need[i]])
-            if self.fp8 and seg.kernels and any(k.category == "gemm_fp8" for k in seg.kernels):
+            if self.fp8 and seg.kernels and any(k.category in FP8_GEMM_CATEGORIES for k in seg.kernels):
                 dense, routed = fp8_weight_params(self.model, seg.layer, self.t, self.par.ep, self.etp)
                 per_weight = 2 if self.train.fp8_param_gather else FP8_CAST_BYTES
                 wait = [self.graph.compute(rank, parts=(Kernel("fp8_cast", 0.0, per_weight * (dense + routed)),),
