@@ -178,6 +178,9 @@ class ComputeModel:
     def __post_init__(self) -> None:
         if isinstance(self.gpu, str):  # (a GPU by name, as the topology builders take it)
             object.__setattr__(self, "gpu", get_gpu(self.gpu))
+        if not isinstance(self.gpu, GPUSpec):
+            raise TypeError(f"gpu: must be a GPUSpec or a GPU name (topologies.get_gpu), got "
+                            f"{type(self.gpu).__name__} {self.gpu!r:.60}")
         if self.dtype not in self.gpu.peak_flops:
             raise ValueError(f"training.dtype: {self.dtype!r} is not supported by {self.gpu.name}; valid: "
                              f"{', '.join(self._trainable_dtypes())}")

@@ -194,3 +194,38 @@ def test_the_wgrad_ceiling_falls_back_to_the_fp8_ceiling_without_a_measurement()
     h800 = ComputeModel(get_gpu("H800"), dtype="fp8")
     assert h800.fp8_wgrad_gemm.efficiency == pytest.approx(1092 / 1978.9, rel=2e-3)  # DeepGEMM's best row
     assert ComputeModel(get_gpu("H800"), dtype="fp8", fp8_wgrad_matmul_efficiency=0.6).fp8_wgrad_gemm.efficiency == 0.6
+
+
+# ------------------------------------------------------------------ public workloads functions (the API hunt)
+def _gpt3():
+    from workloads.models import get_preset
+    return get_preset("gpt3-175b")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda w, m: w.model_flops_per_step(m, -1, 2048), "global_batch: must be a positive integer, got -1"),
+    (lambda w, m: w.narayanan_flops_per_step(m, 2.5, 2048), "global_batch: must be a positive integer, got 2.5"),
+    (lambda w, m: w.layer_ops(m, 1, -5), "seq_len: must be a positive integer, got -5"),
+    (lambda w, m: w.layer_ops(m, 1, 2048, 7), "tp: 7 does not divide model.heads=96"),
+    (lambda w, m: w.optimizer_op(-1), "params_per_gpu"),
+    (lambda w, m: w.micro_batches_in_flight(
+        w.parallel_from_dict({"tp": 8, "pp": 8, "dp": 16, "micro_batch": 1, "global_batch": 1536}), 99),
+     "stage: 99 is outside 0..7"),
+])
+def test_public_flop_and_memory_functions_refuse_what_they_cannot_count(call, message):
+    """They returned negative FLOPs (batch -1), a fraction of a column (tp 7 over 96 heads: 5266.3 cut to 5266),
+    -91 micro-batches in flight (stage 99 of 8)."""
+    import workloads
+    from workloads.errors import ConfigError
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        call(workloads, _gpt3())
+
+
+@pytest.mark.parametrize("call, argument", [
+    (lambda: __import__("workloads").model_flops_per_step("gpt3-175b", 8, 2048), "model: must be a ModelSpec"),
+    (lambda: __import__("simulator").ComputeModel(None), "gpu: must be a GPUSpec or a GPU name"),
+])
+def test_objects_of_the_wrong_type_are_named(call, argument):
+    """A preset's name where a ModelSpec belongs, None where a GPU belongs: an AttributeError from inside before."""
+    with pytest.raises(TypeError, match=argument):
+        call()

@@ -74,7 +74,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .errors import ConfigError
+from .errors import ConfigError, check_int, check_number
 from .models import ModelSpec
 from .ops import GEMM_CATEGORIES, Kernel
 from .parallel import FP8_RECIPES, padded_vocab, resolve_recompute_modules
@@ -483,6 +483,29 @@ def fp8_weight_params(model: ModelSpec, layer: int, tp: int = 1, ep: int = 1,
     return attention + model.shared_experts * one, model.experts // ep * routed
 
 
+def _check_tokens(model: object, batch: int, seq_len: int, batch_field: str = "micro_batch") -> None:
+    """Refuse, in one line naming the argument, what the public FLOP and kernel functions cannot count: a model
+    that is not a :class:`~workloads.models.ModelSpec` (a preset's name), a batch or sequence length that is not a
+    positive integer (-1 gave negative FLOPs, 2.5 a fraction of a sequence)."""
+    if not isinstance(model, ModelSpec):
+        raise TypeError(f"model: must be a ModelSpec (workloads.get_preset(name), model_from_dict(section)), "
+                        f"got {type(model).__name__} {model!r:.60}")
+    check_int(batch_field, batch)
+    check_int("seq_len", seq_len)
+
+
+def _check_tp(model: ModelSpec, tp: int) -> None:
+    """``tp`` a positive integer dividing every width the layer splits over TP (heads, key/value heads, the MLP
+    and expert widths), as ``parallel.tp`` must: 7 over 96 heads cut a GEMM to a fraction of a column."""
+    check_int("tp", tp)
+    widths = {"heads": model.heads, "kv_heads": model.kv_heads, "ffn_hidden": model.ffn_hidden}
+    if model.is_moe:
+        widths["moe_ffn_hidden"] = model.expert_ffn_hidden
+    for field, width in widths.items():
+        if width % tp:
+            raise ConfigError(f"tp: {tp} does not divide model.{field}={width}")
+
+
 def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, layer: int = 0,
               sequence_parallel: bool = False, dtype_bytes: int = 2, causal: bool = False,
               flash_attention: bool = True, fp8: bool = False, cp: int = 1, cp_comm_type: str = "p2p",
@@ -544,6 +567,8 @@ def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, 
     >>> sum(op.flops for op in fwd) == 24 * 2048 * 12288**2 + 4 * 2048**2 * 12288
     True
     """
+    _check_tokens(model, micro_batch, seq_len)
+    _check_tp(model, tp)
     b, s, t, d = micro_batch, seq_len, tp, dtype_bytes
     tokens = b * s // cp
     rows = tokens // t if (sequence_parallel and t > 1) else tokens  # element-wise rows
@@ -626,6 +651,7 @@ def optimizer_op(params_per_gpu: float) -> LayerOp:
     Bytes: :data:`ADAM_BYTES_PER_PARAM` (28) per parameter; FLOPs:
     :data:`ADAM_FLOPS_PER_PARAM` (~12). With ZeRO >= 1 pass the rank's shard.
     """
+    check_number("params_per_gpu", params_per_gpu)
     return LayerOp("optimizer", "optimizer", ADAM_FLOPS_PER_PARAM * params_per_gpu,
                    ADAM_BYTES_PER_PARAM * params_per_gpu)
 
@@ -682,6 +708,7 @@ def narayanan_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int,
     only for GPT-style layers (ungated MLP of width ``4h``, ``kv_heads ==
     heads``, dense); use :func:`model_flops_per_step` for anything else.
     """
+    _check_tokens(model, global_batch, seq_len, "global_batch")
     B, s, l, h, V = global_batch, seq_len, model.layers, model.hidden, model.vocab
     if full_recompute:
         return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
@@ -725,6 +752,7 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, *,
     equals :func:`narayanan_flops_per_step` exactly. Input-embedding lookups,
     norms and element-wise work are not counted (the usual MFU convention).
     """
+    _check_tokens(model, global_batch, seq_len, "global_batch")
     tokens = global_batch * seq_len
     output_layer = 6.0 * model.hidden * model.vocab * tokens
     return 3.0 * _layer_forward_flops(model, tokens, seq_len, causal) + output_layer

@@ -96,6 +96,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from .errors import ConfigError, is_int
 from .flops import LOSS_BYTES, fp8_weight_params
 from .models import ModelSpec
 from .moe import capacity_slots
@@ -329,6 +330,8 @@ def micro_batches_in_flight(parallel: ParallelConfig, stage: int) -> float:
     :func:`~workloads.schedules.max_in_flight`), the same upper bound.
     """
     p, m, i = parallel.pp, num_micro_batches(parallel), stage
+    if not is_int(stage) or not 0 <= stage < p:  # (as chunk_layers: a stage past the last read -91 in flight)
+        raise ConfigError(f"stage: {stage!r} is outside 0..{p - 1}")
     if parallel.schedule == "gpipe":
         return float(m)
     if parallel.schedule in ("dualpipe", "interleaved"):  # chunk-micro-batches in flight, over the chunks
