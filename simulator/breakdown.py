@@ -21,7 +21,9 @@ micro-batch work the pipeline schedule is made of:
    ZeRO-3 parameter gather (``exposed_zero``);
 5. **bubble** — none of the above, inside the pipeline window (from 0 to the
    end of the last micro-batch op on any rank; in a joint run each job's own,
-   one per step, :func:`group_windows`): the schedule leaves the GPU
+   one per step, :func:`group_windows`; without a pipeline each rank's own, so
+   that a rank whose micro-batches end first waits as what it waits for, not as
+   a bubble: :func:`breakdown_window`): the schedule leaves the GPU
    without micro-batch work. Anything else that runs then (an overlapped
    gradient reduction, the last stage's gradient norm) is hidden in it;
 
@@ -115,6 +117,31 @@ def pipeline_window(ops) -> float:
     end = _column(ops, "end_s")[sel]
     end = end[~np.isnan(end)]  # as pandas' max: missing values skipped
     return float(end.max()) if len(end) else float("nan")
+
+
+def breakdown_window(ops, groups: Sequence[tuple[int, int]] | None = None, steps: Sequence[int] | None = None
+                     ) -> Window:
+    """The pipeline window the partition of ``ops`` uses: each group's (:func:`group_windows`) where ``groups``
+    run steps of their own; with one pipeline stage (no op of a stage past 0) each rank's own, the end of its
+    last micro-batch op (nothing is a bubble without a pipeline; a rank whose micro-batches end before a peer's,
+    an expert-parallel peer with more tokens, say, waits for that peer's collectives); else
+    :func:`pipeline_window`."""
+    if groups:
+        return group_windows(ops, groups, steps)
+    stage = _column(ops, "stage")
+    if len(stage) and stage.max() > 0:
+        return pipeline_window(ops)
+    rank = _column(ops, "rank")
+    sel = (_column(ops, "stream") == _COMPUTE_STREAM) & (_column(ops, "micro_batch") >= 0)
+    ends = dict.fromkeys(np.unique(rank).tolist(), 0.0)
+    if sel.any():
+        end = _column(ops, "end_s")[sel]
+        keep = ~np.isnan(end)
+        ranks, last = rank[sel][keep], end[keep]
+        order = np.lexsort((last, ranks))  # per rank, its latest end last
+        final = np.r_[ranks[order][1:] != ranks[order][:-1], True]
+        ends.update(zip(ranks[order][final].tolist(), last[order][final].tolist()))
+    return ends
 
 
 def rank_segments(ops, window: Window, step_time: float

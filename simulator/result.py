@@ -193,7 +193,7 @@ class Result:
         """What :mod:`simulator.breakdown` and :attr:`exposed_comm_by_class` read of :attr:`rep_ops`, as numpy
         arrays (strings as objects)."""
         out = {c: np.asarray(self._op_column(c), dtype=float) for c in ("issue_s", "start_s", "end_s")}
-        out.update({c: self._op_column(c) for c in ("rank", "micro_batch")})
+        out.update({c: self._op_column(c) for c in ("rank", "micro_batch", "stage")})
         n = len(out["rank"])  # (fromiter: the same object array as np.array's, a third quicker)
         out.update({c: np.fromiter(self._op_column(c), dtype=object, count=n)
                     for c in ("kind", "name", "stream", "traffic_class")})
@@ -492,8 +492,7 @@ class Result:
 
     @cached_property
     def _breakdown_arrays(self) -> tuple[np.ndarray, list[str], np.ndarray]:
-        window = (_breakdown.group_windows(self._op_arrays, self.rank_groups, self.group_steps)
-                  if self.rank_groups else self.pipeline_window_s)
+        window = _breakdown.breakdown_window(self._op_arrays, self.rank_groups, self.group_steps)
         ranks, categories, seconds = _breakdown.breakdown_arrays(self._op_arrays, window, self.step_time)
         ranks.flags.writeable = seconds.flags.writeable = False  # shared by every caller
         return ranks, categories, seconds

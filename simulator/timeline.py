@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from .breakdown import COMPUTE_CATEGORIES, group_windows, op_category, pipeline_window, rank_segments
+from .breakdown import COMPUTE_CATEGORIES, breakdown_window, op_category, rank_segments
 from .traffic import check_ids
 
 COLUMNS = ["rank", "stage", "lane", "category", "start_s", "end_s", "micro_batch", "chunk", "label"]
@@ -70,7 +70,7 @@ def timeline_bars(ops: pd.DataFrame, step_time: float | None, ranks: list[int] |
     sel = ops[ops["rank"].isin(ranks)]
     stage_of = stage_of_each_rank(sel)
     parts = []
-    window = group_windows(ops, groups, steps) if groups else pipeline_window(ops)
+    window = breakdown_window(ops, groups, steps)
     seg = rank_segments(sel, window, ops["end_s"].max() if step_time is None else step_time)
     other = seg[~seg["category"].isin(COMPUTE_CATEGORIES[:3])]
     parts.append(other.assign(lane="main", micro_batch=-1, chunk=-1, label=""))

@@ -229,3 +229,52 @@ def test_objects_of_the_wrong_type_are_named(call, argument):
     """A preset's name where a ModelSpec belongs, None where a GPU belongs: an AttributeError from inside before."""
     with pytest.raises(TypeError, match=argument):
         call()
+
+
+# ------------------------------------------------------------------ MoE routing: a token's k experts are distinct
+def _exact_top2_inclusion(p):
+    """P(expert i among a token's 2 distinct picks), picked one after another in proportion to ``p`` among those
+    not picked yet: first pick i, or first pick j != i and then i from the rest (p_i / (1 - p_j))."""
+    import numpy as np
+    p = np.asarray(p, dtype=float)
+    return np.array([p[i] + sum(p[j] * p[i] / (1 - p[j]) for j in range(len(p)) if j != i)
+                     for i in range(len(p))])
+
+
+@pytest.mark.parametrize("s", [0.5, 1.0, 2.0])
+def test_zipf_choices_land_with_the_distinct_experts_inclusion_probabilities(s):
+    """Routing drew a token's k choices independently: at zipf s 2, top-2 of 8, one rank sent 5,416 choices from
+    4,096 tokens to one expert (imbalance 5.2 where E / k = 4 bounds it). The hottest expert now takes the share
+    of choices of its exact top-2 inclusion probability (closed form for k = 2), within the Monte Carlo's error."""
+    from workloads.moe import RoutingModel, inclusion_probabilities, route_layer
+    routing = RoutingModel(kind="zipf", zipf_s=s)
+    popularity = routing.probabilities(8, 0)
+    assert inclusion_probabilities(popularity, 2) == pytest.approx(_exact_top2_inclusion(popularity), abs=0.012)
+    r = route_layer(8, 2, 4096, 8, routing)
+    assert r.imbalance <= 8 / 2 and r.choices.max() <= 4096
+    hot = int(popularity.argmax())
+    share = r.choices[:, hot].sum() / r.choices.sum()
+    assert share == pytest.approx(_exact_top2_inclusion(popularity)[hot] / 2, abs=0.01)
+
+
+def test_uniform_routing_draws_are_unchanged():
+    """Equal popularities: the inclusion probability is exactly k / E, so the draws are the multinomial of T k
+    choices over 1 / E, bit for bit as before."""
+    import numpy as np
+
+    from workloads.moe import RoutingModel, route_layer
+    r = route_layer(8, 2, 1000, 4, RoutingModel("uniform", seed=3), layer=2, micro_batch=5)
+    same = np.random.default_rng([3, 2, 2, 5]).multinomial(2000, np.full(8, 1 / 8), size=4)
+    assert (r.choices == same).all()
+
+
+def test_custom_loads_are_shares_capped_at_one_over_k():
+    """A measured load is the share of the choices each expert takes: kept as given where no share exceeds 1/k,
+    capped there otherwise (a token picks an expert at most once) and the rest spread in proportion."""
+    import numpy as np
+
+    from workloads.moe import RoutingModel
+    valid = RoutingModel("custom", expert_load=(3, 2, 1, 1, 1))
+    assert valid.choice_probabilities(5, 2) == pytest.approx(np.array([3, 2, 1, 1, 1]) / 8)
+    heavy = RoutingModel("custom", expert_load=(8, 1, 1, 1, 1, 1, 1, 1))
+    assert heavy.choice_probabilities(8, 2) == pytest.approx([0.5] + [0.5 / 7] * 7)

@@ -32,17 +32,32 @@ uniform
     Every expert equally likely; counts drawn multinomially (so even
     "uniform" routing has the sampling noise real routers show).
 zipf
-    Expert ``e`` (in a seeded random order) has probability ∝ ``1 / r^s``
-    with popularity rank ``r``: a few hot experts, a long tail.
+    Expert ``e`` (in a seeded random order) has popularity ∝ ``1 / r^s``
+    with popularity rank ``r``: a few hot experts, a long tail. A token picks
+    ``k`` *distinct* experts, one after another in proportion to the
+    popularities of those it has not picked (Plackett-Luce: what the top-k
+    of router logits with these popularities amounts to), so a choice lands
+    on expert ``e`` with probability ``π_e / k``, ``π_e`` the probability that
+    ``e`` is among a token's ``k`` (:func:`inclusion_probabilities`). An expert
+    therefore never takes more than ``1/k`` of the choices: at ``s`` 1, top-2 of
+    8, the hottest takes 0.315 of them, not the 0.368 its popularity share would
+    give (and at ``s`` 2 not 0.655: more choices than tokens).
 custom
-    A user-supplied expert-load vector, normalised to probabilities.
+    A user-supplied expert-load vector: the share of the choices each expert
+    takes (a measured load), normalised. No expert can take more than ``1/k``
+    of them (a token picks it at most once): shares above are capped there and
+    the rest spread over the others in proportion to theirs (:func:`capped_shares`).
 balanced
     Exactly ``T·k / E`` per expert (no noise): the closed-form reference.
 
 Counts are drawn with ``numpy.random.default_rng(seed)``: same seed, same
-routing. Choices of one token are drawn independently (the top-k
-without-replacement constraint is ignored; it changes nothing in the
-aggregate counts that drive traffic).
+routing. An EP rank's ``T·k`` choices are drawn as one multinomial of the
+choice probabilities: the expected count of every expert is exact (``T π_e``,
+at most ``T``), the token-level pairing of a token's ``k`` choices is not
+drawn (a count can exceed ``T`` in a far tail where ``π_e`` is near 1).
+Until 2026-12-05 the popularities themselves were the choice probabilities,
+a token's ``k`` choices independent: at ``s`` 2 one rank sent 5,416 choices
+from 4,096 tokens to one expert.
 
 Node-limited routing (``max_nodes``)
 ------------------------------------
@@ -71,6 +86,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -163,8 +179,21 @@ class RoutingModel:
             if sum(self.expert_load) <= 0:
                 raise ConfigError("moe.expert_load: loads must be >= 0 and not all zero")
 
+    def choice_probabilities(self, experts: int, top_k: int, layer: int = 0) -> np.ndarray:
+        """Probability that one token choice goes to each expert: :meth:`probabilities` for ``custom`` (a
+        measured share of the choices, refused above ``1 / top_k``) and the uniform kinds; for ``zipf`` the
+        popularities' :func:`inclusion_probabilities` over ``top_k`` (a token's choices are distinct experts)."""
+        probs = self.probabilities(experts, layer)
+        if self.kind == "zipf" and top_k > 1:
+            return inclusion_probabilities(probs, top_k) / top_k
+        if self.kind == "custom" and top_k > 1:
+            return capped_shares(probs, 1.0 / top_k)
+        return probs
+
     def probabilities(self, experts: int, layer: int = 0) -> np.ndarray:
-        """Probability that one token choice goes to each expert (layer-specific hot set for zipf)."""
+        """Each expert's popularity (normalised; layer-specific hot set for zipf): the probability that one token
+        choice goes to it for ``uniform``, ``balanced`` and ``custom``; for ``zipf`` the weights a token's
+        distinct choices are made by (:meth:`choice_probabilities`)."""
         if self.kind in ("uniform", "balanced"):
             return np.full(experts, 1.0 / experts)
         if self.kind == "custom":
@@ -260,6 +289,72 @@ def capacity_slots(tokens_per_rank: int, top_k: int, experts: int, capacity_fact
     return int(math.ceil(tokens_per_rank * top_k / experts * capacity_factor))
 
 
+def capped_shares(shares: np.ndarray, cap: float) -> np.ndarray:
+    """``shares`` (summing to 1) with none above ``cap``: those above are set to it and the remainder spread over
+    the others in proportion to their shares, until none exceeds it (water-filling). Unchanged where none does.
+
+    >>> capped_shares(np.array([8, 1, 1, 1, 1, 1, 1, 1]) / 15, 0.5).round(4).tolist()
+    [0.5, 0.0714, 0.0714, 0.0714, 0.0714, 0.0714, 0.0714, 0.0714]
+    """
+    out = np.asarray(shares, dtype=float).copy()
+    fixed = np.zeros(len(out), dtype=bool)
+    while (out[~fixed] > cap * (1 + 1e-12)).any():
+        fixed |= out > cap * (1 + 1e-12)
+        out[fixed] = cap
+        free = ~fixed
+        rest = out[free].sum()
+        out[free] *= (1.0 - cap * fixed.sum()) / rest if rest > 0 else 0.0
+    return out
+
+
+INCLUSION_SAMPLES = 1 << 14
+"""Tokens a Monte Carlo of :func:`inclusion_probabilities` draws: its standard error is at most 0.004 (of a
+``π`` near 0.5; 0.4% of a hot expert's 0.8), far below a layer's own sampling noise; 0.2 s for 256 experts."""
+
+
+def inclusion_probabilities(weights: np.ndarray, top_k: int) -> np.ndarray:
+    """``π_e``: the probability that a token's ``top_k`` distinct experts include expert ``e`` when it picks them
+    one after another, each time in proportion to ``weights`` among those not picked yet (Plackett-Luce sampling
+    without replacement; equivalently the ``top_k`` largest of ``log w_e`` plus independent Gumbel noise).
+    ``Σ π = top_k`` and every ``π_e ≤ 1``. Equal weights: exactly ``top_k / E``. Otherwise a seeded Monte Carlo of
+    :data:`INCLUSION_SAMPLES` tokens, computed once per sorted weight vector (a layer's Zipf order is a
+    permutation of the same weights).
+
+    >>> inclusion_probabilities(np.full(8, 1 / 8), 2).tolist() == [0.25] * 8
+    True
+    >>> p = inclusion_probabilities(np.array([0.6, 0.2, 0.1, 0.1]), 2)
+    >>> bool(abs(p.sum() - 2) < 1e-12 and p.max() <= 1 and 0.8 < p[0] < 0.95)
+    True
+    """
+    w = np.asarray(weights, dtype=float)
+    if top_k >= len(w):
+        return np.ones(len(w))
+    if w.min() == w.max():
+        return np.full(len(w), top_k / len(w))
+    order = np.argsort(-w, kind="stable")
+    out = np.empty(len(w))
+    out[order] = _inclusion_sorted(tuple(w[order].tolist()), top_k)
+    return out
+
+
+@lru_cache(maxsize=64)
+def _inclusion_sorted(weights: tuple[float, ...], top_k: int) -> np.ndarray:
+    """:func:`inclusion_probabilities` of weights sorted in decreasing order (cached: every layer's)."""
+    w = np.array(weights)
+    logw = np.full(len(w), -np.inf)
+    positive = w > 0
+    logw[positive] = np.log(w[positive])
+    rng = np.random.default_rng([len(w), top_k, 3])
+    counts = np.zeros(len(w))
+    chunk = max(1, (1 << 22) // len(w))  # (tokens per block: ~32 MB of keys)
+    for start in range(0, INCLUSION_SAMPLES, chunk):
+        n = min(chunk, INCLUSION_SAMPLES - start)
+        keys = logw + rng.gumbel(size=(n, len(w)))
+        picked = np.argpartition(-keys, top_k - 1, axis=1)[:, :top_k]
+        counts += np.bincount(picked.ravel(), minlength=len(w))
+    return counts / INCLUSION_SAMPLES
+
+
 def route_layer(model_experts: int, top_k: int, tokens_per_rank: int, ep: int, routing: RoutingModel,
                 layer: int = 0, micro_batch: int | None = None, routers: int = 1) -> LayerRouting:
     """Draw the routing of one MoE layer (for one micro-batch).
@@ -306,7 +401,7 @@ def route_layer(model_experts: int, top_k: int, tokens_per_rank: int, ep: int, r
     else:
         seed = [routing.seed, layer, 0] if micro_batch is None else [routing.seed, layer, 2, micro_batch]
         rng = np.random.default_rng(seed)
-        probs = routing.probabilities(model_experts, layer)
+        probs = routing.choice_probabilities(model_experts, top_k, layer)
         if routers > 1 and routing.capacity_factor is not None:  # each router's share, capped on its own
             shares = rng.multinomial(n_choices // routers, probs, size=(routers, ep)).astype(np.int64, copy=False)
             capacity = capacity_slots(tokens_per_rank // routers, top_k, model_experts, routing.capacity_factor)

@@ -1356,7 +1356,8 @@ class _StepBuilder:
         key = (id(tokens), pattern)  # the matrices read only which ranks share a node
         per_e = self._tables_of.get(key)
         if per_e is None:
-            probs = self.routing.probabilities(experts, layer).reshape(ep, experts // ep).sum(axis=1)
+            probs = self.routing.choice_probabilities(experts, self.model.top_k, layer)
+            probs = probs.reshape(ep, experts // ep).sum(axis=1)
             first, forward = deepep_matrices(tokens, probs, self.model.top_k, nodes, self.routing.max_nodes)
             per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
             # FP8 training: tokens travel owner -> experts in FP8 with one fp32 scale per 128 elements (DeepEP's
