@@ -279,12 +279,18 @@ class ComputeModel:
     @cached_property
     def fp8_wgrad_gemm(self) -> GemmModel:
         """The FP8 GEMM model (:attr:`fp8_gemm`) under the weight-gradient ceiling of blockwise scaling
-        (``fp8_wgrad_matmul_efficiency``, else ``GPUSpec.matmul_efficiency_fp8_wgrad``, else the FP8 ceiling
-        itself where no measurement exists): module docstring, ``gemm_fp8_wgrad``."""
+        (``fp8_wgrad_matmul_efficiency``, else ``GPUSpec.matmul_efficiency_fp8_wgrad`` scaled as a given
+        ``fp8_matmul_efficiency`` scales the FP8 ceiling, else the FP8 ceiling itself where no measurement
+        exists): module docstring, ``gemm_fp8_wgrad``."""
         gemm = self.fp8_gemm
-        eff = next((e for e in (self.fp8_wgrad_matmul_efficiency, self.gpu.matmul_efficiency_fp8_wgrad)
-                    if e is not None), gemm.efficiency)
-        return replace(gemm, efficiency=eff)
+        measured = self.gpu.matmul_efficiency_fp8_wgrad
+        if self.fp8_wgrad_matmul_efficiency is not None:
+            eff = self.fp8_wgrad_matmul_efficiency
+        elif measured is not None and self.gpu.matmul_efficiency_fp8:  # (a user's FP8 ceiling scales it alike)
+            eff = measured * gemm.efficiency / self.gpu.matmul_efficiency_fp8
+        else:
+            eff = gemm.efficiency
+        return replace(gemm, efficiency=min(eff, 1.0))
 
     def gemm_model(self, category: str) -> GemmModel:
         """The GEMM model that times kernels of ``category`` (one of :data:`~workloads.ops.GEMM_CATEGORIES`)."""

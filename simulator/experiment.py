@@ -521,7 +521,7 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
                      f"engine refuses ZeRO-2/3 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); "
                      f"simulated as given (zero_impl: fsdp2 is a framework that combines them, torchtitan)")
     late = [m for m in FP8_DELAYED_SCALING_NO_RECOMPUTE if m in par.selective_modules]
-    if exp.training.fp8 and par.recompute == "selective" and late:
+    if exp.training.fp8_amax_reductions and par.recompute == "selective" and late:
         notes.append(f"parallel.recompute_modules: {', '.join(late)} with dtype fp8: Megatron-Core refuses "
                      f"{'them' if len(late) > 1 else 'it'} under its delayed-scaling FP8 recipe (\"Delayed scaling "
                      f"does not support moe_act and layernorm recompute for fp8\"; other recipes and DeepSeek-V3's "
@@ -650,7 +650,7 @@ def memory_remedies(exp: Experiment) -> list[tuple[str, MemoryBreakdown]]:
     candidates: list[tuple[str, dict]] = []
     if par.recompute != "full" and set(modules) - set(par.selective_modules):
         both = list(dict.fromkeys([*par.selective_modules, *modules]))
-        late = [m for m in FP8_DELAYED_SCALING_NO_RECOMPUTE if m in both] if exp.training.fp8 else []
+        late = [m for m in FP8_DELAYED_SCALING_NO_RECOMPUTE if m in both] if exp.training.fp8_amax_reductions else []
         caveat = (f" (under FP8, Megatron-Core recomputes {', '.join(late)} only with a recipe other than delayed "
                   f"scaling)" if late else "")
         candidates.append((f"parallel.recompute: selective, parallel.recompute_modules: [{', '.join(both)}]"
@@ -825,6 +825,7 @@ def stage_rows(result: Result, step: TrainingStep) -> list[dict]:
     # With fidelity="fast" only representatives have rows; every rank a representative stands for
     # has the same timeline, so the representatives' partition, weighted by how many they stand for, is enough.
     window = result.pipeline_window_s
+    own = result.breakdown_window  # (without a pipeline each rank's own: busy_s is then the stage's mean of them)
     ranks, categories, seconds, replicas = result.time_breakdown_arrays()
     weight = replicas.astype(float)
     stage = np.array([step.stage_of_rank[r] for r in ranks.tolist()], dtype=np.int64)
@@ -842,7 +843,10 @@ def stage_rows(result: Result, step: TrainingStep) -> list[dict]:
         # another order)
         mean = np.take(weighted, sel, axis=1).sum(axis=1) / w.sum() if len(sel) else np.zeros(len(categories))
         bubble = float(mean[bubble_at]) if bubble_at is not None else 0.0
-        rows.append({"stage": s, "ranks": int(w.sum()), "busy_s": window - bubble, "bubble_s": bubble,
+        span = window
+        if isinstance(own, Mapping) and len(sel) and all(isinstance(own[r], float) for r in ranks[sel].tolist()):
+            span = float(np.dot(w, [own[r] for r in ranks[sel].tolist()]) / w.sum())
+        rows.append({"stage": s, "ranks": int(w.sum()), "busy_s": span - bubble, "bubble_s": bubble,
                      "bubble_fraction": bubble / window if window else 0.0,
                      **{f"{c}_s": float(v) for c, v in zip(categories, mean.tolist())}})
     return rows
@@ -914,7 +918,8 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
                           f"ZeRO-{par.zero}" if par.zero else "") if x]
     if extras:
         layout += ", " + ", ".join(extras)
-    dtype = tr.dtype + (" (FP8 parameter all-gather)" if tr.fp8_param_gather else "")
+    dtype = tr.dtype + (f" {tr.fp8_recipe}" if tr.fp8 else "") + (" (FP8 parameter all-gather)"
+                                                                  if tr.fp8_param_gather else "")
     training = f"seq {tr.seq_len}, {dtype}, fidelity {exp.fidelity}"
     return {"cluster": cluster, "fabric": fabric, "model": model, "layout": layout, "training": training}
 

@@ -491,8 +491,14 @@ class Result:
         return ranks, list(categories), seconds, count
 
     @cached_property
+    def breakdown_window(self) -> _breakdown.Window:
+        """The pipeline window :meth:`time_breakdown` partitions by (:func:`simulator.breakdown.breakdown_window`):
+        :attr:`pipeline_window_s` with a pipeline; each rank's own without one; each job's in a joint run."""
+        return _breakdown.breakdown_window(self._op_arrays, self.rank_groups, self.group_steps)
+
+    @cached_property
     def _breakdown_arrays(self) -> tuple[np.ndarray, list[str], np.ndarray]:
-        window = _breakdown.breakdown_window(self._op_arrays, self.rank_groups, self.group_steps)
+        window = self.breakdown_window
         ranks, categories, seconds = _breakdown.breakdown_arrays(self._op_arrays, window, self.step_time)
         ranks.flags.writeable = seconds.flags.writeable = False  # shared by every caller
         return ranks, categories, seconds

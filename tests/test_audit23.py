@@ -167,6 +167,16 @@ def test_blockwise_fp8_runs_slower_weight_gradients_and_no_amax_reductions():
     block = run_experiment(experiment_from_dict(doc)).ops
     assert tensor["name"].str.contains("fp8_amax|fp8_scale_update").any()
     assert not block["name"].str.contains("fp8_amax|fp8_scale_update").any()
+    from simulator.compute import ComputeModel
+    from topologies.gpus import get_gpu
+    from workloads.flops import layer_ops
+    from workloads.models import get_preset
+    cm = ComputeModel(get_gpu("H100"), dtype="fp8")
+    times = {r: [cm.duration(o.kernel()) for o in layer_ops(get_preset("llama3-8b"), 1, 4096, fp8=True,
+                                                             fp8_recipe=r).backward if o.name.endswith(".wgrad")]
+             for r in ("tensorwise", "blockwise")}
+    assert len(times["blockwise"]) == 4  # qkv, attn_out, mlp_up, mlp_down
+    assert all(b > 1.2 * a for a, b in zip(times["tensorwise"], times["blockwise"]))  # every weight gradient
 
 
 @pytest.mark.parametrize("training, message", [
@@ -258,7 +268,7 @@ def test_zipf_choices_land_with_the_distinct_experts_inclusion_probabilities(s):
 
 
 def test_uniform_routing_draws_are_unchanged():
-    """Equal popularities: the inclusion probability is exactly k / E, so the draws are the multinomial of T k
+    """Kept: equal popularities: the inclusion probability is exactly k / E, so the draws are the multinomial of T k
     choices over 1 / E, bit for bit as before."""
     import numpy as np
 
@@ -278,3 +288,78 @@ def test_custom_loads_are_shares_capped_at_one_over_k():
     assert valid.choice_probabilities(5, 2) == pytest.approx(np.array([3, 2, 1, 1, 1]) / 8)
     heavy = RoutingModel("custom", expert_load=(8, 1, 1, 1, 1, 1, 1, 1))
     assert heavy.choice_probabilities(8, 2) == pytest.approx([0.5] + [0.5 / 7] * 7)
+
+
+def test_deepeps_distinct_tokens_follow_the_distinct_experts():
+    """DeepEP sends a token once per GPU (and node) holding any of its experts; with a token's k experts distinct,
+    equal popularities give the hypergeometric miss C(E - g, k) / C(E, k) for a group of g experts (DeepSeek-V3's
+    EP 64: g = 4 a GPU, 32 a node, k = 8 of E = 256), and one expert per GPU gives one token per choice at any
+    skew (the independent-choice formula made 29,753 choices 23,009 tokens for the hot GPU at zipf s 2)."""
+    from math import comb
+
+    import numpy as np
+
+    from workloads.moe import deepep_matrices
+    ep, k, per_rank = 64, 8, 4096 * 8 / 64
+    first, _ = deepep_matrices(np.full((ep, ep), per_rank), np.full(ep, 1 / ep), k, [r // 8 for r in range(ep)],
+                               experts_per_rank=4)
+    assert first[0, 1] == pytest.approx(per_rank * (1 - comb(252, 8) / comb(256, 8)) / (8 / 64), rel=1e-12)
+    assert first[0, 8] == pytest.approx(8 * per_rank * (1 - comb(224, 8) / comb(256, 8)) / (8 / 8), rel=1e-12)
+    hot = np.array([0.4533] + [0.5467 / 7] * 7)
+    first, _ = deepep_matrices(np.outer(np.full(8, 1000.0), hot), hot, 2, [0] * 8, experts_per_rank=1)
+    assert first == pytest.approx(np.outer(np.full(8, 1000.0), hot), rel=1e-12)
+
+
+def test_custom_loads_on_fewer_experts_than_top_k_are_refused():
+    """A token picks top_k distinct experts: with fewer experts loaded the capped shares summed to 0.5 and numpy
+    gave the missing half to the last expert (972 choices to a zero-load expert; 2,000 from 1,000 tokens)."""
+    from workloads.errors import ConfigError
+    from workloads.moe import RoutingModel, route_layer
+    with pytest.raises(ConfigError, match="moe.expert_load: 1 experts with a load, but every token picks top_k = 2"):
+        route_layer(4, 2, 1000, 1, RoutingModel("custom", expert_load=(0, 0, 0, 1)))
+
+
+def test_without_a_pipeline_a_faster_rank_waits_as_what_it_waits_for():
+    """pp 1, rank 1 a 2x straggler of a DP pair: rank 0's micro-batches end first and it waits for rank 1 in the
+    gradient reduction. That wait was bubble (a pipeline's idle, of a run without one); it is now exposed DP or
+    idle, no bubble anywhere, and the stage's busy time is its ranks' own windows (busy + idle within the step)."""
+    from simulator.experiment import experiment_from_dict, run_experiment
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 2}, "model": {"preset": "tiny"},
+           "parallel": {"dp": 2, "micro_batch": 1, "global_batch": 4}, "training": {"seq_len": 128},
+           "faults": [{"kind": "straggler", "gpu": 1, "factor": 2.0}]}
+    r = run_experiment(experiment_from_dict(doc), fidelity="full")
+    table = r.time_breakdown()
+    assert "bubble" not in table or (table["bubble"] == 0).all()
+    assert table.loc[0, "forward"] + table.loc[0, "backward"] < 0.6 * r.step_time  # (the case: rank 0 waits)
+    row = r.stages.iloc[0]
+    assert row["busy_s"] + row["idle_s"] <= r.step_time * (1 + 1e-9)
+
+
+def test_the_sequence_parallel_sync_carries_routers_and_mlas_replicated_weights():
+    """Megatron-Core tags ``sequence_parallel`` the router of a MoE layer (TopKRouter) and MLA's duplicated
+    down-projections and latent norms too, and _allreduce_layernorm_grads reduces them all: DeepSeek-V3's layer
+    adds h x E = 7168 x 256 router weights and 7168 x (1536 + 576) + (1536 + 512) MLA weights to its 2 x 7168 norms
+    (found by the session's review: the sync carried the norms alone, 0.23 MB where Megatron sends ~272 MB)."""
+    from workloads.models import get_preset
+    from workloads.parallel import ParallelConfig, TrainingSpec
+    from workloads.training import StepOptions, _StepBuilder
+    model = get_preset("deepseek-v3")
+    b = _StepBuilder(model, ParallelConfig(tp=2, pp=61, micro_batch=1, global_batch=61, sequence_parallel=True,
+                                           stage_layers=[1] * 61), TrainingSpec(seq_len=1024),
+                     StepOptions(embedding_and_loss=False))
+    h = 7168
+    mla = h * (1536 + 576) + (1536 + 512)
+    assert b.sequence_parallel_grad_bytes(0) == (2 * h + mla) * 4  # a dense layer (the first three are)
+    assert b.sequence_parallel_grad_bytes(10) == (2 * h + mla + h * 256) * 4  # a MoE layer
+
+
+@pytest.mark.parametrize("recipe, noted", [("tensorwise", True), ("blockwise", False)])
+def test_the_delayed_scaling_recompute_note_is_for_delayed_scaling_only(recipe, noted):
+    """Megatron-Core refuses layernorm / moe_act recomputation under its delayed-scaling FP8 recipe only; the note
+    fired under DeepSeek's blockwise recipe too (its own example, which recomputes them as the report says)."""
+    import dataclasses
+
+    from simulator.experiment import load_experiment, unused_settings
+    exp = load_experiment("examples/deepseek-v3-dualpipe-h800.yaml")
+    exp = dataclasses.replace(exp, training=dataclasses.replace(exp.training, fp8_recipe=recipe))
+    assert any("delayed-scaling" in note for note in unused_settings(exp)) == noted

@@ -126,6 +126,7 @@ def test_the_stage_means_add_as_pandas_does_on_wide_uneven_tables():
 
     class Fake:
         pipeline_window_s = 1.25
+        breakdown_window = 1.25
 
         def time_breakdown_arrays(self):
             return ranks, list(cats), seconds, replicas

@@ -238,22 +238,25 @@ def test_expert_grid_step_runs_end_to_end():
 # ------------------------------------------------------------------ DeepEP-style dispatch
 def test_deepep_bytes_per_tier_closed_form():
     # 2 nodes x 8 GPUs, EP 16 over 16 experts, top-2, balanced routing: rank i sends T k / 16 = 128 choices to
-    # every EP rank. DeepEP sends a token once per destination GPU and once per destination node: a token
-    # reaches a given GPU with probability 1 - (15/16)^2 and the other node with 1 - (1/2)^2, so
-    #   NVLink, direct to each node-mate:     128 x (1 - (15/16)^2) / (2/16) = 124 tokens
-    #   RDMA, to the same-index GPU there:   1024 x (1 - (1/2)^2) / 1      = 768 tokens  (T (1 - 2^-k))
-    #   NVLink, forwarded there to 7 GPUs:   124 tokens each
-    # against 1024 tokens over the network per rank with one all-to-all (8 ranks x 128 choices).
+    # every EP rank. DeepEP sends a token once per destination GPU and once per destination node; a token's 2
+    # experts are distinct (one per GPU here), so every choice to a GPU is a token of its own, and a token
+    # misses the other node's 8 experts with probability C(8, 2) / C(16, 2) = 28 / 120:
+    #   NVLink, direct to each node-mate:     128 tokens
+    #   RDMA, to the same-index GPU there:   1024 x (1 - 28/120) = 785.07 tokens
+    #   NVLink, forwarded there to 7 GPUs:   128 tokens each
+    # against 1024 tokens over the network per rank with one all-to-all (8 ranks x 128 choices). (Until
+    # 2026-12-05 a token's choices were independent draws: 124, 768 and 124.)
+    remote = 1024 * (1 - 28 / 120)
     st = step_of(doc(ep=16, dp=16, nodes=2, moe={"routing": "balanced", "dispatch": "deepep"},
                      model={"experts": 16}))
     per_token = H * D
     ops = {o.name.split(".")[-1]: o for o in st.graph.ops if o.rank == 0 and o.name.startswith("F0.c0.L0.")}
     first, fwd = ops["ep_dispatch"].split, ops["ep_forward"].split
-    assert first[1:8] == pytest.approx([124 * per_token] * 7)
-    assert first[8] == pytest.approx(768 * per_token) and sum(first[9:]) == 0
-    assert fwd[1:8] == pytest.approx([124 * per_token] * 7) and sum(fwd[8:]) == 0
-    # Through the engine: inter-node EP bytes = 16 ranks x 768 tokens x 4 all-to-alls (dispatch, combine,
-    # and their gradients); 3/4 of what the all-to-all dispatcher puts on the network.
+    assert first[1:8] == pytest.approx([128 * per_token] * 7)
+    assert first[8] == pytest.approx(remote * per_token) and sum(first[9:]) == 0
+    assert fwd[1:8] == pytest.approx([128 * per_token] * 7) and sum(fwd[8:]) == 0
+    # Through the engine: inter-node EP bytes = 16 ranks x 785.07 tokens x 4 all-to-alls (dispatch, combine,
+    # and their gradients); 0.77 of what the all-to-all dispatcher puts on the network.
     deep = run_experiment(experiment_from_dict(doc(ep=16, dp=16, nodes=2, model={"experts": 16},
                                                    moe={"routing": "balanced", "dispatch": "deepep"})))
     a2a = run_experiment(experiment_from_dict(doc(ep=16, dp=16, nodes=2, model={"experts": 16},
@@ -263,7 +266,7 @@ def test_deepep_bytes_per_tier_closed_form():
         m = r.traffic_matrix(level="node", traffic_class="ep")
         return float(m.to_numpy().sum() - np.trace(m.to_numpy()))
     layers = MOE["layers"]
-    assert inter_node(deep) == pytest.approx(layers * 4 * 16 * 768 * per_token, rel=1e-9)
+    assert inter_node(deep) == pytest.approx(layers * 4 * 16 * remote * per_token, rel=1e-9)
     assert inter_node(a2a) == pytest.approx(layers * 4 * 16 * 1024 * per_token, rel=1e-9)
 
 
@@ -362,7 +365,8 @@ def test_deepep_dispatches_fp8_and_combines_bf16_under_fp8_training():
     st = step_of(d)
     ops = {o.name: o for o in st.graph.ops if o.rank == 0 and ".L0." in o.name and o.micro_batch == 0}
     fp8, bf16 = H * (1 + 4 / 128), 2 * H
-    assert ops["F0.c0.L0.ep_dispatch"].split[8] == pytest.approx(768 * fp8)
-    assert ops["F0.c0.L0.ep_combine"].split[8] == pytest.approx(768 * bf16)
-    assert ops["B0.c0.L0.ep_combine_grad"].split[8] == pytest.approx(768 * fp8)
-    assert ops["B0.c0.L0.ep_dispatch_grad"].split[8] == pytest.approx(768 * bf16)
+    remote = 1024 * (1 - 28 / 120)  # tokens to the other node (test_deepep_bytes_per_tier_closed_form)
+    assert ops["F0.c0.L0.ep_dispatch"].split[8] == pytest.approx(remote * fp8)
+    assert ops["F0.c0.L0.ep_combine"].split[8] == pytest.approx(remote * bf16)
+    assert ops["B0.c0.L0.ep_combine_grad"].split[8] == pytest.approx(remote * fp8)
+    assert ops["B0.c0.L0.ep_dispatch_grad"].split[8] == pytest.approx(remote * bf16)

@@ -20,14 +20,15 @@ def _first_hop(max_nodes, routing="balanced"):
 def test_one_node_per_token_crosses_the_network_at_most_once():
     # 2 nodes x 8 GPUs, EP 16 over 16 experts, top-2, balanced: rank 0 routes T = 1024 tokens, 128 choices to
     # every EP rank. With max_nodes 1 both choices of a token lie on one node: the other node for half the
-    # tokens, so 512 tokens cross (T (N - 1) / N; unlimited: T (1 - 2^-2) = 768). On the chosen node a GPU
-    # is reached with probability 1 - (7/8)^2 = 15/64: 512 x 15/64 = 120 tokens per GPU, directly on the
-    # own node and forwarded over NVLink on the other.
+    # tokens, so 512 tokens cross (T (N - 1) / N). On the chosen node a token's 2 distinct experts are 2 of
+    # its 8 GPUs (one expert each): a GPU is reached with probability 2/8, 512 x 1/4 = 128 tokens per GPU,
+    # directly on the own node and forwarded over NVLink on the other (120 = 512 x (1 - (7/8)^2) until
+    # 2026-12-05, while a token's choices were independent draws).
     per_token = H * D
     first, fwd = _first_hop(1)
     assert first[8] == pytest.approx(512 * per_token) and sum(first[9:]) == 0
-    assert first[1:8] == pytest.approx([120 * per_token] * 7)
-    assert fwd[1:8] == pytest.approx([120 * per_token] * 7) and sum(fwd[8:]) == 0
+    assert first[1:8] == pytest.approx([128 * per_token] * 7)
+    assert fwd[1:8] == pytest.approx([128 * per_token] * 7) and sum(fwd[8:]) == 0
     r = run_experiment(experiment_from_dict(doc(ep=16, dp=16, nodes=2, model={"experts": 16},
                                                 moe={"routing": "balanced", "dispatch": "deepep", "max_nodes": 1})))
     m = r.traffic_matrix(level="node", traffic_class="ep").to_numpy()

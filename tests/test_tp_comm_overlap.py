@@ -45,11 +45,11 @@ def _run(overlap=True, *, tp=8, dp=1, pp=1, m=1, dtype="bf16", cluster=None, opt
     return run_experiment(experiment_from_dict(doc), fidelity=fidelity, force=True)
 
 
-def _norm_sync(tp: int, layers: int = MODEL["layers"], hidden: int = H) -> float:
-    """Bytes one TP group's ranks send for the step's all-reduce of the norms' fp32 gradients under sequence
-    parallelism (Megatron-Core's ``_allreduce_layernorm_grads``: two RMSNorms of ``h`` a layer; a ring all-reduce
-    sends ``2 (t - 1) / t`` of it from each of the ``t`` ranks)."""
-    return 2 * (tp - 1) * 2 * hidden * layers * 4
+def _norm_sync(tp: int, layers: int = MODEL["layers"], hidden: int = H, experts: int = 0) -> float:
+    """Bytes one TP group's ranks send for the step's all-reduce under sequence parallelism of the fp32 gradients
+    Megatron-Core tags ``sequence_parallel`` (``_allreduce_layernorm_grads``): two RMSNorms of ``h`` a layer, and a
+    MoE layer's ``h x E`` router; a ring all-reduce sends ``2 (t - 1) / t`` of it from each of the ``t`` ranks."""
+    return 2 * (tp - 1) * (2 * hidden + hidden * experts) * layers * 4
 
 
 def _rank0(result):
@@ -186,7 +186,7 @@ def test_moe_layers_re_gather_their_qkv_and_shared_expert_inputs(shared, per_buf
     full = run_experiment(experiment_from_dict(doc), fidelity="full", force=True)
     groups, buffer = dp, s * 4096 * 2  # TP groups; b s h bf16 elements (mixtral hidden 4096)
     assert full.bytes_by_class["tp"] == pytest.approx(groups * (layers * per_buffer * (tp - 1) * buffer
-                                                                + _norm_sync(tp, layers, 4096)))
+                                                                + _norm_sync(tp, layers, 4096, experts=8)))
     fast = run_experiment(experiment_from_dict(doc), fidelity="fast", force=True)
     assert fast.bytes_by_class["tp"] == pytest.approx(full.bytes_by_class["tp"])
     assert fast.step_time == pytest.approx(full.step_time, rel=1e-9)

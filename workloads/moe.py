@@ -68,15 +68,14 @@ experts a token picks *together*, not how often each expert is picked, so the
 drawn counts stay as they are; what changes is how many distinct nodes and
 GPUs a token reaches, which is what DeepEP's dispatch sends
 (:func:`deepep_matrices`). Model: a token picks its ``M`` nodes, then its
-``k`` choices independently among the experts of those nodes, node ``n``
+``k`` distinct experts among the experts of those nodes, node ``n``
 taking the share ``σ_n = p_n / (p_n + (M - 1)(1 - p_n) / (N - 1))`` of them
 (``p_n``: probability of node ``n`` of the ``N`` of the EP group that hold load; the other
-``M - 1`` nodes at the average). Exact for uniform routing (``σ = 1/M``:
-``M (1 - (1 - 1/M)^k)`` distinct nodes per token) and in both limits
+``M - 1`` nodes at the average). Exact in the node shares for uniform routing (``σ = 1/M``) and in both limits
 (``M = 1``: one node per token; ``M ≥ N``: unlimited). DeepSeek's own
 selection (by the top ``K / M`` affinities) nearly always uses all ``M``
 nodes (3.95 of 4 for V3's 8 nodes of 32 experts and uniform affinities, by a
-Monte Carlo of the rule, against this model's 3.60): the model is a lower
+Monte Carlo of the rule, against this model's 3.63): the model is a lower
 bound on DeepEP's inter-node copies. The ``all_to_all`` dispatcher sends one
 copy per choice, so the node limit does not change its traffic.
 """
@@ -181,12 +180,18 @@ class RoutingModel:
 
     def choice_probabilities(self, experts: int, top_k: int, layer: int = 0) -> np.ndarray:
         """Probability that one token choice goes to each expert: :meth:`probabilities` for ``custom`` (a
-        measured share of the choices, refused above ``1 / top_k``) and the uniform kinds; for ``zipf`` the
-        popularities' :func:`inclusion_probabilities` over ``top_k`` (a token's choices are distinct experts)."""
+        measured share of the choices, capped at ``1 / top_k``: :func:`capped_shares`; refused with fewer
+        loaded experts than ``top_k``, whom a token could not pick distinct) and the uniform kinds; for ``zipf``
+        the popularities' :func:`inclusion_probabilities` over ``top_k`` (a token's choices are distinct
+        experts)."""
         probs = self.probabilities(experts, layer)
         if self.kind == "zipf" and top_k > 1:
             return inclusion_probabilities(probs, top_k) / top_k
         if self.kind == "custom" and top_k > 1:
+            loaded = int((probs > 0).sum())
+            if loaded < top_k:
+                raise ConfigError(f"moe.expert_load: {loaded} experts with a load, but every token picks top_k = "
+                                  f"{top_k} distinct experts; give at least {top_k} a positive load")
             return capped_shares(probs, 1.0 / top_k)
         return probs
 
@@ -439,7 +444,8 @@ def node_limited_shares(node_probs: np.ndarray, max_nodes: int) -> np.ndarray:
 
 
 def deepep_matrices(slots: np.ndarray, rank_probs: np.ndarray, top_k: int,
-                    node_of: Sequence[int], max_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    node_of: Sequence[int], max_nodes: int | None = None,
+                    experts_per_rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Tokens of DeepEP's node-aggregated dispatch over one EP group: ``(first hop, NVLink forward)``.
 
     DeepEP's normal kernels (DeepSeek-V3 report section 3.2.2; github.com/deepseek-ai/DeepEP) send a
@@ -456,6 +462,14 @@ def deepep_matrices(slots: np.ndarray, rank_probs: np.ndarray, top_k: int,
     the share ``σ_n`` of :func:`node_limited_shares` and ``p_j`` becomes ``p_j σ_n / p_n`` (the same
     choices, concentrated on fewer nodes and GPUs, so fewer distinct copies).
 
+    With ``experts_per_rank`` (``g``) a token's ``k`` choices are distinct experts (:mod:`workloads.moe`,
+    "Routing distributions"): a group of ``g`` experts (a rank's, or ``g`` times the ranks of a node) that takes
+    the share ``q`` of the choices is missed with probability ``Π_{i<k} (P - g - i) / (P - i)`` over an
+    effective pool of ``P = g / q`` experts (each factor at least 0), so ``r = (1 - miss) / (k q)``. Exact for
+    equal popularities (the hypergeometric draw of ``k`` of ``E`` experts; under node-limited routing of the
+    ``E M / N`` on a token's nodes) and for one expert per rank at any skew (``r = 1``: a token never picks
+    an expert twice); an interpolation between them otherwise.
+
     Parameters
     ----------
     slots : numpy.ndarray, shape (ep, ep)
@@ -467,6 +481,8 @@ def deepep_matrices(slots: np.ndarray, rank_probs: np.ndarray, top_k: int,
         Node of each EP member; every node must hold the same number of members.
     max_nodes : int, optional
         Most nodes one token's experts lie on (``None``: unlimited).
+    experts_per_rank : int, optional
+        Experts on each EP rank: a token's choices are distinct experts (above). ``None``: independent choices.
 
     Returns
     -------
@@ -490,11 +506,19 @@ def deepep_matrices(slots: np.ndarray, rank_probs: np.ndarray, top_k: int,
                           f"(got {', '.join(str(len(members[n])) for n in nodes)} per node)")
     local = {j: members[node_of[j]].index(j) for j in range(ep)}
 
-    def ratio(p: np.ndarray) -> np.ndarray:
+    def ratio(p: np.ndarray, group: int | None) -> np.ndarray:
+        """Distinct tokens per choice for groups of ``group`` experts taking the shares ``p`` of the choices."""
         p = np.asarray(p, dtype=float)
         out = np.ones_like(p)
         nz = p > 0
-        out[nz] = (1.0 - (1.0 - p[nz]) ** top_k) / (top_k * p[nz])
+        if group is None:
+            miss = (1.0 - p[nz]) ** top_k
+        else:
+            pool = group / p[nz]
+            miss = np.ones_like(pool)
+            for i in range(top_k):
+                miss *= np.clip((pool - group - i) / np.maximum(pool - i, 1e-300), 0.0, 1.0)
+        out[nz] = (1.0 - miss) / (top_k * p[nz])
         return out
 
     slots = np.asarray(slots, dtype=float)
@@ -505,8 +529,10 @@ def deepep_matrices(slots: np.ndarray, rank_probs: np.ndarray, top_k: int,
         scale = np.divide(share, node_p, out=np.zeros_like(share), where=node_p > 0)
         rank_probs = rank_probs * scale[[nodes.index(node_of[j]) for j in range(ep)]]
         node_p = share
-    per_rank = slots * ratio(rank_probs)[None, :]           # distinct tokens i -> j
-    node_tokens = np.stack([slots[:, members[n]].sum(axis=1) for n in nodes], axis=1) * ratio(node_p)[None, :]
+    per_node = None if experts_per_rank is None else experts_per_rank * len(members[nodes[0]])
+    per_rank = slots * ratio(rank_probs, experts_per_rank)[None, :]           # distinct tokens i -> j
+    node_tokens = (np.stack([slots[:, members[n]].sum(axis=1) for n in nodes], axis=1)
+                   * ratio(node_p, per_node)[None, :])
     first = np.zeros((ep, ep))
     forward = np.zeros((ep, ep))
     for i in range(ep):

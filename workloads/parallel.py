@@ -151,6 +151,12 @@ class TrainingSpec:
         return self.dtype == "fp8"
 
     @property
+    def fp8_amax_reductions(self) -> bool:
+        """FP8 under delayed scaling (``fp8_recipe: tensorwise``): amax histories reduced after every pass, and
+        Megatron-Core's refusal of some recomputation under that recipe. Blockwise scales are computed online."""
+        return self.fp8 and self.fp8_recipe == "tensorwise"
+
+    @property
     def base_dtype(self) -> str:
         """The dtype of everything that is not an FP8 GEMM: ``bf16`` under ``fp8``, else :attr:`dtype`."""
         return "bf16" if self.fp8 else self.dtype

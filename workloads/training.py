@@ -550,8 +550,7 @@ class _StepBuilder:
         self.sp = parallel.sp
         self.dtype = training.dtype_bytes
         self.fp8 = training.fp8
-        # delayed scaling's amax histories, reduced after every pass; blockwise scales are computed online
-        self.fp8_amax = self.fp8 and training.fp8_recipe == "tensorwise"
+        self.fp8_amax = training.fp8_amax_reductions
         self._stage_groups: dict[int, tuple[int, ...]] = {}
         self._chunk_layers: dict[tuple[int, int], list[int]] = {}
         self._cp_groups: dict[int, tuple[int, ...]] = {}
@@ -1358,7 +1357,8 @@ class _StepBuilder:
         if per_e is None:
             probs = self.routing.choice_probabilities(experts, self.model.top_k, layer)
             probs = probs.reshape(ep, experts // ep).sum(axis=1)
-            first, forward = deepep_matrices(tokens, probs, self.model.top_k, nodes, self.routing.max_nodes)
+            first, forward = deepep_matrices(tokens, probs, self.model.top_k, nodes, self.routing.max_nodes,
+                                             experts // ep)
             per_token = self.model.hidden * self.dtype / (1 if self.expert_grid else self.t)
             # FP8 training: tokens travel owner -> experts in FP8 with one fp32 scale per 128 elements (DeepEP's
             # FP8 dispatch; DeepSeek-V3 section 3.3.4 quantizes the activations before the up-projections and
@@ -2248,15 +2248,19 @@ class _StepBuilder:
 
     def sequence_parallel_grad_bytes(self, stage: int) -> float:
         """Bytes of the step's all-reduce over TP, with sequence parallelism, of the gradients of the parameters
-        that TP replicates but each rank trains on its own sequence share: the norms and the row-parallel linears'
-        biases of the stage's layers, and the final norm (Megatron-Core's ``finalize_model_grads`` →
-        ``_allreduce_layernorm_grads``: one coalesced all-reduce of their ``main_grad`` after the data-parallel
-        reductions and before the gradient norm). 0 without TP or sequence parallelism."""
+        that TP replicates but each rank trains on its own sequence share, the ones Megatron-Core tags
+        ``sequence_parallel``: the norms and the row-parallel linears' biases of the stage's layers, a MoE layer's
+        router (``TopKRouter``), MLA's replicated down-projections and latent norms (``parallel_mode:
+        duplicated``), and the final norm (``finalize_model_grads`` → ``_allreduce_layernorm_grads``: one coalesced
+        all-reduce of their ``main_grad`` after the data-parallel reductions and before the gradient norm). 0
+        without TP or sequence parallelism."""
         if self.t == 1 or not self.sp:
             return 0.0
         model = self.model
-        per_layer = model.norm_params() + (2 * model.hidden if model.bias else 0)
-        params = per_layer * len(stage_layers(model.layers, self.par, stage))
+        per_layer = model.norm_params() + (2 * model.hidden if model.bias else 0) + model.mla_norm_params() + sum(
+            k * n for k, n, split in model.mla_projections().values() if not split)
+        layers = stage_layers(model.layers, self.par, stage)
+        params = per_layer * len(layers) + model.hidden * model.experts * sum(map(model.is_moe_layer, layers))
         if self.opt.embedding_and_loss and any(self.position(stage, c) == self.nvs - 1 for c in range(self.v)):
             params += model.final_norm_params()
         return float(params * self.grad_bytes)
