@@ -363,3 +363,16 @@ def test_the_delayed_scaling_recompute_note_is_for_delayed_scaling_only(recipe, 
     exp = load_experiment("examples/deepseek-v3-dualpipe-h800.yaml")
     exp = dataclasses.replace(exp, training=dataclasses.replace(exp.training, fp8_recipe=recipe))
     assert any("delayed-scaling" in note for note in unused_settings(exp)) == noted
+
+
+def test_rotary_models_run_a_rope_kernel_on_q_and_k():
+    """Rotary position embedding reads and writes the rank's Q and K heads each pass (Megatron-Core's fused RoPE);
+    no kernel was emitted. Llama 3 8B at TP 2, 4,096 tokens: Q 4096 and K 1024 columns, split over TP, bf16; its
+    backward rotates the gradients back, the same bytes. GPT's learned positions have none."""
+    from workloads.flops import layer_ops
+    from workloads.models import get_preset
+    ops = layer_ops(get_preset("llama3-8b"), 1, 4096, 2)
+    rope = [o for o in ops.forward if o.name == "rope"]
+    assert len(rope) == 1 and rope[0].nbytes == 2 * 4096 * (4096 + 1024) / 2 * 2
+    assert [o.nbytes for o in ops.backward if o.name == "rope.bwd"] == [rope[0].nbytes]
+    assert not any(o.name == "rope" for o in layer_ops(get_preset("gpt3-175b"), 1, 2048, 8).forward)
