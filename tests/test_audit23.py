@@ -6,16 +6,9 @@ Every test here failed on the session's start (``a774273``) unless its docstring
 from __future__ import annotations
 
 import pytest
+from test_chakra import TINY_YAML as TINY_3D  # (the tiny 3D step the Chakra tests export)
 
 from simulator.cli import main
-
-TINY_3D = """\
-name: tiny 3D
-cluster: {preset: dgx-h100, nodes: 2}
-model: {preset: tiny}
-parallel: {tp: 2, pp: 2, dp: 4, micro_batch: 1, global_batch: 8, schedule: 1f1b, zero: 1}
-training: {seq_len: 128}
-"""
 
 
 def _never(*_a, **_k):
