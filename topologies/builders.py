@@ -57,6 +57,7 @@ from topologies.validate import validate_cluster
 
 __all__ = [
     "MAX_GPUS",
+    "MAX_SWITCHES",
     "DEFAULT_NVLINK_LATENCY",
     "DEFAULT_NIC_LATENCY",
     "DEFAULT_SWITCH_LATENCY",
@@ -68,6 +69,8 @@ __all__ = [
     "ratio_text",
 ]
 
+MAX_SWITCHES = 65_536
+"""The most switches (or servers per leaf) of one tier."""
 MAX_GPUS = 262_144
 """The largest cluster built (GPUs): twice a 16K-node, 131,072-GPU fabric. The graph and routes grow with it,
 so a larger value (``nodes: 10**18``, ``leaf_spine("H100", 10**12)``) is refused before anything is allocated
@@ -87,6 +90,15 @@ def _positive_int(value: object, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:  # (numpy's too)
         raise TopologyError(f"{field}: {value!r} is not a positive integer")
     return int(value)
+
+
+def _switch_count(value: object, field: str) -> int:
+    """A positive number of switches (or servers per leaf) of one tier, at most :data:`MAX_SWITCHES`: checked
+    before anything is built (``leaf_spine("H100", 2, spines=10**12)`` built switches until memory ran out)."""
+    n = _positive_int(value, field)
+    if n > MAX_SWITCHES:
+        raise TopologyError(f"{field}: {n:,} exceeds the supported {MAX_SWITCHES:,}")
+    return n
 
 
 def check_gpu_count(servers: int, gpus_per_server: int, field: str = "servers", unit: str = "servers",
@@ -216,8 +228,8 @@ class _ScaleOut:
         self.servers = _positive_int(servers, "servers")
         self.gpus_per_server = _positive_int(gpus_per_server, "gpus_per_server")
         check_gpu_count(self.servers, self.gpus_per_server)
-        self.servers_per_leaf = _positive_int(servers_per_leaf, "servers_per_leaf")
-        self.spines = self.servers_per_leaf if spines is None else _positive_int(spines, "spines")
+        self.servers_per_leaf = _switch_count(servers_per_leaf, "servers_per_leaf")
+        self.spines = self.servers_per_leaf if spines is None else _switch_count(spines, "spines")
         self.nic_bandwidth = (self.gpu.nic_bandwidth if nic_bandwidth is None
                               else parse_link_bandwidth(nic_bandwidth, "nic_bandwidth"))
         self.nvlink_bandwidth = (self.gpu.nvlink_bandwidth if nvlink_bandwidth is None
@@ -548,9 +560,9 @@ def fat_tree(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, servers
     p = _ScaleOut("fat_tree", gpu, servers, gpus_per_server, servers_per_leaf, spines, nic_bandwidth,
                   nvlink_bandwidth, oversubscription, pcie_bandwidth, nvlink_latency, nic_latency, switch_latency,
                   nvlink_racks)
-    lpp = _positive_int(leaves_per_pod, "leaves_per_pod")
+    lpp = _switch_count(leaves_per_pod, "leaves_per_pod")
     core_ratio = _oversubscription(core_oversubscription, "core_oversubscription")
-    n_cores = p.spines if cores is None else _positive_int(cores, "cores")
+    n_cores = p.spines if cores is None else _switch_count(cores, "cores")
     if n_cores % p.spines:
         raise TopologyError(f"cores: {n_cores} is not a multiple of spines ({p.spines}); each spine plane needs "
                             f"the same number of cores")

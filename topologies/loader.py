@@ -49,15 +49,13 @@ import yaml
 
 from topologies import builders
 from topologies.builders import MAX_GPUS as MAX_GPUS  # (re-exported: defined once, where the builders refuse)
+from topologies.builders import MAX_SWITCHES
 from topologies.cluster import Cluster, TopologyError
 from topologies.custom import GRAPHML_SUFFIXES, cluster_from_dict, is_topology_document, load_topology
 from topologies.gpus import GPU_SPECS, get_gpu
 from topologies.presets import PRESETS, preset_names
 from topologies.units import parse_link_bandwidth, parse_link_latency
 from topologies.yamlio import load_yaml, malformed, not_utf8
-
-MAX_SWITCHES = 65_536
-"""The most switches (or nodes per leaf) of one tier."""
 
 __all__ = ["FIELDS", "FABRICS", "build_cluster", "load_cluster", "preset_section", "resolve_topology_path",
            "describes_topology", "topology_key"]
