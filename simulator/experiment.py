@@ -811,8 +811,9 @@ def pipeline_stages(result: Result, step: TrainingStep) -> pd.DataFrame:
     step (:mod:`simulator.breakdown`: compute by phase, exposed communication by class, MoE and sync waits,
     bubble, idle; seconds), plus the pipeline view.
 
-    The pipeline window runs from 0 to the end of the last micro-batch op on any rank. ``busy_s`` is the
-    window minus the stage's ``bubble`` (the time the schedule leaves the GPU with nothing to do, nothing
+    The pipeline window runs from 0 to the end of the last micro-batch op on any rank (without a pipeline each
+    rank's own: :attr:`Result.breakdown_window`). ``busy_s`` is the stage's window (its ranks' mean, without a
+    pipeline) minus the stage's ``bubble`` (the time the schedule leaves the GPU with nothing to do, nothing
     in flight on its compute stream and no activation transfer in flight); ``bubble_fraction`` is
     ``bubble / window``. Columns of the partition sum to the step time.
     """

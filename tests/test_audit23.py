@@ -369,3 +369,38 @@ def test_rotary_models_run_a_rope_kernel_on_q_and_k():
     assert len(rope) == 1 and rope[0].nbytes == 2 * 4096 * (4096 + 1024) / 2 * 2
     assert [o.nbytes for o in ops.backward if o.name == "rope.bwd"] == [rope[0].nbytes]
     assert not any(o.name == "rope" for o in layer_ops(get_preset("gpt3-175b"), 1, 2048, 8).forward)
+
+
+def test_a_users_fp8_ceiling_scales_the_blockwise_wgrad_ceiling_alike():
+    """Calibrating FP8 down (compute.fp8_matmul_efficiency) left blockwise weight gradients at the GPU's measured
+    0.552, faster than every other FP8 GEMM (the review's finding): they now scale by the same factor."""
+    from simulator.compute import ComputeModel
+    from topologies.gpus import get_gpu
+    h800 = get_gpu("H800")
+    cm = ComputeModel(h800, dtype="fp8", fp8_matmul_efficiency=0.45)
+    assert cm.fp8_wgrad_gemm.efficiency == pytest.approx(0.552 * 0.45 / h800.matmul_efficiency_fp8, rel=1e-12)
+    assert cm.fp8_wgrad_gemm.efficiency < cm.fp8_gemm.efficiency
+
+
+def test_the_run_header_names_the_fp8_recipe():
+    import dataclasses
+
+    from simulator.experiment import describe_setup, load_experiment
+    exp = load_experiment("examples/deepseek-v3-dualpipe-h800.yaml")
+    assert "fp8 blockwise" in describe_setup(exp)["training"]
+    tensorwise = dataclasses.replace(exp, training=dataclasses.replace(exp.training, fp8_recipe="tensorwise"))
+    assert "fp8 tensorwise" in describe_setup(tensorwise)["training"]
+
+
+def test_deepeps_distinct_tokens_stay_within_their_physical_bounds():
+    """Under node-limited skewed routing the pool interpolation fell below what a token can put on a rank or node
+    (the review: 800 choices to a one-expert GPU read 450 tokens on its own node). r is held in [1/min(g, k), 1]:
+    a one-expert GPU gets a token per choice, a node of 2 experts at least one token per 2 choices."""
+    import numpy as np
+
+    from workloads.moe import deepep_matrices
+    p = np.array([0.8, 0.1, 0.05, 0.05])
+    choices = np.outer(np.full(4, 1000.0), p)
+    first, _fwd = deepep_matrices(choices, p, 2, [0, 0, 1, 1], max_nodes=1, experts_per_rank=1)
+    assert (first[0, :2] == choices[0, :2]).all() and (first[2, 2:] == choices[2, 2:]).all()  # own node
+    assert first[2, 0] >= (choices[2, 0] + choices[2, 1]) / 2 and first[0, 2] >= (choices[0, 2] + choices[0, 3]) / 2

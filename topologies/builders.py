@@ -71,6 +71,8 @@ __all__ = [
 
 MAX_SWITCHES = 65_536
 """The most switches (or servers per leaf) of one tier."""
+MAX_TIER_LINKS = 1 << 24
+"""The most links between two switch tiers (leaves x spines; a 131,072-GPU fat tree has ~10^5)."""
 MAX_GPUS = 262_144
 """The largest cluster built (GPUs): twice a 16K-node, 131,072-GPU fabric. The graph and routes grow with it,
 so a larger value (``nodes: 10**18``, ``leaf_spine("H100", 10**12)``) is refused before anything is allocated
@@ -230,6 +232,11 @@ class _ScaleOut:
         check_gpu_count(self.servers, self.gpus_per_server)
         self.servers_per_leaf = _switch_count(servers_per_leaf, "servers_per_leaf")
         self.spines = self.servers_per_leaf if spines is None else _switch_count(spines, "spines")
+        leaves = -(-self.servers // self.servers_per_leaf)
+        if leaves * self.spines > MAX_TIER_LINKS:  # (each tier's count capped alone still multiplies: 2.1e9 links)
+            raise TopologyError(f"spines: {self.spines:,} spines x {leaves:,} leaves = {leaves * self.spines:,} "
+                                f"leaf-spine links exceeds the supported {MAX_TIER_LINKS:,}; use fewer spines or "
+                                f"more servers per leaf")
         self.nic_bandwidth = (self.gpu.nic_bandwidth if nic_bandwidth is None
                               else parse_link_bandwidth(nic_bandwidth, "nic_bandwidth"))
         self.nvlink_bandwidth = (self.gpu.nvlink_bandwidth if nvlink_bandwidth is None

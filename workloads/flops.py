@@ -395,8 +395,8 @@ def _mla_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: int, ca
     are column-parallel and ``attn_out`` (``a d_v -> h``) row-parallel by heads. The fused attention kernel
     computes ``Q Kᵀ`` at head width ``d_qk`` and ``P V`` at ``d_v``: ``2 b s² a (d_qk + d_v) / t`` FLOPs
     (full ``s²``, halved with ``causal``), reads Q, K, V and writes O; its rate is looked up at the
-    equal-FLOP head width :attr:`ModelSpec.attention_head_dim`. RoPE on the 64-wide parts is left out
-    (element-wise, < 0.1% of the bytes).
+    equal-FLOP head width :attr:`ModelSpec.attention_head_dim`. RoPE (:data:`ROPE`) rotates the ``a/t`` query
+    heads' and the shared key's ``qk_rope_head_dim``-wide parts: read and write each.
     """
     h = model.hidden
     tokens = b * s // cp
@@ -414,6 +414,8 @@ def _mla_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: int, ca
         if name in proj:
             k, n, _split = proj[name]
             ops += _linear(name, tokens, n // t, k, d, fp8, norm_fused=rows == tokens)
+    rope_width = model.heads // t * model.qk_rope_head_dim + model.qk_rope_head_dim  # type: ignore[operator]
+    ops.append(_elementwise(ROPE, 2 * tokens * rope_width, d))
     if flash_attention:
         counted = 0.5 if causal else 1.0
         core_flops = 2.0 * b * s * s * (qw + ow) / t * counted / cp
