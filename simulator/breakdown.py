@@ -131,17 +131,12 @@ def breakdown_window(ops, groups: Sequence[tuple[int, int]] | None = None, steps
     stage = _column(ops, "stage")
     if len(stage) and stage.max() > 0:
         return pipeline_window(ops)
-    rank = _column(ops, "rank")
-    sel = (_column(ops, "stream") == _COMPUTE_STREAM) & (_column(ops, "micro_batch") >= 0)
-    ends = dict.fromkeys(np.unique(rank).tolist(), 0.0)
-    if sel.any():
-        end = _column(ops, "end_s")[sel]
-        keep = ~np.isnan(end)
-        ranks, last = rank[sel][keep], end[keep]
-        order = np.lexsort((last, ranks))  # per rank, its latest end last
-        final = np.r_[ranks[order][1:] != ranks[order][:-1], True]
-        ends.update(zip(ranks[order][final].tolist(), last[order][final].tolist()))
-    return ends
+    ranks, index = np.unique(_column(ops, "rank"), return_inverse=True)
+    end = _column(ops, "end_s")
+    sel = (_column(ops, "stream") == _COMPUTE_STREAM) & (_column(ops, "micro_batch") >= 0) & ~np.isnan(end)
+    last = np.zeros(len(ranks))  # (0 for a rank without micro-batch ops)
+    np.maximum.at(last, index[sel], end[sel])
+    return dict(zip(ranks.tolist(), last.tolist()))
 
 
 def rank_segments(ops, window: Window, step_time: float

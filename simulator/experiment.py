@@ -845,7 +845,7 @@ def stage_rows(result: Result, step: TrainingStep) -> list[dict]:
         mean = np.take(weighted, sel, axis=1).sum(axis=1) / w.sum() if len(sel) else np.zeros(len(categories))
         bubble = float(mean[bubble_at]) if bubble_at is not None else 0.0
         span = window
-        if isinstance(own, Mapping) and len(sel) and all(isinstance(own[r], float) for r in ranks[sel].tolist()):
+        if isinstance(own, Mapping) and len(sel):  # (per-rank windows: floats here, one step per rank)
             span = float(np.dot(w, [own[r] for r in ranks[sel].tolist()]) / w.sum())
         rows.append({"stage": s, "ranks": int(w.sum()), "busy_s": span - bubble, "bubble_s": bubble,
                      "bubble_fraction": bubble / window if window else 0.0,

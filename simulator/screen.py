@@ -333,7 +333,7 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     tp_cost = {kind: collective_time(fabric, kind, [tp_group], b.tp_bytes)
                for kind in ("all_reduce", "all_gather", "reduce_scatter")}
 
-    loss_cost = sum(collective_time(fabric, "all_reduce", [tp_group], nbytes) for nbytes in b.loss_all_reduce_bytes())
+    loss_cost = sum(collective_time(fabric, "all_reduce", [tp_group], nbytes) for nbytes in b.loss_all_reduce_bytes)
 
     def tp_time(segs) -> float:
         return sum(n * tp_cost[kind] for s in segs for kind, n in s.tp.items()) + sum(

@@ -232,7 +232,8 @@ class _ScaleOut:
         check_gpu_count(self.servers, self.gpus_per_server)
         self.servers_per_leaf = _switch_count(servers_per_leaf, "servers_per_leaf")
         self.spines = self.servers_per_leaf if spines is None else _switch_count(spines, "spines")
-        leaves = -(-self.servers // self.servers_per_leaf)
+        self.leaves = math.ceil(self.servers / self.servers_per_leaf)
+        leaves = self.leaves
         if leaves * self.spines > MAX_TIER_LINKS:  # (each tier's count capped alone still multiplies: 2.1e9 links)
             raise TopologyError(f"spines: {self.spines:,} spines x {leaves:,} leaves = {leaves * self.spines:,} "
                                 f"leaf-spine links exceeds the supported {MAX_TIER_LINKS:,}; use fewer spines or "
@@ -418,7 +419,7 @@ def leaf_spine(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, serve
                   nvlink_bandwidth, oversubscription, pcie_bandwidth, nvlink_latency, nic_latency, switch_latency,
                   nvlink_racks)
     g, gpus, nics = p.servers_and_nics()
-    n_leaves = math.ceil(p.servers / p.servers_per_leaf)
+    n_leaves = p.leaves
     leaves = _add_switches(g, "leaf", n_leaves)
     for s, server_nics in enumerate(nics):
         for nic in server_nics:
@@ -574,7 +575,7 @@ def fat_tree(gpu: str | GPUSpec, servers: int, gpus_per_server: int = 8, servers
         raise TopologyError(f"cores: {n_cores} is not a multiple of spines ({p.spines}); each spine plane needs "
                             f"the same number of cores")
     g, gpus, nics = p.servers_and_nics()
-    n_leaves = math.ceil(p.servers / p.servers_per_leaf)
+    n_leaves = p.leaves
     pods = math.ceil(n_leaves / lpp)
     leaves = _add_switches(g, "leaf", n_leaves)
     for s, server_nics in enumerate(nics):

@@ -77,7 +77,7 @@ from typing import NamedTuple
 from .errors import ConfigError, check_int, check_number
 from .models import ModelSpec
 from .ops import GEMM_CATEGORIES, Kernel
-from .parallel import FP8_RECIPES, padded_vocab, resolve_recompute_modules
+from .parallel import FP8_RECIPES, padded_vocab, resolve_recompute_modules, tp_split_widths
 
 __all__ = [
     "LayerOp", "PassOps", "layer_ops", "embedding_ops", "logits_ops", "optimizer_op", "optimizer_step_ops",
@@ -510,10 +510,7 @@ def _check_tp(model: ModelSpec, tp: int) -> None:
     """``tp`` a positive integer dividing every width the layer splits over TP (heads, key/value heads, the MLP
     and expert widths), as ``parallel.tp`` must: 7 over 96 heads cut a GEMM to a fraction of a column."""
     check_int("tp", tp)
-    widths = {"heads": model.heads, "kv_heads": model.kv_heads, "ffn_hidden": model.ffn_hidden}
-    if model.is_moe:
-        widths["moe_ffn_hidden"] = model.expert_ffn_hidden
-    for field, width in widths.items():
+    for field, width in tp_split_widths(model):
         if width % tp:
             raise ConfigError(f"tp: {tp} does not divide model.{field}={width}")
 
@@ -595,6 +592,10 @@ def layer_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *, 
     return PassOps(fwd, backward_of(fwd, fp8_recipe))
 
 
+EMBEDDING_GRAD_ACCUMULATE = "embedding.grad_accumulate"
+"""Name of :func:`embedding_gradient_accumulation`'s kernel (part of the embedding's weight gradient)."""
+
+
 def embedding_gradient_accumulation(params: float, dtype_bytes: int, main_grad_bytes: int) -> LayerOp:
     """The dense gradient of ``params`` embedding parameters (one TP rank's vocabulary shard, and a learned
     position table) added into the gradient buffer, per micro-batch: ``params · (2 d + 2 main_grad_bytes)`` bytes.
@@ -606,10 +607,6 @@ def embedding_gradient_accumulation(params: float, dtype_bytes: int, main_grad_b
     fusion cannot apply: the lookup is not a GEMM. So this kernel runs every micro-batch, fusion or not.
     """
     return LayerOp(EMBEDDING_GRAD_ACCUMULATE, "elementwise", 0.0, params * (2 * dtype_bytes + 2 * main_grad_bytes))
-
-
-EMBEDDING_GRAD_ACCUMULATE = "embedding.grad_accumulate"
-"""Name of :func:`embedding_gradient_accumulation`'s kernel (part of the embedding's weight gradient)."""
 
 
 def embedding_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int = 1, *,

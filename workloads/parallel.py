@@ -637,23 +637,27 @@ def _valid_list(values: Sequence[int], limit: int = 12) -> str:
     return shown + (", ..." if len(values) > limit else "")
 
 
-def _valid_tp(model: ModelSpec) -> list[int]:
-    widths = [model.heads, model.kv_heads, model.ffn_hidden]
+def tp_split_widths(model: ModelSpec) -> list[tuple[str, int]]:
+    """``(model field, width)`` of every width tensor parallelism splits, which a TP degree must divide: the
+    heads, the key/value heads, the MLP width and a MoE model's expert width."""
+    widths = [("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn_hidden", model.ffn_hidden)]
     if model.is_moe:
-        widths.append(model.expert_ffn_hidden)
-    return [d for d in divisors(model.heads) if all(w % d == 0 for w in widths)]
+        widths.append(("moe_ffn_hidden", model.expert_ffn_hidden))
+    return widths
+
+
+def _valid_tp(model: ModelSpec) -> list[int]:
+    widths = tp_split_widths(model)
+    return [d for d in divisors(model.heads) if all(w % d == 0 for _field, w in widths)]
 
 
 def _check_tp(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec) -> None:
     t = parallel.tp
-    hint = f"; valid tp values: {_valid_list(_valid_tp(model))}"
-    for field, value in (("heads", model.heads), ("kv_heads", model.kv_heads),
-                         ("ffn_hidden", model.ffn_hidden)):
+    for field, value in tp_split_widths(model):
         if value % t:
-            raise ConfigError(f"parallel.tp: {t} does not divide model.{field}={value}{hint}")
-    if model.is_moe and model.expert_ffn_hidden % t:
-        raise ConfigError(f"parallel.tp: {t} does not divide the expert width "
-                          f"model.moe_ffn_hidden={model.expert_ffn_hidden}{hint}")
+            what = "the expert width " if field == "moe_ffn_hidden" else ""
+            raise ConfigError(f"parallel.tp: {t} does not divide {what}model.{field}={value}; valid tp values: "
+                              f"{_valid_list(_valid_tp(model))}")
     if parallel.sp and parallel.cp == 1 and training.seq_len % t:
         raise ConfigError(f"training.seq_len: {training.seq_len} is not a multiple of parallel.tp={t}, "
                           f"which sequence_parallel needs")

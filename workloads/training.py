@@ -159,6 +159,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from operator import itemgetter
 
 import numpy as np
@@ -552,6 +553,7 @@ class _StepBuilder:
         self.fp8 = training.fp8
         self.fp8_amax = training.fp8_amax_reductions
         self._stage_groups: dict[int, tuple[int, ...]] = {}
+        self._sp_grad_bytes: dict[int, float] = {}
         self._chunk_layers: dict[tuple[int, int], list[int]] = {}
         self._cp_groups: dict[int, tuple[int, ...]] = {}
         self._fp8_weights: dict[tuple[int, int], tuple[float, float]] = {}
@@ -1398,7 +1400,7 @@ class _StepBuilder:
                                                 layer=seg.layer, micro_batch=mb, stage=stage, deps=after)
                 after = ()
         if seg.loss_reduce:
-            for nbytes in self.loss_all_reduce_bytes():
+            for nbytes in self.loss_all_reduce_bytes:
                 last = self.graph.collective_op(rank, "all_reduce", group, nbytes,
                                                 name=f"{name}.loss_all_reduce", stream=COMPUTE_STREAM,
                                                 traffic_class="tp", layer=seg.layer, micro_batch=mb, stage=stage,
@@ -1844,8 +1846,9 @@ class _StepBuilder:
         pending.flush(last_op, whole=defer)
         # the last reduction of each stream (the dense buffer's and the experts'), which end after the others
         dp_ops = list(pending.last_by_stream.values())
-        tied = self._tied_embedding_sync(rank, stage, last_op)
-        tied += self._sequence_parallel_grad_sync(rank, stage, [last_op] + dp_ops)
+        # (the gradient syncs the step's norm waits for besides the DP reductions)
+        syncs = self._tied_embedding_sync(rank, stage, last_op) + self._sequence_parallel_grad_sync(
+            rank, stage, [last_op] + dp_ops)
         dense, experts = self.stage_params(stage)
         holders, expert_holders = len(dp_group), len(pending.expert_group)  # the distributed optimizer's shards
         shard = (dense / holders + experts / expert_holders) if par.zero >= 1 else dense + experts
@@ -1855,7 +1858,7 @@ class _StepBuilder:
             fp8_shard = fp8_dense / holders + fp8_routed / expert_holders
         before, after = optimizer_step_ops(shard, dense + experts, self.grad_bytes, self.dtype, fp8_shard,
                                            plan.fp32_main_grads)
-        step_deps = [last_op] + dp_ops + tied
+        step_deps = [last_op] + dp_ops + syncs
         norm = g.compute(rank, parts=_kernels(before), name="grad_norm", deps=step_deps, stream=COMPUTE_STREAM,
                          category="optimizer", stage=stage)
         norm = self._norm_all_reduce(rank, norm, stage)
@@ -2256,6 +2259,9 @@ class _StepBuilder:
         without TP or sequence parallelism."""
         if self.t == 1 or not self.sp:
             return 0.0
+        found = self._sp_grad_bytes.get(stage)  # (every rank of the stage asks)
+        if found is not None:
+            return found
         model = self.model
         per_layer = model.norm_params() + (2 * model.hidden if model.bias else 0) + model.mla_norm_params() + sum(
             k * n for k, n, split in model.mla_projections().values() if not split)
@@ -2263,7 +2269,8 @@ class _StepBuilder:
         params = per_layer * len(layers) + model.hidden * model.experts * sum(map(model.is_moe_layer, layers))
         if self.opt.embedding_and_loss and any(self.position(stage, c) == self.nvs - 1 for c in range(self.v)):
             params += model.final_norm_params()
-        return float(params * self.grad_bytes)
+        found = self._sp_grad_bytes[stage] = float(params * self.grad_bytes)
+        return found
 
     def _sequence_parallel_grad_sync(self, rank: int, stage: int, deps: list[int]) -> list[int]:
         """:meth:`sequence_parallel_grad_bytes` all-reduced over ``rank``'s TP group on the compute stream."""
@@ -2274,6 +2281,7 @@ class _StepBuilder:
                                          name="sequence_parallel_grad_sync", stream=COMPUTE_STREAM, deps=deps,
                                          traffic_class="tp", stage=stage)]
 
+    @cached_property
     def loss_all_reduce_bytes(self) -> tuple[float, ...]:
         """Bytes of each of one micro-batch's cross-entropy all-reduces over TP (:data:`LOSS_ALL_REDUCES`)."""
         tokens = self.par.micro_batch * self.local_seq
