@@ -13,6 +13,11 @@ gemm
     never with the batch folded into a GEMM dimension. At another dtype's
     peak (fp32) the critical intensity scales with the rate, as
     ``gemm_fp8``'s below.
+    Its ceiling is a short burst's; GEMMs run back to back for seconds, as in training, at the
+    GPU's sustained clock: every GEMM kind's tile time is divided by ``sustained_clock_fraction``
+    (``GPUSpec.sustained_clock_fraction``, :mod:`topologies.gpus`: 0.96 on Hopper, 60-s cuBLAS runs
+    over this model's rate at their shape; 1 on A100, whose ten-minute rate the model meets; 1 on
+    Blackwell, unmeasured).
 gemm_fp8
     the same wave/tile model at the GPU's dense FP8 peak under its measured
     FP8 ceiling (``GPUSpec.matmul_efficiency_fp8``, or
@@ -113,6 +118,12 @@ class ComputeModel:
     fp8_wgrad_matmul_efficiency : float or None
         Overrides ``gpu.matmul_efficiency_fp8_wgrad`` (``gemm_fp8_wgrad`` kernels: blockwise FP8's weight
         gradients; module docstring).
+    sustained_clock_fraction : float or None
+        Overrides ``gpu.sustained_clock_fraction``: the rate GEMMs keep running back to back for seconds over
+        the rate this model gives them from short-burst ceilings (``*matmul_efficiency``), in [0.01, 1]; every GEMM
+        kernel's tensor-core time is divided by it (not its HBM roofline, not attention, whose published
+        rates were taken at the sustained clock: :mod:`topologies.gpus`). Set 1 where a given ceiling is
+        itself a sustained measurement.
     fp8_matmul_efficiency : float or None
         Overrides ``gpu.matmul_efficiency_fp8`` (the best-shape FP8 GEMM
         ceiling, a fraction of the FP8 peak); needed for FP8 on a GPU without
@@ -165,6 +176,7 @@ class ComputeModel:
     matmul_efficiency: float | None = None
     fp8_matmul_efficiency: float | None = None
     fp8_wgrad_matmul_efficiency: float | None = None
+    sustained_clock_fraction: float | None = None
     attention_kernel: str | None = None
     attention_efficiency: float | None = None
     memory_efficiency: float = 0.85
@@ -185,13 +197,14 @@ class ComputeModel:
             raise ValueError(f"training.dtype: {self.dtype!r} is not supported by {self.gpu.name}; valid: "
                              f"{', '.join(self._trainable_dtypes())}")
         for name in ("matmul_efficiency", "fp8_matmul_efficiency", "fp8_wgrad_matmul_efficiency",
-                     "attention_efficiency", "memory_efficiency",
+                     "sustained_clock_fraction", "attention_efficiency", "memory_efficiency",
                      "score_memory_efficiency", "activation_memory_efficiency"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, numbers.Real) and not isinstance(v, bool)
                                       and MIN_EFFICIENCY <= v <= 1):
-                raise ValueError(f"compute.{name}: must be a fraction of the peak in [{MIN_EFFICIENCY:g}, 1], "
-                                 f"got {v!r}")
+                what = ("the sustained over the burst GEMM rate" if name == "sustained_clock_fraction"
+                        else "a fraction of the peak")
+                raise ValueError(f"compute.{name}: must be {what} in [{MIN_EFFICIENCY:g}, 1], got {v!r}")
         v = self.op_overhead_s
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v <= _MAX_OP_OVERHEAD_S:
             raise ValueError(f"compute.op_overhead_s: must be a finite number of seconds in "
@@ -234,10 +247,18 @@ class ComputeModel:
         """The fused attention kernel in use (``attention_kernel`` or the GPU generation's default)."""
         return self.attention_kernel or DEFAULT_KERNEL.get(self.gpu.arch, "cudnn")
 
+    @property
+    def clock_fraction(self) -> float:
+        """The sustained over burst GEMM rate in use (``sustained_clock_fraction``, else the GPU's)."""
+        given = self.sustained_clock_fraction
+        return given if given is not None else self.gpu.sustained_clock_fraction
+
     @cached_property
     def gemm(self) -> GemmModel:
-        """The wave/tile GEMM model of this GPU and datatype."""
+        """The wave/tile GEMM model of this GPU and datatype, at the sustained clock (:attr:`clock_fraction`
+        scales the burst ceiling: a tile's every cycle is an SM cycle)."""
         eff = self.matmul_efficiency if self.matmul_efficiency is not None else self.gpu.matmul_efficiency
+        eff *= self.clock_fraction
         # The pipeline fill keeps its 16-bit depth: fp32's SIMT kernels are not the tensor-core pipeline it was
         # measured on, and 9 elements let tiny fp32 GEMMs split k 16 ways and beat the same bf16 GEMM.
         return GemmModel(self.peak_flops, self.gpu.sm_count, eff, self._critical_intensity(self.peak_flops),
@@ -263,7 +284,7 @@ class ComputeModel:
 
     @cached_property
     def fp8_gemm(self) -> GemmModel:
-        """The wave/tile GEMM model of FP8 operands (module docstring, ``gemm_fp8``)."""
+        """The wave/tile GEMM model of FP8 operands at the sustained clock (module docstring, ``gemm_fp8``)."""
         if "fp8" not in self.gpu.peak_flops:
             raise ValueError(f"training.dtype: fp8 needs FP8 tensor cores; {self.gpu.name} has none "
                              f"(valid: {', '.join(self._trainable_dtypes())})")
@@ -273,6 +294,7 @@ class ComputeModel:
             raise ValueError(f"compute.fp8_matmul_efficiency: {self.gpu.name} has no measured FP8 GEMM ceiling; "
                              f"set it (a fraction of the FP8 peak in [{MIN_EFFICIENCY:g}, 1])")
         peak = self.gpu.peak("fp8")
+        eff *= self.clock_fraction
         return GemmModel(peak, self.gpu.sm_count, eff, self._critical_intensity(peak), self.gpu.hbm_bandwidth, 1,
                          round(self.gemm_k_overhead * self._rate_ratio(peak)), stream_k=True)
 
@@ -285,7 +307,7 @@ class ComputeModel:
         gemm = self.fp8_gemm
         measured = self.gpu.matmul_efficiency_fp8_wgrad
         if self.fp8_wgrad_matmul_efficiency is not None:
-            eff = self.fp8_wgrad_matmul_efficiency
+            eff = self.fp8_wgrad_matmul_efficiency * self.clock_fraction
         elif measured is not None and self.gpu.matmul_efficiency_fp8:  # (a user's FP8 ceiling scales it alike)
             eff = measured * gemm.efficiency / self.gpu.matmul_efficiency_fp8
         else:

@@ -194,9 +194,10 @@ def test_the_wgrad_ceiling_falls_back_to_the_fp8_ceiling_without_a_measurement()
     from topologies.gpus import get_gpu
     b200 = ComputeModel(get_gpu("B200"), dtype="fp8")
     assert b200.fp8_wgrad_gemm.efficiency == b200.fp8_gemm.efficiency  # (no published blockwise wgrad on B200)
-    h800 = ComputeModel(get_gpu("H800"), dtype="fp8")
+    h800 = ComputeModel(get_gpu("H800"), dtype="fp8", sustained_clock_fraction=1.0)  # (the burst ceilings)
     assert h800.fp8_wgrad_gemm.efficiency == pytest.approx(1092 / 1978.9, rel=2e-3)  # DeepGEMM's best row
-    assert ComputeModel(get_gpu("H800"), dtype="fp8", fp8_wgrad_matmul_efficiency=0.6).fp8_wgrad_gemm.efficiency == 0.6
+    given = ComputeModel(get_gpu("H800"), dtype="fp8", fp8_wgrad_matmul_efficiency=0.6, sustained_clock_fraction=1.0)
+    assert given.fp8_wgrad_gemm.efficiency == 0.6
 
 
 # ------------------------------------------------------------------ public workloads functions (the API hunt)
@@ -377,7 +378,7 @@ def test_a_users_fp8_ceiling_scales_the_blockwise_wgrad_ceiling_alike():
     from simulator.compute import ComputeModel
     from topologies.gpus import get_gpu
     h800 = get_gpu("H800")
-    cm = ComputeModel(h800, dtype="fp8", fp8_matmul_efficiency=0.45)
+    cm = ComputeModel(h800, dtype="fp8", fp8_matmul_efficiency=0.45, sustained_clock_fraction=1.0)
     assert cm.fp8_wgrad_gemm.efficiency == pytest.approx(0.552 * 0.45 / h800.matmul_efficiency_fp8, rel=1e-12)
     assert cm.fp8_wgrad_gemm.efficiency < cm.fp8_gemm.efficiency
 

@@ -96,6 +96,11 @@ class GPUSpec(PicklesProxies):
         (``training.fp8_recipe: blockwise``: both operands scaled per 128 elements along the reduced token
         dimension, DeepGEMM's 1D1D kernels), as a fraction of the FP8 dense peak; None where no measurement
         exists (they then run at ``matmul_efficiency_fp8``).
+    sustained_clock_fraction : float
+        The tensor-core rate a GEMM keeps when GEMMs run back to back for seconds, as they do in training,
+        over the rate a short burst measures (``matmul_efficiency*`` are bursts): the SM clock the GPU settles
+        at under its power limit, relative to the one a burst sees. In (0, 1]; 1 where no sustained
+        measurement exists (:mod:`topologies.gpus`). ``compute.sustained_clock_fraction`` overrides it.
     nvlink_efficiency : float
         Fraction of the NVLink rate NCCL's ring reaches at large sizes
         (nccl-tests bus bandwidth on one NVSwitch node / NVLink rate).
@@ -121,6 +126,7 @@ class GPUSpec(PicklesProxies):
     matmul_efficiency_fp8: float | None = None
     matmul_efficiency_fp8_wgrad: float | None = None
     gemm_critical_intensity: float = 64.0
+    sustained_clock_fraction: float = 1.0
     nvlink_efficiency: float = 0.8
     arch: str = "sm90"
     source: str = ""
