@@ -62,18 +62,8 @@ def size_ladder(min_bytes: float, max_bytes: float, factor: float = 2.0) -> list
 
 
 def collective_time(cluster: Cluster, op: str, gpus: int, nbytes: float, algorithm: str = "auto",
-                    network: NetworkConfig | None = None, host_overhead_s: float = 0.0) -> float:
-    """Seconds for one ``op`` of ``nbytes`` over ranks ``0..gpus-1`` of ``cluster``, plus ``host_overhead_s``.
-
-    ``host_overhead_s`` is a per-call cost of the benchmark harness, not of NCCL's kernels: nccl-tests run as one
-    process driving every GPU (``nThread 1 nGpus 8``, ``-g 8``) issues the eight calls of each iteration from
-    one thread, and its 0-byte rows, for which NCCL launches no kernel at all (``taskAppend``, ``src/enqueue.cc``:
-    "Empty collectives can be discarded"), read 33-35 us per call on 8 A100s (microsoft/superbenchmark
-    tests/data/nccl_*.log) against 9.5-17 us for a 1 KiB collective run one process per GPU (mscclpp, msccl).
-    Pass that 0-byte time to compare with such a log; leave it 0 for training, where each rank's process
-    launches its own collectives ahead of the GPU and this cost is not on the GPU's critical path."""
-    if not (host_overhead_s >= 0 and math.isfinite(host_overhead_s)):
-        raise ValueError(f"host_overhead_s: must be a finite time >= 0 s, got {host_overhead_s!r}")
+                    network: NetworkConfig | None = None) -> float:
+    """Seconds for one ``op`` of ``nbytes`` over ranks ``0..gpus-1`` of ``cluster``."""
     if op not in BENCH_OPS:
         raise ValueError(f"op: {op!r} unknown; valid: {', '.join(BENCH_OPS)}")
     if not 2 <= gpus <= cluster.num_gpus:
@@ -86,16 +76,15 @@ def collective_time(cluster: Cluster, op: str, gpus: int, nbytes: float, algorit
             graph.recv(r, (r - 1) % gpus, nbytes, traffic_class="bench", stream="recv")
     else:
         graph.collective(op, list(range(gpus)), nbytes, algorithm=algorithm, traffic_class="bench")
-    return Engine(graph, cluster, network=network).run().step_time_s + host_overhead_s
+    return Engine(graph, cluster, network=network).run().step_time_s
 
 
 def collective_sweep(cluster: Cluster, op: str, gpus: int, sizes: Iterable[float], algorithm: str = "auto",
-                     network: NetworkConfig | None = None, host_overhead_s: float = 0.0) -> pd.DataFrame:
-    """One row per size: ``size_bytes, time_s, algbw_Bps, busbw_Bps`` (``host_overhead_s``: see
-    :func:`collective_time`)."""
+                     network: NetworkConfig | None = None) -> pd.DataFrame:
+    """One row per size: ``size_bytes, time_s, algbw_Bps, busbw_Bps``."""
     rows = []
     for s in sizes:
-        t = collective_time(cluster, op, gpus, s, algorithm, network, host_overhead_s)
+        t = collective_time(cluster, op, gpus, s, algorithm, network)
         algbw = s / t
         rows.append({"size_bytes": s, "time_s": t, "algbw_Bps": algbw, "busbw_Bps": algbw * bus_factor(op, gpus)})
     return pd.DataFrame(rows)

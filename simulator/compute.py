@@ -14,10 +14,10 @@ gemm
     peak (fp32) the critical intensity scales with the rate, as
     ``gemm_fp8``'s below.
     Its ceiling is a short burst's; GEMMs run back to back for seconds, as in training, at the
-    GPU's sustained clock: every GEMM kind's tile time is divided by ``sustained_clock_fraction``
-    (``GPUSpec.sustained_clock_fraction``, :mod:`topologies.gpus`: 0.96 on Hopper, 60-s cuBLAS runs
-    over this model's rate at their shape; 1 on A100, whose ten-minute rate the model meets; 1 on
-    Blackwell, unmeasured).
+    GPU's sustained clock: every tensor-core GEMM kind's tile time is divided by
+    ``sustained_clock_fraction`` (``GPUSpec.sustained_clock_fraction``, :mod:`topologies.gpus`: 0.96 on
+    Hopper, long cuBLAS runs over this model's rate at their shape; 1 on A100, whose ten-minute rate the
+    model meets; 1 on Blackwell, unmeasured; fp32 SIMT GEMMs, measured flat under load, not at all).
 gemm_fp8
     the same wave/tile model at the GPU's dense FP8 peak under its measured
     FP8 ceiling (``GPUSpec.matmul_efficiency_fp8``, or
@@ -120,10 +120,10 @@ class ComputeModel:
         gradients; module docstring).
     sustained_clock_fraction : float or None
         Overrides ``gpu.sustained_clock_fraction``: the rate GEMMs keep running back to back for seconds over
-        the rate this model gives them from short-burst ceilings (``*matmul_efficiency``), in [0.01, 1]; every GEMM
-        kernel's tensor-core time is divided by it (not its HBM roofline, not attention, whose published
-        rates were taken at the sustained clock: :mod:`topologies.gpus`). Set 1 where a given ceiling is
-        itself a sustained measurement.
+        the rate this model gives them from short-burst ceilings (``*matmul_efficiency``), in [0.01, 1]; every
+        tensor-core GEMM's time is divided by it (not fp32 SIMT GEMMs, not the HBM roofline, not attention,
+        whose published rates were taken at the sustained clock: :mod:`topologies.gpus`). Set 1 where a given
+        ceiling is itself a sustained measurement.
     fp8_matmul_efficiency : float or None
         Overrides ``gpu.matmul_efficiency_fp8`` (the best-shape FP8 GEMM
         ceiling, a fraction of the FP8 peak); needed for FP8 on a GPU without
@@ -229,6 +229,11 @@ class ComputeModel:
                                  f"{self.gpu.name} ({self.gpu.arch}); valid: {valid} "
                                  f"(or set compute.attention_efficiency)")
 
+        v = self.gpu.sustained_clock_fraction  # (a GPUSpec built in Python, checked where it is used)
+        if self.sustained_clock_fraction is None and not (
+                isinstance(v, numbers.Real) and not isinstance(v, bool) and MIN_EFFICIENCY <= v <= 1):
+            raise ValueError(f"GPUSpec.sustained_clock_fraction: {self.gpu.name}'s must be the sustained over the "
+                             f"burst GEMM rate in [{MIN_EFFICIENCY:g}, 1], got {v!r}")
         if self.dtype == "fp8":
             _ = self.fp8_gemm  # raises a clear ValueError without a measured (or given) FP8 ceiling
 
@@ -256,9 +261,10 @@ class ComputeModel:
     @cached_property
     def gemm(self) -> GemmModel:
         """The wave/tile GEMM model of this GPU and datatype, at the sustained clock (:attr:`clock_fraction`
-        scales the burst ceiling: a tile's every cycle is an SM cycle)."""
+        scales the burst ceiling of tensor-core GEMMs: a tile's every cycle is an SM cycle)."""
         eff = self.matmul_efficiency if self.matmul_efficiency is not None else self.gpu.matmul_efficiency
-        eff *= self.clock_fraction
+        if self.base_dtype != "fp32":  # (fp32 runs on the SIMT cores, measured flat under load: topologies.gpus)
+            eff *= self.clock_fraction
         # The pipeline fill keeps its 16-bit depth: fp32's SIMT kernels are not the tensor-core pipeline it was
         # measured on, and 9 elements let tiny fp32 GEMMs split k 16 ways and beat the same bf16 GEMM.
         return GemmModel(self.peak_flops, self.gpu.sm_count, eff, self._critical_intensity(self.peak_flops),

@@ -60,14 +60,13 @@ all-reduce reaches ~480 GB/s bus bandwidth with NVLS, against ~365 on a ring;
 an all-reduce inside an NVLink domain is therefore up to ~25% pessimistic on
 Hopper), NCCL's per-architecture caps of the LL protocol's bandwidth. Inside
 one server a ring all-reduce of 4-32 MiB reads 1.1-1.5x the bus bandwidth
-nccl-tests measure on 8 A100s, in logs of one process driving all eight GPUs
-(microsoft/superbenchmark ``tests/data/nccl_*.log``, ``nThread 1 nGpus 8``),
-whose 0-byte rows, for which NCCL launches no kernel, read 33-35 us a call:
-the harness's host cost. With it added (``simulator.bench.collective_time``'s
-``host_overhead_s``) the log's all-reduce is met within 15% from 4 to 256 MiB;
-measured one process per GPU, as training runs (Azure/msccl, 8x H100, NCCL
-2.18.3), the all-gather is within 12% from 8 MiB to 1 GiB with none
-(``tests/test_compute_grounding.py``).
+nccl-tests measure on 8 A100s (pinned in ``tests/test_compute_grounding.py``),
+in logs of one process driving all eight GPUs (microsoft/superbenchmark
+``tests/data/nccl_*.log``, ``nThread 1 nGpus 8``, whose 0-byte rows, with no
+kernel launched, read 33-35 us a call: a suspect, not a proven cause, since
+nccl-tests queues its iterations and such a cost then overlaps the kernels).
+Measured one process per GPU, as training runs (Azure/msccl, 8x H100, NCCL
+2.18.3), the all-gather is within 12% from 8 MiB to 1 GiB.
 """
 
 from __future__ import annotations

@@ -33,10 +33,9 @@ DEEPGEMM deepseek-ai/DeepGEMM pull request #95, "Weight gradient kernels for den
 NAPKIN   tusharhqq/napkin-math-gpu, ``results/h100-sxm.json`` (commit 9da5cf3, 2026-08-08): H100 80GB HBM3 at
          ``power_limit_w`` 700, torch 2.8.0+cu128, ``torch.mm`` BF16 8192³ on randn, 7 rounds of 20
          back-to-back GEMMs: 1.3924 ms in the first (789.6 TFLOP/s), 1.507-1.575 ms after (698-729; median of
-         the seven 1.5326 ms, 717.4 TFLOP/s).
-FRYER    huggingface/gpu-fryer README (commit 2b6fb06): cuBLASLt 8192³ back to back for 60 s on every GPU of a
-         node: "NVIDIA H100 80GB HBM3 ~730 BF16"; A100-SXM4-80GB ~270 BF16 over 3 runs of 10 min (the README's
-         A100 rows, huggingface/gpu-fryer PR #9).
+         the seven 1.5326 ms, 717.4 TFLOP/s); fp32 (SIMT) 21.23 ms in every round.
+FRYER    huggingface/gpu-fryer: cuBLASLt 8192³ back to back (60 s by default): README at commit 2b6fb06,
+         "NVIDIA H100 80GB HBM3 ~730 BF16"; A100-SXM4-80GB ~270 BF16 over three 10-minute runs (PR #9).
 FA2      T. Dao, *FlashAttention-2*, arXiv:2307.08691v1, Fig. 5 (forward) and Fig. 6
          (backward), A100-SXM4-80GB, FP16, causal.
 FA3      J. Shah et al., *FlashAttention-3*, arXiv:2407.08608v2, Fig. 5, H100-SXM5
@@ -150,7 +149,7 @@ def test_hopper_sustained_fraction_lies_within_the_long_runs_over_the_burst_mode
     # the clock alone costs more (NAPKIN's first round against the same long runs): the burst model is itself
     # under the burst at this shape (758 of 789.6, its wave and fill terms), which the fraction must not repeat
     assert 730 / 789.6 < H100.sustained_clock_fraction
-    assert burst == pytest.approx(789.6, rel=0.05)
+    assert burst == pytest.approx(789.6, rel=0.05)  # (NAPKIN's first round)
     assert get_gpu("H200").sustained_clock_fraction == get_gpu("H800").sustained_clock_fraction == \
         H100.sustained_clock_fraction  # (the same die at the same 700 W)
 
@@ -158,7 +157,6 @@ def test_hopper_sustained_fraction_lies_within_the_long_runs_over_the_burst_mode
 def test_h100_gemm_in_training_runs_at_the_long_runs_rate():
     assert sustained_gemm_tflops(H100, 8192) == pytest.approx(730, rel=0.025)  # FRYER, 60 s
     assert sustained_gemm_tflops(H100, 8192) == pytest.approx(717.4, rel=0.025)  # NAPKIN, median of 7 rounds
-    assert sustained_gemm_tflops(H100, 8192) == pytest.approx(729.4, rel=0.025)  # SMOL, 1.4 ms GEMMs
 
 
 def test_a100_gemm_in_training_runs_at_its_burst_ceiling():
@@ -167,24 +165,36 @@ def test_a100_gemm_in_training_runs_at_its_burst_ceiling():
     assert sustained_gemm_tflops(A100, 8192) == pytest.approx(270, rel=0.03)
 
 
-def test_the_sustained_clock_slows_every_gemm_kind_and_nothing_else():
+def test_the_sustained_clock_slows_every_tensor_core_gemm_kind_and_nothing_else():
     slow, burst = (ComputeModel(H100, dtype="fp8", sustained_clock_fraction=f) for f in (0.5, 1.0))
     n = 8192  # compute-bound: the tile time is all SM cycles, halved clock -> twice the time
     for category in ("gemm", "gemm_fp8", "gemm_fp8_wgrad"):
         gemm_s, gemm_b = slow.gemm_model(category), burst.gemm_model(category)
         assert gemm_s.time(n, n, n) == pytest.approx(2 * gemm_b.time(n, n, n), rel=1e-12), category
+    # ... a user's ceilings alike (each a burst's too)
+    given = dict(dtype="fp8", matmul_efficiency=0.7, fp8_matmul_efficiency=0.6, fp8_wgrad_matmul_efficiency=0.5)
+    slow, burst = (ComputeModel(H100, sustained_clock_fraction=f, **given) for f in (0.5, 1.0))
+    for category in ("gemm", "gemm_fp8", "gemm_fp8_wgrad"):
+        gemm_s, gemm_b = slow.gemm_model(category), burst.gemm_model(category)
+        assert gemm_s.time(n, n, n) == pytest.approx(2 * gemm_b.time(n, n, n), rel=1e-12), category
+    # ... but not fp32 GEMMs on the SIMT cores (NAPKIN: 51.8 TFLOP/s in every round)
+    fp32_slow, fp32_burst = (ComputeModel(H100, dtype="fp32", sustained_clock_fraction=f) for f in (0.5, 1.0))
+    assert fp32_slow.gemm.time(n, n, n) == fp32_burst.gemm.time(n, n, n)
     for kernel in (Kernel("attention", 1e12, 1e9, (4096, 4096, 128), 32), Kernel("elementwise", 0.0, 4e9),
                    Kernel("activation", 0.0, 3e9), Kernel("optimizer", 0.0, 8e9)):
         assert slow.duration(kernel) == burst.duration(kernel), kernel.category
     # a GEMM too thin to be compute-bound stays on HBM's roofline
     thin = Kernel("gemm", 2.0 * 8192 * 8192 * 1, 2.0 * (8192 * 1 + 8192 * 8192 + 8192), (8192, 8192, 1))
-    assert slow.duration(thin) == burst.duration(thin)
+    slower = ComputeModel(H100, sustained_clock_fraction=0.8)
+    assert slower.duration(thin) == burst.duration(thin)
 
 
-@pytest.mark.parametrize("value", [0, 1.5, -0.9, True, "0.9"])
+@pytest.mark.parametrize("value", [0, 1.5, -0.9, True, "0.9", float("nan")])
 def test_a_bad_sustained_clock_fraction_is_one_clear_error(value):
     with pytest.raises(ValueError, match="compute.sustained_clock_fraction"):
         ComputeModel(H100, sustained_clock_fraction=value)
+    with pytest.raises(ValueError, match="GPUSpec.sustained_clock_fraction"):  # (a GPU built in Python)
+        ComputeModel(replace(H100, sustained_clock_fraction=value))
 
 
 # -------------------------------------------------------------- FP8 GEMMs
@@ -411,33 +421,33 @@ def test_nccl_busbw_at_mid_sizes_on_one_a100_node():
 
 
 # microsoft/superbenchmark tests/data/nccl_allreduce.log (8x A100-SXM4-40GB, one process driving all 8 GPUs:
-# "nThread 1 nGpus 8"), out-of-place busbw GB/s. Its 0-byte rows (no kernel launched) read 33.4-35.2 us per call.
+# "nThread 1 nGpus 8"), out-of-place busbw GB/s.
 SUPERBENCH_ALL_REDUCE = [(4 * 2**20, 65.52), (8 * 2**20, 90.63), (16 * 2**20, 129.90), (32 * 2**20, 156.89),
                          (64 * 2**20, 200.91), (128 * 2**20, 202.11), (256 * 2**20, 222.40)]
 
 
 @pytest.mark.parametrize("size, measured", SUPERBENCH_ALL_REDUCE)
-def test_one_node_a100_all_reduce_at_medium_sizes_with_the_logs_own_per_call_cost(size, measured):
-    """The log's medium sizes read 1.2-1.5x slower than the model (4-32 MiB); its own 0-byte time per call (34 us,
-    the single-process harness's host cost: no kernel runs for 0 bytes) added to the model's time brings every
-    size from 4 to 256 MiB within 15%. So the gap is the harness's, not NCCL's kernels' (and one process per GPU,
-    as in training, does not pay it: see the H100 all-gather test below)."""
+def test_one_node_a100_all_reduce_medium_size_miss_is_pinned(size, measured):
+    """Pinned, not hidden: the model reads this log 1.2-1.5x fast at 4-32 MiB and within 10% from 64 MiB. NCCL's
+    per-channel caps do not explain it (they feed only NCCL's tuner, and NCCL's own model of this node predicts
+    what ours does, within 4%); the log's single-process harness (0-byte rows 33-35 us a call, no kernel launched)
+    is a suspect it does not prove, since nccl-tests queues its iterations and a host cost per call then overlaps
+    the kernels (docs/DESIGN.md, "Twenty-fourth session")."""
     node = single_server("A100", 8)
-    t = collective_time(node, "all_reduce", 8, size, host_overhead_s=34e-6)
-    assert size / t * bus_factor("all_reduce", 8) / 1e9 == pytest.approx(measured, rel=0.15)
+    ratio = size / collective_time(node, "all_reduce", 8, size) * bus_factor("all_reduce", 8) / 1e9 / measured
+    if size <= 32 * 2**20:
+        assert 1.1 <= ratio <= 1.6
+    else:
+        assert ratio == pytest.approx(1.0, abs=0.1)
 
 
 # Azure/msccl docs/performance-nd-h100-v5.md (ND H100 v5: 8x H100 SXM, one process per GPU, NCCL 2.18.3,
 # NCCL_MIN_NCHANNELS=32, fp16, in-place): NCCL all-gather time in us by output size (NCCL's all-gather is a ring
-# on one node there; its all-reduce is NVLink SHARP, not modelled, so only the all-gather is compared).
+# on one node there; its all-reduce is NVLink SHARP, not modelled, so only the all-gather is compared). The same
+# figures appear in the repository's NDmv4 (A100) page; they are H100's: 1 GiB in 2663.8 us is 352 GB/s of bus
+# bandwidth, more than an A100's NVLink carries.
 MSCCL_H100_ALL_GATHER_US = [(8 * 2**20, 44.7), (16 * 2**20, 67.19), (32 * 2**20, 104.7), (64 * 2**20, 192.4),
                             (128 * 2**20, 368.3), (256 * 2**20, 699.5), (2**30, 2663.8)]
-
-
-@pytest.mark.parametrize("value", [-1e-6, float("nan"), float("inf")])
-def test_a_bad_host_overhead_is_one_clear_error(value):
-    with pytest.raises(ValueError, match="host_overhead_s"):
-        collective_time(single_server("A100", 8), "all_reduce", 8, 2**20, host_overhead_s=value)
 
 
 @pytest.mark.parametrize("size, measured_us", MSCCL_H100_ALL_GATHER_US)

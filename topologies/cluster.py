@@ -97,10 +97,12 @@ class GPUSpec(PicklesProxies):
         dimension, DeepGEMM's 1D1D kernels), as a fraction of the FP8 dense peak; None where no measurement
         exists (they then run at ``matmul_efficiency_fp8``).
     sustained_clock_fraction : float
-        The tensor-core rate a GEMM keeps when GEMMs run back to back for seconds, as they do in training,
-        over the rate a short burst measures (``matmul_efficiency*`` are bursts): the SM clock the GPU settles
-        at under its power limit, relative to the one a burst sees. In (0, 1]; 1 where no sustained
-        measurement exists (:mod:`topologies.gpus`). ``compute.sustained_clock_fraction`` overrides it.
+        The rate a tensor-core GEMM keeps when GEMMs run back to back for seconds, as they do in training
+        (the GPU at its power limit, its SM clock lowered), over the rate :mod:`simulator.gemm` gives it from the
+        short-burst ceilings ``matmul_efficiency*``: a measured sustained rate over the model's rate at the
+        measured shape, which is not the clock's own ratio where the model misses the burst (Hopper: 0.96
+        against the clock's 0.92; :mod:`topologies.gpus`). In [0.01, 1]; 1 where no sustained measurement
+        exists. ``compute.sustained_clock_fraction`` overrides it.
     nvlink_efficiency : float
         Fraction of the NVLink rate NCCL's ring reaches at large sizes
         (nccl-tests bus bandwidth on one NVSwitch node / NVLink rate).

@@ -54,33 +54,39 @@ training, over the rate the wave/tile model (:mod:`simulator.gemm`) gives it fro
 above (MAMF times each shape for ~40 ms, with a 256 MiB cache-clearing memset between GEMMs:
 ``compute/accelerator/benchmarks/mamf-finder.py``). Under a sustained load a GPU at its power limit lowers its
 SM clock; the tile model's time is all in SM cycles, so :class:`simulator.compute.ComputeModel` divides every
-GEMM's tensor-core time by the fraction (HBM traffic keeps its rate: memory has its own clock):
+tensor-core GEMM's time by the fraction (HBM traffic keeps its rate: memory has its own clock; fp32 GEMMs on
+the SIMT cores are not scaled: the same H100 run below holds 51.8 TFLOP/s flat over seven rounds):
 
 * Hopper (H100, H800, H200 SXM, 700 W): 0.96 (:data:`HOPPER_SUSTAINED_CLOCK`). cuBLAS BF16 8192³ on an
-  H100 SXM at its 700 W limit: 789.6 TFLOP/s in the first 20-GEMM round (~28 ms), 698-729 in the six rounds
-  after it (median of the seven 717.4; ``tusharhqq/napkin-math-gpu`` ``results/h100-sxm.json``, commit
-  9da5cf3, torch 2.8.0+cu128, ``power_limit_w`` 700); ~730 over 60 s on all 8 GPUs of a node
-  (``huggingface/gpu-fryer`` README, "NVIDIA H100 80GB HBM3 ~730 BF16", 8192³ cuBLASLt back to back);
-  729.4 as the median of Triton's ``do_bench`` (GEMMs of 1.4 ms, each after a 0.1 ms cache flush: a duty
-  cycle of 93%, so at the same clock; the SemiAnalysis benchmark in Hugging Face's *Smol Training Playbook*).
+  H100 SXM at its 700 W limit: 789.6 TFLOP/s in the first 20-GEMM round (~28 ms, after ~0.2 s of fp16
+  GEMMs, so not a cold start), 698-729 in the six rounds after it (median of the seven 717.4; fp16 769 then
+  a median of 693; ``tusharhqq/napkin-math-gpu`` ``results/h100-sxm.json``, commit 9da5cf3, torch
+  2.8.0+cu128, ``power_limit_w`` 700); ~730 back to back for gpu-fryer's default 60 s
+  (``huggingface/gpu-fryer`` README at commit 2b6fb06, "NVIDIA H100 80GB HBM3 ~730 BF16", 8192³ cuBLASLt).
   So the clock costs 8% (730 / 789.6 = 0.925, 717.4 / 789.6 = 0.909), but the model's burst rate at 8192³
   is 758.0, itself 4% under the burst (its wave and pipeline-fill terms: 15.5 waves of 256×128 tiles; 128 of
-  8192 elements of ``k``), so against the model the sustained runs read 730 / 758 = 0.963, 729.4 / 758 =
-  0.962 and 717.4 / 758 = 0.946: 0.96. Taking the clock's 0.92 instead would count the model's shortfall
-  twice (697 where 730 is measured). H800 and H200 are the same die at the same 700 W: the H100's fraction
-  is assumed. FP8 GEMMs take the same fraction (it is one clock); no sustained FP8 measurement was found,
-  and DeepSeek's DeepGEMM issues report Hopper clocks falling from 1980 to 1575 MHz under FP8 GEMMs beside
-  communication (deepseek-ai/DeepGEMM #120), so FP8 throttles at least as much.
-* A100 SXM: 1.0. Ten minutes of cuBLAS BF16 8192³ sustain ~270 TFLOP/s (gpu-fryer README, A100-SXM4-80GB,
-  3 runs of 10 min), which the model's 266.4 there already meets (and the MAMF ceiling, 271.2, too): at
-  400 W nothing is left to take off.
+  8192 elements of ``k``), so against the model the long runs read 730 / 758 = 0.963 and 717.4 / 758 =
+  0.946: 0.96. Taking the clock's 0.92 instead would count the model's shortfall twice (697 where 730 is
+  measured). (SMOL's ``do_bench`` median at 8192³, 729.4, reads like the long runs, but its other large
+  shapes, 753-758, like the burst model: ``do_bench``'s flushes leave a duty cycle that varies with the
+  GEMM's length, so it is neither, and the tests keep it with the burst references.) H800 and H200 are the
+  same die at the same 700 W: the H100's fraction is assumed. FP8 GEMMs take the same fraction, an
+  assumption: no usable sustained FP8 rate exists (gpu-fryer's FP8 row, ~1530, above MAMF's burst 1402.6,
+  multiplies random 32-bit integers cast to E4M3, whose range ends at 448, so its operands are saturated
+  and toggle few bits; its README expects FP8 to draw less power), and DeepSeek's DeepGEMM issues report
+  Hopper clocks of 1575 MHz under FP8 GEMMs beside communication (deepseek-ai/DeepGEMM #120).
+* A100 SXM: 1.0. Ten minutes of cuBLAS BF16 8192³ sustain ~270 TFLOP/s (huggingface/gpu-fryer PR #9, three
+  10-minute runs on A100-SXM4-80GB; the README's A100 row since), which the model's 266.4 there already
+  meets (and the MAMF ceiling, 271.2, too); napkin-math-gpu's A100-SXM4-80GB (500 W) holds 289 flat over
+  seven rounds. Nothing is left to take off.
 * Blackwell (B200, GB200, GB300): 1.0 for want of a measurement. FlashInfer measured a B200's SM clock fall
   from 1965 to ~1580 MHz over 100 back-to-back attention kernels (flashinfer-ai/flashinfer PR #2899), so the
   default likely flatters Blackwell; set ``compute.sustained_clock_fraction``.
 
 Fused attention is not scaled: its published rates (FlashAttention-3's and cuDNN's, :mod:`simulator.attention`)
-were measured on an H100 SXM5 at 700 W with its SM clock at 1830 MHz (FlashAttention-3, arXiv:2407.08608,
-section 4.1), 0.92 of its 1980 MHz boost: already at about the sustained clock.
+were measured on an H100 SXM5 at 700 W with its SM clock fixed at 1830 MHz (FlashAttention-3, arXiv:2407.08608,
+appendix C.1: "the clock speed used to calculate the 989 TFLOPS FP16 theoretical max"), 0.92 of its 1980 MHz
+boost: already at about the sustained clock.
 
 ``nvlink_efficiency`` is nccl-tests' bus bandwidth at multi-GB sizes on one
 8-GPU NVSwitch node over the NVLink rate per direction: A100 all-reduce /
