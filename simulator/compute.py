@@ -95,6 +95,13 @@ MIN_EFFICIENCY = 0.01
 """Smallest efficiency knob accepted (a fraction of a peak: ``compute.*_efficiency``,
 ``network.bandwidth_efficiency``). Below 1% a knob describes no working GPU or link; a typo such as ``1e-9``
 would otherwise give a step of days without a word."""
+
+
+def is_fraction(value: object) -> bool:
+    """``value`` is a knob's fraction: a real number (numpy's too, not a bool) in ``[MIN_EFFICIENCY, 1]``."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and MIN_EFFICIENCY <= value <= 1
+
+
 _MAX_OP_OVERHEAD_S = 1e-3
 """Largest ``op_overhead_s``: a millisecond per op is 1,000 kernel launches; above it is a slip of unit
 (``1e9`` printed a step of 754,000,000,000 s)."""
@@ -200,8 +207,7 @@ class ComputeModel:
                      "sustained_clock_fraction", "attention_efficiency", "memory_efficiency",
                      "score_memory_efficiency", "activation_memory_efficiency"):
             v = getattr(self, name)
-            if v is not None and not (isinstance(v, numbers.Real) and not isinstance(v, bool)
-                                      and MIN_EFFICIENCY <= v <= 1):
+            if v is not None and not is_fraction(v):
                 what = ("the sustained over the burst GEMM rate" if name == "sustained_clock_fraction"
                         else "a fraction of the peak")
                 raise ValueError(f"compute.{name}: must be {what} in [{MIN_EFFICIENCY:g}, 1], got {v!r}")
@@ -230,8 +236,7 @@ class ComputeModel:
                                  f"(or set compute.attention_efficiency)")
 
         v = self.gpu.sustained_clock_fraction  # (a GPUSpec built in Python, checked where it is used)
-        if self.sustained_clock_fraction is None and not (
-                isinstance(v, numbers.Real) and not isinstance(v, bool) and MIN_EFFICIENCY <= v <= 1):
+        if self.sustained_clock_fraction is None and not is_fraction(v):
             raise ValueError(f"GPUSpec.sustained_clock_fraction: {self.gpu.name}'s must be the sustained over the "
                              f"burst GEMM rate in [{MIN_EFFICIENCY:g}, 1], got {v!r}")
         if self.dtype == "fp8":

@@ -22,7 +22,7 @@ from topologies.units import LINK_LATENCY_MAX
 
 from .bulk_alltoall import bulk_flows, under_one_switch
 from .collectives import AUTO_CANDIDATES, COLLECTIVE_ALGORITHMS, CollectiveError, Plan, Transfer, plan_collective
-from .compute import MIN_EFFICIENCY
+from .compute import MIN_EFFICIENCY, is_fraction
 from .nccl import (
     BANDWIDTH_FACTOR,
     NIC_EFFICIENCY,
@@ -197,7 +197,7 @@ class NetworkConfig:
         for tier, v in values:
             if tier and tier not in TIER_NAMES:
                 raise ValueError(f"network.bandwidth_efficiency.{tier}: unknown tier; valid: {', '.join(TIER_NAMES)}")
-            if isinstance(v, bool) or not isinstance(v, Real) or not MIN_EFFICIENCY <= v <= 1:
+            if not is_fraction(v):
                 name = f"network.bandwidth_efficiency{'.' + tier if tier else ''}"
                 raise ValueError(f"{name}: must be a fraction of the link rate in [{MIN_EFFICIENCY:g}, 1], got {v!r}")
 
