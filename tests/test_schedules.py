@@ -143,6 +143,37 @@ def test_gpipe_with_comm_closed_form():
     assert step == pytest.approx((m + p - 1) * 3.0 + 2 * (p - 1) * c, abs=1e-9)
 
 
+def test_gpipe_with_per_boundary_comm_closed_form():
+    # The fill chain crosses each boundary once forward, the drain chain once backward: each boundary's own
+    # transfer twice, whatever the others cost.
+    p, m, comm = 4, 8, [0.1, 0.7, 0.25]
+    step, _ = simulate_unit_times(pipeline_schedule("gpipe", p, m), 1.0, 2.0, comm)
+    assert step == pytest.approx((m + p - 1) * 3.0 + 2 * sum(comm), abs=1e-9)
+
+
+@pytest.mark.parametrize("kind, v", [("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)])
+def test_equal_boundaries_are_the_scalar_comm(kind, v):
+    p, m, c = 4, 8, 0.3
+    sched = pipeline_schedule(kind, p, m, v)
+    tw = 0.5 if kind == "zb-h1" else 0.0
+    assert simulate_unit_times(sched, 1.0, 2.0, [c] * (p * v - 1), tw) == simulate_unit_times(sched, 1.0, 2.0, c, tw)
+
+
+def test_a_slower_boundary_never_shortens_the_step():
+    sched = pipeline_schedule("1f1b", 4, 8)
+    base, _ = simulate_unit_times(sched, 1.0, 2.0, [0.2, 0.2, 0.2])
+    for j in range(3):
+        comm = [0.2, 0.2, 0.2]
+        comm[j] = 0.9
+        assert simulate_unit_times(sched, 1.0, 2.0, comm)[0] >= base + 2 * 0.7 - 1e-9
+
+
+@pytest.mark.parametrize("comm, message", [([0.1, 0.2], "3 entries"), ([0.1, -0.2, 0.1], ">= 0"), (-1.0, ">= 0")])
+def test_bad_comm_is_refused(comm, message):
+    with pytest.raises(ValueError, match=message):
+        simulate_unit_times(pipeline_schedule("1f1b", 4, 8), 1.0, 2.0, comm)
+
+
 def test_simulate_detects_deadlock():
     bad = [[PipeAction(B, 0, 0), PipeAction(F, 0, 0)],
            [PipeAction(F, 0, 0), PipeAction(B, 0, 0)]]

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 import simulator
+from simulator import screen
 from simulator.cli import main
 from simulator.experiment import experiment_from_dict, run_experiment
 from simulator.screen import ScreenUnsupported, screen_experiment
@@ -85,6 +86,28 @@ def test_screen_ranks_stages_that_share_leaves():
     assert _spearman(s, f) >= 0.95
     assert list(_layout(screened).head(3)) == list(_layout(fast).head(3))
     assert ((s / f - 1).abs() < 0.15).all(), (s / f - 1).abs().max()
+
+
+def test_a_boundary_inside_a_leaf_is_not_charged_for_the_uplinks():
+    """TP 8 x PP 8 on the 64-GPU fabric at 4:1, a stage per server, two servers per leaf: boundaries 0, 2, 4, 6
+    join the servers of one leaf, 1, 3, 5 cross the spines. Inside a leaf each of a boundary's 8 sends has its
+    NIC and the leaf's port to itself: what one send alone takes. Across, 8 sends leave through uplinks worth
+    16 NICs / 4 = 4 NICs: at least twice a lone send's wire time (more where ECMP hashes two onto one link)."""
+    doc = copy.deepcopy(AGREEMENT)
+    doc["cluster"]["oversubscription"] = 4
+    doc["parallel"].update(tp=8, pp=8, dp=1, global_batch=16)
+    exp = experiment_from_dict(doc)
+    fabric = screen._fabric(exp)
+    block = [list(range(8 * s, 8 * s + 8)) for s in range(8)]
+    nbytes = 8e6
+    times = screen.boundary_transfer_times(fabric, block, nbytes, 8, tp=8)
+    links, wire, latency, _ = fabric.send_spec(0, 8, nbytes)
+    alone = latency + wire / fabric.usable_capacity[links].min()
+    assert len(times) == 7
+    for j in (0, 2, 4, 6):
+        assert times[j] == pytest.approx(alone, rel=1e-12)
+    for j in (1, 3, 5):
+        assert times[j] >= latency + 2 * wire / fabric.usable_capacity[links].min() - 1e-12
 
 
 @pytest.mark.parametrize("schedule, chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4),

@@ -673,7 +673,7 @@ def simulate_unit_times(
     schedule: Sequence[Sequence[PipeAction]],
     t_fwd: float | Sequence[float] = 1.0,
     t_bwd: float | Sequence[float] = 2.0,
-    comm: float = 0.0,
+    comm: float | Sequence[float] = 0.0,
     t_wgrad: float | Sequence[float] = 0.0,
     *,
     t_pair: float | None = None,
@@ -706,8 +706,12 @@ def simulate_unit_times(
         (for interleaved with ``v`` chunks pass the per-chunk time, i.e. the
         stage time divided by ``v``). A sequence gives one value per chain
         position ``0..p*v-1`` (``0..p-1`` under ``dualpipe``).
-    comm : float, optional
-        Latency of every cross-rank activation / gradient transfer, >= 0.
+    comm : float or sequence of float, optional
+        Seconds of every cross-rank activation / gradient transfer, >= 0. A
+        sequence gives one value per boundary: entry ``j`` is the transfer
+        between chain positions ``j`` and ``j + 1``, either way (``n - 1``
+        entries for ``n`` positions), so a boundary that crosses a slow tier
+        need not price the fast ones.
     t_wgrad : float or sequence of float, optional
         Duration of a ``W`` action. ``t_bwd`` is then the input gradient
         alone, and a ``B`` with no ``W`` of its own (a full backward) takes
@@ -729,8 +733,8 @@ def simulate_unit_times(
     Raises
     ------
     ValueError
-        If ``comm < 0``, ``t_pair < 0``, the schedule is empty, or a time
-        sequence has the wrong length.
+        If a ``comm`` is negative, ``t_pair < 0``, the schedule is empty, or
+        a time sequence has the wrong length.
     RuntimeError
         If the schedule deadlocks (a rank waits on an action that can never
         run, e.g. a backward before its forward).
@@ -738,8 +742,6 @@ def simulate_unit_times(
     p = len(schedule)
     if p == 0:
         raise ValueError("schedule must have at least one rank")
-    if comm < 0:
-        raise ValueError(f"comm must be >= 0, got {comm}")
     if t_pair is not None and t_pair < 0:
         raise ValueError(f"t_pair must be >= 0, got {t_pair}")
     kind = "dualpipe" if dualpipe else ""
@@ -748,6 +750,9 @@ def simulate_unit_times(
     tf = _per_vstage(t_fwd, n_vs, "t_fwd")
     tb = _per_vstage(t_bwd, n_vs, "t_bwd")
     tw = _per_vstage(t_wgrad, n_vs, "t_wgrad")
+    boundary = _per_vstage(comm, max(n_vs - 1, 0), "comm") if not isinstance(comm, (int, float)) else None
+    if (min(boundary, default=0.0) if boundary is not None else comm) < 0:
+        raise ValueError(f"comm must be >= 0, got {comm}")
     split = [{(a.micro_batch, a.chunk) for a in acts if a.phase == "W"} for acts in schedule]
 
     done: dict[tuple[str, int, int], float] = {}  # (phase, mb, position) -> finish
@@ -759,7 +764,13 @@ def simulate_unit_times(
     remaining = sum(len(acts) for acts in schedule)
 
     def hop(r: int, chunk: int, step: int) -> float:
-        return comm if chain_neighbour(kind, p, r, chunk, step) != r else 0.0
+        """Seconds of the transfer from the neighbour ``step`` along the chain to rank ``r`` (0 on the same rank)."""
+        if chain_neighbour(kind, p, r, chunk, step) == r:
+            return 0.0
+        if boundary is None:
+            return float(comm)  # type: ignore[arg-type]
+        j = chain_position(kind, p, r, chunk)
+        return boundary[j - 1 if step == -1 else j]
 
     def ready_time(r: int, a: PipeAction) -> float | None:
         j = chain_position(kind, p, r, a.chunk)
