@@ -193,8 +193,9 @@ class Experiment:
         return ComputeModel(self.cluster.gpu, dtype=self.training.dtype, **self.compute)
 
     def slowdown(self) -> dict[int, float]:
-        """Straggler GPUs of ``faults``: rank -> compute slowdown factor."""
-        return {f["gpu"]: float(f["factor"]) for f in self.faults if f.get("kind") == "straggler"}
+        """Straggler GPUs of ``faults``: rank -> compute slowdown factor (> 1; a factor of 1 slows nothing, so it
+        neither changes which ranks a fidelity simulates nor appears here)."""
+        return {f["gpu"]: float(f["factor"]) for f in self.faults if f.get("kind") == "straggler" and f["factor"] != 1}
 
 
 # -------------------------------------------------------------------- loading
