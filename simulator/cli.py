@@ -257,8 +257,10 @@ def print_summary(result, file=None) -> None:
         print(f"  with the faults      {s['fault_slowdown']:.3f}x the healthy fabric's "  # (counted in the title)
               f"{format_time(s['healthy_step_time_s'])}", file=out)
     if "mfu" in s:
+        of = (f"; MFU is of the dense {s['mfu_peak_dtype']} peak, {s['mfu_peak_tflops']:.0f} TFLOP/s, which FP8 "
+              f"GEMMs run above" if s.get("training_dtype") == "fp8" else "")
         print(f"  MFU                  {s['mfu'] * 100:.1f} %   ({s['tflops_per_gpu']:.0f} TFLOP/s per GPU, "
-              f"{s['hardware_tflops_per_gpu']:.0f} with recompute)", file=out)
+              f"{s['hardware_tflops_per_gpu']:.0f} with recompute{of})", file=out)
         print(f"  pipeline bubble      {s['bubble_fraction'] * 100:.1f} % of the pipeline window"
               f"   ({s['num_micro_batches']} micro-batches)", file=out)
         mem = s["memory_breakdown_bytes"]
@@ -646,6 +648,9 @@ def _sweep():
                 print(f"clustersim: {line}", file=sys.stderr)
             if statuses <= {"invalid", "failed"}:
                 return 2
+        else:  # and why the others did not run: a typo in a grid value is one of these, not only a layout
+            for line in reasons_lines(table):
+                print(f"# {line}", file=sys.stderr)
         return 0
 
     return configure, run

@@ -963,6 +963,10 @@ def attach_training_metrics(result: Result, step: TrainingStep, exp: Experiment,
         "tflops_per_gpu": tflops / 1e12,
         "hardware_tflops_per_gpu": step.hardware_flops / result.step_time / world / 1e12,
         "mfu": tflops / peak,
+        # what MFU is of: the dense peak of the base dtype (bf16 under FP8 training, whose GEMMs run above it)
+        "mfu_peak_tflops": peak / 1e12,
+        "mfu_peak_dtype": exp.training.base_dtype,
+        "training_dtype": exp.training.dtype,
         "memory_per_gpu_bytes": memory.total,
         # bytes only (they sum to memory_per_gpu_bytes); the stage they are of is its own field
         "memory_breakdown_bytes": {"parameters": memory.parameters, "gradients": memory.gradients,

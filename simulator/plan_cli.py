@@ -109,8 +109,12 @@ def _print(cluster, bom, s, out=None) -> None:
     gpu_kw = "n/a" if math.isnan(s["gpu_power_kw"]) else f"{s['gpu_power_kw']:,.1f} kW"
     print(f"GPUs (apart)  {s['gpus']:,} {cluster.gpu.name}: {gpu_kw}, {_money(s['gpu_cost_usd'])}", file=out)
     ratios = ", ".join(f"{t} {ratio_text(r)}" for t, r in s["oversubscription"].items()) or "none (one switch tier)"
-    print(f"bisection     {format_bandwidth(s['bisection_bytes_s'])} from the first half of the fabric to the rest "
-          f"({format_bandwidth(s['bisection_per_gpu_bytes_s'])} per GPU); oversubscription {ratios}", file=out)
+    if s["gpus"] < 2:  # (no half to cut: the JSON's per-GPU figure is null)
+        print(f"bisection     n/a (one GPU); oversubscription {ratios}", file=out)
+    else:
+        print(f"bisection     {format_bandwidth(s['bisection_bytes_s'])} from the first half of the fabric to the "
+              f"rest ({format_bandwidth(s['bisection_per_gpu_bytes_s'])} per GPU); oversubscription {ratios}",
+              file=out)
     print("unit figures: datasheets for optics and GPU power, labelled estimates otherwise (topologies/components.py);"
           " override them in the file's plan: section", file=out)
 

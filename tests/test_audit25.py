@@ -29,3 +29,52 @@ def test_a_straggler_of_factor_one_changes_nothing(schedule):
     idle = experiment_from_dict(doc)
     assert representatives_for(idle, "fast") == representatives_for(healthy, "fast")
     assert run_experiment(idle, fidelity="fast").step_time == run_experiment(healthy, fidelity="fast").step_time
+
+
+def test_a_sweep_says_why_points_did_not_run_even_when_others_did(tmp_path, capsys):
+    """A typo in a grid value is an ``invalid`` row beside feasible ones: its reason is on stderr, not only in
+    the table's reason column (it used to be printed only when no point at all was feasible)."""
+    import yaml
+
+    from simulator.cli import main
+
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "tiny"},
+           "parallel": {"tp": 1, "pp": 1, "micro_batch": 1, "global_batch": 8}, "training": {"seq_len": 128}}
+    path = tmp_path / "base.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    rc = main(["sweep", str(path), "--grid", "parallel.tp=1,x", "--jobs", "1", "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert "2 points: 1 ok, 1 invalid" in captured.out
+    assert "# 1 invalid: parallel.tp: must be a positive integer, got 'x'" in captured.err
+
+
+def test_fp8_mfu_says_what_peak_it_is_of(tmp_path, capsys):
+    """FP8 training's MFU is of the dense bf16 peak (989 TFLOP/s on an H100 SXM, NVIDIA's datasheet), which FP8
+    GEMMs run above, so it can pass 100%: the run says so (a hunt read "MFU 104.5 %" with nothing beside it)."""
+    import yaml
+
+    from simulator.cli import main
+
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "tiny"},
+           "parallel": {"tp": 1, "pp": 1, "micro_batch": 1, "global_batch": 8}, "training": {"seq_len": 128}}
+    for dtype in ("fp8", "bf16"):
+        doc["training"]["dtype"] = dtype
+        path = tmp_path / f"{dtype}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        assert main(["run", str(path), "--no-progress"]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("MFU"))
+        assert ("MFU is of the dense bf16 peak, 989 TFLOP/s" in line) == (dtype == "fp8"), line
+    exp = experiment_from_dict(doc)
+    assert run_experiment(exp).summary["mfu_peak_tflops"] == pytest.approx(989, rel=1e-3)
+
+
+def test_plan_of_one_gpu_has_no_bisection_to_print(tmp_path, capsys):
+    """One GPU has no half to cut: the text says n/a instead of ``nan B/s per GPU``."""
+    from simulator.cli import main
+
+    path = tmp_path / "one.yaml"
+    path.write_text("cluster: {preset: dgx-h100, nodes: 1, gpus_per_node: 1}\n")
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out and "bisection     n/a (one GPU)" in out
