@@ -78,3 +78,27 @@ def test_plan_of_one_gpu_has_no_bisection_to_print(tmp_path, capsys):
     assert main(["plan", str(path)]) == 0
     out = capsys.readouterr().out
     assert "nan" not in out and "bisection     n/a (one GPU)" in out
+
+
+def test_a_capacity_that_drops_nothing_routes_as_dropless_under_tp():
+    """Under TP each router draws its own share (test_audit22); the shares are now a split of the dropless
+    draw, so a capacity no expert reaches leaves the routing, and the step, as dropless (a hunt: capacity 1000
+    at TP 2 moved layer 0's expert loads from [1668, 6157, ...] to [1788, 6203, ...] with nothing dropped)."""
+    import numpy as np
+
+    from workloads.moe import RoutingModel, route_layer
+
+    for routers in (2, 4):
+        free = route_layer(8, 2, 4096, 4, RoutingModel("zipf", zipf_s=1.0), 3, routers=routers)
+        capped = route_layer(8, 2, 4096, 4, RoutingModel("zipf", zipf_s=1.0, capacity_factor=1000.0), 3,
+                             routers=routers)
+        assert capped.dropped == 0
+        assert np.array_equal(free.choices, capped.choices) and np.array_equal(free.kept, capped.kept)
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1},
+           "model": {"preset": "mixtral-8x7b", "layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 8,
+                     "ffn_hidden": 2048, "moe_ffn_hidden": 2048, "vocab": 32000},
+           "parallel": {"tp": 2, "dp": 4, "ep": 4, "micro_batch": 1, "global_batch": 8, "sequence_parallel": True},
+           "training": {"seq_len": 1024}, "moe": {"routing": "zipf", "zipf_s": 1.0}}
+    dropless = run_experiment(experiment_from_dict(doc)).step_time
+    doc["moe"]["capacity_factor"] = 1000
+    assert run_experiment(experiment_from_dict(doc)).step_time == dropless
