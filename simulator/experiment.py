@@ -1004,8 +1004,11 @@ def _mean_breakdown(stages: list[dict]) -> dict[str, float]:
 def expert_load_table(step: TrainingStep) -> pd.DataFrame:
     """One row per (MoE layer, expert): tokens routed to it and kept under capacity, summed over the EP group
     and over one replica's micro-batches (``moe.draw: micro_batch``; one micro-batch with ``draw: layer``),
-    and the EP rank (within the group) that holds it."""
-    cols: dict[str, list] = {"layer": [], "expert": [], "ep_rank": [], "tokens_routed": [], "tokens_kept": []}
+    the token slots it processes (``slots``: the kept tokens, or every source's capacity under
+    ``moe.pad_to_capacity``; what the summary's ``rank_load_tokens`` sums per EP rank), and the EP rank
+    (within the group) that holds it."""
+    cols: dict[str, list] = {"layer": [], "expert": [], "ep_rank": [], "tokens_routed": [], "tokens_kept": [],
+                             "slots": []}
     for layer, r in step.routes.items():
         experts = r.choices.shape[1]
         per_rank = experts // r.choices.shape[0]
@@ -1015,6 +1018,7 @@ def expert_load_table(step: TrainingStep) -> pd.DataFrame:
         cols["ep_rank"].append(expert // per_rank)
         cols["tokens_routed"].append(r.choices.sum(axis=0).astype(np.int64))
         cols["tokens_kept"].append(r.kept.sum(axis=0).astype(np.int64))
+        cols["slots"].append(r.expert_load.astype(np.int64))
     import pandas as pd  # here: a run builds this frame only when ``result.expert_load`` is read
 
     if not step.routes:

@@ -102,3 +102,21 @@ def test_a_capacity_that_drops_nothing_routes_as_dropless_under_tp():
     dropless = run_experiment(experiment_from_dict(doc)).step_time
     doc["moe"]["capacity_factor"] = 1000
     assert run_experiment(experiment_from_dict(doc)).step_time == dropless
+
+
+def test_expert_load_table_reconciles_with_the_rank_loads_under_padding():
+    """Under ``pad_to_capacity`` every source sends its capacity, ceil(T·k / E · c) = ceil(256 · 2 / 8 · 1) = 64
+    slots, to every expert: 4 sources x 64 = 256 slots per expert, whatever was kept; the table's ``slots`` say
+    so and sum per EP rank to the summary's ``rank_load_tokens`` (the table had only the kept tokens)."""
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1},
+           "model": {"preset": "mixtral-8x7b", "layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 8,
+                     "ffn_hidden": 2048, "moe_ffn_hidden": 2048, "vocab": 32000},
+           "parallel": {"tp": 1, "dp": 8, "ep": 4, "micro_batch": 1, "global_batch": 8},
+           "training": {"seq_len": 256},
+           "moe": {"routing": "zipf", "zipf_s": 1.0, "capacity_factor": 1.0, "pad_to_capacity": True}}
+    res = run_experiment(experiment_from_dict(doc))
+    table = res.expert_load
+    assert (table["slots"] == 4 * 64).all()
+    assert (table["tokens_kept"] <= table["slots"]).all() and (table["tokens_kept"] < table["slots"]).any()
+    per_rank = table.groupby("ep_rank")["slots"].sum().tolist()
+    assert per_rank == res.summary["moe"]["rank_load_tokens"]
