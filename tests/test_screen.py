@@ -55,21 +55,31 @@ def _layout(df: pd.DataFrame) -> pd.Series:
 @pytest.fixture(scope="module")
 def both_ways():
     """The agreement sweep in ``screen`` and in ``fast`` (the reference: every flow simulated)."""
-    screened = simulator.sweep(AGREEMENT, GRID, fidelity="screen", jobs=1, progress=False)
-    fast = simulator.sweep(AGREEMENT, GRID, fidelity="fast", jobs=1, progress=False)
-    return screened, fast
+    return _both(AGREEMENT, GRID)
+
+
+def _agree(screened: pd.DataFrame, fast: pd.DataFrame, spearman: float, top: int, error: float) -> None:
+    """The screened sweep ranks as ``fast`` does: Spearman's rank correlation of step time at least ``spearman``,
+    the ``top`` best layouts the same and in the same order (the tables come ranked), every step within
+    ``error`` (relative)."""
+    s = screened.set_index(_layout(screened))["step_time_s"]
+    f = fast.set_index(_layout(fast))["step_time_s"].reindex(s.index)
+    assert _spearman(s, f) >= spearman
+    assert list(_layout(screened).head(top)) == list(_layout(fast).head(top))
+    assert ((s / f - 1).abs() < error).all(), (s / f - 1).abs().max()
+
+
+def _both(doc: dict, grid: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``doc`` swept over ``grid`` in ``screen`` and in ``fast``."""
+    return (simulator.sweep(doc, grid, fidelity="screen", jobs=1, progress=False),
+            simulator.sweep(doc, grid, fidelity="fast", jobs=1, progress=False))
 
 
 def test_screen_ranks_layouts_as_fast_does(both_ways):
     screened, fast = both_ways
     assert set(screened["status"]) == set(fast["status"]) == {"ok"}
     assert set(screened["fidelity"]) == {"screen"} and set(fast["fidelity"]) == {"fast"}
-    s = screened.set_index(_layout(screened))["step_time_s"]
-    f = fast.set_index(_layout(fast))["step_time_s"].reindex(s.index)
-    assert _spearman(s, f) >= 0.98
-    # The tables come ranked: the five best layouts are the same five, in the same order.
-    assert list(_layout(screened).head(5)) == list(_layout(fast).head(5))
-    assert ((s / f - 1).abs() < 0.05).all(), (s / f - 1).abs().max()
+    _agree(screened, fast, spearman=0.98, top=5, error=0.05)
 
 
 def test_screen_ranks_stages_that_share_leaves():
@@ -79,13 +89,7 @@ def test_screen_ranks_stages_that_share_leaves():
     doc["parallel"]["placement"] = ["tp", "pp", "dp"]
     doc["cluster"]["oversubscription"] = 4
     grid = {"layout": ["1x2x32", "2x2x16", "1x4x16", "2x4x8", "4x2x8", "1x8x8", "4x4x4", "8x2x4"]}
-    screened = simulator.sweep(doc, grid, fidelity="screen", jobs=1, progress=False)
-    fast = simulator.sweep(doc, grid, fidelity="fast", jobs=1, progress=False)
-    s = screened.set_index(_layout(screened))["step_time_s"]
-    f = fast.set_index(_layout(fast))["step_time_s"].reindex(s.index)
-    assert _spearman(s, f) >= 0.95
-    assert list(_layout(screened).head(3)) == list(_layout(fast).head(3))
-    assert ((s / f - 1).abs() < 0.15).all(), (s / f - 1).abs().max()
+    _agree(*_both(doc, grid), spearman=0.95, top=3, error=0.15)
 
 
 def test_screen_prices_tp_groups_that_leave_their_servers():
@@ -97,13 +101,7 @@ def test_screen_prices_tp_groups_that_leave_their_servers():
     doc["model"]["layers"] = 8
     grid = {"layout": ["1x1x64", "2x1x32", "1x2x32", "2x2x16", "1x4x16", "2x4x8", "4x1x16", "4x2x8", "8x1x8",
                        "8x2x4", "4x4x4"], "cluster.oversubscription": [1, 4]}
-    screened = simulator.sweep(doc, grid, fidelity="screen", jobs=1, progress=False)
-    fast = simulator.sweep(doc, grid, fidelity="fast", jobs=1, progress=False)
-    s = screened.set_index(_layout(screened))["step_time_s"]
-    f = fast.set_index(_layout(fast))["step_time_s"].reindex(s.index)
-    assert _spearman(s, f) >= 0.98
-    assert list(_layout(screened).head(5)) == list(_layout(fast).head(5))
-    assert ((s / f - 1).abs() < 0.15).all(), (s / f - 1).abs().max()
+    _agree(*_both(doc, grid), spearman=0.98, top=5, error=0.15)
 
 
 def test_a_boundary_inside_a_leaf_is_not_charged_for_the_uplinks():
