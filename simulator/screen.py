@@ -58,6 +58,7 @@ what is not modelled.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -182,10 +183,12 @@ def _share_tuning(fabric: Fabric, kind: str, groups: Sequence[tuple[int, ...]], 
                   algorithm: str) -> None:
     """Let every group of ``groups`` take the algorithm and protocol NCCL's tuner picks for the first.
 
-    The groups one collective runs over at once (the DP groups of a stage, one per TP rank) are translates
-    of each other on identical hardware, so their contention-free estimates, and the tuner's pick, are the
-    same; estimating each (routing every candidate) was half of the screen's time. Only the fabric's cache
-    of picks is seeded; planning and routing stay the fabric's.
+    The groups one collective runs over at once (the DP groups of a stage, one per TP rank; the TP groups of
+    a stage, one per DP replica) are translates of each other on identical hardware, so their
+    contention-free estimates, and the tuner's pick, are the same; estimating each (routing every candidate)
+    was half of the screen's time. A group split over servers otherwise than the first (how many members
+    each of its servers holds: a placement that strides groups over servers of another size) is left to the
+    tuner. Only the fabric's cache of picks is seeded; planning and routing stay the fabric's.
     """
     cache = getattr(fabric, "_auto_cache", None)
     if algorithm != "auto" or len(groups) < 2 or not isinstance(cache, dict):
@@ -196,8 +199,15 @@ def _share_tuning(fabric: Fabric, kind: str, groups: Sequence[tuple[int, ...]], 
     pick = cache.get(first)
     if pick is None:
         return
+    server_of = fabric.server_of
+
+    def split(group: tuple[int, ...]) -> list[int]:
+        """Members per server, largest first."""
+        return sorted(Counter(server_of(r) for r in group).values(), reverse=True)
+
+    first_split = split(groups[0])
     for g in groups[1:]:
-        if len(g) == len(groups[0]):
+        if len(g) == len(groups[0]) and split(g) == first_split:
             cache.setdefault((kind, g, nbytes, algorithm), pick)
 
 

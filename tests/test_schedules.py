@@ -159,11 +159,16 @@ def test_equal_boundaries_are_the_scalar_comm(kind, v):
     assert simulate_unit_times(sched, 1.0, 2.0, [c] * (p * v - 1), tw) == simulate_unit_times(sched, 1.0, 2.0, c, tw)
 
 
-def test_a_slower_boundary_never_shortens_the_step():
-    sched = pipeline_schedule("1f1b", 4, 8)
-    base, _ = simulate_unit_times(sched, 1.0, 2.0, [0.2, 0.2, 0.2])
-    for j in range(3):
-        comm = [0.2, 0.2, 0.2]
+@pytest.mark.parametrize("kind, v", [("1f1b", 1), ("interleaved", 2)])
+def test_a_slower_boundary_lengthens_the_step_twice_over(kind, v):
+    """The first micro-batch's forward crosses every boundary, chunk after chunk (the interleaved chain's wrap
+    from the last rank back to the first included), and the last one's backward crosses them all again: each
+    boundary's extra seconds count at least twice."""
+    sched = pipeline_schedule(kind, 4, 8, v)
+    n = 4 * v - 1
+    base, _ = simulate_unit_times(sched, 1.0, 2.0, [0.2] * n)
+    for j in range(n):
+        comm = [0.2] * n
         comm[j] = 0.9
         assert simulate_unit_times(sched, 1.0, 2.0, comm)[0] >= base + 2 * 0.7 - 1e-9
 

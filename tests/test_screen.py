@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -124,6 +125,33 @@ def test_a_boundary_inside_a_leaf_is_not_charged_for_the_uplinks():
         assert times[j] == pytest.approx(alone, rel=1e-12)
     for j in (1, 3, 5):
         assert times[j] >= latency + 2 * wire / fabric.usable_capacity[links].min() - 1e-12
+
+
+class _OwnLinkFabric:
+    """A fabric where every send ``a -> z`` has a link of its own (id ``16 a + z``), 1 byte/s unless told: a
+    send of 1 byte takes ``1 / capacity`` seconds whatever else runs."""
+
+    def __init__(self, slow: dict[tuple[int, int], float]) -> None:
+        self.usable_capacity = np.ones(16 * 16)
+        for (a, z), capacity in slow.items():
+            self.usable_capacity[16 * a + z] = capacity
+
+    def send_specs(self, srcs: tuple[int, ...], dsts: tuple[int, ...], nbytes: float) -> tuple[tuple, ...]:
+        return tuple((np.array([16 * a + z]), nbytes, 0.0, nbytes) for a, z in zip(srcs, dsts))
+
+
+def test_the_pipeline_is_priced_by_the_replica_whose_transfers_sum_the_largest():
+    """3 stages of 2 DP replicas x 2 TP members (stage s holds ranks 4s .. 4s + 3, replica d's members 4s + 2d
+    and 4s + 2d + 1). Replica 1's member 0 sends forward over boundary 0 at a quarter of the rate (4 s);
+    replica 0's member 0 sends its gradient back over boundary 1 at 0.4 (2.5 s); everything else takes 1 s.
+    Replica 1's transfers sum to 4 + 1 = 5 s, replica 0's to 1 + 2.5 = 3.5 s: the pipeline is replica 1's,
+    [4, 1], not each boundary's worst, [4, 2.5] (a replica slowed at one boundary does not wait for another's
+    collision at the next)."""
+    block = [[4 * s + i for i in range(4)] for s in range(3)]
+    fabric = _OwnLinkFabric({(2, 6): 0.25, (8, 4): 0.4})
+    assert screen.boundary_transfer_times(fabric, block, 1.0, 3, tp=2) == [4.0, 1.0]
+    fabric = _OwnLinkFabric({(2, 6): 0.25, (8, 4): 0.1})  # replica 0 now sums 1 + 10
+    assert screen.boundary_transfer_times(fabric, block, 1.0, 3, tp=2) == [1.0, 10.0]
 
 
 @pytest.mark.parametrize("schedule, chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4),

@@ -96,7 +96,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from numbers import Integral
+from numbers import Integral, Real
 
 __all__ = [
     "SCHEDULE_KINDS",
@@ -660,8 +660,8 @@ def holding_changes(actions: Sequence[PipeAction]) -> tuple[int, ...]:
 
 
 def _per_vstage(value: float | Sequence[float], n: int, name: str) -> list[float]:
-    """Broadcast a scalar or validate a per-virtual-stage sequence."""
-    if isinstance(value, (int, float)):
+    """Broadcast a scalar (a Python or numpy real) or validate a per-virtual-stage sequence."""
+    if isinstance(value, Real):
         return [float(value)] * n
     vals = [float(x) for x in value]
     if len(vals) != n:
@@ -711,7 +711,11 @@ def simulate_unit_times(
         sequence gives one value per boundary: entry ``j`` is the transfer
         between chain positions ``j`` and ``j + 1``, either way (``n - 1``
         entries for ``n`` positions), so a boundary that crosses a slow tier
-        need not price the fast ones.
+        need not price the fast ones. Positions are
+        :func:`chain_position`'s: under ``dualpipe`` chunk 1's run backwards
+        (its position ``j`` is on rank ``p - 1 - j``), so there entry ``j``
+        is the link between ranks ``j`` and ``j + 1`` for chunk 0 and between
+        ranks ``p - 1 - j`` and ``p - 2 - j`` for chunk 1.
     t_wgrad : float or sequence of float, optional
         Duration of a ``W`` action. ``t_bwd`` is then the input gradient
         alone, and a ``B`` with no ``W`` of its own (a full backward) takes
@@ -750,7 +754,7 @@ def simulate_unit_times(
     tf = _per_vstage(t_fwd, n_vs, "t_fwd")
     tb = _per_vstage(t_bwd, n_vs, "t_bwd")
     tw = _per_vstage(t_wgrad, n_vs, "t_wgrad")
-    boundary = _per_vstage(comm, max(n_vs - 1, 0), "comm") if not isinstance(comm, (int, float)) else None
+    boundary = None if isinstance(comm, Real) else _per_vstage(comm, max(n_vs - 1, 0), "comm")
     if (min(boundary, default=0.0) if boundary is not None else comm) < 0:
         raise ValueError(f"comm must be >= 0, got {comm}")
     split = [{(a.micro_batch, a.chunk) for a in acts if a.phase == "W"} for acts in schedule]
