@@ -95,7 +95,14 @@ def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8, fie
         if any(faults):
             print(faults_not_applied(spec), file=sys.stderr)
         return cluster
-    return build_cluster(preset_section(spec, field))  # a preset, or PRESET:NODES
+    section = preset_section(spec, field)  # a preset, or PRESET:NODES
+    try:
+        return build_cluster(section)
+    except ValueError as exc:  # (an unknown preset is named as the user gave it: the option, not a file's field)
+        text = str(exc)
+        if field != "cluster" and text.startswith("cluster.preset:"):
+            raise ValueError(f"{field}:{text[len('cluster.preset:'):]}") from None
+        raise
 
 
 def _top_level(path: str, key: str) -> object:

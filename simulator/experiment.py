@@ -267,8 +267,10 @@ def _check_moe_section(model: ModelSpec, routing: RoutingModel) -> None:
     step is built). A ``moe:`` section on a dense model is a note (:func:`unused_settings`), not an error: the
     README's annotated file shows every section on one dense model."""
     load = routing.expert_load
-    if model.is_moe and routing.kind == "custom" and load is not None and len(load) != model.experts:
-        raise ConfigError(f"moe.expert_load: has {len(load)} entries but the model has {model.experts} experts")
+    if model.is_moe and routing.kind == "custom" and load is not None:
+        if len(load) != model.experts:
+            raise ConfigError(f"moe.expert_load: has {len(load)} entries but the model has {model.experts} experts")
+        routing.choice_probabilities(model.experts, model.top_k)  # (fewer loaded experts than top_k: refused)
 
 
 def _compute_from_dict(section: Mapping) -> dict:

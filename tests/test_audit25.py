@@ -118,3 +118,26 @@ def test_expert_load_table_reconciles_with_the_rank_loads_under_padding():
     assert (table["tokens_kept"] <= table["slots"]).all() and (table["tokens_kept"] < table["slots"]).any()
     per_rank = table.groupby("ep_rank")["slots"].sum().tolist()
     assert per_rank == res.summary["moe"]["rank_load_tokens"]
+
+
+def test_too_few_loaded_experts_is_refused_with_the_files_name(tmp_path, capsys):
+    """A custom expert load with fewer loaded experts than top_k is refused when the file is read, named with
+    the file as every other field's error (it was found when the step was built, without the file)."""
+    from simulator.cli import main
+
+    path = tmp_path / "load.yaml"
+    path.write_text("cluster: {preset: dgx-h100, nodes: 1}\nmodel: {preset: tiny, experts: 8, top_k: 2}\n"
+                    "parallel: {tp: 1, pp: 1, ep: 4, micro_batch: 1, global_batch: 8}\ntraining: {seq_len: 128}\n"
+                    "moe: {routing: custom, expert_load: [1, 0, 0, 0, 0, 0, 0, 0]}\n")
+    assert main(["run", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"clustersim: error: {path}: moe.expert_load: 1 experts with a load, but every token picks "
+                   f"top_k = 2 distinct experts; give at least 2 a positive load")
+
+
+def test_an_unknown_preset_given_as_an_option_names_the_option(capsys):
+    from simulator.cli import main
+
+    assert main(["collective", "--cluster", "foo", "--op", "all_reduce"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("clustersim: error: --cluster: unknown preset 'foo'; valid: dgx-a100")
