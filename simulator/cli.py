@@ -428,14 +428,20 @@ def _jobs():
         p.add_argument("--links", type=int, default=10, metavar="N", help="shared links listed (default 10)")
 
     def run(args: argparse.Namespace) -> int:
-        from .experiment import read_experiment_file
+        from workloads.errors import with_prefix
+        from workloads.op_budget import StepTooLargeError
+
+        from .experiment import OutOfMemoryError, read_experiment_file
         from .jobs import JOBS_SECTIONS, job_notes, load_jobs, run_jobs
         if args.links < 0:
             raise ValueError(f"--links: must be >= 0, got {args.links}")
         spec = load_jobs(args.file)
         for note in job_notes(spec, read_experiment_file(args.file, JOBS_SECTIONS)):
             print(f"clustersim: note: {note}", file=sys.stderr)
-        result = run_jobs(spec, force=args.force)
+        try:
+            result = run_jobs(spec, force=args.force)
+        except (OutOfMemoryError, StepTooLargeError) as exc:  # (found after loading: named by its file)
+            raise with_prefix(exc, args.file) from None
         for note in result.notes:
             print(f"clustersim: note: {note}", file=sys.stderr)
         if args.json:

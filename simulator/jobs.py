@@ -51,11 +51,13 @@ from workloads.ops import OpGraph, merge_graphs
 
 from .engine import Engine, RunRecord, paused_gc
 from .experiment import (
+    FORCE_HINT,
     Experiment,
     OutOfMemoryError,
     build_step,
     experiment_from_dict,
     label,
+    memory_hint,
     read_experiment_file,
     representatives_for,
 )
@@ -315,9 +317,10 @@ def run_jobs(spec: JobsSpec, *, force: bool = False) -> JobsResult:
         for job in spec.jobs:
             exp = job.experiment
             memory = exp.memory()
-            if not memory.fits(cluster.gpu.hbm_bytes) and not force:
+            if not memory.fits(cluster.gpu.hbm_bytes) and not force:  # (as run says it: what would fit)
                 raise OutOfMemoryError(f"job {job.name!r}: out of memory: {memory.describe()} > "
-                                       f"{cluster.gpu.hbm_bytes / 1e9:.0f} GB (use --force to simulate anyway)")
+                                       f"{cluster.gpu.hbm_bytes / 1e9:.0f} GB of {cluster.gpu.name}",
+                                       f"{memory_hint(exp)}{FORCE_HINT}").with_remedies(exp)
             step = build_step(exp, representatives_for(exp, exp.fidelity), force, what=f"job {job.name!r}: ")
             graphs.append(step.graph)
 

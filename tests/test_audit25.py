@@ -141,3 +141,32 @@ def test_an_unknown_preset_given_as_an_option_names_the_option(capsys):
     assert main(["collective", "--cluster", "foo", "--op", "all_reduce"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("clustersim: error: --cluster: unknown preset 'foo'; valid: dgx-a100")
+
+
+def test_max_tp_without_an_auto_layout_is_refused(tmp_path, capsys):
+    """``--max-tp`` bounds ``layout: auto``; on a grid without it, it was silently ignored."""
+    from simulator.cli import main
+
+    rc = main(["sweep", "examples/demo.yaml", "--grid", "parallel.tp=1,2", "--max-tp", "4", "--no-progress",
+               "-o", str(tmp_path / "out.csv")])
+    assert rc == 2
+    assert capsys.readouterr().err.strip() == ("clustersim: error: max_tp: 4 bounds tp in layout: auto, which this "
+                                               "grid does not sweep; give --grid layout=auto, or list parallel.tp "
+                                               "values")
+
+
+def test_a_job_out_of_memory_is_named_with_its_file_and_what_to_lower(tmp_path, capsys):
+    """``clustersim jobs``' out-of-memory error starts with the file, as ``run``'s does, and says what to lower
+    (it had neither)."""
+    from simulator.cli import main
+
+    path = tmp_path / "jobs.yaml"
+    path.write_text("cluster: {preset: dgx-h100, nodes: 2}\njobs:\n"
+                    "  - {name: a, nodes: 1, model: {preset: llama3-8b}, training: {seq_len: 8192},\n"
+                    "     parallel: {tp: 1, pp: 1, zero: 0, micro_batch: 8, global_batch: 64}}\n"
+                    "  - {name: b, nodes: 1, model: {preset: tiny}, training: {seq_len: 128},\n"
+                    "     parallel: {tp: 1, pp: 1, micro_batch: 1, global_batch: 8}}\n")
+    assert main(["jobs", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"clustersim: error: {path}: job 'a': out of memory: stage 0: ")
+    assert "parallel.recompute: full" in err and err.endswith("(or use --force to simulate anyway)")

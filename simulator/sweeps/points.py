@@ -206,6 +206,9 @@ def expand_grid(base: Mapping, grid: Grid, *, max_tp: int | None = None) -> list
     autos: list[Callable[[Mapping], list[dict[str, Any]]]] = []  # expansion order: layout, then micro-batch
     if grid.get(LAYOUT) == AUTO:
         autos.append(lambda doc: _auto_layouts(doc, clusters, max_tp))
+    elif max_tp is not None:  # (it would be silently ignored)
+        raise ValueError(f"max_tp: {max_tp} bounds tp in layout: auto, which this grid does not sweep; give "
+                         f"--grid layout=auto, or list parallel.tp values")
     if grid.get("parallel.micro_batch") == AUTO:
         autos.append(lambda doc: _auto_micro_batches(doc, clusters))
     points: dict[str, Point] = {}
