@@ -170,3 +170,16 @@ def test_a_job_out_of_memory_is_named_with_its_file_and_what_to_lower(tmp_path, 
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"clustersim: error: {path}: job 'a': out of memory: stage 0: ")
     assert "parallel.recompute: full" in err and err.endswith("(or use --force to simulate anyway)")
+
+
+def test_a_sweeps_progress_bar_stays_off_a_redirected_stderr():
+    """Like ``clustersim run``'s, the sweep's text bar is drawn on a terminal only (a hunt found it written into
+    a redirected stderr); here stderr is pytest's capture, not a terminal."""
+    import sys
+
+    from simulator.sweeps.driver import _progress
+
+    assert not sys.stderr.isatty()
+    bar = _progress(10, True)
+    assert bar.disable
+    bar.close()

@@ -6,6 +6,7 @@ import contextlib
 import copy
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -260,8 +261,12 @@ class _Recorder:
 
 
 def _progress(total: int, enabled: bool):
+    """The sweep's progress bar: a notebook widget in a notebook, a text bar on a terminal, none when stderr
+    goes to a file or a pipe (as ``clustersim run``'s bar), or when not ``enabled``."""
     if enabled:
         from tqdm.auto import tqdm  # a notebook widget where there is one
+        widget = "notebook" in tqdm.__module__  # (tqdm.auto is tqdm.notebook's class in a notebook)
+        enabled = widget or sys.stderr.isatty()
     else:
         from tqdm import tqdm  # disabled: no notebook detection (it warns without ipywidgets)
     # No monitor thread: a thread left running would make the next sweep's pool fork a threaded process
