@@ -47,6 +47,12 @@ class TopologyError(ValueError):
     """Invalid cluster description: the message names the field and what is valid."""
 
 
+def node_name(node: Hashable) -> str:
+    """A graph node as files and messages name it: ``("spine", 1)`` -> ``"spine:1"``, ``("gpu", 0, 3)`` ->
+    ``"gpu:0:3"`` (a custom fabric's own id as it is)."""
+    return ":".join(str(x) for x in node) if isinstance(node, tuple) else str(node)
+
+
 class PicklesProxies:
     """Pickling and deep copies for a dataclass whose fields may be read-only mapping proxies (the catalogues'
     ``GPUSpec.peak_flops``, ``PlanOptions.components``), which neither handles: it is rebuilt from its fields,

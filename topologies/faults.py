@@ -42,7 +42,7 @@ from typing import NoReturn
 
 import networkx as nx
 
-from topologies.cluster import TIERS, Cluster, TopologyError
+from topologies.cluster import TIERS, Cluster, TopologyError, node_name
 from topologies.custom import node_label
 from topologies.units import BARE_BANDWIDTH_MIN, parse_link_latency
 
@@ -56,11 +56,6 @@ _FIELDS = {"link_down": ("link",), "switch_down": ("switch",), "degraded_link": 
            "nic_down": ("gpu",), "latency": ("tier", "extra"), "straggler": ("gpu", "factor")}
 MIN_FRACTION = 1e-6
 """The smallest ``degraded_link`` fraction: below it a cable is as good as down (use ``link_down``)."""
-
-
-def node_name(node: Hashable) -> str:
-    """``("spine", 1)`` -> ``"spine:1"``."""
-    return ":".join(str(x) for x in node) if isinstance(node, tuple) else str(node)
 
 
 def parse_node(text: object, cluster: Cluster, field: str) -> Hashable:

@@ -12,7 +12,7 @@ from numbers import Real
 
 import networkx as nx
 
-from topologies.cluster import LINK_KINDS, NODE_KINDS, TIERS, Cluster, TopologyError, check_cluster
+from topologies.cluster import LINK_KINDS, NODE_KINDS, TIERS, Cluster, TopologyError, check_cluster, node_name
 
 __all__ = ["validate_cluster"]
 
@@ -26,7 +26,7 @@ def _is_number(x: object) -> bool:
 
 def _bad_edge(u: object, v: object, data: dict) -> None:
     """Raise the error that edge ``u -> v`` deserves (the first failed check, in the documented order)."""
-    where = f"edge {u!r} -> {v!r}"
+    where = f"edge {node_name(u)} -> {node_name(v)}"
     for attr in ("bandwidth", "latency", "kind", "tier"):
         if attr not in data:
             raise TopologyError(f"{where}: missing attribute {attr!r}")
@@ -83,13 +83,13 @@ def validate_cluster(cluster: Cluster) -> Cluster:
 
     for n, data in g.nodes(data=True):
         if "kind" not in data:
-            raise TopologyError(f"node {n!r}: missing attribute 'kind'")
+            raise TopologyError(f"node {node_name(n)}: missing attribute 'kind'")
         if data["kind"] not in NODE_KINDS:
-            raise TopologyError(f"node {n!r}: kind {data['kind']!r} is not one of {', '.join(NODE_KINDS)}")
+            raise TopologyError(f"node {node_name(n)}: kind {data['kind']!r} is not one of {', '.join(NODE_KINDS)}")
         if "server" not in data:
-            raise TopologyError(f"node {n!r}: missing attribute 'server'")
+            raise TopologyError(f"node {node_name(n)}: missing attribute 'server'")
         if not isinstance(data["server"], int) or isinstance(data["server"], bool):
-            raise TopologyError(f"node {n!r}: server {data['server']!r} is not an integer")
+            raise TopologyError(f"node {node_name(n)}: server {data['server']!r} is not an integer")
 
     adj = g.adj
     for u, nbrs in g.adjacency():
@@ -99,13 +99,14 @@ def validate_cluster(cluster: Cluster) -> Cluster:
                     or data.get("kind") not in LINK_KINDS or data.get("tier") not in TIERS):
                 _bad_edge(u, v, data)
             if u not in adj[v]:
-                raise TopologyError(f"edge {u!r} -> {v!r}: has no reverse edge {v!r} -> {u!r} (links are full duplex)")
+                a, z = node_name(u), node_name(v)
+                raise TopologyError(f"edge {a} -> {z}: has no reverse edge {z} -> {a} (links are full duplex)")
             if data["tier"] == "nvlink" and g.nodes[u]["server"] != g.nodes[v]["server"]:
                 # A server is one NVLink domain: the planners (hierarchical stages, PXN, NCCL's intra-node
                 # latencies) and the node-level traffic views read "same server" as "joined by NVLink".
-                raise TopologyError(f"edge {u!r} -> {v!r}: an NVLink link joins server {g.nodes[u]['server']} and "
-                                    f"server {g.nodes[v]['server']}; an NVLink domain is one server (give both "
-                                    f"ends the same server, or cable them through NICs)")
+                raise TopologyError(f"edge {node_name(u)} -> {node_name(v)}: an NVLink link joins server "
+                                    f"{g.nodes[u]['server']} and server {g.nodes[v]['server']}; an NVLink domain is "
+                                    f"one server (give both ends the same server, or cable them through NICs)")
 
     if not cluster.gpus:
         raise TopologyError("cluster.gpus: is empty")
