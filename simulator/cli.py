@@ -330,13 +330,28 @@ def _json_summary(result) -> str:
     return json.dumps(result.summary, default=float)
 
 
+LONG_RUN_S = 60.0
+"""A run without a progress bar says how long it will take when that is more than this (CPU seconds)."""
+
+
 @contextlib.contextmanager
 def _ops_bar(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
     """A progress callback for :func:`~simulator.experiment.run_experiment` drawing a tqdm bar of the ops
     simulated on stderr, when ``enabled`` and stderr is a terminal (None otherwise: nothing to draw); the bar
-    is cleared when the run ends, so the summary prints as without it."""
+    is cleared when the run ends, so the summary prints as without it. Without a bar, a step long enough to
+    take over a minute (:data:`~workloads.op_budget.CPU_SECONDS_PER_OP`) says so in one note when it starts."""
     if not enabled or not sys.stderr.isatty():
-        yield None
+        from workloads.op_budget import CPU_SECONDS_PER_OP
+        told = False
+
+        def note(done: int, total: int) -> None:
+            nonlocal told
+            if not told and total * CPU_SECONDS_PER_OP >= LONG_RUN_S:
+                print(f"clustersim: note: {total / 1e6:.1f} M ops to simulate, about "
+                      f"{total * CPU_SECONDS_PER_OP / 60:.0f} min of CPU on a 2-core machine", file=sys.stderr)
+            told = True
+
+        yield note
         return
     from tqdm import tqdm
     bar = None

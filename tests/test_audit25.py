@@ -183,3 +183,17 @@ def test_a_sweeps_progress_bar_stays_off_a_redirected_stderr():
     bar = _progress(10, True)
     assert bar.disable
     bar.close()
+
+
+def test_a_long_run_without_a_bar_says_how_long_once(capsys):
+    """Without a progress bar (``--no-progress``, or stderr not a terminal) a step of millions of ops said
+    nothing for minutes; 3 M ops at 30 µs an op (workloads.op_budget) is 90 s of CPU: one note, at the start."""
+    from simulator.cli import _ops_bar
+
+    with _ops_bar(False) as progress:
+        progress(0, 3_000_000)
+        progress(1_500_000, 3_000_000)
+    with _ops_bar(False) as progress:
+        progress(0, 1_000)  # a second of CPU: nothing to say
+    assert capsys.readouterr().err == ("clustersim: note: 3.0 M ops to simulate, about 2 min of CPU on a 2-core "
+                                       "machine\n")

@@ -57,11 +57,16 @@ def test_the_cli_bar_draws_on_a_terminal_only(monkeypatch):
         for done in range(0, 101, 20):
             progress(done, 100)
     assert "simulating" in terminal.getvalue() and "op" in terminal.getvalue()
-    with cli._ops_bar(False) as progress:  # --no-progress
-        assert progress is None
-    monkeypatch.setattr(cli.sys, "stderr", io.StringIO())  # a pipe or a file: nothing to draw
+    drawn = terminal.getvalue()
+    with cli._ops_bar(False) as progress:  # --no-progress: no bar (a short step's note says nothing either)
+        progress(0, 100)
+    assert terminal.getvalue() == drawn
+    pipe = io.StringIO()
+    monkeypatch.setattr(cli.sys, "stderr", pipe)  # a pipe or a file: nothing to draw
     with cli._ops_bar(True) as progress:
-        assert progress is None
+        progress(0, 100)
+        progress(100, 100)
+    assert pipe.getvalue() == ""
 
 
 def test_run_without_a_terminal_prints_no_bar(capsys):
