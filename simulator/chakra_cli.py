@@ -103,13 +103,15 @@ def run_trace(args: argparse.Namespace) -> int:
         ChakraError,
         ChakraWarning,
         TraceEditedWarning,
+        name_trace_nodes,
         read_chakra,
         trace_settings,
         write_chakra,
     )
+    from workloads.ops import OpGraphError
 
     from .cli import check_folder, check_writable, parse_trace_ranks, write_outputs
-    from .engine import Engine, paused_gc
+    from .engine import DeadlockError, Engine, paused_gc
     from .experiment import _faults_from_list, _network_from_dict, _section, read_experiment_file
     from .result import Result
 
@@ -167,10 +169,13 @@ def run_trace(args: argparse.Namespace) -> int:
         print(f"clustersim: note: faults: the straggler on GPU {gpu} has no effect: the trace runs on GPUs "
               f"0..{world - 1}", file=sys.stderr)
         del slowdown[gpu]
-    with paused_gc():
-        # the same trace on the healthy cluster, for the cost of the faults (as run_experiment does)
-        healthy = Engine(graph, healthy_cluster, compute, network).run().step_time_s if faults else None
-        record = Engine(graph, cluster, compute, network, slowdown).run()
+    try:
+        with paused_gc():
+            # the same trace on the healthy cluster, for the cost of the faults (as run_experiment does)
+            healthy = Engine(graph, healthy_cluster, compute, network).run().step_time_s if faults else None
+            record = Engine(graph, cluster, compute, network, slowdown).run()
+    except (OpGraphError, DeadlockError) as exc:  # found running the trace: named by its files' nodes
+        raise type(exc)(f"--chakra: {args.chakra}: {name_trace_nodes(str(exc), graph)}") from None
     result = Result(record, sim_wall_s=time.perf_counter() - t0)
     if healthy is not None:
         result.extra_summary.update({"faults": len(faults), "healthy_step_time_s": healthy,

@@ -7,6 +7,7 @@ import copy
 import pytest
 
 from simulator.experiment import experiment_from_dict, representatives_for, run_experiment
+from workloads.ops import OpGraph
 
 ZB_H1 = {
     "cluster": {"preset": "dgx-h100", "nodes": 4, "nodes_per_leaf": 2, "spines": 2, "oversubscription": 2},
@@ -197,3 +198,59 @@ def test_a_long_run_without_a_bar_says_how_long_once(capsys):
         progress(0, 1_000)  # a second of CPU: nothing to say
     assert capsys.readouterr().err == ("clustersim: note: 3.0 M ops to simulate, about 2 min of CPU on a 2-core "
                                        "machine\n")
+
+
+# ------------------------------------------------------------------ Chakra traces (a hunt's findings)
+def _chakra_helpers():
+    import test_chakra  # (its trace-writing helpers: tests/ is on the path under pytest)
+
+    return test_chakra
+
+
+def test_a_trace_error_found_while_simulating_names_the_file_and_node(tmp_path, capsys):
+    """Ranks whose all-reduces disagree are found when the trace runs, not when it is read: the error named
+    clustersim's own op ids (``rank 1 op 5``), which no trace holds; it names the rank file and node now."""
+    from simulator.cli import main
+
+    tc = _chakra_helpers()
+    programs = [[tc.node(0, tc.COMP, "gemm", duration_us=10), tc.coll(1, tc.ALL_REDUCE, 1 << 20, deps=[0], name="ar")]
+                for _ in range(2)]
+    programs[1][1] = tc.coll(1, tc.ALL_REDUCE, 1000, deps=[0], name="ar")
+    folder = tc.write_trace(tmp_path / "trace", programs)
+    assert main(["run", "--chakra", str(folder), "--cluster", "dgx-h100:1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"clustersim: error: --chakra: {folder}: t.1.et node 1 collective 'ar': all_reduce of "
+                          f"1000 B does not match t.0.et node 1 collective 'ar'"), err
+
+
+def test_a_trace_without_collectives_does_not_keep_an_older_traces_groups(tmp_path):
+    """``write_chakra`` into a folder holding an older trace's ``comm_group.json`` left it there, and the new
+    trace (with no collectives of its own) was then read with the old groups."""
+    from workloads.chakra import read_chakra, write_chakra
+
+    folder = tmp_path / "trace"
+    with_groups = OpGraph(4)
+    with_groups.collective("all_reduce", (0, 1, 2, 3), 1e6)
+    write_chakra(with_groups, folder)
+    assert (folder / "clustersim.comm_group.json").exists()
+    for rank in (2, 3):
+        (folder / f"clustersim.{rank}.et").unlink()
+    sends = OpGraph(2)
+    sends.send(0, 1, 1e6)
+    sends.recv(1, 0, 1e6)
+    write_chakra(sends, folder)
+    assert not (folder / "clustersim.comm_group.json").exists()
+    assert len(read_chakra(folder).ops) == 2
+
+
+def test_a_newer_schemas_node_type_is_named(tmp_path):
+    """mlcommons/chakra's et_def.proto (6dc63e1) added STORAGE_NODE = 8, BATCH_NODE = 9, CHECKPOINT_NODE = 10;
+    a trace with one read "unknown node type 8"."""
+    from workloads.chakra import ChakraError, read_chakra
+
+    tc = _chakra_helpers()
+    folder = tc.write_trace(tmp_path / "trace", [[tc.node(0, tc.COMP, "gemm", duration_us=10),
+                                                   tc.node(1, 8, "ckpt_read", deps=[0])]])
+    with pytest.raises(ChakraError, match=r"t\.0\.et: node 1 \('ckpt_read'\) is a STORAGE_NODE \(node type 8, "
+                                          r"from a newer Chakra schema\), which clustersim does not model"):
+        read_chakra(folder)

@@ -49,8 +49,10 @@ Reading a trace clustersim did not write
 ----------------------------------------
 * Files ``<prefix>.<rank>.et`` for ranks ``0..N-1`` (ASTRA-sim's naming),
   optionally gzipped.
-* Dependencies: ``data_deps`` and ``ctrl_deps``, both honoured as ASTRA-sim's
-  feeder does. METADATA and INVALID nodes take no time (their dependencies pass
+* Dependencies: ``data_deps`` and ``ctrl_deps``, both honoured (Chakra's
+  ``src/feeder/et_feeder.cpp``, which ASTRA-sim reads traces with, waits on
+  ``data_deps`` only; :func:`write_chakra` writes every dependency as
+  ``data_deps``, so its traces run alike in both). METADATA and INVALID nodes take no time (their dependencies pass
   through). MEM_LOAD / MEM_STORE nodes (remote memory) are not modelled: a
   one-line :class:`ChakraError` names the node, file and type.
 * COMP_NODE: ``duration_micros`` > 0 makes a fixed-duration op (category
@@ -71,9 +73,9 @@ Reading a trace clustersim did not write
   deadlock here (reported, exit 3 in the CLI).
 """
 
-from .read import ChakraWarning, TraceEditedWarning, read_chakra, trace_files, trace_settings
+from .read import ChakraWarning, TraceEditedWarning, name_trace_nodes, read_chakra, trace_files, trace_settings
 from .schema import FORMAT, PREFIX, ChakraError
 from .write import DurationModel, write_chakra
 
 __all__ = ["ChakraError", "ChakraWarning", "TraceEditedWarning", "write_chakra", "read_chakra", "trace_files",
-           "trace_settings", "DurationModel", "PREFIX", "FORMAT"]
+           "trace_settings", "name_trace_nodes", "DurationModel", "PREFIX", "FORMAT"]

@@ -18,6 +18,7 @@ from .schema import (
     COLLECTIVE_COMM_TYPES,
     FORMAT,
     FROM_COMM,
+    NEWER_NODE_TYPES,
     NODE_TYPES,
     PER_RANK_INPUT,
     PREFIX,
@@ -261,6 +262,7 @@ def _read(files: list[Path], prefix: str, clustersim_attrs: bool) -> OpGraph:
         _uneven_all_to_alls(per_rank, groups, files)
     graph = OpGraph(world)
     new_id: list[list[int]] = [[] for _ in range(world)]
+    origin: dict[int, tuple[Path, int]] = {}  # op id -> (rank file, node id): what an error found later names
     for _key, rank, index in heapq.merge(*[[(sp.key, rank, i) for i, sp in enumerate(specs)]
                                            for rank, specs in enumerate(per_rank)]):
         sp = per_rank[rank][index]
@@ -273,10 +275,28 @@ def _read(files: list[Path], prefix: str, clustersim_attrs: bool) -> OpGraph:
                     raise OpGraphError(f"process group {sp.pg!r} = {list(group)} does not include this rank ({rank})")
                 args = (rank, args[1], group, args[3] * len(group) if sp.per_rank_input else args[3])
             ids.append(getattr(graph, sp.builder)(*args, deps=[ids[d] for d in sp.deps], **sp.kwargs))
+            origin[ids[-1]] = (files[rank], sp.node_id)
         except OpGraphError as exc:
             raise ChakraError(f"{files[rank]}: node {sp.node_id} ({sp.kwargs.get('name')!r}): {exc}") from None
         per_rank[rank][index] = None  # type: ignore[call-overload]  # built: let it go
+    graph.chakra_origin = origin  # type: ignore[attr-defined]  # (name_trace_nodes)
     return graph
+
+
+_OP_REF = re.compile(r"\brank (\d+) op (\d+)\b")
+
+
+def name_trace_nodes(message: str, graph: OpGraph) -> str:
+    """``message`` (an error the simulation of a graph :func:`read_chakra` built found: a collective whose
+    ranks disagree, a deadlock) with each ``rank R op N`` — clustersim's own op ids, which no trace holds —
+    named by the rank file and node it was read from (``clustersim.1.et node 2``)."""
+    origin = getattr(graph, "chakra_origin", {})
+
+    def name(match: re.Match) -> str:
+        found = origin.get(int(match.group(2)))
+        return match.group(0) if found is None else f"{found[0].name} node {found[1]}"
+
+    return _OP_REF.sub(name, message)
 
 
 def _uneven_all_to_alls(per_rank: list[list[_Spec]], groups: Any, files: list[Path]) -> None:
@@ -461,6 +481,10 @@ def _rank_units(rank: int, nodes: list[Any], path: Path, groups: _Groups, lossle
         if node.id in by_id:
             raise ChakraError(f"{path}: node id {node.id} appears twice")
         by_id[node.id] = node
+        if node.type in NEWER_NODE_TYPES:
+            raise ChakraError(f"{path}: node {node.id} ({node.name!r}) is a {NEWER_NODE_TYPES[node.type]} (node type "
+                              f"{node.type}, from a newer Chakra schema), which clustersim does not model; modelled: "
+                              f"{', '.join(_MODELLED)}")
         if not 0 <= node.type < len(NODE_TYPES):
             raise ChakraError(f"{path}: node {node.id} ({node.name!r}) has unknown node type {node.type}; valid: "
                               f"0..{len(NODE_TYPES) - 1} ({', '.join(NODE_TYPES)})")

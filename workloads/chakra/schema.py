@@ -49,6 +49,9 @@ SCHEMA_VERSION = "0.0.4"
 NODE_TYPES = ("INVALID_NODE", "METADATA_NODE", "MEM_LOAD_NODE", "MEM_STORE_NODE", "COMP_NODE", "COMM_SEND_NODE",
               "COMM_RECV_NODE", "COMM_COLL_NODE")
 """``NodeType`` names by enum value."""
+NEWER_NODE_TYPES = {8: "STORAGE_NODE", 9: "BATCH_NODE", 10: "CHECKPOINT_NODE"}
+"""Node types a newer Chakra schema added after the one this module follows (mlcommons/chakra
+``schema/protobuf/et_def.proto`` at 6dc63e1), none of them modelled: named when a trace holds one."""
 
 COLLECTIVE_COMM_TYPES = ("ALL_REDUCE", "REDUCE", "ALL_GATHER", "GATHER", "SCATTER", "BROADCAST", "ALL_TO_ALL",
                          "REDUCE_SCATTER", "REDUCE_SCATTER_BLOCK", "BARRIER")

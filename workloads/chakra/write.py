@@ -55,7 +55,8 @@ def check_trace_folder(folder: str | os.PathLike, world: int, prefix: str = "clu
 def write_chakra(graph: OpGraph, folder: str | Path, *, compute: DurationModel | None = None,
                  prefix: str = "clustersim") -> list[Path]:
     """Write ``graph`` as a Chakra trace: ``<folder>/<prefix>.<rank>.et`` for every rank, and
-    ``<prefix>.comm_group.json`` (the process groups) when it has collectives.
+    ``<prefix>.comm_group.json`` (the process groups) when it has collectives (and removes an older trace's
+    one when it has none).
 
     Parameters
     ----------
@@ -143,6 +144,8 @@ def write_chakra(graph: OpGraph, folder: str | Path, *, compute: DurationModel |
     # recorded world size, which the reader refuses, never a mix of the old trace and the new one.
     for path in written:
         path.unlink(missing_ok=True)
+    if not groups:  # (an older trace's groups, left beside a trace without collectives, would be read with it)
+        (folder / f"{prefix}.comm_group.json").unlink(missing_ok=True)
     try:
         for path in written:
             os.replace(_partial(path), path)
