@@ -778,6 +778,7 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
     if not isinstance(exp, Experiment):
         raise TypeError(f"run_experiment: needs an Experiment (load_experiment or experiment_from_dict), got "
                         f"{type(exp).__name__}")
+    check_bool("force", force)  # (a truthy "no" skipped the memory check)
     t0 = time.perf_counter()
     world = exp.parallel.world_size
     if world != exp.cluster.num_gpus:  # (experiment_from_dict checks it; an Experiment edited since may not hold)

@@ -46,7 +46,7 @@ import pandas as pd
 
 from topologies import build_cluster
 from topologies.cluster import Cluster
-from workloads.errors import ConfigError, plain_values, unknown_keys, with_prefix
+from workloads.errors import ConfigError, check_bool, plain_values, unknown_keys, with_prefix
 from workloads.ops import OpGraph, merge_graphs
 
 from .engine import Engine, RunRecord, paused_gc
@@ -310,6 +310,7 @@ def run_jobs(spec: JobsSpec, *, force: bool = False) -> JobsResult:
     """
     if not isinstance(spec, JobsSpec):
         raise TypeError(f"spec: must be a JobsSpec (simulator.jobs.load_jobs), got {type(spec).__name__}")
+    check_bool("force", force)
     t0 = time.perf_counter()
     cluster = spec.cluster
     graphs: list[OpGraph] = []

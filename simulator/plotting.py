@@ -200,6 +200,10 @@ def plot_link_utilization(links: pd.DataFrame, ax=None):
 
 def plot_bytes_by_class_and_tier(table: pd.DataFrame, ax=None):
     """Stacked bars: link bytes per tier, split by traffic class (``result.bytes_by_class_and_tier()``)."""
+    if not isinstance(table, pd.DataFrame):
+        raise TypeError(f"table: must be result.bytes_by_class_and_tier(), a DataFrame, got {type(table).__name__}")
+    if table.empty or not (table.to_numpy(dtype=float) > 0).any():
+        raise ValueError("table: no link carried bytes, nothing to draw")
     ax = ax or plt.subplots(figsize=(6, 3))[1]
     (table.T / 1e9).plot.bar(stacked=True, ax=ax,
                              color=[CLASS_COLORS.get(c, "#333333") for c in table.index])

@@ -629,6 +629,9 @@ class Result:
         gzip-compressed when ``path`` ends in ``.gz``. ``ranks``: ``None`` or ``"stages"`` (one rank per
         pipeline stage), ``"all"``, or a list of ranks in ``0..world-1`` (as ``clustersim run --trace-ranks``).
         Returns the number of events written."""
+        for name, flag in (("counters", counters), ("flows", flows)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name}: must be True or False, got {flag!r}")
         return _trace().write_trace(self, path, ranks, counters=counters, flows=flows)
 
 

@@ -254,3 +254,49 @@ def test_a_newer_schemas_node_type_is_named(tmp_path):
     with pytest.raises(ChakraError, match=r"t\.0\.et: node 1 \('ckpt_read'\) is a STORAGE_NODE \(node type 8, "
                                           r"from a newer Chakra schema\), which clustersim does not model"):
         read_chakra(folder)
+
+
+# ------------------------------------------------------------------ the Python API (a hunt's findings)
+def test_flags_take_true_or_false_only(tmp_path):
+    """``force="no"`` is truthy: it skipped the out-of-memory check; a flag is True or False."""
+    from simulator import sweep
+    from simulator.experiment import DEMO_EXPERIMENT
+
+    exp = experiment_from_dict(DEMO_EXPERIMENT)
+    with pytest.raises(ValueError, match="force: must be true or false, got 'no'"):
+        run_experiment(exp, force="no")
+    with pytest.raises(ValueError, match="progress: must be true or false, got 'no'"):
+        sweep(DEMO_EXPERIMENT, {"parallel.tp": [1, 2]}, progress="no")
+    with pytest.raises(ValueError, match="counters: must be True or False, got 'no'"):
+        run_experiment(exp).to_chrome_trace(tmp_path / "t.json", counters="no")
+
+
+def test_an_op_graphs_labels_are_integers_checked_when_built():
+    """``stage="a"`` was taken and broke ``Result.ops`` after the run (``int('a')``); numpy integers are ints."""
+    import numpy as np
+
+    from workloads.ops import OpGraphError
+
+    g = OpGraph(2)
+    for field, value in (("stage", "a"), ("micro_batch", None), ("layer", 1.5), ("layer", True)):
+        with pytest.raises(OpGraphError, match=f"{field}: must be an integer"):
+            g.compute(0, flops=1e9, **{field: value})
+    with pytest.raises(OpGraphError, match="stage: must be an integer"):
+        g.send(0, 1, 10.0, stage="q")
+    with pytest.raises(OpGraphError, match="micro_batch: must be an integer"):
+        g.collective("all_reduce", [0, 1], 10.0, micro_batch="m")
+    g.compute(0, flops=1e9, layer=np.int64(3))
+    assert type(g.ops[-1].layer) is int and g.ops[-1].layer == 3
+
+
+def test_a_bytes_plot_with_no_link_bytes_says_so():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from simulator import simulate
+    from topologies import single_server
+
+    g = OpGraph(2)
+    g.compute(0, flops=1e12)
+    with pytest.raises(ValueError, match="no link carried bytes, nothing to draw"):
+        simulate(g, single_server("H100", 2)).plot_bytes_by_class_and_tier()

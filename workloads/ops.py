@@ -231,6 +231,17 @@ def _tag(tag: object) -> int:
     return int(tag)
 
 
+def _labels(layer: object, micro_batch: object, stage: object) -> tuple[int, int, int]:
+    """``(layer, micro_batch, stage)`` as ints (-1: none); anything but a whole number is refused here, where it
+    was taken and then broke the result's frames (``int('a')`` in ``Result.ops``, long after the build)."""
+    out = []
+    for name, value in (("layer", layer), ("micro_batch", micro_batch), ("stage", stage)):
+        if isinstance(value, bool) or not isinstance(value, Integral):
+            raise OpGraphError(f"{name}: must be an integer (-1 for none), got {value!r:.60}")
+        out.append(int(value))
+    return out[0], out[1], out[2]
+
+
 def _names(stream: object, traffic_class: object) -> tuple[str, str]:
     """``(stream, traffic_class)`` as plain strs (a str subclass such as ``np.str_`` taken); a builder's call
     with either not a non-empty string is refused there: a ``None`` or int class simulated, then broke
@@ -326,6 +337,8 @@ class OpGraph:
             self._check_rank(rank)
         if type(traffic_class) is not str or type(stream) is not str or not (traffic_class and stream):
             stream, traffic_class = _names(stream, traffic_class)
+        if type(layer) is not int or type(micro_batch) is not int or type(stage) is not int:
+            layer, micro_batch, stage = _labels(layer, micro_batch, stage)
         if not (is_size(flops) and is_size(nbytes)):
             raise OpGraphError(f"compute {name!r}: flops and nbytes must be finite numbers >= 0, got {flops!r}, "
                                f"{nbytes!r}")
@@ -373,6 +386,8 @@ class OpGraph:
             self._check_rank(rank)
         if type(traffic_class) is not str or type(stream) is not str or not (traffic_class and stream):
             stream, traffic_class = _names(stream, traffic_class)
+        if type(layer) is not int or type(micro_batch) is not int or type(stage) is not int:
+            layer, micro_batch, stage = _labels(layer, micro_batch, stage)
         if collective not in COLLECTIVE_KINDS:
             raise OpGraphError(f"collective: {collective!r} unknown; valid: {', '.join(COLLECTIVE_KINDS)}")
         # (exact types first: the abstract-class checks cost more than the rest of the call)
@@ -606,6 +621,8 @@ class OpGraph:
             raise OpGraphError(f"peer: rank {rank} cannot {cls.kind} to itself")
         if type(traffic_class) is not str or type(stream) is not str or not (traffic_class and stream):
             stream, traffic_class = _names(stream, traffic_class)
+        if type(layer) is not int or type(micro_batch) is not int or type(stage) is not int:
+            layer, micro_batch, stage = _labels(layer, micro_batch, stage)
         if not is_size(nbytes):
             raise OpGraphError(f"nbytes: must be a finite number of bytes >= 0, got {nbytes!r}")
         ops = self.ops

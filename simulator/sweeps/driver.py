@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from topologies.loader import resolve_topology_path
-from workloads.errors import is_int
+from workloads.errors import check_bool, is_int
 
 from ..experiment import read_experiment_file
 from .columns import SCREEN, check_fidelity, check_max_tp, check_metric
@@ -106,6 +106,7 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
     >>> df = sweep("examples/demo.yaml", {"parallel.tp": [1, 2, 4]}, jobs=1, progress=False)  # doctest: +SKIP
     >>> df[["parallel.tp", "parallel.dp", "status", "step_time_s"]]                            # doctest: +SKIP
     """
+    check_bool("progress", progress)
     if isinstance(checkpoint_s, bool) or not isinstance(checkpoint_s, (int, float)) or not checkpoint_s > 0:
         raise ValueError(f"checkpoint_s: must be a number of seconds > 0, got {checkpoint_s!r}")
     if jobs is not None and (not is_int(jobs) or jobs < 1):  # (numpy's integers too, as an int)

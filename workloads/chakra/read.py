@@ -172,6 +172,8 @@ def read_chakra(path: str | Path, *, prefix: str | None = None, clustersim_attrs
         a missing rank, an unknown dependency, a dependency cycle, an
         undefined process group or a node type clustersim does not model.
     """
+    if not isinstance(clustersim_attrs, bool):
+        raise ChakraError(f"clustersim_attrs: must be True or False, got {clustersim_attrs!r}")
     classes()  # a one-line ChakraError if protobuf is missing
     prefix, files = trace_files(path, prefix)
     try:
