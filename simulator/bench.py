@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from numbers import Integral, Real
 
 import pandas as pd
 
@@ -25,6 +26,10 @@ BENCH_OPS = (*COLLECTIVE_KINDS, "sendrecv")
 
 def bus_factor(op: str, n: int) -> float:
     """nccl-tests' busbw / algbw factor for ``op`` over ``n`` ranks."""
+    if op not in BENCH_OPS:
+        raise ValueError(f"op: {op!r} unknown; valid: {', '.join(BENCH_OPS)}")
+    if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
+        raise ValueError(f"n: must be a number of ranks >= 1, got {n!r}")
     if op == "all_reduce":
         return 2 * (n - 1) / n
     if op in ("all_gather", "reduce_scatter", "all_to_all", "gather"):
@@ -64,10 +69,12 @@ def size_ladder(min_bytes: float, max_bytes: float, factor: float = 2.0) -> list
 def collective_time(cluster: Cluster, op: str, gpus: int, nbytes: float, algorithm: str = "auto",
                     network: NetworkConfig | None = None) -> float:
     """Seconds for one ``op`` of ``nbytes`` over ranks ``0..gpus-1`` of ``cluster``."""
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster: must be a Cluster (topologies.build_cluster), got {type(cluster).__name__}")
     if op not in BENCH_OPS:
         raise ValueError(f"op: {op!r} unknown; valid: {', '.join(BENCH_OPS)}")
-    if not 2 <= gpus <= cluster.num_gpus:
-        raise ValueError(f"gpus: need 2..{cluster.num_gpus} for this cluster, got {gpus}")
+    if isinstance(gpus, bool) or not isinstance(gpus, Integral) or not 2 <= gpus <= cluster.num_gpus:
+        raise ValueError(f"gpus: need 2..{cluster.num_gpus} for this cluster, got {gpus!r}")
     graph = OpGraph(gpus)
     if op == "sendrecv":
         # nccl-tests sendrecv: every rank sends to the next and receives from the previous.
@@ -81,9 +88,13 @@ def collective_time(cluster: Cluster, op: str, gpus: int, nbytes: float, algorit
 
 def collective_sweep(cluster: Cluster, op: str, gpus: int, sizes: Iterable[float], algorithm: str = "auto",
                      network: NetworkConfig | None = None) -> pd.DataFrame:
-    """One row per size: ``size_bytes, time_s, algbw_Bps, busbw_Bps``."""
+    """One row per size (each > 0 bytes): ``size_bytes, time_s, algbw_Bps, busbw_Bps``."""
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Iterable):
+        raise ValueError(f"sizes: must be a list of message sizes in bytes (size_ladder), got {sizes!r:.60}")
     rows = []
     for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, Real) or not 0 < s < math.inf:
+            raise ValueError(f"sizes: each must be a number of bytes > 0, got {s!r}")
         t = collective_time(cluster, op, gpus, s, algorithm, network)
         algbw = s / t
         rows.append({"size_bytes": s, "time_s": t, "algbw_Bps": algbw, "busbw_Bps": algbw * bus_factor(op, gpus)})

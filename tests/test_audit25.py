@@ -300,3 +300,38 @@ def test_a_bytes_plot_with_no_link_bytes_says_so():
     g.compute(0, flops=1e12)
     with pytest.raises(ValueError, match="no link carried bytes, nothing to draw"):
         simulate(g, single_server("H100", 2)).plot_bytes_by_class_and_tier()
+
+
+def test_the_collective_benchmark_functions_check_their_arguments():
+    """Called from Python: a zero size divided by zero, a string rank count compared with an int, an unknown
+    op's bus factor read 1.0."""
+    from simulator.bench import bus_factor, collective_sweep, collective_time
+    from topologies import single_server
+
+    cluster = single_server("H100", 8)
+    with pytest.raises(ValueError, match="sizes: each must be a number of bytes > 0, got 0"):
+        collective_sweep(cluster, "all_reduce", 8, [0])
+    with pytest.raises(ValueError, match="sizes: must be a list"):
+        collective_sweep(cluster, "all_reduce", 8, 1024)
+    with pytest.raises(ValueError, match="gpus: need 2..8 for this cluster, got '4'"):
+        collective_time(cluster, "all_reduce", "4", 2**20)
+    with pytest.raises(TypeError, match="cluster: must be a Cluster"):
+        collective_time(None, "all_reduce", 8, 1)
+    with pytest.raises(ValueError, match="op: 'bogus' unknown"):
+        bus_factor("bogus", 8)
+    with pytest.raises(ValueError, match="n: must be a number of ranks >= 1"):
+        bus_factor("all_reduce", 0)
+    assert bus_factor("all_reduce", 8) == 2 * 7 / 8  # nccl-tests' PERFORMANCE.md
+
+
+def test_write_chakra_names_a_wrong_argument(tmp_path):
+    from workloads.chakra import write_chakra
+
+    g = OpGraph(2)
+    g.compute(0, flops=1e9)
+    with pytest.raises(TypeError, match="graph: must be an OpGraph"):
+        write_chakra("not a graph", tmp_path)
+    with pytest.raises(TypeError, match="compute: must have a duration"):
+        write_chakra(g, tmp_path, compute={})
+    with pytest.raises(TypeError, match="folder: must be a path"):
+        write_chakra(g, None)

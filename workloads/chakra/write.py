@@ -90,6 +90,12 @@ def write_chakra(graph: OpGraph, folder: str | Path, *, compute: DurationModel |
     >>> [p.name for p in write_chakra(g, tmp)]  # doctest: +SKIP
     ['clustersim.0.et', 'clustersim.1.et']
     """
+    if not isinstance(graph, OpGraph):
+        raise TypeError(f"graph: must be an OpGraph (a step's graph, or one built by hand), got {type(graph).__name__}")
+    if compute is not None and not callable(getattr(compute, "duration", None)):
+        raise TypeError(f"compute: must have a duration(op) method (a ComputeModel), got {type(compute).__name__}")
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder: must be a path (str or os.PathLike), got {type(folder).__name__}")
     classes()  # a one-line ChakraError if protobuf is missing
     if getattr(graph, "replicas", None) is not None:
         raise ChakraError("write_chakra: this graph has representatives (fidelity fast/lockstep) and a Chakra trace "
