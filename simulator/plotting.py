@@ -29,6 +29,20 @@ TIER_COLORS = {"nvlink": "#76B900", "pcie": "#8C8C8C", "leaf": "#4C72B0", "spine
 _HATCH = {"bubble": "////", "idle": "", "moe_wait": "xx"}
 
 
+MAX_BINS = 100_000
+"""The most time windows :func:`plot_link_heatmap` draws per link (a grid of links x bins floats)."""
+
+
+def _frame(value: object, name: str, source: str, columns: tuple[str, ...] = ()) -> None:
+    """Refuse anything but the frame ``source`` returns (a Result passed for its frame, or another frame, failed
+    inside with a KeyError or an AttributeError)."""
+    if not isinstance(value, pd.DataFrame):
+        raise TypeError(f"{name}: must be {source}, a DataFrame, got {type(value).__name__}")
+    missing = [c for c in columns if c not in value.columns]
+    if missing:
+        raise ValueError(f"{name}: has no column {', '.join(map(repr, missing))}; pass {source}")
+
+
 def _color(category: str) -> str:
     return CATEGORY_COLORS.get(category, "#333333")
 
@@ -46,7 +60,9 @@ def plot_timeline(bars: pd.DataFrame, ranks: list[int] | None = None, ax=None, m
     bar under it is the communication in flight off the compute stream (hidden or not). A frame of ops
     (``result.ops``) is accepted too and turned into bars for ``ranks``.
     """
+    _frame(bars, "bars", "result.timeline() (or result.ops)")
     if "lane" not in bars.columns:  # a frame of ops
+        _frame(bars, "bars", "result.timeline() (or result.ops)", ("rank", "kind", "start_s", "end_s"))
         from .timeline import timeline_bars
         bars = timeline_bars(bars, None, ranks, max_ranks)
     if bars.empty:
@@ -92,6 +108,7 @@ def plot_timeline(bars: pd.DataFrame, ranks: list[int] | None = None, ax=None, m
 
 def plot_stages(stages: pd.DataFrame, ax=None):
     """Where the step went on each pipeline stage (``result.stages``): stacked seconds per category."""
+    _frame(stages, "stages", "result.stages", ("stage", "busy_s", "bubble_s"))
     cols = [c for c in stages.columns if c.endswith("_s") and c not in ("busy_s",) and stages[c].abs().max() > 0]
     cols = [c for c in cols if c not in ("bubble_s", "idle_s")] + [c for c in ("bubble_s", "idle_s") if c in cols]
     ax = ax or plt.subplots(figsize=(7, 3.2))[1]
@@ -114,6 +131,7 @@ def plot_tier_bandwidth(tiers: pd.DataFrame, phases: list[tuple[str, float, floa
     """Bandwidth of each fabric tier over the step (``result.tier_timeseries``; exact steps), with the
     step's phases shaded (``(name, start_s, end_s)``). With ``capacity`` (bytes/s of all the tier's links,
     ``{tier: total}``) the tiers are drawn as the fraction of that capacity in use, so they compare."""
+    _frame(tiers, "tiers", "result.tier_timeseries", ("time_s",))
     ax = ax or plt.subplots(figsize=(10, 3.2))[1]
     t = tiers["time_s"].to_numpy()
     for col in [c for c in tiers.columns if c != "time_s" and tiers[c].abs().max() > 0]:
@@ -136,6 +154,11 @@ def plot_link_heatmap(series: pd.DataFrame, bins: int = 200, ax=None, end_s: flo
     """Utilisation of links over time (``result.link_timeseries()``): one row per link, busiest first;
     each cell is the exact mean over its time window; ``bins`` (>= 1) windows."""
     bins = check_count(bins, "bins", 1)
+    if bins > MAX_BINS:
+        raise ValueError(f"bins: at most {MAX_BINS:,} time windows, got {bins:,}")
+    _frame(series, "series", "result.link_timeseries()", ("link", "time_s", "utilization", "src", "dst", "tier"))
+    if end_s is not None and (isinstance(end_s, bool) or not isinstance(end_s, (int, float)) or not end_s > 0):
+        raise ValueError(f"end_s: must be a time in seconds > 0, got {end_s!r}")
     if series.empty:
         raise ValueError("series: no links to draw (an empty link_timeseries; did any link of the selection carry "
                          "bytes?)")
@@ -165,6 +188,10 @@ def plot_traffic_matrix(matrix: pd.DataFrame, ax=None, title: str | None = None,
     """Heatmap of a traffic matrix (``result.traffic_matrix(level)``), GB from row to column; ``log``
     colours (default) keep the small off-diagonal flows visible next to the NVLink diagonal; pairs that
     exchanged nothing stay blank."""
+    _frame(matrix, "matrix", "result.traffic_matrix(level)")
+    if matrix.shape[0] != matrix.shape[1] or not all(pd.api.types.is_numeric_dtype(t) for t in matrix.dtypes):
+        raise ValueError(f"matrix: must be a square frame of bytes (result.traffic_matrix(level)), got a "
+                         f"{matrix.shape[0]} x {matrix.shape[1]} frame")
     from matplotlib.colors import LogNorm
 
     n = len(matrix)
@@ -187,6 +214,7 @@ def plot_traffic_matrix(matrix: pd.DataFrame, ax=None, title: str | None = None,
 
 def plot_link_utilization(links: pd.DataFrame, ax=None):
     """Distribution of link utilisation (bytes / (bandwidth × step)) per tier, as box plots."""
+    _frame(links, "links", "result.links", ("bytes", "tier", "utilization"))
     used = links[links["bytes"] > 0]
     tiers = [t for t in TIERS if t in set(used["tier"])]
     if not tiers:

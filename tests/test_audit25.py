@@ -335,3 +335,31 @@ def test_write_chakra_names_a_wrong_argument(tmp_path):
         write_chakra(g, tmp_path, compute={})
     with pytest.raises(TypeError, match="folder: must be a path"):
         write_chakra(g, None)
+
+
+def test_the_plotting_functions_name_a_wrong_frame():
+    """The notebook's ``simulator.plotting`` functions given the Result for its frame, or another frame, failed
+    inside (AttributeError, KeyError); ``bins`` was unbounded (a links x bins grid of floats)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from simulator import plotting
+    from simulator.experiment import DEMO_EXPERIMENT
+
+    r = run_experiment(experiment_from_dict(DEMO_EXPERIMENT))
+    with pytest.raises(TypeError, match="bars: must be result.timeline"):
+        plotting.plot_timeline(r)
+    with pytest.raises(ValueError, match="tiers: has no column 'time_s'; pass result.tier_timeseries"):
+        plotting.plot_tier_bandwidth(r.links)
+    with pytest.raises(ValueError, match="series: has no column 'link'"):
+        plotting.plot_link_heatmap(r.ops)
+    with pytest.raises(ValueError, match="matrix: must be a square frame of bytes"):
+        plotting.plot_traffic_matrix(r.links)
+    with pytest.raises(ValueError, match="stages: has no column 'busy_s'"):
+        plotting.plot_stages(r.ops)
+    with pytest.raises(ValueError, match="bins: at most 100,000 time windows"):
+        plotting.plot_link_heatmap(r.link_timeseries(), bins=10**7)
+    with pytest.raises(ValueError, match="end_s: must be a time in seconds > 0"):
+        plotting.plot_link_heatmap(r.link_timeseries(), end_s=-1)
+    plotting.plot_link_heatmap(r.link_timeseries(), bins=10)  # (the right frames still draw)
+    plotting.plot_traffic_matrix(r.traffic_matrix("node"))
