@@ -363,3 +363,14 @@ def test_the_plotting_functions_name_a_wrong_frame():
         plotting.plot_link_heatmap(r.link_timeseries(), end_s=-1)
     plotting.plot_link_heatmap(r.link_timeseries(), bins=10)  # (the right frames still draw)
     plotting.plot_traffic_matrix(r.traffic_matrix("node"))
+
+
+def test_a_sweeps_output_in_a_missing_folder_is_named(tmp_path):
+    """From Python, a missing folder was reported as its hidden lock file (``.x.csv.lock``) not found."""
+    from simulator import sweep
+    from simulator.experiment import DEMO_EXPERIMENT
+
+    with pytest.raises(ValueError, match="output: folder '.*missing' does not exist"):
+        sweep(DEMO_EXPERIMENT, {"parallel.tp": [1, 2]}, output=tmp_path / "missing" / "x.csv", progress=False)
+    with pytest.raises(ValueError, match="output: must be a file path ending in .csv or .parquet, got 3"):
+        sweep(DEMO_EXPERIMENT, {"parallel.tp": [1, 2]}, output=3, progress=False)
