@@ -467,7 +467,10 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
     what would make it count): knobs of a mechanism the layout does not use. They are not errors, since a
     sweep's base file may set them for the points that do use them, but a user should not think they acted.
     ``fidelity`` is the run's when it overrides the file's (``clustersim run --fidelity``)."""
-    fidelity = exp.fidelity if fidelity is None else fidelity
+    if not isinstance(exp, Experiment):
+        raise TypeError(f"exp: must be an Experiment (load_experiment or experiment_from_dict), got "
+                        f"{type(exp).__name__}")
+    fidelity = _fidelity(exp.fidelity if fidelity is None else fidelity)
     raw = exp.raw or {}
     par, model = exp.parallel, exp.model
 

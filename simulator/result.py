@@ -547,8 +547,8 @@ class Result:
     def plot_stages(self, ax=None):
         """Where each pipeline stage's step time went (:attr:`stages`' partition), stacked seconds per category."""
         if self._stage_frame().empty:
-            raise ValueError("plot_stages: this run has no pipeline stages (a bare simulate of an op graph), "
-                             "nothing to draw")
+            raise ValueError("plot_stages: this run has no stage table (a bare simulate of an op graph, or the "
+                             "joint run of several jobs: run_experiment(job.experiment) has a job's), nothing to draw")
         return _plotting().plot_stages(self._stage_frame(), ax=ax)
 
     def plot_tier_bandwidth(self, ax=None):

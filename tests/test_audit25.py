@@ -374,3 +374,21 @@ def test_a_sweeps_output_in_a_missing_folder_is_named(tmp_path):
         sweep(DEMO_EXPERIMENT, {"parallel.tp": [1, 2]}, output=tmp_path / "missing" / "x.csv", progress=False)
     with pytest.raises(ValueError, match="output: must be a file path ending in .csv or .parquet, got 3"):
         sweep(DEMO_EXPERIMENT, {"parallel.tp": [1, 2]}, output=3, progress=False)
+
+
+def test_helpers_name_a_wrong_argument():
+    """``unused_settings`` given the file's dict failed with an AttributeError and took any fidelity;
+    ``apply_faults`` given one fault (a dict) iterated its keys ("faults[0] ... got 'kind'")."""
+    from simulator.experiment import DEMO_EXPERIMENT, unused_settings
+    from topologies import TopologyError, build_cluster
+    from topologies.faults import apply_faults
+
+    with pytest.raises(TypeError, match="exp: must be an Experiment"):
+        unused_settings(dict(DEMO_EXPERIMENT))
+    with pytest.raises(ValueError, match="fidelity: 'bogus' unknown"):
+        unused_settings(experiment_from_dict(DEMO_EXPERIMENT), "bogus")
+    cluster = build_cluster({"preset": "dgx-h100", "nodes": 2})
+    with pytest.raises(TopologyError, match="faults: must be a list of faults"):
+        apply_faults(cluster, {"kind": "switch_down", "switch": "leaf:0"})
+    with pytest.raises(TopologyError, match="faults: must be a list of faults"):
+        apply_faults(cluster, None)

@@ -106,7 +106,7 @@ def test_plot_stages_of_a_bare_op_graph_is_a_one_line_error():
     from workloads.ops import OpGraph
     g = OpGraph(2)
     g.collective("all_reduce", range(2), 2**20)
-    with pytest.raises(ValueError, match=r"^plot_stages: this run has no pipeline stages"):
+    with pytest.raises(ValueError, match=r"^plot_stages: this run has no stage table"):
         simulate(g, single_server("H100", 2)).plot_stages()
 
 

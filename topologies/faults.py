@@ -144,6 +144,11 @@ def _cable(a: Hashable, b: Hashable) -> str:
 def _faulty_graph(cluster: Cluster, faults: Sequence[Mapping]) -> tuple[nx.DiGraph, dict[Hashable, int]]:
     """The cluster's graph with ``faults`` applied, and the GPUs whose NIC is down with none to borrow
     (-> their entry). Every entry is checked first, so no edit can fail half-way."""
+    if not isinstance(cluster, Cluster):
+        raise TopologyError(f"cluster: must be a Cluster (topologies.build_cluster), got {type(cluster).__name__}")
+    if isinstance(faults, (str, bytes, Mapping)) or not isinstance(faults, Sequence):
+        raise TopologyError(f"faults: must be a list of faults such as [{{'kind': 'switch_down', 'switch': "
+                            f"'spine:0'}}], got {faults!r:.80}")
     g0 = cluster.graph
     checked = [check_fault(raw, i) for i, raw in enumerate(faults)]
     down: dict[Hashable, int] = {}                  # switch or NIC taken down -> its entry
