@@ -15,7 +15,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 
 from topologies import build_cluster, format_bandwidth, format_bytes, format_time, load_cluster, parse_bytes
@@ -27,6 +26,7 @@ from . import chakra_cli
 from .collectives import COLLECTIVE_ALGORITHMS, valid_algorithms
 from .engine import DeadlockError
 from .fabric import NetworkConfig
+from .output_paths import cannot_create_in, check_writable
 
 _BENCH_OPS = (*COLLECTIVE_KINDS, "sendrecv")  # bench.BENCH_OPS, spelled out to keep pandas out of start-up (tested)
 
@@ -40,35 +40,6 @@ def command(name: str, help: str):
         COMMANDS[name] = (configure, run, help)
         return fn_pair
     return wrap
-
-
-def _cannot_create_in(folder: str) -> str | None:
-    """Why no file can be created in ``folder`` (tried with a temporary file, removed at once), or None.
-
-    Tried rather than asked: ``os.access`` says yes to root everywhere, /proc and read-only mounts
-    included, and the write then failed after the simulation with a bare errno."""
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
-
-
-def check_writable(path: str | None, flag: str) -> None:
-    """Refuse an output path whose folder does not exist or cannot be written, before any work is done."""
-    if not path:
-        return
-    folder = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.path.isdir(folder):
-        raise ValueError(f"{flag}: folder {folder!r} does not exist")
-    if os.path.isdir(path):
-        raise ValueError(f"{flag}: {path!r} is a folder; give a file name")
-    reason = _cannot_create_in(folder)
-    if reason is None and os.path.exists(path) and not os.access(path, os.W_OK):
-        reason = "permission denied"
-    if reason is not None:
-        raise ValueError(f"{flag}: cannot write {path!r} ({reason})")
 
 
 def resolve_cluster(spec: str | None, min_gpus: int, gpus_per_node: int = 8, field: str = "--cluster") -> Cluster:
@@ -522,7 +493,7 @@ def check_folder(path: str | None, flag: str) -> None:
         raise ValueError(f"{flag}: {parent!r} is a file, not a folder")
     if not os.path.isdir(path) and not os.path.isdir(parent):
         raise ValueError(f"{flag}: folder {parent!r} does not exist")
-    reason = _cannot_create_in(path if os.path.isdir(path) else parent)
+    reason = cannot_create_in(path if os.path.isdir(path) else parent)
     if reason is not None:
         raise ValueError(f"{flag}: cannot write into {path!r} ({reason})")
 

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from topologies.cluster import TIERS
+from workloads.errors import check_bool
 
 from . import breakdown as _breakdown
 from .engine import RunRecord
@@ -629,9 +630,8 @@ class Result:
         gzip-compressed when ``path`` ends in ``.gz``. ``ranks``: ``None`` or ``"stages"`` (one rank per
         pipeline stage), ``"all"``, or a list of ranks in ``0..world-1`` (as ``clustersim run --trace-ranks``).
         Returns the number of events written."""
-        for name, flag in (("counters", counters), ("flows", flows)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name}: must be True or False, got {flag!r}")
+        check_bool("counters", counters)
+        check_bool("flows", flows)
         return _trace().write_trace(self, path, ranks, counters=counters, flows=flows)
 
 

@@ -267,7 +267,7 @@ def test_flags_take_true_or_false_only(tmp_path):
         run_experiment(exp, force="no")
     with pytest.raises(ValueError, match="progress: must be true or false, got 'no'"):
         sweep(DEMO_EXPERIMENT, {"parallel.tp": [1, 2]}, progress="no")
-    with pytest.raises(ValueError, match="counters: must be True or False, got 'no'"):
+    with pytest.raises(ValueError, match="counters: must be true or false, got 'no'"):
         run_experiment(exp).to_chrome_trace(tmp_path / "t.json", counters="no")
 
 

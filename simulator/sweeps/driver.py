@@ -18,6 +18,7 @@ from topologies.loader import resolve_topology_path
 from workloads.errors import check_bool, is_int
 
 from ..experiment import read_experiment_file
+from ..output_paths import check_writable
 from .columns import SCREEN, check_fidelity, check_max_tp, check_metric
 from .errors import SweepInterrupted
 from .execute import executor
@@ -149,6 +150,8 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
                          f"rank a screen by step_time_s, mfu, tokens_per_s or a cost, or sweep with --fidelity fast")
     if output is not None:
         output_format(output)
+        # (before the lock file, a name the user never gave, is what is not found)
+        check_writable(os.fspath(output), "output")
     if max_tp is not None:
         check_max_tp(max_tp)
     points = expand_grid(base_doc, full_grid, max_tp=settings["max_tp"] if max_tp is None else max_tp)

@@ -45,13 +45,10 @@ def output_format(path: str | os.PathLike) -> str:
     Raises
     ------
     ValueError
-        One line, for any other suffix, a folder that does not exist, or for Parquet without pyarrow.
+        One line, for any other suffix, or for Parquet without pyarrow.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"output: must be a file path ending in {' or '.join(OUTPUT_FORMATS)}, got {path!r:.60}")
-    parent = Path(path).parent
-    if not parent.is_dir():  # (else the sweep's lock file, a name the user never gave, is what is not found)
-        raise ValueError(f"output: folder {os.fspath(parent)!r} does not exist (create it first)")
     suffix = Path(path).suffix.lower()
     if suffix not in OUTPUT_FORMATS:
         raise ValueError(f"output: {os.fspath(path)!r} must end in {' or '.join(OUTPUT_FORMATS)}")
