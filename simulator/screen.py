@@ -28,8 +28,9 @@ pipeline
     The schedule itself (``workloads.schedules.pipeline_schedule``), run by
     the reference list scheduler :func:`~workloads.schedules.simulate_unit_times`
     with per-virtual-stage forward/backward times (compute + blocking TP
-    communication) and each boundary's contended activation transfer as ``comm``
-    (:func:`boundary_transfer_times`).
+    communication) and each boundary's contended activation transfer: the
+    warm-up forwards' with every DP replica sending at once, the later ones
+    as far as the replicas have drifted apart (:func:`pipeline_transfer_times`).
 data parallelism
     The last backward's gradient buckets, filled layer by layer as the
     generator fills them, reduced back to back on the DP stream: what is left
@@ -138,21 +139,28 @@ def _fabric(exp: Experiment) -> Fabric:
     return fabric
 
 
-def flow_times(fabric: Fabric, flows: Sequence[tuple], background: Sequence[tuple] = ()) -> np.ndarray:
+def flow_times(fabric: Fabric, flows: Sequence[tuple], background: Sequence[tuple] = (),
+               groups: Sequence[int] | None = None) -> np.ndarray:
     """Seconds each of ``flows`` takes when they all start together (parameters as :func:`concurrent_time`).
 
-    Flow ``i`` takes ``latency + wire_bytes · max over its links of load / usable capacity``.
+    Flow ``i`` takes ``latency + wire_bytes · max over its links of load / usable capacity``. With ``groups``
+    (a group number ``0 .. G - 1`` per flow) a link's load counts only the flows of the flow's own group (and
+    the background): each group is priced as if it ran alone on the fabric, all of them in one pass.
     """
     if not flows:
         return np.zeros(0)
     cap = fabric.usable_capacity
-    load = np.bincount(np.concatenate([f[0] for f in flows]), minlength=len(cap)).astype(float)
+    n = len(cap)
+    offset = np.zeros(len(flows), dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64) * n
+    count = int(offset.max()) // n + 1
+    load = np.bincount(np.concatenate([f[0] + o for f, o in zip(flows, offset)]), minlength=n * count)
+    load = load.astype(float).reshape(count, n)
     if background:
         links = np.concatenate([b[0] for b in background])
         weights = np.concatenate([np.full(len(b[0]), float(b[1])) for b in background])
-        load += np.bincount(links, weights=weights, minlength=len(cap))
-    per_byte = load / cap
-    return np.array([f[2] + f[1] * float(per_byte[f[0]].max()) for f in flows])
+        load += np.bincount(links, weights=weights, minlength=n)
+    per_byte = (load / cap).ravel()
+    return np.array([f[2] + f[1] * float(per_byte[f[0] + o].max()) for f, o in zip(flows, offset)])
 
 
 def concurrent_time(fabric: Fabric, flows: Sequence[tuple], background: Sequence[tuple] = ()) -> float:
@@ -270,17 +278,18 @@ def _stage_chain(finish_last: float, tb: Sequence[float], comm: Sequence[float],
 
 def boundary_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbytes: float, positions: int,
                             tp: int = 1) -> list[float]:
-    """Seconds of each pipeline boundary's activation (or gradient) transfer, ``positions - 1`` of them.
+    """Seconds of each pipeline boundary's activation (or gradient) transfer when every DP replica sends at
+    once, ``positions - 1`` of them (the warm-up prices of :func:`pipeline_transfer_times`).
 
     Boundary ``j`` joins chain positions ``j`` and ``j + 1``: ranks ``j mod p`` and ``(j + 1) mod p`` of every DP
     x TP replica (``block[s]``: the ranks of stage ``s``, in matching order, a replica's ``tp`` ranks next to
     each other), one ``nbytes`` send per rank.
 
     * **Contention.** Each direction is priced with every boundary's transfers in that direction at once (the
-      steady state of a 1F1B schedule, where every stage sends at about the same time; the chunks of an
-      interleaved schedule take turns on a pair of ranks, so a pair counts once), each flow at its equal share
-      of its most loaded link (:func:`flow_times`); a replica's transfer over a boundary takes its slowest
-      member's flow in the slower direction (its TP collectives keep the members together).
+      warm-up of a 1F1B schedule, where every replica's every stage sends at about the same time; the chunks
+      of an interleaved schedule take turns on a pair of ranks, so a pair counts once), each flow at its
+      equal share of its most loaded link (:func:`flow_times`); a replica's transfer over a boundary takes its
+      slowest member's flow in the slower direction (its TP collectives keep the members together).
     * **Which replica.** The DP replicas run the schedule each at its own pace: a replica whose transfers
       collide at one boundary falls behind the others there and is not held back by the replicas that
       collide at the next (the engine shows it: on the 1,024-GPU GPT-3 layout TP4 PP8 DP32 at 4:1 one
@@ -290,22 +299,65 @@ def boundary_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbyt
       every transfer at the worst collision the fabric has). A boundary inside a leaf is therefore not charged
       for the oversubscribed uplinks another one crosses.
     """
+    return pipeline_transfer_times(fabric, block, nbytes, positions, tp)[0]
+
+
+def pipeline_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbytes: float, positions: int,
+                            tp: int = 1) -> tuple[list[float], list[float]]:
+    """Seconds of each pipeline boundary's transfer in the warm-up and after it, for the replica
+    :func:`boundary_transfer_times` prices (parameters as there).
+
+    Every replica starts the step at once and sends its warm-up forwards at the same instants: those are
+    priced all together (:func:`boundary_transfer_times`). Each replica's transfer then takes its own time
+    (its collisions), so the replicas leave the warm-up apart, by up to the *spread* ``D`` of a boundary's
+    warm-up prices over the replicas, and send later micro-batches at those offsets. A later transfer of
+    ``a`` seconds alone (its TP members' flows, nothing else on the fabric) meets the others' for about
+    ``min(1, a / D)`` of the time, so it is priced ``a + (w - a) · min(1, a / D)``, ``w`` its warm-up price:
+    the warm-up price where every replica is delayed alike (``D = 0``, a symmetric fabric, where they stay
+    in step and keep colliding) or where the offsets are shorter than a transfer, and nearly ``a`` where they
+    are much longer. Measured against the engine on the 1,024-GPU GPT-3 layout TP4 PP8 DP32 at 4:1: its
+    warm-up forwards take 0.29 to 1.61 ms (mean 0.69), its later forwards 0.29 to 0.93 ms (mean 0.38), its
+    backward sends 0.29 to 0.70 ms (mean 0.35), one send alone 0.29 ms; on 32 GPUs (TP2 PP2 DP8 at 2:1,
+    four micro-batches) every transfer takes about its warm-up price (docs/DESIGN.md, "Twenty-sixth
+    session").
+
+    Returns
+    -------
+    warm-up, later : list of float
+        ``positions - 1`` seconds each.
+    """
+    synced = _replica_transfer_times(fabric, block, nbytes, positions, tp, alone=False)
+    if not synced.size:
+        return [], []
+    alone = _replica_transfer_times(fabric, block, nbytes, positions, tp, alone=True)
+    slowest = int(np.argmax(synced.sum(axis=0)))
+    warm, own = synced[:, slowest], alone[:, slowest]
+    spread = synced.max(axis=1) - synced.min(axis=1)
+    meet = np.minimum(1.0, own / np.where(spread > 0, spread, np.inf), where=spread > 0, out=np.ones_like(own))
+    later = own + (warm - own) * meet
+    return [float(x) for x in warm], [float(x) for x in later]
+
+
+def _replica_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbytes: float, positions: int,
+                            tp: int, alone: bool) -> np.ndarray:
+    """Seconds of every replica's transfer over every boundary, ``(positions - 1) x replicas``: all at once, or
+    each replica's (its TP members' flows) ``alone`` on the fabric; the slower direction of each."""
     p = len(block)
     replicas = len(block[0]) // tp
     pairs = sorted({(j % p, (j + 1) % p) for j in range(positions - 1)} - {(s, s) for s in range(p)})
     per_pair = {pair: np.zeros(replicas) for pair in pairs}  # each replica's seconds, slower direction
+    # flow i of pair k is replica (i // tp) % replicas's member i % tp (send_specs keeps the block's order)
+    groups = np.arange(len(pairs) * replicas * tp) // tp if alone else None
     for forward in (True, False):
         flows: list[tuple] = []
         for src, dst in pairs:
             a_side, z_side = (block[src], block[dst]) if forward else (block[dst], block[src])
             flows += fabric.send_specs(tuple(a_side), tuple(z_side), nbytes)
-        seconds = flow_times(fabric, flows).reshape(len(pairs), replicas, tp).max(axis=2)
+        seconds = flow_times(fabric, flows, groups=groups).reshape(len(pairs), replicas, tp).max(axis=2)
         for k, pair in enumerate(pairs):
             np.maximum(per_pair[pair], seconds[k], out=per_pair[pair])
     zero = np.zeros(replicas)
-    times = np.array([per_pair.get((j % p, (j + 1) % p), zero) for j in range(positions - 1)]).reshape(-1, replicas)
-    slowest = int(np.argmax(times.sum(axis=0))) if len(times) else 0
-    return [float(x) for x in times[:, slowest]]
+    return np.array([per_pair.get((j % p, (j + 1) % p), zero) for j in range(positions - 1)]).reshape(-1, replicas)
 
 
 def _contend(windows: list[tuple[float, float]], rings: list[list[np.ndarray]],
@@ -442,10 +494,11 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
                 tw[j] = timer(k for s in wgt for k in s.kernels)
                 comp_b[stage] += tw[j]
 
-    # Activation transfers: each boundary's, priced with every boundary's at once in the same direction.
+    # Activation transfers: the warm-up forwards' priced with every replica's and boundary's at once in the
+    # same direction, the later ones as far as the replicas have drifted apart (pipeline_transfer_times).
     block = [[lay.rank(tp=r, dp=d, pp=stage) for d in range(par.dp) for r in range(t)] for stage in range(p)]
-    comm = boundary_transfer_times(fabric, block, b.p2p_bytes, nvs, t)
-    pipe, busy = simulate_unit_times(b.schedules, tf, tb, comm, tw)
+    warm, comm = pipeline_transfer_times(fabric, block, b.p2p_bytes, nvs, t)
+    pipe, busy = simulate_unit_times(b.schedules, tf, tb, comm, tw, warmup_comm=warm)
     if b.fp8 and not par.overlap_param_gather:
         # FP8 weights cast once per step before each chunk's first forward: on the pipeline's fill chain.
         per_weight = 2 if exp.training.fp8_param_gather else FP8_CAST_BYTES
@@ -599,7 +652,7 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     # The bubble as a run reports it (docs/DESIGN.md, "Where the time went"): idle compute inside the pipeline
     # window less the activation transfers, which every stage waits for on the fill and drain chains and
     # which are exposed PP communication, not bubble.
-    pp_exposed = 2 * sum(comm)
+    pp_exposed = sum(warm) + sum(comm)  # the fill chain's warm-up transfers, the drain chain's later ones
     bubble = [max(0.0, pipe - bz - pp_exposed) for bz in busy]
     exposed = {"tp": m * sum(tp_mb) / p,
                "pp": pp_exposed,  # the transfers on the fill and drain chains
@@ -619,7 +672,7 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
                              "bubble": sum(bubble) / p, "optimizer": sum(n + o for n, o in zip(norm_c, opt_c)) / p},
         "memory_per_gpu_bytes": memory.total,
         "pipeline_s": pipe,
-        "pp_transfer_s": max(comm, default=0.0),
+        "pp_transfer_s": max(warm, default=0.0),
         "stages": [{"finish_s": f, "dp_start_s": w[0] if windows else f, "dp_end_s": e, "gather_s": g,
                     "optimizer_s": n + o} for f, w, e, g, n, o in zip(finish, windows or finish, dp_end, gather,
                                                                      norm_c, opt_c)],

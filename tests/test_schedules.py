@@ -179,6 +179,42 @@ def test_bad_comm_is_refused(comm, message):
         simulate_unit_times(pipeline_schedule("1f1b", 4, 8), 1.0, 2.0, comm)
 
 
+def test_warm_up_transfers_priced_apart_hand_worked():
+    """1F1B, p = 2, m = 2, F = 1, B = 2. Rank 0 runs F0, F1 before its first backward: both warm-up sends
+    (0.5 s); everything else costs ``comm``. Rank 1: F0 at 1.5-2.5, B0 2.5-4.5, F1 (arrived at 2.5) 4.5-5.5,
+    B1 5.5-7.5. Rank 0: B0 from 4.5 + c, B1 from 7.5 + c, ending at 9.5 + c = (m + p - 1)(F + B) + 0.5 + c."""
+    sched = pipeline_schedule("1f1b", 2, 2)
+    for comm in (0.0, 0.25):
+        step, busy = simulate_unit_times(sched, 1.0, 2.0, comm, warmup_comm=0.5)
+        assert step == pytest.approx(9.5 + comm, abs=1e-12)
+        assert busy == [6.0, 6.0]
+
+
+def test_gpipe_warm_up_is_every_forward():
+    """GPipe runs every forward before any backward: the fill chain pays the warm-up prices, the drain chain
+    ``comm``, each boundary once."""
+    p, m, comm, warm = 4, 8, [0.1, 0.7, 0.25], [0.3, 0.2, 0.9]
+    step, _ = simulate_unit_times(pipeline_schedule("gpipe", p, m), 1.0, 2.0, comm, warmup_comm=warm)
+    assert step == pytest.approx((m + p - 1) * 3.0 + sum(comm) + sum(warm), abs=1e-9)
+
+
+@pytest.mark.parametrize("kind, v", [("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)])
+def test_warm_up_price_defaults_to_comm_and_never_shortens_the_step(kind, v):
+    sched = pipeline_schedule(kind, 4, 8, v)
+    tw = 0.5 if kind == "zb-h1" else 0.0
+    comm = [0.2, 0.1, 0.4, 0.3, 0.2, 0.1, 0.3][:4 * v - 1]
+    plain = simulate_unit_times(sched, 1.0, 2.0, comm, tw)
+    assert simulate_unit_times(sched, 1.0, 2.0, comm, tw, warmup_comm=comm) == plain
+    assert simulate_unit_times(sched, 1.0, 2.0, comm, tw, warmup_comm=[2 * c for c in comm])[0] > plain[0]
+
+
+@pytest.mark.parametrize("warm, message", [([0.1, 0.2], "warmup_comm must be a scalar or have 3 entries"),
+                                           (-0.5, "warmup_comm must be >= 0")])
+def test_bad_warm_up_price_is_refused(warm, message):
+    with pytest.raises(ValueError, match=message):
+        simulate_unit_times(pipeline_schedule("1f1b", 4, 8), 1.0, 2.0, 0.1, warmup_comm=warm)
+
+
 def test_simulate_detects_deadlock():
     bad = [[PipeAction(B, 0, 0), PipeAction(F, 0, 0)],
            [PipeAction(F, 0, 0), PipeAction(B, 0, 0)]]

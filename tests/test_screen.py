@@ -154,6 +154,46 @@ def test_the_pipeline_is_priced_by_the_replica_whose_transfers_sum_the_largest()
     assert screen.boundary_transfer_times(fabric, block, 1.0, 3, tp=2) == [1.0, 10.0]
 
 
+class _UplinkFabric:
+    """Three DP replicas (tp 1) of two stages, ranks ``d`` and ``3 + d``: replica ``d``'s sends cross its own
+    link ``d`` and an uplink, ``10`` for replicas 0 and 1, ``11`` for replica 2 (either direction)."""
+
+    def __init__(self, own: tuple[float, float, float], uplinks: tuple[float, float]) -> None:
+        self.usable_capacity = np.ones(12)
+        self.usable_capacity[:3] = own
+        self.usable_capacity[10:] = uplinks
+
+    def send_specs(self, srcs: tuple[int, ...], dsts: tuple[int, ...], nbytes: float) -> tuple[tuple, ...]:
+        return tuple((np.array([a % 3, 10 if a % 3 < 2 else 11]), nbytes, 0.0, nbytes) for a in srcs)
+
+
+def test_later_transfers_meet_as_far_as_the_warm_up_spread_them():
+    """1-byte sends. Own links 2, 1, 10 B/s; replicas 0 and 1 share uplink 10 at 2 B/s, replica 2 has uplink 11
+    at 10 B/s. At once: replicas 0 and 1 take 1 s (the shared uplink), replica 2 0.1 s, a spread of 0.9 s;
+    replica 0 (the first of the slowest) alone takes 0.5 s, so its later transfer is 0.5 + (1 - 0.5) x 0.5 /
+    0.9 s. With replica 2 on the shared uplink as well (3 B/s), every replica takes 1 s at once: no spread,
+    they stay in step, and the later price is the warm-up one although each alone would take 0.5 s or less."""
+    block = [[0, 1, 2], [3, 4, 5]]
+    warm, later = screen.pipeline_transfer_times(_UplinkFabric((2.0, 1.0, 10.0), (2.0, 10.0)), block, 1.0, 2)
+    assert warm == [1.0]
+    assert later == [pytest.approx(0.5 + 0.5 * 0.5 / 0.9, rel=1e-12)]
+
+    class _Shared(_UplinkFabric):
+        def send_specs(self, srcs, dsts, nbytes):
+            return tuple((np.array([a % 3, 10]), nbytes, 0.0, nbytes) for a in srcs)
+
+    assert screen.pipeline_transfer_times(_Shared((2.0, 1.0, 10.0), (3.0, 10.0)), block, 1.0, 2) == ([1.0], [1.0])
+
+
+def test_flow_groups_are_priced_as_if_alone():
+    """Two flows over one 1 B/s link: 2 s each together, 1 s each in groups of their own."""
+    fabric = _OwnLinkFabric({})
+    flows = [(np.array([0]), 1.0, 0.0, 1.0)] * 2
+    assert list(screen.flow_times(fabric, flows)) == [2.0, 2.0]
+    assert list(screen.flow_times(fabric, flows, groups=[0, 1])) == [1.0, 1.0]
+    assert list(screen.flow_times(fabric, flows, groups=[1, 1])) == [2.0, 2.0]
+
+
 @pytest.mark.parametrize("schedule, chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4),
                                               ("zb-h1", 1)])
 def test_every_schedule_agrees_with_fast(schedule, chunks):

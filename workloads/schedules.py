@@ -678,6 +678,7 @@ def simulate_unit_times(
     *,
     t_pair: float | None = None,
     dualpipe: bool = False,
+    warmup_comm: float | Sequence[float] | None = None,
 ) -> tuple[float, list[float]]:
     """Execute a schedule with data dependencies; reference list-scheduler.
 
@@ -725,6 +726,12 @@ def simulate_unit_times(
         ``F&B``); default the sum of its two actions.
     dualpipe : bool, optional
         The schedule is ``dualpipe``'s (two directions, chunk 1 reversed).
+    warmup_comm : float or sequence of float, optional
+        Seconds of a transfer sent by a *warm-up* forward, one its rank runs before its first backward (per
+        boundary as ``comm``; default ``comm``). Data-parallel replicas start a step together and run their
+        warm-up forwards back to back, so those sends leave every replica at once and share the fabric;
+        later the replicas drift apart and each sends nearly alone. A caller pricing the two apart passes
+        the synchronised price here and the drifted one as ``comm`` (:mod:`simulator.screen`).
 
     Returns
     -------
@@ -737,7 +744,7 @@ def simulate_unit_times(
     Raises
     ------
     ValueError
-        If a ``comm`` is negative, ``t_pair < 0``, the schedule is empty, or
+        If a ``comm`` or ``warmup_comm`` is negative, ``t_pair < 0``, the schedule is empty, or
         a time sequence has the wrong length.
     RuntimeError
         If the schedule deadlocks (a rank waits on an action that can never
@@ -754,9 +761,18 @@ def simulate_unit_times(
     tf = _per_vstage(t_fwd, n_vs, "t_fwd")
     tb = _per_vstage(t_bwd, n_vs, "t_bwd")
     tw = _per_vstage(t_wgrad, n_vs, "t_wgrad")
-    boundary = None if isinstance(comm, Real) else _per_vstage(comm, max(n_vs - 1, 0), "comm")
-    if (min(boundary, default=0.0) if boundary is not None else comm) < 0:
-        raise ValueError(f"comm must be >= 0, got {comm}")
+    boundary = _per_vstage(comm, max(n_vs - 1, 0), "comm")
+    warm = boundary if warmup_comm is None else _per_vstage(warmup_comm, max(n_vs - 1, 0), "warmup_comm")
+    for name, value, prices in (("comm", comm, boundary), ("warmup_comm", warmup_comm, warm)):
+        if min(prices, default=0.0) < 0 or (isinstance(value, Real) and value < 0):
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    warmup = set()  # (micro-batch, position) of every forward its rank runs before its first backward
+    for r, acts in enumerate(schedule):
+        for a in acts:
+            if a.phase == "B":
+                break
+            if a.phase == "F":
+                warmup.add((a.micro_batch, chain_position(kind, p, r, a.chunk)))
     split = [{(a.micro_batch, a.chunk) for a in acts if a.phase == "W"} for acts in schedule]
 
     done: dict[tuple[str, int, int], float] = {}  # (phase, mb, position) -> finish
@@ -767,14 +783,14 @@ def simulate_unit_times(
     pos = [0] * p
     remaining = sum(len(acts) for acts in schedule)
 
-    def hop(r: int, chunk: int, step: int) -> float:
+    def hop(r: int, chunk: int, step: int, micro_batch: int) -> float:
         """Seconds of the transfer from the neighbour ``step`` along the chain to rank ``r`` (0 on the same rank)."""
         if chain_neighbour(kind, p, r, chunk, step) == r:
             return 0.0
-        if boundary is None:
-            return float(comm)  # type: ignore[arg-type]
         j = chain_position(kind, p, r, chunk)
-        return boundary[j - 1 if step == -1 else j]
+        if step == -1:
+            return (warm if (micro_batch, j - 1) in warmup else boundary)[j - 1]
+        return boundary[j]
 
     def ready_time(r: int, a: PipeAction) -> float | None:
         j = chain_position(kind, p, r, a.chunk)
@@ -784,14 +800,14 @@ def simulate_unit_times(
             if j == 0:
                 return 0.0
             prev = sent.get(("F", a.micro_batch, j - 1))
-            return None if prev is None else prev + hop(r, a.chunk, -1)
+            return None if prev is None else prev + hop(r, a.chunk, -1, a.micro_batch)
         own = done.get(("F", a.micro_batch, j))
         if own is None:
             return None
         if j == n_vs - 1:
             return own
         nxt = sent.get(("B", a.micro_batch, j + 1))
-        return None if nxt is None else max(own, nxt + hop(r, a.chunk, 1))
+        return None if nxt is None else max(own, nxt + hop(r, a.chunk, 1, a.micro_batch))
 
     def duration(r: int, a: PipeAction) -> float:
         j = chain_position(kind, p, r, a.chunk)
