@@ -370,6 +370,17 @@ def test_malformed_or_unsupported_traces_fail_with_one_line(tmp_path, case, file
         assert w in msg, msg
 
 
+def test_a_trailing_zero_byte_is_named_as_an_empty_record(tmp_path):
+    """A zero byte after the last node is a zero-length message: named as such, not read as a second node 0."""
+    meta = classes()["GlobalMetadata"](version="0.0.4")
+    (tmp_path / "t.0.et").write_bytes(encode_messages([meta, *good(0)]) + b"\x00")
+    with pytest.raises(ChakraError) as e:
+        read_chakra(tmp_path)
+    msg = one_line(e)
+    assert "empty" in msg and "zero-length" in msg and "t.0.et" in msg, msg
+    assert "appears twice" not in msg
+
+
 def test_folder_errors_and_prefix_choice(tmp_path):
     with pytest.raises(ChakraError, match="no such folder"):
         read_chakra(tmp_path / "nope")

@@ -368,6 +368,9 @@ def _parse_file(path: Path) -> tuple[Any, list[Any], int]:
     nodes, start = [], None
     for offset, body in frames:
         start = offset if start is None else start
+        if not body:  # every field at its default: no id, no name, INVALID_NODE; a padded or damaged file
+            raise ChakraError(f"{path}: the message at byte {offset} is empty (a zero-length record, not a Chakra "
+                              f"Node: is the file padded or damaged?)")
         nodes.append(parse("Node", body, path, offset))
     return meta, nodes, zlib.crc32(memoryview(data)[start:]) if start is not None else 0
 
