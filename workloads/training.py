@@ -1263,13 +1263,17 @@ class _StepBuilder:
         kernels = self._moe_kernels.get(id(seg.moe))
         if kernels is None or kernels[0] is not seg.moe:
             before, experts, after = seg.moe[:3]
-            # Full recomputation re-runs the forward's routed experts first (locally, without the exchanges): at
-            # this rank's load as the forward ran them, cut out of the kernels before the dispatch to be scaled.
-            again = [i for i, o in enumerate(before) if o.name.startswith("experts")]
-            pre = ((_kernels(before[:again[0]]), self._balanced(self._recomputed_experts(seg.layer, seg.phase)),
-                    _kernels(before[again[-1] + 1:])) if again else (_kernels(before), None, ()))
-            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, pre, _kernels(after), self._balanced(experts),
-                                                        *(_kernels(k) for k in shared))
+            # The recomputed forward (``full``'s whole forward, ``core_attn``'s attention core: the kernels at the
+            # front of the backward, _moe_split) runs first as an op of its own, ``R…`` as the dense layers', so
+            # that the breakdown tells recomputation from backward. Full recomputation re-runs the forward's routed
+            # experts there (locally, without the exchanges): at this rank's load as the forward ran them, cut
+            # out of the recomputed kernels to be scaled.
+            start = _leading(seg.recompute) if seg.recompute else 0
+            again = [i for i, o in enumerate(before[:start]) if o.name.startswith("experts")]
+            redo = ((_kernels(before[:again[0]]), self._balanced(self._recomputed_experts(seg.layer, seg.phase)),
+                     _kernels(before[again[-1] + 1:start])) if again else (_kernels(before[:start]), None, ()))
+            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, (*redo, _kernels(before[start:])), _kernels(after),
+                                                        self._balanced(experts), *(_kernels(k) for k in shared))
         layer = seg.layer
         # off the compute stream: the exchanges are waited for explicitly
         apart = bool(shared) or stream is not None
@@ -1279,13 +1283,17 @@ class _StepBuilder:
         # the hot ops by the graph's positional builders (the same checks and ops as compute / collective_op)
         compute, alltoallv = g._compute_parts, g._alltoallv
         regather = self._regather_op(rank, seg, deps, name, mb, stage)
-        head, again, _tail = kernels[1]
+        head, again, _tail, pre = kernels[1]
         if again is not None:
-            pre = self._recomputed_pre(kernels[1], load, name)
+            redo = self._recomputed_pre(kernels[1], load, name)
             members = self._members(kernels[1], loads, lambda k, x: self._recomputed_pre(k, x, name))
         else:
-            pre, members = head, None
-        last = compute(rank, pre, f"{name}.pre", deps, "gemm", layer, mb, stage, COMPUTE_STREAM, members)
+            redo, members = head, None
+        if redo:
+            deps = [compute(rank, redo, RECOMPUTE_PHASE + name[1:], deps, "gemm", layer, mb, stage, COMPUTE_STREAM,
+                            members)]
+        last = (compute(rank, pre, f"{name}.pre", deps, "gemm", layer, mb, stage, COMPUTE_STREAM) if pre or not redo
+                else deps[0])
         last = self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
         yield last
         first = alltoallv(rank, group, out_row, out_rows, f"{name}.ep_{'dispatch' if fwd else 'combine_grad'}",
@@ -1321,15 +1329,16 @@ class _StepBuilder:
         return compute(rank, kernels[2], f"{name}.post", wait, "gemm", layer, mb, stage, COMPUTE_STREAM)
 
     def _recomputed_pre(self, pre: tuple, load: int, name: str) -> tuple[Kernel, ...]:
-        """The kernels before a backward's first exchange under full recomputation (``pre``: the kernels before
-        the recomputed experts, those experts' balanced kernels, the rest) at ``load`` token slots; one tuple per
-        segment kind and load, kept as :meth:`_expert_parts` keeps its parts."""
+        """The recomputed forward at the front of a backward under full recomputation (``pre``: the recomputed
+        kernels before the routed experts, those experts' balanced kernels, the recomputed kernels after them,
+        then the backward's own kernels before its first exchange, not used here) at ``load`` token slots; one
+        tuple per segment kind and load, kept as :meth:`_expert_parts` keeps its parts."""
         key = (id(pre), load)
         parts = self._moe_parts.get(key)
         if parts is None:
-            head, again, tail = pre
+            head, again, tail = pre[:3]
             parts = self._moe_parts[key] = self.graph._joined_parts((head, self._expert_parts(again, load), tail),
-                                                                    f"{name}.pre")
+                                                                    RECOMPUTE_PHASE + name[1:])
         return parts
 
     def _tokens(self, layer: int, mb: int, draw: tuple) -> np.ndarray:
