@@ -36,7 +36,8 @@ data parallelism
     generator fills them, reduced back to back on the DP stream: what is left
     after the backward ends is exposed. Megatron's data parallelism buckets
     only the first stage's first chunk; every other chunk is one collective
-    after its last backward (``_StepBuilder.unbucketed``). Then the gradient-norm all-reduces
+    after its last backward (``_StepBuilder.unbucketed``), when the list
+    scheduler ends it, on the same DP stream. Then the gradient-norm all-reduces
     (every stage waits for the slowest), the optimizer kernels and the ZeRO-1
     parameter all-gather.
 memory
@@ -144,23 +145,33 @@ def flow_times(fabric: Fabric, flows: Sequence[tuple], background: Sequence[tupl
     """Seconds each of ``flows`` takes when they all start together (parameters as :func:`concurrent_time`).
 
     Flow ``i`` takes ``latency + wire_bytes · max over its links of load / usable capacity``. With ``groups``
-    (a group number ``0 .. G - 1`` per flow) a link's load counts only the flows of the flow's own group (and
-    the background): each group is priced as if it ran alone on the fabric, all of them in one pass.
+    (a group label per flow, any integers) a link's load counts only the flows of the flow's own group (and
+    the background): each group is priced as if it ran alone on the fabric, all of them in one pass, in
+    memory that grows with the flows' links, not with groups x links.
     """
     if not flows:
         return np.zeros(0)
     cap = fabric.usable_capacity
     n = len(cap)
-    offset = np.zeros(len(flows), dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64) * n
-    count = int(offset.max()) // n + 1
-    load = np.bincount(np.concatenate([f[0] + o for f, o in zip(flows, offset)]), minlength=n * count)
-    load = load.astype(float).reshape(count, n)
+    routes = [np.asarray(f[0], dtype=np.int64) for f in flows]
+    sizes = np.fromiter(map(len, routes), dtype=np.int64, count=len(routes))
+    links = np.concatenate(routes)
+    if groups is None:
+        load = np.bincount(links, minlength=n).astype(float)[links]
+    else:
+        if len(groups) != len(flows):
+            raise ValueError(f"groups must give one label per flow: {len(groups)} labels for {len(flows)} flows")
+        # (group, link) pairs: a flow's load on a link is how many flows of its group cross it
+        _, inverse, counts = np.unique(np.repeat(np.asarray(groups, dtype=np.int64), sizes) * n + links,
+                                       return_inverse=True, return_counts=True)
+        load = counts[inverse.ravel()].astype(float)
     if background:
-        links = np.concatenate([b[0] for b in background])
+        extra = np.concatenate([b[0] for b in background])
         weights = np.concatenate([np.full(len(b[0]), float(b[1])) for b in background])
-        load += np.bincount(links, weights=weights, minlength=n)
-    per_byte = (load / cap).ravel()
-    return np.array([f[2] + f[1] * float(per_byte[f[0] + o].max()) for f, o in zip(flows, offset)])
+        load = load + np.bincount(extra, weights=weights, minlength=n)[links]
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    worst = np.maximum.reduceat(load / cap[links], starts)  # each flow's most loaded link, seconds per byte
+    return np.array([f[2] for f in flows]) + np.array([f[1] for f in flows]) * worst
 
 
 def concurrent_time(fabric: Fabric, flows: Sequence[tuple], background: Sequence[tuple] = ()) -> float:
@@ -279,7 +290,7 @@ def _stage_chain(finish_last: float, tb: Sequence[float], comm: Sequence[float],
 def boundary_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbytes: float, positions: int,
                             tp: int = 1) -> list[float]:
     """Seconds of each pipeline boundary's activation (or gradient) transfer when every DP replica sends at
-    once, ``positions - 1`` of them (the warm-up prices of :func:`pipeline_transfer_times`).
+    once, ``positions - 1`` of them (the warm-up prices :func:`pipeline_transfer_times` starts from).
 
     Boundary ``j`` joins chain positions ``j`` and ``j + 1``: ranks ``j mod p`` and ``(j + 1) mod p`` of every DP
     x TP replica (``block[s]``: the ranks of stage ``s``, in matching order, a replica's ``tp`` ranks next to
@@ -299,7 +310,10 @@ def boundary_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbyt
       every transfer at the worst collision the fabric has). A boundary inside a leaf is therefore not charged
       for the oversubscribed uplinks another one crosses.
     """
-    return pipeline_transfer_times(fabric, block, nbytes, positions, tp)[0]
+    synced = _replica_transfer_times(fabric, block, nbytes, positions, tp, alone=False)
+    if not synced.size:
+        return []
+    return [float(x) for x in synced[:, int(np.argmax(synced.sum(axis=0)))]]
 
 
 def pipeline_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbytes: float, positions: int,
@@ -315,7 +329,11 @@ def pipeline_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbyt
     ``min(1, a / D)`` of the time, so it is priced ``a + (w - a) · min(1, a / D)``, ``w`` its warm-up price:
     the warm-up price where every replica is delayed alike (``D = 0``, a symmetric fabric, where they stay
     in step and keep colliding) or where the offsets are shorter than a transfer, and nearly ``a`` where they
-    are much longer. Measured against the engine on the 1,024-GPU GPT-3 layout TP4 PP8 DP32 at 4:1: its
+    are much longer. The pipeline is priced by the replica whose warm-up and later transfers sum the largest.
+    Simplifications: ``D`` is each boundary's own spread (offsets built up over the boundaries before are
+    not carried on: summing them took the 32-GPU interleaved schedules further from `fast`, -0.64% to
+    -1.31%), and ``min(1, a / D)`` reaches the warm-up price as soon as ``D`` falls to ``a``. Measured against
+    the engine on the 1,024-GPU GPT-3 layout TP4 PP8 DP32 at 4:1: its
     warm-up forwards take 0.29 to 1.61 ms (mean 0.69), its later forwards 0.29 to 0.93 ms (mean 0.38), its
     backward sends 0.29 to 0.70 ms (mean 0.35), one send alone 0.29 ms; on 32 GPUs (TP2 PP2 DP8 at 2:1,
     four micro-batches) every transfer takes about its warm-up price (docs/DESIGN.md, "Twenty-sixth
@@ -330,12 +348,12 @@ def pipeline_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbyt
     if not synced.size:
         return [], []
     alone = _replica_transfer_times(fabric, block, nbytes, positions, tp, alone=True)
-    slowest = int(np.argmax(synced.sum(axis=0)))
-    warm, own = synced[:, slowest], alone[:, slowest]
-    spread = synced.max(axis=1) - synced.min(axis=1)
-    meet = np.minimum(1.0, own / np.where(spread > 0, spread, np.inf), where=spread > 0, out=np.ones_like(own))
-    later = own + (warm - own) * meet
-    return [float(x) for x in warm], [float(x) for x in later]
+    spread = (synced.max(axis=1) - synced.min(axis=1))[:, None]
+    meet = np.minimum(1.0, alone / np.where(spread > 0, spread, np.inf), where=spread > 0,
+                      out=np.ones_like(alone))
+    later = np.where(meet < 1.0, alone + (synced - alone) * meet, synced)
+    slowest = int(np.argmax(synced.sum(axis=0) + later.sum(axis=0)))  # the replica slowest over its whole step
+    return [float(x) for x in synced[:, slowest]], [float(x) for x in later[:, slowest]]
 
 
 def _replica_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbytes: float, positions: int,
@@ -498,7 +516,12 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     # same direction, the later ones as far as the replicas have drifted apart (pipeline_transfer_times).
     block = [[lay.rank(tp=r, dp=d, pp=stage) for d in range(par.dp) for r in range(t)] for stage in range(p)]
     warm, comm = pipeline_transfer_times(fabric, block, b.p2p_bytes, nvs, t)
-    pipe, busy = simulate_unit_times(b.schedules, tf, tb, comm, tw, warmup_comm=warm)
+    ends: dict[tuple[str, int, int], float] = {}
+    pipe, busy = simulate_unit_times(b.schedules, tf, tb, comm, tw, warmup_comm=warm, finish=ends)
+    last_backward: dict[int, float] = {}  # chain position -> when its last backward ends
+    for (phase, _mb, position), end in ends.items():
+        if phase == "B" and end > last_backward.get(position, -1.0):
+            last_backward[position] = end
     if b.fp8 and not par.overlap_param_gather:
         # FP8 weights cast once per step before each chunk's first forward: on the pipeline's fill chain.
         per_weight = 2 if exp.training.fp8_param_gather else FP8_CAST_BYTES
@@ -538,15 +561,14 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
         """``(ready time, bucket bytes, count)`` of the stage's gradient buckets, as ``_Buckets`` fills them."""
         ready: list[tuple[float, float, int]] = []
         fill = 0.0
-        if overlap:  # chunk 0's backward is the stage's last; the other chunks' buckets were hidden before
-            # (reduced during the backwards of the later chunks: counted for the gather, not timed here)
+        if overlap:  # chunk 0's backward is the stage's last
             if b.megatron_overlap:  # Megatron buckets only stage 0's chunk 0: the others one collective each
                 whole = [sum(s.grad_bytes for s in b.segments(stage, c, grad_phase, False)) for c in range(v)]
-                for nbytes in whole[1:]:
-                    if nbytes > 0:
-                        hidden[stage][nbytes] = hidden[stage].get(nbytes, 0) + 1
+                # chunk c > 0 once its last backward is done (the schedule's own time), on the same DP stream:
+                # behind the backwards of the later chunks when it is short, past them when it is not
+                ready = [(last_backward[c * p + stage], whole[c], 1) for c in range(1, v) if whole[c] > 0]
                 if b.unbucketed(stage, 0):  # reduced once the last backward is done
-                    return [(finish[stage], whole[0], 1)] if whole[0] > 0 else []
+                    return ready + [(finish[stage], whole[0], 1)] if whole[0] > 0 else ready
             else:
                 fill = sum(s.grad_bytes for c in range(1, v) for s in b.segments(stage, c, grad_phase, False))
                 if fill >= size:
@@ -569,7 +591,8 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
         else:
             full = int(fill // size)
             ready += [(finish[stage], size, full), (finish[stage], fill - full * size, 1)]
-        return [(at, nbytes, count) for at, nbytes, count in ready if nbytes > 0 and count > 0]
+        return sorted(((at, nbytes, count) for at, nbytes, count in ready if nbytes > 0 and count > 0),
+                      key=lambda bucket: bucket[0])
 
     def reduce_stage(stage: int, background: Sequence[tuple]) -> tuple[float, float]:
         """When the stage's DP stream starts and ends reducing, buckets back to back from their ready times."""

@@ -185,9 +185,46 @@ def test_warm_up_transfers_priced_apart_hand_worked():
     B1 5.5-7.5. Rank 0: B0 from 4.5 + c, B1 from 7.5 + c, ending at 9.5 + c = (m + p - 1)(F + B) + 0.5 + c."""
     sched = pipeline_schedule("1f1b", 2, 2)
     for comm in (0.0, 0.25):
-        step, busy = simulate_unit_times(sched, 1.0, 2.0, comm, warmup_comm=0.5)
+        ends: dict = {}
+        step, busy = simulate_unit_times(sched, 1.0, 2.0, comm, warmup_comm=0.5, finish=ends)
         assert step == pytest.approx(9.5 + comm, abs=1e-12)
         assert busy == [6.0, 6.0]
+        assert ends == pytest.approx({("F", 0, 0): 1.0, ("F", 1, 0): 2.0, ("F", 0, 1): 2.5, ("B", 0, 1): 4.5,
+                                      ("F", 1, 1): 5.5, ("B", 1, 1): 7.5, ("B", 0, 0): 6.5 + comm,
+                                      ("B", 1, 0): 9.5 + comm}, abs=1e-12)
+
+
+def test_only_forwards_before_the_first_backward_are_warm_up():
+    """1F1B, p = 2, m = 4, free transfers but 0.5 s for the warm-up ones: rank 0's F0 and F1 (before its first
+    backward) pay it, its F2 and F3 (after it) do not; only F0 is on the critical path, so the step is the free
+    one plus 0.5."""
+    sched = pipeline_schedule("1f1b", 2, 4)
+    free, _ = simulate_unit_times(sched, 1.0, 2.0, 0.0)
+    assert simulate_unit_times(sched, 1.0, 2.0, 0.0, warmup_comm=0.5)[0] == pytest.approx(free + 0.5, abs=1e-12)
+
+
+def test_a_forwards_input_waits_for_the_senders_price():
+    """Interleaved, p = 2, m = 4, v = 2: every forward starts no earlier than its input's arrival, the send priced
+    by whether the *sending* forward ran before its rank's first backward (the warm-up set, read here from the
+    schedule's lists), and some forward starts exactly then."""
+    p, m, v, warm = 2, 4, 2, [2.0, 0.0, 0.0]
+    sched = pipeline_schedule("interleaved", p, m, v)
+    warm_up = set()
+    for r, acts in enumerate(sched):
+        for a in acts:
+            if a.phase == "B":
+                break
+            warm_up.add((a.micro_batch, a.chunk * p + r))
+    ends: dict = {}
+    simulate_unit_times(sched, 1.0, 0.5, 0.0, warmup_comm=warm, finish=ends)
+    tight = 0
+    for (phase, mb, j), end in ends.items():
+        if phase != "F" or j == 0 or (j - 1) % p == j % p:
+            continue
+        arrival = ends[("F", mb, j - 1)] + (warm[j - 1] if (mb, j - 1) in warm_up else 0.0)
+        assert end - 1.0 >= arrival - 1e-12, (mb, j)
+        tight += abs(end - 1.0 - arrival) < 1e-12 and (mb, j - 1) in warm_up
+    assert tight
 
 
 def test_gpipe_warm_up_is_every_forward():

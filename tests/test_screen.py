@@ -14,6 +14,7 @@ from simulator import screen
 from simulator.cli import main
 from simulator.experiment import experiment_from_dict, run_experiment
 from simulator.screen import ScreenUnsupported, screen_experiment
+from workloads.training import _StepBuilder
 
 AGREEMENT = {
     "name": "screen agreement, 64 GPUs",
@@ -168,21 +169,72 @@ class _UplinkFabric:
 
 
 def test_later_transfers_meet_as_far_as_the_warm_up_spread_them():
-    """1-byte sends. Own links 2, 1, 10 B/s; replicas 0 and 1 share uplink 10 at 2 B/s, replica 2 has uplink 11
-    at 10 B/s. At once: replicas 0 and 1 take 1 s (the shared uplink), replica 2 0.1 s, a spread of 0.9 s;
-    replica 0 (the first of the slowest) alone takes 0.5 s, so its later transfer is 0.5 + (1 - 0.5) x 0.5 /
-    0.9 s. With replica 2 on the shared uplink as well (3 B/s), every replica takes 1 s at once: no spread,
-    they stay in step, and the later price is the warm-up one although each alone would take 0.5 s or less."""
+    """1-byte sends. Own links 2, 1.5, 10 B/s; replicas 0 and 1 share uplink 10 at 2 B/s, replica 2 has uplink 11
+    at 10 B/s. At once: replicas 0 and 1 take 1 s (the shared uplink), replica 2 0.1 s, a spread of 0.9 s.
+    Alone, replica 0 takes 0.5 s and replica 1 2/3 s (its own link), so later they take 0.5 + 0.5 x 0.5 / 0.9
+    and 2/3 + 1/3 x (2/3) / 0.9 s: replica 1's transfers sum the largest and price the pipeline (the warm-up
+    alone ties them). With replica 2 on the shared uplink as well (3 B/s), every replica takes 1 s at once:
+    no spread, they stay in step, and the later price is the warm-up one although each alone is faster."""
     block = [[0, 1, 2], [3, 4, 5]]
-    warm, later = screen.pipeline_transfer_times(_UplinkFabric((2.0, 1.0, 10.0), (2.0, 10.0)), block, 1.0, 2)
+    warm, later = screen.pipeline_transfer_times(_UplinkFabric((2.0, 1.5, 10.0), (2.0, 10.0)), block, 1.0, 2)
     assert warm == [1.0]
-    assert later == [pytest.approx(0.5 + 0.5 * 0.5 / 0.9, rel=1e-12)]
+    assert later == [pytest.approx(2 / 3 + 1 / 3 * (2 / 3) / 0.9, rel=1e-12)]
 
     class _Shared(_UplinkFabric):
         def send_specs(self, srcs, dsts, nbytes):
             return tuple((np.array([a % 3, 10]), nbytes, 0.0, nbytes) for a in srcs)
 
-    assert screen.pipeline_transfer_times(_Shared((2.0, 1.0, 10.0), (3.0, 10.0)), block, 1.0, 2) == ([1.0], [1.0])
+    assert screen.pipeline_transfer_times(_Shared((2.0, 2.0, 10.0), (3.0, 10.0)), block, 1.0, 2) == ([1.0], [1.0])
+
+
+class _TPFabric:
+    """Two replicas of two TP members (stage s: ranks 4s .. 4s + 3); replica 0's members share link 20 (1 B/s),
+    replica 1's have links of their own."""
+
+    usable_capacity = np.ones(32)
+
+    def send_specs(self, srcs, dsts, nbytes):
+        return tuple((np.array([20 if a % 4 < 2 else a % 4]), nbytes, 0.0, nbytes) for a in srcs)
+
+
+def test_a_replica_alone_keeps_its_tp_members_together():
+    """A replica's transfer alone is its TP members' flows together (they send at once): replica 0's two members
+    over one 1 B/s link take 2 s, not the 1 s each would alone; replica 1's take 1 s."""
+    block = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    alone = screen._replica_transfer_times(_TPFabric(), block, 1.0, 2, 2, alone=True)
+    assert alone.tolist() == [[2.0, 1.0]]
+
+
+SPREAD = {
+    "cluster": {"preset": "dgx-h100", "nodes": 5, "nodes_per_leaf": 1, "spines": 2, "oversubscription": 4},
+    "model": {"preset": "gpt2-small", "layers": 10, "hidden": 4096, "heads": 32, "kv_heads": 32},
+    "parallel": {"tp": 1, "pp": 5, "dp": 8, "micro_batch": 2, "global_batch": 320, "zero": 1,
+                 "placement": ["tp", "dp", "pp"]},
+    "training": {"seq_len": 1024}}
+"""A stage per server, a leaf per server: every boundary crosses 4:1 uplinks, where ECMP sets the replicas apart."""
+
+
+def test_the_screen_runs_the_pipeline_on_both_prices(monkeypatch):
+    """The warm-up prices go to the fill chain and the later ones everywhere else: the PP exposure is their sum,
+    the reported transfer the largest warm-up one, and the pipeline shorter than with every transfer at its
+    warm-up price."""
+    exp = experiment_from_dict(copy.deepcopy(SPREAD))
+    out = screen_experiment(exp)
+    fabric = screen._fabric(exp)
+    b = _StepBuilder(exp.model, exp.parallel, exp.training, exp.options, exp.routing)
+    block = [[b.layout.rank(tp=0, dp=d, pp=s) for d in range(8)] for s in range(5)]
+    warm, later = screen.pipeline_transfer_times(fabric, block, b.p2p_bytes, 5, 1)
+    assert later != warm and all(x <= w for x, w in zip(later, warm))
+    assert out["exposed_comm_by_class_s"]["pp"] == pytest.approx(sum(warm) + sum(later), rel=1e-12)
+    assert out["pp_transfer_s"] == max(warm)
+    monkeypatch.setattr(screen, "pipeline_transfer_times", lambda *args: (warm, warm))
+    synced = screen_experiment(exp)
+    assert synced["pipeline_s"] > out["pipeline_s"]
+    # the drain chain: stage r's last backward ends one backward and one later transfer before stage r - 1's
+    ends, synced_ends = ([st["finish_s"] for st in o["stages"]] for o in (out, synced))
+    for r in range(1, 5):
+        assert (synced_ends[r - 1] - synced_ends[r]) - (ends[r - 1] - ends[r]) == pytest.approx(
+            warm[r - 1] - later[r - 1], abs=1e-12)
 
 
 def test_flow_groups_are_priced_as_if_alone():

@@ -679,6 +679,7 @@ def simulate_unit_times(
     t_pair: float | None = None,
     dualpipe: bool = False,
     warmup_comm: float | Sequence[float] | None = None,
+    finish: dict[tuple[str, int, int], float] | None = None,
 ) -> tuple[float, list[float]]:
     """Execute a schedule with data dependencies; reference list-scheduler.
 
@@ -686,8 +687,9 @@ def simulate_unit_times(
     action starts as soon as the rank is free and its inputs are ready:
 
     * ``F(mb, j)`` needs ``F(mb, j-1)`` sent (+ ``comm`` if on another
-      rank), for chain position ``j`` (:func:`chain_position`: the virtual
-      stage ``j = chunk * p + rank``);
+      rank; ``warmup_comm`` if that forward ran before its rank's first
+      backward), for chain position ``j`` (:func:`chain_position`: the
+      virtual stage ``j = chunk * p + rank``);
     * ``B(mb, j)`` needs ``B(mb, j+1)`` sent (+ ``comm`` if on another
       rank), and ``F(mb, j)`` finished on this rank (for the last position
       only the latter);
@@ -730,8 +732,12 @@ def simulate_unit_times(
         Seconds of a transfer sent by a *warm-up* forward, one its rank runs before its first backward (per
         boundary as ``comm``; default ``comm``). Data-parallel replicas start a step together and run their
         warm-up forwards back to back, so those sends leave every replica at once and share the fabric;
-        later the replicas drift apart and each sends nearly alone. A caller pricing the two apart passes
+        later the replicas may drift apart and send less often together. A caller pricing the two apart passes
         the synchronised price here and the drifted one as ``comm`` (:mod:`simulator.screen`).
+    finish : dict, optional
+        Filled with when every action ends, keyed ``(phase, micro_batch, position)`` (``position`` as
+        :func:`chain_position` numbers it): when a chunk's last backward ends on a rank, say, which is when
+        its gradients are ready to reduce.
 
     Returns
     -------
@@ -843,4 +849,6 @@ def simulate_unit_times(
         if not progressed:
             stuck = {r: schedule[r][pos[r]] for r in range(p) if pos[r] < len(schedule[r])}
             raise RuntimeError(f"pipeline schedule deadlocks; ranks blocked on {stuck}")
+    if finish is not None:
+        finish.update(done)
     return max(free), busy
