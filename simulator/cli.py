@@ -164,8 +164,9 @@ def _collective():
                                           "as needed)")
         p.add_argument("--algo", default="auto", help=f"one of: {', '.join(COLLECTIVE_ALGORITHMS)}")
         p.add_argument("--fidelity", default=None, choices=("fast", "full"),
-                       help="fast (one pipelined transfer per ring) or full (every ring step); default the file's "
-                            "network.fidelity, else fast")
+                       help="fast (one pipelined transfer per ring) or full (every ring step); default the "
+                            "--cluster file's network: {fidelity: ...} (not its top-level fidelity:, which "
+                            "chooses the ranks a training step simulates), else fast")
         p.add_argument("--no-pxn", dest="pxn", action="store_false",
                        help="send from each GPU's own NIC (NCCL_PXN_DISABLE=1); default: NCCL's PXN, traffic between "
                             "servers leaving through the NIC on the destination's rail")
@@ -582,6 +583,7 @@ def _sweep():
             FIDELITIES,
             SCREEN,
             SweepInterrupted,
+            batch_note,
             counts_line,
             parse_grid_arg,
             reasons_lines,
@@ -636,6 +638,9 @@ def _sweep():
         if args.top:
             print(top_table(table, args.top))
         print(counts_line(table) + (f"; written to {args.output}" if args.output else ""))
+        unlike = batch_note(table)
+        if unlike:
+            print(f"# {unlike}", file=sys.stderr)
         others = table.attrs.get("other_rows", 0)
         if others:
             print(f"# {args.output} also keeps {others} row{'s' * (others != 1)} of other sweeps (another grid, "

@@ -60,3 +60,26 @@ def test_screen_times_the_later_chunks_gradient_reductions(chunks):
     assert screened == pytest.approx(run_experiment(exp).step_time, rel=0.05)
     doc["parallel"]["overlap_grad_reduce"] = False
     assert screened == pytest.approx(screen_experiment(experiment_from_dict(doc))["step_time_s"], rel=0.05)
+
+
+def test_a_sweep_of_unlike_batches_says_so(tmp_path, capsys):
+    """Without parallel.global_batch a point's step is micro_batch x dp sequences: swept over tp, the steps hold
+    2,048 to 8,192 tokens, and ranking them by step time ranks unlike work; the sweep says so (on stderr),
+    and not once the batch is set or the ranking is per token."""
+    import yaml
+
+    from simulator.cli import main
+    from simulator.sweeps import batch_note, sweep
+
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "gpt2-small", "layers": 2},
+           "parallel": {"tp": 1, "pp": 1, "dp": 16, "micro_batch": 1}, "training": {"seq_len": 512}}
+    grid = {"parallel.tp": [1, 2, 4]}
+    table = sweep(doc, grid, jobs=1, progress=False)
+    assert "2,048 to 8,192 tokens" in batch_note(table)
+    assert batch_note(table, "tokens_per_s") is None
+    path = tmp_path / "e.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["sweep", str(path), "--grid", "parallel.tp=1,2,4", "--jobs", "1", "--no-progress"]) == 0
+    assert "steps of unlike size" in capsys.readouterr().err
+    doc["parallel"]["global_batch"] = 32
+    assert batch_note(sweep(doc, grid, jobs=1, progress=False)) is None

@@ -107,14 +107,15 @@ from .errors import SweepInterrupted
 from .grid import AUTO, AUTO_KEYS, LAYOUT, SWEEP_FIELDS, Grid, check_fields, merge_grids, parse_grid_arg, sweep_settings
 from .paths import apply_overrides, get_path, set_path
 from .points import Point, expand_grid, layouts, point_key
-from .report import counts_line, reasons_lines, status_counts, top_table
+from .report import batch_note, counts_line, reasons_lines, status_counts, top_table
 from .store import OUTPUT_FORMATS, REUSABLE, read_table, write_table
 from .table import rank_table
 from .worker import run_point
 
 __all__ = [
     "sweep", "run_point", "expand_grid", "parse_grid_arg", "check_fields", "sweep_settings", "merge_grids",
-    "rank_table", "status_counts", "counts_line", "reasons_lines", "top_table", "read_table", "write_table", "Point",
+    "rank_table", "status_counts", "counts_line", "reasons_lines", "top_table", "batch_note", "read_table",
+    "write_table", "Point",
     "SweepInterrupted",
     "STATUSES", "HIGHER_IS_BETTER", "METRIC_COLUMNS", "CAPACITY_COLUMNS", "LAYOUT", "AUTO",
     "point_key", "layouts", "get_path", "set_path", "apply_overrides", "Grid",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .columns import FIDELITY_COLUMN, KEY_COLUMN, METRIC_COLUMNS, STATUSES
+from .columns import FIDELITY_COLUMN, HIGHER_IS_BETTER, KEY_COLUMN, METRIC_COLUMNS, STATUSES
 
-__all__ = ["status_counts", "counts_line", "top_table"]
+__all__ = ["status_counts", "counts_line", "top_table", "batch_note"]
 
 
 def status_counts(df: pd.DataFrame) -> dict[str, int]:
@@ -104,3 +104,32 @@ def top_table(df: pd.DataFrame, k: int, metric: str | None = None) -> str:
     table = ok[shown].copy()
     table["memory_GB"] = ok["memory_per_gpu_bytes"] / 1e9
     return table.to_string(index=False, float_format=lambda x: f"{x:.4g}")
+
+
+PER_STEP_METRICS = ("step_time_s", "exposed_comm_s")
+"""Metrics of one step whatever it holds: they rank unlike work when the points' steps hold unlike batches."""
+
+
+def batch_note(df: pd.DataFrame, metric: str | None = None) -> str | None:
+    """A note when the feasible points' steps train different numbers of tokens and ``metric`` ranks whole steps.
+
+    Without ``parallel.global_batch`` a step is ``micro_batch x dp`` sequences, so a layout sweep compares steps
+    of different sizes by their time (a smaller DP trains fewer tokens, in less time). Per-token and per-GPU
+    rates (``tokens_per_s``, ``mfu``) compare them fairly.
+
+    Returns
+    -------
+    str or None
+        The note, or None where every feasible step trains the same tokens (to 1e-9) or the metric is a rate.
+    """
+    metric = metric or df.attrs.get("metric", "step_time_s")
+    if metric in HIGHER_IS_BETTER or metric not in PER_STEP_METRICS or "tokens_per_s" not in df.columns:
+        return None
+    ok = df[df["status"] == "ok"]
+    tokens = pd.to_numeric(ok["tokens_per_s"], errors="coerce") * pd.to_numeric(ok["step_time_s"], errors="coerce")
+    tokens = tokens.dropna()
+    if len(tokens) < 2 or tokens.max() <= tokens.min() * (1 + 1e-9):
+        return None
+    return (f"the feasible points' steps train from {tokens.min():,.0f} to {tokens.max():,.0f} tokens (set "
+            f"parallel.global_batch to compare equal work, or rank by --metric tokens_per_s): {metric} ranks "
+            f"steps of unlike size")
