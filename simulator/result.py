@@ -587,7 +587,7 @@ class Result:
         """Write every figure as a PNG in ``folder`` (created if missing); return the paths written.
 
         ``timeline``, ``stages`` (pipeline runs), ``tier_bandwidth``, ``link_heatmap`` (20 busiest links),
-        ``traffic_<level>`` for node and, on a fabric with leaves, leaf level, ``link_utilization``,
+        ``traffic_<level>`` for node and, on a fabric with two leaves or more, leaf level, ``link_utilization``,
         ``bytes_by_class_and_tier``; the timeline only for a run with bars to draw (not one whose ops all take no
         time), the link figures only where bytes crossed a link.
         """
@@ -604,8 +604,8 @@ class Result:
         figures += [("tier_bandwidth", self.plot_tier_bandwidth), ("link_heatmap", self.plot_link_heatmap),
                     ("traffic_node", lambda: self.plot_traffic_matrix("node"))]
         try:
-            _traffic().rank_labels(self.record.fabric.cluster, "leaf")
-            figures.append(("traffic_leaf", lambda: self.plot_traffic_matrix("leaf")))
+            if len(set(_traffic().rank_labels(self.record.fabric.cluster, "leaf"))) > 1:  # (one leaf: one cell)
+                figures.append(("traffic_leaf", lambda: self.plot_traffic_matrix("leaf")))
         except ValueError:
             pass  # no leaf switches: node level says it all
         figures += [("link_utilization", self.plot_link_utilization),

@@ -83,3 +83,17 @@ def test_a_sweep_of_unlike_batches_says_so(tmp_path, capsys):
     assert "steps of unlike size" in capsys.readouterr().err
     doc["parallel"]["global_batch"] = 32
     assert batch_note(sweep(doc, grid, jobs=1, progress=False)) is None
+
+
+@pytest.mark.parametrize("nodes_per_leaf, drawn", [(2, False), (1, True)])
+def test_the_leaf_traffic_matrix_is_drawn_only_between_leaves(tmp_path, nodes_per_leaf, drawn):
+    """On one leaf the leaf-level matrix is a single cell holding every byte, NVLink's included: not drawn."""
+    import matplotlib
+    matplotlib.use("Agg")
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 2, "nodes_per_leaf": nodes_per_leaf},
+           "model": {"preset": "gpt2-small", "layers": 2},
+           "parallel": {"tp": 1, "pp": 1, "dp": 16, "micro_batch": 1, "global_batch": 16},
+           "training": {"seq_len": 256}}
+    paths = run_experiment(experiment_from_dict(doc)).save_plots(str(tmp_path))
+    assert any(p.endswith("traffic_leaf.png") for p in paths) == drawn
+    assert any(p.endswith("traffic_node.png") for p in paths)
