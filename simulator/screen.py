@@ -318,8 +318,8 @@ def boundary_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbyt
 
 def pipeline_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbytes: float, positions: int,
                             tp: int = 1) -> tuple[list[float], list[float]]:
-    """Seconds of each pipeline boundary's transfer in the warm-up and after it, for the replica
-    :func:`boundary_transfer_times` prices (parameters as there).
+    """Seconds of each pipeline boundary's transfer in the warm-up and after it, for the DP replica whose
+    transfers sum the largest (parameters as :func:`boundary_transfer_times`'s).
 
     Every replica starts the step at once and sends its warm-up forwards at the same instants: those are
     priced all together (:func:`boundary_transfer_times`). Each replica's transfer then takes its own time
@@ -568,7 +568,8 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
                 # behind the backwards of the later chunks when it is short, past them when it is not
                 ready = [(last_backward[c * p + stage], whole[c], 1) for c in range(1, v) if whole[c] > 0]
                 if b.unbucketed(stage, 0):  # reduced once the last backward is done
-                    return ready + [(finish[stage], whole[0], 1)] if whole[0] > 0 else ready
+                    return sorted(ready + [(finish[stage], whole[0], 1)] if whole[0] > 0 else ready,
+                                  key=lambda bucket: bucket[0])
             else:
                 fill = sum(s.grad_bytes for c in range(1, v) for s in b.segments(stage, c, grad_phase, False))
                 if fill >= size:
