@@ -97,3 +97,24 @@ def test_the_leaf_traffic_matrix_is_drawn_only_between_leaves(tmp_path, nodes_pe
     paths = run_experiment(experiment_from_dict(doc)).save_plots(str(tmp_path))
     assert any(p.endswith("traffic_leaf.png") for p in paths) == drawn
     assert any(p.endswith("traffic_node.png") for p in paths)
+
+
+def test_a_result_edited_to_text_is_simulated_again_and_the_column_stays_numeric(tmp_path):
+    """A resumed sweep reads its CSV back: one result cell edited to text made pandas read the whole column as
+    strings, so every reused row's value came back as text and the edited one was trusted as ``"oops"``."""
+    from simulator.sweeps import sweep
+
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small", "layers": 2},
+           "parallel": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "global_batch": 8}, "training": {"seq_len": 256}}
+    grid = {"parallel.tp": [1, 2, 4]}
+    out = tmp_path / "s.csv"
+    first = sweep(doc, grid, jobs=1, progress=False, output=out)
+    lines = out.read_text().splitlines()
+    column = lines[0].split(",").index("mfu")
+    cells = lines[2].split(",")
+    cells[column] = "oops"
+    lines[2] = ",".join(cells)
+    out.write_text("\n".join(lines) + "\n")
+    again = sweep(doc, grid, jobs=1, progress=False, output=out)
+    assert again["mfu"].dtype == float
+    assert list(again["mfu"]) == list(first["mfu"])

@@ -6,7 +6,7 @@ from topologies.cluster import TIERS
 
 __all__ = ["STATUSES", "METRIC_COLUMNS", "CAPACITY_COLUMNS", "HIGHER_IS_BETTER", "KEY_COLUMN", "LAYOUT_COLUMNS",
            "FIDELITY_COLUMN", "FIDELITIES", "SCREEN", "TRAFFIC_CLASSES", "check_metric",
-           "check_fidelity", "check_max_tp"]
+           "check_fidelity", "check_max_tp", "is_result_column"]
 
 STATUSES = ("ok", "invalid", "oom", "failed")
 """Every row's ``status``, in reporting order."""
@@ -17,6 +17,18 @@ CAPACITY_COLUMNS = ("fabric_cost_usd", "fabric_power_kw", "bisection_bytes_s")
 (bytes/s): :func:`topologies.capacity.plan_columns`, computed once per distinct cluster."""
 HIGHER_IS_BETTER = frozenset({"mfu", "tflops_per_gpu", "tokens_per_s", "bisection_bytes_s"})
 """Metrics ranked in decreasing order; every other metric ranks in increasing order."""
+RESULT_PREFIXES = ("exposed_", "bytes_", "time_")
+"""Prefixes of the per-class, per-tier and per-category numbers of a row (``worker._metrics``)."""
+
+
+def is_result_column(name: str) -> bool:
+    """Whether column ``name`` holds a number a point's run produced (seconds, bytes, fractions, USD...), as
+    opposed to a swept parameter (a dotted path), the key, the status or the reason."""
+    return (name in METRIC_COLUMNS or name in CAPACITY_COLUMNS
+            or name in ("memory_per_gpu_bytes", "sim_wall_s", "healthy_step_time_s", "fault_slowdown")
+            or ("." not in name and name.startswith(RESULT_PREFIXES)))
+
+
 KEY_COLUMN = "point"
 """Column holding each row's stable point key (see :func:`simulator.sweeps.points.point_key`)."""
 RANK_COLUMNS = ("rank", "screen_rank")

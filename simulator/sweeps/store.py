@@ -18,7 +18,7 @@ except ImportError:  # not POSIX: no lock
 
 import pandas as pd
 
-from .columns import KEY_COLUMN, RANK_COLUMNS
+from .columns import KEY_COLUMN, RANK_COLUMNS, is_result_column
 
 __all__ = ["OUTPUT_FORMATS", "REUSABLE", "output_format", "read_table", "write_table", "previous_rows",
            "output_lock"]
@@ -177,6 +177,12 @@ def previous_rows(output: str | os.PathLike | None, keys: set[str]) -> tuple[dic
     whole = old[KEY_COLUMN].notna() & old["status"].isin(REUSABLE)
     if "step_time_s" in old.columns:
         whole &= (old["status"] != "ok") | pd.to_numeric(old["step_time_s"], errors="coerce").notna()
+    # Results are numbers: a cell edited to text is not trusted (its row is simulated again), and one such
+    # cell does not turn the column's other rows into text (CSV reads a mixed column as strings).
+    for column in [c for c in old.columns if is_result_column(c)]:
+        numbers = pd.to_numeric(old[column], errors="coerce")
+        whole &= numbers.notna() | old[column].isna()
+        old[column] = numbers
     mine = old[KEY_COLUMN].isin(keys)
     # (what ranked or screened a row belongs to the sweep that did: a plain sweep reusing a refined row showed the
     # screen's rank beside its own; a screened sweep sets its own again)
