@@ -227,6 +227,11 @@ def test_a_forwards_input_waits_for_the_senders_price():
     assert tight
 
 
+def test_finish_must_be_a_dict():
+    with pytest.raises(TypeError, match="finish must be a dict"):
+        simulate_unit_times(pipeline_schedule("1f1b", 2, 2), 1.0, 2.0, 0.1, finish=[])
+
+
 def test_gpipe_warm_up_is_every_forward():
     """GPipe runs every forward before any backward: the fill chain pays the warm-up prices, the drain chain
     ``comm``, each boundary once."""

@@ -94,7 +94,7 @@ Orderings reproduced
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
 
@@ -752,6 +752,8 @@ def simulate_unit_times(
     ValueError
         If a ``comm`` or ``warmup_comm`` is negative, ``t_pair < 0``, the schedule is empty, or
         a time sequence has the wrong length.
+    TypeError
+        If ``finish`` is not a dict (a mutable mapping).
     RuntimeError
         If the schedule deadlocks (a rank waits on an action that can never
         run, e.g. a backward before its forward).
@@ -759,6 +761,8 @@ def simulate_unit_times(
     p = len(schedule)
     if p == 0:
         raise ValueError("schedule must have at least one rank")
+    if finish is not None and not isinstance(finish, MutableMapping):
+        raise TypeError(f"finish must be a dict to fill with each action's end, got {type(finish).__name__}")
     if t_pair is not None and t_pair < 0:
         raise ValueError(f"t_pair must be >= 0, got {t_pair}")
     kind = "dualpipe" if dualpipe else ""
