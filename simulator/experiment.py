@@ -436,6 +436,9 @@ def read_experiment_file(path: str | os.PathLike, sections: Sequence[str] = SECT
         raise ConfigError(f"{path}: no such experiment file") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: {malformed(exc)}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder, not an experiment file (a folder of Chakra traces runs as "
+                          f"clustersim run --chakra {path})") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     if doc is None:

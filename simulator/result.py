@@ -587,7 +587,8 @@ class Result:
         """Write every figure as a PNG in ``folder`` (created if missing); return the paths written.
 
         ``timeline``, ``stages`` (pipeline runs), ``tier_bandwidth``, ``link_heatmap`` (20 busiest links),
-        ``traffic_<level>`` for node and, on a fabric with two leaves or more, leaf level, ``link_utilization``,
+        ``traffic_<level>`` for node level with two nodes or more and leaf level with two leaves or more,
+        ``link_utilization``,
         ``bytes_by_class_and_tier``; the timeline only for a run with bars to draw (not one whose ops all take no
         time), the link figures only where bytes crossed a link.
         """
@@ -601,8 +602,9 @@ class Result:
                                                if bars is not None and len(bars) else [])
         if len(self._stage_frame()):
             figures.append(("stages", self.plot_stages))
-        figures += [("tier_bandwidth", self.plot_tier_bandwidth), ("link_heatmap", self.plot_link_heatmap),
-                    ("traffic_node", lambda: self.plot_traffic_matrix("node"))]
+        figures += [("tier_bandwidth", self.plot_tier_bandwidth), ("link_heatmap", self.plot_link_heatmap)]
+        if len(set(_traffic().rank_labels(self.record.fabric.cluster, "node"))) > 1:  # (one node: one cell)
+            figures.append(("traffic_node", lambda: self.plot_traffic_matrix("node")))
         try:
             if len(set(_traffic().rank_labels(self.record.fabric.cluster, "leaf"))) > 1:  # (one leaf: one cell)
                 figures.append(("traffic_leaf", lambda: self.plot_traffic_matrix("leaf")))

@@ -81,6 +81,9 @@ def test_a_sweep_of_unlike_batches_says_so(tmp_path, capsys):
     path.write_text(yaml.safe_dump(doc))
     assert main(["sweep", str(path), "--grid", "parallel.tp=1,2,4", "--jobs", "1", "--no-progress"]) == 0
     assert "steps of unlike size" in capsys.readouterr().err
+    doc["training"]["seq_len"] = 256  # the batch set, the sequence swept: still unlike work
+    doc["parallel"]["global_batch"] = 16
+    assert "training.seq_len" in batch_note(sweep(doc, {"training.seq_len": [256, 512]}, jobs=1, progress=False))
     doc["parallel"]["global_batch"] = 32
     assert batch_note(sweep(doc, grid, jobs=1, progress=False)) is None
 
@@ -97,6 +100,43 @@ def test_the_leaf_traffic_matrix_is_drawn_only_between_leaves(tmp_path, nodes_pe
     paths = run_experiment(experiment_from_dict(doc)).save_plots(str(tmp_path))
     assert any(p.endswith("traffic_leaf.png") for p in paths) == drawn
     assert any(p.endswith("traffic_node.png") for p in paths)
+
+
+def test_the_node_traffic_matrix_is_drawn_only_between_nodes(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small", "layers": 2},
+           "parallel": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "global_batch": 8}, "training": {"seq_len": 256}}
+    paths = run_experiment(experiment_from_dict(doc)).save_plots(str(tmp_path))
+    names = {p.rsplit("/", 1)[-1] for p in paths}
+    assert not any(n.startswith("traffic_") for n in names) and "tier_bandwidth.png" in names
+
+
+def test_resuming_a_sweep_whose_rows_are_all_invalid(tmp_path, capsys):
+    """Every point invalid leaves the derived parallel.dp column empty in the file; the resumed rows dropped it
+    and the table could not be built (KeyError, since before this session)."""
+    import yaml
+
+    from simulator.cli import main
+
+    path, out = tmp_path / "e.yaml", tmp_path / "s.csv"
+    path.write_text(yaml.safe_dump({"cluster": {"preset": "dgx-h100", "nodes": 2},
+                                    "model": {"preset": "gpt2-small", "layers": 2},
+                                    "parallel": {"tp": 1, "pp": 1, "dp": 16, "micro_batch": 1},
+                                    "training": {"seq_len": 512}}))
+    argv = ["sweep", str(path), "--grid", "parallel.tp=3", "--jobs", "1", "--no-progress", "-o", str(out)]
+    for _ in range(2):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "cannot derive dp" in err and "Traceback" not in err and "internal error" not in err
+
+
+def test_a_folder_given_as_the_experiment_file_points_to_chakra(tmp_path, capsys):
+    from simulator.cli import main
+
+    assert main(["run", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder" in err and "--chakra" in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_result_edited_to_text_is_simulated_again_and_the_column_stays_numeric(tmp_path):

@@ -130,6 +130,6 @@ def batch_note(df: pd.DataFrame, metric: str | None = None) -> str | None:
     tokens = tokens.dropna()
     if len(tokens) < 2 or tokens.max() <= tokens.min() * (1 + 1e-9):
         return None
-    return (f"the feasible points' steps train from {tokens.min():,.0f} to {tokens.max():,.0f} tokens (set "
-            f"parallel.global_batch to compare equal work, or rank by --metric tokens_per_s): {metric} ranks "
-            f"steps of unlike size")
+    return (f"the feasible points' steps train from {tokens.min():,.0f} to {tokens.max():,.0f} tokens, so {metric} "
+            f"ranks steps of unlike size: rank by --metric tokens_per_s, or give every point the same "
+            f"parallel.global_batch and training.seq_len")

@@ -117,7 +117,9 @@ def build_table(rows: Iterable[Mapping[str, Any]], param_columns: Sequence[str],
     df = pd.DataFrame(list(rows))
     if df.empty:
         df = pd.DataFrame(columns=[*param_columns, "status", "reason", KEY_COLUMN])
-    for col in ("reason", "sim_wall_s", "memory_per_gpu_bytes", *METRIC_COLUMNS, *CAPACITY_COLUMNS, metric):
+    # (a derived parameter, e.g. parallel.dp, is missing where no row resolved it: every point invalid, say)
+    for col in ("reason", "sim_wall_s", "memory_per_gpu_bytes", *METRIC_COLUMNS, *CAPACITY_COLUMNS, metric,
+                *param_columns):
         if col not in df.columns:
             df[col] = "" if col == "reason" else float("nan")
     _zero_fill(df)
