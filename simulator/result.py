@@ -603,13 +603,13 @@ class Result:
         if len(self._stage_frame()):
             figures.append(("stages", self.plot_stages))
         figures += [("tier_bandwidth", self.plot_tier_bandwidth), ("link_heatmap", self.plot_link_heatmap)]
-        if len(set(_traffic().rank_labels(self.record.fabric.cluster, "node"))) > 1:  # (one node: one cell)
-            figures.append(("traffic_node", lambda: self.plot_traffic_matrix("node")))
-        try:
-            if len(set(_traffic().rank_labels(self.record.fabric.cluster, "leaf"))) > 1:  # (one leaf: one cell)
-                figures.append(("traffic_leaf", lambda: self.plot_traffic_matrix("leaf")))
-        except ValueError:
-            pass  # no leaf switches: node level says it all
+        for level in ("node", "leaf"):  # a matrix of one node or one leaf would be one cell of every byte
+            try:
+                places = set(_traffic().rank_labels(self.record.fabric.cluster, level))
+            except ValueError:
+                continue  # no leaf switches (or a GPU in several): node level says it all
+            if len(places) > 1:
+                figures.append((f"traffic_{level}", lambda level=level: self.plot_traffic_matrix(level)))
         figures += [("link_utilization", self.plot_link_utilization),
                     ("bytes_by_class_and_tier", self.plot_bytes_by_class_and_tier)]
         written = []

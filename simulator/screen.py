@@ -310,7 +310,7 @@ def boundary_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbyt
       every transfer at the worst collision the fabric has). A boundary inside a leaf is therefore not charged
       for the oversubscribed uplinks another one crosses.
     """
-    synced = _replica_transfer_times(fabric, block, nbytes, positions, tp, alone=False)
+    (synced,) = _replica_transfer_times(fabric, block, nbytes, positions, tp)
     if not synced.size:
         return []
     return [float(x) for x in synced[:, int(np.argmax(synced.sum(axis=0)))]]
@@ -344,10 +344,9 @@ def pipeline_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbyt
     warm-up, later : list of float
         ``positions - 1`` seconds each.
     """
-    synced = _replica_transfer_times(fabric, block, nbytes, positions, tp, alone=False)
+    synced, alone = _replica_transfer_times(fabric, block, nbytes, positions, tp, alone=(False, True))
     if not synced.size:
         return [], []
-    alone = _replica_transfer_times(fabric, block, nbytes, positions, tp, alone=True)
     spread = (synced.max(axis=1) - synced.min(axis=1))[:, None]
     meet = np.minimum(1.0, alone / np.where(spread > 0, spread, np.inf), where=spread > 0,
                       out=np.ones_like(alone))
@@ -357,25 +356,30 @@ def pipeline_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbyt
 
 
 def _replica_transfer_times(fabric: Fabric, block: Sequence[Sequence[int]], nbytes: float, positions: int,
-                            tp: int, alone: bool) -> np.ndarray:
-    """Seconds of every replica's transfer over every boundary, ``(positions - 1) x replicas``: all at once, or
-    each replica's (its TP members' flows) ``alone`` on the fabric; the slower direction of each."""
+                            tp: int, alone: Sequence[bool] = (False,)) -> list[np.ndarray]:
+    """Seconds of every replica's transfer over every boundary, ``(positions - 1) x replicas``, the slower
+    direction of each: one array per entry of ``alone``, all at once (False) or each replica's (its TP
+    members' flows) alone on the fabric (True). The flows are routed once for every entry."""
     p = len(block)
     replicas = len(block[0]) // tp
     pairs = sorted({(j % p, (j + 1) % p) for j in range(positions - 1)} - {(s, s) for s in range(p)})
-    per_pair = {pair: np.zeros(replicas) for pair in pairs}  # each replica's seconds, slower direction
+    # each pass's per pair: each replica's seconds, slower direction
+    per_pair = [{pair: np.zeros(replicas) for pair in pairs} for _ in alone]
     # flow i of pair k is replica (i // tp) % replicas's member i % tp (send_specs keeps the block's order)
-    groups = np.arange(len(pairs) * replicas * tp) // tp if alone else None
+    apart = np.arange(len(pairs) * replicas * tp) // tp
     for forward in (True, False):
         flows: list[tuple] = []
         for src, dst in pairs:
             a_side, z_side = (block[src], block[dst]) if forward else (block[dst], block[src])
             flows += fabric.send_specs(tuple(a_side), tuple(z_side), nbytes)
-        seconds = flow_times(fabric, flows, groups=groups).reshape(len(pairs), replicas, tp).max(axis=2)
-        for k, pair in enumerate(pairs):
-            np.maximum(per_pair[pair], seconds[k], out=per_pair[pair])
+        for times, by_itself in zip(per_pair, alone):
+            seconds = flow_times(fabric, flows, groups=apart if by_itself else None)
+            seconds = seconds.reshape(len(pairs), replicas, tp).max(axis=2)
+            for k, pair in enumerate(pairs):
+                np.maximum(times[pair], seconds[k], out=times[pair])
     zero = np.zeros(replicas)
-    return np.array([per_pair.get((j % p, (j + 1) % p), zero) for j in range(positions - 1)]).reshape(-1, replicas)
+    return [np.array([times.get((j % p, (j + 1) % p), zero) for j in range(positions - 1)]).reshape(-1, replicas)
+            for times in per_pair]
 
 
 def _contend(windows: list[tuple[float, float]], rings: list[list[np.ndarray]],

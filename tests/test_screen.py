@@ -201,7 +201,7 @@ def test_a_replica_alone_keeps_its_tp_members_together():
     """A replica's transfer alone is its TP members' flows together (they send at once): replica 0's two members
     over one 1 B/s link take 2 s, not the 1 s each would alone; replica 1's take 1 s."""
     block = [[0, 1, 2, 3], [4, 5, 6, 7]]
-    alone = screen._replica_transfer_times(_TPFabric(), block, 1.0, 2, 2, alone=True)
+    (alone,) = screen._replica_transfer_times(_TPFabric(), block, 1.0, 2, 2, alone=(True,))
     assert alone.tolist() == [[2.0, 1.0]]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .columns import FIDELITY_COLUMN, HIGHER_IS_BETTER, KEY_COLUMN, METRIC_COLUMNS, STATUSES
+from .columns import FIDELITY_COLUMN, KEY_COLUMN, METRIC_COLUMNS, STATUSES
 
 __all__ = ["status_counts", "counts_line", "top_table", "batch_note"]
 
@@ -123,7 +123,7 @@ def batch_note(df: pd.DataFrame, metric: str | None = None) -> str | None:
         The note, or None where every feasible step trains the same tokens (to 1e-9) or the metric is a rate.
     """
     metric = metric or df.attrs.get("metric", "step_time_s")
-    if metric in HIGHER_IS_BETTER or metric not in PER_STEP_METRICS or "tokens_per_s" not in df.columns:
+    if metric not in PER_STEP_METRICS or "tokens_per_s" not in df.columns:
         return None
     ok = df[df["status"] == "ok"]
     tokens = pd.to_numeric(ok["tokens_per_s"], errors="coerce") * pd.to_numeric(ok["step_time_s"], errors="coerce")
