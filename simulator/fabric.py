@@ -54,6 +54,7 @@ _IDENTITY_ENTRIES = 4096  # collectives remembered by identity of their groups a
 _UNSET = object()  # (a cached plan may be None: several phases per replica)
 _SHAPE_HOPS = 128  # plans with at most this many hops have their estimates cached per shape (Fabric._plan_shape;
 # a TP-8 tree on one server is 112: 8 channels of 14)
+_SKELETONS = 100_000  # small plans' routes kept per hops and labels (Fabric._skeleton; then forgotten at once)
 
 
 @dataclass(frozen=True)
@@ -279,6 +280,11 @@ class Fabric:
         self._last_routed: tuple | None = None
         # a phase's transfers ((hops, label) each) -> their bottlenecks (s/B) and route latencies (_both_estimates)
         self._phase_loads: dict[tuple, tuple[list[float], list[float]]] = {}
+        # a small plan's transfers ((hops, label) each, phase by phase) -> what its routes alone give: their links
+        # relabelled with the usable capacities (_plan_shape), and each transfer's links array, spread and largest
+        # hop latency (_route_plan). A collective whose size follows the routed load (a MoE layer's expert-TP
+        # all-gather) is planned anew for every size, over the same routes.
+        self._skeletons: dict[tuple, list] = {}
         # id(links array) -> (the array, the (src rank, dst rank) hops it carries, one equal payload each):
         # how the traffic matrix attributes a route's payload to GPU pairs.
         self._pairs: dict[int, tuple[np.ndarray, tuple[tuple[int, int], ...]]] = {}
@@ -576,25 +582,45 @@ class Fabric:
         routes cross the same number of equally fast links — has one shape, so the tuner's choice is
         estimated once per shape, not once per group. A degraded or faulted link changes the capacities
         or routes and so the shape."""
-        relabel: dict[int, int] = {}
-        hop = self._hop
-        spread = self.spread
-        phases = []
-        for phase in plan.phases:
-            transfers = []
-            for t in phase:
-                hops = []
-                for s, d in t.hops:
-                    links, lat = hop(s, d, t.label)
-                    hops.append((tuple([relabel.setdefault(x, len(relabel)) for x in links.tolist()]), lat,
-                                 spread(links)))
-                transfers.append((t.nbytes, t.steps, t.net_steps, tuple(hops)))
-            phases.append(tuple(transfers))
-        usable = self.usable_capacity[list(relabel)].tolist() if relabel else []
+        skeleton = self._skeleton(plan)
+        relabelled = skeleton[0]
+        if relabelled is None:
+            relabel: dict[int, int] = {}
+            hop = self._hop
+            spread = self.spread
+            hop_shapes = []
+            for phase in plan.phases:
+                for t in phase:
+                    hops = []
+                    for s, d in t.hops:
+                        links, lat = hop(s, d, t.label)
+                        hops.append((tuple([relabel.setdefault(x, len(relabel)) for x in links.tolist()]), lat,
+                                     spread(links)))
+                    hop_shapes.append(tuple(hops))
+            usable = self.usable_capacity[list(relabel)].tolist() if relabel else []
+            relabelled = skeleton[0] = (hop_shapes, tuple(usable))
+        hop_shapes, usable = relabelled
+        shapes = iter(hop_shapes)
+        phases = tuple([tuple([(t.nbytes, t.steps, t.net_steps, next(shapes)) for t in phase])
+                        for phase in plan.phases])
         spans = self._spans_servers(plan.group) if self.config.nccl_latency else None
         # (a ring's plateau and a tree's correction depend on the all-reduce's size, not its transfers' alone)
         size = plan.nbytes if plan.kind == "all_reduce" and plan.algorithm in ("ring", "tree") else None
-        return (plan.algorithm, plan.kind, spans, self.protocols(plan), tuple(phases), tuple(usable), size)
+        return (plan.algorithm, plan.kind, spans, self.protocols(plan), phases, usable, size)
+
+    def _skeleton(self, plan: Plan) -> list:
+        """``[relabelled, routed]`` kept for ``plan``'s transfers' hops and labels (``_skeletons``): what
+        :meth:`_plan_shape` and :meth:`_route_plan` read of its routes alone, None until one of them has worked
+        it out. Plans of more than ``_SHAPE_HOPS`` hops are not kept (a fresh ``[None, None]``)."""
+        if sum([len(t.hops) for phase in plan.phases for t in phase]) > _SHAPE_HOPS:
+            return [None, None]
+        key = tuple([tuple([(t.hops, t.label) for t in phase]) for phase in plan.phases])
+        skeleton = self._skeletons.get(key)
+        if skeleton is None:
+            if len(self._skeletons) >= _SKELETONS:
+                self._skeletons.clear()
+            skeleton = self._skeletons[key] = [None, None]
+        return skeleton
 
     def estimate(self, plan: Plan, protocol: str = "Simple") -> float:
         """Contention-free time of ``plan`` under ``protocol`` in seconds: NCCL's latency terms (a multi-node
@@ -777,22 +803,34 @@ class Fabric:
             i = self.protocols(plan).index(protocol)
             costs = (costs[0] + (totals[i] - idle[i]) * (1.0 - correction), costs[1], costs[2])
         grouped = self.config.all_to_all != "per_pair" and plan.kind == "all_to_all"
-        last = self._last_routed
-        routed = iter(last[1] if last is not None and last[0] is plan.phases else
-                      self._hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops]))
+        # each transfer's (links, spread, largest hop latency, hops): kept per skeleton unless grouped (a wave
+        # declares its merged links to the network afresh)
+        skeleton = self._skeleton(plan) if not grouped else [None, None]
+        transfers = skeleton[1]
+        if transfers is None:
+            last = self._last_routed
+            routed = iter(last[1] if last is not None and last[0] is plan.phases else
+                          self._hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops]))
+            transfers = []
+            for phase in plan.phases:
+                for t in phase:
+                    hops = list(islice(routed, len(t.hops)))
+                    links, spread = self._transfer_links(hops)
+                    if len(hops) > 1:
+                        self._pairs[id(links)] = (links, tuple(t.hops))
+                    transfers.append((links, spread, max([h[1] for h in hops]), len(hops)))
+            skeleton[1] = transfers
         step_latency = self._step_latency
+        routes = iter(transfers)
         out = []
         for i, phase in enumerate(plan.phases):
             base = count * costs[0] if i == 0 else 0.0
             specs = []
             for t in phase:
-                hops = list(islice(routed, len(t.hops)))
-                links, spread = self._transfer_links(hops)
-                if len(hops) > 1:
-                    self._pairs[id(links)] = (links, tuple(t.hops))
-                # (what _latency gives, from the hops just looked up rather than looked up again)
-                latency = base + count * step_latency(t, costs, max([h[1] for h in hops]))
-                specs.append((links, count * t.nbytes / (factor * spread), latency, count * t.nbytes * len(hops)))
+                links, spread, phys, n_hops = next(routes)
+                # (what _latency gives, from the hops looked up once rather than looked up again)
+                latency = base + count * step_latency(t, costs, phys)
+                specs.append((links, count * t.nbytes / (factor * spread), latency, count * t.nbytes * n_hops))
             if grouped:
                 # A wave: the transfers that start at one instant (equal latency), NVLink and network apart;
                 # "grouped" also needs equal sizes, "proportional" lets members of unequal sizes share.

@@ -164,3 +164,31 @@ def test_an_estimate_hands_each_phase_its_own_hops():
     (with_a, base), (with_b, _base) = alone(a), alone(b)
     assert with_b - base > 3 * (with_a - base)  # B's degraded NIC binds
     assert got == pytest.approx(base + 2 * (with_a - base) + (with_b - base), rel=1e-12)
+
+
+def _spec_values(routed):
+    """A routed collective's flows as plain values: per phase, (links, wire bytes, latency, payload)."""
+    return [[(tuple(s[0].tolist()), s[1], s[2], s[3]) for s in phase] for phase in routed]
+
+
+@pytest.mark.parametrize("config", [NetworkConfig(), NetworkConfig(routing="spray"), NetworkConfig(fidelity="full"),
+                                    NetworkConfig(step_latency_s=5e-6)])
+def test_a_size_planned_after_others_on_the_same_routes_equals_a_fresh_plan(config):
+    """A collective whose size changes call by call (a MoE expert-TP all-gather follows the routed load)
+    reuses its routes (``Fabric._skeleton``): its flows equal, to the bit, those a fabric that never saw the
+    group gives; and the links arrays are the same objects from size to size (the network finds the route by
+    identity), sizes of other channel counts included (a small all-reduce runs on fewer channels)."""
+    c = _sick_cluster()
+    warm = Fabric(simpy.Environment(), c, config)
+    sizes = [2**20 + 4096 * k for k in range(5)] + [3e3, 5e5, 2**27 + 1.5]
+    for kind in ("all_gather", "reduce_scatter", "all_reduce"):
+        for group in _groups(c):
+            seen = None
+            for nbytes in sizes:
+                routed = warm.phases(kind, group, nbytes)
+                fresh = Fabric(simpy.Environment(), c, config)
+                assert _spec_values(routed) == _spec_values(fresh.phases(kind, group, nbytes))
+                assert warm.channel_limit(kind, group, nbytes) == fresh.channel_limit(kind, group, nbytes)
+                if nbytes == sizes[1]:
+                    assert all(a[0] is b[0] for a, b in zip(seen[0], routed[0]))  # one route per transfer
+                seen = routed
