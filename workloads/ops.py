@@ -665,7 +665,13 @@ def merge_graphs(parts: Sequence[tuple[OpGraph, int]], world_size: int | None = 
     The same graph listed twice at one offset runs twice in a row: its
     second copy's ops follow the first's on every ``(rank, stream)`` and its
     collectives match as the next ones on their groups (consecutive training
-    steps). ``replicas`` are shifted too; a part without them stands for
+    steps). A part's ops on a rank that an earlier part also uses start only once
+    every op the earlier parts put on that rank has ended (the first op of each of
+    its streams there waits for the last op of each of theirs): a training step does
+    not begin before the previous one has finished on that GPU (its optimizer, the
+    parameter all-gather the next forward reads, ...), where stream order alone
+    let the next step's forward run beside the previous step's gathers.
+    ``replicas`` are shifted too; a part without them stands for
     itself rank by rank. ``world_size`` defaults to the highest rank + 1.
     """
     parts = list(parts) if isinstance(parts, Iterable) else parts
@@ -680,17 +686,26 @@ def merge_graphs(parts: Sequence[tuple[OpGraph, int]], world_size: int | None = 
     ops = out.ops
     any_replicas = any(g.replicas is not None for g, _ in parts)
     replicas: dict[int, tuple[int, ...]] = {}
+    last: dict[int, dict[str, int]] = {}  # rank -> stream -> id of the last op the parts so far put there
     for graph, off in parts:
         if off < 0 or off + graph.world_size > size:
             raise OpGraphError(f"offset: ranks {off}..{off + graph.world_size - 1} fall outside 0..{size - 1}")
         base = len(ops)
+        before = {r: tuple(s.values()) for r, s in last.items()}  # the earlier parts' last ops, per rank
+        started: set[tuple[int, str]] = set()
         for op in graph.ops:
-            changes: dict = {"id": op.id + base, "rank": op.rank + off, "deps": tuple(d + base for d in op.deps)}
+            rank = op.rank + off
+            deps = tuple(d + base for d in op.deps)
+            if (rank, op.stream) not in started:
+                started.add((rank, op.stream))
+                deps += tuple(d for d in before.get(rank, ()) if d not in deps)
+            changes: dict = {"id": op.id + base, "rank": rank, "deps": deps}
             if isinstance(op, Collective):
                 changes["group"] = tuple(r + off for r in op.group)
             elif isinstance(op, (Send, Recv)):
                 changes["peer"] = op.peer + off
             ops.append(replace(op, **changes))
+            last.setdefault(rank, {})[op.stream] = op.id + base
         if any_replicas:
             if graph.replicas is None:
                 replicas.update({r + off: (r + off,) for r in {op.rank for op in graph.ops}})
