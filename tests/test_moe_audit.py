@@ -52,9 +52,9 @@ def test_expert_gemms_scale_their_token_rows_only():
 @pytest.mark.parametrize("moe, label", [(SKEWED, "skewed"),
                                         ({"routing": "balanced", "capacity_factor": 0.5}, "drops half")])
 def test_full_recompute_reruns_each_ranks_experts_at_its_own_load(moe, label):
-    # recompute: full re-runs the forward first in the backward (its routed experts locally): the recomputed
-    # expert FLOPs of every rank equal its forward's, skew and dropped choices included; they ran at the
-    # balanced load on every rank
+    # recompute: full re-runs the forward first in the backward (its routed experts between its own dispatch and
+    # combine): the recomputed expert FLOPs of every rank equal its forward's, skew and dropped choices included;
+    # they ran at the balanced load on every rank
     runs = {rec: run_experiment(experiment_from_dict(doc(moe, recompute=rec)), fidelity="full", force=True)
             for rec in ("none", "full")}
     flops = {rec: r.ops.groupby(["rank", "name"])["flops"].sum() for rec, r in runs.items()}
@@ -62,10 +62,11 @@ def test_full_recompute_reruns_each_ranks_experts_at_its_own_load(moe, label):
     for rank in range(EP):
         experts = flops["full"][rank, "F0.c0.L0.experts"]
         forward_rest = flops["none"][rank, "F0.c0.L0.pre"] + flops["none"][rank, "F0.c0.L0.post"]
-        # the recomputed forward is an op of its own (``R…``, as a dense layer's) before the backward's own
-        recomputed = flops["full"][rank, "R0.c0.L0"]
+        # the recomputed forward is ops of its own (``R…``, as a dense layer's) before the backward's own
+        recomputed_rest = flops["full"][rank, "R0.c0.L0"] + flops["full"][rank, "R0.c0.L0.post"]
         assert flops["full"][rank, "B0.c0.L0.pre"] == flops["none"][rank, "B0.c0.L0.pre"], (label, rank)
-        assert recomputed - forward_rest == pytest.approx(experts, rel=1e-9), (label, rank)
+        assert recomputed_rest == pytest.approx(forward_rest, rel=1e-9), (label, rank)
+        assert flops["full"][rank, "R0.c0.L0.experts"] == pytest.approx(experts, rel=1e-9), (label, rank)
         forward_experts.append(experts)
     if label == "drops half":  # capacity 0.5: every rank computes half the balanced slots
         per_rank = 2 * 3 * 512 * 1024 * T * K / 2  # 2·(3 GEMMs)·h·f per slot
@@ -87,3 +88,19 @@ def test_padded_rank_load_counts_every_micro_batchs_slots(micro_batches):
 def test_expert_parallelism_with_tensor_parallelism_needs_sequence_parallelism():
     with pytest.raises(ConfigError, match=r"parallel\.sequence_parallel: .*needs sequence_parallel: true"):
         experiment_from_dict(doc({"routing": "balanced"}, tp=2, dp=2, ep=2, sequence_parallel=False))
+
+
+@pytest.mark.parametrize("fidelity", ["full", "fast", "lockstep"])
+def test_full_recompute_replays_the_exchanges(fidelity):
+    # Megatron-Core's full recomputation re-runs a MoE layer's forward whole, its token dispatcher's all-to-alls
+    # included (NVIDIA/Megatron-LM PR 7425 adds a flag to reuse DeepEP's dispatch layout in exactly that replay).
+    # Balanced routing, by hand: each rank sends (EP - 1)/EP of its T·k token slots of h bf16 elements per
+    # exchange; a layer's forward and backward hold two exchanges each, and full recomputation two more.
+    h = 512
+    per_exchange = EP * T * K * h * 2 * (EP - 1) / EP  # bytes over every rank of the group
+    for recompute, exchanges in (("none", 4), ("full", 6)):
+        r = run_experiment(experiment_from_dict(doc({"routing": "balanced"}, recompute=recompute)),
+                           fidelity=fidelity, force=True)
+        assert r.bytes_by_class["ep"] == pytest.approx(exchanges * per_exchange, rel=1e-12), recompute
+        names = set(r.ops["name"])
+        assert {"R0.c0.L0.ep_dispatch", "R0.c0.L0.ep_combine"} <= names if recompute == "full" else True

@@ -161,6 +161,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from operator import itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -535,6 +536,31 @@ def check_step_options(model: ModelSpec, parallel: ParallelConfig, options: Step
                                               for s in range(parallel.pp) for c in range(parallel.model_chunks)):
         raise ConfigError("parallel.stage_layers: an empty end chunk holds the embedding or the output layer "
                           "alone; it needs options.embedding_and_loss: true")
+
+
+class _Exchange(NamedTuple):
+    """One MoE layer pass's exchanges as :meth:`_StepBuilder.moe_pieces` emits them, for a pass and for the forward a
+    full recomputation re-runs before it: the EP ``group``; ``rows`` (owner → expert, expert → owner) this rank
+    sends; ``matrices``, every member's rows when the rank issues for its EP peers (lockstep), else None each;
+    DeepEP's NVLink ``forward`` rows (and ``forward_rows``); the expert-TP ``gather`` group (None without one) and its
+    ``gather_bytes``; the experts' ``load`` (token slots); whether the exchanges run ``apart`` from the compute
+    stream (on ``stream``, the forwarding on ``hop_stream``) and are waited for explicitly; the ops' tags."""
+
+    rank: int
+    group: tuple[int, ...]
+    rows: tuple
+    matrices: tuple
+    forward: tuple
+    forward_rows: tuple
+    gather: tuple[int, ...] | None
+    gather_bytes: float
+    load: int
+    apart: bool
+    stream: str
+    hop_stream: str
+    layer: int
+    mb: int
+    stage: int
 
 
 class _StepBuilder:
@@ -1266,8 +1292,8 @@ class _StepBuilder:
             # The recomputed forward (``full``'s whole forward, ``core_attn``'s attention core: the kernels at the
             # front of the backward, _moe_split) runs first as an op of its own, ``R…`` as the dense layers', so
             # that the breakdown tells recomputation from backward. Full recomputation re-runs the forward's routed
-            # experts there (locally, without the exchanges): at this rank's load as the forward ran them, cut
-            # out of the recomputed kernels to be scaled.
+            # experts there between the exchanges (moe_pieces below), at this rank's load as the forward ran them:
+            # cut out of the recomputed kernels to be scaled.
             start = _leading(seg.recompute) if seg.recompute else 0
             again = [i for i, o in enumerate(before[:start]) if o.name.startswith("experts")]
             redo = ((_kernels(before[:again[0]]), self._balanced(self._recomputed_experts(seg.layer, seg.phase)),
@@ -1281,65 +1307,91 @@ class _StepBuilder:
         hop_stream = f"{stream}_forward" if stream else "ep_forward"
         fwd = seg.phase == "F"
         # the hot ops by the graph's positional builders (the same checks and ops as compute / collective_op)
-        compute, alltoallv = g._compute_parts, g._alltoallv
+        compute = g._compute_parts
         regather = self._regather_op(rank, seg, deps, name, mb, stage)
-        head, again, _tail, pre = kernels[1]
+        head, again, tail, pre = kernels[1]
+        # What both the pass and a recomputed forward run around the experts: the dispatch-direction exchange
+        # (DeepEP's forwarding beside it), the expert-TP gather, the experts at this rank's load, the expert-TP
+        # reduce-scatter, the combine-direction exchange (:meth:`_send_out`, :meth:`_experts_between`,
+        # :meth:`_send_back`).
+        exchange = _Exchange(rank, group, (out_row, back_row), (out_rows, back_rows), forward, forward_rows, gather,
+                             load * self.model.hidden * self.dtype, load, apart, a2a_stream, hop_stream, layer, mb,
+                             stage)
+        redo = bool(head)
         if again is not None:
-            redo = self._recomputed_pre(kernels[1], load, name)
-            members = self._members(kernels[1], loads, lambda k, x: self._recomputed_pre(k, x, name))
-        else:
-            redo, members = head, None
-        if redo:
-            deps = [compute(rank, redo, RECOMPUTE_PHASE + name[1:], deps, "gemm", layer, mb, stage, COMPUTE_STREAM,
-                            members)]
+            # Full recomputation re-runs the layer's forward whole before the backward, its token dispatcher's
+            # exchanges included (Megatron-Core's checkpointed layer replays its dispatch and combine; DeepEP's
+            # cached-dispatch flag, NVIDIA/Megatron-LM PR 7425, exists to shorten exactly that replay): ``R…``
+            # (the kernels before the experts), the dispatch, ``R….experts`` at this rank's forward load (with
+            # every member's, :meth:`_members`), the combine, ``R….post`` (the kernels after them).
+            r_name = RECOMPUTE_PHASE + name[1:]
+            last = compute(rank, head, r_name, deps, "gemm", layer, mb, stage, COMPUTE_STREAM)
+            first, wait = self._send_out(exchange, last, f"{r_name}.ep_dispatch", f"{r_name}.ep_forward")
+            done = self._experts_between(exchange, first, wait, kernels[1][1], loads, r_name)
+            wait = self._send_back(exchange, done, f"{r_name}.ep_combine", f"{r_name}.ep_forward_back", r_name)
+            deps = [compute(rank, tail, f"{r_name}.post", wait, "gemm", layer, mb, stage, COMPUTE_STREAM)]
+            redo = True
+        elif head:
+            deps = [compute(rank, head, RECOMPUTE_PHASE + name[1:], deps, "gemm", layer, mb, stage, COMPUTE_STREAM)]
         last = (compute(rank, pre, f"{name}.pre", deps, "gemm", layer, mb, stage, COMPUTE_STREAM) if pre or not redo
                 else deps[0])
         last = self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
         yield last
-        first = alltoallv(rank, group, out_row, out_rows, f"{name}.ep_{'dispatch' if fwd else 'combine_grad'}",
-                          [last] if apart else (), a2a_stream, layer, mb, stage)
-        wait: list[int] = [first] if apart else []
-        if forward:  # DeepEP: the NVLink forwarding runs beside the RDMA hop (pipelined in chunks)
-            wait.append(alltoallv(rank, group, forward[0], forward_rows[0], f"{name}.ep_forward", [last], hop_stream,
-                                  layer, mb, stage))
+        first, wait = self._send_out(exchange, last, f"{name}.ep_{'dispatch' if fwd else 'combine_grad'}",
+                                     f"{name}.ep_forward")
         if shared:
             yield compute(rank, kernels[4], f"{name}.shared_1", (), "gemm", layer, mb, stage, COMPUTE_STREAM)
-        if gather is not None:
-            first = g.collective_op(rank, "all_gather", gather, load * self.model.hidden * self.dtype,
-                                    name=f"{name}.etp_gather", traffic_class="tp", deps=wait + [first],
-                                    layer=layer, micro_batch=mb, stage=stage,
-                                    stream=a2a_stream)
-            wait = [first] if apart else []
-        done = compute(rank, self._expert_parts(kernels[3], load), f"{name}.experts", wait, "gemm", layer, mb, stage,
-                       COMPUTE_STREAM, self._members(kernels[3], loads, self._expert_parts))
+        done = self._experts_between(exchange, first, wait, kernels[3], loads, name)
         yield done
-        if gather is not None:
-            done = g.collective_op(rank, "reduce_scatter", gather, load * self.model.hidden * self.dtype,
-                                   name=f"{name}.etp_scatter", traffic_class="tp", deps=[done],
-                                   layer=layer, micro_batch=mb, stage=stage,
-                                   stream=a2a_stream)
-        second = alltoallv(rank, group, back_row, back_rows, f"{name}.ep_{'combine' if fwd else 'dispatch_grad'}",
-                           [done] if apart else (), a2a_stream, layer, mb, stage)
-        wait = [second] if apart else []
-        if forward:
-            wait.append(alltoallv(rank, group, forward[1], forward_rows[1], f"{name}.ep_forward_back", [done],
-                                  hop_stream, layer, mb, stage))
+        wait = self._send_back(exchange, done, f"{name}.ep_{'combine' if fwd else 'dispatch_grad'}",
+                               f"{name}.ep_forward_back", name)
         if shared:
             yield compute(rank, kernels[5], f"{name}.shared_2", (), "gemm", layer, mb, stage, COMPUTE_STREAM)
         return compute(rank, kernels[2], f"{name}.post", wait, "gemm", layer, mb, stage, COMPUTE_STREAM)
 
-    def _recomputed_pre(self, pre: tuple, load: int, name: str) -> tuple[Kernel, ...]:
-        """The recomputed forward at the front of a backward under full recomputation (``pre``: the recomputed
-        kernels before the routed experts, those experts' balanced kernels, the recomputed kernels after them,
-        then the backward's own kernels before its first exchange, not used here) at ``load`` token slots; one
-        tuple per segment kind and load, kept as :meth:`_expert_parts` keeps its parts."""
-        key = (id(pre), load)
-        parts = self._moe_parts.get(key)
-        if parts is None:
-            head, again, tail = pre[:3]
-            parts = self._moe_parts[key] = self.graph._joined_parts((head, self._expert_parts(again, load), tail),
-                                                                    RECOMPUTE_PHASE + name[1:])
-        return parts
+    def _send_out(self, x: _Exchange, last: int, name: str, forward_name: str) -> tuple[int, list[int]]:
+        """The owner → expert exchange of ``x`` after op ``last`` (a dispatch, or the gradient of a combine), with
+        DeepEP's NVLink forwarding beside it (pipelined in chunks): ``(its op, what the next piece waits for)``."""
+        alltoallv = self.graph._alltoallv
+        first = alltoallv(x.rank, x.group, x.rows[0], x.matrices[0], name, [last] if x.apart else (), x.stream,
+                          x.layer, x.mb, x.stage)
+        wait: list[int] = [first] if x.apart else []
+        if x.forward:
+            wait.append(alltoallv(x.rank, x.group, x.forward[0], x.forward_rows[0], forward_name, [last], x.hop_stream,
+                                  x.layer, x.mb, x.stage))
+        return first, wait
+
+    def _experts_between(self, x: _Exchange, first: int, wait: list[int], balanced: tuple[Kernel, ...],
+                         loads: tuple[int, ...] | None, name: str) -> int:
+        """The experts between ``x``'s exchanges (``balanced`` kernels scaled to the rank's load, every member's
+        with ``loads``), after the expert-TP all-gather of the dispatched tokens when there is one: the
+        experts' op, or the reduce-scatter's after them."""
+        g = self.graph
+        if x.gather is not None:
+            first = g.collective_op(x.rank, "all_gather", x.gather, x.gather_bytes, name=f"{name}.etp_gather",
+                                    traffic_class="tp", deps=wait + [first], layer=x.layer, micro_batch=x.mb,
+                                    stage=x.stage, stream=x.stream)
+            wait = [first] if x.apart else []
+        members = self._members(balanced, loads, self._expert_parts)
+        return g._compute_parts(x.rank, self._expert_parts(balanced, x.load), f"{name}.experts", wait, "gemm",
+                                x.layer, x.mb, x.stage, COMPUTE_STREAM, members)
+
+    def _send_back(self, x: _Exchange, done: int, name: str, forward_name: str, pass_name: str) -> list[int]:
+        """The expert-TP reduce-scatter after the experts' op ``done`` (when there is one) and the expert → owner
+        exchange of ``x`` (a combine, or the gradient of a dispatch) with DeepEP's forwarding back: what the piece
+        after them waits for."""
+        g = self.graph
+        if x.gather is not None:
+            done = g.collective_op(x.rank, "reduce_scatter", x.gather, x.gather_bytes, name=f"{pass_name}.etp_scatter",
+                                   traffic_class="tp", deps=[done], layer=x.layer, micro_batch=x.mb, stage=x.stage,
+                                   stream=x.stream)
+        second = g._alltoallv(x.rank, x.group, x.rows[1], x.matrices[1], name, [done] if x.apart else (), x.stream,
+                              x.layer, x.mb, x.stage)
+        wait = [second] if x.apart else []
+        if x.forward:
+            wait.append(g._alltoallv(x.rank, x.group, x.forward[1], x.forward_rows[1], forward_name, [done],
+                                     x.hop_stream, x.layer, x.mb, x.stage))
+        return wait
 
     def _tokens(self, layer: int, mb: int, draw: tuple) -> np.ndarray:
         """Tokens EP rank ``i`` sends to EP rank ``j`` in ``draw`` (:meth:`LayerRouting.rank_matrix`), made once
