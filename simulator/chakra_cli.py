@@ -27,7 +27,7 @@ import sys
 import time
 import warnings
 
-from topologies import build_cluster, load_cluster
+from topologies import build_cluster
 from topologies.cluster import Cluster
 from topologies.loader import preset_section
 from workloads.errors import with_prefix
@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "per rank; or DIR/PREFIX) instead of generating a step; FILE is then optional and only its "
                    "cluster, network, compute and faults sections apply")
     p.add_argument("--cluster", metavar="PRESET[:NODES]|FILE.yaml",
-                   help="with --chakra: the cluster (default: FILE's, else DGX-H100 nodes for the trace's ranks)")
+                   help="with --chakra: the cluster, a preset, PRESET:NODES, a cluster YAML or a .graphml (default: "
+                   "FILE's, else DGX-H100 nodes for the trace's ranks)")
     p.add_argument("--export-chakra", metavar="DIR", help="also write the step as a Chakra trace into DIR (every "
                    "rank's program, one file per rank, for ASTRA-sim)")
 
@@ -309,11 +310,19 @@ def trace_unused(doc: dict) -> list[str]:
 
 
 def trace_cluster(spec: str, ranks: int) -> Cluster:
-    """``--cluster``: a YAML file, ``PRESET:NODES``, or ``PRESET`` sized to ``ranks`` GPUs."""
-    section = {} if spec.endswith((".yaml", ".yml")) else preset_section(spec, "--cluster")
+    """``--cluster``: a YAML or GraphML file, ``PRESET:NODES``, or ``PRESET`` sized to ``ranks`` GPUs.
+
+    A file is read as every other command's cluster argument reads it (:func:`simulator.cli.resolve_cluster`):
+    its suffix in any case (``.YAML``, ``.graphml``), a misspelled section refused, and a note where its
+    ``faults:`` section does not apply (only FILE's faults do)."""
+    if spec.lower().endswith((".yaml", ".yml", ".graphml")):
+        from .cli import resolve_cluster
+        try:
+            return resolve_cluster(spec, ranks)
+        except ValueError as exc:  # (it names the file already)
+            raise with_prefix(exc, "--cluster") from None
+    section = preset_section(spec, "--cluster")
     try:
-        if spec.endswith((".yaml", ".yml")):
-            return load_cluster(spec)
         if "nodes" in section:
             return build_cluster(section)
         per_node = build_cluster({**section, "nodes": 1}).gpus_per_server

@@ -22,14 +22,20 @@ def cannot_create_in(folder: str) -> str | None:
 
 
 def check_writable(path: str | None, flag: str) -> None:
-    """Refuse an output path whose folder does not exist or cannot be written, before any work is done."""
-    if not path:
+    """Refuse an output path whose folder does not exist or cannot be written, before any work is done (None:
+    not asked for). A blank name (``--trace ''``, ``--csv ' '``) is refused too: it was taken as not asked for,
+    or wrote a file named by spaces into the current folder, without a word."""
+    if path is None:
         return
+    if not path.strip():
+        raise ValueError(f"{flag}: needs a file name, got {path!r}")
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(folder):
         raise ValueError(f"{flag}: folder {folder!r} does not exist")
     if os.path.isdir(path):
         raise ValueError(f"{flag}: {path!r} is a folder; give a file name")
+    if not os.path.basename(path).strip():
+        raise ValueError(f"{flag}: {path!r} names no file (its last part is blank); give a file name")
     reason = cannot_create_in(folder)
     if reason is None and os.path.exists(path) and not os.access(path, os.W_OK):
         reason = "permission denied"

@@ -540,6 +540,33 @@ def _undeclared_nodes(path: str, h: nx.Graph) -> list[Hashable]:
     return [x for x in h.nodes if x not in declared]
 
 
+def _text_in_numeric_data(path: str) -> str:
+    """``": node 'gpu:0:0' server 'abc'"``: the first ``<data>`` of GraphML file ``path`` whose text is no number
+    though its ``<key>`` declares it one (int, long, float, double), for the message networkx's own conversion
+    error lacks (it names neither the element nor the attribute); ``""`` if none is found."""
+    local = lambda el: el.tag.rsplit("}", 1)[-1]  # noqa: E731 - the tag without its XML namespace
+    try:
+        root = ElementTree.parse(path).getroot()
+    except (OSError, ParseError):
+        return ""
+    keys = {el.get("id"): (el.get("attr.name"), el.get("attr.type")) for el in root.iter() if local(el) == "key"}
+    convert = {"int": int, "long": int, "float": float, "double": float}
+    for owner in root.iter():
+        kind = local(owner)
+        if kind not in ("graph", "node", "edge"):
+            continue
+        for data in (el for el in owner if local(el) == "data"):
+            name, typ = keys.get(data.get("key"), (None, None))
+            try:
+                if typ in convert:
+                    convert[typ]((data.text or "").strip())
+            except ValueError:
+                where = {"graph": "graph", "node": f"node {owner.get('id')!r}",
+                         "edge": f"edge {owner.get('source')!r} -> {owner.get('target')!r}"}[kind]
+                return f": {where} {name} {data.text!r} (declared {typ})"
+    return ""
+
+
 # ------------------------------------------------------------------ files
 def load_topology(path: str | os.PathLike[str]) -> Cluster:
     """Read a topology file: YAML (``nodes`` and ``links``) or GraphML (by its ``.graphml`` suffix).
@@ -558,8 +585,9 @@ def load_topology(path: str | os.PathLike[str]) -> Cluster:
             raise TopologyError(f"{where}: cannot read topology file ({e.strerror or e})") from None
         except (ParseError, nx.NetworkXError, ValueError, KeyError, TypeError) as e:
             # networkx converts a <data> value by its <key>'s attr.type and names neither the element nor the key
-            hint = ("; an attribute its <key> declares numeric (bandwidth in bytes/s, latency in s, rank) holds "
-                    "text here" if isinstance(e, ValueError) and str(e).startswith("could not convert") else "")
+            numeric = isinstance(e, ValueError) and str(e).startswith(("could not convert", "invalid literal for"))
+            hint = (f"; an attribute its <key> declares numeric (bandwidth in bytes/s, latency in s, server, rank, "
+                    f"order, gpus_per_server) holds text here{_text_in_numeric_data(where)}" if numeric else "")
             raise TopologyError(f"{where}: malformed GraphML: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
                                 f"{hint}") from None
         undeclared = _undeclared_nodes(where, h)

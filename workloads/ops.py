@@ -276,6 +276,10 @@ class OpGraph:
         # (id(group tuple), rank) -> that tuple: a group object already checked with that rank in it (the tuple
         # kept in the value so that its id cannot be reused while cached); the alltoallv builder's fast path
         self._members: dict[tuple[int, int], tuple[int, ...]] = {}
+        # the last group object checked and its ranks as a set: the ops of one collective's members (collective(),
+        # a generator's loop over a group) look themselves up in O(1), where the tuple's hash and a membership
+        # scan cost O(n) per member (a 262,144-rank collective took minutes to build, before any check ran)
+        self._last_group: tuple[tuple[int, ...], frozenset[int]] | None = None
         # id(split tuple given) -> (that tuple, as floats, its sum): alltoallv rows already checked
         self._valid_splits: dict[int, tuple[tuple, tuple[float, ...], float]] = {}
         self._valid_rows: dict[int, tuple[tuple, tuple[tuple[float, ...], ...]]] = {}  # the same, for rows
@@ -454,14 +458,23 @@ class OpGraph:
         return parts
 
     def _checked_group(self, rank: int, grp: tuple[int, ...]) -> tuple[int, ...]:
-        """``grp``, checked (once per distinct group): non-empty distinct ranks of this graph, ``rank`` among them."""
-        if grp not in self._valid_groups:
-            if len(set(grp)) != len(grp) or not grp or not all(isinstance(r, Integral) for r in grp):
-                raise OpGraphError(f"group: must be a non-empty list of distinct ranks, got {grp}")
-            for r in grp:
-                self._check_rank(r, "group")
-            self._valid_groups.add(grp)
-        if rank not in grp:
+        """``grp``, checked (once per distinct group): non-empty distinct ranks of this graph, ``rank`` among them.
+        The same tuple object again (the next member's op of one collective) is looked up by identity."""
+        last = self._last_group
+        if last is not None and last[0] is grp:
+            members: tuple[int, ...] | frozenset[int] = last[1]
+        else:
+            if grp not in self._valid_groups:
+                if len(set(grp)) != len(grp) or not grp or not all(isinstance(r, Integral) for r in grp):
+                    raise OpGraphError(f"group: must be a non-empty list of distinct ranks, got {grp}")
+                for r in grp:
+                    self._check_rank(r, "group")
+                self._valid_groups.add(grp)
+            members = grp
+            if len(grp) > 64:  # (a small group's scan costs less than a set)
+                members = frozenset(grp)
+                self._last_group = (grp, members)
+        if rank not in members:
             raise OpGraphError(f"group: rank {rank} issues a collective on a group it is not in: {grp}")
         return grp
 
