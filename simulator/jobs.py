@@ -11,7 +11,7 @@ jobs, each with its own model, layout and node count::
     jobs:
       - name: gpt
         nodes: 4                   # a node count, or the node indices themselves: [0, 2, 4, 6]
-        model: {preset: gpt3-1.3b}
+        model: {preset: gpt3-13b}
         parallel: {tp: 8, pp: 1}   # dp derived from the job's own GPUs
         training: {seq_len: 2048}
       - name: llama
