@@ -416,6 +416,31 @@ def _contend(windows: list[tuple[float, float]], rings: list[list[np.ndarray]],
     return windows
 
 
+def _tp_contend(flows: list[list[list[tuple]]], rerun: Callable[[int, Sequence[tuple]], dict[str, float]],
+                shares: Callable[[list[dict[str, float]]], list[float]], costs: list[dict[str, float]],
+                rounds: int = 1) -> list[dict[str, float]]:
+    """Every stage's TP collective costs once they share links with the other stages' TP rings.
+
+    ``flows`` holds each stage's TP collective flows (per phase); stage ``s`` is re-priced by ``rerun(s,
+    background)`` over the other stages' flows that cross one of its links, each weighted by ``shares(costs)``:
+    the fraction of the pipeline's window that stage spends in TP collectives (a time average, since the
+    stages' passes are at unrelated points of their schedules), ``rounds`` times.
+    """
+    p = len(flows)
+    rings = [[f[0] for phase in stage for f in phase] for stage in flows]
+    own = [np.unique(np.concatenate(r)) if r else np.zeros(0, dtype=np.int64) for r in rings]
+    if np.bincount(np.concatenate(own)).max(initial=0) <= 1:  # no link carries two stages' TP rings
+        return costs
+    shared = [[[links for links in rings[o] if o != s and np.isin(links, own[s]).any()] for o in range(p)]
+              for s in range(p)]
+    for _ in range(rounds):
+        share = shares(costs)
+        costs = [rerun(stage, [(links, share[other]) for other in range(p) if share[other] > 0
+                               for links in shared[stage][other]]) if any(shared[stage]) else costs[stage]
+                 for stage in range(p)]
+    return costs
+
+
 # ------------------------------------------------------------------ the estimate
 def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]:
     """Estimate one training step of ``exp`` in closed form (see the module docstring).
@@ -463,18 +488,31 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     fabric = _fabric(exp)
     timer = _Timer(exp.compute_model())
     # A stage's DP replicas run the same TP collective at the same instant: priced together, so a placement
-    # whose TP groups leave their servers pays for the uplinks they share (the other stages' TP collectives
-    # are not: they run at other points of their passes; with every stage's at once, TP 8 x PP 2 x DP 2
-    # placed [pp, tp, dp] on a 4:1 fabric read +23.7% of `fast`, with stage 0's alone -11.0%).
-    tp_groups = [lay.tp_group(lay.rank(tp=0, dp=d, pp=0)) for d in range(par.dp)]
-    tp_cost = {kind: collective_time(fabric, kind, tp_groups, b.tp_bytes)
-               for kind in ("all_reduce", "all_gather", "reduce_scatter")}
+    # whose TP groups leave their servers pays for the uplinks they share. The other stages' TP collectives run
+    # at other points of their passes: with every stage's at once, TP 8 x PP 2 x DP 2 placed [pp, tp, dp] on a
+    # 4:1 fabric read +23.7% of `fast`, with stage 0's alone -11.0%. So where TP groups leave their servers,
+    # each stage's are priced over the other stages' rings at the fraction of the time those stages spend in
+    # TP collectives (a time average, as the DP reductions' _contend; [pp, dp, tp] TP 8 PP 2 DP 2 at 4:1 read
+    # -26.6% of `fast` with its own stage's alone). Inside servers no two stages share a link: stage 0's
+    # groups price every stage (the screen models no faults, so servers are alike).
+    tp_groups_of = [[lay.tp_group(lay.rank(tp=0, dp=d, pp=stage)) for d in range(par.dp)] for stage in range(p)]
+    server_of = fabric.server_of
+    tp_leaves = t > 1 and any(len({server_of(r) for r in g}) > 1 for groups in tp_groups_of for g in groups)
+    tp_kinds = ("all_reduce", "all_gather", "reduce_scatter")
 
-    loss_cost = sum(collective_time(fabric, "all_reduce", tp_groups, nbytes) for nbytes in b.loss_all_reduce_bytes)
+    def stage_tp_cost(stage: int, background: Sequence[tuple] = ()) -> dict[str, float]:
+        """Seconds of each TP collective (and ``loss``: the loss all-reduces) of ``stage``'s groups at once."""
+        groups = tp_groups_of[stage]
+        cost = {kind: collective_time(fabric, kind, groups, b.tp_bytes, background=background) for kind in tp_kinds}
+        cost["loss"] = sum(collective_time(fabric, "all_reduce", groups, nbytes, background=background)
+                           for nbytes in b.loss_all_reduce_bytes)
+        return cost
 
-    def tp_time(segs) -> float:
-        return sum(n * tp_cost[kind] for s in segs for kind, n in s.tp.items()) + sum(
-            loss_cost for s in segs if s.loss_reduce)
+    tp_cost = [stage_tp_cost(stage) for stage in range(p)] if tp_leaves else [stage_tp_cost(0)] * p
+
+    def tp_time(segs, cost: dict[str, float]) -> float:
+        return sum(n * cost[kind] for s in segs for kind, n in s.tp.items()) + sum(
+            cost["loss"] for s in segs if s.loss_reduce)
 
     stage_groups: dict[int, tuple[int, ...]] = {}
 
@@ -490,36 +528,59 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     # Per virtual stage j = chunk·p + stage: compute, blocking TP communication, per micro-batch.
     split = par.schedule == "zb-h1"
     grad_phase = "W" if split else "B"
-    tf, tb, tw = [0.0] * nvs, [0.0] * nvs, [0.0] * nvs
-    comp_f, comp_b, tp_mb = [0.0] * p, [0.0] * p, [0.0] * p
-    for stage in range(p):
-        for chunk in range(v):
-            j = chunk * p + stage
-            fwd, bwd = b.segments(stage, chunk, "F", False), b.segments(stage, chunk, "B", False)
-            cf, cb = timer(k for s in fwd for k in s.kernels), timer(k for s in bwd for k in s.kernels)
-            xf, xb = tp_time(fwd), tp_time(bwd)
+    cf_of, cb_of, tw = [0.0] * nvs, [0.0] * nvs, [0.0] * nvs  # compute alone, per virtual stage
+    comp_f, comp_b = [0.0] * p, [0.0] * p
+    passes = {(stage, chunk): (b.segments(stage, chunk, "F", False), b.segments(stage, chunk, "B", False))
+              for stage in range(p) for chunk in range(v)}
+    for (stage, chunk), (fwd, bwd) in passes.items():
+        j = chunk * p + stage
+        cf, cb = timer(k for s in fwd for k in s.kernels), timer(k for s in bwd for k in s.kernels)
+        comp_f[stage] += cf
+        comp_b[stage] += cb
+        cf_of[j], cb_of[j] = cf, cb
+        if split:
+            wgt = b.segments(stage, chunk, "W", False)
+            tw[j] = timer(k for s in wgt for k in s.kernels)
+            comp_b[stage] += tw[j]
+    amax = {(stage, chunk): (fp8_amax(stage, chunk, 0), fp8_amax(stage, chunk, 1)) if b.fp8_amax else (0.0, 0.0)
+            for stage, chunk in passes}
+
+    def add_tp(costs: list[dict[str, float]]) -> tuple[list[float], list[float], list[float]]:
+        """Each virtual stage's forward and backward with their blocking TP communication, and each stage's TP
+        seconds per micro-batch, under ``costs`` (per stage)."""
+        f, g, per_stage = list(cf_of), list(cb_of), [0.0] * p
+        for (stage, chunk), (fwd, bwd) in passes.items():
+            j, cost = chunk * p + stage, costs[stage]
+            xf, xb = tp_time(fwd, cost), tp_time(bwd, cost)
             # SP's backward re-gathers run beside the pass's compute; its TP collectives wait for both
-            regather = sum(s.regather for s in bwd) * tp_cost["all_gather"]
-            xb += max(0.0, regather - cb)
+            regather = sum(s.regather for s in bwd) * cost["all_gather"]
+            xb += max(0.0, regather - cb_of[j])
             if b.pp_gather:  # Megatron's scatter/gather: the received 1/t all-gathered over TP
-                xf += tp_cost["all_gather"] if j > 0 else 0.0
-                xb += tp_cost["all_gather"] if j < nvs - 1 else 0.0
-            if b.fp8_amax:  # after every pass: the amax all-reduce over the stage, then the scale update
-                xf += fp8_amax(stage, chunk, 0)
-                xb += fp8_amax(stage, chunk, 1)
-            tf[j], tb[j] = cf + xf, cb + xb
-            comp_f[stage] += cf
-            comp_b[stage] += cb
-            tp_mb[stage] += xf + xb
-            if split:
-                wgt = b.segments(stage, chunk, "W", False)
-                tw[j] = timer(k for s in wgt for k in s.kernels)
-                comp_b[stage] += tw[j]
+                xf += cost["all_gather"] if j > 0 else 0.0
+                xb += cost["all_gather"] if j < nvs - 1 else 0.0
+            # after every FP8 pass: the amax all-reduce over the stage, then the scale update
+            xf += amax[stage, chunk][0]
+            xb += amax[stage, chunk][1]
+            f[j] += xf
+            g[j] += xb
+            per_stage[stage] += xf + xb
+        return f, g, per_stage
 
     # Activation transfers: the warm-up forwards' priced with every replica's and boundary's at once in the
     # same direction, the later ones as far as the replicas have drifted apart (pipeline_transfer_times).
     block = [[lay.rank(tp=r, dp=d, pp=stage) for d in range(par.dp) for r in range(t)] for stage in range(p)]
     warm, comm = pipeline_transfer_times(fabric, block, b.p2p_bytes, nvs, t)
+
+    def tp_shares(costs: list[dict[str, float]]) -> list[float]:
+        """The fraction of the pipeline's window each stage spends in TP collectives under ``costs``."""
+        f, g, per_stage = add_tp(costs)
+        window = simulate_unit_times(b.schedules, f, g, comm, tw, warmup_comm=warm)[0]
+        return [min(1.0, m * x / window) if window > 0 else 0.0 for x in per_stage]
+
+    if tp_leaves and p > 1:  # (the rings' links: an all-gather's, a ring whatever the size)
+        tp_cost = _tp_contend([collective_flows(fabric, "all_gather", tp_groups_of[stage], b.tp_bytes)
+                               for stage in range(p)], stage_tp_cost, tp_shares, tp_cost)
+    tf, tb, tp_mb = add_tp(tp_cost)
     ends: dict[tuple[str, int, int], float] = {}
     pipe, busy = simulate_unit_times(b.schedules, tf, tb, comm, tw, warmup_comm=warm, finish=ends)
     last_backward: dict[int, float] = {}  # chain position -> when its last backward ends
@@ -654,8 +715,8 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     if par.zero >= 1 and grad_dp > 1:
         sync += collective_time(fabric, "all_reduce", [lay.grad_group(rank0)], 4.0)
     # (with sequence parallelism each stage first all-reduces its norms' gradients over TP, on the compute stream)
-    sp_sync = [collective_time(fabric, "all_reduce", tp_groups, nbytes) if nbytes else 0.0
-               for nbytes in map(b.sequence_parallel_grad_bytes, range(p))]
+    sp_sync = [collective_time(fabric, "all_reduce", tp_groups_of[stage if tp_leaves else 0], nbytes) if nbytes
+               else 0.0 for stage, nbytes in enumerate(map(b.sequence_parallel_grad_bytes, range(p)))]
     synced = max(max(f, e) + g + n for f, e, g, n in zip(finish, dp_end, sp_sync, norm_c)) + sync
     if b.plan.step_gather and grad_dp > 1:
         # Every stage gathers right after its optimizer (all start from the synchronised norm), over the

@@ -106,6 +106,19 @@ def test_screen_prices_tp_groups_that_leave_their_servers():
     _agree(*_both(doc, grid), spearman=0.98, top=5, error=0.15)
 
 
+@pytest.mark.parametrize("placement, spearman, top", [(["dp", "pp", "tp"], 0.9, 4), (["pp", "dp", "tp"], 0.85, 0)])
+def test_screen_prices_the_stages_tp_rings_that_share_uplinks(placement, spearman, top):
+    """TP outermost: every stage's TP groups stride all four leaves, so the stages' TP rings share the 4:1 uplinks
+    whenever their collectives coincide. Each stage's are priced over the others' at the fraction of the pipeline's
+    window those spend in TP collectives. With a stage's alone (until 2026-12-05) the screen read -57% to +13% of
+    `fast` ([dp, pp, tp]: Spearman 0.83, the best layout fourth); over every stage's in full, +8% to +39%."""
+    doc = copy.deepcopy(AGREEMENT)
+    doc["parallel"]["placement"] = placement
+    doc["cluster"]["oversubscription"] = 4
+    grid = {"layout": ["2x1x32", "2x2x16", "2x4x8", "4x2x8", "4x4x4", "8x2x4", "2x8x4", "4x1x16"]}
+    _agree(*_both(doc, grid), spearman=spearman, top=top, error=0.12)
+
+
 def test_a_boundary_inside_a_leaf_is_not_charged_for_the_uplinks():
     """TP 8 x PP 8 on the 64-GPU fabric at 4:1, a stage per server, two servers per leaf: boundaries 0, 2, 4, 6
     join the servers of one leaf, 1, 3, 5 cross the spines. Inside a leaf each of a boundary's 8 sends has its
