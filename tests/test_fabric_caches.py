@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import simpy
 
@@ -192,3 +193,9 @@ def test_a_size_planned_after_others_on_the_same_routes_equals_a_fresh_plan(conf
                 if nbytes == sizes[1]:
                     assert all(a[0] is b[0] for a, b in zip(seen[0], routed[0]))  # one route per transfer
                 seen = routed
+                if config.routing == "ecmp" and config.fidelity == "fast":  # each flow over its hops' own routes
+                    plan, _protocol = warm.choose(kind, group, nbytes)
+                    for phase, specs in zip(plan.phases, routed):
+                        for t, spec in zip(phase, specs):
+                            hops = [warm.route(a, b, t.label) for a, b in t.hops]
+                            assert spec[0].tolist() == np.concatenate(hops).tolist()

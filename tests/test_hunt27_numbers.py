@@ -57,3 +57,19 @@ def test_jobs_multi_step_time_is_per_step():
     row = run_jobs(spec, force=True).jobs.iloc[0]
     assert row["alone_step_time_s"] == pytest.approx(one, rel=1e-9)
     assert row["step_time_s"] == pytest.approx(one, rel=1e-9)
+
+
+def test_every_stream_of_the_next_step_waits_for_the_whole_previous_step():
+    # By hand: a step of two independent streams on each rank, 3 ms on one and 1 ms on the other. The next step
+    # begins on a GPU once the previous has ended there: every op of the second copy starts at 3 ms, the short
+    # stream's too (stream order alone would start it at 1 ms; the first op of the rank alone waiting would miss
+    # the other stream's).
+    g = OpGraph(2)
+    for r in range(2):
+        g.compute(r, name="long", duration_s=3e-3, category="fixed")
+        g.compute(r, name="short", duration_s=1e-3, category="fixed", stream="aux")
+    result = simulate(merge_graphs([(g, 0)] * 2), single_server("H100", 2))
+    second = result.ops[result.ops["id"] >= len(g.ops)]
+    assert len(second) == len(g.ops)
+    assert (second["start_s"] >= 3e-3 - 1e-15).all(), second[["name", "start_s"]]
+    assert result.step_time == pytest.approx(6e-3, rel=1e-12)

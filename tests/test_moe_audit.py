@@ -104,3 +104,60 @@ def test_full_recompute_replays_the_exchanges(fidelity):
         assert r.bytes_by_class["ep"] == pytest.approx(exchanges * per_exchange, rel=1e-12), recompute
         names = set(r.ops["name"])
         assert {"R0.c0.L0.ep_dispatch", "R0.c0.L0.ep_combine"} <= names if recompute == "full" else True
+
+
+def _full_recompute_run(fidelity="full", tp=1, moe=None, **par):
+    """The module's one-layer model, fully recomputed, on EP ranks (TP 2: expert TP over the TP pair)."""
+    d = doc(dict({"routing": "balanced"}, **(moe or {})), recompute="full", tp=tp, dp=EP // tp if tp > 1 else EP,
+            ep=EP // tp if tp > 1 else EP, **par)
+    if tp > 1:
+        d["parallel"]["sequence_parallel"] = True
+    return run_experiment(experiment_from_dict(d), fidelity=fidelity, force=True)
+
+
+def test_the_rerun_forward_runs_in_order_around_its_exchanges():
+    # Rank 0's re-run forward, op by op: each piece starts once the one before it has ended (the dispatch waits
+    # for the kernels before the experts, the experts for the dispatch, the combine for the experts, the kernels
+    # after for the combine), and the backward's own first piece after all of them.
+    ops = _full_recompute_run().ops
+    rank0 = ops[ops["rank"] == 0].set_index("name")
+    chain = ["R0.c0.L0", "R0.c0.L0.ep_dispatch", "R0.c0.L0.experts", "R0.c0.L0.ep_combine", "R0.c0.L0.post",
+             "B0.c0.L0.pre"]
+    for before, after in zip(chain, chain[1:]):
+        assert rank0.loc[after, "start_s"] >= rank0.loc[before, "end_s"] - 1e-15, (before, after)
+        assert rank0.loc[after, "end_s"] > rank0.loc[before, "end_s"], (before, after)
+
+
+def test_the_rerun_forward_gathers_over_expert_tp_as_the_forward_does():
+    # TP 2 (expert TP = TP): the re-run forward all-gathers the dispatched tokens over the TP pair and
+    # reduce-scatters them back, as the forward does: the same two collectives at the same sizes.
+    ops = _full_recompute_run(tp=2).ops
+    rank0 = ops[ops["rank"] == 0].set_index("name")
+    for piece in ("etp_gather", "etp_scatter"):
+        forward, rerun = rank0.loc[f"F0.c0.L0.{piece}"], rank0.loc[f"R0.c0.L0.{piece}"]
+        assert rerun["nbytes"] == forward["nbytes"] > 0, piece
+    assert rank0.loc["R0.c0.L0.etp_gather", "start_s"] >= rank0.loc["R0.c0.L0.ep_dispatch", "end_s"] - 1e-15
+    assert rank0.loc["R0.c0.L0.experts", "start_s"] >= rank0.loc["R0.c0.L0.etp_gather", "end_s"] - 1e-15
+
+
+def test_the_rerun_shared_expert_runs_beside_the_rerun_exchanges():
+    # moe.shared_expert_overlap: the forward runs the shared expert's halves beside its dispatch and combine;
+    # the re-run forward does the same (Megatron-Core replays MoELayer.forward, overlap included), where it ran
+    # them after its combine, on an idle compute stream.
+    d = doc({"routing": "balanced", "shared_expert_overlap": True}, recompute="full")
+    d["model"]["shared_experts"] = 1
+    ops = run_experiment(experiment_from_dict(d), fidelity="full", force=True).ops
+    rank0 = ops[ops["rank"] == 0].set_index("name")
+    for half, exchange in (("shared_1", "ep_dispatch"), ("shared_2", "ep_combine")):
+        for phase in ("F", "R"):
+            a, b = rank0.loc[f"{phase}0.c0.L0.{half}"], rank0.loc[f"{phase}0.c0.L0.{exchange}"]
+            assert a["start_s"] < b["end_s"] and b["start_s"] < a["end_s"], (phase, half)  # they overlap in time
+
+
+@pytest.mark.parametrize("moe", [{"routing": "zipf", "zipf_s": 1.0, "seed": 3}, SKEWED])
+def test_lockstep_equals_full_with_full_recompute_under_skew(moe):
+    # Skewed routing and full recomputation: lockstep's one representative per stage (its re-run experts at the
+    # slowest member's load, every member's kernels kept) gives full's step, bytes and FLOPs.
+    runs = {f: _full_recompute_run(fidelity=f, moe=moe) for f in ("full", "lockstep")}
+    assert runs["lockstep"].step_time == pytest.approx(runs["full"].step_time, rel=1e-9)
+    assert runs["lockstep"].bytes_by_class["ep"] == pytest.approx(runs["full"].bytes_by_class["ep"], rel=1e-12)

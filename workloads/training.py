@@ -1013,7 +1013,7 @@ class _StepBuilder:
             return None
         ops, mask = self._layer_pass(layer, phase)
         start = _leading(mask)
-        # Recomputed forward kernels (the first ``start``) run first and stay local to the rank.
+        # Recomputed forward kernels (the first ``start``) run first (moe_pieces cuts them at their own experts).
         idx = [i for i in range(start, len(ops)) if ops[i].name.startswith("experts")]
         before, experts, after = ops[:idx[0]], ops[idx[0]:idx[-1] + 1], ops[idx[-1] + 1:]
         if self.expert_grid:
@@ -1036,7 +1036,7 @@ class _StepBuilder:
 
     def _grid_experts(self, layer: int, phase: str) -> list[LayerOp]:
         """The routed experts' kernels of one pass of ``layer`` under an expert grid: split over ``etp``, not
-        ``tp`` (the recomputed forward kernels at the front left out: they stay local to the rank)."""
+        ``tp`` (the recomputed forward kernels at the front left out: :meth:`_recomputed_experts` has theirs)."""
         ops, mask = self._layer_pass(layer, phase, self.etp)
         return [o for o in ops[_leading(mask):] if o.name.startswith("experts")]
 
@@ -1295,11 +1295,20 @@ class _StepBuilder:
             # experts there between the exchanges (moe_pieces below), at this rank's load as the forward ran them:
             # cut out of the recomputed kernels to be scaled.
             start = _leading(seg.recompute) if seg.recompute else 0
-            again = [i for i, o in enumerate(before[:start]) if o.name.startswith("experts")]
-            redo = ((_kernels(before[:again[0]]), self._balanced(self._recomputed_experts(seg.layer, seg.phase)),
-                     _kernels(before[again[-1] + 1:start])) if again else (_kernels(before[:start]), None, ()))
-            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, (*redo, _kernels(before[start:])), _kernels(after),
-                                                        self._balanced(experts), *(_kernels(k) for k in shared))
+            rerun, halves = before[:start], ()
+            again = [i for i, o in enumerate(rerun) if o.name.startswith("experts")]
+            if again and shared:  # the re-run shared expert's halves beside the re-run exchanges, as _moe_split's
+                extra = [o for o in rerun if o.name.startswith("shared")]
+                base = base_name(extra[0].name)
+                cut = max(i for i, o in enumerate(extra) if base_name(o.name) == base) + 1
+                halves = (_kernels(extra[:cut]), _kernels(extra[cut:]))
+                rerun = [o for o in rerun if not o.name.startswith("shared")]
+                again = [i for i, o in enumerate(rerun) if o.name.startswith("experts")]
+            redo = ((_kernels(rerun[:again[0]]), self._balanced(self._recomputed_experts(seg.layer, seg.phase)),
+                     _kernels(rerun[again[-1] + 1:])) if again else (_kernels(rerun), None, ()))
+            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, (*redo, _kernels(before[start:]), halves),
+                                                        _kernels(after), self._balanced(experts),
+                                                        *(_kernels(k) for k in shared))
         layer = seg.layer
         # off the compute stream: the exchanges are waited for explicitly
         apart = bool(shared) or stream is not None
@@ -1309,27 +1318,27 @@ class _StepBuilder:
         # the hot ops by the graph's positional builders (the same checks and ops as compute / collective_op)
         compute = g._compute_parts
         regather = self._regather_op(rank, seg, deps, name, mb, stage)
-        head, again, tail, pre = kernels[1]
+        head, again, tail, pre, halves = kernels[1]
         # What both the pass and a recomputed forward run around the experts: the dispatch-direction exchange
         # (DeepEP's forwarding beside it), the expert-TP gather, the experts at this rank's load, the expert-TP
-        # reduce-scatter, the combine-direction exchange (:meth:`_send_out`, :meth:`_experts_between`,
-        # :meth:`_send_back`).
+        # reduce-scatter, the combine-direction exchange (:meth:`_exchanged`).
         exchange = _Exchange(rank, group, (out_row, back_row), (out_rows, back_rows), forward, forward_rows, gather,
                              load * self.model.hidden * self.dtype, load, apart, a2a_stream, hop_stream, layer, mb,
                              stage)
         redo = bool(head)
         if again is not None:
             # Full recomputation re-runs the layer's forward whole before the backward, its token dispatcher's
-            # exchanges included (Megatron-Core's checkpointed layer replays its dispatch and combine; DeepEP's
-            # cached-dispatch flag, NVIDIA/Megatron-LM PR 7425, exists to shorten exactly that replay): ``R…``
-            # (the kernels before the experts), the dispatch, ``R….experts`` at this rank's forward load (with
-            # every member's, :meth:`_members`), the combine, ``R….post`` (the kernels after them).
+            # exchanges included (Megatron-Core's checkpointed layer replays its dispatch and combine, with the
+            # shared expert beside them under overlap; DeepEP's cached-dispatch flag, NVIDIA/Megatron-LM PR 7425,
+            # exists to shorten exactly that replay): ``R…`` (the kernels before the experts), the dispatch,
+            # ``R….experts`` at this rank's forward load (with every member's, :meth:`_members`), the combine,
+            # ``R….post`` (the kernels after them); its pieces are yielded as the pass's are (DualPipe's other
+            # chunk computes under its exchanges).
             r_name = RECOMPUTE_PHASE + name[1:]
             last = compute(rank, head, r_name, deps, "gemm", layer, mb, stage, COMPUTE_STREAM)
-            first, wait = self._send_out(exchange, last, f"{r_name}.ep_dispatch", f"{r_name}.ep_forward")
-            done = self._experts_between(exchange, first, wait, kernels[1][1], loads, r_name)
-            wait = self._send_back(exchange, done, f"{r_name}.ep_combine", f"{r_name}.ep_forward_back", r_name)
-            deps = [compute(rank, tail, f"{r_name}.post", wait, "gemm", layer, mb, stage, COMPUTE_STREAM)]
+            yield last
+            deps = [(yield from self._exchanged(exchange, last, r_name, ("dispatch", "combine"), again, loads, halves,
+                                                tail))]
             redo = True
         elif head:
             deps = [compute(rank, head, RECOMPUTE_PHASE + name[1:], deps, "gemm", layer, mb, stage, COMPUTE_STREAM)]
@@ -1337,17 +1346,28 @@ class _StepBuilder:
                 else deps[0])
         last = self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
         yield last
-        first, wait = self._send_out(exchange, last, f"{name}.ep_{'dispatch' if fwd else 'combine_grad'}",
-                                     f"{name}.ep_forward")
-        if shared:
-            yield compute(rank, kernels[4], f"{name}.shared_1", (), "gemm", layer, mb, stage, COMPUTE_STREAM)
-        done = self._experts_between(exchange, first, wait, kernels[3], loads, name)
+        directions = ("dispatch", "combine") if fwd else ("combine_grad", "dispatch_grad")
+        return (yield from self._exchanged(exchange, last, name, directions, kernels[3], loads,
+                                           (kernels[4], kernels[5]) if shared else (), kernels[2]))
+
+    def _exchanged(self, x: _Exchange, last: int, name: str, directions: tuple[str, str],
+                   balanced: tuple[Kernel, ...], loads: tuple[int, ...] | None, halves: tuple,
+                   post: tuple[Kernel, ...]) -> Generator[int, None, int]:
+        """From compute op ``last`` on, the pieces of one pass (or re-run forward) of a MoE layer around its
+        experts: the owner → expert exchange ``{name}.ep_{directions[0]}``, the first shared-expert half beside it
+        (``halves``, under ``moe.shared_expert_overlap``), the experts (``balanced`` kernels at the rank's load),
+        the expert → owner exchange ``{name}.ep_{directions[1]}``, the second half beside it; yields each compute
+        piece, returns the op of the ``post`` kernels after them (``{name}.post``)."""
+        compute = self.graph._compute_parts
+        first, wait = self._send_out(x, last, f"{name}.ep_{directions[0]}", f"{name}.ep_forward")
+        if halves:
+            yield compute(x.rank, halves[0], f"{name}.shared_1", (), "gemm", x.layer, x.mb, x.stage, COMPUTE_STREAM)
+        done = self._experts_between(x, first, wait, balanced, loads, name)
         yield done
-        wait = self._send_back(exchange, done, f"{name}.ep_{'combine' if fwd else 'dispatch_grad'}",
-                               f"{name}.ep_forward_back", name)
-        if shared:
-            yield compute(rank, kernels[5], f"{name}.shared_2", (), "gemm", layer, mb, stage, COMPUTE_STREAM)
-        return compute(rank, kernels[2], f"{name}.post", wait, "gemm", layer, mb, stage, COMPUTE_STREAM)
+        wait = self._send_back(x, done, f"{name}.ep_{directions[1]}", f"{name}.ep_forward_back", name)
+        if halves:
+            yield compute(x.rank, halves[1], f"{name}.shared_2", (), "gemm", x.layer, x.mb, x.stage, COMPUTE_STREAM)
+        return compute(x.rank, post, f"{name}.post", wait, "gemm", x.layer, x.mb, x.stage, COMPUTE_STREAM)
 
     def _send_out(self, x: _Exchange, last: int, name: str, forward_name: str) -> tuple[int, list[int]]:
         """The owner → expert exchange of ``x`` after op ``last`` (a dispatch, or the gradient of a combine), with
