@@ -59,7 +59,7 @@ from workloads.parallel import (
     validate,
 )
 from workloads.sharding import sharding_plan
-from workloads.training import StepOptions, TrainingStep, check_step_options, training_step
+from workloads.training import StepOptions, TrainingStep, check_step_options, megatron_grad_overlap, training_step
 
 from .compute import ComputeModel
 from .engine import Engine, paused_gc
@@ -521,6 +521,16 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
     if given("parallel", "zero_overlap") and plan.gather is None:
         notes.append("parallel.zero_overlap has no effect without per-layer parameter gathers (zero: 3, or FSDP's "
                      "zero: 2)")
+    if given("training", "fp8_recipe") and exp.training.dtype != "fp8":
+        notes.append(f"training.fp8_recipe has no effect with dtype: {exp.training.dtype} (training.dtype: fp8 "
+                     f"reads it)")
+    if given("parallel", "align_param_gather") and not (par.overlap_param_gather and par.schedule == "interleaved"):
+        notes.append("parallel.align_param_gather has no effect without parallel.overlap_param_gather under "
+                     "schedule: interleaved (Megatron forces it off without interleaving)")
+    if given("parallel", "align_grad_reduce") and not (par.pp > 1 and megatron_grad_overlap(par, plan)):
+        notes.append("parallel.align_grad_reduce has no effect here: it is how Megatron's distributed data "
+                     "parallelism (zero_impl megatron, overlap_grad_reduce, gradients reduced once per step) "
+                     "launches the reductions of a pipeline (pp > 1, schedule 1f1b or interleaved)")
     if given("options", "tp_comm_overlap_sms") and not par.tp_comm_overlap:
         notes.append("options.tp_comm_overlap_sms has no effect without parallel.tp_comm_overlap")
     if given("options", "dualpipe_comm_sms") and not (par.schedule == "dualpipe" and model.is_moe):

@@ -318,7 +318,12 @@ class Fabric:
                 gpus = self.cluster.gpus
                 paths = self.router.paths(gpus[src], gpus[dst])
                 links = paths[0] if len(paths) == 1 else np.concatenate(paths)
-                self._spread[id(links)] = len(paths)
+                if len(paths) > 1:
+                    # one flow of the whole payload, a 1/k share of its rate on each path's entries: max-min
+                    # fairness then shares a link by flows' rates, not by paths (a flow sprayed over k paths
+                    # used to claim k shares of its own NIC beside a flow of one path)
+                    self._spread[id(links)] = (links, len(paths))
+                    self.network.declare(links, 1, np.full(len(links), 1.0 / len(paths)))
                 latency = max(float(self.latency[p].sum()) for p in paths)
             else:
                 links = self.route(src, dst, label)
@@ -393,20 +398,29 @@ class Fabric:
         return found
 
     def spread(self, links: np.ndarray) -> int:
-        """Equal-cost paths a routed links array spreads one flow over (1 under ECMP)."""
-        return self._spread.get(id(links), 1)
+        """Equal-cost paths a routed links array spreads one flow over (1 under ECMP): a hop's ``k``; for a
+        transfer's array over several hops (:meth:`_transfer_links`), the lcm of its hops' spreads."""
+        entry = self._spread.get(id(links))
+        return entry[1] if entry is not None and entry[0] is links else 1
 
     def _transfer_links(self, hops: list[tuple[np.ndarray, float]]) -> tuple[np.ndarray, int]:
         """One transfer's links over all its ``hops`` (a pipelined ring is one flow over every hop) and their
-        common spread ``L``: each hop's array is repeated ``L / k`` times so one flow of ``nbytes / L`` loads
-        every hop as its own spread would (``L`` = lcm of the hops' spreads; 1 under ECMP)."""
+        spread (:meth:`spread`). Under spray a hop over ``k`` paths is declared to the network with each entry
+        weighted ``1 / k`` (:meth:`_hop`), and the transfer's concatenation with its hops' weights, so one flow
+        of the transfer's whole bytes loads every hop as its own split would and competes as one flow."""
         if len(hops) == 1:
             links = hops[0][0]
             return links, self.spread(links)
         spreads = [self.spread(h[0]) for h in hops]
+        links = np.concatenate([h[0] for h in hops])
+        if max(spreads) == 1:
+            return links, 1
         common = int(np.lcm.reduce(spreads))
-        parts = [h[0] if common == k else np.tile(h[0], common // k) for h, k in zip(hops, spreads)]
-        return np.concatenate(parts), common
+        weights_of = self.network.weights_of
+        weights = np.concatenate([np.ones(len(h[0])) if k == 1 else weights_of(h[0]) for h, k in zip(hops, spreads)])
+        self.network.declare(links, 1, weights)
+        self._spread[id(links)] = (links, common)
+        return links, common
 
     def _pair_entry(self, links: np.ndarray) -> tuple:
         """``(links, hops, [shares])`` of a routed links array (see :meth:`pairs_of`). A hop routed in bulk
@@ -830,14 +844,16 @@ class Fabric:
                 links, spread, phys, n_hops = next(routes)
                 # (what _latency gives, from the hops looked up once rather than looked up again)
                 latency = base + count * step_latency(t, costs, phys)
-                specs.append((links, count * t.nbytes / (factor * spread), latency, count * t.nbytes * n_hops))
+                specs.append((links, count * t.nbytes / factor, latency, count * t.nbytes * n_hops))
             if grouped:
                 # A wave: the transfers that start at one instant (equal latency), NVLink and network apart;
                 # "grouped" also needs equal sizes, "proportional" lets members of unequal sizes share.
                 servers = self._servers
                 equal = self.config.all_to_all != "proportional"  # bulk: as grouped where it does not apply
+                # (and, under spray, the same number of paths: members share one rate)
+                spread = self.spread
                 specs = self.group(specs, [((s[1], s[3]) if equal else None, s[2],
-                                            servers[t.hops[0][0]] != servers[t.hops[0][1]])
+                                            servers[t.hops[0][0]] != servers[t.hops[0][1]], spread(s[0]))
                                            for s, t in zip(specs, phase)])
             out.append(tuple(specs))
         return tuple(out)
@@ -920,7 +936,8 @@ class Fabric:
             specs = [s for p in plans for s in p[0]]
             if (kind == "all_to_all" and self.config.all_to_all != "per_pair" and len(plans) > 1
                     and self.config.model == "flow" and not self._bulk(kind, groups[0], nbytes, algorithm, matrix)):
-                specs = self.group(specs, [(i, s[1], s[2]) for p in plans for i, s in enumerate(p[0])])
+                spread = self.spread
+                specs = self.group(specs, [(i, s[1], s[2], spread(s[0])) for p in plans for i, s in enumerate(p[0])])
             routed = (tuple(specs),)
         self._phases_cache[key] = routed
         return routed
@@ -1049,7 +1066,7 @@ class Fabric:
         links, lat = self._hop(src, dst, label)
         sw, factor = self._p2p_latency(src, dst, nbytes)
         latency = max(sw, lat) if self.config.nccl_latency else sw + lat
-        return (links, nbytes / (factor * self.spread(links)), latency, nbytes)
+        return (links, nbytes / factor, latency, nbytes)
 
     def send_specs(self, srcs: tuple[int, ...], dsts: tuple[int, ...], nbytes: float, label: int = 0
                    ) -> tuple[tuple, ...]:
@@ -1059,7 +1076,6 @@ class Fabric:
         server, so they are looked up twice at most, not once per pair."""
         servers = self._servers
         nccl = self.config.nccl_latency
-        spray = self._spray
         costs: dict[bool, tuple[float, float]] = {}
         out = []
         routed = self._hops([(src, dst, label) for src, dst in zip(srcs, dsts)])
@@ -1070,7 +1086,7 @@ class Fabric:
                 cost = costs[cross] = self._p2p_latency(src, dst, nbytes)
             sw, factor = cost
             latency = (sw if sw >= lat else lat) if nccl else sw + lat
-            out.append((links, nbytes / (factor * (self.spread(links) if spray else 1)), latency, nbytes))
+            out.append((links, nbytes / factor, latency, nbytes))
         return tuple(out)
 
     def replica_send_specs(self, srcs: tuple[int, ...], dsts: tuple[int, ...], nbytes: float) -> tuple[tuple, ...]:
@@ -1084,7 +1100,8 @@ class Fabric:
         if len(specs) > 1 and self.config.replica_sends == "merged" and self.config.model == "flow":
             # replicas of equal wire bytes and latency only (a pair on NVLink and one across servers, or under
             # spray pairs of unlike path counts, would otherwise share a flow at unlike weights)
-            return tuple(self.group(list(specs), [(s[1], s[2]) for s in specs]))
+            spread = self.spread
+            return tuple(self.group(list(specs), [(s[1], s[2], spread(s[0])) for s in specs]))
         return specs
 
 

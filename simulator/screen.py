@@ -144,7 +144,9 @@ def flow_times(fabric: Fabric, flows: Sequence[tuple], background: Sequence[tupl
                groups: Sequence[int] | None = None) -> np.ndarray:
     """Seconds each of ``flows`` takes when they all start together (parameters as :func:`concurrent_time`).
 
-    Flow ``i`` takes ``latency + wire_bytes · max over its links of load / usable capacity``. With ``groups``
+    Flow ``i`` takes ``latency + wire_bytes · max over its links of load / usable capacity``, a link's load the
+    flows crossing it, each by the weight the fabric declared for that entry (1, or ``1/k`` on each of the ``k``
+    paths of a sprayed hop, whose ``wire_bytes`` are then its whole payload's). With ``groups``
     (a group label per flow, any integers) a link's load counts only the flows of the flow's own group (and
     the background): each group is priced as if it ran alone on the fabric, all of them in one pass, in
     memory that grows with the flows' links, not with groups x links.
@@ -156,15 +158,24 @@ def flow_times(fabric: Fabric, flows: Sequence[tuple], background: Sequence[tupl
     routes = [np.asarray(f[0], dtype=np.int64) for f in flows]
     sizes = np.fromiter(map(len, routes), dtype=np.int64, count=len(routes))
     links = np.concatenate(routes)
+    # Each entry's weight: 1, or the share of the flow's rate it carries where the fabric declared one (a hop
+    # sprayed over k paths: 1/k on each path's entries, so a link all k paths cross counts the flow once)
+    network = getattr(fabric, "network", None)  # (a stand-in fabric with no network declares nothing)
+    declared = ([network.weights_of(f[0]) if isinstance(f[0], np.ndarray) else None for f in flows]
+                if network is not None else [None] * len(flows))
+    weight = (None if all(w is None for w in declared) else
+              np.concatenate([np.ones(k) if w is None else w for w, k in zip(declared, sizes.tolist())]))
     if groups is None:
-        load = np.bincount(links, minlength=n).astype(float)[links]
+        load = np.bincount(links, weights=weight, minlength=n).astype(float)[links]
     else:
         if len(groups) != len(flows):
             raise ValueError(f"groups must give one label per flow: {len(groups)} labels for {len(flows)} flows")
         # (group, link) pairs: a flow's load on a link is how many flows of its group cross it
         _, inverse, counts = np.unique(np.repeat(np.asarray(groups, dtype=np.int64), sizes) * n + links,
                                        return_inverse=True, return_counts=True)
-        load = counts[inverse.ravel()].astype(float)
+        inverse = inverse.ravel()
+        load = (counts[inverse].astype(float) if weight is None else
+                np.bincount(inverse, weights=weight, minlength=len(counts))[inverse])
     if background:
         extra = np.concatenate([b[0] for b in background])
         weights = np.concatenate([np.full(len(b[0]), float(b[1])) for b in background])

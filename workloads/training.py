@@ -211,6 +211,7 @@ from .schedules import (
 )
 from .sharding import (
     GatherSchedule,
+    ShardingPlan,
     Unit,
     Use,
     end_units,
@@ -536,6 +537,14 @@ def check_step_options(model: ModelSpec, parallel: ParallelConfig, options: Step
                                               for s in range(parallel.pp) for c in range(parallel.model_chunks)):
         raise ConfigError("parallel.stage_layers: an empty end chunk holds the embedding or the output layer "
                           "alone; it needs options.embedding_and_loss: true")
+
+
+def megatron_grad_overlap(par: ParallelConfig, plan: ShardingPlan) -> bool:
+    """Whether ``par``'s gradients are reduced by Megatron-Core's distributed data parallelism with overlap
+    (``zero_impl`` megatron, reduced once per step over more than one rank) under Megatron's pipeline schedules
+    (``1f1b``, ``interleaved``): :attr:`_StepBuilder.megatron_overlap`, for a layout without its builder."""
+    return (par.overlap_grad_reduce and par.grad_dp * par.weight_copies > 1 and plan.impl == "megatron"
+            and plan.grad_sync == "step" and par.schedule in ("1f1b", "interleaved"))
 
 
 class _Exchange(NamedTuple):
@@ -1954,9 +1963,7 @@ class _StepBuilder:
         (``zero_impl`` megatron, reduced once per step over more than one rank) under Megatron's pipeline
         schedules (``1f1b``, ``interleaved``): where its bucketing rule (:meth:`unbucketed`) and its aligned
         launch (:attr:`aligned_grad_reduce`) apply."""
-        par, plan = self.par, self.plan
-        return (par.overlap_grad_reduce and par.grad_dp * par.weight_copies > 1 and plan.impl == "megatron"
-                and plan.grad_sync == "step" and par.schedule in ("1f1b", "interleaved"))
+        return megatron_grad_overlap(self.par, self.plan)
 
     def unbucketed(self, stage: int, chunk: int) -> bool:
         """Whether Megatron-Core reduces (and, with ``overlap_param_gather``, gathers) virtual stage ``(stage,
