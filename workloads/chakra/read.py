@@ -680,6 +680,14 @@ def _spec(unit: _Unit, lossless: bool, tables: dict[int, tuple[Kernel, ...]]) ->
     def number(name: str, default: float | None = 0.0) -> float | None:
         return need(name) if a.get(name) is not None else default
 
+    def integer(name: str, default: int | None = None) -> int:
+        """A rank or tag attribute (``comm_src``, ``comm_dst``, ``comm_tag``): a whole number; a fractional one
+        is refused, not truncated to another rank or tag."""
+        value = need(name) if default is None or a.get(name) is not None else default
+        if value != int(value):
+            raise OpGraphError(f"attribute {name!r} must be a whole number (a rank or a tag), got {value!r}")
+        return int(value)
+
     def text(name: str, default: str) -> str:
         """An optional string attribute (a ``clustersim.*`` tag: stream, class, category, algorithm)."""
         value = a.get(name, default)
@@ -739,8 +747,8 @@ def _spec(unit: _Unit, lossless: bool, tables: dict[int, tuple[Kernel, ...]]) ->
                     traffic_class=kind)
     # COMM_SEND_NODE / COMM_RECV_NODE
     send = type_name == "COMM_SEND_NODE"
-    src = need("comm_src") if not send or "comm_src" in a else rank
-    dst = need("comm_dst") if send or "comm_dst" in a else rank
+    src = integer("comm_src") if not send or "comm_src" in a else rank
+    dst = integer("comm_dst") if send or "comm_dst" in a else rank
     if (src if send else dst) != rank:
         mine = "comm_src" if send else "comm_dst"
         raise OpGraphError(f"{mine} {src if send else dst} of a {type_name} must be this file's rank ({rank})")
@@ -750,4 +758,4 @@ def _spec(unit: _Unit, lossless: bool, tables: dict[int, tuple[Kernel, ...]]) ->
         nbytes = need("comm_size")
     if not lossless:
         tags = {"stream": "comm" if send else f"recv{peer}", "traffic_class": "p2p"}
-    return spec("send" if send else "recv", (rank, peer, nbytes), tag=int(number("comm_tag", 0)), **tags)
+    return spec("send" if send else "recv", (rank, peer, nbytes), tag=integer("comm_tag", 0), **tags)
