@@ -134,7 +134,7 @@ def _place(entries: list[Mapping], n_nodes: int, placement: object, seed: object
                     raise ConfigError(f"jobs[{i}].nodes: node {k} is listed twice; each node once")
                 if k in taken:
                     raise ConfigError(f"jobs[{i}].nodes: node {k} is already held by job {taken[k]!r}")
-                taken[k] = str(job.get("name", i))
+                taken[k] = label(job.get("name"), f"jobs[{i}].name") or f"job{i}"  # (its name, default job<i>)
             out.append(tuple(nodes))
         else:
             _positive(nodes, f"jobs[{i}].nodes")

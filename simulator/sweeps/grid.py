@@ -46,7 +46,7 @@ def parse_grid_arg(text: str) -> tuple[str, list]:
     """Parse one ``--grid PATH=V1,V2,...`` argument.
 
     Values are read as a YAML flow sequence, so ``1`` is an int, ``true`` a
-    bool, ``400Gbps`` a string and ``[tp,dp,pp]`` a list.
+    bool, ``null`` None (``moe.capacity_factor=null,1.25``), ``400Gbps`` a string and ``[tp,dp,pp]`` a list.
 
     Parameters
     ----------
@@ -78,7 +78,9 @@ def parse_grid_arg(text: str) -> tuple[str, list]:
         values = load_yaml(f"[{rhs}]")  # 2:1 stays "2:1" (YAML 1.1 would read sexagesimal 121)
     except yaml.YAMLError:
         raise ValueError(f"--grid: {text!r}: cannot parse the values {rhs!r} as a comma-separated list") from None
-    if not values or any(v is None for v in values):
+    # (an empty item, 1,,2, does not parse; null is a value: moe.capacity_factor=null,1.25 sweeps dropless MoE
+    # against a capacity, as a sweep: grid's [null, 1.25] does)
+    if not values:
         raise ValueError(f"--grid: {text!r}: empty value in the list")
     _check_path(path)
     return path, values

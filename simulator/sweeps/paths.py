@@ -87,7 +87,10 @@ def apply_overrides(base: Mapping, overrides: Mapping[str, Any]) -> dict:
     base : Mapping
         The experiment document; not modified.
     overrides : Mapping
-        Dotted path -> value, applied in order with :func:`set_path`.
+        Dotted path -> value, applied with :func:`set_path` a section before the fields inside it (``cluster``
+        before ``cluster.oversubscription``, whatever the grid's order: a whole section set last replaced the
+        fields set before it), each value a copy (a later override of a field inside it must not change the
+        caller's value, which other points share).
 
     Returns
     -------
@@ -100,6 +103,6 @@ def apply_overrides(base: Mapping, overrides: Mapping[str, Any]) -> dict:
     {'parallel': {'tp': 4}, 'cluster': {'nodes': 2}}
     """
     doc = copy.deepcopy(dict(base))
-    for path, value in overrides.items():
-        set_path(doc, path, value)
+    for path, value in sorted(overrides.items(), key=lambda item: item[0].count(".")):  # (stable: in order)
+        set_path(doc, path, copy.deepcopy(value))
     return doc

@@ -107,7 +107,15 @@ def top_table(df: pd.DataFrame, k: int, metric: str | None = None) -> str:
 
 
 PER_STEP_METRICS = ("step_time_s", "exposed_comm_s")
-"""Metrics of one step whatever it holds: they rank unlike work when the points' steps hold unlike batches."""
+"""Metrics of one step whatever it holds: they rank unlike work when the points' steps hold unlike batches (so do
+each class's ``exposed_<class>_s`` and each tier's ``bytes_<tier>``: :func:`per_step_metric`)."""
+
+
+def per_step_metric(metric: str) -> bool:
+    """Whether ``metric`` totals one step (time or bytes), rather than a rate, a fraction or a cost: the headline
+    :data:`PER_STEP_METRICS`, a class's exposed seconds (``exposed_tp_s``) or a tier's bytes (``bytes_spine``)."""
+    return (metric in PER_STEP_METRICS or metric.startswith("bytes_")
+            or (metric.startswith("exposed_") and metric.endswith("_s")))
 
 
 def batch_note(df: pd.DataFrame, metric: str | None = None) -> str | None:
@@ -123,7 +131,7 @@ def batch_note(df: pd.DataFrame, metric: str | None = None) -> str | None:
         The note, or None where every feasible step trains the same tokens (to 1e-9) or the metric is a rate.
     """
     metric = metric or df.attrs.get("metric", "step_time_s")
-    if metric not in PER_STEP_METRICS or "tokens_per_s" not in df.columns:
+    if not per_step_metric(metric) or "tokens_per_s" not in df.columns:
         return None
     ok = df[df["status"] == "ok"]
     tokens = pd.to_numeric(ok["tokens_per_s"], errors="coerce") * pd.to_numeric(ok["step_time_s"], errors="coerce")
