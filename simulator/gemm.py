@@ -35,7 +35,11 @@ terms, each with where it comes from:
   below peak.
 * **Split-K** — when ``m·n`` gives too few tiles, cuBLAS splits ``k`` over
   ``split`` tiles and reduces their fp32 partials; we try ``split`` in
-  1, 2, 4, 8, 16 and charge the reduction as HBM traffic. A split's slices
+  1, 2, 4, 8, 16 and charge the reduction as HBM traffic. In a batched GEMM
+  the test is each problem's own tiles (not the batch's): the batch can run
+  every problem as it runs alone, so it never takes longer than its problems
+  one by one (gating on the batch's tiles made 3 problems of 8192×64×8192 on
+  an H100 take 1.12x as long as three launches). A split's slices
   are at least ``2·k_overhead`` deep (a shorter ``k`` is charged as that
   depth), so no GEMM gets faster as ``k`` grows (a gate on the slice depth
   did: 64×64×511 took 1.6x as long as ×512).
@@ -149,14 +153,15 @@ def _best_time(model: GemmModel, m: int, n: int, k: int, batch: int) -> tuple[fl
     best_t, best = math.inf, (0, 0, 0)
     sm_count, k_overhead, ceil = model.sm_count, model.k_overhead, math.ceil
     for tm, tn, rate in _tile_rates(model):
-        tiles = batch * ceil(m / tm) * ceil(n / tn)
+        per_problem = ceil(m / tm) * ceil(n / tn)
+        tiles = batch * per_problem
         if model.stream_k and tiles > sm_count:
             segments = ceil(tiles / sm_count) + 1
             t = 2.0 * tm * tn * (tiles * k / sm_count + segments * k_overhead) / rate
             if t < best_t:
                 best_t, best = t, (tm, tn, 0)  # split 0: stream-K
         for split in SPLITS:
-            if split > 1 and tiles >= sm_count:
+            if split > 1 and per_problem >= sm_count:  # (each problem's own tiles: module docstring, "Split-K")
                 break
             waves = ceil(tiles * split / sm_count)
             # a split's slices are at least two pipeline fills deep (padded: a shorter k runs the same kernel as
@@ -325,7 +330,8 @@ def _candidate_times(model: GemmModel, rates: list, m, n, k, batch: int) -> np.n
     tm = np.array([[r[0]] for r in rates], dtype=i64)
     tn = np.array([[r[1]] for r in rates], dtype=i64)
     rate = np.array([[r[2]] for r in rates])
-    tiles = batch * ceil(m / tm).astype(i64) * ceil(n / tn).astype(i64)
+    per_problem = ceil(m / tm).astype(i64) * ceil(n / tn).astype(i64)
+    tiles = batch * per_problem
     lanes = np.broadcast_shapes(tiles.shape, np.shape(k))
     tiles = np.broadcast_to(tiles, lanes)
     rows = []  # per tile, its candidates in _best_time's order
@@ -333,7 +339,7 @@ def _candidate_times(model: GemmModel, rates: list, m, n, k, batch: int) -> np.n
         segments = ceil(tiles / sm_count).astype(i64) + 1
         t = 2.0 * tm * tn * (tiles * k / sm_count + segments * k_overhead) / rate
         rows.append(np.where(tiles > sm_count, t, math.inf))
-    few = tiles < sm_count
+    few = np.broadcast_to(per_problem < sm_count, lanes)  # (as _best_time: each problem's own tiles)
     for split in SPLITS:
         if split > 1:
             alive = few
