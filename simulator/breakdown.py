@@ -6,7 +6,8 @@ category, the first of these that is true at that instant. First the
 micro-batch work the pipeline schedule is made of:
 
 1. **compute** of a micro-batch: ``forward``, ``backward``, ``recompute``
-   (activation recomputation, the ``R…`` ops);
+   (activation recomputation, the ``R…`` ops), by the first letter of the op's name (``W``: backward);
+   a micro-batch's compute op named otherwise is ``other_compute``, here too;
 2. **blocking communication** of a micro-batch — a collective on the compute
    stream in flight (TP/SP collectives, MoE all-to-alls, ZeRO-3 gathers):
    ``exposed_<class>``;
@@ -223,6 +224,9 @@ def _layers(ops) -> list[tuple[str, np.ndarray | None, str]]:
 
     # micro-batch work: what the pipeline schedule is made of
     layers.extend((c, is_compute & (code == cat_code[c]), "run") for c in ("forward", "backward", "recompute"))
+    # a micro-batch's compute op whose name carries no phase letter (a hand-built graph's "fwd") is micro-batch
+    # work too, never a bubble
+    layers.append(("other_compute", is_compute & in_mb & (code == cat_code["other_compute"]), "run"))
     comm(blocking & in_mb)
     layers.append(("moe_wait", tail & in_mb, "tail"))
     layers.append(("moe_wait", waiting & in_mb & ep, "wait"))

@@ -92,6 +92,10 @@ def _compute_bars(ops: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     cat = op_category(comp["kind"].to_numpy(), comp["name"].to_numpy(), comp["micro_batch"].to_numpy(),
                       comp["traffic_class"].to_numpy())
+    phase = np.isin(cat, COMPUTE_CATEGORIES[:3])  # (other compute is drawn from the partition's segments)
+    comp, cat = comp[phase], cat[phase]
+    if comp.empty:
+        return pd.DataFrame(columns=COLUMNS)
     chunk = np.array([_chunk(n) for n in comp["name"].tolist()], dtype=np.int64)
     rank, mb = comp["rank"].to_numpy(), comp["micro_batch"].to_numpy()
     s, e = comp["start_s"].to_numpy(), comp["end_s"].to_numpy()
