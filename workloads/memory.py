@@ -438,11 +438,12 @@ def _stage_memory(model: ModelSpec, parallel: ParallelConfig, training: Training
         params += 2 * sum(sum(fp8_weight_params(model, i, parallel.tp, parallel.ep, parallel.expert_tp))
                           for i in stage_layers(model.layers, parallel, stage))
     if gathered:  # gathered parameters live at the peak (prefetch included)
+        (_dense, dense_group), (_routed, expert_group) = groups
         uses = stage_uses(model, parallel, plan, stage)[1]
-        params += gather_schedule(uses, plan).peak_live * d
+        # an expert-DP group of one rank holds its experts whole (counted above) and gathers none of them
+        params += gather_schedule(uses, plan, expert_gathered=expert_group > 1).peak_live * d
         # persistent units are held whole on every rank (counted above as a shard); their optimizer states stay
         # partitioned
-        (_dense, dense_group), (_routed, expert_group) = groups
         whole = {u.unit.key: u.unit for u in uses if plan.persistent(u.unit)}.values()
         params += sum(u.params * (1 - 1 / dense_group) + u.expert_params * (1 - 1 / expert_group) for u in whole) * d
     optimizer = sum(s[2] for s in states)

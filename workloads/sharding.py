@@ -347,9 +347,16 @@ class GatherSchedule:
     peak_live: float
 
 
-def gather_schedule(uses: Sequence[Use], plan: ShardingPlan) -> GatherSchedule:
-    """Simulate parameter residency over one step's uses and group the all-gathers as the framework does."""
+def gather_schedule(uses: Sequence[Use], plan: ShardingPlan, expert_gathered: bool = True) -> GatherSchedule:
+    """Simulate parameter residency over one step's uses and group the all-gathers as the framework does.
+
+    ``expert_gathered=False``: the routed experts are not gathered (an expert-DP group of one rank, which holds
+    them whole: the generator issues no all-gather for them), so ``peak_live`` counts only the units' other
+    parameters; which uses gather, and their groups, are unchanged."""
     n = len(uses)
+
+    def held(unit: Unit) -> float:  # elements a gather of ``unit`` adds to the rank's memory
+        return unit.total if expert_gathered else unit.params
     persistent = [plan.persistent(u.unit) for u in uses]
     next_use: list[int | None] = [None] * n
     last: dict[tuple, int] = {}
@@ -374,7 +381,7 @@ def gather_schedule(uses: Sequence[Use], plan: ShardingPlan) -> GatherSchedule:
         key = u.unit.key
         if not persistent[i] and key not in resident:
             need[i] = True
-            resident[key] = u.unit.total
+            resident[key] = held(u.unit)
             released_before[i] = released.get(key, -1)
         live_at[i] = sum(resident.values())
         j = next_use[i]
@@ -414,7 +421,7 @@ def gather_schedule(uses: Sequence[Use], plan: ShardingPlan) -> GatherSchedule:
     # that is still gathered at i (released at i or later, before the group gathers it again): a prefetch skips a
     # module it holds, and the unit's storage is one. (Counting it as well held the root twice from two
     # micro-batches on. The generator's timeline may still start that gather before the release: see DESIGN.)
-    sizes = [sum(uses[j].unit.total for j in g) for g in groups]
+    sizes = [sum(held(uses[j].unit) for j in g) for g in groups]
     latest = [max(released_before[j] for j in g) for g in groups]  # a group's last release of a unit it gathers
     peak, upcoming = 0.0, None
     for i in range(n - 1, -1, -1):
@@ -422,7 +429,7 @@ def gather_schedule(uses: Sequence[Use], plan: ShardingPlan) -> GatherSchedule:
         if upcoming is not None and plan.overlap:
             ahead = sizes[upcoming]
             if latest[upcoming] >= i:
-                ahead -= sum(uses[j].unit.total for j in groups[upcoming] if released_before[j] >= i)
+                ahead -= sum(held(uses[j].unit) for j in groups[upcoming] if released_before[j] >= i)
         peak = max(peak, live_at[i] + ahead)
         if group_of[i] is not None and groups[group_of[i]][0] == i:
             upcoming = group_of[i]
