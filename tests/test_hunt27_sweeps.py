@@ -6,17 +6,10 @@ import copy
 
 import pytest
 
-from simulator.experiment import experiment_from_dict, run_experiment
+from simulator.experiment import DEMO_EXPERIMENT, experiment_from_dict, run_experiment
 from simulator.sweeps import sweep
 
-DEMO = {
-    "name": "demo",
-    "cluster": {"preset": "dgx-h100", "nodes": 2},
-    "model": {"preset": "gpt2-small"},
-    "parallel": {"tp": 2, "pp": 2, "dp": 4, "micro_batch": 4, "global_batch": 64, "schedule": "1f1b",
-                 "sequence_parallel": True},
-    "training": {"seq_len": 1024, "dtype": "bf16"},
-}
+DEMO = DEMO_EXPERIMENT  # (the built-in demo: read only, copied where changed)
 CLUSTER = {"preset": "dgx-h100", "nodes": 2, "nodes_per_leaf": 1}
 
 
