@@ -2071,7 +2071,10 @@ class _StepBuilder:
         first_op = len(self.graph.ops)
         moe = False
         runs = []
-        for k, (a, deps) in enumerate(zip(pair, waits)):
+        # DualPipe receives both inputs of a pair before it computes either pass (``_forward_backward_chunk``:
+        # recv_forward, recv_backward, then one commit-and-wait): each pass's first piece waits for both
+        both = list(dict.fromkeys(d for deps in waits for d in deps))
+        for k, (a, deps) in enumerate(zip(pair, [both] * len(pair))):
             phase = self.pass_of(stage, a)
             reduce_now = self.makes_grads(stage, a) and (every_mb or idx + k == last_b[a.chunk])
             if reduce_now:  # (as in build_rank; a pair holds one gradient pass, DualPipe's B or W)
