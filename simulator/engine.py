@@ -38,7 +38,7 @@ import contextlib
 import copy
 import gc
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from heapq import heappush
 from numbers import Real
@@ -106,6 +106,16 @@ class RunRecord:
 
 def _describe(op: Op) -> str:
     return f"rank {op.rank} op {op.id} {op.kind} {op.name!r}"
+
+
+def _listed(items: Sequence[int], most: int = 8) -> str:
+    """``items`` as a list, its middle elided past ``most`` (a deadlocked collective over 512 ranks listed every
+    absent rank: a 5,000-character line)."""
+    items = list(items)
+    if len(items) <= most:
+        return str(items)
+    head = ", ".join(map(str, items[:most - 2]))
+    return f"[{head}, ..., {items[-1]}] ({len(items):,})"
 
 
 def _replicas(graph: OpGraph) -> dict[int, tuple[int, ...]] | None:
@@ -286,8 +296,8 @@ def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]], dic
                 present = {o.rank for o in ops}
                 missing = [r for r in need if r not in present]
             if missing:
-                problems.append(f"{_describe(first)} (collective #{key[2]} on group {list(key[1])}) "
-                                f"never joined by rank(s) {missing}")
+                problems.append(f"{_describe(first)} (collective #{key[2]} on group {_listed(key[1])}) "
+                                f"never joined by rank(s) {_listed(missing)}")
             # alltoallv members send different amounts: only kind and count must agree.
             size = None if first.split is not None else first.nbytes
             for o in ops[1:]:
@@ -747,7 +757,7 @@ class Engine:
             need = (group_shape(op.group, _replicas(self.graph))[1] if op.kind == "collective"
                     else (key[1], key[2]))
             missing = [r for r in need if r not in have]
-            lines.append(f"{_describe(op)} waits for rank(s) {missing} to reach it")
+            lines.append(f"{_describe(op)} waits for rank(s) {_listed(missing)} to reach it")
         blocked = [op for op in ops if np.isnan(issue_s[op.id])]
         if blocked:
             op = blocked[0]
@@ -757,7 +767,7 @@ class Engine:
             behind = (f" and, on its stream {op.stream!r}, behind {_describe(before)}"
                       if before is not None and np.isnan(end_s[before.id]) and before.id not in waits else "")
             lines.append(f"{len(blocked)} op(s) never became ready, e.g. {_describe(op)} "
-                         f"waiting on op(s) {waits}{behind}")
+                         f"waiting on op(s) {_listed(waits)}{behind}")
         unfinished = int(np.isnan(end_s).sum())
         return f"deadlock: {unfinished} op(s) can never finish: " + "; ".join(lines[:6])
 

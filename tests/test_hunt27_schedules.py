@@ -73,3 +73,19 @@ def test_dualpipe_pairs_wait_for_both_inputs_on_uneven_stages(p, m, counts):
             tb[j] = mine[("B", split[0])]  # the input gradient alone; a whole backward takes tb + tw
     step, _busy = simulate_unit_times(sched, tf, tb, 0.0, tw, dualpipe=True)
     assert max(end.values()) == pytest.approx(step, rel=1e-6)
+
+
+def test_a_deadlock_over_many_ranks_is_reported_in_a_bounded_line():
+    # Rank 0 issues an all-reduce over 512 ranks that no other rank joins: the report names the first absent
+    # ranks, the last and how many, where it listed all 511 (a 5,000-character line).
+    from simulator import simulate
+    from simulator.engine import DeadlockError
+    from topologies import build_cluster
+    from workloads.ops import OpGraph
+
+    g = OpGraph(512)
+    g.collective_op(0, "all_reduce", tuple(range(512)), 1e6)
+    with pytest.raises(DeadlockError) as caught:
+        simulate(g, build_cluster({"preset": "dgx-h100", "nodes": 64}))
+    message = str(caught.value)
+    assert "[1, 2, 3, 4, 5, 6, ..., 511] (511)" in message and len(message) < 400, message
