@@ -778,6 +778,20 @@ def build_step(exp: Experiment, representatives: str | None, force: bool = False
         raise StepTooLargeError(f"{what}{message}{FORCE_HINT}", exc.ops, exc.limit) from None
 
 
+def _healthy_cluster(exp: Experiment) -> Cluster:
+    """The cluster before ``exp.faults``: an Experiment built or edited with faults (not loaded with them) has
+    no ``healthy_cluster``; stragglers leave the fabric as it is, topology faults must be applied to it."""
+    if exp.healthy_cluster is not None:
+        return exp.healthy_cluster
+    topology = [f.get("kind") for f in exp.faults if not isinstance(f, Mapping) or f.get("kind") != "straggler"]
+    if topology:
+        raise ConfigError(f"faults: this Experiment's cluster does not have its {topology[0]} fault applied "
+                          f"(healthy_cluster is None): give faults to experiment_from_dict or load_experiment, "
+                          f"or set cluster=apply_faults(cluster, faults) and healthy_cluster=cluster")
+    _faults_from_list(list(exp.faults), exp.cluster)  # (each straggler's rank and factor, as a file's are)
+    return exp.cluster
+
+
 def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None = None,
                    progress: Callable[[int, int], None] | None = None) -> Result:
     """Generate the step, simulate it and attach training metrics to the result.
@@ -800,6 +814,7 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
     if world != exp.cluster.num_gpus:  # (experiment_from_dict checks it; an Experiment edited since may not hold)
         raise ConfigError(f"parallel: tp x cp x pp x dp = {world} but cluster {exp.cluster.name!r} has "
                           f"{exp.cluster.num_gpus} GPUs; they must be equal")
+    healthy_cluster = _healthy_cluster(exp) if exp.faults else None  # (before minutes of building the step)
     memory = check_memory(exp, force)
     fidelity = _fidelity(exp.fidelity if fidelity is None else fidelity)
     with paused_gc():
@@ -808,7 +823,7 @@ def run_experiment(exp: Experiment, *, force: bool = False, fidelity: str | None
         step = build_step(exp, representatives_for(exp, fidelity), force, what, lockstep_helps=not every_rank)
         healthy = None
         if exp.faults:  # the same step on the healthy cluster, for the cost of the faults
-            healthy = Engine(step.graph, exp.healthy_cluster, exp.compute_model(), exp.network).run().step_time_s
+            healthy = Engine(step.graph, healthy_cluster, exp.compute_model(), exp.network).run().step_time_s
         record = Engine(step.graph, exp.cluster, exp.compute_model(), exp.network, exp.slowdown(),
                         progress=progress).run()
     result = Result(record, sim_wall_s=time.perf_counter() - t0)

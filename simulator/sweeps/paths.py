@@ -66,7 +66,9 @@ def set_path(doc: dict, path: str, value: Any) -> None:
     """
     parts = path.split(".")
     node = doc
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
+        if not isinstance(node, dict):  # (a list or plain value above the path's end: faults.0.factor)
+            raise ValueError(f"{path}: {'.'.join(parts[:i])} is not a section of fields")
         child = node.get(part)
         if isinstance(child, str):
             child = preset_fields(part, child)
