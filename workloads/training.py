@@ -1665,6 +1665,14 @@ class _StepBuilder:
             backward = op.category == "attention_bwd"
             flush()
             anchor = [state["last"]] if state["last"] is not None else list(state["pending"])
+            if state["last"] is None:  # the pass opens with this attention (a recomputed core, selective)
+                # TE issues the ring's first exchange from the compute stream when the recomputation runs
+                # (NCCL's stream waits for the issuing stream): not before the rank's compute reaches this
+                # pass. A pass after another has no explicit dependency, and on stream ``cp`` the ring was
+                # otherwise free to start during the rank's earlier work (as :meth:`_regather_op`).
+                before = self._last_on_compute(rank)
+                if before is not None and before not in anchor:
+                    anchor.append(before)
             kind = self.par.cp_comm_type
             if kind == "all_gather":
                 gather = g.collective_op(rank, "all_gather", group, kv_bytes, name=f"{name}.cp_all_gather",
