@@ -285,6 +285,7 @@ class Fabric:
         # hop latency (_route_plan). A collective whose size follows the routed load (a MoE layer's expert-TP
         # all-gather) is planned anew for every size, over the same routes.
         self._skeletons: dict[tuple, list] = {}
+        self._last_skeleton: tuple | None = None  # (phases of the latest plan looked up, its skeleton)
         # id(links array) -> (the array, the (src rank, dst rank) hops it carries, one equal payload each):
         # how the traffic matrix attributes a route's payload to GPU pairs.
         self._pairs: dict[int, tuple[np.ndarray, tuple[tuple[int, int], ...]]] = {}
@@ -626,6 +627,9 @@ class Fabric:
         """``[relabelled, routed]`` kept for ``plan``'s transfers' hops and labels (``_skeletons``): what
         :meth:`_plan_shape` and :meth:`_route_plan` read of its routes alone, None until one of them has worked
         it out. Plans of more than ``_SHAPE_HOPS`` hops are not kept (a fresh ``[None, None]``)."""
+        last = self._last_skeleton  # (the plan the tuner just priced is the one phases() routes next)
+        if last is not None and last[0] is plan.phases:
+            return last[1]
         if sum([len(t.hops) for phase in plan.phases for t in phase]) > _SHAPE_HOPS:
             return [None, None]
         key = tuple([tuple([(t.hops, t.label) for t in phase]) for phase in plan.phases])
@@ -634,6 +638,7 @@ class Fabric:
             if len(self._skeletons) >= _SKELETONS:
                 self._skeletons.clear()
             skeleton = self._skeletons[key] = [None, None]
+        self._last_skeleton = (plan.phases, skeleton)
         return skeleton
 
     def estimate(self, plan: Plan, protocol: str = "Simple") -> float:
@@ -817,8 +822,8 @@ class Fabric:
             i = self.protocols(plan).index(protocol)
             costs = (costs[0] + (totals[i] - idle[i]) * (1.0 - correction), costs[1], costs[2])
         grouped = self.config.all_to_all != "per_pair" and plan.kind == "all_to_all"
-        # each transfer's (links, spread, largest hop latency, hops): kept per skeleton unless grouped (a wave
-        # declares its merged links to the network afresh)
+        # each transfer's (links, largest hop latency, hops): kept per skeleton unless grouped (a wave declares its
+        # merged links to the network afresh)
         skeleton = self._skeleton(plan) if not grouped else [None, None]
         transfers = skeleton[1]
         if transfers is None:
@@ -829,10 +834,10 @@ class Fabric:
             for phase in plan.phases:
                 for t in phase:
                     hops = list(islice(routed, len(t.hops)))
-                    links, spread = self._transfer_links(hops)
+                    links, _spread = self._transfer_links(hops)
                     if len(hops) > 1:
                         self._pairs[id(links)] = (links, tuple(t.hops))
-                    transfers.append((links, spread, max([h[1] for h in hops]), len(hops)))
+                    transfers.append((links, max([h[1] for h in hops]), len(hops)))
             skeleton[1] = transfers
         step_latency = self._step_latency
         routes = iter(transfers)
@@ -841,7 +846,7 @@ class Fabric:
             base = count * costs[0] if i == 0 else 0.0
             specs = []
             for t in phase:
-                links, spread, phys, n_hops = next(routes)
+                links, phys, n_hops = next(routes)
                 # (what _latency gives, from the hops looked up once rather than looked up again)
                 latency = base + count * step_latency(t, costs, phys)
                 specs.append((links, count * t.nbytes / factor, latency, count * t.nbytes * n_hops))

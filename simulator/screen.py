@@ -403,13 +403,8 @@ def _contend(windows: list[tuple[float, float]], rings: list[list[np.ndarray]],
     ``rounds`` times (the windows stretch under the extra load).
     """
     p = len(windows)
-    # Only the flows of other stages that cross one of this stage's links can slow it (directly).
-    own = [np.unique(np.concatenate(r)) if r else np.zeros(0, dtype=np.int64) for r in rings]
-    if np.bincount(np.concatenate(own)).max(initial=0) <= 1:  # no link carries two stages' rings
-        return windows
-    shared = [[[links for links in rings[o] if o != s and np.isin(links, own[s]).any()] for o in range(p)]
-              for s in range(p)]
-    if not any(shared[s][o] for s in range(p) for o in range(p)):
+    shared = _shared_rings(rings)
+    if shared is None:
         return windows
     for _ in range(rounds):
         updated = []
@@ -427,29 +422,35 @@ def _contend(windows: list[tuple[float, float]], rings: list[list[np.ndarray]],
     return windows
 
 
-def _tp_contend(flows: list[list[list[tuple]]], rerun: Callable[[int, Sequence[tuple]], dict[str, float]],
-                shares: Callable[[list[dict[str, float]]], list[float]], costs: list[dict[str, float]],
-                rounds: int = 1) -> list[dict[str, float]]:
-    """Every stage's TP collective costs once they share links with the other stages' TP rings.
-
-    ``flows`` holds each stage's TP collective flows (per phase); stage ``s`` is re-priced by ``rerun(s,
-    background)`` over the other stages' flows that cross one of its links, each weighted by ``shares(costs)``:
-    the fraction of the pipeline's window that stage spends in TP collectives (a time average, since the
-    stages' passes are at unrelated points of their schedules), ``rounds`` times.
-    """
-    p = len(flows)
-    rings = [[f[0] for phase in stage for f in phase] for stage in flows]
+def _shared_rings(rings: list[list[np.ndarray]]) -> list[list[list[np.ndarray]]] | None:
+    """For every stage ``s`` and other stage ``o``, the links arrays of ``o``'s flows (``rings[o]``) that cross one
+    of ``s``'s links: only those can slow ``s`` (directly). None where no link carries two stages' flows."""
+    p = len(rings)
     own = [np.unique(np.concatenate(r)) if r else np.zeros(0, dtype=np.int64) for r in rings]
-    if np.bincount(np.concatenate(own)).max(initial=0) <= 1:  # no link carries two stages' TP rings
-        return costs
+    if np.bincount(np.concatenate(own)).max(initial=0) <= 1:  # no link carries two stages' rings
+        return None
     shared = [[[links for links in rings[o] if o != s and np.isin(links, own[s]).any()] for o in range(p)]
               for s in range(p)]
-    for _ in range(rounds):
-        share = shares(costs)
-        costs = [rerun(stage, [(links, share[other]) for other in range(p) if share[other] > 0
-                               for links in shared[stage][other]]) if any(shared[stage]) else costs[stage]
-                 for stage in range(p)]
-    return costs
+    return shared if any(shared[s][o] for s in range(p) for o in range(p)) else None
+
+
+def _tp_contend(flows: list[list[list[tuple]]], rerun: Callable[[int, Sequence[tuple]], dict[str, float]],
+                shares: Callable[[list[dict[str, float]]], list[float]],
+                costs: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Every stage's TP collective costs once they share links with the other stages' TP rings.
+
+    ``flows`` holds each stage's TP collective flows (per phase); stage ``s`` is re-priced once by ``rerun(s,
+    background)`` over the other stages' flows that cross one of its links (:func:`_shared_rings`), each weighted
+    by ``shares(costs)``: the fraction of the pipeline's window that stage spends in TP collectives (a time
+    average, since the stages' passes are at unrelated points of their schedules; re-priced twice, it overshot).
+    """
+    shared = _shared_rings([[f[0] for phase in stage for f in phase] for stage in flows])
+    if shared is None:
+        return costs
+    share = shares(costs)
+    return [rerun(stage, [(links, share[other]) for other, found in enumerate(shared[stage]) if share[other] > 0
+                          for links in found]) if any(shared[stage]) else costs[stage]
+            for stage in range(len(flows))]
 
 
 # ------------------------------------------------------------------ the estimate

@@ -1368,26 +1368,27 @@ class _StepBuilder:
         the expert → owner exchange ``{name}.ep_{directions[1]}``, the second half beside it; yields each compute
         piece, returns the op of the ``post`` kernels after them (``{name}.post``)."""
         compute = self.graph._compute_parts
-        first, wait = self._send_out(x, last, f"{name}.ep_{directions[0]}", f"{name}.ep_forward")
+        first, wait = self._send_out(x, last, name, directions[0])
         if halves:
             yield compute(x.rank, halves[0], f"{name}.shared_1", (), "gemm", x.layer, x.mb, x.stage, COMPUTE_STREAM)
         done = self._experts_between(x, first, wait, balanced, loads, name)
         yield done
-        wait = self._send_back(x, done, f"{name}.ep_{directions[1]}", f"{name}.ep_forward_back", name)
+        wait = self._send_back(x, done, name, directions[1])
         if halves:
             yield compute(x.rank, halves[1], f"{name}.shared_2", (), "gemm", x.layer, x.mb, x.stage, COMPUTE_STREAM)
         return compute(x.rank, post, f"{name}.post", wait, "gemm", x.layer, x.mb, x.stage, COMPUTE_STREAM)
 
-    def _send_out(self, x: _Exchange, last: int, name: str, forward_name: str) -> tuple[int, list[int]]:
-        """The owner → expert exchange of ``x`` after op ``last`` (a dispatch, or the gradient of a combine), with
-        DeepEP's NVLink forwarding beside it (pipelined in chunks): ``(its op, what the next piece waits for)``."""
+    def _send_out(self, x: _Exchange, last: int, name: str, direction: str) -> tuple[int, list[int]]:
+        """The owner → expert exchange ``{name}.ep_{direction}`` of ``x`` after op ``last`` (a dispatch, or the
+        gradient of a combine), with DeepEP's NVLink forwarding beside it (``{name}.ep_forward``, pipelined in
+        chunks): ``(its op, what the next piece waits for)``."""
         alltoallv = self.graph._alltoallv
-        first = alltoallv(x.rank, x.group, x.rows[0], x.matrices[0], name, [last] if x.apart else (), x.stream,
-                          x.layer, x.mb, x.stage)
+        first = alltoallv(x.rank, x.group, x.rows[0], x.matrices[0], f"{name}.ep_{direction}",
+                          [last] if x.apart else (), x.stream, x.layer, x.mb, x.stage)
         wait: list[int] = [first] if x.apart else []
         if x.forward:
-            wait.append(alltoallv(x.rank, x.group, x.forward[0], x.forward_rows[0], forward_name, [last], x.hop_stream,
-                                  x.layer, x.mb, x.stage))
+            wait.append(alltoallv(x.rank, x.group, x.forward[0], x.forward_rows[0], f"{name}.ep_forward", [last],
+                                  x.hop_stream, x.layer, x.mb, x.stage))
         return first, wait
 
     def _experts_between(self, x: _Exchange, first: int, wait: list[int], balanced: tuple[Kernel, ...],
@@ -1405,21 +1406,22 @@ class _StepBuilder:
         return g._compute_parts(x.rank, self._expert_parts(balanced, x.load), f"{name}.experts", wait, "gemm",
                                 x.layer, x.mb, x.stage, COMPUTE_STREAM, members)
 
-    def _send_back(self, x: _Exchange, done: int, name: str, forward_name: str, pass_name: str) -> list[int]:
-        """The expert-TP reduce-scatter after the experts' op ``done`` (when there is one) and the expert → owner
-        exchange of ``x`` (a combine, or the gradient of a dispatch) with DeepEP's forwarding back: what the piece
-        after them waits for."""
+    def _send_back(self, x: _Exchange, done: int, name: str, direction: str) -> list[int]:
+        """The expert-TP reduce-scatter ``{name}.etp_scatter`` after the experts' op ``done`` (when there is one)
+        and the expert → owner exchange ``{name}.ep_{direction}`` of ``x`` (a combine, or the gradient of a
+        dispatch) with DeepEP's forwarding back (``{name}.ep_forward_back``): what the piece after them waits
+        for."""
         g = self.graph
         if x.gather is not None:
-            done = g.collective_op(x.rank, "reduce_scatter", x.gather, x.gather_bytes, name=f"{pass_name}.etp_scatter",
+            done = g.collective_op(x.rank, "reduce_scatter", x.gather, x.gather_bytes, name=f"{name}.etp_scatter",
                                    traffic_class="tp", deps=[done], layer=x.layer, micro_batch=x.mb, stage=x.stage,
                                    stream=x.stream)
-        second = g._alltoallv(x.rank, x.group, x.rows[1], x.matrices[1], name, [done] if x.apart else (), x.stream,
-                              x.layer, x.mb, x.stage)
+        second = g._alltoallv(x.rank, x.group, x.rows[1], x.matrices[1], f"{name}.ep_{direction}",
+                              [done] if x.apart else (), x.stream, x.layer, x.mb, x.stage)
         wait = [second] if x.apart else []
         if x.forward:
-            wait.append(g._alltoallv(x.rank, x.group, x.forward[1], x.forward_rows[1], forward_name, [done],
-                                     x.hop_stream, x.layer, x.mb, x.stage))
+            wait.append(g._alltoallv(x.rank, x.group, x.forward[1], x.forward_rows[1], f"{name}.ep_forward_back",
+                                     [done], x.hop_stream, x.layer, x.mb, x.stage))
         return wait
 
     def _tokens(self, layer: int, mb: int, draw: tuple) -> np.ndarray:
@@ -2082,14 +2084,14 @@ class _StepBuilder:
         # DualPipe receives both inputs of a pair before it computes either pass (``_forward_backward_chunk``:
         # recv_forward, recv_backward, then one commit-and-wait): each pass's first piece waits for both
         both = list(dict.fromkeys(d for deps in waits for d in deps))
-        for k, (a, deps) in enumerate(zip(pair, [both] * len(pair))):
+        for k, a in enumerate(pair):
             phase = self.pass_of(stage, a)
             reduce_now = self.makes_grads(stage, a) and (every_mb or idx + k == last_b[a.chunk])
             if reduce_now:  # (as in build_rank; a pair holds one gradient pass, DualPipe's B or W)
                 pending.recording = idx + k == last_b[a.chunk]
             segs = self.segments(stage, a.chunk, phase, per_layer or (overlap and reduce_now))
             moe = moe or any(seg.moe is not None for seg in segs)
-            runs.append(self._pieces(rank, stage, a, segs, deps, "ep_f" if a.phase == "F" else "ep_b",
+            runs.append(self._pieces(rank, stage, a, segs, both, "ep_f" if a.phase == "F" else "ep_b",
                                      pending if reduce_now else None, overlap))
         last = None  # the last compute op emitted: the compute stream runs in program order, so it ends last
         live = [0, 1]

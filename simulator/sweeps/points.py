@@ -19,7 +19,7 @@ from .columns import LAYOUT_COLUMNS
 from .grid import AUTO, LAYOUT, Grid, derives_dp, normalise_grid
 from .paths import apply_overrides, get_path
 
-__all__ = ["Point", "point_key", "layouts", "expand_grid"]
+__all__ = ["Point", "point_key", "layouts", "expand_grid", "topology_digest"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def point_key(base: Mapping, overrides: Mapping[str, Any]) -> str:
         16 hex digits (the start of a SHA-256).
     """
     content = {"base": base, "overrides": overrides}
-    digest = _topology_digest(base, overrides)
+    digest = topology_digest(base, overrides)
     if digest is not None:  # (only then: the keys of every other sweep stay what they were)
         content["topology_sha256"] = digest
     text = json.dumps(content, sort_keys=True, default=str)
@@ -69,7 +69,7 @@ def point_key(base: Mapping, overrides: Mapping[str, Any]) -> str:
 _DIGESTS: dict[tuple[str, int, int], str] = {}  # (path, mtime ns, size) -> SHA-256 of the file's bytes
 
 
-def _topology_digest(base: Mapping, overrides: Mapping[str, Any]) -> str | None:
+def topology_digest(base: Mapping, overrides: Mapping[str, Any]) -> str | None:
     """SHA-256 of the topology file the point's ``cluster:`` section names, or None (none named, or no such
     file: the point is then invalid and says so)."""
     cluster = {k: v for k, v in overrides.items() if k.startswith("cluster.")}

@@ -13,7 +13,7 @@ from topologies.cluster import Cluster
 from ..experiment import OutOfMemoryError, experiment_from_dict, run_experiment, without_force
 from .columns import CAPACITY_COLUMNS, FIDELITY_COLUMN, METRIC_COLUMNS, SCREEN
 from .errors import failed_reason, one_line
-from .points import _topology_digest
+from .points import topology_digest
 
 __all__ = ["run_point", "point_fidelity"]
 
@@ -35,7 +35,7 @@ def _screen_experiment(doc: Mapping):
     section = doc.get("cluster")
     # (and the bytes of the topology file it names: a file edited since the last screen in this process, a
     # notebook's, builds a new cluster, as the point's key says it is a new point)
-    key = json.dumps([section, _topology_digest(doc, {})], sort_keys=True, default=str)
+    key = json.dumps([section, topology_digest(doc, {})], sort_keys=True, default=str)
     cluster = _CLUSTERS.get(key)
     if cluster is None and section:
         cluster = build_cluster(section)  # (a string is PRESET or PRESET:NODES, as in an experiment file)
