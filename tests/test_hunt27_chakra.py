@@ -38,4 +38,4 @@ def test_whole_numbers_of_another_attribute_type_still_read(tmp_path):
     write_trace(tmp_path, [[_send(("double", 1.0), ("uint64", 3))], [p2p(0, False, 0, 1, 10, tag=3)]])
     g = read_chakra(tmp_path)
     send = g.ops[0] if g.ops[0].kind == "send" else g.ops[1]
-    assert (send.peer, send.tag) == (1, 3)
+    assert send.kind == "send" and (send.peer, send.tag) == (1, 3)

@@ -31,3 +31,21 @@ def test_deepspeed_zero3_parameters_not_above_zero2_with_whole_experts():
                                                    sequence_parallel=True), training, flash_attention=True)
            for z in (2, 3)}
     assert mem[3].parameters <= mem[2].parameters
+
+
+@pytest.mark.parametrize("impl, zero", [("fsdp", 2), ("fsdp", 3), ("fsdp2", 2)])
+def test_fsdp_gathered_parameters_do_not_grow_with_whole_experts(impl, zero):
+    """What FSDP gathers beyond the shard and the whole experts, 2 (D/dp + R), is dense weights: doubling the
+    routed experts (still one rank per expert-DP group) leaves it as it was, but for the router's few more
+    columns. Counting the experts among the gathered units made it grow with them (176 -> 265 MB)."""
+    import dataclasses
+
+    training = TrainingSpec(seq_len=4096)
+    par = ParallelConfig(tp=8, dp=8, ep=8, zero=zero, zero_impl=impl, global_batch=16, sequence_parallel=True)
+    gathered = []
+    for experts in (8, 16):
+        model = dataclasses.replace(get_preset("mixtral-8x7b"), experts=experts)
+        dense, routed = stage_params(model, par, 0)
+        gathered.append(memory_per_gpu(model, par, training, flash_attention=True).parameters
+                        - 2 * (dense / 8 + routed))
+    assert gathered[0] > 0 and gathered[1] == pytest.approx(gathered[0], rel=0.01)

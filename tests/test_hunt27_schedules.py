@@ -16,25 +16,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from test_training import free_cluster, uniform_model  # noqa: E402
+from test_dualpipe import _run  # noqa: E402
+from test_training import uniform_model  # noqa: E402
 
-from simulator.experiment import experiment_from_dict, run_experiment  # noqa: E402
 from workloads.schedules import chain_position, pipeline_schedule, simulate_unit_times  # noqa: E402
 
 _PASS = re.compile(r"^([FBW])(\d+)\.c(\d+)\.")
 
 
-def _dualpipe(p, m, counts):
-    doc = {"cluster": free_cluster(p), "model": uniform_model(sum(counts)),
-           "parallel": {"pp": p, "global_batch": m, "schedule": "dualpipe", "stage_layers": counts},
-           "training": {"seq_len": 128}, "network": {"step_latency": 0},
-           "options": {"embedding_and_loss": False}}
-    return run_experiment(experiment_from_dict(doc), force=True, fidelity="full")
-
-
-@pytest.mark.parametrize("p, m, counts", [(6, 22, [1, 3, 2, 2, 3, 4]), (4, 8, [1, 3, 1, 2])])
+@pytest.mark.parametrize("p, m, counts", [(6, 22, [1, 3, 2, 2, 3, 4])])  # (stages whose inputs arrive apart)
 def test_dualpipe_pairs_wait_for_both_inputs_on_uneven_stages(p, m, counts):
-    res = _dualpipe(p, m, counts)
+    res = _run(p, m, model=uniform_model(sum(counts)), stage_layers=counts)
     ops = res.ops[res.ops["kind"] != "collective"]
     dur, start, end = defaultdict(float), {}, defaultdict(float)
     recv_end = {}

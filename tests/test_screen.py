@@ -116,7 +116,10 @@ def test_screen_prices_the_stages_tp_rings_that_share_uplinks(placement, spearma
     doc["parallel"]["placement"] = placement
     doc["cluster"]["oversubscription"] = 4
     grid = {"layout": ["2x1x32", "2x2x16", "2x4x8", "4x2x8", "4x4x4", "8x2x4", "2x8x4", "4x1x16"]}
-    _agree(*_both(doc, grid), spearman=spearman, top=top, error=0.12)
+    screened, fast = _both(doc, grid)
+    _agree(screened, fast, spearman=spearman, top=top, error=0.12)
+    # [pp, dp, tp]: its two best layouts are 3% apart and swap; fast's best is still among the screen's two best
+    assert _layout(fast).iloc[0] in list(_layout(screened).head(2))
 
 
 def test_a_boundary_inside_a_leaf_is_not_charged_for_the_uplinks():
