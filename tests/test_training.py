@@ -217,6 +217,19 @@ def test_pp_bytes_per_step_hand_count(sp, scatter_gather, schedule, v, t):
     assert res.bytes_by_class["pp"] == pytest.approx(transfers * per_transfer + gathers, rel=1e-12)
 
 
+def test_pp_sends_the_whole_activation_without_sp_by_default():
+    # Megatron-Core sends each stage's whole b s h activation from every TP rank and gathers nothing: the SC'21
+    # scatter/gather (scatter_gather_tensors_in_pipeline) left with the move of the pipeline schedules into
+    # megatron/core in 2023 (commits 39b83c795, 3c92fa93b; the dead flag's removal: NVIDIA/Megatron-LM PR 4140).
+    model = small_model(layers=4)
+    t, p, dp, b, s, m = 2, 2, 1, 2, 128, 4
+    par = ParallelConfig(tp=t, pp=p, dp=dp, micro_batch=b, global_batch=b * dp * m)
+    _step, res = run_step(model, par, TrainingSpec(seq_len=s), single_server("H100-SXM", t * p * dp))
+    S = b * s * model.hidden * BF16
+    assert res.bytes_by_class["pp"] == pytest.approx(t * dp * m * (p - 1) * 2 * S, rel=1e-12)
+    assert StepOptions().pp_scatter_gather is False
+
+
 @pytest.mark.parametrize("t, n", [(1, 8), (2, 4)])
 def test_dp_ring_volume_is_2_n_minus_1_over_n_of_gradients(t, n):
     model = small_model()

@@ -296,8 +296,14 @@ class StepOptions:
         receiving stage all-gathers it over TP (Megatron-LM's
         ``scatter_gather_tensors_in_pipeline``, Narayanan et al. SC'21,
         section 4.1): ``1/t`` of the scale-out bytes for one NVLink
-        all-gather. Default True (Megatron-LM's default). With sequence
-        parallelism the activation is already split and nothing is gathered.
+        all-gather. Default False, as Megatron-Core runs since 2023: the
+        scatter/gather was dropped when the pipeline schedules moved into
+        Megatron-Core (commits ``39b83c795`` and ``3c92fa93b``; the unused
+        ``--no-scatter-gather-tensors-in-pipeline`` flag was removed in
+        NVIDIA/Megatron-LM PR 4140), so each stage sends the whole activation.
+        True reproduces Megatron-LM 2021 (the SC'21 validation entries say
+        so). With sequence parallelism the activation is already split and
+        nothing is gathered either way.
     grad_accumulation_fusion : bool
         The weight-gradient GEMMs accumulate into the gradient buffer in place
         (Megatron-Core's ``gradient_accumulation_fusion``, default True);
@@ -347,7 +353,7 @@ class StepOptions:
     """
 
     p2p: str = "async"
-    pp_scatter_gather: bool = True
+    pp_scatter_gather: bool = False
     grad_accumulation_fusion: bool = True
     granularity: str = "chunk"
     grad_dtype_bytes: int | None = None
@@ -603,9 +609,9 @@ class _StepBuilder:
         self.cp = parallel.cp
         self.local_seq = s // self.cp  # tokens of each sequence on this rank (context parallelism)
         self.act_elems = b * self.local_seq * h
-        # With SP the activation between stages is already split over TP. Without it, Megatron's
-        # scatter/gather optimisation (Narayanan et al. SC'21, section 4.1) sends 1/t per TP rank and
-        # all-gathers it over NVLink on the receiving stage.
+        # With SP the activation between stages is already split over TP. Without it, Megatron-LM 2021's
+        # scatter/gather optimisation (Narayanan et al. SC'21, section 4.1; options.pp_scatter_gather, off by
+        # default as in Megatron-Core) sends 1/t per TP rank and all-gathers it over NVLink on the receiving stage.
         self.pp_gather = self.t > 1 and not self.sp and options.pp_scatter_gather
         self.p2p_bytes = self.act_elems * self.dtype / (self.t if (self.sp or self.pp_gather) else 1)
         self.tp_bytes = self.act_elems * self.dtype
