@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --chakra: the cluster, a preset, PRESET:NODES, a cluster YAML or a .graphml (default: "
                    "FILE's, else DGX-H100 nodes for the trace's ranks)")
     p.add_argument("--export-chakra", metavar="DIR", help="also write the step as a Chakra trace into DIR (every "
-                   "rank's program, one file per rank, for ASTRA-sim)")
+                   "rank's program, one file per rank, for ASTRA-sim; DIR is created, with any missing parent "
+                   "folders)")
 
 
 def check_arguments(args: argparse.Namespace) -> None:

@@ -349,7 +349,8 @@ def _run():
         p.add_argument("--trace", metavar="OUT.json[.gz]", help="write a Chrome/Perfetto trace (.gz: compressed)")
         p.add_argument("--trace-ranks", metavar="R1,R2,...|stages|all", default="stages",
                        help="ranks in the trace: a list, 'stages' (one per pipeline stage, default) or 'all'")
-        p.add_argument("--plots", metavar="DIR", help="write every figure as a PNG into DIR")
+        p.add_argument("--plots", metavar="DIR", help="write every figure as a PNG into DIR (created, with any "
+                       "missing parent folders)")
         p.add_argument("--force", action="store_true", help="simulate even if the config does not fit in memory")
         p.add_argument("--fidelity", choices=_FIDELITIES, help="override the file's fidelity (default: fast)")
         p.add_argument("--no-progress", action="store_true",
@@ -482,19 +483,23 @@ def parse_trace_ranks(text: str) -> list[int] | str:
 
 def check_folder(path: str | None, flag: str) -> None:
     """Refuse an output folder that cannot be created or written, before any work is done (None: not asked
-    for; an empty name is refused, not read as the current folder)."""
+    for; an empty name is refused, not read as the current folder).
+
+    A folder that does not exist is created with any missing parents, as the Python API does
+    (:meth:`~simulator.result.Result.save_plots`, :func:`~workloads.chakra.write_chakra`): what is
+    checked is the nearest folder that exists, which must be a folder and take a new file."""
     if path is None:
         return
     if not path.strip():
         raise ValueError(f"{flag}: needs a folder name (give . for the current folder)")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{flag}: {path!r} exists and is not a folder")
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.path.isdir(path) and os.path.exists(parent) and not os.path.isdir(parent):
-        raise ValueError(f"{flag}: {parent!r} is a file, not a folder")
-    if not os.path.isdir(path) and not os.path.isdir(parent):
-        raise ValueError(f"{flag}: folder {parent!r} does not exist")
-    reason = cannot_create_in(path if os.path.isdir(path) else parent)
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):  # (the root exists: the walk ends)
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{flag}: {existing!r} is a file, not a folder")
+    reason = cannot_create_in(existing)
     if reason is not None:
         raise ValueError(f"{flag}: cannot write into {path!r} ({reason})")
 
@@ -532,7 +537,8 @@ def _demo():
     def configure(p: argparse.ArgumentParser) -> None:
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
         p.add_argument("--trace", metavar="OUT.json[.gz]", help="write a Chrome/Perfetto trace (.gz: compressed)")
-        p.add_argument("--plots", metavar="DIR", help="write every figure as a PNG into DIR")
+        p.add_argument("--plots", metavar="DIR", help="write every figure as a PNG into DIR (created, with any "
+                       "missing parent folders)")
 
     def run(args: argparse.Namespace) -> int:
         from .experiment import DEMO_EXPERIMENT, experiment_from_dict, run_experiment
@@ -571,10 +577,11 @@ def _sweep():
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
         p.add_argument("--fidelity", metavar="{fast,full,lockstep,screen}",
                        help="every point's fidelity (default: the file's, else fast); screen: a closed-form "
-                            "estimate in milliseconds per layout, for ranking (docs/DESIGN.md)")
+                            "estimate in milliseconds per layout, for ranking (docs/DESIGN.md); not with "
+                            "--grid fidelity=..., which sets every point's fidelity (an error)")
         p.add_argument("--refine", type=int, metavar="K",
                        help="with --fidelity screen: simulate the best K screened points again in fast; they "
-                            "come first, with the screened value beside them")
+                            "come first, with the screened value beside them (not with --grid fidelity=...)")
         p.add_argument("--checkpoint", type=float, metavar="SECONDS",
                        help="rewrite --output every SECONDS while the sweep runs (default 30)")
 
@@ -617,6 +624,15 @@ def _sweep():
                 raise ValueError(f"--grid: {path} given twice; give all its values in one --grid, "
                                  f"e.g. {path}={','.join(map(str, merged))}")
             grid[path] = values
+        if "fidelity" in grid:  # (the grid's would set every point's fidelity, silently winning over the option)
+            swept = ",".join(map(str, grid["fidelity"]))
+            if args.fidelity is not None:
+                raise ValueError(f"--fidelity: not with --grid fidelity={swept}, which sets every point's fidelity; "
+                                 f"give --grid fidelity or --fidelity, not both")
+            if args.refine is not None:
+                raise ValueError(f"--refine: re-simulates the best screened points, not with --grid fidelity={swept} "
+                                 f"(which sets every point's fidelity); drop fidelity from --grid and give "
+                                 f"--fidelity screen")
 
         def started(points: int, reused: int) -> None:
             print(f"# {points} points" + (f", {reused} already in {args.output}" if reused else ""), file=sys.stderr)

@@ -470,7 +470,7 @@ def plan_collective(kind: str, group: Sequence[int], nbytes: float, server_of: C
         total = sum(sum(row) for row in matrix)
         phases = plan_direct(kind, group, total, server_of, fidelity, matrix, stagger) if len(group) > 1 else []
         return Plan(kind, "direct", group, float(total), tuple(p for p in phases if p))
-    if len(group) < 2 or nbytes <= 0:
+    if len(group) < 2 or nbytes <= 0:  # free: NCCL discards a collective of count 0 unlaunched (taskAppend)
         phases = []
     elif algorithm == "direct":
         phases = plan_direct(kind, group, nbytes, server_of, fidelity, stagger=stagger)

@@ -22,7 +22,7 @@ from ..output_paths import check_writable
 from .columns import SCREEN, check_fidelity, check_max_tp, check_metric
 from .errors import SweepInterrupted
 from .execute import executor
-from .grid import Grid, check_fields, derives_dp, merge_grids, normalise_grid, param_columns, sweep_settings
+from .grid import Grid, check_fields, merge_grids, normalise_grid, param_columns, shows_dp, sweep_settings
 from .paths import apply_overrides
 from .points import Point, expand_grid, point_key
 from .store import output_format, output_lock, previous_rows, write_table
@@ -75,13 +75,15 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
         simulator's) or ``screen`` (:mod:`simulator.screen`: a closed-form
         estimate in milliseconds, for ranking). Default: the file's
         ``fidelity`` field, else ``fast``. Part of each point's key, so a
-        screened row is never reused as a simulated one.
+        screened row is never reused as a simulated one. Not with a grid
+        that sweeps ``fidelity`` (which sets every point's): a ValueError.
     refine : int, optional
         With ``fidelity="screen"``: simulate the best ``refine`` feasible
         points again in ``fast``. Their rows then hold the ``fast`` results
         (``fidelity`` column ``fast``) and come first, ranked by ``fast``;
         the other rows follow in screened order. Every ``ok`` row also carries
         ``screen_<metric>`` and ``screen_rank``, the screen's value and rank.
+        Not with a grid that sweeps ``fidelity`` (a ValueError).
     on_refine : callable, optional
         Called as ``on_refine(points, reused)`` before the refined points run.
     checkpoint_s : float, default :data:`CHECKPOINT_S`
@@ -130,9 +132,6 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
     if refine is not None:
         if isinstance(refine, bool) or not isinstance(refine, int) or refine < 1:
             raise ValueError(f"refine: must be an integer >= 1 (points to simulate again in fast), got {refine!r}")
-        if not screening:
-            raise ValueError("refine: re-simulates the best screened points; it needs fidelity screen "
-                             "(--fidelity screen)")
     # The refined points: the same overrides on the base without a fidelity (``fast``, the default).
     fast_base = {k: v for k, v in base_doc.items() if k != "fidelity"}
     # Topology files named in the grid: the file's own sweep: grid relative to the file (as its cluster:
@@ -142,6 +141,18 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
                                            _topology_paths(grid, os.getcwd())))
     if not full_grid:
         raise ValueError("grid: nothing to sweep; give --grid PATH=V1,V2 or a sweep: {grid: {...}} section")
+    if "fidelity" in full_grid:  # (it set every point's fidelity, silently winning over these)
+        swept = ", ".join(map(str, full_grid["fidelity"]))
+        if fidelity is not None:
+            raise ValueError(f"fidelity: {fidelity!r} given, but the grid sweeps fidelity ({swept}), which sets "
+                             f"every point's; give one of them")
+        if refine is not None:
+            raise ValueError(f"refine: re-simulates the best screened points, but the grid sweeps fidelity "
+                             f"({swept}), so the points are not all screened; drop fidelity from the grid and "
+                             f"screen (fidelity screen)")
+    if refine is not None and not screening:
+        raise ValueError("refine: re-simulates the best screened points; it needs fidelity screen "
+                         "(--fidelity screen)")
     check_fields(fast_base if screening else base_doc, full_grid)  # the loader refuses fidelity: screen
     metric = metric or settings["metric"] or "step_time_s"
     check_metric(metric)
@@ -160,13 +171,16 @@ def sweep(base: Mapping | str | os.PathLike, grid: Grid | None = None, *, metric
     with output_lock(output):
         keys = {p.key for p in points} | {p.key for p in fast_points.values()}
         rows, foreign = previous_rows(output, keys)
+        derived = shows_dp(full_grid, base_doc)
         for p in [*points, *fast_points.values()]:  # reused rows show this sweep's parameter values
-            if p.key in rows:
-                rows[p.key].update({k: cell(v) for k, v in p.params.items()})
+            if p.key in rows:  # (and keep the dp they resolved where this sweep derives it)
+                rows[p.key].update({k: cell(v) for k, v in p.params.items()
+                                    if not (derived and k == "parallel.dp" and v in ("auto", None)
+                                            and rows[p.key].get(k) not in ("auto", None))})
         todo = [p for p in points if p.key not in rows]
         if on_start is not None:
             on_start(len(points), len(points) - len(todo))
-        columns, derived = param_columns(full_grid), derives_dp(full_grid)
+        columns = param_columns(full_grid, derived)
         # A refine's simulated rows already in the file stay in it while the screen runs (as rows of other
         # sweeps: an interrupted screen must not drop them); those it does not refine stay after it.
         simulated = [rows[p.key] for p in fast_points.values() if p.key in rows]

@@ -16,7 +16,7 @@ from .errors import one_line
 from .paths import apply_overrides
 
 __all__ = ["LAYOUT", "AUTO", "AUTO_KEYS", "SWEEP_FIELDS", "Grid", "parse_grid_arg", "normalise_grid", "check_fields",
-           "merge_grids", "sweep_settings", "derives_dp", "param_columns"]
+           "merge_grids", "sweep_settings", "derives_dp", "shows_dp", "param_columns"]
 
 LAYOUT = "layout"
 """Grid key sweeping ``(tp, pp, dp)`` together: ``auto`` or a list of ``TPxPPxDP`` strings."""
@@ -260,7 +260,47 @@ def derives_dp(grid: Grid) -> bool:
             and "parallel.dp" not in grid and LAYOUT not in grid)
 
 
-def param_columns(grid: Grid) -> list[str]:
+def _feeds_dp(key: str) -> bool:
+    """Whether grid key ``key`` can change a derived dp (the cluster's GPU count, or tp, pp, cp: dp fills the
+    GPUs with ``tp·cp·pp``-GPU replicas; ep is carved out of dp and leaves it as it is)."""
+    return key in ("cluster", "parallel", "parallel.tp", "parallel.pp", "parallel.cp") or key.startswith("cluster.")
+
+
+def shows_dp(grid: Grid, base: Mapping) -> bool:
+    """True when the table's ``parallel.dp`` column shows each point's resolved dp rather than the grid's value.
+
+    That is when dp is derived per point: :func:`derives_dp`; a grid listing ``auto`` (or null) among
+    ``parallel.dp``'s values; or a ``base`` whose dp is derived (absent, null or ``auto``) under a grid that
+    sweeps what it is derived from (the cluster, tp, pp or cp; a whole ``parallel`` section that leaves dp
+    out or ``auto``).
+
+    Parameters
+    ----------
+    grid : Mapping
+        A normalised grid (:func:`normalise_grid`).
+    base : Mapping
+        The experiment document the grid's overrides apply to.
+
+    Returns
+    -------
+    bool
+    """
+    if derives_dp(grid):
+        return True
+    if LAYOUT in grid:  # (every layout names its dp)
+        return False
+    if "parallel.dp" in grid:
+        values = grid["parallel.dp"]
+        return isinstance(values, list) and any(v is None or v == AUTO for v in values)
+    if "parallel" in grid and isinstance(grid["parallel"], list) and any(
+            isinstance(v, Mapping) and v.get("dp", AUTO) in (AUTO, None) for v in grid["parallel"]):
+        return True
+    section = base.get("parallel")
+    dp = section.get("dp", AUTO) if isinstance(section, Mapping) else AUTO
+    return dp in (AUTO, None) and any(_feeds_dp(key) for key in grid)
+
+
+def param_columns(grid: Grid, resolved_dp: bool = False) -> list[str]:
     """The table's parameter columns for ``grid``, in grid order.
 
     ``layout`` contributes :data:`~simulator.sweeps.columns.LAYOUT_COLUMNS`;
@@ -270,6 +310,9 @@ def param_columns(grid: Grid) -> list[str]:
     ----------
     grid : Mapping
         A grid (its keys are what counts).
+    resolved_dp : bool, default False
+        Whether the table shows each point's resolved dp (:func:`shows_dp`): a grid that does not sweep dp then
+        gets a ``parallel.dp`` column after the last key it is derived from.
 
     Returns
     -------
@@ -280,5 +323,8 @@ def param_columns(grid: Grid) -> list[str]:
         cols.extend(LAYOUT_COLUMNS if key == LAYOUT else [key])
     if derives_dp(grid):
         last = max(i for i, c in enumerate(cols) if c in ("parallel.tp", "parallel.pp"))
+        cols.insert(last + 1, "parallel.dp")
+    elif resolved_dp and "parallel.dp" not in cols:
+        last = max((i for i, c in enumerate(cols) if _feeds_dp(c)), default=len(cols) - 1)
         cols.insert(last + 1, "parallel.dp")
     return cols

@@ -55,15 +55,16 @@ def result_row(point: Point, result: Mapping[str, Any], derived_dp: bool) -> dic
     result : Mapping
         :func:`~simulator.sweeps.worker.run_point`'s dict.
     derived_dp : bool
-        Whether the grid derives ``parallel.dp``; then the resolved value
-        becomes the ``parallel.dp`` column (otherwise it is dropped).
+        Whether the table shows derived dps (:func:`~simulator.sweeps.grid.shows_dp`); then the resolved
+        value becomes the ``parallel.dp`` column of a point whose dp is derived (not given, null or ``auto``),
+        and a point's own dp stays (otherwise the resolved value is dropped).
 
     Returns
     -------
     dict
     """
     row = {k: cell(v) for k, v in point.params.items()}
-    if derived_dp:
+    if derived_dp and point.params.get("parallel.dp", "auto") in ("auto", None):
         row["parallel.dp"] = result.get("parallel.dp")
     row.update({k: v for k, v in result.items() if k != "parallel.dp"})
     row[KEY_COLUMN] = point.key

@@ -60,9 +60,10 @@ Reading a trace clustersim did not write
   over ``tensor_size`` bytes; otherwise a zero-time op.
 * Collectives: ALL_REDUCE, REDUCE, ALL_GATHER, GATHER, BROADCAST, ALL_TO_ALL,
   REDUCE_SCATTER (and REDUCE_SCATTER_BLOCK, the same with equal blocks);
-  BARRIER is a zero-byte all-reduce (what ``torch.distributed.barrier``
-  runs on NCCL); SCATTER is refused. A missing or ``"0"`` ``pg_name`` means all
-  ranks (ASTRA-sim's rule) unless group ``"0"`` is defined; the root of
+  BARRIER is an all-reduce of one float32, 4 bytes (what ``torch.distributed.barrier``
+  runs on NCCL), so it pays that all-reduce's latency; a collective of 0 bytes
+  takes no time, as NCCL discards one of count 0 unlaunched; SCATTER is refused.
+  A missing or ``"0"`` ``pg_name`` means all ranks (ASTRA-sim's rule) unless group ``"0"`` is defined; the root of
   REDUCE/GATHER/BROADCAST is the group's first rank (Chakra names no root).
 * Resources follow ASTRA-sim's: per rank one compute node and one
   communication node at a time (clustersim streams ``compute`` and

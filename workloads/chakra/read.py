@@ -15,6 +15,7 @@ from typing import Any
 
 from ..ops import Kernel, OpGraph, OpGraphError
 from .schema import (
+    BARRIER_BYTES,
     COLLECTIVE_COMM_TYPES,
     FORMAT,
     FROM_COMM,
@@ -742,7 +743,7 @@ def _spec(unit: _Unit, lossless: bool, tables: dict[int, tuple[Kernel, ...]]) ->
             return spec("collective_op", (rank, kind, None, number(PREFIX + "nbytes")), pg,
                         algorithm=text(PREFIX + "algorithm", "auto"), count=count, split=numbers(PREFIX + "split"),
                         holds_sms=a.get(PREFIX + "holds_sms", 1) != 0, **tags)
-        size = 0.0 if COLLECTIVE_COMM_TYPES[comm_type] == "BARRIER" else need("comm_size")
+        size = BARRIER_BYTES if COLLECTIVE_COMM_TYPES[comm_type] == "BARRIER" else need("comm_size")
         return spec("collective_op", (rank, kind, None, size), pg, kind in PER_RANK_INPUT, stream="comm",
                     traffic_class=kind)
     # COMM_SEND_NODE / COMM_RECV_NODE

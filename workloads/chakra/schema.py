@@ -232,5 +232,9 @@ TO_COMM = {"all_reduce": "ALL_REDUCE", "reduce": "REDUCE", "all_gather": "ALL_GA
 """clustersim collective kind -> CollectiveCommType name."""
 FROM_COMM = {v: k for k, v in TO_COMM.items()} | {"REDUCE_SCATTER_BLOCK": "reduce_scatter", "BARRIER": "all_reduce"}
 """CollectiveCommType name -> clustersim kind (SCATTER has none)."""
+BARRIER_BYTES = 4.0
+"""Bytes a BARRIER all-reduces: ``torch.distributed.barrier`` on NCCL is an all-reduce of a one-element float32
+tensor (``ProcessGroupNCCL::barrier``), so it pays that collective's latency; a zero-byte all-reduce would cost
+nothing, since NCCL discards a collective of count 0 before launching anything (``taskAppend``)."""
 PER_RANK_INPUT = ("all_gather", "gather")
 """Kinds whose ``comm_size`` is each rank's input, ``S/n`` of clustersim's gathered ``S``."""
