@@ -511,20 +511,31 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     server_of = fabric.server_of
     tp_leaves = t > 1 and any(len({server_of(r) for r in g}) > 1 for groups in tp_groups_of for g in groups)
     tp_kinds = ("all_reduce", "all_gather", "reduce_scatter")
+    passes = {(stage, chunk): (b.segments(stage, chunk, "F", False), b.segments(stage, chunk, "B", False))
+              for stage in range(p) for chunk in range(v)}
+    # multi-head latent attention's collectives of other widths (_StepBuilder._tp_widths; a re-gather is an
+    # all-gather): (kind, width) -> seconds, beside the b s h ones
+    widths = sorted({("all_gather" if kind == "regather" else kind, w) for segs in passes.values() for pas in segs
+                     for s in pas for kind, w in s.tp_widths})
 
-    def stage_tp_cost(stage: int, background: Sequence[tuple] = ()) -> dict[str, float]:
-        """Seconds of each TP collective (and ``loss``: the loss all-reduces) of ``stage``'s groups at once."""
+    def stage_tp_cost(stage: int, background: Sequence[tuple] = ()) -> dict:
+        """Seconds of each TP collective (and ``loss``: the loss all-reduces; ``(kind, width)``: MLA's latents) of
+        ``stage``'s groups at once."""
         groups = tp_groups_of[stage]
-        cost = {kind: collective_time(fabric, kind, groups, b.tp_bytes, background=background) for kind in tp_kinds}
+        cost: dict = {kind: collective_time(fabric, kind, groups, b.tp_bytes, background=background)
+                      for kind in tp_kinds}
+        for kind, w in widths:
+            cost[kind, w] = collective_time(fabric, kind, groups, b.tp_width_bytes(w), background=background)
         cost["loss"] = sum(collective_time(fabric, "all_reduce", groups, nbytes, background=background)
                            for nbytes in b.loss_all_reduce_bytes)
         return cost
 
     tp_cost = [stage_tp_cost(stage) for stage in range(p)] if tp_leaves else [stage_tp_cost(0)] * p
 
-    def tp_time(segs, cost: dict[str, float]) -> float:
+    def tp_time(segs, cost: dict) -> float:
         return sum(n * cost[kind] for s in segs for kind, n in s.tp.items()) + sum(
-            cost["loss"] for s in segs if s.loss_reduce)
+            cost["loss"] for s in segs if s.loss_reduce) + sum(
+            n * cost[key] for s in segs for key, n in s.tp_widths.items() if key[0] != "regather")
 
     stage_groups: dict[int, tuple[int, ...]] = {}
 
@@ -542,8 +553,6 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
     grad_phase = "W" if split else "B"
     cf_of, cb_of, tw = [0.0] * nvs, [0.0] * nvs, [0.0] * nvs  # compute alone, per virtual stage
     comp_f, comp_b = [0.0] * p, [0.0] * p
-    passes = {(stage, chunk): (b.segments(stage, chunk, "F", False), b.segments(stage, chunk, "B", False))
-              for stage in range(p) for chunk in range(v)}
     for (stage, chunk), (fwd, bwd) in passes.items():
         j = chunk * p + stage
         cf, cb = timer(k for s in fwd for k in s.kernels), timer(k for s in bwd for k in s.kernels)
@@ -565,7 +574,8 @@ def screen_experiment(exp: Experiment, *, force: bool = False) -> dict[str, Any]
             j, cost = chunk * p + stage, costs[stage]
             xf, xb = tp_time(fwd, cost), tp_time(bwd, cost)
             # SP's backward re-gathers run beside the pass's compute; its TP collectives wait for both
-            regather = sum(s.regather for s in bwd) * cost["all_gather"]
+            regather = sum(s.regather for s in bwd) * cost["all_gather"] + sum(
+                n * cost["all_gather", w] for s in bwd for (kind, w), n in s.tp_widths.items() if kind == "regather")
             xb += max(0.0, regather - cb_of[j])
             if b.pp_gather:  # Megatron's scatter/gather: the received 1/t all-gathered over TP
                 xf += cost["all_gather"] if j > 0 else 0.0

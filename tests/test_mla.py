@@ -146,25 +146,4 @@ def test_standard_attention_unchanged_shape_helpers():
     assert m.attention_head_dim == m.head_dim == m.qk_head_dim == m.v_dim == 128
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_tp_collectives_as_the_dense_path(overlap):
-    # MLA keeps the attention's TP collectives (b s h elements each; README: not carried over): with and without
-    # TE's userbuffer overlap the step has the same per-micro-batch TP collectives and bytes as the same model with
-    # standard attention, and it simulates to completion. (The step's all-reduce of the sequence-parallel weights'
-    # gradients differs by MLA's replicated down-projections and latent norms: test_audit23.)
-    from simulator.experiment import experiment_from_dict, run_experiment
-    mla = {"preset": "deepseek-v3", "layers": 2, "first_dense_layers": 2, "experts": 0, "top_k": 0,
-           "shared_experts": 0, "hidden": 1024, "heads": 16, "kv_heads": 16, "ffn_hidden": 2048, "vocab": 32000}
-    mha = dict(mla, q_lora_rank=None, kv_lora_rank=None, qk_nope_head_dim=None, qk_rope_head_dim=None,
-               v_head_dim=None)
-
-    def tp_ops(model):
-        doc = {"cluster": {"preset": "dgx-h100", "nodes": 1, "gpus_per_node": 2}, "model": model,
-               "parallel": {"tp": 2, "dp": 1, "pp": 1, "sequence_parallel": True, "global_batch": 2,
-                            "tp_comm_overlap": overlap},
-               "training": {"seq_len": 1024}, "options": {"embedding_and_loss": False}}
-        r = run_experiment(experiment_from_dict(doc), force=True)
-        ops = r.ops[(r.ops["rank"] == 0) & r.ops["name"].str.contains(".tp_", regex=False)]
-        tp = r.ops[(r.ops["traffic_class"] == "tp") & (r.ops["name"] != "sequence_parallel_grad_sync")]
-        return (tp["nbytes"] * tp["count"]).sum(), sorted("_".join(n.split("_")[-2:]) for n in ops["name"])
-    assert tp_ops(mla) == tp_ops(mha)
+# MLA's TP collectives (its latents, not b s h) are tests/test_mla_tp.py's.

@@ -905,6 +905,12 @@ def _check_overlap(model: ModelSpec, parallel: ParallelConfig) -> None:
         if model.is_moe:
             raise ConfigError("parallel.tp_comm_overlap: userbuffer overlap is modelled for dense models; "
                               f"model.experts={model.experts}")
+        if model.is_mla:
+            # Megatron-Core's TELinear sets the shared config's tp_comm_overlap to False for a buffer name TE does
+            # not know (q_down_proj, kv_down_proj, ...: megatron/core/extensions/transformer_engine.py, since
+            # NVIDIA/Megatron-LM commit 4e6ae3a2, 2025-04; TE asserted on the missing name before)
+            raise ConfigError(f"parallel.tp_comm_overlap: Megatron-Core turns userbuffer overlap off for multi-head "
+                              f"latent attention (model.kv_lora_rank={model.kv_lora_rank}); set tp_comm_overlap: false")
         if parallel.cp > 1:
             raise ConfigError(f"parallel.tp_comm_overlap: not modelled with context parallelism (cp={parallel.cp})")
         if parallel.zero >= 2:

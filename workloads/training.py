@@ -73,6 +73,15 @@ Tensor parallel
     in all, as with the overlap. Context-parallel layers run them too (their
     ``b s/cp h`` share); a MoE layer's pass re-gathers the QKV input and,
     with shared experts, theirs (:meth:`_StepBuilder._regathers`).
+    Multi-head latent attention (``model.kv_lora_rank``) communicates its
+    latents instead of the attention input (Megatron-Core's
+    ``MLASelfAttention.get_query_key_value_tensors``; :meth:`_StepBuilder._tp_widths`):
+    with SP the forward all-gathers ``b s r_q``, ``b s r_kv`` and
+    ``b s d_rope`` (``b s h`` for the query without ``q_lora_rank``) where
+    standard attention gathers ``b s h``, the backward reduce-scatters the
+    same three and re-gathers the first two; ``mla_up_proj`` recomputation
+    all-gathers the first two again; without SP the backward all-reduces
+    the first two. The output projection keeps its ``b s h`` collectives.
 TP communication overlap (``parallel.tp_comm_overlap``; Transformer Engine userbuffers, SP only)
     The layers' SP collectives are overlapped with their GEMMs by TE's
     default method per GEMM (:data:`UB_METHODS`): a ring exchange cuts the
@@ -237,9 +246,6 @@ UB_METHODS = {
     "attn_out.dgrad": "ring", "mlp_down.dgrad": "ring",    # proj_dgrad, fc2_dgrad: all-gather of dY
     "qkv.dgrad": "bulk_ag", "mlp_up.dgrad": "bulk_ag",     # qkv_dgrad, fc1_dgrad: all-gather of the input
     "qkv.wgrad": "bulk_rs", "mlp_up.wgrad": "bulk_rs",     # qkv_wgrad, fc1_wgrad: reduce-scatter of dX
-    # multi-head latent attention: the layer's all-gather goes with its first column-parallel GEMM
-    "q_up": "ring", "q_up.dgrad": "bulk_ag", "q_up.wgrad": "bulk_rs",
-    "q_proj": "ring", "q_proj.dgrad": "bulk_ag", "q_proj.wgrad": "bulk_rs",
 }
 """Transformer Engine's default userbuffers overlap per GEMM (``initialize_ub`` in
 ``transformer_engine/pytorch/module/base.py``): ``ring_exchange`` for the all-gather before the column-parallel
@@ -247,9 +253,8 @@ forward GEMMs and the row-parallel data-gradient GEMMs (``num_splits = tp`` chun
 copy engines, ``num_sm`` 1 and no SM margin); ``pipeline`` for the reduce-scatter after the row-parallel
 forward GEMMs (4 splits, 16 SMs, GEMM on the rest); ``bulk`` for the column-parallel backward: the all-gather of
 the saved input beside the data-gradient GEMM, the reduce-scatter of its result beside the weight-gradient GEMM
-(16 SMs). Row-parallel weight gradients reuse the gathered ``dY`` and communicate nothing. Multi-head latent
-attention (``q_up``, or ``q_proj`` without a query latent) keeps the same collectives, of ``b s h`` elements,
-as the non-overlapped path does (:meth:`_StepBuilder._tp_counts`)."""
+(16 SMs). Row-parallel weight gradients reuse the gathered ``dY`` and communicate nothing. (Multi-head latent
+attention has none: Megatron-Core turns the overlap off for it, :func:`~workloads.parallel.validate` refuses it.)"""
 UB_PIPELINE_SPLITS = 4
 """TE's ``num_splits`` of the ``pipeline`` method."""
 REGATHER_STREAM = "tp_regather"
@@ -442,6 +447,10 @@ class _Segment:
     expert_w: tuple[tuple[Kernel, ...], tuple[Kernel, ...], tuple[Kernel, ...]] | None = None
     # the last stage's forward with TP: the vocab-parallel cross-entropy's own all-reduces (:data:`LOSS_ALL_REDUCES`)
     loss_reduce: bool = False
+    # TP collectives of ``b s w`` elements at widths ``w`` other than the hidden size (multi-head latent
+    # attention's latents): ``(kind, w) -> count``, kind ``"regather"`` for the backward's re-gathers beside the
+    # pass (:meth:`_StepBuilder._tp_widths`); ``tp`` and ``regather`` hold the ``b s h`` ones
+    tp_widths: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 def _scale_kernel(k: Kernel, factor: float, at: int | None) -> Kernel:
@@ -698,15 +707,71 @@ class _StepBuilder:
             # Forward: the vocab-parallel embedding's all-reduce (first stage). Backward: the all-reduce of
             # the output layer's input gradient (last stage; Megatron's copy_to_tensor_model_parallel_region).
             extra = (1 if first else 0) if phase == "F" else (1 if last else 0)
-            return {"all_reduce": 2 * n * (2 if full else 1) + extra}
+            # (MLA: the backward's all-reduce of the attention input's gradient is the latents', _tp_widths)
+            mla = n if self.model.is_mla and phase != "F" else 0
+            return {"all_reduce": 2 * n * (2 if full else 1) + extra - mla}
         ag = 2 * n * (2 if full else 1) + ((1 if last else 0) if phase == "F" else (1 if first else 0))
         rs = 2 * n * (2 if full else 1) + ((1 if first else 0) if phase == "F" else (1 if last else 0))
+        if self.model.is_mla:  # the attention input's gather (forward, recomputed forward) and its gradient's
+            # reduce-scatter (backward) are the latents' (:meth:`_tp_widths`)
+            ag -= n if phase == "F" else (n if full else 0)
+            rs -= 0 if phase == "F" else n
         if phase == "F" and first and self.model.learned_positions:
             # Megatron-Core reduce-scatters the embedding only without learned positions (LanguageModelEmbedding's
             # reduce_scatter_embeddings): GPT's is all-reduced, the positions added, then the sequence split locally
             # (whose backward is the all-gather counted above)
             return {"all_reduce": 1, "all_gather": ag, "reduce_scatter": rs - 1}
         return {"all_gather": ag, "reduce_scatter": rs}
+
+    def _tp_widths(self, n: int, phase: str) -> dict[tuple[str, int], int]:
+        """Multi-head latent attention's TP collectives of ``n`` layers for one pass, as ``(kind, w) -> count``
+        of ``b s w`` elements each (kind ``"regather"``: the backward's re-gathers beside the pass); ``{}`` for
+        standard attention, whose attention input is :meth:`_tp_counts`'s ``b s h``.
+
+        Megatron-Core's ``MLASelfAttention`` (``megatron/core/transformer/multi_latent_attention.py``,
+        ``get_query_key_value_tensors``, since its down projections became ``TELinear`` with ``parallel_mode:
+        duplicated``, NVIDIA/Megatron-LM commit 720c8b40, 2025-07) runs the down projections on the rank's own
+        sequence shard and gathers only what the head-split layers read: ``linear_q_up_proj`` and
+        ``linear_kv_up_proj`` (column-parallel, ``gather_output=False``) all-gather their sequence-parallel
+        inputs, the query latent ``r_q`` (the ``linear_q_proj`` input ``h`` without ``q_lora_rank``) and the key/
+        value latent ``r_kv``, and ``gather_from_sequence_parallel_region`` gathers the shared RoPE key
+        (``qk_rope_head_dim``). The backward reduce-scatters the three gradients (each all-gather's backward) and
+        re-gathers the two up projections' saved inputs for their weight gradients (:meth:`_regathers`); full
+        recomputation repeats the forward's three; ``mla_up_proj`` (``CheckpointWithoutOutput`` over
+        ``qkv_up_proj_and_rope_apply``, whose input the RoPE key's gather precedes) repeats the up projections'
+        two. Without sequence parallelism only the backward communicates: the up projections' input-gradient
+        all-reduces (``copy_to_tensor_model_parallel_region``)."""
+        m = self.model
+        if not m.is_mla or not n or self.t == 1 or phase == "W":
+            return {}
+        up = (m.q_lora_rank or m.hidden, m.kv_lora_rank)
+        out: dict[tuple[str, int], int] = {}
+
+        def add(kind: str, widths: tuple, count: int) -> None:
+            for w in widths:
+                out[kind, w] = out.get((kind, w), 0) + count
+
+        if not self.sp:
+            if phase != "F":
+                add("all_reduce", up, n)
+            return out
+        gathered = (*up, m.qk_rope_head_dim)
+        if phase == "F":
+            add("all_gather", gathered, n)
+            return out
+        add("reduce_scatter", gathered, n)
+        if self.par.recompute == "full":
+            add("all_gather", gathered, n)
+        if "mla_up_proj" in self.par.selective_modules:
+            add("all_gather", up, n)
+        if self._regathers(1, phase):
+            add("regather", up, n)
+        return out
+
+    def tp_width_bytes(self, width: int) -> float:
+        """Bytes of one TP collective of ``b s w`` elements (this rank's ``s/cp`` tokens; :attr:`tp_bytes` at
+        ``w = h``)."""
+        return self.par.micro_batch * self.local_seq * width * self.dtype
 
     def _end_counts(self, phase: str, first: bool, last: bool) -> dict[str, int]:
         """The embedding's (``first``) or the output layer's (``last``) TP collectives in one pass: :meth:`_tp_counts`
@@ -730,10 +795,12 @@ class _StepBuilder:
         return inputs
 
     def _column_inputs(self, moe: bool) -> int:
-        """Column-parallel linears of one layer whose input the backward re-gathers: QKV and MLP up-projection;
-        in a MoE layer QKV and, with shared experts, their up-projection (Megatron-Core's ``SharedExpertMLP``),
-        not the routed experts (their input is the token dispatcher's all-gather, which autograd keeps)."""
-        return 1 + (1 if self.model.shared_experts else 0) if moe else 2
+        """Column-parallel linears of one layer whose ``b s h`` input the backward re-gathers: QKV and MLP
+        up-projection; in a MoE layer QKV and, with shared experts, their up-projection (Megatron-Core's
+        ``SharedExpertMLP``), not the routed experts (their input is the token dispatcher's all-gather, which
+        autograd keeps). Multi-head latent attention re-gathers its latents instead (:meth:`_tp_widths`)."""
+        attention = 0 if self.model.is_mla else 1
+        return attention + (1 if self.model.shared_experts else 0) if moe else attention + 1
 
     def _layer_tp_counts(self, layer: int, phase: str) -> dict[str, int]:
         """TP collectives of one layer's pass: :meth:`_tp_counts`, except that an expert-parallel MoE layer
@@ -743,7 +810,9 @@ class _StepBuilder:
         experts gather the layer's tokens as a dense MLP does: Megatron-Core's ``SharedExpertMLP``.)"""
         counts = self._tp_counts(1, phase, False, False)
         if self.expert_parallel and self.model.is_moe_layer(layer) and not self.model.shared_experts:
-            counts = {k: v // 2 for k, v in counts.items()}
+            # less the MLP's pair, once per forward the pass runs (MLA keeps fewer than half: _tp_widths)
+            runs = 2 if self.par.recompute == "full" and phase in ("B", "BW") else 1
+            counts = {k: v - runs for k, v in counts.items()}
         return counts
 
     def end_params(self, stage: int, chunk: int) -> float:
@@ -837,7 +906,8 @@ class _StepBuilder:
                                      grads[i][0] * gb, grads[i][1] * gb, moe=moe,
                                      recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None,
                                      regather=self._regathers(self._column_inputs(moe is not None), phase),
-                                     expert_w=None if ub else self._expert_wgrads(i, phase, kernels)))
+                                     expert_w=None if ub else self._expert_wgrads(i, phase, kernels),
+                                     tp_widths={} if ub else self._tp_widths(1, phase)))
             # The embedding's and the output layer's TP collectives go with their own kernels: the head is the
             # embedding's forward or the output layer's backward, the tail the output layer's forward or the
             # embedding's backward. The output layer (a ColumnParallelLinear) re-gathers its input in the
@@ -874,7 +944,8 @@ class _StepBuilder:
                              ub=(head, self._layer_runs(order, phase), tail) if ub else None,
                              regather=self._regathers(self._column_inputs(False) * len(layers), phase)
                              + self._regathers(1 if last else 0, phase, False),
-                             loss_reduce=phase == "F" and last and t > 1)]
+                             loss_reduce=phase == "F" and last and t > 1,
+                             tp_widths=self._tp_widths(0 if ub else len(layers), phase))]
         for seg in segs:
             seg.phase = phase
         self._segments_cache[key] = segs
@@ -964,7 +1035,8 @@ class _StepBuilder:
                 final = i == len(pieces) - 1  # the pass's TP collectives (and re-gathers) go with its last piece
                 sub = _Segment(list(ops), dict(seg.tp) if final else {}, seg.layer,
                                persistent * gb if extra else 0.0, moe=seg.moe, phase=phase, recompute=again,
-                               regather=seg.regather if final else 0, loss_reduce=final and seg.loss_reduce)
+                               regather=seg.regather if final else 0, loss_reduce=final and seg.loss_reduce,
+                               tp_widths=dict(seg.tp_widths) if final else {})
                 out.append((sub, unit, use))
         # A unit's gradients are ready after its last backward use in the pass (a tied embedding is used twice).
         last_b = {unit.key: i for i, (_s, unit, use) in enumerate(out) if use == "B"}
@@ -1487,7 +1559,7 @@ class _StepBuilder:
                  after: Sequence[int] = ()) -> int:
         """The pass's blocking TP collectives after ``last`` on the compute stream; the first also waits for
         ``after`` (the backward's re-gathers)."""
-        if not seg.tp and not after and not seg.loss_reduce:  # no TP collectives in this pass: nothing to emit
+        if not seg.tp and not after and not seg.loss_reduce and not seg.tp_widths:  # no TP collectives: nothing
             return last
         group = self._tp_group(rank)
         for kind in ("all_reduce", "all_gather", "reduce_scatter"):
@@ -1496,6 +1568,13 @@ class _StepBuilder:
                 last = self.graph.collective_op(rank, kind, group, self.tp_bytes, name=f"{name}.tp_{kind}",
                                                 stream=COMPUTE_STREAM, count=count, traffic_class="tp",
                                                 layer=seg.layer, micro_batch=mb, stage=stage, deps=after)
+                after = ()
+        for (kind, width), count in seg.tp_widths.items():  # MLA's latents (_tp_widths)
+            if kind != "regather" and count:
+                last = self.graph.collective_op(rank, kind, group, self.tp_width_bytes(width),
+                                                name=f"{name}.tp_latent{width}_{kind}", stream=COMPUTE_STREAM,
+                                                count=count, traffic_class="tp", layer=seg.layer, micro_batch=mb,
+                                                stage=stage, deps=after)
                 after = ()
         if seg.loss_reduce:
             for nbytes in self.loss_all_reduce_bytes:
@@ -1755,7 +1834,8 @@ class _StepBuilder:
         """The backward's re-gathers of the pass (``seg.regather`` all-gathers, :meth:`_regathers`) as one op
         beside its compute from its start, on their own stream; ``()`` when it has none. The pass's blocking TP
         collectives wait for it (:meth:`_emit_tp`'s ``after``)."""
-        if not seg.regather:
+        widths = [(w, n) for (kind, w), n in seg.tp_widths.items() if kind == "regather" and n]  # MLA's latents
+        if not seg.regather and not widths:
             return ()
         # From the pass's start: after its explicit dependencies and after the rank's compute stream has reached
         # it (a backward right after its own forward has no explicit dependency; on its own stream the op was
@@ -1763,10 +1843,12 @@ class _StepBuilder:
         before = self._last_on_compute(rank)
         if before is not None and before not in deps:
             deps = [*deps, before]
-        return (self.graph.collective_op(rank, "all_gather", self._tp_group(rank), self.tp_bytes,
-                                         name=f"{name}.tp_regather", stream=REGATHER_STREAM, deps=deps,
-                                         count=seg.regather, traffic_class="tp", layer=seg.layer, micro_batch=mb,
-                                         stage=stage),)
+        sizes = ([(self.tp_bytes, seg.regather, "")] if seg.regather else []) + [
+            (self.tp_width_bytes(w), n, f"_latent{w}") for w, n in widths]
+        return tuple(self.graph.collective_op(rank, "all_gather", self._tp_group(rank), nbytes,
+                                              name=f"{name}.tp{what}_regather", stream=REGATHER_STREAM, deps=deps,
+                                              count=count, traffic_class="tp", layer=seg.layer, micro_batch=mb,
+                                              stage=stage) for nbytes, count, what in sizes)
 
     def _last_on_compute(self, rank: int) -> int | None:
         """The id of ``rank``'s latest op on the compute stream so far, or None. A rank's ops are built together
