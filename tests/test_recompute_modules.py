@@ -155,8 +155,11 @@ def test_output_discarding_recomputes_run_right_before_their_first_use():
 
 def test_recompute_runs_the_modules_kernels_in_the_step():
     """On a cut DeepSeek-V3 (4 layers, the last two MoE): a dense layer's recompute op (``R…``) runs the block
-    norms and the up projections (with their FP8 casts); a MoE layer's backward pieces run them where they
-    are used, the experts' activation in the experts' piece (scaled by the routed load with the rest)."""
+    norms and the up projections (with their FP8 casts); a MoE layer's backward runs them where they are used,
+    each piece's first as an ``R…`` op of its own (the breakdown counts them as recompute, not backward): the
+    MLP norm before the dispatch (the shared expert runs there, ``R….pre``), the experts' activation before the experts
+    (scaled by the routed load as they are), the up projections and the input norm after the combine. The
+    backward ops hold the backward's kernels alone, as without the modules."""
     step = _step(CUT_V3, ("layernorm", "mla_up_proj", "moe_act"), ep=2, dp=2)
     plain = _step(CUT_V3, (), ep=2, dp=2)  # selective, nothing recomputed
     ops = [op for op in step.graph.ops if op.kind == "compute" and op.rank == 0]
@@ -165,15 +168,107 @@ def test_recompute_runs_the_modules_kernels_in_the_step():
         f = {o.name: o.kernel() for o in layer_ops(CUT_V3, 1, 1024, 1, layer=layer, fp8=True).forward}
         assert again == {tuple(f[n] for n in ("mlp_norm", "q_norm", "kv_norm", "q_up.fp8_cast", "q_up",
                                               "kv_up.fp8_cast", "kv_up", "input_norm"))}
-    assert not any(op.name.startswith("R") and op.layer in (2, 3) for op in ops)
+    # balanced routing, so that every rank's experts get the forward's b s k token slots
+    from workloads.moe import RoutingModel
+    par = ParallelConfig(recompute="selective", recompute_modules=("layernorm", "mla_up_proj", "moe_act"), ep=2, dp=2)
+    balanced = training_step(CUT_V3, par, TrainingSpec(seq_len=1024, dtype="fp8"), routing=RoutingModel("balanced"))
+    f = {o.name: o.kernel() for o in layer_ops(CUT_V3, 1, 1024, 1, layer=3, fp8=True).forward}
+    for suffix, names in (("L3.pre", ["mlp_norm"]), ("L3.experts", ["experts_activation"]),
+                          ("L3.post", ["q_norm", "kv_norm", "q_up.fp8_cast", "q_up", "kv_up.fp8_cast", "kv_up",
+                                       "input_norm"])):
+        again = [op.parts for op in balanced.graph.ops if op.rank == 0 and op.name.startswith("R")
+                 and op.name.endswith(suffix)]
+        assert again and all(parts == tuple(f[n] for n in names) for parts in again)
 
     def parts(graph_step, suffix):
-        return [len(op.parts) for op in graph_step.graph.ops
+        return [op.parts for op in graph_step.graph.ops
                 if op.rank == 0 and op.name.startswith("B") and op.name.endswith(suffix)]
 
-    for piece, more in ((".pre", 1), (".experts", 1), (".post", 7)):  # mlp_norm; the activation; up + 3 norms
-        assert [a - b for a, b in zip(parts(step, "L3" + piece), parts(plain, "L3" + piece))] \
-            == [more] * len(parts(step, "L3" + piece))
+    for piece in (".pre", ".experts", ".post"):
+        assert parts(step, "L3" + piece) == parts(plain, "L3" + piece) != []
+
+
+# A small Mixtral-shaped MoE (2 layers, h 1024, 8 experts top-2, no shared expert) on one 8-GPU node, EP 8.
+SMALL_MOE = {"name": "moe-small", "layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096,
+             "vocab": 32000, "gated_mlp": True, "tied_embeddings": False, "experts": 8, "top_k": 2,
+             "moe_ffn_hidden": 4096, "max_seq_len": 4096}
+
+
+def _moe_run(modules, routing, fidelity):
+    from simulator.experiment import experiment_from_dict, run_experiment
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": dict(SMALL_MOE),
+           "parallel": {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "micro_batch": 1, "global_batch": 16,
+                        "recompute": "selective", "recompute_modules": list(modules)},
+           "training": {"seq_len": 2048}, "moe": {"routing": routing}, "options": {"embedding_and_loss": False}}
+    return run_experiment(experiment_from_dict(doc), fidelity=fidelity)
+
+
+def _recompute(breakdown):
+    """The breakdown's recompute column (absent, all zero, when no op is a recompute op)."""
+    return breakdown.get("recompute", 0.0 * breakdown["backward"])
+
+
+def _activation_seconds(names):
+    """Seconds of one forward run of the kernels ``names`` of a layer of SMALL_MOE at the balanced load (b 1,
+    s 2048; each EP rank's experts get b s k token slots), each on an H100 alone."""
+    from simulator.compute import ComputeModel
+    from topologies import get_gpu
+    cm = ComputeModel(get_gpu("H100-SXM"))
+    fwd = {o.name: o.kernel() for o in layer_ops(model_from_dict(SMALL_MOE), 1, 2048, 1, layer=0).forward}
+    return sum(cm.duration(fwd[n]) for n in names)
+
+
+@pytest.mark.parametrize("fidelity", ["full", "fast", "lockstep"])
+@pytest.mark.parametrize("modules, names", [
+    (("moe_act",), ["experts_activation"]),             # re-run inside the experts' piece, at the routed load
+    (("layernorm",), ["input_norm", "mlp_norm"]),      # re-run after the combine, before the GEMMs they feed
+    (("moe_act", "layernorm"), ["experts_activation", "input_norm", "mlp_norm"]),
+])
+def test_moe_modules_recompute_is_reported_as_recompute_not_backward(modules, names, fidelity):
+    """Found in review: a MoE layer's recomputed kernels inside its backward (``moe_act``'s SwiGLU, the norms)
+    stayed in the backward's ops, so the breakdown showed no recompute and a longer backward. Balanced routing,
+    2 micro-batches x 2 layers on every rank: each rank's recompute is 4 runs of the recomputed kernels, and its
+    backward the backward of the same step recomputing nothing, under every fidelity."""
+    got = _moe_run(modules, "balanced", fidelity).time_breakdown()
+    plain = _moe_run((), "balanced", "full").time_breakdown()
+    assert _recompute(got).to_numpy() == pytest.approx([2 * 2 * _activation_seconds(names)] * len(got), rel=1e-12)
+    assert got["backward"].to_numpy() == pytest.approx([plain["backward"].iloc[0]] * len(got), rel=1e-12)
+
+
+def test_moe_act_recompute_follows_each_ranks_routed_load():
+    """Zipf routing, dropless: each rank re-runs the activation over the token slots its experts got, so ranks
+    differ; an element-wise kernel's time is affine in its bytes and the EP group's slots sum to ep b s k, so
+    the world's recompute is the balanced step's, ``8 ranks x 4 runs`` of the balanced kernel, under every
+    fidelity (representatives weighted by the ranks they stand for); the backward is the step's without
+    ``moe_act``."""
+    plain = _moe_run((), "zipf", "full").time_breakdown()
+    for fidelity in ("full", "fast", "lockstep"):
+        got = _moe_run(("moe_act",), "zipf", fidelity).time_breakdown()
+        assert (_recompute(got) * got["replicas"]).sum() == pytest.approx(
+            8 * 2 * 2 * _activation_seconds(["experts_activation"]), rel=1e-12)
+        assert (got["backward"] * got["replicas"]).sum() == pytest.approx(plain["backward"].sum(), rel=1e-12)
+        if fidelity == "full":
+            assert _recompute(got).max() > 1.2 * _recompute(got).min()
+
+
+def test_moe_recompute_ops_in_dualpipe_pairs_hold_sms_back_as_their_piece_does():
+    """A MoE piece's recomputed kernels are an op of their own for the breakdown alone: in a DualPipe pair, whose
+    GEMMs leave the exchanges ``options.dualpipe_comm_sms`` SMs, the engine keeps an op with such a kernel at
+    its own time and slows any other beside communication (simulator/engine.py, ``_reserved_ops``), so the
+    recompute op (the norm, the experts' activation) is marked as its piece is and the step keeps its time.
+    Found in review: without it the validation entry deepseek-v3-2048-h800 read 0.3% slower."""
+    par = ParallelConfig(recompute="selective", recompute_modules=("layernorm", "mla_up_proj", "moe_act"),
+                         schedule="dualpipe", pp=2, ep=2, dp=2, global_batch=16)
+    ops = training_step(CUT_V3, par, TrainingSpec(seq_len=1024, dtype="fp8")).graph.ops
+    pairs = [(op, ops[op.id + 1]) for op in ops if op.kind == "compute" and op.name.startswith("R")
+             and op.layer in (2, 3) and op.name.endswith((".pre", ".experts", ".post"))]
+    assert pairs and all(b.name == "B" + a.name[1:] for a, b in pairs)  # each right before its piece's op
+
+    def held(op):
+        return any(k.sm_reserved for k in op.parts)
+
+    assert [held(a) for a, b in pairs] == [held(b) for a, b in pairs]
+    assert any(held(a) for a, _b in pairs) and not all(held(a) for a, _b in pairs)  # in pairs and outside
 
 
 def test_recompute_adds_the_up_projections_flops_to_the_step():

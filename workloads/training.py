@@ -431,6 +431,8 @@ class _Segment:
     expert_grad_bytes: float = 0.0
     parts: tuple[Kernel, ...] | None = None  # _kernels(kernels), built once and shared by every op
     moe: tuple[list[LayerOp], ...] | None = None  # (before, experts, after) dispatch[, shared 1, shared 2]
+    # per piece of ``moe``, per kernel: a forward kernel re-run in the backward (``recompute`` cut as ``moe`` is)
+    moe_recompute: tuple[tuple[bool, ...], ...] = ()
     phase: str = "F"  # the pipeline pass it belongs to: "F" or "B"
     recompute: tuple[bool, ...] = ()  # per kernel: a forward kernel re-run in the backward (activation recompute)
     recompute_parts: tuple[Kernel, ...] = ()  # the recomputed kernels, run as their own op before ``parts``
@@ -508,6 +510,19 @@ def _weight_gradient(op: LayerOp) -> bool:
 
 def _kernels(ops: Sequence[LayerOp]) -> tuple[Kernel, ...]:
     return tuple(o.kernel() for o in ops)
+
+
+def _unzip(pairs: Sequence[tuple[LayerOp, bool]]) -> tuple[list[LayerOp], tuple[bool, ...]]:
+    """``(kernel, recomputed)`` pairs as the kernels and their recompute mask."""
+    return [o for o, _again in pairs], tuple(again for _o, again in pairs)
+
+
+def _recomputed_first(ops: Sequence[LayerOp], mask: Sequence[bool]) -> tuple[list[LayerOp], list[LayerOp]]:
+    """The kernels of ``ops`` that ``mask`` marks recomputed, and the others, each in their order: a piece of a
+    layer pass run as two ops, the recomputed forward kernels first (``R…``), as a dense layer's pass runs them
+    (:meth:`_StepBuilder.emit_segment`). Back to back on the compute stream, the piece takes as long either way."""
+    mask = mask or (False,) * len(ops)
+    return [o for o, again in zip(ops, mask) if again], [o for o, again in zip(ops, mask) if not again]
 
 
 def _leading(mask: Sequence[bool]) -> int:
@@ -609,7 +624,7 @@ class _StepBuilder:
         self._fp8_weights: dict[tuple[int, int], tuple[float, float]] = {}
         self._fp8_gemms: dict[tuple[int, int], int] = {}  # (stage, chunk) -> its FP8 GEMMs (amax entries)
         self._node_patterns: dict[tuple[int, ...], tuple[list[int], tuple[int, ...]]] = {}  # EP group -> nodes
-        self._reserved: dict[tuple[int, int], tuple] = {}  # (id(kernel tuple), SMs) -> (tuple, reserved copy)
+        self._reserved: dict[tuple, tuple] = {}  # (id(kernel tuple), SMs[, "all"]) -> (tuple, reserved copy)
         # (stage, chunk, of the experts' buffer) -> param_buckets
         self._param_buckets: dict[tuple[int, int, bool], tuple[list[float], list[int], list[int]]] = {}
         self.plan = sharding_plan(parallel, training.dtype, options.grad_dtype_bytes)
@@ -652,6 +667,8 @@ class _StepBuilder:
         self._member_parts: dict[tuple, tuple] = {}  # (id(kernels), loads) -> every member's kernels
         self._equal_matrices: dict[tuple, tuple] = {}
         self._moe_kernels: dict[int, tuple] = {}  # id(segment's MoE split) -> (split, kernels before, after)
+        # inside a DualPipe pair (_emit_pair): (recompute op, op of the rest of its piece) of each MoE piece cut in two
+        self._split_pieces: list[tuple[int, int]] | None = None
         self._end_params: dict[int, float] = {}
         self._stage_params: dict[int, tuple[float, float]] = {}
         self.routing = routing or RoutingModel()
@@ -901,9 +918,9 @@ class _StepBuilder:
             segs = []
             for i in order:
                 kernels, mask = self._layer_pass(i, phase)
-                moe = self._moe_split(i, phase)
+                moe, moe_mask = self._moe_split(i, phase) or (None, ())
                 segs.append(_Segment(kernels, {} if ub else self._layer_tp_counts(i, phase), i,
-                                     grads[i][0] * gb, grads[i][1] * gb, moe=moe,
+                                     grads[i][0] * gb, grads[i][1] * gb, moe=moe, moe_recompute=moe_mask,
                                      recompute=mask, ub=([], [(kernels, mask, 1)], []) if ub else None,
                                      regather=self._regathers(self._column_inputs(moe is not None), phase),
                                      expert_w=None if ub else self._expert_wgrads(i, phase, kernels),
@@ -1034,7 +1051,8 @@ class _StepBuilder:
                 again = seg.recompute if whole else tuple(flags)
                 final = i == len(pieces) - 1  # the pass's TP collectives (and re-gathers) go with its last piece
                 sub = _Segment(list(ops), dict(seg.tp) if final else {}, seg.layer,
-                               persistent * gb if extra else 0.0, moe=seg.moe, phase=phase, recompute=again,
+                               persistent * gb if extra else 0.0, moe=seg.moe, moe_recompute=seg.moe_recompute,
+                               phase=phase, recompute=again,
                                regather=seg.regather if final else 0, loss_reduce=final and seg.loss_reduce,
                                tp_widths=dict(seg.tp_widths) if final else {})
                 out.append((sub, unit, use))
@@ -1091,28 +1109,36 @@ class _StepBuilder:
         return last
 
     # ----------------------------------------------------------------- MoE
-    def _moe_split(self, layer: int, phase: str) -> tuple[list[LayerOp], ...] | None:
+    def _moe_split(self, layer: int, phase: str
+                   ) -> tuple[tuple[list[LayerOp], ...], tuple[tuple[bool, ...], ...]] | None:
         """A MoE layer's kernels cut at the two all-to-alls: (before dispatch, experts, after combine), and with
         ``moe.shared_expert_overlap`` two more: the shared-expert kernels run beside the first and the second
-        all-to-all (taken out of before / after). None for a weight-gradient pass, which exchanges nothing (its
-        routed experts' GEMMs run at each rank's drawn load: :meth:`_expert_wgrads`)."""
+        all-to-all (taken out of before / after); with each piece's recompute mask (which of its kernels are
+        forward kernels re-run in the backward: ``selective``'s modules re-run inside the pass, ``moe_act``'s
+        activation among the experts', ``layernorm``'s norms around them). None for a weight-gradient pass,
+        which exchanges nothing (its routed experts' GEMMs run at each rank's drawn load: :meth:`_expert_wgrads`)."""
         if not (self.expert_parallel and self.model.is_moe_layer(layer)) or phase == "W":
             return None
         ops, mask = self._layer_pass(layer, phase)
         start = _leading(mask)
         # Recomputed forward kernels (the first ``start``) run first (moe_pieces cuts them at their own experts).
         idx = [i for i in range(start, len(ops)) if ops[i].name.startswith("experts")]
-        before, experts, after = ops[:idx[0]], ops[idx[0]:idx[-1] + 1], ops[idx[-1] + 1:]
+        cuts = (slice(None, idx[0]), slice(idx[0], idx[-1] + 1), slice(idx[-1] + 1, None))
+        (before, experts, after), masks = ([ops[c] for c in cuts], [mask[c] for c in cuts])
         if self.expert_grid:
-            experts = self._grid_experts(layer, phase)
+            grid, grid_mask = self._layer_pass(layer, phase, self.etp)
+            keep = [i for i in range(_leading(grid_mask), len(grid)) if grid[i].name.startswith("experts")]
+            experts, masks[1] = [grid[i] for i in keep], tuple(grid_mask[i] for i in keep)
         if not (self.routing.shared_expert_overlap and self.model.shared_experts):
-            return before, experts, after
-        shared = [o for o in ops[start:] if o.name.startswith("shared")]
-        base = base_name(shared[0].name)  # shared_up in the forward, shared_down in the backward
-        cut = max(i for i, o in enumerate(shared) if base_name(o.name) == base) + 1
-        ids = {id(o) for o in shared}
-        return ([o for i, o in enumerate(before) if i < start or id(o) not in ids], experts,
-                [o for o in after if id(o) not in ids], shared[:cut], shared[cut:])
+            return (before, experts, after), tuple(masks)
+        shared = [(o, again) for o, again in zip(ops[start:], mask[start:]) if o.name.startswith("shared")]
+        base = base_name(shared[0][0].name)  # shared_up in the forward, shared_down in the backward
+        cut = max(i for i, (o, _a) in enumerate(shared) if base_name(o.name) == base) + 1
+        ids = {id(o) for o, _a in shared}
+        (pre, pre_mask), (post, post_mask), (first, first_mask), (second, second_mask) = map(_unzip, (
+            [(o, a) for i, (o, a) in enumerate(zip(before, masks[0])) if i < start or id(o) not in ids],
+            [(o, a) for o, a in zip(after, masks[2]) if id(o) not in ids], shared[:cut], shared[cut:]))
+        return (pre, experts, post, first, second), (pre_mask, masks[1], post_mask, first_mask, second_mask)
 
     def _recomputed_experts(self, layer: int, phase: str) -> list[LayerOp]:
         """The routed experts' kernels that a backward pass of ``layer`` recomputes at its front (``full``), at the
@@ -1376,12 +1402,22 @@ class _StepBuilder:
         kernels = self._moe_kernels.get(id(seg.moe))
         if kernels is None or kernels[0] is not seg.moe:
             before, experts, after = seg.moe[:3]
+            masks = seg.moe_recompute or tuple((False,) * len(piece) for piece in seg.moe)
             # The recomputed forward (``full``'s whole forward, ``core_attn``'s attention core: the kernels at the
             # front of the backward, _moe_split) runs first as an op of its own, ``R…`` as the dense layers', so
             # that the breakdown tells recomputation from backward. Full recomputation re-runs the forward's routed
             # experts there between the exchanges (moe_pieces below), at this rank's load as the forward ran them:
-            # cut out of the recomputed kernels to be scaled.
+            # cut out of the recomputed kernels to be scaled. The kernels that ``selective``'s other modules re-run
+            # inside the pass (the norms before the GEMMs they feed, ``moe_act``'s activation before the experts'
+            # down projection) run first in their piece, as an ``R…`` op of their own (none where a piece re-runs
+            # nothing: no op added): ``R….pre`` before the kernels before the dispatch, ``R….experts`` at this
+            # rank's load before its experts (with every member's), ``R….post`` before the kernels after the combine.
             start = _leading(seg.recompute) if seg.recompute else 0
+            if any(any(m) for m in masks[3:]):
+                raise AssertionError(f"layer {seg.layer}: a recomputed kernel among the shared expert's halves")
+            pre_again, pre = _recomputed_first(before[start:], masks[0][start:])
+            experts_again, experts = _recomputed_first(experts, masks[1])
+            post_again, post = _recomputed_first(after, masks[2])
             rerun, halves = before[:start], ()
             again = [i for i, o in enumerate(rerun) if o.name.startswith("experts")]
             if again and shared:  # the re-run shared expert's halves beside the re-run exchanges, as _moe_split's
@@ -1391,11 +1427,14 @@ class _StepBuilder:
                 halves = (_kernels(extra[:cut]), _kernels(extra[cut:]))
                 rerun = [o for o in rerun if not o.name.startswith("shared")]
                 again = [i for i, o in enumerate(rerun) if o.name.startswith("experts")]
+            if again and (pre_again or experts_again or post_again):
+                raise AssertionError(f"layer {seg.layer}: kernels recomputed inside a fully recomputed pass")
             redo = ((_kernels(rerun[:again[0]]), self._balanced(self._recomputed_experts(seg.layer, seg.phase)),
                      _kernels(rerun[again[-1] + 1:])) if again else (_kernels(rerun), None, ()))
-            kernels = self._moe_kernels[id(seg.moe)] = (seg.moe, (*redo, _kernels(before[start:]), halves),
-                                                        _kernels(after), self._balanced(experts),
-                                                        *(_kernels(k) for k in shared))
+            kernels = self._moe_kernels[id(seg.moe)] = (
+                seg.moe, (*redo, (_kernels(pre_again), _kernels(pre)), halves), (_kernels(post_again), _kernels(post)),
+                (self._balanced(experts_again) if experts_again else None, self._balanced(experts)),
+                *(_kernels(k) for k in shared))
         layer = seg.layer
         # off the compute stream: the exchanges are waited for explicitly
         apart = bool(shared) or stream is not None
@@ -1424,13 +1463,12 @@ class _StepBuilder:
             r_name = RECOMPUTE_PHASE + name[1:]
             last = compute(rank, head, r_name, deps, "gemm", layer, mb, stage, COMPUTE_STREAM)
             yield last
-            deps = [(yield from self._exchanged(exchange, last, r_name, ("dispatch", "combine"), again, loads, halves,
-                                                tail))]
+            deps = [(yield from self._exchanged(exchange, last, r_name, ("dispatch", "combine"), (None, again), loads,
+                                                halves, ((), tail)))]
             redo = True
         elif head:
             deps = [compute(rank, head, RECOMPUTE_PHASE + name[1:], deps, "gemm", layer, mb, stage, COMPUTE_STREAM)]
-        last = (compute(rank, pre, f"{name}.pre", deps, "gemm", layer, mb, stage, COMPUTE_STREAM) if pre or not redo
-                else deps[0])
+        last = self._piece(rank, pre, f"{name}.pre", deps, layer, mb, stage, redo)
         last = self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
         yield last
         directions = ("dispatch", "combine") if fwd else ("combine_grad", "dispatch_grad")
@@ -1438,13 +1476,15 @@ class _StepBuilder:
                                            (kernels[4], kernels[5]) if shared else (), kernels[2]))
 
     def _exchanged(self, x: _Exchange, last: int, name: str, directions: tuple[str, str],
-                   balanced: tuple[Kernel, ...], loads: tuple[int, ...] | None, halves: tuple,
-                   post: tuple[Kernel, ...]) -> Generator[int, None, int]:
+                   balanced: tuple[tuple[Kernel, ...] | None, tuple[Kernel, ...]], loads: tuple[int, ...] | None,
+                   halves: tuple, post: tuple[tuple[Kernel, ...], tuple[Kernel, ...]]) -> Generator[int, None, int]:
         """From compute op ``last`` on, the pieces of one pass (or re-run forward) of a MoE layer around its
         experts: the owner → expert exchange ``{name}.ep_{directions[0]}``, the first shared-expert half beside it
-        (``halves``, under ``moe.shared_expert_overlap``), the experts (``balanced`` kernels at the rank's load),
-        the expert → owner exchange ``{name}.ep_{directions[1]}``, the second half beside it; yields each compute
-        piece, returns the op of the ``post`` kernels after them (``{name}.post``)."""
+        (``halves``, under ``moe.shared_expert_overlap``), the experts (``balanced``: the recomputed kernels among
+        them, or None, and the others, at the rank's load), the expert → owner exchange
+        ``{name}.ep_{directions[1]}``, the second half beside it; yields each compute piece, returns the op of the
+        ``post`` kernels after them (``{name}.post``; ``post``: the recomputed kernels among them, run first as
+        ``R….post``, and the others)."""
         compute = self.graph._compute_parts
         first, wait = self._send_out(x, last, name, directions[0])
         if halves:
@@ -1454,7 +1494,34 @@ class _StepBuilder:
         wait = self._send_back(x, done, name, directions[1])
         if halves:
             yield compute(x.rank, halves[1], f"{name}.shared_2", (), "gemm", x.layer, x.mb, x.stage, COMPUTE_STREAM)
-        return compute(x.rank, post, f"{name}.post", wait, "gemm", x.layer, x.mb, x.stage, COMPUTE_STREAM)
+        return self._piece(x.rank, post, f"{name}.post", wait, x.layer, x.mb, x.stage)
+
+    def _piece(self, rank: int, kernels: tuple[tuple[Kernel, ...], tuple[Kernel, ...]], name: str, deps: list[int],
+               layer: int, mb: int, stage: int, optional: bool = False) -> int:
+        """The compute op ``name`` of one piece of a MoE layer's pass, ``kernels`` = (the recomputed forward
+        kernels among them, the others), after ``deps``: the recomputed ones first as an op of their own,
+        ``R…`` (:data:`RECOMPUTE_PHASE`) for the breakdown (:meth:`_recompute_piece`), when there are any; the
+        others' op, when there are any or nothing else runs (unless ``optional``: then ``deps[0]``, an op already
+        emitted). Returns the piece's last op."""
+        compute = self.graph._compute_parts
+        again, rest = kernels
+        if again:
+            deps = [compute(rank, again, f"{RECOMPUTE_PHASE}{name[1:]}", deps, "gemm", layer, mb, stage,
+                            COMPUTE_STREAM)]
+            if not rest:
+                return deps[0]
+        elif not rest and optional:
+            return deps[0]
+        last = compute(rank, rest, name, deps, "gemm", layer, mb, stage, COMPUTE_STREAM)
+        if again:
+            self._recompute_piece(deps[0], last)
+        return last
+
+    def _recompute_piece(self, again: int, rest: int) -> None:
+        """Op ``again``, the recomputed kernels of a piece whose other kernels are op ``rest``, split from it for
+        the breakdown alone: in a DualPipe pair it runs as ``rest`` does beside the exchanges (:meth:`_leave_sms`)."""
+        if self._split_pieces is not None:
+            self._split_pieces.append((again, rest))
 
     def _send_out(self, x: _Exchange, last: int, name: str, direction: str) -> tuple[int, list[int]]:
         """The owner → expert exchange ``{name}.ep_{direction}`` of ``x`` after op ``last`` (a dispatch, or the
@@ -1469,10 +1536,12 @@ class _StepBuilder:
                                   x.hop_stream, x.layer, x.mb, x.stage))
         return first, wait
 
-    def _experts_between(self, x: _Exchange, first: int, wait: list[int], balanced: tuple[Kernel, ...],
+    def _experts_between(self, x: _Exchange, first: int, wait: list[int],
+                         balanced: tuple[tuple[Kernel, ...] | None, tuple[Kernel, ...]],
                          loads: tuple[int, ...] | None, name: str) -> int:
-        """The experts between ``x``'s exchanges (``balanced`` kernels scaled to the rank's load, every member's
-        with ``loads``), after the expert-TP all-gather of the dispatched tokens when there is one: the
+        """The experts between ``x``'s exchanges (``balanced``'s kernels scaled to the rank's load, every member's
+        with ``loads``: the recomputed ones, ``moe_act``'s activation, first as ``R….experts`` when there are
+        any, then the others), after the expert-TP all-gather of the dispatched tokens when there is one: the
         experts' op, or the reduce-scatter's after them."""
         g = self.graph
         if x.gather is not None:
@@ -1480,9 +1549,17 @@ class _StepBuilder:
                                     traffic_class="tp", deps=wait + [first], layer=x.layer, micro_batch=x.mb,
                                     stage=x.stage, stream=x.stream)
             wait = [first] if x.apart else []
+        again, balanced = balanced
+        if again is not None:
+            wait = [g._compute_parts(x.rank, self._expert_parts(again, x.load), f"{RECOMPUTE_PHASE}{name[1:]}.experts",
+                                     wait, "gemm", x.layer, x.mb, x.stage, COMPUTE_STREAM,
+                                     self._members(again, loads, self._expert_parts))]
         members = self._members(balanced, loads, self._expert_parts)
-        return g._compute_parts(x.rank, self._expert_parts(balanced, x.load), f"{name}.experts", wait, "gemm",
+        done = g._compute_parts(x.rank, self._expert_parts(balanced, x.load), f"{name}.experts", wait, "gemm",
                                 x.layer, x.mb, x.stage, COMPUTE_STREAM, members)
+        if again is not None:
+            self._recompute_piece(wait[0], done)
+        return done
 
     def _send_back(self, x: _Exchange, done: int, name: str, direction: str) -> list[int]:
         """The expert-TP reduce-scatter ``{name}.etp_scatter`` after the experts' op ``done`` (when there is one)
@@ -2183,14 +2260,16 @@ class _StepBuilder:
                                      pending if reduce_now else None, overlap))
         last = None  # the last compute op emitted: the compute stream runs in program order, so it ends last
         live = [0, 1]
+        self._split_pieces = []
         while live:
             for k in list(live):
                 try:
                     last = next(runs[k])
                 except StopIteration:
                     live.remove(k)
+        split, self._split_pieces = self._split_pieces, None
         if moe and self.opt.dualpipe_comm_sms:
-            self._leave_sms(first_op, self.opt.dualpipe_comm_sms)
+            self._leave_sms(first_op, self.opt.dualpipe_comm_sms, split)
         for a in pair:
             if self.fp8_amax and a.phase != "W":
                 last = self._fp8_amax(rank, a, stage, last)
@@ -2198,11 +2277,17 @@ class _StepBuilder:
             pending.flush(last)
         return last
 
-    def _leave_sms(self, first_op: int, sms: int) -> None:
+    def _leave_sms(self, first_op: int, sms: int, split: Sequence[tuple[int, int]] = ()) -> None:
         """Run the GEMMs of the compute ops from op ``first_op`` on (the GPU's SMs - ``sms``): each GEMM kernel
         holds ``sms`` SMs for communication (:attr:`~workloads.ops.Kernel.sm_reserved`, the most of its own
         and ``sms``); a GEMM op without kernels becomes one such kernel. Other kernels are left alone: the
-        compute model shares SMs out for GEMMs only (attention and memory-bound kernels keep their rate)."""
+        compute model shares SMs out for GEMMs only (attention and memory-bound kernels keep their rate).
+
+        ``split``: ``(recompute op, rest op)`` of each MoE piece whose recomputed kernels were cut out as an op of
+        their own for the breakdown (:meth:`_piece`). The engine leaves an op with a kernel on fewer SMs at its
+        own time, beside communication, and slows any other (:mod:`simulator.engine`): a recompute op without a
+        GEMM whose piece holds one runs as it did inside that piece, its kernels marked as holding ``sms`` SMs
+        back too (which their time, not a GEMM's, does not read)."""
         gemms = GEMM_CATEGORIES
         reserved = self._reserved  # (id of a kernel tuple, sms) -> (that tuple, its reserved copy): ops that
         for op in self.graph.ops[first_op:]:  # shared kernels keep sharing them (the engine caches by identity)
@@ -2217,6 +2302,15 @@ class _StepBuilder:
                 op.parts = hit[1]
             elif op.category in gemms:
                 op.parts = (Kernel(op.category, op.flops, op.nbytes, op.shape, 1, sms),)
+        ops = self.graph.ops
+        for again, rest in split:  # (a pair keeps a representative per EP index: no op has members)
+            op = ops[again]
+            if any(k.sm_reserved for k in ops[rest].parts) and not any(k.sm_reserved for k in op.parts):
+                hit = reserved.get((id(op.parts), sms, "all"))
+                if hit is None or hit[0] is not op.parts:
+                    hit = reserved[(id(op.parts), sms, "all")] = (op.parts, tuple(
+                        replace(k, sm_reserved=sms) for k in op.parts))
+                op.parts = hit[1]
 
     def _pieces(self, rank: int, stage: int, a: PipeAction, segs: list[_Segment], deps: list[int], stream: str,
                 pending: _Buckets | None, overlap: bool) -> Iterator[int]:
