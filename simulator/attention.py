@@ -34,6 +34,12 @@ stored as fractions of the measuring GPU's dense peak and applied to the
 GPU's own peak; a GPU generation without measurements (Blackwell) uses
 Hopper's fractions — the least certain numbers here.
 
+Kernels without a mask (the off-diagonal steps of ring attention under
+context parallelism, Transformer Engine's ``no_mask`` steps) use the same
+papers' non-causal curves (:data:`NO_MASK_TABLES`; the head dimension 256 of
+H100, which has no published non-causal backward, takes the nearest measured
+head dimension's backward scaled by the two head dimensions' forwards).
+
 Defaults (:data:`DEFAULT_KERNEL`): ``fa2`` on Ampere; ``cudnn`` on Hopper and
 later, the fused attention Megatron-Core reaches through Transformer Engine.
 """
@@ -119,6 +125,32 @@ TABLES: dict[tuple[str, str], dict[str, dict[int, tuple[float, ...]]]] = {
 """``(arch, kernel) -> pass -> head_dim -> fraction of dense peak`` at :data:`SEQ_LENS` (causal mask)."""
 
 
+def _no_mask_table(peak: float, by_hd: Mapping[int, Mapping[tuple[str, bool], tuple[float, ...]]]
+                   ) -> dict[str, dict[int, tuple[float, ...]]]:
+    """Unmasked (non-causal) forward and backward rates as fractions of peak, per head dimension: as
+    published; where a head dimension has no backward (256 on H100), the nearest measured head dimension's
+    backward scaled by the two head dimensions' unmasked forwards (as :func:`_causal_table` derives)."""
+    out: dict[str, dict[int, tuple[float, ...]]] = {"fwd": {}, "bwd": {}}
+    dims = sorted(by_hd)
+    for hd in dims:
+        rows = by_hd[hd]
+        fwd = rows[("fwd", False)]
+        if ("bwd", False) in rows:
+            bwd = rows[("bwd", False)]
+        else:
+            src = by_hd[max(d for d in dims if ("bwd", False) in by_hd[d])]
+            bwd = tuple(sb * f / sf for sb, sf, f in zip(src[("bwd", False)], src[("fwd", False)], fwd))
+        out["fwd"][hd] = tuple(x / peak for x in fwd)
+        out["bwd"][hd] = tuple(x / peak for x in bwd)
+    return out
+
+
+NO_MASK_TABLES: dict[tuple[str, str], dict[str, dict[int, tuple[float, ...]]]] = {
+    key: _no_mask_table(peak, rows) for key, (peak, rows) in _MEASURED.items()}
+"""``(arch, kernel) -> pass -> head_dim -> fraction of dense peak`` at :data:`SEQ_LENS` without a mask: the
+off-diagonal steps of ring attention (:func:`workloads.flops.ring_attention_steps`)."""
+
+
 ATTENTION_KERNELS = tuple(sorted({k for _, k in TABLES}))
 """Every fused attention kernel with published rates on some GPU generation (``compute.attention_kernel``)."""
 
@@ -139,13 +171,15 @@ def _interp_seq(values: tuple[float, ...], seq_len: float) -> float:
     return values[i - 1] + f * (values[i] - values[i - 1])
 
 
-def attention_fraction(arch: str, kernel: str, backward: bool, head_dim: int, seq_len: float) -> float:
-    """Fraction of dense 16-bit peak a causal fused attention kernel reaches (FlashAttention FLOP convention).
+def attention_fraction(arch: str, kernel: str, backward: bool, head_dim: int, seq_len: float,
+                       causal: bool = True) -> float:
+    """Fraction of dense 16-bit peak a fused attention kernel reaches (FlashAttention FLOP convention), with a
+    causal mask or (``causal=False``) none.
 
     Raises ``ValueError`` naming the valid kernels for an unknown ``(arch, kernel)``.
     """
     key = (_FALLBACK_ARCH.get(arch, arch), kernel)
-    table = TABLES.get(key)
+    table = (TABLES if causal else NO_MASK_TABLES).get(key)
     if table is None:
         raise ValueError(f"compute.attention_kernel: {kernel!r} has no published rates on {arch}; "
                          f"valid: {', '.join(kernels_for(arch)) or 'none (set compute.attention_efficiency)'}")

@@ -36,8 +36,12 @@ gemm_fp8_wgrad
 attention, attention_bwd
     :mod:`simulator.attention`: the published forward and backward rates of
     the fused kernel (FlashAttention-2/3, cuDNN) for the GPU generation, head
-    dimension and sequence length; ``attention_efficiency`` overrides them with
-    one flat fraction of peak for both passes.
+    dimension and sequence length (of the keys, ``shape[1]``), causal mask;
+    ``attention_efficiency`` overrides them with one flat fraction of peak for
+    both passes.
+attention_nomask, attention_nomask_bwd
+    the same without a mask (the papers' non-causal rates): ring attention's
+    off-diagonal steps.
 elementwise, fp8_cast, optimizer
     memory-bound: ``nbytes / (hbm_bandwidth · memory_efficiency)``; default
     0.85, what STREAM-like kernels reach on HBM2e/HBM3.
@@ -89,6 +93,9 @@ from .attention import ATTENTION_KERNELS, DEFAULT_KERNEL, attention_fraction, ke
 from .gemm import K_OVERHEAD, GemmModel, times
 
 _DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+_ATTENTION = {"attention": (False, True), "attention_bwd": (True, True),
+              "attention_nomask": (False, False), "attention_nomask_bwd": (True, False)}
+"""Fused attention categories -> (backward, causal mask) of the published rates they run at."""
 
 
 MIN_EFFICIENCY = 0.01
@@ -348,12 +355,13 @@ class ComputeModel:
                 m, n, k = op.shape
                 return gemm.achieved_flops(m, n, k, getattr(op, "batch", 1))
             return gemm.peak_flops * gemm.efficiency
-        if op.category in ("attention", "attention_bwd"):
+        if op.category in _ATTENTION:
             if self.attention_efficiency is not None:
                 return self.peak_flops * self.attention_efficiency
             seq, head_dim = (op.shape[1], op.shape[2]) if op.shape is not None else (4096, 128)
+            backward, causal = _ATTENTION[op.category]
             return self.peak_flops * attention_fraction(self.gpu.arch, self.fused_attention_kernel,
-                                                        op.category == "attention_bwd", head_dim, seq)
+                                                        backward, head_dim, seq, causal)
         return self.peak_flops * 0.5  # element-wise FLOPs are never the bound in practice
 
     def duration(self, op: Compute | Kernel) -> float:

@@ -13,10 +13,10 @@ import dataclasses
 import pytest
 
 from workloads.errors import ConfigError
-from workloads.flops import hardware_flops_per_step, layer_ops, model_flops_per_step
+from workloads.flops import hardware_flops_per_step, layer_ops, model_flops_per_step, ring_attention_steps
 from workloads.memory import activation_bytes_per_layer
 from workloads.models import get_preset, model_from_dict
-from workloads.parallel import ParallelConfig, TrainingSpec, parallel_from_dict, validate
+from workloads.parallel import ParallelConfig, RankLayout, TrainingSpec, parallel_from_dict, validate
 from workloads.training import training_step
 
 GPT = model_from_dict({"name": "g", "layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096,
@@ -320,12 +320,23 @@ def test_zero3_module_granularity_takes_selective_recomputes_inside_the_backward
 def test_context_parallel_recompute_ops_hold_only_recomputed_kernels():
     """Under CP the layer is cut at its attention kernels; a recomputed attention core's last ring step used
     to take the backward kernels after it into its ``R`` op (recompute time reported as backward's). Every
-    ``R`` op of a CP 2 step with ``core_attn`` recomputed now holds attention kernels only."""
+    ``R`` op of a CP 2 step with ``core_attn`` recomputed now holds attention kernels only: the ring's
+    steps and their merges (2026-12-05: :func:`~workloads.flops.ring_attention_steps`), nothing of the
+    backward."""
     m = dataclasses.replace(get_preset("llama3-8b"), layers=4)
     par = ParallelConfig(tp=2, cp=2, pp=2, dp=2, global_batch=8, sequence_parallel=True, recompute="selective")
     step = training_step(m, par, TrainingSpec(seq_len=8192))
     again = [op for op in step.graph.ops if op.kind == "compute" and op.name.startswith("R")]
-    assert again and {p.category for op in again for p in op.parts} == {"attention"}
+    assert again and {p.category for op in again for p in op.parts} == {"attention", "attention_nomask",
+                                                                          "elementwise"}
+    forward = next(o for o in layer_ops(m, 1, 8192, 2, cp=2).forward if o.category == "attention")
+    lay = RankLayout(par)
+    passes: dict = {}
+    for op in again:  # every (rank, pass, layer): the forward ring steps of the rank's CP index, in order
+        passes.setdefault((op.rank, op.name.split(".cp")[0]), []).extend(op.parts)
+    for (rank, _name), parts in passes.items():
+        steps = ring_attention_steps(forward, m, 1, 8192, 2, 2, lay.coords(rank).cp)
+        assert parts == [x.kernel() for s in steps for x in s]
 
 
 def test_out_of_memory_remedies_offer_the_modules_first_when_they_fit():

@@ -36,8 +36,10 @@ Counting conventions
   sequence's attention FLOPs. Ring attention (``p2p``) with causal load
   balancing (the sequence cut into ``2 cp`` chunks, rank ``i`` holding chunks
   ``i`` and ``2 cp - 1 - i``) gives every one of its ``cp`` ring steps the same
-  work: a block of ``s / cp`` queries and keys, the shape its rate is looked
-  up at; K and V of the whole sequence stream through HBM. ``all_gather``:
+  work: half of a block of ``s / cp`` queries and keys; K and V of the whole
+  sequence stream through HBM. The layer's kernel has the block's shape; the
+  generator runs it as :func:`ring_attention_steps` (the causal diagonal step,
+  the unmasked off-diagonal ones, the merges of their outputs). ``all_gather``:
   one kernel of the local queries over the whole sequence's keys. All-to-all
   (``a2a``, Ulysses) gives a rank ``heads / (t cp)`` heads over the whole
   sequence. The communication is the generator's.
@@ -84,7 +86,7 @@ __all__ = [
     "accumulate_gradients",
     "backward_of", "model_flops_per_step", "hardware_flops_per_step", "narayanan_flops_per_step",
     "fp8_weight_params", "fp8_gemm_modules", "base_name", "RECOMPUTED_KERNELS",
-    "ADAM_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM", "FP8_CAST_BYTES",
+    "ADAM_BYTES_PER_PARAM", "ADAM_FLOPS_PER_PARAM", "FP8_CAST_BYTES", "LSE_BYTES", "ring_attention_steps",
 ]
 
 FP8_CAST_BYTES = 4
@@ -382,6 +384,110 @@ def _attention_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: i
         *_linear("attn_out", tokens, h, q // t, d, fp8),
         _elementwise("attn_residual", 3 * rows * h, d),
     ]
+
+
+LSE_BYTES = 4
+"""Bytes per value of a fused attention kernel's softmax statistics (the log-sum-exp per query and head: fp32,
+the ``softmax_lse`` Transformer Engine's fused attention returns)."""
+
+
+def ring_attention_steps(op: LayerOp, model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int,
+                         rank: int, dtype_bytes: int = 2) -> list[list[LayerOp]]:
+    """The kernels of ring attention's ``cp`` steps on CP rank ``rank`` (its index in the CP group), in order,
+    as Transformer Engine runs them with a causal mask over the load-balanced split (``2 cp`` chunks, rank ``r``
+    holding ``r`` and ``2 cp - 1 - r``): ``AttnFuncWithCPAndKVP2P`` of
+    ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py`` (TE >= 2.2; Megatron-Core's
+    ``sbhd`` layout, 16-bit attention). ``op`` is the layer's ``attention`` (its forward, or the recomputed
+    one) or ``attention.bwd`` kernel of :func:`layer_ops` with ``cp_comm_type="p2p"``; item ``j`` holds step
+    ``j``'s kernels, the last also what runs after the loop.
+
+    Attention: every step does ``1 / cp`` of ``op``'s FLOPs (half of an ``s/cp × s/cp`` block) and bytes. The
+    diagonal step (forward ``i = 0``, the rank's own K, V; backward ``i = cp - 1``) runs the causal kernel
+    (``op``'s category) on ``(s/cp, s/cp)``; the others run without a mask (``attention_nomask[_bwd]``,
+    ``cp_p2p_fwd_fused_attn`` / ``cp_p2p_bwd_fused_attn``'s ``no_mask``): a block from an earlier rank
+    ("lower-triangle": forward ``1 <= i <= rank``, backward ``i >= cp - 1 - rank``) with all the queries over
+    the first half of its keys, shape ``(s/cp, s/(2cp))``; one from a later rank ("upper-triangle") with the
+    second half of the queries over all its keys, ``(s/(2cp), s/cp)``.
+
+    Merges (``elementwise``, memory-bound), over the rank's ``O = b s/cp a d_v / t`` output, ``Q``, ``K``, ``V``
+    elements (``dtype_bytes`` each) and ``L = b s/cp a / t`` statistics (:data:`LSE_BYTES` each); a copy
+    reads and writes (2 per element), an add reads both and writes (3), each slice its own kernel:
+
+    * forward, after step ``i``'s attention, step ``i - 1``'s statistics (the last step's after the loop):
+      ``torch.clone`` of the first (``2 L``), ``flash_attn_fwd_softmax_lse_correction`` (``3 L``; for an
+      upper step ``flash_attn_fwd_second_half_softmax_lse_correction``, ``3 L / 2``);
+    * forward, after the loop, each step's output: ``flash_attn_fwd_out_correction_init`` for step 0 (reads
+      its output and both statistics, writes the output: ``2 O + 2 L``), ``flash_attn_fwd_out_correction`` for
+      a lower step (reads the step's output and both statistics, reads and writes the output: ``3 O + 2 L``),
+      ``flash_attn_fwd_second_half_out_correction`` for an upper one (half of that);
+    * backward, after each step, its partial ``dq`` into ``dq_buffer`` and ``dk``, ``dv`` into the received
+      ``dkv`` (``copy_`` / ``add_`` on the whole tensor or one half, by section, as the code's branches).
+    """
+    check_int("cp", cp)
+    if not 0 <= rank < cp:
+        raise ConfigError(f"rank: {rank} is outside 0..{cp - 1}")
+    if op.shape is None:
+        raise ConfigError(f"{op.name}: ring attention needs a fused attention kernel with its shape")
+    backward = op.category == "attention_bwd"
+    qw, kw, vw, ow = model.attention_widths
+    tokens, d = micro_batch * seq_len // cp, dtype_bytes
+    q_el, k_el, v_el, o_el = (tokens * w / tp for w in (qw, kw, vw, ow))
+    lse = float(tokens * (model.heads // tp) * LSE_BYTES)  # bytes of the rank's statistics
+    full, half, hd = seq_len // cp, seq_len // (2 * cp), op.shape[2]
+    no_mask = "attention_nomask_bwd" if backward else "attention_nomask"
+    shapes = {"diagonal": (full, full, hd), "lower": (full, half, hd), "upper": (half, full, hd)}
+
+    def section(i: int) -> str:
+        if backward:
+            return "diagonal" if i == cp - 1 else "lower" if i >= cp - 1 - rank else "upper"
+        return "diagonal" if i == 0 else "lower" if i <= rank else "upper"
+
+    def attention(i: int) -> LayerOp:
+        where = section(i)
+        return LayerOp(f"{op.name}.{where}", op.category if where == "diagonal" else no_mask, op.flops / cp,
+                       op.nbytes / cp, shapes[where], op.batch, op.executed)
+
+    def merge(name: str, nbytes: float) -> LayerOp:
+        return LayerOp(f"{op.name}.{name}", "elementwise", 0.0, float(nbytes))
+
+    def copy(name: str, elements: float) -> LayerOp:
+        return merge(f"{name}_copy", 2 * elements * d)
+
+    def add(name: str, elements: float) -> LayerOp:
+        return merge(f"{name}_add", 3 * elements * d)
+
+    steps = [[attention(i)] for i in range(cp)]
+    if not backward:
+        def lse_merge(i: int) -> LayerOp:
+            return merge("lse_correction", 2 * lse if i == 0 else 3 * lse / (2 if section(i) == "upper" else 1))
+
+        def out_merge(i: int) -> LayerOp:
+            if i == 0:
+                return merge("out_correction", 2 * o_el * d + 2 * lse)
+            return merge("out_correction", (3 * o_el * d + 2 * lse) / (2 if section(i) == "upper" else 1))
+
+        for i in range(1, cp):
+            steps[i].append(lse_merge(i - 1))
+        steps[-1] += [lse_merge(cp - 1), *(out_merge(i) for i in range(cp))]
+        return steps
+    first_lower = cp - 1 - rank
+    for i, kernels in enumerate(steps):
+        where = section(i)
+        if i > first_lower:                 # dq.add_(dq_)
+            kernels.append(add("dq", q_el))
+        elif i == first_lower:
+            kernels += ([copy("dq", q_el)] if rank == cp - 1  # dq.copy_(dq_)
+                        else [copy("dq", q_el / 2), add("dq", q_el / 2)])  # dq[0].copy_(dq_[0]), dq[1].add_(dq_[1])
+        else:                               # dq[1].add_(dq_) (dq[1].copy_(dq_) at i = 0)
+            kernels.append(add("dq", q_el / 2) if i else copy("dq", q_el / 2))
+        for name, x in (("dk", k_el), ("dv", v_el)):
+            if where == "diagonal":         # dk[0].add_(dk_[0]), dk[1].copy_(dk_[1]) on rank 0; else dk.add_(dk_)
+                kernels += [add(name, x / 2), copy(name, x / 2)] if rank == 0 else [add(name, x)]
+            elif where == "lower":          # dk[0].add_(dk_) (dk[0].copy_(dk_) at i = 0 on rank cp - 1)
+                kernels.append(copy(name, x / 2) if i == 0 else add(name, x / 2))
+            else:                           # dk.add_(dk_) (dk.copy_(dk_) at i = 0)
+                kernels.append(add(name, x) if i else copy(name, x))
+    return steps
 
 
 def _mla_forward(model: ModelSpec, b: int, s: int, t: int, rows: int, d: int, causal: bool,

@@ -40,12 +40,14 @@ COLLECTIVE_KINDS = (
     "gather",
 )
 COMPUTE_CATEGORIES = ("gemm", "gemm_fp8", "gemm_fp8_wgrad", "attention", "attention_bwd", "elementwise",
-                      "activation", "fp8_cast", "scores", "optimizer", "fixed")
+                      "activation", "fp8_cast", "scores", "optimizer", "fixed", "attention_nomask",
+                      "attention_nomask_bwd")
 """Kernel kinds the hardware model times (:class:`simulator.compute.ComputeModel`): ``gemm_fp8`` is a GEMM on
 FP8 operands (at the GPU's FP8 rate), ``gemm_fp8_wgrad`` the weight-gradient GEMM of blockwise FP8 scaling
 (``training.fp8_recipe: blockwise``, at its own measured ceiling), ``fp8_cast`` a memory-bound FP8 cast /
 transpose / scale update, ``activation`` an MLP's fused activation (GeLU, SwiGLU), memory-bound at a measured rate
-of its own."""
+of its own; ``attention`` / ``attention_bwd`` a fused attention kernel with a causal mask, ``attention_nomask`` /
+``attention_nomask_bwd`` one without a mask (ring attention's off-diagonal steps)."""
 GEMM_CATEGORIES = ("gemm", "gemm_fp8", "gemm_fp8_wgrad")
 """The :data:`COMPUTE_CATEGORIES` that are GEMMs (timed by :mod:`simulator.gemm`'s wave/tile model)."""
 FP8_GEMM_CATEGORIES = ("gemm_fp8", "gemm_fp8_wgrad")

@@ -139,9 +139,17 @@ Context parallel (``parallel.cp``; Megatron-Core / Transformer Engine)
     local block, the middle ``cp - 2`` steps after it, and the last step (with
     the rest of the layer) once the ring has delivered every block, so the
     attention takes ``a + (cp - 1) max(a, c)`` for a step's compute ``a`` and a
-    block's transfer ``c``. Backward passes K, V and the partial dK, dV: the
-    ring carries twice the bytes; a recomputed attention core (selective or
-    full recomputation) makes its forward pass again. ``all_gather``: K and
+    block's transfer ``c``. The steps are Transformer Engine's
+    (:func:`~workloads.flops.ring_attention_steps`, by the rank's CP index):
+    the diagonal one causal, the others unmasked on half the queries or half
+    the keys, with the merges of their softmax statistics and outputs (forward)
+    or the accumulation of their dQ, dK, dV (backward). The CP ranks' programs
+    differ, and the ring, one collective, starts when the slowest arrives; a
+    lockstep representative, standing for its CP group, runs CP index
+    ``cp - 1``'s steps (every step on all its queries: the most merging, the
+    slowest member). Backward passes K, V and the partial dK, dV: the ring
+    carries twice the bytes; a recomputed attention core (selective or full
+    recomputation) makes its forward pass again. ``all_gather``: K and
     V all-gathered over CP before attention, blocking (backward: gathered
     again, then dK, dV reduce-scattered). ``a2a`` (Ulysses):
     all-to-alls of Q, K, V before attention and of the output after it
@@ -192,6 +200,7 @@ from .flops import (
     logits_ops,
     model_flops_per_step,
     optimizer_step_ops,
+    ring_attention_steps,
 )
 from .memory import stage_params
 from .models import ModelSpec
@@ -621,6 +630,8 @@ class _StepBuilder:
         self._sp_grad_bytes: dict[int, float] = {}
         self._chunk_layers: dict[tuple[int, int], list[int]] = {}
         self._cp_groups: dict[int, tuple[int, ...]] = {}
+        self._ring_cache: dict[tuple[LayerOp, int], list[list[Kernel]]] = {}
+        self._whole_cp_groups = False  # set by build(): a representative stands for its CP group (lockstep)
         self._fp8_weights: dict[tuple[int, int], tuple[float, float]] = {}
         self._fp8_gemms: dict[tuple[int, int], int] = {}  # (stage, chunk) -> its FP8 GEMMs (amax entries)
         self._node_patterns: dict[tuple[int, ...], tuple[list[int], tuple[int, ...]]] = {}  # EP group -> nodes
@@ -1786,6 +1797,17 @@ class _StepBuilder:
             group = self._cp_groups[rank] = self.layout.cp_group(rank)
         return group
 
+    def _ring_steps(self, op: LayerOp, cp_rank: int) -> list[list[Kernel]]:
+        """The kernels of ring attention's steps for ``op`` on CP rank ``cp_rank``
+        (:func:`~workloads.flops.ring_attention_steps`), built once per kernel and CP rank."""
+        key = (op, cp_rank)
+        found = self._ring_cache.get(key)
+        if found is None:
+            steps = ring_attention_steps(op, self.model, self.par.micro_batch, self.train.seq_len, self.t, self.cp,
+                                         cp_rank, self.dtype)
+            found = self._ring_cache[key] = [[x.kernel() for x in step] for step in steps]
+        return found
+
     def emit_cp(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
         """One layer's pass under context parallelism: its kernels in order, cut at every attention kernel
         (the forward's, a recomputed one, the backward's) by that kernel's CP communication."""
@@ -1852,12 +1874,12 @@ class _StepBuilder:
                 ring = g.collective_op(rank, "all_gather", group, kv_bytes * (2 if backward else 1),
                                        name=f"{name}.cp_ring{'_bwd' if backward else ''}", stream="cp", deps=anchor,
                                        traffic_class="cp", algorithm="ring", **tags)
-                step = Kernel(k.category, k.flops / cp, k.nbytes / cp, k.shape, k.batch)
-                compute([step], recomputed)
+                # (a lockstep representative stands for its whole CP group: CP index cp - 1's steps, the slowest)
+                steps = self._ring_steps(op, cp - 1 if self._whole_cp_groups else group.index(rank))
+                compute(steps[0], recomputed)
                 if cp > 2:
-                    compute([Kernel(k.category, k.flops * (cp - 2) / cp, k.nbytes * (cp - 2) / cp, k.shape,
-                                    k.batch)], recomputed)
-                buf.append(step)  # the last step waits for the ring, then the layer goes on
+                    compute([x for step in steps[1:-1] for x in step], recomputed)
+                buf.extend(steps[-1])  # the last step waits for the ring, then the layer goes on
                 state["recompute"], state["pending"] = recomputed, [ring]
             else:
                 q_kv = b * s / cp * (h + 2 * kv) / t * d  # this rank's Q, K, V (dQ, dK, dV) of its tokens
@@ -2622,6 +2644,7 @@ class _StepBuilder:
             # and column segments: see engine.lanes); under balanced routing its exchanges carry every EP
             # member's rows (:meth:`_group_matrices`).
             ranks = [r for r in ranks if lay.coords(r).tp == 0 and lay.coords(r).cp == 0 and lay.coords(r).dp < span]
+            self._whole_cp_groups = True
             block = lay.dp_group if self._whole_ep_groups else lay.expert_dp_group
             self.graph.replicas = {r: tuple(x for d in block(r) for c in lay.cp_group(d) for x in lay.tp_group(c))
                                    for r in ranks}
