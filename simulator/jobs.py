@@ -256,7 +256,9 @@ class JobsResult:
         ``step_time`` are the joint run's).
     jobs : pandas.DataFrame
         One row per job: ``job, nodes, gpus, steps, step_time_s`` (per step, together),
-        ``alone_step_time_s``, ``slowdown`` (together / alone, >= 1 up to rounding), ``slowdown_bound``
+        ``alone_step_time_s``, ``slowdown`` (together / alone: usually >= 1, but max-min sharing with a fixed
+        order of issue is not monotone, so another job's traffic can shift a job's flows into a slightly
+        faster order and read a fraction of a percent below 1), ``slowdown_bound``
         (module docstring), ``shared_links``, ``rank_offset``, ``span`` (when the job's last step ended, as a
         fraction of the joint run: below 1 the others ran alone after it).
     shared_links : pandas.DataFrame

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import math
 import os
+import struct
 import warnings
 import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from ..ops import Collective, Compute, Op, OpGraph, Recv, Send, is_size
+from . import wire
 from .read import ChakraWarning, scan
 from .schema import (
     COLLECTIVE_COMM_TYPES,
@@ -103,6 +104,7 @@ def write_chakra(graph: OpGraph, folder: str | Path, *, compute: DurationModel |
     if not prefix or "/" in prefix or "\\" in prefix or prefix.startswith("."):
         raise ChakraError(f"prefix: must be a plain file name prefix such as 'clustersim', got {prefix!r}")
     ops = graph.ops
+    checked: set[int] = set()
     for op in ops:  # everything that can be refused is refused before a file is written
         for d in op.deps:
             if ops[d].rank != op.rank:
@@ -111,7 +113,7 @@ def write_chakra(graph: OpGraph, folder: str | Path, *, compute: DurationModel |
         if isinstance(op, (Send, Recv)) and not 0 <= op.tag <= _INT32_MAX:
             raise ChakraError(f"rank {op.rank} op {op.id} {op.name!r}: tag {op.tag} does not fit Chakra's comm_tag "
                               f"(int32, 0..{_INT32_MAX})")
-        _check_values(op)
+        _check_values(op, checked)
     others = sorted({op.collective for op in ops if isinstance(op, Collective)} - set(ASTRA_SIM_COLLECTIVES))
     if others:
         warnings.warn(ChakraWarning(
@@ -171,40 +173,90 @@ _INT64_MAX = 2**63 - 1
 _UINT64_MAX = 2**64 - 1
 
 
-def _check_values(op: Op) -> None:
+def _check_values(op: Op, checked: set[int] | None = None) -> None:
     """Refuse, before any file is written, a value of ``op`` that Chakra's fields cannot hold: a negative or
     non-finite FLOP count, byte count or duration, or one beyond its integer field (``num_ops`` and
-    ``comm_size`` are int64, ``tensor_size`` and ``duration_micros`` uint64)."""
+    ``comm_size`` are int64, ``tensor_size`` and ``duration_micros`` uint64).
+
+    ``checked`` holds the ids of the kernel tuples (``parts``) and all-to-all splits already checked: generators
+    share a few among many ops, whose values are then checked once, not once per op."""
     if isinstance(op, Compute):
         fields = [("flops", op.flops, "num_ops", _INT64_MAX, 1.0),
                   ("nbytes", op.nbytes, "tensor_size", _UINT64_MAX, 1.0)]
         if op.duration_s is not None:
             fields.append(("duration_s", op.duration_s, "duration_micros", _UINT64_MAX, 1e6))
-        for k, part in enumerate(op.parts or ()):
-            fields += [(f"parts[{k}].flops", part.flops, None, 0, 1.0),
-                       (f"parts[{k}].nbytes", part.nbytes, None, 0, 1.0)]
+        if _unchecked(op.parts, checked):
+            for k, part in enumerate(op.parts):
+                fields += [(f"parts[{k}].flops", part.flops, None, 0, 1.0),
+                           (f"parts[{k}].nbytes", part.nbytes, None, 0, 1.0)]
     else:
         n = len(op.group) if isinstance(op, Collective) and op.collective in PER_RANK_INPUT else 1
         fields = [("nbytes", op.nbytes, "comm_size", _INT64_MAX * n, 1.0)]
-        if isinstance(op, Collective) and op.split is not None:
+        if isinstance(op, Collective) and _unchecked(op.split, checked):
             fields += [(f"split[{k}]", x, None, 0, 1.0) for k, x in enumerate(op.split)]
     for name, value, chakra_field, most, scale in fields:
         _check_value(op, name, value, chakra_field, most, scale)
 
 
+def _unchecked(values: tuple | None, checked: set[int] | None) -> bool:
+    """Whether ``values`` (a tuple, or None: nothing to check) is still to be checked; noted in ``checked``."""
+    if values is None:
+        return False
+    if checked is None:
+        return True
+    if id(values) in checked:
+        return False
+    checked.add(id(values))
+    return True
+
+
+_FITS_ANY_FIELD = 1e12
+"""A plain number in 0..this fits every field checked (times 1e6, the µs of a duration, it stays below 2**63)."""
+
+
 def _check_value(op: Op, name: str, value: float, chakra_field: str | None, most: int, scale: float) -> None:
     """One value of :func:`_check_values`: finite, non-negative and, times ``scale``, at most ``most``."""
-    where = f"write_chakra: rank {op.rank} op {op.id} {op.name!r}: {name}"
+    if (type(value) is float or type(value) is int) and 0 <= value <= _FITS_ANY_FIELD:
+        return  # (the usual case, decided without the checks below)
     if not is_size(value):  # (what the op graph's builders take)
-        raise ChakraError(f"{where} = {value!r}: must be a finite non-negative number")
+        raise ChakraError(f"{_where(op, name)} = {value!r}: must be a finite non-negative number")
     value = float(value)  # (numpy scalars and fractions, as the op graph takes them)
     if chakra_field is not None and round(value * scale) > most:
-        raise ChakraError(f"{where} = {value!r} does not fit Chakra's {chakra_field} (at most {most:,}"
+        raise ChakraError(f"{_where(op, name)} = {value!r} does not fit Chakra's {chakra_field} (at most {most:,}"
                           f"{' µs' if scale != 1.0 else ''})")
 
 
+def _where(op: Op, name: str) -> str:
+    """How an error of :func:`_check_value` names the value: file-free, by rank, op and field."""
+    return f"write_chakra: rank {op.rank} op {op.id} {op.name!r}: {name}"
+
+
+_NAMES = {name: wire.name(name) for name in ("is_cpu_op", "num_ops", "tensor_size", "comm_type", "comm_size",
+                                              "pg_name", "comm_src", "comm_dst", "comm_tag")} | {
+    name: wire.name(PREFIX + name) for name in ("op", "stream", "traffic_class", "layer", "micro_batch", "stage",
+                                                "stream_dep", "category", "flops", "nbytes", "shape", "duration_s",
+                                                "parts", "algorithm", "split", "holds_sms", "count", "part")}
+"""The ``name`` field of every node attribute written: Chakra's own names, and clustersim's under :data:`PREFIX`."""
+
+
+def _attr(name: str, value: bytes) -> bytes:
+    """``Node.attr`` entry ``name`` (a key of :data:`_NAMES`) holding ``value`` (:mod:`~workloads.chakra.wire`)."""
+    return wire.attr(_NAMES[name], value)
+
+
+_NOT_CPU = _attr("is_cpu_op", wire.bool_value(False))
+_STREAM_DEP = _attr("stream_dep", wire.bool_value(True))
+_HOLDS_SMS_0 = _attr("holds_sms", wire.int64_value(0))
+_COMP, _SEND, _RECV, _COLL = (NODE_TYPES.index(t) for t in ("COMP_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE",
+                                                            "COMM_COLL_NODE"))
+
+
 class _Writer:
-    """Turns one rank's ops into Chakra nodes (ids count from 0 in each file) and writes them."""
+    """Turns one rank's ops into Chakra nodes (ids count from 0 in each file) and writes them.
+
+    A node's bytes are put together by :mod:`workloads.chakra.wire` (the bytes protobuf serializes for it),
+    from pieces made once and reused: the attributes every op of a stream shares, a coarsened collective's
+    ``count`` nodes that differ only in id, dependency and part index."""
 
     def __init__(self, graph: OpGraph, groups: dict[tuple[int, ...], str], compute: DurationModel | None) -> None:
         self.graph = graph
@@ -213,12 +265,17 @@ class _Writer:
         self.C = classes()
         self.last_node: dict[int, int] = {}  # op id -> id of its (last) node
         self.durations: dict[tuple, float] = {}
+        self.same_parts: dict[int, tuple] = {}  # id(parts) -> the first equal tuple seen (hashed once)
+        self.first_parts: dict[tuple, tuple] = {}
+        self.stream_attrs: dict[tuple, bytes] = {}  # (stream, class, layer, micro_batch, stage, stream_dep) -> bytes
+        self.own: dict[tuple, Any] = {}  # an op's values (:func:`_exact`) -> the bytes of its own attributes
+        self.part_attrs: list[bytes] = []  # k -> attribute clustersim.part = k
 
     def write_rank(self, rank: int, ops: list[Op], fh: BinaryIO) -> None:
         """The GlobalMetadata, the process groups ``rank`` is in (a METADATA_NODE), then one node per op.
 
-        The nodes are written to memory first: the GlobalMetadata, which comes first in the file, records a
-        CRC-32 of their bytes (``clustersim.digest``), by which the reader tells a trace edited after it was
+        The nodes are put together in memory first: the GlobalMetadata, which comes first in the file, records
+        a CRC-32 of their bytes (``clustersim.digest``), by which the reader tells a trace edited after it was
         written (its ``clustersim.*`` attributes then no longer describe its Chakra fields), and their number
         (``clustersim.nodes``), by which it tells a file cut short at a node's end from an edited one."""
         C = self.C
@@ -237,34 +294,26 @@ class _Writer:
                     k = by_value[op.parts] = len(by_value)
                     _parts_table(meta, k, op.parts)
                 self.parts_index[id(op.parts)] = k
-        self.fh = nodes = io.BytesIO()
+        self.out: list[bytes] = []
         self.next_id = 0
         mine = sorted({op.group for op in ops if isinstance(op, Collective)}, key=lambda g: int(self.groups[g]))
         if mine:  # first: ASTRA-sim issues the ready nodes lowest id first, so the groups exist before they are used
             node = C["Node"](id=0, name="process_group:init", type=NODE_TYPES.index("METADATA_NODE"))
             pgs = [{"pg_name": self.groups[g], "ranks": list(g)} for g in mine]
             node.inputs.values = "['" + json.dumps(pgs, separators=(",", ":")) + "']"
-            self._emit(node)
+            self.out.append(frame(node))
+            self.next_id = 1
         last_on_stream: dict[str, int] = {}
         for op in ops:
             prev = last_on_stream.get(op.stream)
             last_on_stream[op.stream] = op.id
             self.add(op, prev)
-        body = nodes.getbuffer()
+        body = b"".join(self.out)
+        self.out = []
         meta.attr.add(name=PREFIX + "digest", int64_val=zlib.crc32(body))
         meta.attr.add(name=PREFIX + "nodes", int64_val=self.next_id)  # (how many: a file cut short is told apart)
         fh.write(frame(meta))
         fh.write(body)
-        del body
-
-    def _node(self, op: Op, type_name: str) -> Any:
-        node = self.C["Node"](id=self.next_id, name=op.name, type=NODE_TYPES.index(type_name))
-        self.next_id += 1
-        return node
-
-    def _emit(self, node: Any) -> None:
-        self.fh.write(frame(node))
-        self.next_id = max(self.next_id, node.id + 1)
 
     def add(self, op: Op, prev: int | None) -> None:
         """Write the node(s) of ``op``; ``prev`` is the op before it on its stream."""
@@ -275,97 +324,158 @@ class _Writer:
         if isinstance(op, Collective):
             self._collective(op, deps, stream_dep)
             return
-        node = self._node(op, "COMP_NODE" if isinstance(op, Compute) else
-                          "COMM_SEND_NODE" if isinstance(op, Send) else "COMM_RECV_NODE")
-        node.data_deps.extend(deps)
-        self._common(node, op, stream_dep)
+        node_id = self.next_id
+        self.next_id += 1
         if isinstance(op, Compute):
-            self._compute(op, node)
+            duration, attrs = self._compute(op)
+            node_type = _COMP
         else:
-            src, dst = (op.rank, op.peer) if isinstance(op, Send) else (op.peer, op.rank)
-            add = node.attr.add
-            add(name="comm_src", int32_val=src)
-            add(name="comm_dst", int32_val=dst)
-            add(name="comm_size", int64_val=_whole(op.nbytes))
-            add(name="comm_tag", int32_val=op.tag)
-            add(name=PREFIX + "nbytes", double_val=op.nbytes)
-        self._emit(node)
-        self.last_node[op.id] = node.id
+            duration, attrs = b"", self._point_to_point(op)
+            node_type = _SEND if isinstance(op, Send) else _RECV
+        body = b"".join((wire.head(node_id, op.name, node_type), wire.deps(deps), duration,
+                         self._common(op, stream_dep), attrs))
+        self.out += (wire.varint(len(body)), body)
+        self.last_node[op.id] = node_id
 
-    def _common(self, node: Any, op: Op, stream_dep: bool) -> None:
-        """``is_cpu_op`` and the clustersim fields every op has."""
-        add = node.attr.add
-        add(name="is_cpu_op", bool_val=False)
-        add(name=PREFIX + "op", int64_val=op.id)
-        add(name=PREFIX + "stream", string_val=op.stream)
-        add(name=PREFIX + "traffic_class", string_val=op.traffic_class)
-        for name in ("layer", "micro_batch", "stage"):
-            value = getattr(op, name)
-            if value != -1:
-                add(name=PREFIX + name, int64_val=value)
-        if stream_dep:
-            add(name=PREFIX + "stream_dep", bool_val=True)
+    def _common(self, op: Op, stream_dep: bool) -> bytes:
+        """``is_cpu_op`` and the clustersim fields every op has, as ``Node.attr`` bytes."""
+        key = (op.stream, op.traffic_class, op.layer, op.micro_batch, op.stage, stream_dep)
+        tail = self.stream_attrs.get(key)
+        if tail is None:
+            parts = [_attr("stream", wire.string_value(op.stream)),
+                     _attr("traffic_class", wire.string_value(op.traffic_class))]
+            for name in ("layer", "micro_batch", "stage"):
+                value = getattr(op, name)
+                if value != -1:
+                    parts.append(_attr(name, wire.int64_value(value)))
+            if stream_dep:
+                parts.append(_STREAM_DEP)
+            tail = b"".join(parts)
+            if type(op.layer) is int and type(op.micro_batch) is int and type(op.stage) is int:
+                self.stream_attrs[key] = tail  # (OpGraph's builders make them ints; anything else: not kept)
+        return _NOT_CPU + _attr("op", wire.int64_value(op.id)) + tail
 
-    def _compute(self, op: Compute, node: Any) -> None:
-        add = node.attr.add
-        add(name="num_ops", int64_val=_whole(op.flops))
-        add(name="tensor_size", uint64_val=_whole(op.nbytes))
-        add(name=PREFIX + "category", string_val=op.category)
-        add(name=PREFIX + "flops", double_val=op.flops)
-        add(name=PREFIX + "nbytes", double_val=op.nbytes)
+    def _point_to_point(self, op: Send | Recv) -> bytes:
+        """A send's or receive's own ``Node.attr`` bytes."""
+        src, dst = (op.rank, op.peer) if isinstance(op, Send) else (op.peer, op.rank)
+        key = ("point_to_point", _exact(src), _exact(dst), _exact(op.tag), _exact(op.nbytes))
+        attrs = self.own.get(key)
+        if attrs is None:
+            attrs = self.own[key] = b"".join((
+                _attr("comm_src", wire.int32_value(src)), _attr("comm_dst", wire.int32_value(dst)),
+                _attr("comm_size", wire.int64_value(_whole(op.nbytes))), _attr("comm_tag", wire.int32_value(op.tag)),
+                _attr("nbytes", wire.double_value(op.nbytes))))
+        return attrs
+
+    def _compute(self, op: Compute) -> tuple[bytes, bytes]:
+        """A compute op's ``duration_micros`` field (empty without one) and its own ``Node.attr`` bytes: made
+        once per distinct compute op (every rank of a stage runs the same kernels)."""
+        shape = op.shape
+        if shape is not None and not (type(shape) is tuple and all(type(x) is int for x in shape)):
+            shape = ("object", id(shape))  # (a float or a bool: written, or refused, as protobuf does, each time)
+        k = self.parts_index[id(op.parts)] if op.parts is not None else None
+        key = ("compute", op.category, _exact(op.flops), _exact(op.nbytes), shape, _exact(op.duration_s),
+               self._same_parts(op.parts), k)
+        made = self.own.get(key)
+        if made is None:
+            made = self.own[key] = self._compute_fields(op, k)
+        return made
+
+    def _compute_fields(self, op: Compute, k: int | None) -> tuple[bytes, bytes]:
+        """:meth:`_compute`'s bytes, made; ``k``: the index of the op's kernel table in this rank's file."""
+        parts = [_attr("num_ops", wire.int64_value(_whole(op.flops))),
+                 _attr("tensor_size", wire.uint64_value(_whole(op.nbytes))),
+                 _attr("category", wire.string_value(op.category)),
+                 _attr("flops", wire.double_value(op.flops)), _attr("nbytes", wire.double_value(op.nbytes))]
         if op.shape is not None:
-            add(name=PREFIX + "shape").int64_list.values.extend(op.shape)
+            parts.append(_attr("shape", wire.int64_list(op.shape)))
         if op.duration_s is not None:
-            add(name=PREFIX + "duration_s", double_val=op.duration_s)
-        if op.parts is not None:
-            add(name=PREFIX + "parts", int64_val=self.parts_index[id(op.parts)])
+            parts.append(_attr("duration_s", wire.double_value(op.duration_s)))
+        if k is not None:
+            parts.append(_attr("parts", wire.int64_value(k)))
         seconds = op.duration_s
         if seconds is None and self.compute is not None:
-            key = (op.category, op.flops, op.nbytes, op.shape, op.parts)
+            key = (op.category, op.flops, op.nbytes, op.shape, self._same_parts(op.parts))
             seconds = self.durations.get(key)
             if seconds is None:
                 seconds = self.durations[key] = self.compute.duration(op)
+        duration = b""
         if seconds is not None:
             if op.duration_s is None:  # the duration model's: checked here, the op's own in _check_values
                 _check_value(op, "duration (of the compute model)", seconds, "duration_micros", _UINT64_MAX, 1e6)
-            node.duration_micros = _whole(seconds * 1e6)
+            duration = wire.duration(_whole(seconds * 1e6))
+        return duration, b"".join(parts)
+
+    def _same_parts(self, parts: tuple | None) -> int | None:
+        """An id standing for ``parts``' value: the id of the first equal tuple seen (a generator shares a few
+        tuples of a hundred kernels among many ops; hashing the tuple once per object, not once per op)."""
+        if parts is None:
+            return None
+        first = self.same_parts.get(id(parts))
+        if first is None:
+            first = self.same_parts[id(parts)] = self.first_parts.setdefault(parts, parts)
+        return id(first)
 
     def _collective(self, op: Collective, deps: list[int], stream_dep: bool) -> None:
+        """The ``count`` chained nodes of a collective (one unless coarsened); parts 2, 3, ... differ from one
+        another only in id, dependency (the part before) and ``clustersim.part``."""
+        key = ("collective", op.collective, op.group, _exact(op.nbytes), op.algorithm,
+               None if op.split is None else id(op.split), bool(op.holds_sms), _exact(op.count))
+        own = self.own.get(key)
+        if own is None:
+            own = self.own[key] = self._collective_fields(op)
+        first = self.next_id
+        head = b"".join((wire.head(first, op.name, _COLL), wire.deps(deps), self._common(op, stream_dep), own))
+        if op.count == 1:
+            self.out += (wire.varint(len(head)), head)
+        else:
+            parts = self._parts(op.count)
+            head += parts[0]
+            self.out += (wire.varint(len(head)), head)
+            rest = self._common(op, False) + own  # parts 2, 3, ...: no stream dependency
+            self.out += wire.chain(first + 1, op.count - 1, wire.head(0, op.name, _COLL), rest, parts[1:op.count])
+        self.next_id = first + op.count
+        self.last_node[op.id] = self.next_id - 1
+
+    def _parts(self, count: int) -> list[bytes]:
+        """Attribute ``clustersim.part`` = k for k = 0 .. at least ``count - 1`` (a coarsened collective's
+        nodes), each made once."""
+        made = self.part_attrs
+        while len(made) < count:
+            made.append(_attr("part", wire.int64_value(len(made))))
+        return made
+
+    def _collective_fields(self, op: Collective) -> bytes:
+        """A collective's own ``Node.attr`` bytes (every part's but ``clustersim.part``)."""
         n = len(op.group)
         size = _whole(op.nbytes / n if op.collective in PER_RANK_INPUT else op.nbytes)
         comm_type = COLLECTIVE_COMM_TYPES.index(TO_COMM[op.collective])
-        node = template = None
-        for k in range(op.count):  # a coarsened op: `count` collectives back to back
-            if template is not None:  # parts 2, 3, ...: part 1 with its id, dependency and index changed
-                node = self.C["Node"]()
-                node.CopyFrom(template)
-                node.id = self.next_id
-                self.next_id += 1
-                node.data_deps[0] = node.id - 1
-                node.attr[-1].int64_val = k  # clustersim.part
-                self._emit(node)
-                continue
-            node = self._node(op, "COMM_COLL_NODE")
-            node.data_deps.extend(deps if k == 0 else [node.id - 1])
-            self._common(node, op, stream_dep and k == 0)
-            add = node.attr.add
-            add(name="comm_type", int64_val=comm_type)
-            add(name="comm_size", int64_val=size)
-            add(name="pg_name", string_val=self.groups[op.group])
-            add(name=PREFIX + "nbytes", double_val=op.nbytes)
-            if op.algorithm != "auto":
-                add(name=PREFIX + "algorithm", string_val=op.algorithm)
-            if op.split is not None:
-                add(name=PREFIX + "split").double_list.values.extend(op.split)
-            if not op.holds_sms:  # (userbuffers: its SMs are priced in the GEMMs beside it)
-                add(name=PREFIX + "holds_sms", int64_val=0)
-            if op.count > 1:
-                add(name=PREFIX + "count", int64_val=op.count)
-                add(name=PREFIX + "part", int64_val=k)
-            self._emit(node)
-            if k == 1:
-                template = node
-        self.last_node[op.id] = node.id
+        attrs = [_attr("comm_type", wire.int64_value(comm_type)), _attr("comm_size", wire.int64_value(size)),
+                 _attr("pg_name", wire.string_value(self.groups[op.group])),
+                 _attr("nbytes", wire.double_value(op.nbytes))]
+        if op.algorithm != "auto":
+            attrs.append(_attr("algorithm", wire.string_value(op.algorithm)))
+        if op.split is not None:
+            attrs.append(_attr("split", wire.double_list(op.split)))
+        if not op.holds_sms:  # (userbuffers: its SMs are priced in the GEMMs beside it)
+            attrs.append(_HOLDS_SMS_0)
+        if op.count > 1:
+            attrs.append(_attr("count", wire.int64_value(op.count)))
+        return b"".join(attrs)
+
+
+def _exact(x: object) -> object:
+    """A key standing for number ``x`` in the writer's caches, equal only where ``x`` is written alike: a
+    float's bytes (0.0 and -0.0 differ), an int or None itself, anything else (a numpy scalar, a Fraction) by
+    identity (the graph holds it)."""
+    if type(x) is float:
+        return _DOUBLE.pack(x)
+    if type(x) is int or x is None:
+        return x
+    return ("object", id(x))
+
+
+_DOUBLE = struct.Struct("<d")
 
 
 def _compute_settings(compute: DurationModel | None) -> dict[str, str]:
