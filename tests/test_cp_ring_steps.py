@@ -32,7 +32,7 @@ from simulator.experiment import experiment_from_dict, run_experiment
 from topologies import get_gpu
 from workloads.flops import layer_ops, ring_attention_steps
 from workloads.models import model_from_dict
-from workloads.parallel import ParallelConfig, TrainingSpec
+from workloads.parallel import ParallelConfig, RankLayout, TrainingSpec
 from workloads.training import training_step
 
 HEADS, KV_HEADS, HD = 8, 2, 128
@@ -133,6 +133,50 @@ def test_backward_accumulations_are_te_copies_and_adds(rank):
     steps = _steps(True, rank)
     for step, (dq, dk, dv) in zip(steps, BACKWARD[rank]):
         assert [x.nbytes for x in step[1:]] == pytest.approx(dq + dk + dv, rel=1e-12)
+
+
+def test_merges_scale_with_micro_batch_tensor_parallel_and_dtype():
+    """The generator's merges over one TP rank's heads (``a / t`` query, ``a_kv / t`` key heads) of a micro-batch of
+    ``b`` sequences in fp32: the hand counts above with ``b / t`` times the elements, 4-byte values, and the
+    statistics fp32 as always (b = 3, t = 2 so that neither factor can stand in for the other)."""
+    b, t, d = 3, 2, 4
+    q = b * BLOCK * HEADS // t * HD        # elements of a rank's Q (and O): s/cp tokens of b sequences, a/t heads
+    k = b * BLOCK * KV_HEADS // t * HD     # of its K (and V)
+    lse = b * BLOCK * HEADS // t * 4       # bytes of its statistics
+    par = ParallelConfig(tp=t, cp=CP, micro_batch=b, global_batch=b, sequence_parallel=True)
+    step = training_step(model_from_dict(MODEL), par, TrainingSpec(seq_len=S, dtype="fp32"))
+    lay = RankLayout(par)
+    ops = {(lay.coords(op.rank).cp, op.name): op.parts for op in step.graph.ops
+           if op.kind == "compute" and op.parts and lay.coords(op.rank).tp == 0}
+    for r in range(CP):
+        # forward steps 1 and 2 (op cp3): each merges the previous step's statistics (the first one cloned)
+        middle = [x.nbytes for x in ops[r, "F0.c0.L1.cp3"] if x.category == "elementwise"]
+        assert middle == pytest.approx([2 * lse, (3 if r >= 1 else 1.5) * lse], rel=1e-12)
+        # the last step (op cp4): steps 2 and 3's statistics, then every step's output after the loop
+        last = [x.nbytes for x in ops[r, "F0.c0.L1.cp4"][1:7]]
+        assert last == pytest.approx([(3 if r >= 2 else 1.5) * lse, (3 if r == 3 else 1.5) * lse,
+                                      2 * q * d + 2 * lse,
+                                      *((3 * q * d + 2 * lse) / (1 if i <= r else 2) for i in (1, 2, 3))], rel=1e-12)
+        # backward step 0 (op cp2): an upper step copies dq's second half and the whole dk, dv; CP index
+        # cp - 1's lower step the whole dq and dk, dv's first half
+        first = [x.nbytes for x in ops[r, "B0.c0.L1.cp2"] if x.category == "elementwise"]
+        copies = [q / 2, k, k] if r < CP - 1 else [q, k / 2, k / 2]
+        assert first == pytest.approx([2 * x * d for x in copies], rel=1e-12)
+
+
+def test_mha_backward_merges_most_on_cp_index_0_by_hand():
+    """With as many K, V heads as query heads (X bytes each of Q, K, V on a rank), TE's backward branches merge
+    (copy 2, add 3 per element) on CP index 0: step 0 dq[1] copy + dk, dv copy (1 + 2 + 2 X), the middle steps
+    dq[1] add + dk, dv add (1.5 + 3 + 3 X), the diagonal dq[0] copy, dq[1] add, dk, dv half add half copy
+    (2.5 + 2.5 + 2.5 X): 27.5 X at cp = 4; on index cp - 1: dq copy, dk[0], dv[0] copy (2 + 1 + 1 X), then dq
+    add, dk[0], dv[0] add (3 + 1.5 + 1.5 X), the diagonal all added (9 X): 25 X. (The lockstep representative,
+    index cp - 1, is not the most merging member here: docs/DESIGN.md, "Context parallelism".)"""
+    model = model_from_dict({**MODEL, "kv_heads": HEADS})
+    op = next(o for o in layer_ops(model, 1, S, cp=CP, cp_comm_type="p2p").backward if o.category == "attention_bwd")
+    x = BLOCK * HEADS * HD * 2
+    total = {r: sum(k.nbytes for step in ring_attention_steps(op, model, 1, S, 1, CP, r) for k in step[1:])
+             for r in (0, CP - 1)}
+    assert total == pytest.approx({0: 27.5 * x, CP - 1: 25 * x}, rel=1e-12)
 
 
 def _cp_kernels(cp, kind, **par):

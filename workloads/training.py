@@ -146,8 +146,10 @@ Context parallel (``parallel.cp``; Megatron-Core / Transformer Engine)
     or the accumulation of their dQ, dK, dV (backward). The CP ranks' programs
     differ, and the ring, one collective, starts when the slowest arrives; a
     lockstep representative, standing for its CP group, runs CP index
-    ``cp - 1``'s steps (every step on all its queries: the most merging, the
-    slowest member). Backward passes K, V and the partial dK, dV: the ring
+    ``cp - 1``'s steps (every step on all its queries: the most forward
+    merging; with GQA's narrow K, V the most backward merging too, while with
+    as many K, V heads as query heads index 0's whole dK, dV merge more: then
+    lockstep reads up to 0.08% below ``full``). Backward passes K, V and the partial dK, dV: the ring
     carries twice the bytes; a recomputed attention core (selective or full
     recomputation) makes its forward pass again. ``all_gather``: K and
     V all-gathered over CP before attention, blocking (backward: gathered
@@ -1874,7 +1876,8 @@ class _StepBuilder:
                 ring = g.collective_op(rank, "all_gather", group, kv_bytes * (2 if backward else 1),
                                        name=f"{name}.cp_ring{'_bwd' if backward else ''}", stream="cp", deps=anchor,
                                        traffic_class="cp", algorithm="ring", **tags)
-                # (a lockstep representative stands for its whole CP group: CP index cp - 1's steps, the slowest)
+                # (a lockstep representative stands for its whole CP group: CP index cp - 1's steps, the slowest but for
+                # MHA's backward merges: see the module docstring)
                 steps = self._ring_steps(op, cp - 1 if self._whole_cp_groups else group.index(rank))
                 compute(steps[0], recomputed)
                 if cp > 2:
