@@ -175,19 +175,29 @@ def bulk_flows(fabric, group: tuple[int, ...], nbytes: float, count: int = 1,
         # a fresh links array per flow: the network keys a flow's weights by the array (FlowNetwork.declare)
         plan = [(f.links.copy(), *w, f.latency, f.pairs) for f, w in zip(layout, weighed)]
     network = fabric.network
+    a2a = fabric.all_to_all_factor  # the network class's flows: wire bytes over this too
     specs = []
     if sizes is None:
         for links, values, latency, pairs, _moved, _largest in plan:
             payload = chunk * len(pairs)
             fabric._pairs[id(links)] = (links, pairs)
             network.declare(links, len(pairs), values)
-            specs.append((links, count * chunk / factor, count * (base + latency), count * payload))
+            f = factor * a2a if a2a != 1.0 and _crosses(pairs, servers) else factor
+            specs.append((links, count * chunk / f, count * (base + latency), count * payload))
     else:
         for links, weights, largest, payload, shares, latency, pairs in plan:
             fabric._pairs[id(links)] = (links, pairs, shares)
             network.declare(links, len(pairs), weights)
-            specs.append((links, count * largest / factor, count * (base + latency), count * payload))
+            f = factor * a2a if a2a != 1.0 and _crosses(pairs, servers) else factor
+            specs.append((links, count * largest / f, count * (base + latency), count * payload))
     return tuple(specs)
+
+
+def _crosses(pairs: AllToAllPairs, servers: np.ndarray) -> bool:
+    """Whether a flow's transfers are of the network class (their ends on different servers; every transfer
+    of a flow is of one class): its first transfer's."""
+    member, offset = np.argwhere(pairs._mask)[0]
+    return bool(servers[member] != servers[(member + offset) % len(servers)])
 
 
 def _weigh(values: np.ndarray, moved: np.ndarray, largest: float) -> tuple:

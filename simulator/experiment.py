@@ -8,7 +8,7 @@ Sections (every section may name a ``preset`` and override its fields)::
     parallel: {tp: 8, pp: 8, ...}                     # workloads.parallel.parallel_from_dict
     training: {seq_len: 2048, dtype: bf16}
     network:  {model: flow, step_latency: 2us, fidelity: fast, seed: 0, routing: ecmp, all_to_all: auto,
-               replica_sends: merged, pxn: true, channels: nccl}  # optional
+               replica_sends: merged, pxn: true, channels: nccl, all_to_all_efficiency: 0.85}  # optional
     fidelity: fast                                     # optional: fast | full | lockstep (see FIDELITIES)
     moe:      {routing: zipf, zipf_s: 1.2, capacity_factor: 1.25, seed: 0}  # optional, MoE token routing
     compute:  {matmul_efficiency: 0.75, attention_efficiency: 0.5, ...}     # optional
@@ -224,7 +224,7 @@ def _section(doc: Mapping, key: str) -> dict:
 
 def _network_from_dict(section: Mapping) -> NetworkConfig:
     valid = ("model", "step_latency", "fidelity", "seed", "bandwidth_efficiency", "routing", "all_to_all",
-             "replica_sends", "pxn", "channels")
+             "replica_sends", "pxn", "channels", "all_to_all_efficiency")
     unknown = unknown_keys(section, valid)
     if unknown:
         raise ConfigError(f"network.{unknown[0]}: unknown field; valid fields: {', '.join(valid)}")
@@ -246,6 +246,12 @@ def _network_from_dict(section: Mapping) -> NetworkConfig:
     if "pxn" in section:
         check_bool("network.pxn", section["pxn"])
         kwargs["pxn"] = section["pxn"]
+    if "all_to_all_efficiency" in section:
+        a2a = section["all_to_all_efficiency"]
+        if isinstance(a2a, bool) or not isinstance(a2a, (int, float)):
+            raise ConfigError(f"network.all_to_all_efficiency: must be a number in [0.01, 1] (a fraction of the "
+                              f"NIC's line rate), got {a2a!r}")
+        kwargs["all_to_all_efficiency"] = a2a
     if "bandwidth_efficiency" in section:
         eff = section["bandwidth_efficiency"]
         if isinstance(eff, Mapping):
@@ -581,6 +587,9 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
         notes.append(f"faults ({', '.join(fabric_faults)}) with fidelity {fidelity}: a representative's replicas "
                      f"run in step, so a faulted member's flows hold back the others it stands for (a degraded "
                      f"NVLink port of one TP member read +4.7% against full); re-check with fidelity: full")
+    if given("network", "all_to_all_efficiency") and not exp.network.nccl_latency:
+        notes.append("network.all_to_all_efficiency has no effect with network.step_latency given as a time; it "
+                     "is part of NCCL's model (step_latency: nccl)")
     if given("network", "channels") and not exp.network.nccl_latency:
         notes.append("network.channels has no effect with network.step_latency given as a time; it is NCCL's "
                      "channel count, part of NCCL's model (step_latency: nccl)")

@@ -24,6 +24,7 @@ from .bulk_alltoall import bulk_flows, under_one_switch
 from .collectives import AUTO_CANDIDATES, COLLECTIVE_ALGORITHMS, CollectiveError, Plan, Transfer, plan_collective
 from .compute import MIN_EFFICIENCY, is_fraction
 from .nccl import (
+    ALL_TO_ALL_NET_EFFICIENCY,
     BANDWIDTH_FACTOR,
     NIC_EFFICIENCY,
     PROTOCOLS,
@@ -158,6 +159,16 @@ class NetworkConfig:
         gradient norm's 4-byte all-reduce crosses one NIC of each server, not
         all of them. Only with NCCL's latency model (``step_latency: nccl``).
         ``"every_rail"``: every channel at every size (the model before).
+    all_to_all_efficiency : float or None
+        Fraction of a NIC's line rate the transfers of an all-to-all or
+        alltoallv (NCCL's, DeepEP's network hop) between servers reach:
+        ``None`` (default) :data:`~simulator.nccl.ALL_TO_ALL_NET_EFFICIENCY`
+        (0.85, read off nccl-tests ``alltoall_perf`` and DeepEP's published
+        bandwidths), below the 0.95 of rings. Such a transfer carries its
+        bytes over this fraction of the NIC tier's (``leaf``) efficiency more
+        wire bytes (as a protocol's factor does), at most none. Only with
+        NCCL's latency model (``step_latency: nccl``); pipeline sends and
+        every other collective keep the tier's efficiency.
     """
 
     model: str = "flow"
@@ -170,6 +181,7 @@ class NetworkConfig:
     replica_sends: str = "merged"
     pxn: bool = True
     channels: str = "nccl"
+    all_to_all_efficiency: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, Integral):
@@ -193,6 +205,10 @@ class NetworkConfig:
                              f"got {self.step_latency_s!r}")
         if self.fidelity not in ("fast", "full"):
             raise ValueError(f"network.fidelity: {self.fidelity!r} unknown; valid: fast, full")
+        a2a = self.all_to_all_efficiency
+        if a2a is not None and not is_fraction(a2a):
+            raise ValueError(f"network.all_to_all_efficiency: must be a fraction of the NIC's line rate in "
+                             f"[{MIN_EFFICIENCY:g}, 1], got {a2a!r}")
         eff = self.bandwidth_efficiency
         values = eff.items() if isinstance(eff, Mapping) else ([("", eff)] if eff is not None else [])
         for tier, v in values:
@@ -215,6 +231,20 @@ class NetworkConfig:
         if eff is not None and not isinstance(eff, Mapping):
             return float(eff)
         return gpu_nvlink_efficiency if tier == "nvlink" else NIC_EFFICIENCY
+
+    def all_to_all_factor(self) -> float:
+        """The share of the NIC tier's usable rate an all-to-all's transfer between servers reaches: its wire
+        bytes are its payload over this (and its protocol's factor). ``all_to_all_efficiency`` (default
+        :data:`~simulator.nccl.ALL_TO_ALL_NET_EFFICIENCY`) over the ``leaf`` tier's efficiency, at most 1; 1
+        under the uniform latency model (``step_latency_s`` given: no NCCL protocol factors either).
+
+        >>> round(NetworkConfig().all_to_all_factor(), 4), NetworkConfig(step_latency_s=1e-6).all_to_all_factor()
+        (0.8947, 1.0)
+        """
+        if not self.nccl_latency:
+            return 1.0
+        a2a = ALL_TO_ALL_NET_EFFICIENCY if self.all_to_all_efficiency is None else float(self.all_to_all_efficiency)
+        return min(1.0, a2a / self.tier_efficiency("leaf", 1.0))
 
 
 def _priced(kind: str, algorithm: str, nccl: bool = True) -> tuple[str, ...]:
@@ -263,6 +293,8 @@ class Fabric:
         self.usable_capacity = self.capacity * np.array([efficiency[t] for t in self.tier], dtype=float)
         self.network = backend(env, self.usable_capacity)
         self._servers = [graph.nodes[g]["server"] for g in cluster.gpus]
+        # an all-to-all's transfers between servers: wire bytes over this too (NetworkConfig.all_to_all_factor)
+        self.all_to_all_factor = self.config.all_to_all_factor()
         self._auto_cache: dict[tuple, str] = {}
         self._channel_limits: dict[tuple, int | None] = {}  # (kind, group, nbytes, algorithm) -> channel_limit
         self._estimate_cache: dict[tuple, list[float]] = {}  # plan shape (see _plan_shape) -> estimates
@@ -661,6 +693,8 @@ class Fabric:
         spans = self._spans_servers(plan.group) if self.config.nccl_latency else None
         costs = [self._costs(plan, p, spans) for p in protocols]
         factors = [BANDWIDTH_FACTOR[p] * self._tree_correction(plan, p) for p in protocols]
+        a2a = self.all_to_all_factor if plan.kind == "all_to_all" else 1.0
+        servers = self._servers
         totals = [c[0] if plan.phases else 0.0 for c in costs]
         latencies = list(totals)
         # What a phase's loads read is only its transfers' hops and labels (routes, capacities): a large phase's
@@ -687,6 +721,8 @@ class Fabric:
             worst = [0.0] * len(protocols)
             idle = [0.0] * len(protocols)
             for t, phys, per_byte in zip(phase, physs, per_bytes):
+                if a2a != 1.0 and servers[t.hops[0][0]] != servers[t.hops[0][1]]:
+                    per_byte /= a2a  # (an all-to-all's transfer between servers: all_to_all_factor)
                 for i, (c, f) in enumerate(zip(costs, factors)):
                     latency = self._step_latency(t, c, phys)
                     worst[i] = max(worst[i], latency + t.nbytes / f * per_byte)
@@ -822,6 +858,8 @@ class Fabric:
             i = self.protocols(plan).index(protocol)
             costs = (costs[0] + (totals[i] - idle[i]) * (1.0 - correction), costs[1], costs[2])
         grouped = self.config.all_to_all != "per_pair" and plan.kind == "all_to_all"
+        a2a = self.all_to_all_factor if plan.kind == "all_to_all" else 1.0
+        servers = self._servers
         # each transfer's (links, largest hop latency, hops): kept per skeleton unless grouped (a wave declares its
         # merged links to the network afresh)
         skeleton = self._skeleton(plan) if not grouped else [None, None]
@@ -849,11 +887,11 @@ class Fabric:
                 links, phys, n_hops = next(routes)
                 # (what _latency gives, from the hops looked up once rather than looked up again)
                 latency = base + count * step_latency(t, costs, phys)
-                specs.append((links, count * t.nbytes / factor, latency, count * t.nbytes * n_hops))
+                f = factor * a2a if a2a != 1.0 and servers[t.hops[0][0]] != servers[t.hops[0][1]] else factor
+                specs.append((links, count * t.nbytes / f, latency, count * t.nbytes * n_hops))
             if grouped:
                 # A wave: the transfers that start at one instant (equal latency), NVLink and network apart;
                 # "grouped" also needs equal sizes, "proportional" lets members of unequal sizes share.
-                servers = self._servers
                 equal = self.config.all_to_all != "proportional"  # bulk: as grouped where it does not apply
                 # (and, under spray, the same number of paths: members share one rate)
                 spread = self.spread

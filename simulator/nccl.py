@@ -154,6 +154,28 @@ that spans servers (``intraLat = max(intraLat, netOverhead)``, in tuning.cc's ri
 NIC_EFFICIENCY = 0.95
 """Fraction of a NIC's (and the fabric's) line rate NCCL reaches at large sizes (see the module table)."""
 
+ALL_TO_ALL_NET_EFFICIENCY = 0.85
+"""Fraction of a NIC's line rate an all-to-all's (or alltoallv's) transfers between servers reach at large
+sizes: below :data:`NIC_EFFICIENCY`, which rings reach. Published points (per-NIC rate = the bytes each GPU
+sends to other servers over the time, against the line rate):
+
+* Azure NDmv4, 2 x 8 A100, 8x HDR 200 Gb/s a node, NCCL 2.17.1, ``alltoall_perf`` 1 and 4 GiB: 37.80 and
+  37.81 GB/s bus bandwidth = 20.2 GB/s per 25 GB/s NIC, **0.807** (microsoft/mscclpp,
+  ``docs/performance-ndmv4.md``); on the same system all-gather reaches 186 of 200 (0.93) and MSCCL++'s
+  all-pairs all-gather 23.8 GB/s per NIC (0.95): the NIC is not the limit, NCCL's send/recv is.
+* 2 x 8 A100, 4x 200 Gb/s a node, NCCL 2.18.6, ``alltoall_perf`` 4 GiB: 19.83 GB/s bus bandwidth = 21.2
+  GB/s per 25 GB/s NIC, **0.846** (NVIDIA/nccl issue 1138: the proxy of PXN's sends sits on one GPU of
+  each NIC pair; moving it to the peer's local rank gave 20.71, 0.88).
+* DeepEP's normal kernels, H800 / SM90 with a CX7 400 Gb/s NIC each (deepseek-ai/DeepEP ``README.md``,
+  V2, EP 8x2: dispatch 90, combine 81 GB/s logical, half of it to the sender's own node: **0.90, 0.81**
+  of 50 GB/s; ``docs/legacy.md``, V1: EP32 58/57, EP64 51/50 GB/s with ~25% and ~12.5% local: **0.86-0.89**).
+
+0.85 is the middle of that range (0.81-0.90) and within 6% of each point. Not a fit to training throughput.
+Why NCCL's all-to-all loses it (NVIDIA/nccl issues 1138, 1272; ``NCCL_NCHANNELS_PER_NET_PEER``,
+``NCCL_P2P_NET_CHUNKSIZE``): each network peer gets 2 channels of 128 KiB chunks and one proxy thread per
+GPU posts every peer's messages in turn. One peer alone reaches the NIC: ``sendrecv_perf`` between nodes reads
+24.2 GB/s per 25 GB/s Slingshot NIC (issue 1272, 0.97), so pipeline sends keep :data:`NIC_EFFICIENCY`."""
+
 ALGORITHM_LATENCY_CLASS: Mapping[str, str] = {
     "ring": "ring", "hierarchical": "ring", "direct": "ring", "parameter_server": "ring", "tree": "tree",
 }
