@@ -186,3 +186,14 @@ def test_slowdown_bound_divides_by_the_usable_rate_as_the_readme_says():
         usable = 1 + float((others / (links["capacity_Bps"] * 0.5)).sum()) / alone
         assert row.slowdown_bound == pytest.approx(usable, rel=1e-12)
         assert row.slowdown_bound != pytest.approx(1 + float((others / links["capacity_Bps"]).sum()) / alone)
+
+
+# (review, hunt 6) a grid of whole parallel sections that leave dp out derives it per point
+def test_a_grid_of_parallel_sections_without_dp_shows_each_resolved_dp():
+    sections = [{"tp": tp, "pp": 2, "micro_batch": 4, "global_batch": 64, "sequence_parallel": True}
+                for tp in (2, 4)]
+    doc = _auto_dp_doc()
+    doc["parallel"]["dp"] = 4  # (the base's own dp: the sections replace it, leaving dp to be derived)
+    df = sweep(doc, {"parallel": sections}, jobs=1, progress=False, fidelity="screen")
+    assert (df["status"] == "ok").all()
+    assert sorted(df["parallel.dp"].tolist()) == [2, 4]  # 16 GPUs / (tp x pp 2)

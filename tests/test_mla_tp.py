@@ -120,3 +120,79 @@ def test_screen_prices_the_latents_at_their_widths():
     out = screen_experiment(exp)
     assert out["exposed_comm_by_class_s"]["tp"] == pytest.approx(MB * per_mb, rel=1e-12)
     assert out["step_time_s"] == pytest.approx(run_experiment(exp).step_time, rel=1e-9)
+
+
+# ---------------------------------------------------------------- review (hunt 6): branches the tests above missed
+def _rank0_tp(doc: dict, fidelity: str = "fast"):
+    """Rank 0's TP collectives (less the per-step sequence-parallel weight-gradient all-reduce)."""
+    r = run_experiment(experiment_from_dict(doc), force=True, fidelity=fidelity)
+    ops = r.ops
+    return ops[(ops["traffic_class"] == "tp") & (ops["name"] != "sequence_parallel_grad_sync") & (ops["rank"] == 0)]
+
+
+def _rank0_bytes(doc: dict) -> float:
+    tp = _rank0_tp(doc)
+    return float((tp["nbytes"] * tp["count"]).sum())
+
+
+def _per_rank(elements_per_token: int, tokens: int = S) -> float:
+    """``elements_per_token`` per layer and micro-batch over rank 0's ``tokens`` tokens, layers and micro-batches."""
+    return float(elements_per_token * tokens * D * LAYERS * MB)
+
+
+def test_context_parallel_latents_are_each_ranks_share_of_the_sequence():
+    # With CP each rank holds s/cp tokens (Megatron-Core splits the sequence before the layers): every TP
+    # collective, latents included, is b (s/cp) w, the same per-token counts as without CP.
+    doc = _doc(MLA, cp=2)
+    doc["cluster"]["gpus_per_node"] = TP * 2
+    assert _rank0_bytes(doc) == _per_rank(7 * H + 3 * RQ + 3 * RKV + 2 * ROPE, S // 2)
+
+
+def test_without_sequence_parallelism_full_recomputation_repeats_only_the_forwards_all_reduces():
+    # Without SP the forward communicates no latent (the up projections' inputs are replicated): the re-run
+    # forward all-reduces the output projection's and the MLP's b s h again; the backward all-reduces the MLP
+    # input's gradient and the two up projections' input gradients once.
+    assert _rank0_bytes(_doc(MLA, sp=False, recompute="full")) == _per_rank(2 * H + 2 * H + H + RQ + RKV)
+
+
+def test_zero3_units_keep_the_latents_once_per_pass():
+    # ZeRO-3 cuts a pass into its parameter units; the pass's TP collectives still run once (on its last piece)
+    doc = _doc(MLA, zero=3, dp=2, global_batch=2 * MB)
+    doc["cluster"]["gpus_per_node"] = TP * 2
+    assert _rank0_bytes(doc) == _per_rank(7 * H + 3 * RQ + 3 * RKV + 2 * ROPE)
+
+
+@pytest.mark.parametrize("sp, recompute, by_kind", [
+    # SP: forward gathers the MLP input (h) and the three latents, reduce-scatters the two row-parallel outputs;
+    # backward gathers their gradients (2 h), reduce-scatters the MLP input's (h) and the latents' gradients, and
+    # re-gathers the MLP input (h) and the two up projections' inputs (all-gathers too)
+    (True, "none", {"all_gather": (H + RQ + RKV + ROPE) + 2 * H + (H + RQ + RKV),
+                    "reduce_scatter": 2 * H + (H + RQ + RKV + ROPE)}),
+    # full recomputation adds the forward's collectives once more
+    (True, "full", {"all_gather": 2 * (H + RQ + RKV + ROPE) + 2 * H + (H + RQ + RKV),
+                    "reduce_scatter": 2 * 2 * H + (H + RQ + RKV + ROPE)}),
+    (False, "none", {"all_reduce": 2 * H + H + RQ + RKV}),
+])
+def test_each_collective_kind_by_hand(sp, recompute, by_kind):
+    tp = _rank0_tp(_doc(MLA, sp=sp, recompute=recompute))
+    got = (tp["nbytes"] * tp["count"]).groupby(tp["collective"]).sum().to_dict()
+    assert got == {kind: _per_rank(n) for kind, n in by_kind.items()}
+
+
+def test_screen_prices_the_latent_regathers_where_they_outlast_the_backward():
+    # NVLink at 2% of its rate: the backward's re-gathers (the MLP input's b s h and the two latents, on their own
+    # stream) outlast the backward's compute, and the pass's blocking collectives wait for them. The screen adds
+    # what is left of them, as fast runs it (fast's step, to the last bits, as in the test above).
+    doc = {**_doc(MLA), "compute": {"comm_sms": 0, "p2p_sms": 0},
+           "network": {"bandwidth_efficiency": {"nvlink": 0.02}}}
+    exp = experiment_from_dict(doc)
+    fabric, groups = _fabric(exp), [(0, 1)]
+
+    def cost(kind, width):
+        return collective_time(fabric, kind, groups, float(S * width * D))
+
+    blocking = LAYERS * (3 * cost("all_gather", H) + 3 * cost("reduce_scatter", H) + sum(
+        cost("all_gather", w) + cost("reduce_scatter", w) for w in (RQ, RKV, ROPE)))
+    out = screen_experiment(exp)
+    assert out["exposed_comm_by_class_s"]["tp"] > MB * blocking * 1.01  # the re-gathers are exposed
+    assert out["step_time_s"] == pytest.approx(run_experiment(exp).step_time, rel=1e-9)

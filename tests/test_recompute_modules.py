@@ -361,3 +361,52 @@ def test_out_of_memory_remedies_offer_the_modules_first_when_they_fit():
         "parallel.recompute: full"]
     assert all(m.total <= 90e9 for _what, m in remedies)
     assert remedies[0][1].total == entry.memory().total
+
+
+# ---------------------------------------------------------------- review (hunt 6): the expert grid, shared halves
+def _moe_breakdown(model, modules, parallel, moe=None, fidelity="full"):
+    from simulator.experiment import experiment_from_dict, run_experiment
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": dict(model),
+           "parallel": {"pp": 1, "micro_batch": 1, "global_batch": 16, "recompute": "selective",
+                        "recompute_modules": list(modules), **parallel},
+           "training": {"seq_len": 2048}, "moe": {"routing": "balanced", **(moe or {})},
+           "options": {"embedding_and_loss": False}}
+    return run_experiment(experiment_from_dict(doc), fidelity=fidelity).time_breakdown()
+
+
+def _kernel_seconds(model, seq, names):
+    """Seconds of one forward run of ``model``'s layer-0 kernels ``names`` over ``seq`` tokens (b 1, tp 1), each
+    on an H100 alone."""
+    from simulator.compute import ComputeModel
+    from topologies import get_gpu
+    cm = ComputeModel(get_gpu("H100-SXM"))
+    fwd = {o.name: o.kernel() for o in layer_ops(model_from_dict(model), 1, seq, 1, layer=0).forward}
+    return sum(cm.duration(fwd[n]) for n in names)
+
+
+@pytest.mark.parametrize("fidelity", ["full", "lockstep"])
+def test_moe_act_on_an_expert_grid_is_recompute(fidelity):
+    """etp 1 under tp 2 (Megatron-Core's expert grid: the experts' kernels are built for etp, not tp): each rank
+    dispatches its s/tp sequence-parallel tokens' k slots over EP 8 and, balanced, its one expert gets b (s/tp) k
+    slots back, the activation of a tp-1 layer over s/tp tokens. 4 micro-batches (global batch 16 over dp 4) x 2
+    layers of it are recompute; the backward is the step's without moe_act."""
+    grid = {"tp": 2, "dp": 4, "ep": 8, "etp": 1, "sequence_parallel": True}
+    got = _moe_breakdown(SMALL_MOE, ("moe_act",), grid, fidelity=fidelity)
+    plain = _moe_breakdown(SMALL_MOE, (), grid)
+    assert _recompute(got).to_numpy() == pytest.approx(
+        [4 * 2 * _kernel_seconds(SMALL_MOE, 2048 // 2, ["experts_activation"])] * len(got), rel=1e-12)
+    assert got["backward"].to_numpy() == pytest.approx([plain["backward"].iloc[0]] * len(got), rel=1e-12)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_layernorm_beside_shared_experts_is_recompute(overlap):
+    """A shared expert, run beside the all-to-alls under ``moe.shared_expert_overlap`` (its kernels taken out of
+    the pieces before and after the exchanges): the norms re-run in those pieces are still recompute, 2
+    micro-batches x 2 layers of the input and the pre-MLP norm, and the backward is the step's without them."""
+    shared = dict(SMALL_MOE, shared_experts=1)
+    par, moe = {"tp": 1, "dp": 8, "ep": 8}, {"shared_expert_overlap": overlap}
+    got = _moe_breakdown(shared, ("layernorm",), par, moe)
+    plain = _moe_breakdown(shared, (), par, moe)
+    assert _recompute(got).to_numpy() == pytest.approx(
+        [2 * 2 * _kernel_seconds(shared, 2048, ["input_norm", "mlp_norm"])] * len(got), rel=1e-12)
+    assert got["backward"].to_numpy() == pytest.approx([plain["backward"].iloc[0]] * len(got), rel=1e-12)
