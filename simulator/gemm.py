@@ -54,7 +54,12 @@ terms, each with where it comes from:
   1280×4096×12032 on H200: 160 tiles, 1.2 waves), which a wave-quantised
   kernel could not reach (it would run 3 and 2 full waves, 73% and 61% of its
   rate), while 16-bit's best shape (2048×2048×13312: 128 tiles) is one full
-  wave. 16-bit GEMMs keep the wave model, which their published timings fit.
+  wave. 16-bit GEMMs keep the wave model, which their published timings fit:
+  cuBLAS's FP16 sweep on an H100 from 2048³ to 3072³ (triton-lang/triton#3672)
+  reads 3.8% under it on average and 31% under a stream-K schedule. So where
+  a 16-bit GEMM's last wave is partial, FP8 can run more than the peaks' 2x
+  its rate (2.7x at 4096×1280×8192): the two measured schedules, not one
+  kernel's mechanics disagreeing (docs/DESIGN.md, "FP8 over BF16").
 
 The operand traffic to HBM (the memory roofline) and the per-kernel launch
 cost are the caller's (:class:`simulator.compute.ComputeModel`).

@@ -25,6 +25,10 @@ TRITON   cuBLAS columns of Triton's matmul tutorial benchmarks, ``torch.matmul``
 VLLM     vllm-project/vllm PR #49363, "H100 benchmarks", ``torch-bf16`` column; FP8:
          its ``fp8-tensor-w-tensor-a-noquant`` column (per-tensor scaled FP8 GEMM,
          quantisation excluded), N=12288 K=5376.
+F8EXP    meta-pytorch/float8_experimental pull requests #38 (2023-08-18, "add simple benchmark for single GPU LLaMa
+         70B shapes") and #100 (2023-09-19, ``benchmarks/bench_matmul.py``): ``torch.mm`` (BF16) against
+         ``torch._scaled_mm`` (FP8, cuBLASLt) on an H100, LLaMa-2 70B's linear layers at 16384 tokens, seconds per
+         GEMM; shapes printed (M, K, N).
 DEEPGEMM deepseek-ai/DeepGEMM pull request #95, "Weight gradient kernels for dense and MoE models"
          (2025-05-06, merged as commit 04278f6): ``wgrad_gemm_fp8_fp8_fp32_nt`` ("Weight gradient GEMMs
          for dense models" table) and ``k_grouped_wgrad_gemm_fp8_fp8_fp32_nt`` (its MoE rows as issue #107
@@ -233,6 +237,49 @@ def test_fp8_speedup_on_large_gemms_is_the_ratio_of_the_two_mamf_measurements():
     for m, n, k in ((8192, 8192, 8192), (16384, 8192, 7168), (4096, 12288, 12288)):
         assert fp8_gemm_tflops(H100, m, n, k) / gemm_tflops(H100, m, n, k) == pytest.approx(1402.6 / 794.5,
                                                                                            rel=0.05)
+
+
+# F8EXP: (name, M, K, N, seconds of (BF16, FP8) in PR #38, the same in PR #100)
+F8EXP_LLAMA2_70B = [("attn.wqkv", 16384, 8192, 1280, (6.04e-4, 2.43e-4), (6.22e-4, 2.44e-4)),
+                    ("attn.w0", 16384, 1024, 8192, (5.00e-4, 2.51e-4), (4.99e-4, 2.57e-4)),
+                    ("ffn.w13", 16384, 8192, 7168, (3.57e-3, 1.39e-3), (3.445e-3, 1.470e-3)),
+                    ("ffn.w2", 16384, 3584, 8192, (1.59e-3, 7.45e-4), (1.628e-3, 7.00e-4))]
+
+
+@pytest.mark.parametrize("name, m, k, n, first, second", F8EXP_LLAMA2_70B)
+def test_fp8_gemms_at_training_shapes_against_cublaslt_measurements(name, m, k, n, first, second):
+    # FP8 (cuBLASLt) at four training shapes, 1070-1414 TFLOP/s: each run within 7% (the model reads 1104-1357).
+    # Their BF16 column (539-605 TFLOP/s) is not a reference: the same library's BF16 kernels of mid-2023 ran
+    # 17-28% under the 2024 stack's measurements at shapes of this size (SMOL's 714-758), so its FP8/BF16 ratios
+    # (1.94-2.57) measure that library's BF16, not the hardware (docs/DESIGN.md, "FP8 over BF16").
+    flops = 2.0 * m * n * k
+    for _bf16_s, fp8_s in (first, second):
+        assert fp8_gemm_tflops(H100, m, n, k) == pytest.approx(flops / fp8_s / 1e12, rel=0.07), name
+
+
+# TRITON #3672 (2024-04-16): the cuBLAS column of Triton's matmul tutorial on an H100, torch.matmul FP16, every
+# size from 2048^3 to 3072^3 in steps of 128 (TFLOP/s): a saw-tooth, partial last waves included.
+TRITON_3672_SWEEP = [(2048, 511.3), (2176, 466.3), (2304, 521.4), (2432, 518.5), (2560, 533.4), (2688, 433.4),
+                     (2816, 616.5), (2944, 573.9), (3072, 584.7)]
+
+
+def test_16_bit_gemms_keep_wave_quantisation_as_a_published_cublas_sweep_shows():
+    """Why the 16-bit model has no stream-K schedule while FP8's has (simulator/gemm.py): over this sweep the
+    wave model reads 3.8% fast on (geometric) average; with stream-K it would read 31% fast, every size 18-59%
+    (its partial last waves cost cuBLAS what the wave model charges). So BF16 keeps its partial waves, and an
+    FP8/BF16 ratio above the peaks' 2 where BF16's last wave is partial (4096x1280x8192: 2.7) is the two
+    measured schedules, not a disagreement of one kernel's mechanics (docs/DESIGN.md, "FP8 over BF16")."""
+    import math
+    wave = [gemm_tflops(H100, n, n, n) / measured for n, measured in TRITON_3672_SWEEP]
+    assert math.exp(sum(map(math.log, wave)) / len(wave)) == pytest.approx(1.0, abs=0.10)
+    streamed = ComputeModel(H100, sustained_clock_fraction=1.0)
+    streamed.__dict__["gemm"] = replace(streamed.gemm, stream_k=True)  # (the counterfactual 16-bit schedule)
+    fast = []
+    for n, measured in TRITON_3672_SWEEP:
+        flops = 2.0 * n ** 3
+        seconds = streamed.duration(Kernel("gemm", flops, 6.0 * n * n, (n, n, n)))
+        fast.append(flops / seconds / 1e12 / measured)
+    assert min(fast) > 1.15 and math.exp(sum(map(math.log, fast)) / len(fast)) > 1.2
 
 
 def test_fp8_training_runs_attention_and_other_gemms_at_the_bf16_rate():
