@@ -241,7 +241,7 @@ def print_summary(result, file=None) -> None:
         print(f"  MFU                  {s['mfu'] * 100:.1f} %   ({s['tflops_per_gpu']:.0f} TFLOP/s per GPU, "
               f"{s['hardware_tflops_per_gpu']:.0f} with recompute{of})", file=out)
         print(f"  pipeline bubble      {s['bubble_fraction'] * 100:.1f} % of the pipeline window"
-              f"   ({s['num_micro_batches']} micro-batches)", file=out)
+              f"   ({s['num_micro_batches']} micro-batch{'es' if s['num_micro_batches'] != 1 else ''})", file=out)
         mem = s["memory_breakdown_bytes"]
         over = "" if s.get("fits_in_memory", True) else "   does not fit in the GPU (simulated with --force)"
         print(f"  memory per GPU       {s['memory_per_gpu_bytes'] * gb:.1f} GB (params {mem['parameters'] * gb:.1f}"

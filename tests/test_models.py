@@ -20,6 +20,36 @@ def test_total_params_match_published(name, published, rel):
     assert get_preset(name).total_params() == pytest.approx(published, rel=rel)
 
 
+@pytest.mark.parametrize("name, published", [
+    ("llama2-70b", 68_976_648_192),      # HF meta-llama/Llama-2-70b-hf: sum of parameter numels
+    # HF bigscience/bloom: 176,247,271,424, less the embedding LayerNorm (2 x 14336) the preset leaves out
+    ("bloom-176b", 176_247_271_424 - 2 * 14336),
+])
+def test_total_params_exact(name, published):
+    assert get_preset(name).total_params() == published
+
+
+@pytest.mark.parametrize("name, embedding, non_embedding", [
+    ("nemotron4-15b", 3.2e9, 12.5e9),    # arXiv:2402.16819, Table 1
+    ("nemotron4-340b", 9.4e9, 331.6e9),  # arXiv:2406.11704, Table 1
+])
+def test_nemotron4_split_matches_published(name, embedding, non_embedding):
+    m = get_preset(name)
+    assert m.embedding_params() == pytest.approx(embedding, rel=0.02)
+    assert m.total_params() - m.embedding_params() == pytest.approx(non_embedding, rel=0.005)
+
+
+@pytest.mark.parametrize("name, total, active, rel", [
+    ("mixtral-8x22b", 141e9, 39e9, 0.01),      # mistral.ai/news/mixtral-8x22b: 141B total, 39B active
+    ("opt-175b", 175e9, 175e9, 0.01),          # Zhang et al. 2022, Table 1
+    ("mt-nlg-530b", 530e9, 530e9, 0.005),      # Smith et al. 2022: 530B
+])
+def test_published_run_presets_match(name, total, active, rel):
+    m = get_preset(name)
+    assert m.total_params() == pytest.approx(total, rel=rel)
+    assert m.active_params() == pytest.approx(active, rel=rel)
+
+
 def test_gpt2_small_is_exact():
     # HF `gpt2`: sum(p.numel() for p in model.parameters()) == 124,439,808
     assert get_preset("gpt2-small").total_params() == 124_439_808

@@ -459,6 +459,41 @@ PRESETS: dict[str, ModelSpec] = {
     "qwen3-235b-a22b": ModelSpec("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, gated_mlp=True,
                                  tied_embeddings=False, experts=128, top_k=8, moe_ffn_hidden=1536,
                                  max_seq_len=40960, kv_channels=128, dropout=0.0),
+    # Mistral AI 2024 (mistral.ai/news/mixtral-8x22b: 141B total, 39B active); HF
+    # mistral-community/Mixtral-8x22B-v0.1 config.json: 56 layers, hidden 6144, 48 heads / 8 KV heads,
+    # intermediate 16384, 8 experts top-2, vocab 32000 (the Instruct release's 32768 adds 768 rows),
+    # untied, max_position_embeddings 65536; NeMo's MixtralConfig8x22B has the same shapes.
+    "mixtral-8x22b": ModelSpec("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32000, gated_mlp=True,
+                               tied_embeddings=False, experts=8, top_k=2, moe_ffn_hidden=16384,
+                               max_seq_len=65536, dropout=0.0),
+    # Touvron et al. 2023 (arXiv:2307.09288); HF meta-llama/Llama-2-70b-hf config.json: 80 layers, hidden
+    # 8192, 64 heads / 8 KV heads, intermediate 28672, vocab 32000, untied, 4,096-token context
+    # (68,976,648,192 parameters).
+    "llama2-70b": ModelSpec("llama2-70b", 80, 8192, 64, 8, 28672, 32000, gated_mlp=True,
+                            tied_embeddings=False, max_seq_len=4096, dropout=0.0),
+    # NVIDIA 2024, Nemotron-4 15B (arXiv:2402.16819, Table 1) and 340B (arXiv:2406.11704, Table 1);
+    # NeMo nemo/collections/llm/gpt/model/nemotron.py Nemotron4Config15B / Nemotron4Config340B: squared-ReLU
+    # MLP (two matrices, not gated), GQA with 8 KV heads, RoPE, no linear biases, untied embeddings,
+    # vocab 256000, 4,096-token sequences, dropout 0. Its LayerNorms carry a bias (h more per norm than
+    # the RMSNorm counted here: 0.001% of the parameters).
+    "nemotron4-15b": ModelSpec("nemotron4-15b", 32, 6144, 48, 8, 24576, 256000, gated_mlp=False,
+                               tied_embeddings=False, max_seq_len=4096, dropout=0.0),
+    "nemotron4-340b": ModelSpec("nemotron4-340b", 96, 18432, 96, 8, 73728, 256000, gated_mlp=False,
+                                tied_embeddings=False, max_seq_len=4096, dropout=0.0),
+    # BigScience 2022 (arXiv:2211.05100); HF bigscience/bloom config.json and the training script
+    # bigscience-workshop/bigscience train/tr11-176B-ml: 70 layers, hidden 14336, 112 heads, vocab 250880
+    # (padded), tied embeddings, linear biases and LayerNorms, ALiBi (no position parameters), sequence 2048.
+    # The embedding LayerNorm (2h) is left out: 176,247,242,752 of HF's 176,247,271,424 parameters.
+    "bloom-176b": ModelSpec("bloom-176b", 70, 14336, 112, 112, 57344, 250880, gated_mlp=False,
+                            tied_embeddings=True, max_seq_len=2048, bias=True),
+    # Zhang et al. 2022 (arXiv:2205.01068, Table 1); metaseq / HF OPT configs: 96 layers, hidden 12288,
+    # 96 heads, ffn 49152 (ReLU), vocab 50272, tied, biases, LayerNorm, learned positions of 2048 tokens
+    # (OPT's table has 2 more rows for its padding offset, left out).
+    "opt-175b": ModelSpec("opt-175b", 96, 12288, 96, 96, 49152, 50272, gated_mlp=False, tied_embeddings=True,
+                          max_seq_len=2048, bias=True, learned_positions=True),
+    # Megatron-Turing NLG 530B, Smith et al. 2022 (arXiv:2201.11990, section 3.1): 105 layers, hidden
+    # 20480, 128 heads, sequence 2048, GPT-2 BPE vocabulary padded to 51200 as Megatron-LM does (as gpt3-175b).
+    "mt-nlg-530b": _gpt("mt-nlg-530b", 105, 20480, 128, 51200, 2048),
 }
 
 

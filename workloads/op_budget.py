@@ -59,13 +59,15 @@ class OpBudget:
     """Watches an :class:`~workloads.ops.OpGraph` as the programs of ``ranks`` ranks are built into it.
 
     The builder calls :meth:`check` before each action of a rank's schedule and :meth:`rank_done` after each
-    rank. ``limit`` None never raises.
+    rank. ``limit`` None never raises. ``lockstep_helps`` False leaves :data:`LOCKSTEP_HINT` out of the refusal:
+    the step already runs one rank per stage, or would simulate these same ranks in lockstep.
     """
 
-    def __init__(self, limit: int | None, ranks: int, graph: OpGraph) -> None:
+    def __init__(self, limit: int | None, ranks: int, graph: OpGraph, lockstep_helps: bool = True) -> None:
         self.limit = limit
         self.ranks = ranks
         self.graph = graph
+        self.lockstep_helps = lockstep_helps
         self.done = 0  # ranks built
         self.start = len(graph.ops)  # ops when the rank in progress began
 
@@ -104,4 +106,4 @@ class OpBudget:
             f"the step would have ~{ops:,.0f} ops ({self.ranks:,} simulated ranks x ~{per_rank:,.0f}), over "
             f"the limit of {self.limit:,} (~{ops * BYTES_PER_OP / 1e9:,.1f} GB of memory and ~{minutes:,.1f} "
             f"min of CPU to simulate); fewer micro-batches (parallel.global_batch) or fewer model.layers make it "
-            f"smaller{LOCKSTEP_HINT}", ops, self.limit)
+            f"smaller{LOCKSTEP_HINT if self.lockstep_helps else ''}", ops, self.limit)

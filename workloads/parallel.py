@@ -695,6 +695,24 @@ def _check_stages(model: ModelSpec, parallel: ParallelConfig) -> None:
                           f"{middle} other stage(s) x virtual_stages={v}")
 
 
+def _end_chunks_hint(layers: int, p: int, v: int) -> str:
+    """The ``parallel.stage_layers`` of Megatron-Core's ``account_for_embedding_in_pipeline_split`` and
+    ``account_for_loss_in_pipeline_split`` (the embedding and the loss each take a layer's place: ``layers + 2``
+    split into ``p * v`` equal chunks, the model's first and last chunk one layer short), as the hint's clause;
+    "" where ``layers + 2`` does not split so or there is no pipeline."""
+    chunks = p * v
+    if p < 2 or (layers + 2) % chunks:
+        return ""
+    k = (layers + 2) // chunks
+    if v == 1:
+        stages: list[object] = [k - 1] + [k] * (p - 2) + [k - 1]
+    else:
+        stages = [[k - 1] + [k] * (v - 1)] + [k * v] * (p - 2) + [[k] * (v - 1) + [k - 1]]
+    shown = str(stages).replace(" ", "")
+    return (f"; Megatron's account_for_embedding/loss_in_pipeline_split ({layers}+2 layers in {chunks} chunks) is "
+            f"stage_layers: {shown}")
+
+
 def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
     p, v, m = parallel.pp, parallel.virtual_stages, num_micro_batches(parallel)
     uneven = (parallel.stage_layers is not None or parallel.first_stage_layers is not None
@@ -703,13 +721,14 @@ def _check_pipeline(model: ModelSpec, parallel: ParallelConfig) -> None:
         _check_stages(model, parallel)
     elif model.layers % (p * v):
         valid = [d for d in divisors(model.layers) if (model.layers // d) % v == 0]
+        hint = _end_chunks_hint(model.layers, p, v)
         if not valid:  # v itself does not divide the layers: no pp can help
             raise ConfigError(f"parallel.virtual_stages: {v} does not divide model.layers={model.layers}, so no "
                               f"pp splits it into pp*virtual_stages equal chunks; valid virtual_stages: "
-                              f"{_valid_list(divisors(model.layers))} (or give parallel.stage_layers)")
+                              f"{_valid_list(divisors(model.layers))} (or give parallel.stage_layers{hint})")
         raise ConfigError(f"parallel.pp: model.layers={model.layers} cannot be split into pp*virtual_stages="
                           f"{p}*{v} equal chunks; valid pp values for virtual_stages={v}: {_valid_list(valid)} "
-                          f"(or give parallel.stage_layers)")
+                          f"(or give parallel.stage_layers{hint})")
     if parallel.schedule == "interleaved":
         if v < 2:
             raise ConfigError("parallel.virtual_stages: the interleaved schedule needs virtual_stages >= 2, "

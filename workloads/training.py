@@ -2618,6 +2618,9 @@ class _StepBuilder:
         lay = self.layout
         ep = self.par.ep
         per_ep_index = representatives == "stage_ep"  # (stragglers: members of an EP group differ in speed too)
+        # The refusal of a step too large suggests fidelity lockstep only where it would simulate fewer ranks:
+        # not when this is lockstep already, nor on an expert grid, where every fidelity emits every rank.
+        lockstep_helps = representatives not in ("stage", "stage_ep") and not self.expert_grid
         if per_ep_index:
             representatives = "stage"
         if self.expert_grid:  # EP groups cross TP groups: TP peers run different programs, emit every rank
@@ -2654,7 +2657,7 @@ class _StepBuilder:
         elif representatives and self.t > 1:
             ranks = [r for r in ranks if lay.coords(r).tp == 0]
             self.graph.replicas = {r: lay.tp_group(r) for r in ranks}
-        self._budget = OpBudget(max_ops, len(ranks), self.graph)
+        self._budget = OpBudget(max_ops, len(ranks), self.graph, lockstep_helps)
         for rank in ranks:
             self.build_rank(rank)
             self._budget.rank_done()
