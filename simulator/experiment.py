@@ -948,7 +948,8 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
         layout = f"TP {par.tp} x CP {par.cp} ({par.cp_comm_type}) x PP {par.pp} x DP {par.dp}"
     if par.ep > 1:
         layout += f" (EP {par.ep}, expert TP {par.expert_tp})" if par.expert_grid else f" (EP {par.ep})"
-    layout += f", {par.schedule}"
+    if par.pp > 1:  # (one stage: no pipeline schedule, the micro-batches accumulate gradients in turn)
+        layout += f", {par.schedule}"
     if par.virtual_stages > 1:
         layout += f" x{par.virtual_stages} virtual"
         if par.microbatch_group_size is not None:

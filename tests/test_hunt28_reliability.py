@@ -197,3 +197,15 @@ def test_a_grid_of_parallel_sections_without_dp_shows_each_resolved_dp():
     df = sweep(doc, {"parallel": sections}, jobs=1, progress=False, fidelity="screen")
     assert (df["status"] == "ok").all()
     assert sorted(df["parallel.dp"].tolist()) == [2, 4]  # 16 GPUs / (tp x pp 2)
+
+
+def test_a_one_stage_layout_names_no_pipeline_schedule():
+    # With pp 1 there is no pipeline: the micro-batches accumulate gradients one after another, whatever
+    # parallel.schedule says (the summary read "1f1b" for OPT's FSDP + TP 8 layout).
+    from simulator.experiment import describe_setup, experiment_from_dict
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 1}, "model": {"preset": "gpt2-small"},
+           "parallel": {"tp": 2, "dp": 4, "global_batch": 8}, "training": {"seq_len": 128}}
+    assert describe_setup(experiment_from_dict(doc))["layout"].startswith(
+        "TP 2 x PP 1 x DP 4, micro-batch 1 x 2 per pipeline")
+    doc["parallel"] = {"tp": 2, "pp": 2, "dp": 2, "global_batch": 8}
+    assert ", 1f1b, " in describe_setup(experiment_from_dict(doc))["layout"]
