@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workloads.chakra import ChakraError, read_chakra, write_chakra
 from workloads.chakra.schema import classes, iter_frames, parse
@@ -207,3 +209,112 @@ def test_the_largest_int64_flops_that_round_in_range_are_written(tmp_path):
     path = tmp_path / "clustersim.0.et"
     node = parse("Node", list(iter_frames(path.read_bytes(), path))[1][1], path, 0)
     assert {a.name: a.int64_val for a in node.attr}["num_ops"] == 2**62
+
+
+# Every value each field takes, its range's ends and a step beyond them: protobuf serializes the ones in range and
+# refuses the others with ValueError (uint64 below 0 or from 2**64; int64 outside -2**63 .. 2**63 - 1; int32
+# outside -2**31 .. 2**31 - 1), and so must wire (it wrote an 11-byte "varint" for 2**64 in an int64 field, and
+# 2**63 as -2**63, both of which write_chakra then put in a trace).
+_U64 = st.integers(0, 2**64 - 1) | st.sampled_from([-1, 2**64, 2**70])
+_I64 = st.integers(-(2**63), 2**63 - 1) | st.sampled_from([-(2**63) - 1, 2**63, 2**64, 2**64 + 5])
+_I32 = st.integers(-(2**31), 2**31 - 1) | st.sampled_from([-(2**31) - 1, 2**31, 2**63])
+_DOUBLE_VALUES = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**53), 2**53)
+_TEXT = st.text(max_size=8)  # (any code point but surrogates: non-ASCII UTF-8 of 2-4 bytes)
+_ATTRS = st.lists(st.tuples(_TEXT, st.sampled_from([
+    ("int64_val", _I64), ("int32_val", _I32), ("uint64_val", _U64), ("bool_val", st.booleans()),
+    ("double_val", _DOUBLE_VALUES), ("string_val", _TEXT), ("int64_list", st.lists(_I64, max_size=4)),
+    ("double_list", st.lists(_DOUBLE_VALUES, max_size=4))])).flatmap(
+    lambda named: st.tuples(st.just(named[0]), st.just(named[1][0]), named[1][1])), max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**64 - 1), _TEXT, st.integers(0, 10), st.lists(st.integers(0, 2**64 - 1), max_size=4),
+       _U64, _ATTRS)
+def test_random_nodes_by_hand_are_protobufs_bytes_or_refused_alike(node_id, name, node_type, deps, micros, attrs):
+    """Random Nodes (ids, names, types, dependencies, durations and attributes of every field wire writes, each
+    over its whole range and a step beyond it, NaN and infinities, non-ASCII and empty text, empty lists, a oneof
+    holding its default): the bytes protobuf's ``SerializeToString`` makes, or protobuf's ValueError refused by
+    both."""
+    fields = (node_id, name, node_type, deps, micros, [(n, f, v) for n, f, v in attrs])
+    try:
+        want = reference(*fields)
+    except ValueError:
+        with pytest.raises(ValueError):
+            by_hand(*fields)
+        return
+    assert by_hand(*fields) == want
+
+
+@pytest.mark.parametrize("field, value", [("shape", (2**64, 1, 1)), ("shape", (2**63, 1, 1)), ("layer", 2**63),
+                                          ("stage", 2**64)])
+def test_an_integer_beyond_int64_is_refused_not_written(tmp_path, field, value):
+    """A GEMM dimension or a label beyond int64 (the op graph takes any positive int): protobuf refused it
+    (ValueError) and the by-hand bytes must too, before a trace is left behind. Written, 2**63 read back as
+    -2**63 and 2**64 as another value (an 11-byte varint)."""
+    g = OpGraph(1)
+    g.compute(0, flops=1e9, nbytes=1e6, name="k", **{field: value})
+    with pytest.raises(ValueError):
+        write_chakra(g, tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def _fields(op) -> tuple:
+    """What a trace says of an op, by name (the reader's op against the one written)."""
+    names = ("kind", "rank", "name", "stream", "traffic_class", "layer", "micro_batch", "stage", "deps", "peer", "tag",
+             "nbytes", "flops", "category", "shape", "duration_s", "collective", "group", "algorithm", "count",
+             "split", "holds_sms")
+    return tuple((n, getattr(op, n, None)) for n in names)
+
+
+def test_ops_differing_in_one_value_each_read_back_as_written(tmp_path):
+    """The writer keeps the bytes of the ops' attributes per value (``_Writer.own``, ``stream_attrs``): ops equal
+    in every value but one — a send's tag or peer, a compute op's category, GEMM shape or fixed duration, a
+    collective's algorithm, count or userbuffers flag, a stream dependency or not — each read back with its own
+    value, never a neighbour's cached bytes; a coarsened collective's later parts depend on the part before only
+    (no ``clustersim.stream_dep``, which its first part carries after another op of its stream). Truth: the ops
+    themselves."""
+    g = OpGraph(3)
+    for tag in (0, 1, 0):
+        g.send(0, peer=1, nbytes=64.0, tag=tag, stream="pp")
+        g.send(0, peer=2, nbytes=64.0, tag=tag, stream="pp")
+        g.recv(1, peer=0, nbytes=64.0, tag=tag, stream="pp")
+        g.recv(2, peer=0, nbytes=64.0, tag=tag, stream="pp")
+    for r in range(3):
+        for category, shape in (("gemm", (64, 64, 64)), ("gemm", (64, 64, 128)), ("gemm", None),
+                                ("elementwise", None), ("gemm", (64, 64, 64))):
+            g.compute(r, flops=1e6, nbytes=1e3, name="k", category=category, shape=shape, stream="s")
+        for seconds in (1e-3, 2e-3, 1e-3):
+            g.compute(r, flops=1e6, nbytes=1e3, name="f", category="fixed", duration_s=seconds, stream="s")
+    for algorithm, count, holds in (("auto", 1, True), ("ring", 1, True), ("auto", 3, True), ("auto", 1, False),
+                                    ("auto", 2, True), ("tree", 1, True)):
+        g.collective("all_reduce", (0, 1, 2), 96.0, algorithm=algorithm, count=count, holds_sms=holds,
+                     stream="dp")
+    write_chakra(g, tmp_path)
+    back = read_chakra(tmp_path)
+    assert [_fields(o) for o in back.ops] == [_fields(o) for o in g.ops]
+    for rank in range(3):
+        path = tmp_path / f"clustersim.{rank}.et"
+        nodes = [parse("Node", body, path, at) for at, body in list(iter_frames(path.read_bytes(), path))[1:]]
+        attrs = [{a.name: a for a in n.attr} for n in nodes]
+        later = [a for a in attrs if "clustersim.part" in a and a["clustersim.part"].int64_val > 0]
+        assert len(later) == 2 + 1  # (counts 3 and 2)
+        assert not any("clustersim.stream_dep" in a for a in later)
+        firsts = [a for a in attrs if a.get("clustersim.stream") and a["clustersim.stream"].string_val == "dp"
+                  and ("clustersim.part" not in a or a["clustersim.part"].int64_val == 0)]
+        assert ["clustersim.stream_dep" in a for a in firsts] == [False] + [True] * 5
+
+
+@pytest.mark.parametrize("field, value", [(f, v) for f, ends in (
+    ("int32_val", (-(2**31), 2**31 - 1)), ("int64_val", (-(2**63), 2**63 - 1)), ("uint64_val", (0, 2**64 - 1)))
+    for end in ends for v in (end - 1, end, end + 1)])
+def test_each_integer_fields_ends_and_one_beyond_as_protobuf(field, value):
+    """Each integer field at its range's ends and one step either side: protobuf's bytes inside, its ValueError
+    outside (the random test above may miss an end by one)."""
+    fields = (1, "n", COMP, [], 0, [("a", field, value)])
+    try:
+        want = reference(*fields)
+    except ValueError:
+        with pytest.raises(ValueError):
+            by_hand(*fields)
+        return
+    assert by_hand(*fields) == want

@@ -759,3 +759,43 @@ def test_all_to_all_efficiency_knob_touches_all_to_alls_between_servers_only():
     for bad in (0, 1.5, "fast", True):
         with pytest.raises((ConfigError, ValueError), match="network.all_to_all_efficiency"):
             _network_from_dict({"all_to_all_efficiency": bad})
+
+
+def test_the_tuners_estimate_of_an_all_to_all_between_servers_reads_the_all_to_all_efficiency():
+    """``Fabric.estimate`` (the contention-free time the tuner prices) of a 2 x 8 A100 all-to-all of S = 4 GiB: each
+    NIC carries 8 transfers of S/16 to the other server at 0.85 x 25 GB/s (closed form S/2 / 21.25e9, latency
+    ~50 µs of 0.1 s aside), the time the flows take; inside one server (NVLink only) it does not move with
+    ``network.all_to_all_efficiency``."""
+    from simulator.fabric import NetworkConfig
+    two = build_cluster({"preset": "dgx-a100", "nodes": 2})
+    fabric = Fabric(simpy.Environment(), two)
+    assert fabric.estimate(fabric.plan("all_to_all", tuple(range(16)), 2**32)) == pytest.approx(
+        2**32 / 2 / (0.85 * 25e9), rel=1e-3)
+    low = Fabric(simpy.Environment(), two, NetworkConfig(all_to_all_efficiency=0.5))
+    one = tuple(range(8))
+    assert low.estimate(low.plan("all_to_all", one, 2**28)) == fabric.estimate(fabric.plan("all_to_all", one, 2**28))
+
+
+@pytest.mark.parametrize("leaf, a2a, fraction", [
+    (0.9, 0.85, 0.85),   # a fraction of the NIC's line rate, not of the tier's usable rate (not 0.85 x 0.9)
+    (0.8, 0.85, 0.8),    # at most the tier's own efficiency: "at most none" wire bytes more
+    (0.95, 0.99, 0.95),  # the same: above the rings' 0.95 an all-to-all is not faster than the NIC tier allows
+])
+def test_all_to_all_efficiency_is_a_fraction_of_line_rate_at_most_the_nic_tiers(leaf, a2a, fraction):
+    """``network.all_to_all_efficiency`` with ``bandwidth_efficiency.leaf`` given (NetworkConfig docstring): the
+    cross-server all-to-all of 2 x 8 A100 reads busbw 2 x min(a2a, leaf) x 25 GB/s x 15/16."""
+    from simulator.fabric import NetworkConfig
+    two = build_cluster({"preset": "dgx-a100", "nodes": 2})
+    net = NetworkConfig(bandwidth_efficiency={"leaf": leaf}, all_to_all_efficiency=a2a)
+    t = collective_time(two, "all_to_all", 16, 2**32, network=net)
+    assert 2**32 / t * bus_factor("all_to_all", 16) / 1e9 == pytest.approx(2 * fraction * 25 * 15 / 16, rel=2e-3)
+
+
+def test_all_to_all_efficiency_is_nccls_and_idle_under_a_uniform_step_latency():
+    """With ``step_latency`` given as a time (no NCCL model), ``all_to_all_efficiency`` moves nothing: the 2 x 8
+    A100 all-to-all at the NIC tier's 0.95 (2 x 0.95 x 25 x 15/16 = 44.5 GB/s busbw), whatever it is set to."""
+    from simulator.fabric import NetworkConfig
+    two = build_cluster({"preset": "dgx-a100", "nodes": 2})
+    low = collective_time(two, "all_to_all", 16, 2**32, network=NetworkConfig(step_latency_s=2e-6,
+                                                                              all_to_all_efficiency=0.5))
+    assert 2**32 / low * bus_factor("all_to_all", 16) / 1e9 == pytest.approx(2 * 0.95 * 25 * 15 / 16, rel=2e-3)

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from .schema import _ATTR_TYPES
 
 _MASK64 = 2**64 - 1
+_INT64_MIN, _INT64_MAX, _INT32_MIN, _INT32_MAX = -(2**63), 2**63 - 1, -(2**31), 2**31 - 1
 _VARINT, _FIXED64, _LEN = 0, 1, 2  # wire types
 
 
@@ -48,12 +49,15 @@ def varint(value: int) -> bytes:
 def signed(value: int) -> bytes:
     """An ``int32`` / ``int64`` field's varint: a negative value as its 64-bit two's complement (ten bytes).
     Anything but an int (or an integer type such as numpy's) is refused with protobuf's TypeError: a float,
-    even a whole one, and a bool."""
+    even a whole one, and a bool; a value outside int64 with its ValueError (its bytes would read back as
+    another number, or, from 2**64, be no varint a reader takes)."""
     if type(value) is not int:
         value = whole(value)
-    if value < 0:
-        value &= _MASK64
-    return _TABLE[value] if value < 16384 else _varint(value)
+    if 0 <= value < 16384:
+        return _TABLE[value]
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError(f"int64 field: value out of range: {value}")
+    return _varint(value & _MASK64 if value < 0 else value)
 
 
 def whole(value: object) -> int:
@@ -85,8 +89,9 @@ _DOUBLE = struct.Struct("<d")
 
 
 def name(text: str) -> bytes:
-    """An AttributeProto's ``name`` field (field 1), to make once and pass to :func:`attr`."""
-    return length_delimited(1, text.encode())
+    """An AttributeProto's ``name`` field (field 1), to make once and pass to :func:`attr` (nothing when empty:
+    a proto3 scalar)."""
+    return length_delimited(1, text.encode()) if text else b""
 
 
 def attr(name_field: bytes, value: bytes) -> bytes:
@@ -102,15 +107,19 @@ def int64_value(x: int) -> bytes:
 
 
 def int32_value(x: int) -> bytes:
-    """``int32_val``."""
+    """``int32_val``; a value outside int32 is refused (protobuf's ValueError)."""
+    if type(x) is not int:
+        x = whole(x)
+    if not _INT32_MIN <= x <= _INT32_MAX:
+        raise ValueError(f"int32 field: value out of range: {x}")
     return _INT32_VAL + signed(x)
 
 
 def uint64_value(x: int) -> bytes:
-    """``uint64_val``; a negative value is refused (protobuf's ValueError)."""
+    """``uint64_val``; a value outside uint64 (a negative one) is refused (protobuf's ValueError)."""
     if type(x) is not int:
         x = whole(x)
-    if x < 0:
+    if not 0 <= x <= _MASK64:
         raise ValueError(f"uint64 field: value out of range: {x}")
     return _UINT64_VAL + varint(x)
 
@@ -169,9 +178,9 @@ def deps(data_deps: Sequence[int]) -> bytes:
 
 
 def duration(micros: int) -> bytes:
-    """A Node's field 7, ``duration_micros`` (nothing when 0); a negative value is refused (protobuf's
+    """A Node's field 7, ``duration_micros`` (nothing when 0); a value outside uint64 is refused (protobuf's
     ValueError)."""
-    if micros < 0:
+    if not 0 <= micros <= _MASK64:
         raise ValueError(f"duration_micros: value out of range: {micros}")
     return _DURATION_KEY + varint(micros) if micros else b""
 
