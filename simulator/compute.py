@@ -17,7 +17,9 @@ gemm
     GPU's sustained clock: every tensor-core GEMM kind's tile time is divided by
     ``sustained_clock_fraction`` (``GPUSpec.sustained_clock_fraction``, :mod:`topologies.gpus`: 0.96 on
     Hopper, long cuBLAS runs over this model's rate at their shape; 1 on A100, whose ten-minute rate the
-    model meets; 1 on Blackwell, unmeasured; fp32 SIMT GEMMs, measured flat under load, not at all).
+    model meets; 0.90 on GB200, a 60 s cuBLASLt run over this model's rate; 0.88 on B200, a throttled
+    attention kernel's loss carried over by GB200's; 1 on GB300, unmeasured; fp32 SIMT GEMMs, measured flat
+    under load, not at all).
 gemm_fp8
     the same wave/tile model at the GPU's dense FP8 peak under its measured
     FP8 ceiling (``GPUSpec.matmul_efficiency_fp8``, or

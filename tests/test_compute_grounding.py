@@ -39,7 +39,12 @@ NAPKIN   tusharhqq/napkin-math-gpu, ``results/h100-sxm.json`` (commit 9da5cf3, 2
          back-to-back GEMMs: 1.3924 ms in the first (789.6 TFLOP/s), 1.507-1.575 ms after (698-729; median of
          the seven 1.5326 ms, 717.4 TFLOP/s); fp32 (SIMT) 21.23 ms in every round.
 FRYER    huggingface/gpu-fryer: cuBLASLt 8192³ back to back (60 s by default): README at commit 2b6fb06,
-         "NVIDIA H100 80GB HBM3 ~730 BF16"; A100-SXM4-80GB ~270 BF16 over three 10-minute runs (PR #9).
+         "NVIDIA H100 80GB HBM3 ~730 BF16"; A100-SXM4-80GB ~270 BF16 over three 10-minute runs (PR #9); GB200
+         (NVL72, 186 GB) ~1550 BF16 (README since commit f9d564b, PR #20, 2026-01-14).
+FINFER   flashinfer-ai/flashinfer pull request #2899 (2026-03-26), "bench: fix GPU power throttling": BF16
+         FlashAttention-4 (batch 4, 8192 tokens, 16 heads of 128) on a B200, 100 back-to-back event-timed
+         iterations: 1450 TFLOP/s at the peak (iterations 10-19), 1237 throttled (70-79); SM clock 1965 -> ~1580
+         MHz, ~1000 W.
 FA2      T. Dao, *FlashAttention-2*, arXiv:2307.08691v1, Fig. 5 (forward) and Fig. 6
          (backward), A100-SXM4-80GB, FP16, causal.
 FA3      J. Shah et al., *FlashAttention-3*, arXiv:2407.08608v2, Fig. 5, H100-SXM5
@@ -167,6 +172,34 @@ def test_a100_gemm_in_training_runs_at_its_burst_ceiling():
     # FRYER's ten-minute A100 rate is MAMF's burst ceiling (271.2): nothing to take off
     assert A100.sustained_clock_fraction == 1.0
     assert sustained_gemm_tflops(A100, 8192) == pytest.approx(270, rel=0.03)
+
+
+GB200, B200 = get_gpu("GB200"), get_gpu("B200")
+GB200_MAMF, B200_MAMF = 1822.0, 1745.0  # MAMF, BF16 (burst ceilings)
+
+
+def test_gb200_sustained_fraction_is_the_long_run_over_the_burst_model():
+    # FRYER's GB200 run over the model's burst rate at its shape (8192³), as Hopper's fraction is derived
+    burst = sustained_gemm_tflops(GB200, 8192, sustained_clock_fraction=1.0)
+    assert burst < GB200_MAMF  # (the model's burst is itself under MAMF there: waves and pipeline fill)
+    assert GB200.sustained_clock_fraction == pytest.approx(1550 / burst, abs=0.005)
+    # not the long run over MAMF (0.851), which would count the model's own shortfall twice
+    assert 1550 / GB200_MAMF < GB200.sustained_clock_fraction
+
+
+def test_gb200_gemm_in_training_runs_at_gpu_fryers_rate():
+    assert sustained_gemm_tflops(GB200, 8192) == pytest.approx(1550, rel=0.025)  # FRYER, 60 s
+
+
+def test_b200_gemm_in_training_loses_the_share_of_its_burst_ceiling_blackwell_loses_sustained():
+    # No sustained B200 GEMM is published; FINFER's B200 attention kernel loses 1237 / 1450 = 0.853 of its rate
+    # back to back, the share FRYER's GB200 GEMMs lose against MAMF (1550 / 1822 = 0.851), so a B200 GEMM in
+    # training runs at that share of B200's burst ceiling (MAMF; the burst at 8192³ is taken to reach it, as the
+    # H100's first NAPKIN round, 789.6, reaches its 794.5)
+    assert 1550 / GB200_MAMF == pytest.approx(1237 / 1450, rel=0.01)  # (the two published losses agree)
+    assert sustained_gemm_tflops(B200, 8192) / B200_MAMF == pytest.approx(1237 / 1450, rel=0.025)
+    # not FINFER's clock ratio (0.804): the kernel's throughput fell less than its clock did
+    assert B200.sustained_clock_fraction > 1580 / 1965
 
 
 def test_the_sustained_clock_slows_every_tensor_core_gemm_kind_and_nothing_else():

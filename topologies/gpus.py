@@ -79,9 +79,35 @@ the SIMT cores are not scaled: the same H100 run below holds 51.8 TFLOP/s flat o
   10-minute runs on A100-SXM4-80GB; the README's A100 row since), which the model's 266.4 there already
   meets (and the MAMF ceiling, 271.2, too); napkin-math-gpu's A100-SXM4-80GB (500 W) holds 289 flat over
   seven rounds. Nothing is left to take off.
-* Blackwell (B200, GB200, GB300): 1.0 for want of a measurement. FlashInfer measured a B200's SM clock fall
-  from 1965 to ~1580 MHz over 100 back-to-back attention kernels (flashinfer-ai/flashinfer PR #2899), so the
-  default likely flatters Blackwell; set ``compute.sustained_clock_fraction``.
+* GB200 (NVL72): 0.90 (:data:`GB200_SUSTAINED_CLOCK`). cuBLASLt BF16 8192³ back to back: ~1550 TFLOP/s
+  (``huggingface/gpu-fryer`` README since commit f9d564b, PR #20, 2026-01-14, "NVIDIA GB200-NVL72 186GB HBM3e
+  ~1550 BF16"; the row does not give the run's length: the tool's default is 60 s, its first 5 s uncounted;
+  same operands and kernel path as its H100 row above). The model's burst rate at 8192³ is 1724.3, itself 5%
+  under MAMF's 1822 (13.5 waves of 256×128 tiles on 152 SMs, the 128-element fill of 8192), so
+  1550 / 1724.3 = 0.899: 0.90. Against MAMF the
+  long run reads 1550 / 1822 = 0.851; taking that as the fraction would count the model's 5% twice (1467 where
+  1550 is measured). gpu-fryer's BF16 operands are random 32-bit integers rounded to BF16 (one sign, a few
+  exponents): if anything they draw less power than ``randn`` (its H100 row, 730, sits 1.8% above
+  napkin-math-gpu's ``randn`` median, 717.4), so 0.90 errs fast, not slow. Its FP8 row (~4300, above MAMF's
+  burst 3615.6) is the saturated-operand run described for Hopper and is not used.
+* B200 (HGX/DGX B200): 0.88 (:data:`B200_SUSTAINED_CLOCK`), from a B200 measurement that is not a GEMM,
+  carried over by the GB200 one. FlashInfer timed FlashAttention-4 (BF16, batch 4, 8192 tokens, 16 heads of
+  128; flashinfer-ai/flashinfer PR #2899, 2026-03-26) over 100 back-to-back iterations on a B200: 1450 TFLOP/s
+  at its peak (iterations 10-19), 1237 once throttled (70-79), 0.853, as the SM clock fell from 1965 to ~1580
+  MHz (0.804) and the board reached ~1000 W. Its throughput ratio, not the clock ratio, is the cost (the kernel
+  is not all SM cycles; 0.804 would count what is not clock-bound as if it were). It transfers to GEMMs because
+  the GB200's GEMM run above loses the same share of its burst ceiling, 1550 / 1822 = 0.851: two tensor-core
+  kernels, two parts of the same die, each at its power limit. As for Hopper, the cost is measured against the
+  burst rate (which at 8192³ is MAMF's, as the H100's first round, 789.6, is MAMF's 794.5), and the model's
+  burst rate at 8192³ is 1696.6, 2.8% under B200's MAMF (1745.0): 0.853 × 1745.0 / 1696.6 = 0.877 (0.851,
+  GB200's, gives 0.875): 0.88. No sustained B200 GEMM rate was found (gpu-fryer has no B200 row;
+  napkin-math-gpu's ``B200.md`` has datasheet ceilings only, no run); the 1.0 it replaces read a B200's 8192³
+  GEMM in training at 1696.6, 14% above the 1489 (0.853 × 1745.0) these measurements give.
+* GB300: 1.0 for want of a measurement. It runs the GB200's BF16/FP8 peaks at a 1,400 W default limit (1,200
+  for GB200; facebookexperimental/triton PR #2023's ``denoise.sh``), so more power per FLOP: GB200's cost need
+  not carry over, and none has been measured. The default likely flatters it; set
+  ``compute.sustained_clock_fraction``.
+* FP8 GEMMs on Blackwell take BF16's fraction, as on Hopper (an assumption).
 
 Fused attention is not scaled: its published rates (FlashAttention-3's and cuDNN's, :mod:`simulator.attention`)
 were measured on an H100 SXM5 at 700 W with its SM clock fixed at 1830 MHz (FlashAttention-3, arXiv:2407.08608,
@@ -121,6 +147,13 @@ __all__ = ["GPU_SPECS", "PCIE_BANDWIDTH", "get_gpu", "gpu_names"]
 HOPPER_SUSTAINED_CLOCK = 0.96
 """The sustained GEMM rate of a Hopper SXM GPU at 700 W over the burst model's (module docstring,
 ``sustained_clock_fraction``)."""
+
+GB200_SUSTAINED_CLOCK = 0.90
+"""GB200's sustained GEMM rate (gpu-fryer's ~1550 TFLOP/s at 8192³) over the burst model's there (1724.3)."""
+
+B200_SUSTAINED_CLOCK = 0.88
+"""B200's: FlashInfer's throttled over peak FlashAttention-4 rate (0.853; GB200's GEMMs 0.851) times MAMF over the
+burst model at 8192³ (module docstring, ``sustained_clock_fraction``)."""
 
 _T = 1e12  # TFLOP/s
 _GB = 1e9
@@ -231,6 +264,7 @@ GPU_SPECS: dict[str, GPUSpec] = {
         sm_count=148,
         matmul_efficiency=0.776,
         matmul_efficiency_fp8=0.763,
+        sustained_clock_fraction=B200_SUSTAINED_CLOCK,
         gemm_critical_intensity=85.3,
         nvlink_efficiency=0.81,
         arch="sm100",
@@ -258,6 +292,7 @@ GPU_SPECS: dict[str, GPUSpec] = {
         sm_count=152,
         matmul_efficiency=0.729,
         matmul_efficiency_fp8=0.723,
+        sustained_clock_fraction=GB200_SUSTAINED_CLOCK,
         gemm_critical_intensity=85.3,
         nvlink_efficiency=0.81,
         arch="sm100",
