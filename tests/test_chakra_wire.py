@@ -227,6 +227,17 @@ _ATTRS = st.lists(st.tuples(_TEXT, st.sampled_from([
     lambda named: st.tuples(st.just(named[0]), st.just(named[1][0]), named[1][1])), max_size=5)
 
 
+def _same_bytes_or_refused_alike(fields: tuple) -> None:
+    """``by_hand(*fields)`` gives protobuf's bytes, or raises ValueError where protobuf does."""
+    try:
+        want = reference(*fields)
+    except ValueError:
+        with pytest.raises(ValueError):
+            by_hand(*fields)
+        return
+    assert by_hand(*fields) == want
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 2**64 - 1), _TEXT, st.integers(0, 10), st.lists(st.integers(0, 2**64 - 1), max_size=4),
        _U64, _ATTRS)
@@ -236,13 +247,7 @@ def test_random_nodes_by_hand_are_protobufs_bytes_or_refused_alike(node_id, name
     holding its default): the bytes protobuf's ``SerializeToString`` makes, or protobuf's ValueError refused by
     both."""
     fields = (node_id, name, node_type, deps, micros, [(n, f, v) for n, f, v in attrs])
-    try:
-        want = reference(*fields)
-    except ValueError:
-        with pytest.raises(ValueError):
-            by_hand(*fields)
-        return
-    assert by_hand(*fields) == want
+    _same_bytes_or_refused_alike(fields)
 
 
 @pytest.mark.parametrize("field, value", [("shape", (2**64, 1, 1)), ("shape", (2**63, 1, 1)), ("layer", 2**63),
@@ -311,10 +316,4 @@ def test_each_integer_fields_ends_and_one_beyond_as_protobuf(field, value):
     """Each integer field at its range's ends and one step either side: protobuf's bytes inside, its ValueError
     outside (the random test above may miss an end by one)."""
     fields = (1, "n", COMP, [], 0, [("a", field, value)])
-    try:
-        want = reference(*fields)
-    except ValueError:
-        with pytest.raises(ValueError):
-            by_hand(*fields)
-        return
-    assert by_hand(*fields) == want
+    _same_bytes_or_refused_alike(fields)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cli_run import one_line_error
 
 from simulator import simulate
 from simulator.cli import main
@@ -22,12 +23,6 @@ DEMO_YAML = str(ROOT / "examples" / "demo.yaml")
 BARRIER = 9  # CollectiveCommType value of BARRIER (et_def.proto)
 
 
-def _one_line_error(err: str) -> str:
-    assert "Traceback" not in err
-    lines = err.strip("\n").split("\n")
-    assert len(lines) == 1, err
-    assert lines[0].startswith("clustersim: error: ")
-    return lines[0]
 
 
 # ------------------------------------------------------------------ 1. zero-byte collectives
@@ -87,7 +82,7 @@ def test_export_chakra_and_plots_create_missing_parent_folders_as_the_api_does(t
     t0 = time.perf_counter()
     assert main(["run", DEMO_YAML, "--no-progress", "--export-chakra", str(a_file / "sub" / "deeper")]) == 2
     assert time.perf_counter() - t0 < 1.0
-    line = _one_line_error(capsys.readouterr().err)
+    line = one_line_error(capsys.readouterr().err)
     assert "--export-chakra" in line and "is a file, not a folder" in line and str(a_file) in line
 
 
@@ -97,13 +92,13 @@ def test_export_chakra_and_plots_create_missing_parent_folders_as_the_api_does(t
     (["--fidelity", "full"], "--fidelity"),
     (["--refine", "1"], "--refine"),
 ])
-def test_a_grid_over_fidelity_with_fidelity_or_refine_is_one_line_error(capsys, extra, flag):
+def test_a_grid_over_fidelity_with_fidelity_or_refine_isone_line_error(capsys, extra, flag):
     # Before: every point ran at the grid's fidelity (fast, full), "refining" rows that were never screened, exit 0.
     t0 = time.perf_counter()
     assert main(["sweep", DEMO_YAML, "--grid", "parallel.micro_batch=1,2", "--grid", "fidelity=fast,full",
                  "--no-progress", "--jobs", "1", *extra]) == 2
     assert time.perf_counter() - t0 < 2.0  # refused before any point runs
-    line = _one_line_error(capsys.readouterr().err)
+    line = one_line_error(capsys.readouterr().err)
     assert line.startswith(f"clustersim: error: {flag}:") and "--grid fidelity=fast,full" in line, line
 
 

@@ -105,18 +105,25 @@ def test_tp_comm_overlap_is_refused_for_mla():
         experiment_from_dict(_doc(MLA, tp_comm_overlap=True))
 
 
-def test_screen_prices_the_latents_at_their_widths():
-    # One stage, no DP: the screen's exposed TP seconds are every micro-batch's blocking TP collectives, each
-    # priced at its own size (the backward's re-gathers hide under its compute here); without the SMs the
-    # communication kernels hold (which the screen leaves out, tests/test_screen.py) it is fast's step exactly
-    exp = experiment_from_dict({**_doc(MLA), "compute": {"comm_sms": 0, "p2p_sms": 0}})
+def _blocking_tp_per_micro_batch(exp) -> float:
+    """Seconds of one micro-batch's blocking TP collectives on the TP pair, each priced at its own size: per layer
+    three b s h all-gathers and reduce-scatters (the output projection's and the MLP's, forward and backward) and
+    an all-gather and a reduce-scatter of each latent."""
     fabric, groups = _fabric(exp), [(0, 1)]
 
     def cost(kind, width):
         return collective_time(fabric, kind, groups, float(S * width * D))
 
-    per_mb = LAYERS * (3 * cost("all_gather", H) + 3 * cost("reduce_scatter", H) + sum(
+    return LAYERS * (3 * cost("all_gather", H) + 3 * cost("reduce_scatter", H) + sum(
         cost("all_gather", w) + cost("reduce_scatter", w) for w in (RQ, RKV, ROPE)))
+
+
+def test_screen_prices_the_latents_at_their_widths():
+    # One stage, no DP: the screen's exposed TP seconds are every micro-batch's blocking TP collectives, each
+    # priced at its own size (the backward's re-gathers hide under its compute here); without the SMs the
+    # communication kernels hold (which the screen leaves out, tests/test_screen.py) it is fast's step exactly
+    exp = experiment_from_dict({**_doc(MLA), "compute": {"comm_sms": 0, "p2p_sms": 0}})
+    per_mb = _blocking_tp_per_micro_batch(exp)
     out = screen_experiment(exp)
     assert out["exposed_comm_by_class_s"]["tp"] == pytest.approx(MB * per_mb, rel=1e-12)
     assert out["step_time_s"] == pytest.approx(run_experiment(exp).step_time, rel=1e-9)
@@ -186,13 +193,7 @@ def test_screen_prices_the_latent_regathers_where_they_outlast_the_backward():
     doc = {**_doc(MLA), "compute": {"comm_sms": 0, "p2p_sms": 0},
            "network": {"bandwidth_efficiency": {"nvlink": 0.02}}}
     exp = experiment_from_dict(doc)
-    fabric, groups = _fabric(exp), [(0, 1)]
-
-    def cost(kind, width):
-        return collective_time(fabric, kind, groups, float(S * width * D))
-
-    blocking = LAYERS * (3 * cost("all_gather", H) + 3 * cost("reduce_scatter", H) + sum(
-        cost("all_gather", w) + cost("reduce_scatter", w) for w in (RQ, RKV, ROPE)))
+    blocking = _blocking_tp_per_micro_batch(exp)
     out = screen_experiment(exp)
     assert out["exposed_comm_by_class_s"]["tp"] > MB * blocking * 1.01  # the re-gathers are exposed
     assert out["step_time_s"] == pytest.approx(run_experiment(exp).step_time, rel=1e-9)
