@@ -947,7 +947,7 @@ def describe_setup(exp: Experiment, step: TrainingStep | None = None) -> dict[st
     if par.cp > 1:
         layout = f"TP {par.tp} x CP {par.cp} ({par.cp_comm_type}) x PP {par.pp} x DP {par.dp}"
     if par.ep > 1:
-        layout += f" (EP {par.ep}, expert TP {par.expert_tp})" if par.expert_grid else f" (EP {par.ep})"
+        layout += f" (EP {par.ep}, expert TP {par.expert_tp})" if par.expert_tp != par.tp else f" (EP {par.ep})"
     if par.pp > 1:  # (one stage: no pipeline schedule, the micro-batches accumulate gradients in turn)
         layout += f", {par.schedule}"
     if par.virtual_stages > 1:

@@ -502,8 +502,10 @@ class ParallelConfig:
     def routed_tokens(self, seq_len: int) -> int:
         """Tokens each rank's router draws per micro-batch of ``seq_len``: its TP group's ``b·s`` with
         ``etp = tp`` (routed once per TP group, as :mod:`workloads.training` draws them), its own sequence-parallel
-        ``b·s/tp`` on the expert grid."""
-        return self.micro_batch * seq_len // (self.tp if self.expert_grid else 1)
+        ``b·(s/cp)/tp`` on the expert grid (``s/cp``: its context-parallel share of the sequence)."""
+        if not self.expert_grid:
+            return self.micro_batch * seq_len
+        return self.micro_batch * (seq_len // self.cp) // (self.tp if self.sp else 1)
 
     @property
     def routers(self) -> int:
@@ -513,8 +515,10 @@ class ParallelConfig:
 
     @property
     def expert_grid(self) -> bool:
-        """The experts have their own grid (``etp`` differs from ``tp``): EP groups may cross TP groups."""
-        return self.expert_tp != self.tp
+        """The experts have their own grid: ``etp`` differs from ``tp`` (EP groups may cross TP groups), or
+        context parallelism (``cp > 1``: Megatron-Core's EP groups are drawn from a stage's DP x CP ranks, each
+        routing its own ``s/cp`` tokens)."""
+        return self.expert_tp != self.tp or self.cp > 1
 
     def size(self, dim: str) -> int:
         """Degree of dimension ``dim`` (``tp``, ``cp``, ``dp``, ``pp``, ``ep`` or ``expert_dp``)."""
@@ -826,6 +830,11 @@ def _check_experts(model: ModelSpec, parallel: ParallelConfig) -> None:
     if model.experts % ep:
         raise ConfigError(f"parallel.ep: {ep} does not divide model.experts={model.experts}; "
                           f"valid ep values: {valid}")
+    ranks = parallel.tp * parallel.cp * parallel.dp
+    if parallel.cp > 1 and ranks % (parallel.expert_tp * ep):
+        raise ConfigError(f"parallel.ep: etp*ep = {parallel.expert_tp}*{ep} does not divide the {ranks} ranks of a "
+                          f"pipeline stage (tp*cp*dp), which Megatron-Core's expert grid folds EP into under "
+                          f"context parallelism")
     if parallel.dp % ep and not parallel.expert_grid:
         raise ConfigError(f"parallel.ep: {ep} does not divide parallel.dp={parallel.dp} (expert parallelism "
                           f"lives inside data parallelism); valid ep values: {valid}")
@@ -889,9 +898,6 @@ def _check_context(model: ModelSpec, parallel: ParallelConfig, training: Trainin
     c, t, s = parallel.cp, parallel.tp, training.seq_len
     if c == 1:
         return
-    if model.is_moe:
-        raise ConfigError(f"parallel.cp: context parallelism is not modelled for mixture-of-experts models "
-                          f"(model.experts={model.experts}); use cp: 1")
     if parallel.zero >= 2:
         raise ConfigError(f"parallel.cp: context parallelism is modelled with Megatron's DDP / distributed "
                           f"optimizer (zero 0 or 1), not zero: {parallel.zero}")

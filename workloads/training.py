@@ -680,6 +680,8 @@ class _StepBuilder:
         self._member_parts: dict[tuple, tuple] = {}  # (id(kernels), loads) -> every member's kernels
         self._equal_matrices: dict[tuple, tuple] = {}
         self._moe_kernels: dict[int, tuple] = {}  # id(segment's MoE split) -> (split, kernels before, after)
+        # id(a MoE piece's kernels) -> (them, their ops, recompute mask): pieces cut by CP communication (_cp_piece)
+        self._cp_pieces: dict[int, tuple] = {}
         # inside a DualPipe pair (_emit_pair): (recompute op, op of the rest of its piece) of each MoE piece cut in two
         self._split_pieces: list[tuple[int, int]] | None = None
         self._end_params: dict[int, float] = {}
@@ -687,7 +689,8 @@ class _StepBuilder:
         self.routing = routing or RoutingModel()
         self.expert_parallel = model.is_moe and parallel.ep > 1
         self.etp = parallel.expert_tp
-        self.expert_grid = parallel.expert_grid  # etp != tp: experts on Megatron-Core's own expert grid
+        # etp != tp, or cp > 1: experts on Megatron-Core's own expert grid (dense models have no experts to place)
+        self.expert_grid = model.is_moe and parallel.expert_grid
         self.routes: dict[int, LayerRouting] = {}
         self._draws: dict[tuple[int, int | None], LayerRouting] = {}
         self._balanced_draw: LayerRouting | None = None  # balanced routing's one draw (the same every time)
@@ -1212,7 +1215,7 @@ class _StepBuilder:
         """The kernels of expert ops ``ops`` at the balanced load, one object per distinct set (:meth:`_expert_parts`
         keys by identity), with what :meth:`_expert_parts` reads of each: its fields and the dimension of its
         shape that holds the token rows (:func:`_token_position`, known here from the ops' names)."""
-        tokens = self.par.micro_batch * self.train.seq_len * self.model.top_k
+        tokens = self.par.micro_batch * self.local_seq * self.model.top_k  # (the kernels' rows: s/cp)
         kernels = _kernels(ops)
         at = tuple(_token_position(o, tokens) for o in ops)
         balanced = self._balanced_kernels.setdefault((kernels, at), kernels)
@@ -1233,7 +1236,7 @@ class _StepBuilder:
         key = (id(balanced), load)
         parts = self._moe_parts.get(key)
         if parts is None:
-            tokens = self.par.micro_batch * self.train.seq_len * self.model.top_k
+            tokens = self.par.micro_batch * self.local_seq * self.model.top_k
             plan, sound = self._scale_plans[id(balanced)]
             # _scale_kernel of each kernel, unrolled: the same operations on the same values
             factor = load / tokens
@@ -1444,10 +1447,16 @@ class _StepBuilder:
                 raise AssertionError(f"layer {seg.layer}: kernels recomputed inside a fully recomputed pass")
             redo = ((_kernels(rerun[:again[0]]), self._balanced(self._recomputed_experts(seg.layer, seg.phase)),
                      _kernels(rerun[again[-1] + 1:])) if again else (_kernels(rerun), None, ()))
+            pieces = ((_kernels(pre_again), _kernels(pre)), (_kernels(post_again), _kernels(post)))
             kernels = self._moe_kernels[id(seg.moe)] = (
-                seg.moe, (*redo, (_kernels(pre_again), _kernels(pre)), halves), (_kernels(post_again), _kernels(post)),
+                seg.moe, (*redo, pieces[0], halves), pieces[1],
                 (self._balanced(experts_again) if experts_again else None, self._balanced(experts)),
                 *(_kernels(k) for k in shared))
+            # Context parallelism: the pieces holding an attention kernel run it with its CP communication
+            head_ops = rerun[:again[0]] if again else rerun
+            self._cp_piece(redo[0], head_ops, (True,) * len(head_ops))
+            for piece, (first, rest) in zip(pieces, ((pre_again, pre), (post_again, post))):
+                self._cp_piece(piece, first + rest, (True,) * len(first) + (False,) * len(rest))
         layer = seg.layer
         # off the compute stream: the exchanges are waited for explicitly
         apart = bool(shared) or stream is not None
@@ -1474,13 +1483,17 @@ class _StepBuilder:
             # ``R….post`` (the kernels after them); its pieces are yielded as the pass's are (DualPipe's other
             # chunk computes under its exchanges).
             r_name = RECOMPUTE_PHASE + name[1:]
-            last = compute(rank, head, r_name, deps, "gemm", layer, mb, stage, COMPUTE_STREAM)
+            cp_head = self._cp_ops(head)
+            last = (self._cp_run(rank, cp_head[1], cp_head[2], deps, name, layer, mb, stage) if cp_head else
+                    compute(rank, head, r_name, deps, "gemm", layer, mb, stage, COMPUTE_STREAM))
             yield last
             deps = [(yield from self._exchanged(exchange, last, r_name, ("dispatch", "combine"), (None, again), loads,
                                                 halves, ((), tail)))]
             redo = True
         elif head:
-            deps = [compute(rank, head, RECOMPUTE_PHASE + name[1:], deps, "gemm", layer, mb, stage, COMPUTE_STREAM)]
+            cp_head = self._cp_ops(head)
+            deps = [self._cp_run(rank, cp_head[1], cp_head[2], deps, name, layer, mb, stage) if cp_head else
+                    compute(rank, head, RECOMPUTE_PHASE + name[1:], deps, "gemm", layer, mb, stage, COMPUTE_STREAM)]
         last = self._piece(rank, pre, f"{name}.pre", deps, layer, mb, stage, redo)
         last = self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
         yield last
@@ -1516,6 +1529,9 @@ class _StepBuilder:
         ``R…`` (:data:`RECOMPUTE_PHASE`) for the breakdown (:meth:`_recompute_piece`), when there are any; the
         others' op, when there are any or nothing else runs (unless ``optional``: then ``deps[0]``, an op already
         emitted). Returns the piece's last op."""
+        cp_ops = self._cp_ops(kernels)
+        if cp_ops:  # (context parallelism: the attention's CP communication cuts the piece)
+            return self._cp_run(rank, cp_ops[1], cp_ops[2], deps, name, layer, mb, stage)
         compute = self.graph._compute_parts
         again, rest = kernels
         if again:
@@ -1529,6 +1545,18 @@ class _StepBuilder:
         if again:
             self._recompute_piece(deps[0], last)
         return last
+
+    def _cp_piece(self, kernels: tuple, ops: list[LayerOp], recompute: tuple[bool, ...]) -> None:
+        """Record that the MoE piece ``kernels`` (a kernel tuple, or a pair of them) runs ``ops`` (``recompute``:
+        which are recomputed forward kernels) with CP communication, when context parallelism is on and the
+        piece holds an attention kernel (:meth:`_cp_ops` finds it at emission)."""
+        if self.cp > 1 and any(o.category in ("attention", "attention_bwd") for o in ops):
+            self._cp_pieces[id(kernels)] = (kernels, ops, recompute)
+
+    def _cp_ops(self, kernels: tuple) -> tuple | None:
+        """``(kernels, ops, recompute)`` recorded by :meth:`_cp_piece` for the MoE piece ``kernels``, or None."""
+        found = self._cp_pieces.get(id(kernels)) if self._cp_pieces else None
+        return found if found is not None and found[0] is kernels else None
 
     def _recompute_piece(self, again: int, rest: int) -> None:
         """Op ``again``, the recomputed kernels of a piece whose other kernels are op ``rest``, split from it for
@@ -1813,9 +1841,18 @@ class _StepBuilder:
     def emit_cp(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
         """One layer's pass under context parallelism: its kernels in order, cut at every attention kernel
         (the forward's, a recomputed one, the backward's) by that kernel's CP communication."""
+        regather = self._regather_op(rank, seg, deps, name, mb, stage)
+        last = self._cp_run(rank, seg.kernels, seg.recompute, deps, name, seg.layer, mb, stage)
+        return self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
+
+    def _cp_run(self, rank: int, kernels: Sequence[LayerOp], recompute: Sequence[bool] | None, deps: list[int],
+                name: str, layer: int, mb: int, stage: int) -> int:
+        """``kernels`` (``recompute``: which are recomputed forward kernels) run in order after ``deps``, cut at
+        every attention kernel by its CP communication (:meth:`emit_cp`; a MoE layer's pieces around its
+        exchanges too, :meth:`moe_pieces`): the last op, a compute op or the communication the pass ended at."""
         g, cp = self.graph, self.cp
         group = self._cp_group(rank)
-        tags = {"layer": seg.layer, "micro_batch": mb, "stage": stage}
+        tags = {"layer": layer, "micro_batch": mb, "stage": stage}
         b, s, h, kv, t, d = (self.par.micro_batch, self.train.seq_len, self.model.hidden, self.model.kv_hidden,
                              self.t, self.dtype)
         kv_bytes = 2.0 * b * s * kv / t * d  # K and V of the whole sequence, one TP rank's heads
@@ -1823,9 +1860,8 @@ class _StepBuilder:
         if mla:  # multi-head latent attention: K and V expanded per head, at their own widths
             qw, kw, vw, ow = self.model.attention_widths
             kv_bytes = float(b * s * (kw + vw)) / t * d
-        again = seg.recompute or (False,) * len(seg.kernels)
+        again = recompute or (False,) * len(kernels)
         buf: list[Kernel] = []
-        regather = self._regather_op(rank, seg, deps, name, mb, stage)
         state = {"last": None, "pending": list(deps), "recompute": False, "n": 0}
 
         def compute(parts: list[Kernel], recompute: bool, extra: Sequence[int] = ()) -> int:
@@ -1841,7 +1877,7 @@ class _StepBuilder:
                 compute(list(buf), state["recompute"], extra)
                 buf.clear()
 
-        for op, recomputed in zip(seg.kernels, again):
+        for op, recomputed in zip(kernels, again):
             k = op.kernel()
             if buf and state["recompute"] != recomputed:  # recomputed and backward kernels are separate ops
                 flush()
@@ -1901,7 +1937,7 @@ class _StepBuilder:
         last = state["last"]
         if state["pending"]:  # the layer ended at a communication op: nothing after it on this stream yet
             last = state["pending"][-1]
-        return self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
+        return last
 
     def emit_segment(self, rank: int, seg: _Segment, deps: list[int], name: str, mb: int, stage: int) -> int:
         g = self.graph
@@ -2651,7 +2687,8 @@ class _StepBuilder:
             # member's rows (:meth:`_group_matrices`).
             ranks = [r for r in ranks if lay.coords(r).tp == 0 and lay.coords(r).cp == 0 and lay.coords(r).dp < span]
             self._whole_cp_groups = True
-            block = lay.dp_group if self._whole_ep_groups else lay.expert_dp_group
+            # (a dense model's block is its DP group: no experts, whatever the expert grid would say under CP)
+            block = lay.dp_group if self._whole_ep_groups or not self.model.is_moe else lay.expert_dp_group
             self.graph.replicas = {r: tuple(x for d in block(r) for c in lay.cp_group(d) for x in lay.tp_group(c))
                                    for r in ranks}
         elif representatives and self.t > 1:
