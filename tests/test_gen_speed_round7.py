@@ -221,6 +221,7 @@ def test_expert_parts_equal_scale_kernel_and_record_the_graphs_totals():
     tokens = 1 * 2048 * 2
     builder.par = type("P", (), {"micro_batch": 1})()
     builder.train = type("T", (), {"seq_len": 2048})()
+    builder.local_seq = 2048  # (tokens of each sequence on the rank: no context parallelism)
     builder.model = type("M", (), {"top_k": 2})()
     builder._moe_parts, builder._scale_plans, builder._balanced_kernels = {}, {}, {}
     builder.graph = OpGraph(1)
@@ -248,6 +249,7 @@ def test_expert_parts_leave_unsound_kernels_to_the_graphs_check():
     builder = _StepBuilder.__new__(_StepBuilder)
     builder.par = type("P", (), {"micro_batch": 1})()
     builder.train = type("T", (), {"seq_len": 8})()
+    builder.local_seq = 8
     builder.model = type("M", (), {"top_k": 1})()
     builder._moe_parts, builder._scale_plans, builder._balanced_kernels = {}, {}, {}
     builder.graph = OpGraph(1)
