@@ -144,3 +144,46 @@ def test_impossible_cp_moe_layouts_are_one_line_errors(par, match):
     with pytest.raises(ConfigError, match=match) as err:
         validate(model_from_dict(MOE), ParallelConfig(**par), TrainingSpec(seq_len=S))
     assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------ review additions (2026-12-05)
+def test_selective_recompute_passes_the_ring_for_the_recomputed_core():
+    # Selective recomputation (Megatron-Core's default module core_attn) re-runs the attention core before the
+    # backward: its ring passes K and V again, as full recomputation's does (forward 1/2, recomputed 1/2,
+    # backward 2 * 1/2 of 2 s h d per layer and micro-batch; 4 ranks, 2 micro-batches).
+    r = _run(_doc(recompute="selective"))
+    assert r.bytes_by_class["cp"] == pytest.approx(4 * L * 2 * 4 * (2 * S * H * D) / 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("etp", [2, 1])
+def test_expert_gemm_flops_with_tp_under_cp(etp):
+    # tp 2 under SP: a rank routes b (s/cp) / 2 tokens. etp 2: the expert-TP all-gather brings b (s/cp) k rows to
+    # experts of width f / 2; etp 1: b (s/cp) k / 2 rows at width f. Either way 6 (s/cp) k h f / 2 GEMM FLOPs.
+    st = training_step(*_parts(_doc(tp=2, etp=etp)))
+    op = next(o for o in st.graph.ops if o.rank == 0 and o.name == "F0.c0.L0.experts")
+    gemm = sum(k.flops for k in op.parts if k.category == "gemm")
+    assert gemm == pytest.approx(6 * (S / 2) * K * H * MOE["moe_ffn_hidden"] / 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("par,match", [
+    # etp = tp = 2 counts: etp*ep = 8 does not divide the stage's 4 ranks (Megatron-Core's RuntimeError)
+    ({"tp": 2, "cp": 2, "dp": 1, "ep": 4, "sequence_parallel": True}, r"etp\*ep = 2\*4 does not divide the 4 ranks"),
+    # the valid values are those etp*ep fits into tp*cp*dp = 2 ranks: 1 and 2 (not dp's divisors alone: 1)
+    ({"tp": 1, "cp": 2, "dp": 1, "ep": 4}, r"valid ep values: 1, 2$"),
+    ({"tp": 1, "cp": 2, "dp": 1, "ep": 3}, r"does not divide model.experts=8; valid ep values: 1, 2$"),
+])
+def test_cp_moe_ep_errors_name_the_valid_values(par, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        validate(model_from_dict(MOE), ParallelConfig(**par), TrainingSpec(seq_len=S))
+    assert "\n" not in str(err.value)
+
+
+def test_dense_model_under_cp_keeps_its_lockstep_representative():
+    # A dense model has no experts to place: under CP its lockstep step emits one rank per stage, the tp = 0,
+    # cp = 0, dp = 0 rank standing for the stage's TP x CP x DP block (8 ranks here), whatever
+    # ParallelConfig.expert_grid (a configuration-only property) says.
+    dense = {k: v for k, v in MOE.items() if k not in ("experts", "top_k", "moe_ffn_hidden")}
+    doc = dict(_doc(tp=2, ep=1), model=dict(dense, name="dense-small"))
+    st = training_step(*_parts(doc), representatives="stage")
+    assert {o.rank for o in st.graph.ops} == {0}
+    assert sorted(st.graph.replicas[0]) == list(range(8))

@@ -504,7 +504,8 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelConfig, training: Trainin
 def routed_rows_factor(model: ModelSpec, parallel: ParallelConfig, training: TrainingSpec,
                        capacity_factor: float | None, pad_to_capacity: bool) -> float:
     """Token slots an EP rank's routed experts hold over the balanced ``T k`` (``T`` the tokens an EP rank
-    routes, ``b s``, or ``b s / t`` on the expert grid): with ``pad_to_capacity`` every expert is padded to its
+    routes, ``b s``, or ``b (s/cp) / t`` on the expert grid:
+    :meth:`~workloads.parallel.ParallelConfig.routed_tokens`): with ``pad_to_capacity`` every expert is padded to its
     capacity, ``r`` routers' ``C = ceil(T/r k / E c)`` per source rank (:func:`~workloads.moe.capacity_slots`;
     ``r`` = :attr:`~workloads.parallel.ParallelConfig.routers`), so a rank holds ``r C E`` slots from its ``ep``
     sources for its ``E / ep`` experts; 1 otherwise, and without expert parallelism (the generator routes only

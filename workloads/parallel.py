@@ -517,7 +517,11 @@ class ParallelConfig:
     def expert_grid(self) -> bool:
         """The experts have their own grid: ``etp`` differs from ``tp`` (EP groups may cross TP groups), or
         context parallelism (``cp > 1``: Megatron-Core's EP groups are drawn from a stage's DP x CP ranks, each
-        routing its own ``s/cp`` tokens)."""
+        routing its own ``s/cp`` tokens). A configuration alone: it does not know the model, so it is true for a
+        dense model under CP too, where :meth:`size` ``("expert_dp")`` then reads ``cp*dp`` and the layout's expert
+        groups are empty of experts; callers with a model ask ``model.is_moe and parallel.expert_grid`` (as
+        :class:`workloads.training._StepBuilder` does) or read nothing expert-side for dense models (memory's
+        routed parameters are 0)."""
         return self.expert_tp != self.tp or self.cp > 1
 
     def size(self, dim: str) -> int:
@@ -826,15 +830,18 @@ def _check_experts(model: ModelSpec, parallel: ParallelConfig) -> None:
         return
     if not model.is_moe:
         raise ConfigError(f"parallel.ep: {ep} needs a mixture-of-experts model (model.experts > 0); use ep: 1")
-    valid = _valid_list([d for d in divisors(model.experts) if parallel.dp % d == 0])
+    ranks = parallel.tp * parallel.cp * parallel.dp
+    # On the expert grid EP is folded into a stage's tp*cp*dp ranks (etp*ep must divide them), else into DP
+    fits = ((lambda d: ranks % (parallel.expert_tp * d) == 0) if parallel.expert_grid else
+            (lambda d: parallel.dp % d == 0))
+    valid = _valid_list([d for d in divisors(model.experts) if fits(d)])
     if model.experts % ep:
         raise ConfigError(f"parallel.ep: {ep} does not divide model.experts={model.experts}; "
                           f"valid ep values: {valid}")
-    ranks = parallel.tp * parallel.cp * parallel.dp
     if parallel.cp > 1 and ranks % (parallel.expert_tp * ep):
         raise ConfigError(f"parallel.ep: etp*ep = {parallel.expert_tp}*{ep} does not divide the {ranks} ranks of a "
                           f"pipeline stage (tp*cp*dp), which Megatron-Core's expert grid folds EP into under "
-                          f"context parallelism")
+                          f"context parallelism; valid ep values: {valid}")
     if parallel.dp % ep and not parallel.expert_grid:
         raise ConfigError(f"parallel.ep: {ep} does not divide parallel.dp={parallel.dp} (expert parallelism "
                           f"lives inside data parallelism); valid ep values: {valid}")
