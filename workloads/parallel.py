@@ -826,6 +826,11 @@ def _check_expert_tp(model: ModelSpec, parallel: ParallelConfig) -> None:
 def _check_experts(model: ModelSpec, parallel: ParallelConfig) -> None:
     ep = parallel.ep
     _check_expert_tp(model, parallel)
+    if model.is_moe and parallel.tp > 1 and not parallel.sequence_parallel:
+        # Megatron-Core's MoELayer.forward raises in training: "performance may degrade if MoE and tensor
+        # parallelism are enabled without also enabling sequence parallelism" (each TP rank routes its shard)
+        raise ConfigError(f"parallel.sequence_parallel: a mixture-of-experts model with tensor parallelism "
+                          f"(tp: {parallel.tp}) needs sequence_parallel: true (as Megatron-Core requires)")
     if ep == 1:
         return
     if not model.is_moe:
@@ -845,10 +850,6 @@ def _check_experts(model: ModelSpec, parallel: ParallelConfig) -> None:
     if parallel.dp % ep and not parallel.expert_grid:
         raise ConfigError(f"parallel.ep: {ep} does not divide parallel.dp={parallel.dp} (expert parallelism "
                           f"lives inside data parallelism); valid ep values: {valid}")
-    if parallel.tp > 1 and not parallel.sequence_parallel:
-        # Megatron-Core's TransformerConfig refuses it too; each TP rank routes its sequence shard
-        raise ConfigError(f"parallel.sequence_parallel: expert parallelism (ep: {ep}) with tensor parallelism "
-                          f"(tp: {parallel.tp}) needs sequence_parallel: true (as Megatron-Core requires)")
 
 
 _ZERO_STAGES_OF = {"megatron": (0, 1), "deepspeed": (0, 1, 2, 3), "fsdp": (2, 3), "fsdp2": (2, 3)}
