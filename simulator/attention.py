@@ -15,6 +15,11 @@ kernel           GPU    source (16-bit, causal mask, TFLOP/s by sequence length)
                         Fig. 5 / 6, FlashAttention 2.5.8 on H100-SXM5 (700 W)
 ``fa3``          H100   same paper, FlashAttention-3
 ``cudnn``        H100   same paper, cuDNN 9.1.1.17 fused attention
+``cudnn``        GB200  NVIDIA/cudnn-frontend ``benchmark/sdpa_benchmark_training``:
+                        ``results/llama3.1/gb200/llama3.1_20260813_111214.csv``
+                        (cuDNN 9.27, 2,048-16,384 tokens, both masks) and
+                        ``artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB200.csv``
+                        (cuDNN 9.17, causal 512 and 1,024); head dim 128 only
 ===============  =====  ========================================================
 
 All use the FlashAttention papers' FLOP convention (section 4.1 of both):
@@ -31,8 +36,21 @@ this rule lands within 8% of the measured causal backward
 ones are interpolated linearly, sequence lengths in ``log2`` (clamped to
 512...16,384: beyond 16K the kernels are at their asymptote). Rates are
 stored as fractions of the measuring GPU's dense peak and applied to the
-GPU's own peak; a GPU generation without measurements (Blackwell) uses
-Hopper's fractions — the least certain numbers here.
+GPU's own peak; a kernel without measurements on its GPU generation (FA2 and
+FA3 on Blackwell) uses the nearest measured generation's fractions.
+
+Blackwell (``sm100``: B200, GB200, GB300) runs cuDNN at the GB200 rates above,
+as fractions of GB200's 2,500 TFLOP/s dense BF16 datasheet peak. Only head dim
+128 was measured: every head dimension takes its rates. The cuDNN 9.27 set has
+no 512 or 1,024: those causal rates are the 9.17 run's (batch 1, 128 query
+heads: at 2,048 its forward matches 9.27's within 1%, its backward is 26%
+under, so the short-length backward is likely pessimistic), their unmasked
+ones the causal ones times 9.27's unmasked / causal ratio at 2,048. Unlike
+Hopper's (taken at a fixed 1830 MHz, about the sustained clock), these were
+taken at the default clocks over 10 iterations: burst rates (the same run
+reports a 2,568 TFLOP/s MMA peak, above the datasheet's), so
+:func:`measured_at_burst` tells :mod:`simulator.compute` to scale them by the
+GPU's ``sustained_clock_fraction``.
 
 Kernels without a mask (the off-diagonal steps of ring attention under
 context parallelism, Transformer Engine's ``no_mask`` steps) use the same
@@ -55,6 +73,25 @@ SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
 
 _A100_PEAK = 312.0
 _H100_PEAK = 989.4
+_GB200_PEAK = 2500.0  # dense BF16, NVIDIA GB200 NVL72 datasheet (topologies.gpus)
+
+# cuDNN on GB200 (BF16, head dim 128, GQA 8 KV heads, non-deterministic backward). 2,048-16,384: cuDNN 9.27
+# (frontend 1.27.0), batch 2 x 64 query heads, NVIDIA/cudnn-frontend commit 20dc108987f2,
+# benchmark/sdpa_benchmark_training/results/llama3.1/gb200/llama3.1_20260813_111214.csv. 512 and 1,024 (causal):
+# cuDNN 9.17 (frontend 1.16.0), batch 1 x 128 query heads, commit d48a60eb146e,
+# benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB200.csv ("cudnn_fe").
+_GB200_CUDNN_CAUSAL_FWD = (408, 733, 1061, 1334, 1552, 1608)
+_GB200_CUDNN_CAUSAL_BWD = (329, 527, 880, 1131, 1297, 1271)
+_GB200_CUDNN_FULL_FWD_2K_UP = (1407, 1559, 1701, 1690)
+_GB200_CUDNN_FULL_BWD_2K_UP = (1114, 1325, 1434, 1305)
+
+
+def _short_unmasked(causal: tuple[int, ...], full_2k_up: tuple[int, ...]) -> tuple[float, ...]:
+    """Unmasked rates at :data:`SEQ_LENS`: measured from 2,048 up; at 512 and 1,024 the causal rate times the
+    unmasked / causal ratio at 2,048 (no unmasked run at those lengths)."""
+    ratio = full_2k_up[0] / causal[2]
+    return (causal[0] * ratio, causal[1] * ratio, *full_2k_up)
+
 
 # (measured-on peak TFLOP/s, {head_dim: {(pass, causal): TFLOP/s at SEQ_LENS}}); "bwd", True may be absent.
 _MEASURED: dict[tuple[str, str], tuple[float, dict[int, dict[tuple[str, bool], tuple[float, ...]]]]] = {
@@ -85,12 +122,30 @@ _MEASURED: dict[tuple[str, str], tuple[float, dict[int, dict[tuple[str, bool], t
               ("bwd", False): (214, 260, 291, 310, 318, 322)},
         256: {("fwd", True): (208, 251, 278, 293, 297, 298), ("fwd", False): (275, 313, 321, 323, 324, 326)},
     }),
+    ("sm100", "cudnn"): (_GB200_PEAK, {  # cudnn-frontend's GB200 runs, above: burst rates (measured_at_burst)
+        128: {("fwd", True): _GB200_CUDNN_CAUSAL_FWD, ("bwd", True): _GB200_CUDNN_CAUSAL_BWD,
+              ("fwd", False): _short_unmasked(_GB200_CUDNN_CAUSAL_FWD, _GB200_CUDNN_FULL_FWD_2K_UP),
+              ("bwd", False): _short_unmasked(_GB200_CUDNN_CAUSAL_BWD, _GB200_CUDNN_FULL_BWD_2K_UP)},
+    }),
 }
 
 DEFAULT_KERNEL = {"sm80": "fa2", "sm90": "cudnn", "sm100": "cudnn"}
 """Fused attention kernel per GPU generation when ``compute.attention_kernel`` is not set."""
 _FALLBACK_ARCH = {"sm100": "sm90"}
-"""Generations without published measurements borrow the fractions of peak of the nearest measured one."""
+"""A kernel without published measurements on a generation borrows the nearest measured generation's fractions."""
+_BURST_MEASURED = frozenset({("sm100", "cudnn")})
+"""Tables measured at the default (boost) clock over a few iterations, not at a sustained clock."""
+
+
+def _table_key(arch: str, kernel: str) -> tuple[str, str]:
+    """The measured ``(arch, kernel)`` a kernel on ``arch`` takes its rates from (its own, else the fallback's)."""
+    return (arch, kernel) if (arch, kernel) in _MEASURED else (_FALLBACK_ARCH.get(arch, arch), kernel)
+
+
+def measured_at_burst(arch: str, kernel: str) -> bool:
+    """Whether ``kernel``'s rates on ``arch`` are burst rates, to be scaled by the sustained clock fraction (the
+    Hopper and Ampere ones were taken at about the sustained clock: module docstring)."""
+    return _table_key(arch, kernel) in _BURST_MEASURED
 
 
 def derived_causal_backward(fwd_causal: float, fwd_full: float, bwd_full: float) -> float:
@@ -157,8 +212,8 @@ ATTENTION_KERNELS = tuple(sorted({k for _, k in TABLES}))
 
 def kernels_for(arch: str) -> list[str]:
     """Attention kernels with published rates on a GPU generation."""
-    arch = _FALLBACK_ARCH.get(arch, arch)
-    return sorted(k for a, k in TABLES if a == arch)
+    fallback = _FALLBACK_ARCH.get(arch, arch)
+    return sorted({k for a, k in TABLES if a in (arch, fallback)})
 
 
 def _interp_seq(values: tuple[float, ...], seq_len: float) -> float:
@@ -178,7 +233,7 @@ def attention_fraction(arch: str, kernel: str, backward: bool, head_dim: int, se
 
     Raises ``ValueError`` naming the valid kernels for an unknown ``(arch, kernel)``.
     """
-    key = (_FALLBACK_ARCH.get(arch, arch), kernel)
+    key = _table_key(arch, kernel)
     table = (TABLES if causal else NO_MASK_TABLES).get(key)
     if table is None:
         raise ValueError(f"compute.attention_kernel: {kernel!r} has no published rates on {arch}; "

@@ -91,7 +91,7 @@ from topologies.gpus import get_gpu
 from workloads.ops import GEMM_CATEGORIES, Compute, Kernel, Op
 from workloads.parallel import DTYPE_BYTES
 
-from .attention import ATTENTION_KERNELS, DEFAULT_KERNEL, attention_fraction, kernels_for
+from .attention import ATTENTION_KERNELS, DEFAULT_KERNEL, attention_fraction, kernels_for, measured_at_burst
 from .gemm import K_OVERHEAD, GemmModel, times
 
 _DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -137,8 +137,10 @@ class ComputeModel:
     sustained_clock_fraction : float or None
         Overrides ``gpu.sustained_clock_fraction``: the rate GEMMs keep running back to back for seconds over
         the rate this model gives them from short-burst ceilings (``*matmul_efficiency``), in [0.01, 1]; every
-        tensor-core GEMM's time is divided by it (not fp32 SIMT GEMMs, not the HBM roofline, not attention,
-        whose published rates were taken at the sustained clock: :mod:`topologies.gpus`). Set 1 where a given
+        tensor-core GEMM's time is divided by it (not fp32 SIMT GEMMs, not the HBM roofline, not Ampere's or
+        Hopper's attention, whose published rates were taken at the sustained clock: :mod:`topologies.gpus`;
+        Blackwell's cuDNN attention rates are burst rates and are scaled:
+        :func:`simulator.attention.measured_at_burst`). Set 1 where a given
         ceiling is itself a sustained measurement.
     fp8_matmul_efficiency : float or None
         Overrides ``gpu.matmul_efficiency_fp8`` (the best-shape FP8 GEMM
@@ -362,8 +364,9 @@ class ComputeModel:
                 return self.peak_flops * self.attention_efficiency
             seq, head_dim = (op.shape[1], op.shape[2]) if op.shape is not None else (4096, 128)
             backward, causal = _ATTENTION[op.category]
-            return self.peak_flops * attention_fraction(self.gpu.arch, self.fused_attention_kernel,
-                                                        backward, head_dim, seq, causal)
+            arch, kernel = self.gpu.arch, self.fused_attention_kernel
+            clock = self.clock_fraction if measured_at_burst(arch, kernel) else 1.0
+            return self.peak_flops * clock * attention_fraction(arch, kernel, backward, head_dim, seq, causal)
         return self.peak_flops * 0.5  # element-wise FLOPs are never the bound in practice
 
     def duration(self, op: Compute | Kernel) -> float:

@@ -832,3 +832,50 @@ def test_all_to_all_efficiency_is_nccls_and_idle_under_a_uniform_step_latency():
     low = collective_time(two, "all_to_all", 16, 2**32, network=NetworkConfig(step_latency_s=2e-6,
                                                                               all_to_all_efficiency=0.5))
     assert 2**32 / low * bus_factor("all_to_all", 16) / 1e9 == pytest.approx(2 * 0.95 * 25 * 15 / 16, rel=2e-3)
+
+
+# cuDNN SDPA on GB200, BF16, head dim 128, GQA (8 KV heads), FA FLOP convention (causal halved, backward 2.5x the
+# forward: the CSVs' time_ms x tflops give exactly these FLOPs). NVIDIA/cudnn-frontend,
+# benchmark/sdpa_benchmark_training: 2,048 up from results/llama3.1/gb200/llama3.1_20260813_111214.csv (cuDNN 9.27,
+# batch 2, 64 query heads; commit 20dc108987f2); 512 and 1,024 from
+# artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB200.csv (cuDNN 9.17, batch 1, 128 query heads; commit d48a60eb146e).
+GB200_CUDNN = [  # seq, causal, forward TFLOP/s, backward TFLOP/s (non-deterministic)
+    (512, True, 408, 329), (1024, True, 733, 527),
+    (2048, True, 1061, 880), (4096, True, 1334, 1131), (8192, True, 1552, 1297), (16384, True, 1608, 1271),
+    (2048, False, 1407, 1114), (4096, False, 1559, 1325), (8192, False, 1701, 1434), (16384, False, 1690, 1305),
+]
+
+
+def _attention_tflops(cm: ComputeModel, category: str, seq: int) -> float:
+    """TFLOP/s the model gives a fused attention kernel of head dim 128 at ``seq`` tokens (no HBM bound)."""
+    flops = 1e12
+    return flops / (cm.duration(Kernel(category, flops, 0.0, (seq, seq, 128))) - cm.op_overhead_s) / 1e12
+
+
+@pytest.mark.parametrize("seq, causal, fwd, bwd", GB200_CUDNN)
+def test_blackwell_cudnn_attention_at_burst_is_the_published_gb200_rate(seq, causal, fwd, bwd):
+    """With the sustained clock set to 1 (the runs' burst clock: 10 iterations at default clocks), GB200's cuDNN
+    attention runs at the published rate at every published length, both masks and passes (exact: grid points)."""
+    cm = ComputeModel(get_gpu("GB200"), sustained_clock_fraction=1.0)
+    suffix = "" if causal else "_nomask"
+    assert _attention_tflops(cm, "attention" + suffix, seq) == pytest.approx(fwd, rel=1e-9)
+    assert _attention_tflops(cm, f"attention{suffix}_bwd", seq) == pytest.approx(bwd, rel=1e-9)
+
+
+def test_blackwell_attention_runs_at_the_sustained_clock():
+    """The published Blackwell rates are burst rates: in training each runs at the GPU's sustained fraction of
+    them (GB200 0.90), on B200 at its own peak (2,250 of GB200's 2,500) and sustained fraction (0.88). Hopper's
+    (taken at 1830 MHz, about the sustained clock) are not scaled."""
+    gb200, b200 = ComputeModel(get_gpu("GB200")), ComputeModel(get_gpu("B200"))
+    assert _attention_tflops(gb200, "attention", 8192) == pytest.approx(1552 * 0.90, rel=1e-9)
+    assert _attention_tflops(b200, "attention_bwd", 8192) == pytest.approx(1297 * 2250 / 2500 * 0.88, rel=1e-9)
+    h100 = ComputeModel(H100, attention_kernel="cudnn")
+    assert _attention_tflops(h100, "attention", 4096) == pytest.approx(518, rel=1e-9)  # FA3 Fig. 5(d), cuDNN 9.1.1
+
+
+def test_blackwell_kernels_without_blackwell_measurements_keep_hoppers_fractions():
+    """FA2 on Blackwell has no table of its own: Hopper's fractions at Blackwell's peak, not clock-scaled."""
+    from simulator.attention import attention_fraction, kernels_for, measured_at_burst
+    assert kernels_for("sm100") == ["cudnn", "fa2", "fa3"]
+    assert attention_fraction("sm100", "fa2", False, 128, 2048) == pytest.approx(298 / 989.4)  # FA3 Fig. 5(d)
+    assert not measured_at_burst("sm100", "fa2") and measured_at_burst("sm100", "cudnn")
