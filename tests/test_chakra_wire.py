@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workloads.chakra import ChakraError, read_chakra, write_chakra
-from workloads.chakra.schema import classes, iter_frames, parse
+from workloads.chakra.schema import classes, frame, iter_frames, parse
 from workloads.ops import Kernel, OpGraph
 
 COMP, COLL = 4, 7  # NodeType values of et_def.proto
@@ -25,6 +25,12 @@ COMP, COLL = 4, 7  # NodeType values of et_def.proto
 def reference(node_id: int, name: str, node_type: int, deps: list[int], micros: int,
               attrs: list[tuple[str, str, object]]) -> bytes:
     """The bytes protobuf serializes for a Node of these fields; ``attrs``: ``(name, field, value)``."""
+    return _node(node_id, name, node_type, deps, micros, attrs).SerializeToString()
+
+
+def _node(node_id: int, name: str, node_type: int, deps: list[int], micros: int,
+          attrs: list[tuple[str, str, object]]):
+    """The protobuf Node message of these fields (:func:`reference`)."""
     node = classes()["Node"](id=node_id, name=name, type=node_type, duration_micros=micros)
     node.data_deps.extend(deps)
     for attr_name, field, value in attrs:
@@ -33,7 +39,7 @@ def reference(node_id: int, name: str, node_type: int, deps: list[int], micros: 
             getattr(a, field).values.extend(value)
         else:
             setattr(a, field, value)
-    return node.SerializeToString()
+    return node
 
 
 def by_hand(node_id: int, name: str, node_type: int, deps: list[int], micros: int,
@@ -97,8 +103,8 @@ def test_a_chain_of_parts_across_varint_lengths_is_protobufs(first, count):
     rest = wire.attr(wire.name("comm_type"), wire.int64_value(0))
     tails = [wire.attr(wire.name("clustersim.part"), wire.int64_value(k)) for k in range(1, count + 1)]
     got = b"".join(wire.chain(first, count, wire.head(0, "ar", COLL), rest, tails))
-    want = b"".join(wire.framed(reference(first + k, "ar", COLL, [first + k - 1], 0,
-                                          [("comm_type", "int64_val", 0), ("clustersim.part", "int64_val", k + 1)]))
+    want = b"".join(frame(_node(first + k, "ar", COLL, [first + k - 1], 0,
+                                [("comm_type", "int64_val", 0), ("clustersim.part", "int64_val", k + 1)]))
                     for k in range(count))
     assert got == want
 

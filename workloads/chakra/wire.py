@@ -85,7 +85,8 @@ _INT64_VAL, _INT32_VAL, _UINT64_VAL = key(_VAL["int64"], _VARINT), key(_VAL["int
 _BOOL_VAL, _DOUBLE_VAL, _STRING_VAL = key(_VAL["bool"], _VARINT), key(_VAL["double"], _FIXED64), \
     key(_VAL["string"], _LEN)
 _ATTR_KEY = key(10, _LEN)  # Node.attr (repeated AttributeProto)
-_DOUBLE = struct.Struct("<d")
+DOUBLE = struct.Struct("<d")
+"""A double as protobuf writes it (little-endian IEEE 754), the bytes of a ``double`` field's value."""
 
 
 def name(text: str) -> bytes:
@@ -131,7 +132,7 @@ def bool_value(x: bool) -> bytes:
 
 def double_value(x: float) -> bytes:
     """``double_val`` (eight little-endian bytes)."""
-    return _DOUBLE_VAL + _DOUBLE.pack(x)
+    return _DOUBLE_VAL + DOUBLE.pack(x)
 
 
 def string_value(x: str) -> bytes:
@@ -204,8 +205,3 @@ def chain(first_id: int, count: int, middle: bytes, rest: bytes, tails: Sequence
                 rest, tail)
         before = this
     return out
-
-
-def framed(body: bytes) -> bytes:
-    """``body`` prefixed with its varint byte length (:func:`workloads.chakra.schema.frame`)."""
-    return varint(len(body)) + body

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import math
 import os
-import struct
 import warnings
 import zlib
 from pathlib import Path
@@ -469,13 +468,11 @@ def _exact(x: object) -> object:
     float's bytes (0.0 and -0.0 differ), an int or None itself, anything else (a numpy scalar, a Fraction) by
     identity (the graph holds it)."""
     if type(x) is float:
-        return _DOUBLE.pack(x)
+        return wire.DOUBLE.pack(x)
     if type(x) is int or x is None:
         return x
     return ("object", id(x))
 
-
-_DOUBLE = struct.Struct("<d")
 
 
 def _compute_settings(compute: DurationModel | None) -> dict[str, str]:
