@@ -153,55 +153,35 @@ def derived_causal_backward(fwd_causal: float, fwd_full: float, bwd_full: float)
     return bwd_full * fwd_causal / fwd_full
 
 
-def _causal_table(peak: float, by_hd: Mapping[int, Mapping[tuple[str, bool], tuple[float, ...]]]
-                  ) -> dict[str, dict[int, tuple[float, ...]]]:
-    """Causal forward and backward rates as fractions of peak, per head dimension."""
+def _rate_table(peak: float, by_hd: Mapping[int, Mapping[tuple[str, bool], tuple[float, ...]]], causal: bool
+                ) -> dict[str, dict[int, tuple[float, ...]]]:
+    """Forward and backward rates with a causal mask (``causal``) or none, as fractions of peak, per head
+    dimension: as published. A backward not published for the mask is a source head dimension's scaled by the
+    two head dimensions' forwards; the source is the head dimension itself where it has a non-causal backward
+    (causal only), else the largest one that has (256 on H100 takes 128's), and its backward is the published
+    non-causal one or, causal, :func:`derived_causal_backward` of it."""
     out: dict[str, dict[int, tuple[float, ...]]] = {"fwd": {}, "bwd": {}}
     dims = sorted(by_hd)
     for hd in dims:
         rows = by_hd[hd]
-        fwd = rows[("fwd", True)]
-        if ("bwd", True) in rows:
-            bwd = rows[("bwd", True)]
-        else:
-            source = hd if ("bwd", False) in rows else max(d for d in dims if ("bwd", False) in by_hd[d])
-            src = by_hd[source]
-            # the causal backward of the nearest measured head dim, scaled by this head dim's forward
-            bwd = tuple(derived_causal_backward(sc, sf, sb) * fc / sc
-                        for sc, sf, sb, fc in zip(src[("fwd", True)], src[("fwd", False)], src[("bwd", False)],
-                                                  fwd))
+        fwd = rows[("fwd", causal)]
+        bwd = rows.get(("bwd", causal))
+        if bwd is None:
+            src = by_hd[hd if ("bwd", False) in rows else max(d for d in dims if ("bwd", False) in by_hd[d])]
+            src_bwd = (tuple(map(derived_causal_backward, src[("fwd", True)], src[("fwd", False)], src[("bwd", False)]))
+                       if causal else src[("bwd", False)])
+            bwd = tuple(sb * f / sf for sb, sf, f in zip(src_bwd, src[("fwd", causal)], fwd))
         out["fwd"][hd] = tuple(x / peak for x in fwd)
         out["bwd"][hd] = tuple(x / peak for x in bwd)
     return out
 
 
 TABLES: dict[tuple[str, str], dict[str, dict[int, tuple[float, ...]]]] = {
-    key: _causal_table(peak, rows) for key, (peak, rows) in _MEASURED.items()}
+    key: _rate_table(peak, rows, causal=True) for key, (peak, rows) in _MEASURED.items()}
 """``(arch, kernel) -> pass -> head_dim -> fraction of dense peak`` at :data:`SEQ_LENS` (causal mask)."""
 
-
-def _no_mask_table(peak: float, by_hd: Mapping[int, Mapping[tuple[str, bool], tuple[float, ...]]]
-                   ) -> dict[str, dict[int, tuple[float, ...]]]:
-    """Unmasked (non-causal) forward and backward rates as fractions of peak, per head dimension: as
-    published; where a head dimension has no backward (256 on H100), the nearest measured head dimension's
-    backward scaled by the two head dimensions' unmasked forwards (as :func:`_causal_table` derives)."""
-    out: dict[str, dict[int, tuple[float, ...]]] = {"fwd": {}, "bwd": {}}
-    dims = sorted(by_hd)
-    for hd in dims:
-        rows = by_hd[hd]
-        fwd = rows[("fwd", False)]
-        if ("bwd", False) in rows:
-            bwd = rows[("bwd", False)]
-        else:
-            src = by_hd[max(d for d in dims if ("bwd", False) in by_hd[d])]
-            bwd = tuple(sb * f / sf for sb, sf, f in zip(src[("bwd", False)], src[("fwd", False)], fwd))
-        out["fwd"][hd] = tuple(x / peak for x in fwd)
-        out["bwd"][hd] = tuple(x / peak for x in bwd)
-    return out
-
-
 NO_MASK_TABLES: dict[tuple[str, str], dict[str, dict[int, tuple[float, ...]]]] = {
-    key: _no_mask_table(peak, rows) for key, (peak, rows) in _MEASURED.items()}
+    key: _rate_table(peak, rows, causal=False) for key, (peak, rows) in _MEASURED.items()}
 """``(arch, kernel) -> pass -> head_dim -> fraction of dense peak`` at :data:`SEQ_LENS` without a mask: the
 off-diagonal steps of ring attention (:func:`workloads.flops.ring_attention_steps`)."""
 

@@ -325,7 +325,8 @@ class Fabric:
         # pairs of a hop routed in bulk, found from its row when first asked (_pair_entry), not stored per hop
         self._row_blocks: dict[int, list[tuple[np.ndarray, np.ndarray, list]]] = {}
         self._spray = self.config.routing == "spray"
-        self._spread: dict[int, int] = {}  # id(links array) -> equal-cost paths it spreads a flow over
+        # id(links array) -> (the array, the equal-cost paths it spreads a flow over): only where more than one (spread)
+        self._spread: dict[int, tuple[np.ndarray, int]] = {}
         self.collectives_run = 0
         self._one_switch_groups: dict[tuple[int, ...], bool] = {}  # group -> _one_switch
         self._between_switches: np.ndarray | None = None  # per link: joins two switches (made by _one_switch)
@@ -436,24 +437,22 @@ class Fabric:
         entry = self._spread.get(id(links))
         return entry[1] if entry is not None and entry[0] is links else 1
 
-    def _transfer_links(self, hops: list[tuple[np.ndarray, float]]) -> tuple[np.ndarray, int]:
-        """One transfer's links over all its ``hops`` (a pipelined ring is one flow over every hop) and their
-        spread (:meth:`spread`). Under spray a hop over ``k`` paths is declared to the network with each entry
-        weighted ``1 / k`` (:meth:`_hop`), and the transfer's concatenation with its hops' weights, so one flow
-        of the transfer's whole bytes loads every hop as its own split would and competes as one flow."""
+    def _transfer_links(self, hops: list[tuple[np.ndarray, float]]) -> np.ndarray:
+        """One transfer's links over all its ``hops`` (a pipelined ring is one flow over every hop). Under spray a
+        hop over ``k`` paths is declared to the network with each entry weighted ``1 / k`` (:meth:`_hop`), and the
+        transfer's concatenation with its hops' weights (its :meth:`spread` the lcm of theirs), so one flow of the
+        transfer's whole bytes loads every hop as its own split would and competes as one flow."""
         if len(hops) == 1:
-            links = hops[0][0]
-            return links, self.spread(links)
+            return hops[0][0]
         spreads = [self.spread(h[0]) for h in hops]
         links = np.concatenate([h[0] for h in hops])
         if max(spreads) == 1:
-            return links, 1
-        common = int(np.lcm.reduce(spreads))
+            return links
         weights_of = self.network.weights_of
         weights = np.concatenate([np.ones(len(h[0])) if k == 1 else weights_of(h[0]) for h, k in zip(hops, spreads)])
         self.network.declare(links, 1, weights)
-        self._spread[id(links)] = (links, common)
-        return links, common
+        self._spread[id(links)] = (links, int(np.lcm.reduce(spreads)))
+        return links
 
     def _pair_entry(self, links: np.ndarray) -> tuple:
         """``(links, hops, [shares])`` of a routed links array (see :meth:`pairs_of`). A hop routed in bulk
@@ -872,7 +871,7 @@ class Fabric:
             for phase in plan.phases:
                 for t in phase:
                     hops = list(islice(routed, len(t.hops)))
-                    links, _spread = self._transfer_links(hops)
+                    links = self._transfer_links(hops)
                     if len(hops) > 1:
                         self._pairs[id(links)] = (links, tuple(t.hops))
                     transfers.append((links, max([h[1] for h in hops]), len(hops)))

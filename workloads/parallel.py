@@ -815,9 +815,6 @@ def _check_expert_tp(model: ModelSpec, parallel: ParallelConfig) -> None:
     if ranks % (etp * parallel.ep):
         raise ConfigError(f"parallel.etp: etp*ep = {etp}*{parallel.ep} does not divide the {ranks} ranks of a pipeline "
                           f"stage (tp*cp*dp); Megatron-Core's expert-data-parallel size is tp*cp*dp/(etp*ep)")
-    if parallel.tp > 1 and not parallel.sequence_parallel:
-        raise ConfigError("parallel.sequence_parallel: Megatron-Core needs sequence parallelism for MoE with tp > 1 "
-                          "and a separate etp; set sequence_parallel: true")
     if parallel.zero >= 2:
         raise ConfigError(f"parallel.etp: a separate expert TP is modelled with zero 0 or 1 (Megatron's "
                           f"distributed optimizer), got zero: {parallel.zero}")
@@ -825,12 +822,13 @@ def _check_expert_tp(model: ModelSpec, parallel: ParallelConfig) -> None:
 
 def _check_experts(model: ModelSpec, parallel: ParallelConfig) -> None:
     ep = parallel.ep
-    _check_expert_tp(model, parallel)
     if model.is_moe and parallel.tp > 1 and not parallel.sequence_parallel:
         # Megatron-Core's MoELayer.forward raises in training: "performance may degrade if MoE and tensor
-        # parallelism are enabled without also enabling sequence parallelism" (each TP rank routes its shard)
+        # parallelism are enabled without also enabling sequence parallelism" (each TP rank routes its shard;
+        # with or without expert parallelism, a separate expert TP or not)
         raise ConfigError(f"parallel.sequence_parallel: a mixture-of-experts model with tensor parallelism "
                           f"(tp: {parallel.tp}) needs sequence_parallel: true (as Megatron-Core requires)")
+    _check_expert_tp(model, parallel)
     if ep == 1:
         return
     if not model.is_moe:

@@ -536,6 +536,14 @@ def _recomputed_first(ops: Sequence[LayerOp], mask: Sequence[bool]) -> tuple[lis
     return [o for o, again in zip(ops, mask) if again], [o for o, again in zip(ops, mask) if not again]
 
 
+def _shared_cut(shared: Sequence[LayerOp]) -> int:
+    """Where a MoE layer pass's shared-expert kernels ``shared`` (in order) split into the half beside the first
+    all-to-all and the half beside the second: after the last kernel of the first one's module (``shared_up`` in
+    the forward, ``shared_down`` in the backward)."""
+    base = base_name(shared[0].name)
+    return max(i for i, o in enumerate(shared) if base_name(o.name) == base) + 1
+
+
 def _leading(mask: Sequence[bool]) -> int:
     """How many kernels at the front of a recompute mask are recomputed (``full``, ``core_attn``)."""
     return next((i for i, again in enumerate(mask) if not again), len(mask))
@@ -1142,14 +1150,11 @@ class _StepBuilder:
         cuts = (slice(None, idx[0]), slice(idx[0], idx[-1] + 1), slice(idx[-1] + 1, None))
         (before, experts, after), masks = ([ops[c] for c in cuts], [mask[c] for c in cuts])
         if self.expert_grid:
-            grid, grid_mask = self._layer_pass(layer, phase, self.etp)
-            keep = [i for i in range(_leading(grid_mask), len(grid)) if grid[i].name.startswith("experts")]
-            experts, masks[1] = [grid[i] for i in keep], tuple(grid_mask[i] for i in keep)
+            experts, masks[1] = self._grid_experts(layer, phase)
         if not (self.routing.shared_expert_overlap and self.model.shared_experts):
             return (before, experts, after), tuple(masks)
         shared = [(o, again) for o, again in zip(ops[start:], mask[start:]) if o.name.startswith("shared")]
-        base = base_name(shared[0][0].name)  # shared_up in the forward, shared_down in the backward
-        cut = max(i for i, (o, _a) in enumerate(shared) if base_name(o.name) == base) + 1
+        cut = _shared_cut([o for o, _a in shared])
         ids = {id(o) for o, _a in shared}
         (pre, pre_mask), (post, post_mask), (first, first_mask), (second, second_mask) = map(_unzip, (
             [(o, a) for i, (o, a) in enumerate(zip(before, masks[0])) if i < start or id(o) not in ids],
@@ -1163,11 +1168,13 @@ class _StepBuilder:
         ops, mask = self._layer_pass(layer, phase, self.etp if self.expert_grid else None)
         return [o for o in ops[:_leading(mask)] if o.name.startswith("experts")]
 
-    def _grid_experts(self, layer: int, phase: str) -> list[LayerOp]:
+    def _grid_experts(self, layer: int, phase: str) -> tuple[list[LayerOp], tuple[bool, ...]]:
         """The routed experts' kernels of one pass of ``layer`` under an expert grid: split over ``etp``, not
-        ``tp`` (the recomputed forward kernels at the front left out: :meth:`_recomputed_experts` has theirs)."""
+        ``tp`` (the recomputed forward kernels at the front left out: :meth:`_recomputed_experts` has theirs),
+        with their recompute mask (``moe_act``'s activation)."""
         ops, mask = self._layer_pass(layer, phase, self.etp)
-        return [o for o in ops[_leading(mask):] if o.name.startswith("experts")]
+        keep = [i for i in range(_leading(mask), len(ops)) if ops[i].name.startswith("experts")]
+        return [ops[i] for i in keep], tuple(mask[i] for i in keep)
 
     def _expert_wgrads(self, layer: int, phase: str, kernels: list[LayerOp]
                        ) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...], tuple[Kernel, ...]] | None:
@@ -1184,7 +1191,7 @@ class _StepBuilder:
         at = [i for i, k in enumerate(kernels) if k.name.startswith("experts")]
         if not at:
             return None
-        experts = self._grid_experts(layer, phase) if self.expert_grid else [kernels[i] for i in at]
+        experts = self._grid_experts(layer, phase)[0] if self.expert_grid else [kernels[i] for i in at]
         rest = set(at)
         return (_kernels(kernels[:at[0]]), self._balanced(experts),
                 _kernels([k for i, k in enumerate(kernels) if i > at[0] and i not in rest]))
@@ -1438,8 +1445,7 @@ class _StepBuilder:
             again = [i for i, o in enumerate(rerun) if o.name.startswith("experts")]
             if again and shared:  # the re-run shared expert's halves beside the re-run exchanges, as _moe_split's
                 extra = [o for o in rerun if o.name.startswith("shared")]
-                base = base_name(extra[0].name)
-                cut = max(i for i, o in enumerate(extra) if base_name(o.name) == base) + 1
+                cut = _shared_cut(extra)
                 halves = (_kernels(extra[:cut]), _kernels(extra[cut:]))
                 rerun = [o for o in rerun if not o.name.startswith("shared")]
                 again = [i for i, o in enumerate(rerun) if o.name.startswith("experts")]
@@ -1473,7 +1479,11 @@ class _StepBuilder:
         exchange = _Exchange(rank, group, (out_row, back_row), (out_rows, back_rows), forward, forward_rows, gather,
                              load * self.model.hidden * self.dtype, load, apart, a2a_stream, hop_stream, layer, mb,
                              stage)
-        redo = bool(head)
+        redo = bool(head) or again is not None
+        if redo:  # the recomputed kernels at the front (before the routed experts under full recomputation)
+            cp_head = self._cp_ops(head)
+            deps = [self._cp_run(rank, cp_head[1], cp_head[2], deps, name, layer, mb, stage) if cp_head else
+                    compute(rank, head, RECOMPUTE_PHASE + name[1:], deps, "gemm", layer, mb, stage, COMPUTE_STREAM)]
         if again is not None:
             # Full recomputation re-runs the layer's forward whole before the backward, its token dispatcher's
             # exchanges included (Megatron-Core's checkpointed layer replays its dispatch and combine, with the
@@ -1482,18 +1492,9 @@ class _StepBuilder:
             # ``R….experts`` at this rank's forward load (with every member's, :meth:`_members`), the combine,
             # ``R….post`` (the kernels after them); its pieces are yielded as the pass's are (DualPipe's other
             # chunk computes under its exchanges).
-            r_name = RECOMPUTE_PHASE + name[1:]
-            cp_head = self._cp_ops(head)
-            last = (self._cp_run(rank, cp_head[1], cp_head[2], deps, name, layer, mb, stage) if cp_head else
-                    compute(rank, head, r_name, deps, "gemm", layer, mb, stage, COMPUTE_STREAM))
-            yield last
-            deps = [(yield from self._exchanged(exchange, last, r_name, ("dispatch", "combine"), (None, again), loads,
-                                                halves, ((), tail)))]
-            redo = True
-        elif head:
-            cp_head = self._cp_ops(head)
-            deps = [self._cp_run(rank, cp_head[1], cp_head[2], deps, name, layer, mb, stage) if cp_head else
-                    compute(rank, head, RECOMPUTE_PHASE + name[1:], deps, "gemm", layer, mb, stage, COMPUTE_STREAM)]
+            yield deps[0]
+            deps = [(yield from self._exchanged(exchange, deps[0], RECOMPUTE_PHASE + name[1:], ("dispatch", "combine"),
+                                                (None, again), loads, halves, ((), tail)))]
         last = self._piece(rank, pre, f"{name}.pre", deps, layer, mb, stage, redo)
         last = self._emit_tp(rank, seg, name, last, mb, stage, after=regather)
         yield last
