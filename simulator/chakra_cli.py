@@ -29,6 +29,7 @@ import warnings
 
 from topologies import build_cluster
 from topologies.cluster import Cluster
+from topologies.faults import compute_slowdown
 from topologies.loader import preset_section
 from workloads.errors import with_prefix
 from workloads.ops import FP8_GEMM_CATEGORIES, Compute
@@ -166,11 +167,11 @@ def run_trace(args: argparse.Namespace) -> int:
             warnings.simplefilter("always", ChakraWarning)
             write_chakra(graph, args.export_chakra, compute=compute)
         _print_notes(caught, "--export-chakra")
-    slowdown = {f["gpu"]: float(f["factor"]) for f in faults if f.get("kind") == "straggler"}
-    for gpu in [g for g in slowdown if g >= world]:  # (the engine refuses a rank its graph does not have)
+    slowdown = compute_slowdown(faults, cluster.num_gpus)
+    for gpu in [f["gpu"] for f in faults if f.get("kind") == "straggler" and f["gpu"] >= world]:
         print(f"clustersim: note: faults: the straggler on GPU {gpu} has no effect: the trace runs on GPUs "
               f"0..{world - 1}", file=sys.stderr)
-        del slowdown[gpu]
+    slowdown = {gpu: factor for gpu, factor in slowdown.items() if gpu < world}  # (the engine refuses other ranks)
     try:
         with paused_gc():
             # the same trace on the healthy cluster, for the cost of the faults (as run_experiment does)

@@ -41,7 +41,14 @@ from topologies.builders import core_ratio, default_spines, rail_pod, ratio_text
 from topologies.capacity import plan_columns
 from topologies.cluster import Cluster, check_cluster
 from topologies.components import PlanOptions, plan_options
-from topologies.faults import apply_faults, check_fault, fault_counts
+from topologies.faults import (
+    COMPUTE_FAULTS,
+    apply_faults,
+    check_fault,
+    check_variability,
+    compute_slowdown,
+    fault_counts,
+)
 from topologies.loader import describes_topology, preset_section, resolve_topology_path
 from topologies.yamlio import load_yaml, malformed
 from workloads.errors import ConfigError, check_bool, plain_values, unknown_keys, with_prefix
@@ -193,9 +200,11 @@ class Experiment:
         return ComputeModel(self.cluster.gpu, dtype=self.training.dtype, **self.compute)
 
     def slowdown(self) -> dict[int, float]:
-        """Straggler GPUs of ``faults``: rank -> compute slowdown factor (> 1; a factor of 1 slows nothing, so it
-        neither changes which ranks a fidelity simulates nor appears here)."""
-        return {f["gpu"]: float(f["factor"]) for f in self.faults if f.get("kind") == "straggler" and f["factor"] != 1}
+        """GPUs slowed by the compute faults of ``faults`` (stragglers, the GPUs' variability): rank -> factor on its
+        compute time (:func:`topologies.faults.compute_slowdown`; under variability some factors are below 1, GPUs
+        faster than the model's; a factor of 1 slows nothing, so it neither changes which ranks a fidelity
+        simulates nor appears here)."""
+        return compute_slowdown(self.faults, self.cluster.num_gpus)
 
 
 # -------------------------------------------------------------------- loading
@@ -400,7 +409,13 @@ def _faults_from_list(value: object, cluster: Cluster) -> list[dict]:
         raise ConfigError(f"faults: must be a list of faults such as [{{kind: switch_down, switch: spine:0}}], "
                           f"got {value!r}")
     faults = [check_fault(f, i) for i, f in enumerate(value)]
+    spreads = [i for i, f in enumerate(faults) if f["kind"] == "variability"]
     for i, f in enumerate(faults):
+        if f["kind"] == "variability":
+            check_variability(f, f"faults[{i}]")
+            if i != spreads[0]:
+                raise ConfigError(f"faults[{i}]: the GPUs already have a variability (faults[{spreads[0]}]); give "
+                                  f"one entry")
         if f["kind"] == "straggler":
             rank, factor = f["gpu"], f["factor"]
             if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < cluster.num_gpus:
@@ -582,7 +597,7 @@ def unused_settings(exp: Experiment, fidelity: str | None = None) -> list[str]:
     if replicas > 1 and _every_rank_for_stragglers(exp):
         notes.append(f"fidelity {fidelity}: " + _EVERY_RANK.format(schedule=exp.parallel.schedule)
                      + " (as fidelity full: slower to simulate)")
-    fabric_faults = sorted({f.get("kind") for f in exp.faults if f.get("kind") not in ("straggler", "latency")})
+    fabric_faults = sorted({f.get("kind") for f in exp.faults if f.get("kind") not in COMPUTE_FAULTS + ("latency",)})
     if fabric_faults and replicas > 1:
         notes.append(f"faults ({', '.join(fabric_faults)}) with fidelity {fidelity}: a representative's replicas "
                      f"run in step, so a faulted member's flows hold back the others it stands for (a degraded "
@@ -792,7 +807,7 @@ def _healthy_cluster(exp: Experiment) -> Cluster:
     no ``healthy_cluster``; stragglers leave the fabric as it is, topology faults must be applied to it."""
     if exp.healthy_cluster is not None:
         return exp.healthy_cluster
-    topology = [f.get("kind") for f in exp.faults if not isinstance(f, Mapping) or f.get("kind") != "straggler"]
+    topology = [f.get("kind") for f in exp.faults if not isinstance(f, Mapping) or f.get("kind") not in COMPUTE_FAULTS]
     if topology:
         raise ConfigError(f"faults: this Experiment's cluster does not have its {topology[0]} fault applied "
                           f"(healthy_cluster is None): give faults to experiment_from_dict or load_experiment, "

@@ -21,6 +21,12 @@ fault               effect
                     whose own NIC works, over NVLink (NCCL's PXN), sharing it
 ``latency``         ``{kind: latency, tier: spine, extra: 2us}`` — every link of
                     the tier takes ``extra`` longer
+``straggler``       ``{kind: straggler, gpu: 5, factor: 1.3}`` — rank 5's compute
+                    takes 1.3x as long
+``variability``     ``{kind: variability, spread: 0.015, seed: 0}`` — every GPU's
+                    compute time is multiplied by its own ``exp(spread · z)``,
+                    ``z`` drawn from a standard normal per GPU with ``seed``
+                    (:func:`compute_slowdown`)
 ==================  ===========================================================
 
 The order of the list does not matter. Each cable, switch, NIC, latency tier
@@ -30,30 +36,58 @@ the cluster; a ``fraction`` is at least :data:`MIN_FRACTION`. A set of faults
 that leaves some GPU unable to reach another (every pair is checked; a server
 whose GPUs all lost their NICs is cut off) is refused
 (:class:`~topologies.cluster.TopologyError`, naming both and the entry that
-cuts them apart), never simulated into a hang. GPU stragglers are compute
-faults: :mod:`simulator.experiment` reads them from the same list.
+cuts them apart), never simulated into a hang. Stragglers and variability
+are compute faults (:data:`COMPUTE_FAULTS`): the fabric keeps them out, and
+:func:`compute_slowdown` turns them into each GPU's compute factor for the
+simulator; one ``variability`` entry at most.
+
+``variability`` is the GPU-to-GPU spread of sustained speed that identical
+GPUs show under power management: Sinha et al., "Not All GPUs Are Created
+Equal", SC'22 (arXiv:2208.11035), measured it on over 90% of the GPUs of five
+large clusters (Summit, Sierra-class Vortex, Frontera, Longhorn: V100; Corona:
+MI60): "8% (max 22%) average performance variation" between GPUs of one SKU,
+"outliers up to 1.5X slower than the median GPU". Synchronous training runs at
+its slowest GPU's pace (TP collectives every layer, the pipeline at its slowest
+stage, DP at the step's end), so the expected cost grows with the job like the
+expected maximum of its GPUs' draws: with ``spread`` = 0.015 about
+``0.015 x 2.97`` = +4.5% at 512 GPUs and ``0.015 x 3.89`` = +6% at 16,384 (the
+expected maximum of N standard normals). ``spread`` is the standard deviation
+of ``log`` of a GPU's compute time. It is off unless a file gives it: how the
+paper's "variation" (a spread across thousands of GPUs) maps onto a per-GPU
+standard deviation is an assumption (as the range of a box plot's whiskers,
+about 5.4 standard deviations, 8% is 1.5%), and clusters that screen out slow
+GPUs spread less. The step with it against the step without (``run``'s "cost
+of the faults") is what the spread costs that layout.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Hashable, Mapping, Sequence
 from typing import NoReturn
 
 import networkx as nx
+import numpy as np
 
 from topologies.cluster import TIERS, Cluster, TopologyError, node_name
 from topologies.custom import node_label
 from topologies.units import BARE_BANDWIDTH_MIN, parse_link_latency
 
-__all__ = ["FAULT_KINDS", "MIN_FRACTION", "TOPOLOGY_FAULTS", "apply_faults", "fault_counts", "node_name",
-           "parse_node"]
+__all__ = ["COMPUTE_FAULTS", "FAULT_KINDS", "MIN_FRACTION", "TOPOLOGY_FAULTS", "apply_faults", "compute_slowdown",
+           "fault_counts", "node_name", "parse_node"]
 
 TOPOLOGY_FAULTS = ("link_down", "switch_down", "degraded_link", "nic_down", "latency")
-FAULT_KINDS = TOPOLOGY_FAULTS + ("straggler",)
-"""Every fault kind of the ``faults:`` list (``straggler`` is applied by the simulator)."""
+COMPUTE_FAULTS = ("straggler", "variability")
+"""Fault kinds that slow GPUs' compute, not the fabric (applied by the simulator: :func:`compute_slowdown`)."""
+FAULT_KINDS = TOPOLOGY_FAULTS + COMPUTE_FAULTS
+"""Every fault kind of the ``faults:`` list."""
 _FIELDS = {"link_down": ("link",), "switch_down": ("switch",), "degraded_link": ("link", "fraction"),
-           "nic_down": ("gpu",), "latency": ("tier", "extra"), "straggler": ("gpu", "factor")}
+           "nic_down": ("gpu",), "latency": ("tier", "extra"), "straggler": ("gpu", "factor"),
+           "variability": ("spread", "seed")}
+MAX_SPREAD = 0.5
+"""The largest ``variability`` spread accepted (a standard deviation of 50% in log time is far past any measured
+cluster: Sinha et al.'s worst cluster averaged 22% between its fastest and slowest GPUs)."""
 MIN_FRACTION = 1e-6
 """The smallest ``degraded_link`` fraction: below it a cable is as good as down (use ``link_down``)."""
 
@@ -104,16 +138,55 @@ def check_fault(fault: object, index: int) -> dict:
 
 
 def fault_counts(faults: Sequence[Mapping]) -> str:
-    """``"2 fault(s)"``, ``"1 fault(s), 1 straggler(s)"`` or ``"1 straggler(s)"``: what a run's title and its
-    fabric line say of ``faults`` (topology faults and compute stragglers counted apart)."""
-    stragglers = sum(1 for f in faults if isinstance(f, Mapping) and f.get("kind") == "straggler")
-    topology = len(faults) - stragglers
-    parts = [f"{topology} fault(s)"] if topology or not stragglers else []
-    return ", ".join(parts + ([f"{stragglers} straggler(s)"] if stragglers else []))
+    """``"2 fault(s)"``, ``"1 fault(s), 1 straggler(s)"``, ``"1 straggler(s)"`` or ``"GPU variability 1.5%"``: what
+    a run's title and its fabric line say of ``faults`` (topology faults, compute stragglers and the GPUs' spread
+    apart)."""
+    kinds = [f.get("kind") if isinstance(f, Mapping) else None for f in faults]
+    stragglers = kinds.count("straggler")
+    spread = [f.get("spread") for f in faults if isinstance(f, Mapping) and f.get("kind") == "variability"]
+    topology = len(faults) - stragglers - len(spread)
+    parts = [f"{topology} fault(s)"] if topology or not (stragglers or spread) else []
+    parts += [f"{stragglers} straggler(s)"] if stragglers else []
+    return ", ".join(parts + [f"GPU variability {_percent(s)}" for s in spread])
+
+
+def _percent(spread: object) -> str:
+    """``0.015`` -> ``"1.5%"`` (a spread as written, for the run's title)."""
+    return f"{spread * 100:g}%" if isinstance(spread, (int, float)) and not isinstance(spread, bool) else repr(spread)
+
+
+def check_variability(fault: Mapping, field: str) -> tuple[float, int]:
+    """``(spread, seed)`` of a ``variability`` fault: a spread in [0, :data:`MAX_SPREAD`] and a seed >= 0;
+    TopologyError naming ``field`` otherwise."""
+    spread, seed = fault["spread"], fault["seed"]
+    if (isinstance(spread, bool) or not isinstance(spread, (int, float)) or not math.isfinite(spread)
+            or not 0 <= spread <= MAX_SPREAD):
+        raise TopologyError(f"{field}.spread: must be the standard deviation of log compute time, a number in "
+                            f"[0, {MAX_SPREAD}] (e.g. 0.015 for 1.5%), got {spread!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise TopologyError(f"{field}.seed: must be an integer >= 0, got {seed!r}")
+    return float(spread), seed
+
+
+def compute_slowdown(faults: Sequence[Mapping], num_gpus: int) -> dict[int, float]:
+    """Rank -> factor on that GPU's compute time, from the compute faults of ``faults`` (checked entries, as
+    :func:`check_fault` returns them; ranks below ``num_gpus``): a straggler's ``factor``, times under
+    ``variability`` every GPU's ``exp(spread · z)`` with ``z`` the rank's draw of
+    ``numpy.random.default_rng(seed).standard_normal(num_gpus)``. Factors of exactly 1 are left out (they slow
+    nothing, and a rank left out of the simulator's slowdown runs at the model's speed)."""
+    factor = {f["gpu"]: float(f["factor"]) for f in faults if f.get("kind") == "straggler"}
+    for i, f in enumerate(faults):
+        if f.get("kind") == "variability":
+            spread, seed = check_variability(f, f"faults[{i}]")
+            if spread:
+                draws = np.exp(spread * np.random.default_rng(seed).standard_normal(num_gpus))
+                factor = {rank: factor.get(rank, 1.0) * float(d) for rank, d in enumerate(draws)}
+    return {rank: f for rank, f in factor.items() if f != 1}
 
 
 def apply_faults(cluster: Cluster, faults: Sequence[Mapping]) -> Cluster:
-    """A copy of ``cluster`` with the topology faults of ``faults`` applied (``straggler`` ones are skipped).
+    """A copy of ``cluster`` with the topology faults of ``faults`` applied (:data:`COMPUTE_FAULTS` are checked and
+    skipped).
 
     The result does not depend on the order of the list: cables and switches
     go first, then every failed NIC's GPU borrows the NIC of a server
@@ -157,6 +230,7 @@ def _faulty_graph(cluster: Cluster, faults: Sequence[Mapping]) -> tuple[nx.DiGra
     failed_nic: dict[Hashable, int] = {}            # GPU whose NIC is down -> its entry
     tiers: dict[str, int] = {}
     stragglers: dict[int, int] = {}
+    variability: int | None = None                  # the variability entry
     edits: list[tuple] = []                         # (kind, what...) in the order of the list
     present: list[str] | None = None                # the tiers that have links
 
@@ -233,6 +307,12 @@ def _faulty_graph(cluster: Cluster, faults: Sequence[Mapping]) -> tuple[nx.DiGra
                                     f"(faults[{tiers[tier]}]); give one entry per tier")
             tiers[tier] = i
             edits.append(("latency", tier, parse_link_latency(fault["extra"], f"{field}.extra")))
+        elif kind == "variability":  # applied by the simulator; one entry per list
+            check_variability(fault, field)
+            if variability is not None:
+                raise TopologyError(f"{field}: the GPUs already have a variability (faults[{variability}]); give "
+                                    f"one entry")
+            variability = i
         else:  # straggler: applied by the simulator; one factor per GPU
             rank = _gpu_rank(fault["gpu"], cluster, f"{field}.gpu")
             if rank in stragglers:
