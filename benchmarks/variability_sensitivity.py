@@ -4,13 +4,14 @@ Usage::
 
     python benchmarks/variability_sensitivity.py                          # entries up to 1,024 GPUs, spread 1.5%
     python benchmarks/variability_sensitivity.py --spread 0.01 0.02 --max-gpus 600
+    python benchmarks/variability_sensitivity.py --only llama3-405b-8192 --fidelity lockstep
 
-Each entry of ``clustersim validate`` runs at its file's fidelity with ``faults: [{kind: variability, spread: S,
-seed: 0}]`` added (every GPU's compute time times ``exp(S z)``, ``z`` one standard-normal draw per GPU:
-:mod:`topologies.faults`), and the script prints its published, its simulated (without) and its simulated (with)
-metric and their errors. The knob is off by default: this shows what a spread such as Sinha et al.'s (SC'22,
-"8% average performance variation" between a cluster's GPUs) would do, it does not tune anything. Results go to
-``benchmarks/variability-sensitivity.csv``.
+Each entry of ``clustersim validate`` runs at its file's fidelity (or ``--fidelity``) with
+``faults: [{kind: variability, spread: S, seed: 0}]`` added (every GPU's compute time times ``exp(S z)``, ``z``
+one standard-normal draw per GPU: :mod:`topologies.faults`), and the script prints its published, its simulated
+(without) and its simulated (with) metric and their errors. The knob is off by default: this shows what a spread
+such as Sinha et al.'s (SC'22, "8% average performance variation" between a cluster's GPUs) would do, it does
+not tune anything. Results go to ``benchmarks/variability-sensitivity.csv``.
 """
 
 from __future__ import annotations
@@ -39,17 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spread", type=float, nargs="+", default=[0.015])
     parser.add_argument("--max-gpus", type=int, default=1024)
+    parser.add_argument("--only", nargs="+", help="these entries (any size)")
+    parser.add_argument("--fidelity", help="every entry at this fidelity (default: each file's)")
     parser.add_argument("--out", default=os.path.join(HERE, "variability-sensitivity.csv"))
     args = parser.parse_args(argv)
     rows = []
     print(f"{'entry':28s} {'GPUs':>6s} {'spread':>7s} {'published':>10s} {'without':>9s} {'with':>9s} "
           f"{'err without':>11s} {'err with':>9s} {'wall':>6s}")
-    for entry in select_entries(max_gpus=args.max_gpus):
+    for entry in select_entries(args.only, max_gpus=None if args.only else args.max_gpus):
         for spread in args.spread:
             t0 = time.perf_counter()
             exp = load_entry(entry)
             exp.faults = [{"kind": "variability", "spread": spread, "seed": 0}]
-            result = run_experiment(exp, force=True)
+            result = run_experiment(exp, force=True, fidelity=args.fidelity)
             with_ = _metric(entry, result.summary)
             without = with_ * result.summary["fault_slowdown"]  # (the same step on the same GPUs without it)
             row = {"entry": entry.name, "gpus": entry.gpus, "spread": spread, "published": entry.published,
