@@ -512,6 +512,9 @@ class Engine:
         end_s: list[float] = [nan] * n
         arrived: dict[int, list[Op]] = {}  # slot -> the members that have issued it so far
         clone_groups: dict[tuple, list[tuple[int, ...]]] = {}
+        # (kind, group, bytes, algorithm, count) of a collective without splits -> (its channel limit when the SMs
+        # it holds matter, else None; its routed phases if its group is internal, else None): see issue()
+        plain: dict[tuple, tuple] = {}
         p2p_specs: dict[tuple, tuple] = {}  # (src, dst, bytes) -> the flow specs of that send (all replicas)
         completed = 0
         progress = self.progress
@@ -659,10 +662,23 @@ class Engine:
             ids = [o.id for o in group]
             for j in ids:
                 start_s[j] = now
+            known = None
+            if op.kind == "collective" and op.split is None:
+                # The same collective recurs (every micro-batch's TP collectives): what the fabric gives for it
+                # (its channel limit and, for an internal group, its routed phases) looked up once per issue
+                # under one key instead of under two (the fabric's caches hand out the same objects).
+                ckey = (op.collective, op.group, op.nbytes, op.algorithm, op.count)
+                known = plain.get(ckey)
+                if known is None:
+                    limit = (fabric.channel_limit(op.collective, op.group, op.nbytes, op.algorithm) if interfere
+                             else None)
+                    routed = (fabric.phases(op.collective, op.group, op.nbytes, op.algorithm, op.count)
+                              if shape_of[s] == "internal" else None)
+                    known = plain[ckey] = (limit, routed)
             if interfere:
-                if op.kind == "collective" and op.split is None:
+                if known is not None:
                     # NCCL runs one CTA per channel: a collective cut to c channels for its size holds <= c SMs
-                    limit = fabric.channel_limit(op.collective, op.group, op.nbytes, op.algorithm)
+                    limit = known[0]
                     if limit is not None:
                         for j in ids:
                             if taken_by[j] > limit:
@@ -680,8 +696,9 @@ class Engine:
                     position = {r: k for k, r in enumerate(op.group)}
                     matrix = tuple(o.split for o in sorted(group, key=lambda o: position[o.rank]))
                 if shape == "internal":
-                    fabric.run_phases(fabric.phases(op.collective, op.group, op.nbytes, op.algorithm, op.count,
-                                                    matrix), op.traffic_class, done.tick)
+                    routed = known[1] if known is not None else fabric.phases(op.collective, op.group, op.nbytes,
+                                                                              op.algorithm, op.count, matrix)
+                    fabric.run_phases(routed, op.traffic_class, done.tick)
                 else:
                     groups = clones(op.group, shape)
                     together = fabric.replicated_phases(op.collective, groups, op.nbytes, op.algorithm, op.count,

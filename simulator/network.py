@@ -1209,7 +1209,7 @@ class FlowNetwork(_NetworkBase):
         if isinstance(specs, tuple):
             call = self._keys.get(id(specs))
             if call is not None and call.specs is specs:
-                return call
+                return call  # (its routes were told when it was made: ``told`` is never reset)
             routes = self._routes
             call = _Call(specs, [routes.get(spec[0]) for spec in specs], self._cap)
             if len(self._keys) > _MEMO_SHAPES:
@@ -1617,7 +1617,8 @@ class FlowNetwork(_NetworkBase):
         session.traj = traj
         session.call, session.specs, session.traffic_class, session.join = call, call.specs, traffic_class, join
         session.open = True
-        self._start_tiny(call, traffic_class, join)
+        if call.tiny:  # (most calls have none: a replay per TP collective makes this a hot path)
+            self._start_tiny(call, traffic_class, join)
 
     def _start_tiny(self, call: _Call, traffic_class: str, join: _Join) -> None:
         """Start the latency-bound flows of a call whose other flows are replayed or wait (:meth:`_tiny`)."""

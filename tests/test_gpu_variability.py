@@ -131,3 +131,16 @@ def test_a_chakra_trace_replays_with_the_same_gpus_variability(tmp_path, capsys)
     for key in ("step_time_s", "healthy_step_time_s", "fault_slowdown"):
         assert traced[key] == full[key], key
     assert full["fault_slowdown"] > 1
+
+
+def test_the_fidelities_agree_under_variability():
+    # fast holds a TP group at its slowest member (they meet at every TP collective), lockstep a stage's block at
+    # its slowest: synchronous training runs at its slowest GPU's pace either way, so both stay within the 2% that
+    # fast keeps of full on a healthy fabric (README, "Speed").
+    doc = {"cluster": {"preset": "dgx-h100", "nodes": 2}, "model": {"preset": "gpt2-small"},
+           "parallel": {"tp": 2, "pp": 2, "dp": 4, "micro_batch": 2, "global_batch": 64, "sequence_parallel": True},
+           "training": {"seq_len": 1024}, "faults": [{"kind": "variability", "spread": 0.04, "seed": 5}]}
+    steps = {f: run_experiment(experiment_from_dict({**doc, "fidelity": f})) for f in ("full", "fast", "lockstep")}
+    assert steps["full"].summary["fault_slowdown"] > 1.01  # (the spread shows)
+    assert steps["fast"].step_time == pytest.approx(steps["full"].step_time, rel=0.02)
+    assert steps["lockstep"].step_time == pytest.approx(steps["full"].step_time, rel=0.02)
