@@ -3,8 +3,8 @@ suggests ``fidelity: lockstep`` only where lockstep would simulate fewer ranks; 
 the pipeline are answered with Megatron-Core's end-chunk split where it applies.
 
 Truth: which ranks the builder emits per fidelity (workloads/training.py ``TrainingStep.build``: lockstep is
-``representatives="stage"``; an expert grid, ``etp != tp``, emits every rank in every fidelity), read off the
-refusal's own rank count."""
+``representatives="stage"``; an expert grid, ``etp != tp``, emits every rank in fast and full, and in lockstep
+too unless one rank can issue for its whole EP group), read off the refusal's own rank count."""
 
 import dataclasses
 
@@ -41,10 +41,21 @@ def test_lockstep_does_not_suggest_itself():
     assert "lockstep" not in str(err)
 
 
-@pytest.mark.parametrize("representatives", ["tp", "stage", None])
-def test_an_expert_grid_never_suggests_lockstep(representatives):
-    # etp != tp: every fidelity emits all 8 ranks, so lockstep would not make the step any smaller
+@pytest.mark.parametrize("representatives", ["tp", None])
+def test_an_expert_grid_suggests_lockstep_where_one_rank_stands_for_the_stage(representatives):
+    # etp 1 under TP 2: fast and full emit all 8 ranks (TP peers are other EP members), lockstep one: its
+    # representative issues for its whole EP group (no expert-TP gather carries a member's own load)
     err = _refusal(MOE, EXPERT_GRID, representatives)
+    assert "(8 simulated ranks" in str(err) and str(err).endswith(LOCKSTEP_HINT)
+    assert "(1 simulated ranks" in str(_refusal(MOE, EXPERT_GRID, "stage"))
+
+
+@pytest.mark.parametrize("representatives", ["tp", "stage", None])
+def test_an_expert_grid_lockstep_cannot_shrink_never_suggests_it(representatives):
+    # etp 2 over tp 1 under (default, uniform) routing: each member's expert-TP all-gather carries its own load,
+    # which one collective of a representative's cannot, so every fidelity emits all 8 ranks
+    grid = dataclasses.replace(EXPERT_GRID, tp=1, etp=2, dp=8, sequence_parallel=False)
+    err = _refusal(MOE, grid, representatives)
     assert "(8 simulated ranks" in str(err)
     assert "lockstep" not in str(err)
 

@@ -1308,6 +1308,20 @@ class _StepBuilder:
         self._draw_tables[(layer, mb)] = table
         return group, e, table[e]
 
+    def _whole_groups_possible(self, per_ep_index: bool) -> bool:
+        """Whether one lockstep representative can issue for its whole EP group (:meth:`build`): always under
+        balanced routing; under skewed routing unless a faster member would start work early (the shared expert
+        overlapping the exchanges, a split backward's W passes and DualPipe's pairs, stragglers:
+        ``per_ep_index``), or each member's expert-TP all-gather carries its own load (``etp > 1``: one collective
+        of the representative's cannot). On the expert grid (``etp != tp`` or ``cp > 1``) the group's members
+        are TP, CP and DP peers alike: with the conditions met the representative stands for its stage's
+        whole block, every EP group of which is a translate of its own (:func:`simulator.engine.lanes`); without
+        them every rank is emitted."""
+        if self.routing.kind == "balanced":
+            return True
+        return not (per_ep_index or self.split_backward or self.etp > 1
+                    or (self.routing.shared_expert_overlap and self.model.shared_experts))
+
     def _ep_layouts_agree(self) -> bool:
         """Whether, under ``moe.dispatch: deepep``, the EP groups of each pipeline stage spread over nodes alike
         (the same members share a node). DeepEP's matrices depend on that (:meth:`_deepep_rows`), and a lockstep
@@ -2656,26 +2670,24 @@ class _StepBuilder:
         ep = self.par.ep
         per_ep_index = representatives == "stage_ep"  # (stragglers: members of an EP group differ in speed too)
         # The refusal of a step too large suggests fidelity lockstep only where it would simulate fewer ranks:
-        # not when this is lockstep already, nor on an expert grid, where every fidelity emits every rank.
-        lockstep_helps = representatives not in ("stage", "stage_ep") and not self.expert_grid
+        # not when this is lockstep already, nor on an expert grid whose EP groups lockstep cannot stand for.
+        lockstep_helps = (representatives not in ("stage", "stage_ep")
+                          and (not self.expert_grid or self._whole_groups_possible(False)))
         if per_ep_index:
             representatives = "stage"
-        if self.expert_grid:  # EP groups cross TP groups: TP peers run different programs, emit every rank
-            representatives = None
         if representatives == "stage" and self.expert_parallel and not self._ep_layouts_agree():
             representatives = "tp"  # one stage's EP groups need different DeepEP matrices: no lockstep
         # Balanced routing gives every EP rank the same expert load and rows that are one another's relabelling:
         # then every EP index runs one program, and one rank can stand for its whole EP group too. Under skewed
         # routing the members' programs differ only in their experts' loads, between the two exchanges that
         # synchronise them: one rank stands for the group there too, at its slowest member's load, unless work
-        # runs beside the experts that a faster member would start early (the shared expert overlapping the
-        # exchanges; a split backward's W passes and DualPipe's pairs), where it keeps a rank per EP index.
-        # (Also per EP index with TP under skewed routing: the dispatcher's all-gather over each member's TP group
-        # carries that member's own load, which one collective of the representative's cannot.)
-        self._whole_ep_groups = representatives == "stage" and self.expert_parallel and (
-            self.routing.kind == "balanced" or not (
-                per_ep_index or self.split_backward or self.t > 1
-                or (self.routing.shared_expert_overlap and self.model.shared_experts)))
+        # runs beside the experts that a faster member would start early (:meth:`_whole_groups_possible`).
+        self._whole_ep_groups = (representatives == "stage" and self.expert_parallel
+                                 and self._whole_groups_possible(per_ep_index))
+        if self.expert_grid and not self._whole_ep_groups:
+            # EP groups cross TP and CP groups: TP peers run different programs, and a representative per EP
+            # index cannot stand for an expert-DP column whose TP peers are other EP indices: emit every rank
+            representatives = None
         span = 1 if self._whole_ep_groups else ep  # EP indices with a representative of their own
         if representatives == "stage" and self.t * self.cp * self.par.dp // span > 1:
             # Every rank of a pipeline stage runs the same program as the ranks with its EP index in the
