@@ -420,11 +420,16 @@ def _jobs():
         from workloads.op_budget import StepTooLargeError
 
         from .experiment import OutOfMemoryError, read_experiment_file
-        from .jobs import JOBS_SECTIONS, job_notes, load_jobs, run_jobs
+        from .jobs import JOBS_SECTIONS, job_notes, jobs_from_dict, run_jobs
         if args.links < 0:
             raise ValueError(f"--links: must be >= 0, got {args.links}")
-        spec = load_jobs(args.file)
-        for note in job_notes(spec, read_experiment_file(args.file, JOBS_SECTIONS)):
+        # read once: a second read of a pipe (clustersim jobs <(...)) found it empty, "the file is empty"
+        doc = read_experiment_file(args.file, JOBS_SECTIONS)
+        try:
+            spec = jobs_from_dict(doc)
+        except ValueError as exc:
+            raise with_prefix(exc, args.file) from None
+        for note in job_notes(spec, doc):
             print(f"clustersim: note: {note}", file=sys.stderr)
         try:
             result = run_jobs(spec, force=args.force)
@@ -709,6 +714,10 @@ def _validate():
                                  f"({', '.join(f'{e.name}: {e.gpus} GPUs' for e in left_out)})")
             for e in left_out:  # (asked for by name: say why it is not run)
                 print(f"# skipped {e.name} ({e.gpus} GPUs > --max-gpus {args.max_gpus})", file=sys.stderr)
+        elif not kept:  # (was: an empty table, or an empty list, and exit 0)
+            fewest = min(e.gpus for e in select_entries(include_slow=args.all or args.list))
+            raise ValueError(f"--max-gpus: {args.max_gpus} leaves out every entry; the smallest published run is "
+                             f"on {fewest} GPUs (clustersim validate --list)")
         if args.list:
             listed = kept
             if args.json:

@@ -136,7 +136,10 @@ def run(args: argparse.Namespace) -> int:
     bom = bill_of_materials(cluster, plan)
     summary = plan_summary(cluster, plan)
     if args.csv:
-        bom.to_csv(args.csv, index=False)
+        try:
+            bom.to_csv(args.csv, index=False)
+        except OSError as exc:  # (a full disk: found only as the file is written)
+            raise ValueError(f"--csv: cannot write {args.csv}: {exc.strerror or exc}") from None
     if args.json:
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
         print(json.dumps({"cluster": cluster.name, "summary": clean, "bom": _records(bom)}))

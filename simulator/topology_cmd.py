@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     cluster = resolve_cluster(args.cluster, 1, field="cluster")
     print("\n".join(describe_fabric(cluster)))
     for out in args.output:
-        write_topology(cluster, out)
+        try:
+            write_topology(cluster, out)
+        except OSError as exc:  # (a full disk: found only as the file is written)
+            raise ValueError(f"--output: cannot write {out}: {exc.strerror or exc}") from None
         print(f"wrote {out}")
     return 0

@@ -287,6 +287,10 @@ def build_cluster(section: Mapping[str, object] | str, base_dir: str | os.PathLi
                 raise TopologyError(f"cluster.preset: {preset!r} is a folder, not a preset; give a preset "
                                     f"({', '.join(preset_names())}), an experiment or cluster YAML file, or a GraphML "
                                     f"topology")
+            if isinstance(preset, str) and os.path.exists(preset):  # a file read by its suffix: .yaml, .graphml
+                raise TopologyError(f"cluster.preset: {preset!r} is a file, not a preset; name a cluster or "
+                                    f"experiment file .yaml or .yml, a topology .graphml, or give a preset "
+                                    f"({', '.join(preset_names())})")
             raise TopologyError(f"cluster.preset: unknown preset {preset!r}; valid: {', '.join(preset_names())}")
         preset = key
         merged.update(PRESETS[key])

@@ -106,6 +106,8 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike) -> None:
         else:
             df.to_csv(tmp, index=False)
         os.replace(tmp, path)
+    except OSError as exc:  # (a full disk, found at a checkpoint: named, not a bare errno)
+        raise ValueError(f"output: cannot write {os.fspath(path)!r}: {exc.strerror or exc}") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -165,6 +167,9 @@ def previous_rows(output: str | os.PathLike | None, keys: set[str]) -> tuple[dic
     """
     if output is None or not Path(output).exists():
         return {}, pd.DataFrame()
+    if not Path(output).is_file():  # (a device or a pipe: /dev/zero read on until memory ran out, a FIFO hung)
+        raise ValueError(f"output: {os.fspath(output)!r} exists but is not a regular file (a device, a pipe or a "
+                         f"folder); choose another file")
     try:
         old = read_table(output)
     except Exception as exc:  # noqa: BLE001 - a corrupt file of any kind
