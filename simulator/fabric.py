@@ -317,6 +317,15 @@ class Fabric:
         # hop latency (_route_plan). A collective whose size follows the routed load (a MoE layer's expert-TP
         # all-gather) is planned anew for every size, over the same routes.
         self._skeletons: dict[tuple, list] = {}
+        # Isomorphic groups (_group_class): (kind, group, algorithm) -> class id or None; the classes' signatures
+        # -> id; per id, the candidates' hops by member positions -> column; per (class id, size) NCCL's channel
+        # cut, per (class id, size, count) the routed plan as a template (_class_phases): a MoE layer's expert-TP
+        # collectives come in one size per routing draw, and each TP group's was chosen and routed afresh.
+        self._group_classes: dict[tuple, int | None] = {}
+        self._class_ids: dict[tuple, int] = {}
+        self._class_columns: list[dict[tuple[int, int, int], int]] = []
+        self._class_limits: dict[tuple, int | None] = {}
+        self._class_templates: dict[tuple, tuple | None] = {}
         self._last_skeleton: tuple | None = None  # (phases of the latest plan looked up, its skeleton)
         # id(links array) -> (the array, the (src rank, dst rank) hops it carries, one equal payload each):
         # how the traffic matrix attributes a route's payload to GPU pairs.
@@ -603,10 +612,142 @@ class Fabric:
             found = None
             if (self.config.channels == "nccl" and self.config.nccl_latency and len(group) > 1
                     and not self._bulk(kind, group, nbytes, algorithm, None)):
-                plan, protocol = self.choose(kind, group, nbytes, algorithm)
-                found = collective_channels(plan.algorithm, protocol, nbytes, len(group))
+                # (one count per class of isomorphic groups and size: see _group_class)
+                cls = self._group_class(kind, group, nbytes, algorithm)
+                class_key = (cls, nbytes) if cls is not None else None
+                found = self._class_limits.get(class_key, _UNSET) if cls is not None else _UNSET
+                if found is _UNSET:
+                    plan, protocol = self.choose(kind, group, nbytes, algorithm)
+                    found = collective_channels(plan.algorithm, protocol, nbytes, len(group))
+                    if class_key is not None:
+                        self._class_limits[class_key] = found
             self._channel_limits[key] = found
         return found
+
+    def _group_class(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str) -> int | None:
+        """The class id of ``group`` for collectives ``kind`` under ``algorithm``: groups of one class id get the
+        same tuner choice and, at equal sizes, the same flows over their own routes (:meth:`_class_phases`); or
+        None (planned group by group: an all_to_all, spray routing, a group of one rank, of repeated ranks or of
+        more than ``_LANE_RANKS``, plans of more than ``_SHAPE_HOPS`` hops, a size of 0, an algorithm that does
+        not plan the kind). The class's *columns* (``_class_columns``) number the hops ``(src position, dst
+        position, label)`` of every candidate plan :meth:`choose` prices (the ring's and the tree's of an
+        all-reduce). Kept per ``(kind, group, algorithm)``.
+
+        Why equal ids give equal answers, bit for bit. The class id stands for the signature: kind,
+        algorithm, the members' server pattern (each member's server numbered in order of first appearance
+        in the group), the columns, and the columns' routes concatenated in column order: their lengths,
+        their links relabelled in order of first appearance, each entry's usable capacity (the link's rate
+        times its tier's efficiency: NVLink, PCIe, NIC tiers all fold in here), each column's route latency.
+        (1) Plans: every planner (:mod:`~simulator.collectives`, all_to_all left out) walks the group in
+        order and reads of the cluster only whether two members share a server (rings and trees by server
+        in order of first appearance, ``net_steps`` by crossings, the root at position 0), and never a
+        size-dependent hop; so for two groups ``g0``, ``g`` of one pattern, every plan of ``g`` (a
+        candidate, a channel cut, ``full`` fidelity) is ``g0``'s with ``g0[i]`` replaced by ``g[i]``,
+        hops and labels at the same columns. (2) The tuner (:meth:`choose`, :meth:`_both_estimates`,
+        :meth:`_plan_shape`) reads of those plans: the transfers' bytes, steps and network steps (equal by
+        (1)); whether the group spans servers and its size (the pattern); each hop's route as links
+        relabelled in first appearance over the plan, their usable capacities and the hop's latency (a
+        plan's hops, in its own order and with repeats, are a sequence of columns: two links of one
+        concatenation are equal exactly where they are in the other's, so the relabellings, capacities and
+        latencies over any such sequence are equal); spreads, 1 under ECMP (spray is left out). So every
+        candidate's estimates are equal, and the choice of algorithm and protocol, NCCL's channel count
+        (:func:`~simulator.nccl.collective_channels`: algorithm, protocol, size, ranks) and the chosen
+        plan (substituted) are. (3) :meth:`_route_plan` then gives every flow the same wire bytes, latency
+        (base and step latencies by pattern and protocol, the hops' largest route latency) and payload
+        (hops per transfer), over the transfer's own routes. Nothing else of the cluster enters: faults are
+        edits of the graph before the fabric is made (a degraded or removed link, a borrowed NIC), custom
+        fabrics and unlike servers are graphs too, and all of them show in the routes, capacities and
+        latencies compared, so a group through a degraded link or on a server of other GPUs has a
+        signature, and a class, of its own (tested). Where the signature cannot be formed (the cases above)
+        the group takes the path every group took before.
+        """
+        key = (kind, group, algorithm)
+        entry = self._group_classes.get(key, _UNSET)
+        if entry is _UNSET:
+            if nbytes <= 0:  # (no hops to classify by; the group may come again with a size)
+                return None
+            entry = self._group_classes[key] = self._classify(kind, group, nbytes, algorithm)
+        return entry
+
+    def _classify(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str) -> int | None:
+        """:meth:`_group_class` worked out (``nbytes`` > 0: the size the candidates are planned at; their hops
+        do not depend on it)."""
+        n = len(group)
+        if (kind == "all_to_all" or self._spray or n < 2 or n > _LANE_RANKS or len(set(group)) != n
+                or (algorithm != "auto" and algorithm not in COLLECTIVE_ALGORITHMS)):
+            return None
+        nccl = self.config.nccl_latency
+        try:
+            plans = [plan_collective(kind, group, nbytes, self.server_of, a, stagger=nccl)
+                     for a in _priced(kind, algorithm, nccl)]
+        except (CollectiveError, KeyError):  # (planned as before, which raises its own error)
+            return None
+        if any(sum(len(t.hops) for p in plan.phases for t in p) > _SHAPE_HOPS for plan in plans):
+            return None
+        position = {r: i for i, r in enumerate(group)}
+        columns: dict[tuple[int, int, int], int] = {}
+        for plan in plans:
+            for phase in plan.phases:
+                for t in phase:
+                    for a, b in t.hops:
+                        columns.setdefault((position[a], position[b], t.label), len(columns))
+        if not columns:
+            return None
+        hops = self._hops([(group[i], group[j], label) for i, j, label in columns])
+        servers = self._servers
+        numbered: dict[int, int] = {}
+        pattern = tuple([numbered.setdefault(servers[r], len(numbered)) for r in group])
+        flat = [x for links, _latency in hops for x in links.tolist()]
+        relabel: dict[int, int] = {}
+        signature = (kind, algorithm, pattern, tuple(columns), tuple([len(h[0]) for h in hops]),
+                     tuple([relabel.setdefault(x, len(relabel)) for x in flat]),
+                     tuple(self.usable_capacity[flat].tolist()), tuple([h[1] for h in hops]))
+        cid = self._class_ids.get(signature)
+        if cid is None:
+            cid = self._class_ids[signature] = len(self._class_columns)
+            self._class_columns.append(columns)
+        return cid
+
+    def _class_phases(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str, count: int
+                      ) -> tuple[tuple[tuple, ...], ...] | None:
+        """:meth:`phases` of a collective that is not an all_to_all, from its class of isomorphic groups
+        (:meth:`_group_class`): the first group of the class to come at this size and count is chosen and
+        routed as before, and its flows kept as a template (each transfer's columns and what its flow
+        carries besides links); every other group of the class gets the template's flows over its own
+        routes, each transfer's links as :meth:`_route_plan` makes them (kept in the same skeleton, so the
+        same array objects). None where the group has no class or the template could not be made (a hop
+        of the chosen plan outside the columns): then :meth:`phases` plans the group itself."""
+        if nbytes <= 0:
+            return None
+        cls = self._group_class(kind, group, nbytes, algorithm)
+        if cls is None:
+            return None
+        key = (cls, nbytes, count)
+        template = self._class_templates.get(key, _UNSET)
+        if template is _UNSET:
+            plan, protocol = self.choose(kind, group, nbytes, algorithm)
+            routed = self._route_plan(plan, protocol, count)
+            self._class_templates[key] = _template(plan, routed, self._class_columns[cls])
+            return routed
+        if template is None:
+            return None
+        # the plan's transfers ((hops, label) each, phase by phase): its skeleton's key, as _skeleton makes it
+        plan_hops = tuple([tuple([(tuple([(group[i], group[j]) for i, j in where]), label) for where, label, _rest
+                                  in phase]) for phase in template])
+        skeleton = self._skeleton_of(plan_hops)
+        transfers = skeleton[1]
+        if transfers is None:  # (as _route_plan fills it)
+            transfers = []
+            for phase in plan_hops:
+                for hops, label in phase:
+                    routed_hops = self._hops([(a, b, label) for a, b in hops])
+                    links = self._transfer_links(routed_hops)
+                    if len(routed_hops) > 1:
+                        self._pairs[id(links)] = (links, hops)
+                    transfers.append((links, max([h[1] for h in routed_hops]), len(routed_hops)))
+            skeleton[1] = transfers
+        routes = iter(transfers)
+        return tuple([tuple([(next(routes)[0], *rest) for _where, _label, rest in phase]) for phase in template])
 
     def _cached_estimates(self, plan: Plan) -> tuple[list[float], list[float]]:
         """:meth:`estimates` of ``plan`` and their latency terms alone (:meth:`_both_estimates`), kept per plan
@@ -663,13 +804,18 @@ class Fabric:
             return last[1]
         if sum([len(t.hops) for phase in plan.phases for t in phase]) > _SHAPE_HOPS:
             return [None, None]
-        key = tuple([tuple([(t.hops, t.label) for t in phase]) for phase in plan.phases])
+        skeleton = self._skeleton_of(tuple([tuple([(t.hops, t.label) for t in phase]) for phase in plan.phases]))
+        self._last_skeleton = (plan.phases, skeleton)
+        return skeleton
+
+    def _skeleton_of(self, key: tuple) -> list:
+        """The ``[relabelled, routed]`` kept for a plan whose transfers' ``(hops, label)`` are ``key``, phase by
+        phase (see :meth:`_skeleton`), made empty if none is kept."""
         skeleton = self._skeletons.get(key)
         if skeleton is None:
             if len(self._skeletons) >= _SKELETONS:
                 self._skeletons.clear()
             skeleton = self._skeletons[key] = [None, None]
-        self._last_skeleton = (plan.phases, skeleton)
         return skeleton
 
     def estimate(self, plan: Plan, protocol: str = "Simple") -> float:
@@ -782,10 +928,13 @@ class Fabric:
                 if matrix is not None:
                     plan = plan_collective(kind, group, nbytes, self.server_of, "direct", self.config.fidelity,
                                            matrix, stagger=self.config.nccl_latency)
-                    protocol = self.protocols(plan)[0]
+                    routed = self._route_plan(plan, self.protocols(plan)[0], count)
                 else:
-                    plan, protocol = self.choose(kind, group, nbytes, algorithm)
-                routed = self._phases_cache[key] = self._route_plan(plan, protocol, count)
+                    routed = self._class_phases(kind, group, nbytes, algorithm, count)
+                    if routed is None:
+                        plan, protocol = self.choose(kind, group, nbytes, algorithm)
+                        routed = self._route_plan(plan, protocol, count)
+                self._phases_cache[key] = routed
         return routed
 
     def _remember(self, ident: tuple, groups: object, matrix: object, routed: object) -> None:
@@ -1148,6 +1297,24 @@ class Fabric:
             spread = self.spread
             return tuple(self.group(list(specs), [(s[1], s[2], spread(s[0])) for s in specs]))
         return specs
+
+
+def _template(plan: Plan, routed: tuple[tuple[tuple, ...], ...], columns: dict[tuple[int, int, int], int]
+              ) -> tuple | None:
+    """``routed`` (:meth:`Fabric._route_plan` of ``plan``) as a template for the groups of ``plan.group``'s class
+    (:meth:`Fabric._class_phases`): per phase, per transfer, ``(its hops as (src position, dst position), its
+    label, its flow but the links)``; None if a hop of the plan is not among the class's ``columns``."""
+    where = {r: i for i, r in enumerate(plan.group)}
+    out = []
+    for phase, specs in zip(plan.phases, routed):
+        transfers = []
+        for t, spec in zip(phase, specs):
+            hops = tuple([(where[a], where[b]) for a, b in t.hops])
+            if any((i, j, t.label) not in columns for i, j in hops):
+                return None
+            transfers.append((hops, t.label, spec[1:]))
+        out.append(tuple(transfers))
+    return tuple(out)
 
 
 def _first_occurrence(rows: np.ndarray) -> np.ndarray:
