@@ -142,3 +142,16 @@ def test_a_sweep_output_that_cannot_be_written_is_named(tmp_path, capsys, monkey
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == f"clustersim: error: output: cannot write {str(out)!r}: {os.strerror(errno.ENOSPC)}", err
     assert not list(tmp_path.glob(".rows.csv.*.tmp"))  # (the temporary file is removed)
+
+
+def test_a_sweep_output_that_is_a_link_keeps_the_link(tmp_path, capsys):
+    # The table is written to a temporary file and renamed onto the output; onto a symbolic link that rename
+    # replaced the link by a regular file, leaving the file the link named as it was.
+    target = tmp_path / "store" / "rows.csv"  # (not there yet: the link names where the table should go)
+    target.parent.mkdir()
+    link = tmp_path / "rows.csv"
+    link.symlink_to(target)
+    assert main(["sweep", str(DEMO), "--grid", "parallel.micro_batch=1,2", "-o", str(link), "--jobs", "1"]) == 0
+    capsys.readouterr()
+    assert link.is_symlink() and os.path.samefile(link, target)
+    assert "micro_batch" in target.read_text()

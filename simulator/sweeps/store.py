@@ -94,10 +94,11 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike) -> None:
     df : pandas.DataFrame
         A sweep table.
     path : path
-        A ``.csv`` or ``.parquet`` file (format by suffix); replaced if it exists.
+        A ``.csv`` or ``.parquet`` file (format by suffix); replaced if it exists. A symbolic link is
+        followed: the file it names is replaced and the link kept (a rename onto the link replaced the link).
     """
     fmt = output_format(path)
-    path = Path(path)
+    path = Path(os.path.realpath(path))
     # A temporary name of this process's own: two writers never share (and clobber) one temporary file.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
