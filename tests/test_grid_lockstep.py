@@ -65,3 +65,21 @@ def test_skewed_grids_a_rank_cannot_stand_for_run_every_rank(why):
     assert build_step(exp, representatives_for(exp, "lockstep"), True).graph.replicas is None
     assert (run_experiment(exp, fidelity="lockstep", force=True).step_time
             == run_experiment(exp, fidelity="full", force=True).step_time)
+
+
+@pytest.mark.parametrize("why", ["shared_in_order", "overlap_without_shared"])
+def test_skewed_grids_with_nothing_beside_the_experts_stand_for_the_stage(why):
+    # The fallback above is for work a faster member would start early; a shared expert run in the layer's
+    # order (no overlap), or shared_expert_overlap on a model without a shared expert (nothing to overlap),
+    # leaves none: under zipf routing with expert TP 1 one rank still stands for the stage, and agrees with
+    # full (which simulates every member at its own load).
+    doc = (_doc(2, 1, 4, 8, 1, "zipf", shared_experts=1) if why == "shared_in_order" else
+           {**_doc(2, 1, 4, 8, 1, "zipf"), "moe": {"routing": "zipf", "shared_expert_overlap": True}})
+    exp = experiment_from_dict(doc)
+    replicas = build_step(exp, representatives_for(exp, "lockstep"), True).graph.replicas
+    assert replicas is not None and [len(block) for block in replicas.values()] == [8]
+    full = run_experiment(exp, fidelity="full", force=True)
+    lock = run_experiment(exp, fidelity="lockstep", force=True)
+    assert lock.step_time == pytest.approx(full.step_time, rel=0.01)
+    for cls, nbytes in full.bytes_by_class.items():
+        assert lock.bytes_by_class[cls] == pytest.approx(nbytes, rel=1e-9), cls
