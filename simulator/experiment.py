@@ -328,9 +328,7 @@ def experiment_from_dict(doc: Mapping, cluster: Cluster | None = None, *, job: b
     doc = plain_values(doc)  # (numpy scalars of a notebook's document as a file's values)
     if cluster is not None:
         check_cluster(cluster)
-    if "jobs" in doc:
-        raise ConfigError("jobs: a file of several jobs sharing a fabric runs with `clustersim jobs FILE` "
-                          "(API: simulator.jobs.load_jobs / run_jobs)")
+    check_not_jobs(doc)
     check_sections(doc)
     if doc.get("sweep") is not None:  # read by `clustersim sweep` only, but a malformed one is an error everywhere
         from .sweeps.grid import sweep_settings  # (here: the sweeps package imports this module)
@@ -423,6 +421,13 @@ def _faults_from_list(value: object, cluster: Cluster) -> list[dict]:
             if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor <= 1000:
                 raise ConfigError(f"faults[{i}].factor: must be a compute slowdown in [1, 1000], got {factor!r}")
     return faults
+
+
+def check_not_jobs(doc: Mapping) -> None:
+    """Refuse a jobs file (one with ``jobs:``) where one experiment is expected: it runs with ``clustersim jobs``."""
+    if "jobs" in doc:
+        raise ConfigError("jobs: a file of several jobs sharing a fabric runs with `clustersim jobs FILE` "
+                          "(API: simulator.jobs.load_jobs / run_jobs)")
 
 
 def check_sections(keys: Iterable) -> None:

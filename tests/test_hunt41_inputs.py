@@ -168,3 +168,13 @@ def test_a_sweep_point_leaves_no_cyclic_garbage_behind():
     gc.collect()
     assert run_point(dict(DEMO_EXPERIMENT))["status"] == "ok"
     assert gc.collect() < 100
+
+
+def test_a_sweep_of_a_jobs_file_is_one_error_up_front(tmp_path, capsys):
+    # Every point of it was "invalid" for the same reason (a jobs file runs with `clustersim jobs`), exit 0 and a
+    # table of invalid rows; no override makes it one experiment, so the sweep refuses it before any point.
+    out = tmp_path / "rows.csv"
+    assert main(["sweep", str(EXAMPLES / "two-jobs.yaml"), "--grid", "parallel.tp=1,2", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "two-jobs.yaml" in err[0] and "clustersim jobs FILE" in err[0], err
+    assert not out.exists()

@@ -15,9 +15,9 @@ from typing import Any
 import pandas as pd
 
 from topologies.loader import resolve_topology_path
-from workloads.errors import check_bool, is_int
+from workloads.errors import check_bool, is_int, with_prefix
 
-from ..experiment import read_experiment_file
+from ..experiment import check_not_jobs, read_experiment_file
 from ..output_paths import check_writable
 from .columns import SCREEN, check_fidelity, check_max_tp, check_metric
 from .errors import SweepInterrupted
@@ -244,10 +244,18 @@ def _resolved(path: str, value: Any, base_dir: str) -> Any:
 
 
 def _load_base(base: Mapping | str | os.PathLike) -> dict:
+    """The sweep's base document; a jobs file is refused here, once (no override makes it one experiment: every
+    point would be invalid for the same reason)."""
     if isinstance(base, (str, os.PathLike)):
-        return read_experiment_file(base)
+        doc = read_experiment_file(base)
+        try:
+            check_not_jobs(doc)
+        except ValueError as exc:
+            raise with_prefix(exc, os.fspath(base)) from None
+        return doc
     if not isinstance(base, Mapping):
         raise ValueError(f"base: must be an experiment dict or a YAML path, got {type(base).__name__}")
+    check_not_jobs(base)
     return copy.deepcopy(dict(base))
 
 
