@@ -57,8 +57,8 @@ are 2024 kernels (FlashAttention 2.5.8 and 3, cuDNN 9.1), Blackwell's cuDNN 9.27
 older stack were slower: cudnn-frontend's own B200 run with cuDNN 9.10.2 (NGC PyTorch 25.06; its
 ``artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv``) reads 7-11% under these rates at 8K once its per-call
 host overhead is taken off (docs/VALIDATION.md, the NeMo 25.02 B200 spot check), and cuDNN 9.13 read 1,496
-TFLOP/s where 9.17 reads 1,899 on GB300's 8K forward (cudnn-frontend's GB300 artifacts). ``compute.attention_efficiency`` sets one flat
-fraction for another stack.
+TFLOP/s where 9.17 reads 1,899 on GB300's 8K forward (cudnn-frontend's GB300 artifacts).
+``compute.attention_efficiency`` sets one flat fraction for another stack.
 
 Kernels without a mask (the off-diagonal steps of ring attention under
 context parallelism, Transformer Engine's ``no_mask`` steps) use the same
