@@ -676,22 +676,11 @@ class Fabric:
         if (kind == "all_to_all" or self._spray or n < 2 or n > _LANE_RANKS or len(set(group)) != n
                 or (algorithm != "auto" and algorithm not in COLLECTIVE_ALGORITHMS)):
             return None
-        nccl = self.config.nccl_latency
         try:
-            plans = [plan_collective(kind, group, nbytes, self.server_of, a, stagger=nccl)
-                     for a in _priced(kind, algorithm, nccl)]
+            columns = self._hop_columns(kind, group, nbytes, algorithm)
         except (CollectiveError, KeyError):  # (planned as before, which raises its own error)
             return None
-        if any(sum(len(t.hops) for p in plan.phases for t in p) > _SHAPE_HOPS for plan in plans):
-            return None
-        position = {r: i for i, r in enumerate(group)}
-        columns: dict[tuple[int, int, int], int] = {}
-        for plan in plans:
-            for phase in plan.phases:
-                for t in phase:
-                    for a, b in t.hops:
-                        columns.setdefault((position[a], position[b], t.label), len(columns))
-        if not columns:
+        if columns is None:
             return None
         hops = self._hops([(group[i], group[j], label) for i, j, label in columns])
         servers = self._servers
@@ -707,6 +696,27 @@ class Fabric:
             cid = self._class_ids[signature] = len(self._class_columns)
             self._class_columns.append(columns)
         return cid
+
+    def _hop_columns(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str
+                     ) -> dict[tuple[int, int, int], int] | None:
+        """The hops of every candidate plan :meth:`choose` prices for ``group`` (the ring's and the tree's of an
+        all-reduce), numbered in order of first appearance by ``(src position, dst position, label)``: the
+        columns of a class of isomorphic groups (:meth:`_group_class`, :meth:`_lane_phases`). None where a plan
+        has more than ``_SHAPE_HOPS`` hops (estimates are not cached per shape there: see :meth:`choose`) or no
+        plan has any. Raises what :func:`~simulator.collectives.plan_collective` raises."""
+        nccl = self.config.nccl_latency
+        plans = [plan_collective(kind, group, nbytes, self.server_of, a, stagger=nccl)
+                 for a in _priced(kind, algorithm, nccl)]
+        if any(sum(len(t.hops) for p in plan.phases for t in p) > _SHAPE_HOPS for plan in plans):
+            return None
+        position = {r: i for i, r in enumerate(group)}
+        columns: dict[tuple[int, int, int], int] = {}
+        for plan in plans:
+            for phase in plan.phases:
+                for t in phase:
+                    for a, b in t.hops:
+                        columns.setdefault((position[a], position[b], t.label), len(columns))
+        return columns or None
 
     def _class_phases(self, kind: str, group: tuple[int, ...], nbytes: float, algorithm: str, count: int
                       ) -> tuple[tuple[tuple, ...], ...] | None:
@@ -1152,19 +1162,8 @@ class Fabric:
         n = len(groups[0])
         if n < 2 or n > _LANE_RANKS or any(len(g) != n for g in groups):
             return None
-        g0 = groups[0]
-        plans = [plan_collective(kind, g0, nbytes, self.server_of, a, stagger=self.config.nccl_latency)
-                 for a in _priced(kind, algorithm, self.config.nccl_latency)]  # as choose() estimates them
-        if any(sum(len(t.hops) for p in plan.phases for t in p) > _SHAPE_HOPS for plan in plans):
-            return None  # (estimates not cached per shape: see choose)
-        position = {r: i for i, r in enumerate(g0)}
-        hop_ids: dict[tuple[int, int, int], int] = {}  # (src position, dst position, label) -> column
-        for plan in plans:
-            for phase in plan.phases:
-                for t in phase:
-                    for a, b in t.hops:
-                        hop_ids.setdefault((position[a], position[b], t.label), len(hop_ids))
-        if not hop_ids:
+        hop_ids = self._hop_columns(kind, groups[0], nbytes, algorithm)  # (src position, dst position, label) -> column
+        if hop_ids is None:
             return None
         ps, pd, lab = (np.array(c, dtype=np.int64) for c in zip(*hop_ids))
         G = np.array(groups, dtype=np.int64)

@@ -441,9 +441,13 @@ def test_cli_export_then_run_the_trace_gives_the_full_fidelity_step(tmp_path, ca
     assert "Chakra trace" in text and "16 ranks" in text and "step time" in text and "tokens/s" not in text
 
 
-def test_cli_trace_with_faults_reports_their_cost_as_a_generated_run_does(tmp_path, capsys):
+# A straggler, and GPU variability (the draws are per GPU of the cluster, not per op graph, so a replay runs every
+# rank at the factor the exporting run gave it).
+@pytest.mark.parametrize("faults", ["[{kind: straggler, gpu: 0, factor: 1.5}]",
+                                    "[{kind: variability, spread: 0.05, seed: 2}]"], ids=["straggler", "variability"])
+def test_cli_trace_with_faults_reports_their_cost_as_a_generated_run_does(tmp_path, capsys, faults):
     exp_file = tmp_path / "exp.yaml"
-    exp_file.write_text(TINY_YAML + "faults: [{kind: straggler, gpu: 0, factor: 1.5}]\n")
+    exp_file.write_text(TINY_YAML + f"faults: {faults}\n")
     out = tmp_path / "trace"
     assert main(["run", str(exp_file), "--fidelity", "full", "--json", "--export-chakra", str(out)]) == 0
     full = json.loads(capsys.readouterr().out)

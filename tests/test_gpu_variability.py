@@ -115,24 +115,6 @@ def test_bad_variability_entries_are_one_line_errors(tmp_path, capsys, faults, w
     assert len(err) == 1 and "Traceback" not in err[0] and all(w in err[0] for w in words), err
 
 
-def test_a_chakra_trace_replays_with_the_same_gpus_variability(tmp_path, capsys):
-    # A trace exported from a full-fidelity run and replayed with the same file's faults runs every rank at the
-    # same factor (the draws are per GPU of the cluster, not per op graph), so step and cost are equal.
-    import json
-    exp_file = tmp_path / "exp.yaml"
-    exp_file.write_text("cluster: {preset: dgx-h100, nodes: 2}\nmodel: {preset: tiny}\n"
-                        "parallel: {tp: 2, pp: 2, dp: 4, micro_batch: 1, global_batch: 8, schedule: 1f1b}\n"
-                        "training: {seq_len: 128}\nfaults: [{kind: variability, spread: 0.05, seed: 2}]\n")
-    out = tmp_path / "trace"
-    assert main(["run", str(exp_file), "--fidelity", "full", "--json", "--export-chakra", str(out)]) == 0
-    full = json.loads(capsys.readouterr().out)
-    assert main(["run", str(exp_file), "--chakra", str(out), "--json"]) == 0
-    traced = json.loads(capsys.readouterr().out)
-    for key in ("step_time_s", "healthy_step_time_s", "fault_slowdown"):
-        assert traced[key] == full[key], key
-    assert full["fault_slowdown"] > 1
-
-
 def test_the_fidelities_agree_under_variability():
     # fast holds a TP group at its slowest member (they meet at every TP collective), lockstep a stage's block at
     # its slowest: synchronous training runs at its slowest GPU's pace either way, so both stay within the 2% that
