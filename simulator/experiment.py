@@ -80,7 +80,10 @@ SECTIONS = ("name", "cluster", "model", "parallel", "training", "moe", "network"
             "fidelity", "faults", "plan")
 FIDELITIES = ("fast", "full", "lockstep")
 """Simulation fidelity. ``full`` simulates every rank's program. ``fast`` (default) simulates one
-representative per TP group — the members of a TP group run identical programs in lockstep — while the
+representative per TP group — the members of a TP group run identical programs in lockstep — or, for a MoE
+model, per EP group with its TP peers where one rank can issue for the whole group (skewed routing with TP 1, or
+balanced routing; not on the expert grid, nor where work runs beside the experts or ranks differ in speed:
+docs/DESIGN.md, "One representative per EP group in fast"), while the
 network still carries every member's flows (each DP/PP flow and collective is replayed once per member,
 TP collectives run over the real group; a send's replicas of one kind run as one flow over all their routes
 unless ``network.replica_sends: each``), so link loads and contention are those of the full run. The two
@@ -96,22 +99,25 @@ whose DeepEP matrices differ between the EP groups of one stage (groups spread o
 8:1 oversubscription and ECMP collisions — see docs/DESIGN.md). For large sweeps; check winners with
 ``fast``. Not to be confused with ``network.fidelity`` (pipelined rings vs every ring step)."""
 
-_REPRESENTATIVES = {"full": None, "fast": "tp", "lockstep": "stage"}
+_REPRESENTATIVES = {"full": None, "fast": "ep", "lockstep": "stage"}
 
 
 def representatives_for(exp: Experiment, fidelity: str) -> str | None:
     """Which ranks a representative stands for in ``fidelity`` (:func:`~workloads.training.training_step`'s
-    ``representatives``): a TP group in ``fast``, a stage's block in ``lockstep``, none in ``full``.
+    ``representatives``): in ``fast`` a TP group, or a MoE model's EP group with its TP peers where one rank can
+    issue for the whole group (``"ep"``); a stage's block in ``lockstep``; none in ``full``.
 
-    Stragglers narrow it: in ``lockstep`` one stands for an EP index, not the whole group (a straggler is one
-    EP member); under a split backward (``zb-h1``, ``dualpipe``) every rank runs its own program, since a
-    straggler's healthy TP partners run their W passes, which hold no TP collective, at their own speed and
-    start their DP reductions earlier (a representative at the slowest member's speed read +8.5% on a 4:1
+    Stragglers and GPU variability narrow it: in ``lockstep`` one stands for an EP index, not the whole group (a
+    straggler is one EP member), and in ``fast`` for a TP group; under a split backward (``zb-h1``,
+    ``dualpipe``) every rank runs its own program, since a straggler's healthy TP partners run their W passes,
+    which hold no TP collective, at their own speed and start their DP reductions earlier (a representative at the slowest member's speed read +8.5% on a 4:1
     fabric, tests/test_audit22.py)."""
     if _every_rank_for_stragglers(exp):
         return None
     representatives = _REPRESENTATIVES[fidelity]
-    return "stage_ep" if representatives == "stage" and exp.slowdown() else representatives
+    if exp.slowdown():  # ranks of unequal speed: a representative stands only for ranks of one program
+        return {"stage": "stage_ep", "ep": "tp"}.get(representatives, representatives)
+    return representatives
 
 
 def _every_rank_for_stragglers(exp: Experiment) -> bool:

@@ -1322,6 +1322,20 @@ class _StepBuilder:
         return not (per_ep_index or self.split_backward or self.etp > 1
                     or (self.routing.shared_expert_overlap and self.model.shared_experts))
 
+    def _ep_blocks_possible(self) -> bool:
+        """Whether ``fast`` can emit one representative per EP group (``representatives="ep"``, :meth:`build`),
+        standing for the group's ranks and their TP peers: where a ``lockstep`` representative could issue for its
+        whole EP group (:meth:`_whole_groups_possible`), off the expert grid (an EP group is then ``ep`` consecutive
+        DP ranks of one TP index, and its TP peers' groups are its translates) and with more than one EP rank.
+
+        Why this is ``fast``'s and not only ``lockstep``'s: the members of one EP group meet at both exchanges of
+        every MoE layer, forward and backward, and between them run the same program but for their experts' loads;
+        the representative runs the slowest member's, as the exchange after the experts waits for it. What
+        ``lockstep`` adds, and ``fast`` does not, is standing one EP group for the others of its stage, which share
+        links elsewhere and drift apart (docs/DESIGN.md, "One representative per EP group in fast")."""
+        return (self.expert_parallel and self.par.ep > 1 and not self.expert_grid
+                and self._whole_groups_possible(False) and self._ep_layouts_agree())
+
     def _ep_layouts_agree(self) -> bool:
         """Whether, under ``moe.dispatch: deepep``, the EP groups of each pipeline stage spread over nodes alike
         (the same members share a node). DeepEP's matrices depend on that (:meth:`_deepep_rows`), and a lockstep
@@ -2673,6 +2687,10 @@ class _StepBuilder:
         # not when this is lockstep already, nor on an expert grid whose EP groups lockstep cannot stand for.
         lockstep_helps = (representatives not in ("stage", "stage_ep")
                           and (not self.expert_grid or self._whole_groups_possible(False)))
+        # "ep" (fast): one representative per EP group, where it can issue for the whole group (_ep_blocks_possible)
+        ep_blocks = representatives == "ep" and self._ep_blocks_possible()
+        if representatives == "ep":
+            representatives = "stage" if ep_blocks else "tp"
         if per_ep_index:
             representatives = "stage"
         if representatives == "stage" and self.expert_parallel and not self._ep_layouts_agree():
@@ -2689,7 +2707,7 @@ class _StepBuilder:
             # index cannot stand for an expert-DP column whose TP peers are other EP indices: emit every rank
             representatives = None
         span = 1 if self._whole_ep_groups else ep  # EP indices with a representative of their own
-        if representatives == "stage" and self.t * self.cp * self.par.dp // span > 1:
+        if representatives == "stage" and (self.t * self.cp * self.par.dp // span > 1 or ep_blocks):
             # Every rank of a pipeline stage runs the same program as the ranks with its EP index in the
             # other EP groups and their TP peers: same kernels, same TP collectives, the same all-to-all
             # rows (each draw, per layer and micro-batch, is the same in every EP group); its DP, EP, PP peers are the
@@ -2698,10 +2716,13 @@ class _StepBuilder:
             # stands for its expert-DP (DP) x TP block, listed DP-major (TP, DP and EP groups are rows, columns
             # and column segments: see engine.lanes); under balanced routing its exchanges carry every EP
             # member's rows (:meth:`_group_matrices`).
-            ranks = [r for r in ranks if lay.coords(r).tp == 0 and lay.coords(r).cp == 0 and lay.coords(r).dp < span]
+            ranks = [r for r in ranks if lay.coords(r).tp == 0 and lay.coords(r).cp == 0
+                     and (lay.coords(r).dp % ep == 0 if ep_blocks else lay.coords(r).dp < span)]
             self._whole_cp_groups = True
             # (a dense model's block is its DP group: no experts, whatever the expert grid would say under CP)
             block = lay.dp_group if self._whole_ep_groups or not self.model.is_moe else lay.expert_dp_group
+            if ep_blocks:
+                block = lay.ep_group  # (its first member's EP group: DP ranks dp .. dp + ep - 1)
             self.graph.replicas = {r: tuple(x for d in block(r) for c in lay.cp_group(d) for x in lay.tp_group(c))
                                    for r in ranks}
         elif representatives and self.t > 1:
@@ -2838,13 +2859,18 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     routing : RoutingModel, optional
         Token routing of MoE layers (default uniform, dropless); used when
         ``parallel.ep > 1``.
-    representatives : {None, "tp", "stage", "stage_ep"}
+    representatives : {None, "tp", "ep", "stage", "stage_ep"}
         ``"tp"`` (or True): emit the program of one representative per TP
         group only (its ``tp = 0`` rank) and set ``graph.replicas`` to
         ``{representative: its TP group}``: the members of a TP group run
         identical programs, so the simulator can run one and still put every
         member's DP/PP flows and the whole group's TP collectives on the
-        network (``fidelity="fast"``). ``"stage"``: one representative per
+        network. ``"ep"`` (``fidelity="fast"``): as ``"tp"``, but a MoE model's
+        EP group is one representative (its first member's ``tp = 0`` rank)
+        standing for the group's ranks and their TP peers, listed DP-major,
+        wherever it can issue for its whole EP group as ``"stage"`` below
+        does (not on the expert grid); each EP group keeps its own
+        representative. ``"stage"``: one representative per
         pipeline stage and EP index (the ``tp = 0`` ranks of the first EP
         group; for dense models, and MoE models under balanced routing, the
         ``tp = 0, dp = 0`` rank, whose exchanges then carry every EP member's
@@ -2872,8 +2898,9 @@ def training_step(model: ModelSpec, parallel: ParallelConfig, training: Training
     validate(model, parallel, training)
     if representatives is True:
         representatives = "tp"
-    if representatives not in (None, False, "tp", "stage", "stage_ep"):
-        raise ConfigError(f"representatives: {representatives!r} unknown; valid: None, 'tp', 'stage', 'stage_ep'")
+    if representatives not in (None, False, "tp", "ep", "stage", "stage_ep"):
+        raise ConfigError(f"representatives: {representatives!r} unknown; valid: None, 'tp', 'ep', 'stage', "
+                          f"'stage_ep'")
     options = options or StepOptions()
     builder = _StepBuilder(model, parallel, training, options, routing)
     graph = builder.build(representatives, max_ops)

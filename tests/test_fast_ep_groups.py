@@ -1,0 +1,101 @@
+"""``fast`` with one representative per EP group (``representatives="ep"``), checked against ``full``.
+
+The members of one EP group meet at both exchanges of every MoE layer, forward and backward, and between
+them run one program but for their experts' loads; the exchange after the experts waits for the slowest. So in
+``fast`` one rank issues for its whole EP group (every member's rows, the slowest member's experts, each
+member's kernels in ``Compute.members``), as ``lockstep``'s stage representative does, but every EP group keeps
+its own representative: the groups of a stage do not meet at the exchanges and share links elsewhere. The
+reference is ``full``: every rank simulated, with its own load.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.experiment import experiment_from_dict, run_experiment
+
+
+def _doc(parallel: dict, moe: dict, cluster: dict | None = None, shared: int = 0) -> dict:
+    """A 32-GPU, 2-stage tiny Mixtral with 16 experts (as tests/test_lockstep_skewed_moe.py's)."""
+    par = {"tp": 1, "pp": 2, "micro_batch": 1, "schedule": "1f1b", "zero": 1, **parallel}
+    par["sequence_parallel"] = par["tp"] > 1
+    par["global_batch"] = 4 * par["dp"]
+    model = {"preset": "mixtral-8x7b", "layers": 4, "hidden": 512, "ffn_hidden": 1024, "heads": 8, "kv_heads": 8,
+             "vocab": 1000, "experts": 16, "shared_experts": shared}
+    return {"cluster": {"preset": "dgx-h100", "nodes": 4, "nodes_per_leaf": 2, "spines": 2, **(cluster or {})},
+            "model": model, "parallel": par, "training": {"seq_len": 1024}, "moe": moe}
+
+
+ZIPF = {"routing": "zipf", "zipf_s": 1.0, "seed": 3}
+CASES = {  # name -> (parallel, moe, cluster)
+    "four-ep-groups": ({"dp": 16, "ep": 4}, ZIPF, None),
+    "one-ep16-group": ({"dp": 16, "ep": 16}, ZIPF, None),
+    "deepep": ({"dp": 16, "ep": 8}, {**ZIPF, "dispatch": "deepep"}, None),
+    "interleaved": ({"dp": 16, "ep": 4, "schedule": "interleaved", "virtual_stages": 2}, ZIPF, None),
+    "zero3-full-recompute": ({"dp": 16, "ep": 4, "zero": 3, "recompute": "full"}, ZIPF, None),
+    "oversubscribed": ({"dp": 16, "ep": 4}, ZIPF, {"nodes_per_leaf": 1, "spines": 1, "oversubscription": 4}),
+    "tp2-balanced": ({"tp": 2, "dp": 8, "ep": 4}, {"routing": "balanced"}, None),
+}
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict:
+    out = {}
+    for name, (parallel, moe, cluster) in CASES.items():
+        exp = experiment_from_dict(_doc(parallel, moe, cluster))
+        out[name] = (run_experiment(exp, force=True, fidelity="full"),
+                     run_experiment(exp, force=True, fidelity="fast"))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_one_representative_per_ep_group_gives_full_step_and_traffic(runs, name):
+    full, fast = runs[name]
+    parallel = CASES[name][0]
+    replicas = fast.record.graph.replicas
+    groups = 2 * parallel["dp"] // parallel["ep"]  # EP groups: per stage, dp / ep
+    assert len(replicas) == groups
+    assert sorted(x for xs in replicas.values() for x in xs) == list(range(32))
+    assert all(len(xs) == parallel["ep"] * parallel.get("tp", 1) for xs in replicas.values())
+    assert fast.step_time == pytest.approx(full.step_time, rel=1e-3)
+    assert fast.summary["flows"] == full.summary["flows"]
+    for cls, nbytes in full.bytes_by_class.items():
+        assert fast.bytes_by_class[cls] == pytest.approx(nbytes, rel=1e-9)
+    assert fast.summary["moe"] == full.summary["moe"]
+    assert fast.summary["executed_flops_per_step"] == pytest.approx(full.summary["executed_flops_per_step"],
+                                                                     rel=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_faster_members_wait_is_moe_wait_in_fast_too(runs, name):
+    full, fast = runs[name]
+    # every category of the step within 0.5% of it (measured: at most 0.19%, exposed PP, where a faster member's
+    # PP send starts at the slowest one's time); the faster members' wait is moe_wait in both
+    got, want = fast.summary["time_breakdown_s"], full.summary["time_breakdown_s"]
+    if CASES[name][1]["routing"] != "balanced":
+        assert want["moe_wait"] > 0.05 * full.step_time
+    for category in set(got) | set(want):
+        assert got.get(category, 0.0) == pytest.approx(want.get(category, 0.0), abs=0.005 * full.step_time), category
+    assert sum(got.values()) == pytest.approx(fast.step_time, rel=1e-9)
+
+
+@pytest.mark.parametrize("parallel, moe, shared, faults", [
+    # the dispatcher's all-gather over each member's TP group carries that member's own load
+    ({"tp": 2, "dp": 8, "ep": 4}, ZIPF, 0, None),
+    # a faster member would start the overlapped shared expert early
+    ({"dp": 16, "ep": 4}, {**ZIPF, "shared_expert_overlap": True}, 1, None),
+    # a straggler is one EP member: the group's ranks do not run at one speed
+    ({"dp": 16, "ep": 4}, ZIPF, 0, [{"kind": "straggler", "gpu": 20, "factor": 1.3}]),
+])
+def test_where_one_rank_cannot_issue_for_its_group_fast_keeps_one_per_tp_group(parallel, moe, shared, faults):
+    doc = _doc(parallel, moe, None, shared)
+    if faults:
+        doc["faults"] = faults
+    exp = experiment_from_dict(doc)
+    fast = run_experiment(exp, force=True, fidelity="fast")
+    replicas = fast.record.graph.replicas
+    tp = parallel.get("tp", 1)
+    assert replicas is None if tp == 1 else all(len(xs) == tp for xs in replicas.values())
+    full = run_experiment(exp, force=True, fidelity="full")
+    assert fast.step_time == pytest.approx(full.step_time, rel=1e-3)
+
