@@ -110,8 +110,8 @@ def representatives_for(exp: Experiment, fidelity: str) -> str | None:
     Stragglers and GPU variability narrow it: in ``lockstep`` one stands for an EP index, not the whole group (a
     straggler is one EP member), and in ``fast`` for a TP group; under a split backward (``zb-h1``,
     ``dualpipe``) every rank runs its own program, since a straggler's healthy TP partners run their W passes,
-    which hold no TP collective, at their own speed and start their DP reductions earlier (a representative at the slowest member's speed read +8.5% on a 4:1
-    fabric, tests/test_audit22.py)."""
+    which hold no TP collective, at their own speed and start their DP reductions earlier (a representative at
+    the slowest member's speed read +8.5% on a 4:1 fabric, tests/test_audit22.py)."""
     if _every_rank_for_stragglers(exp):
         return None
     representatives = _REPRESENTATIVES[fidelity]
