@@ -224,6 +224,19 @@ def lanes(group: tuple[int, ...], *replica_sets: tuple[int, ...]) -> list[tuple[
     return out
 
 
+def _check_lane_bytes(op: Op, group: tuple[int, ...], shape: str,
+                      replicas: dict[int, tuple[int, ...]] | None) -> None:
+    """A collective with ``lane_bytes`` must run once per lane (:func:`group_shape` ``"lanes"``), with one size per
+    lane."""
+    if shape != "lanes":
+        raise OpGraphError(f"{_describe(op)}: lane_bytes on group {_listed(group)}, which is {shape}, not run once "
+                           f"per lane of its representatives' replica sets")
+    n = len(lanes(group, *(replicas[r] for r in group if r in replicas)))
+    if len(op.lane_bytes) != n:
+        raise OpGraphError(f"{_describe(op)}: lane_bytes has {len(op.lane_bytes)} sizes for the {n} lanes of group "
+                           f"{_listed(group)}")
+
+
 def match_ops(graph: OpGraph) -> dict[int, tuple]:
     """Rendezvous key of every collective/send/recv op; raise if one can never match.
 
@@ -290,6 +303,8 @@ def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]], dic
             need = shape[1]
             if first.split is not None:
                 _check_rows(ops, key[1], len(need) < len(key[1]))
+            if getattr(first, "lane_bytes", None) is not None:
+                _check_lane_bytes(first, key[1], shape[0], replicas)
             if len(ops) == 1 == len(need):  # (most keys of a graph of representatives: one issuer)
                 missing = [] if first.rank == need[0] else need
             else:
@@ -699,6 +714,12 @@ class Engine:
                     routed = known[1] if known is not None else fabric.phases(op.collective, op.group, op.nbytes,
                                                                               op.algorithm, op.count, matrix)
                     fabric.run_phases(routed, op.traffic_class, done.tick)
+                elif op.lane_bytes is not None:  # each lane its own size: its own plan
+                    groups = clones(op.group, shape)
+                    done.left = len(groups)
+                    for g, nbytes in zip(groups, op.lane_bytes):
+                        fabric.run_phases(fabric.phases(op.collective, g, nbytes, op.algorithm, op.count),
+                                          op.traffic_class, done.tick)
                 else:
                     groups = clones(op.group, shape)
                     together = fabric.replicated_phases(op.collective, groups, op.nbytes, op.algorithm, op.count,

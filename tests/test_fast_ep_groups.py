@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import pytest
 
+from simulator.compute import ComputeModel
+from simulator.engine import Engine
 from simulator.experiment import experiment_from_dict, run_experiment
+from workloads.ops import OpGraph, OpGraphError
 
 
 def _doc(parallel: dict, moe: dict, cluster: dict | None = None, shared: int = 0) -> dict:
@@ -35,6 +38,11 @@ CASES = {  # name -> (parallel, moe, cluster)
     "zero3-full-recompute": ({"dp": 16, "ep": 4, "zero": 3, "recompute": "full"}, ZIPF, None),
     "oversubscribed": ({"dp": 16, "ep": 4}, ZIPF, {"nodes_per_leaf": 1, "spines": 1, "oversubscription": 4}),
     "tp2-balanced": ({"tp": 2, "dp": 8, "ep": 4}, {"routing": "balanced"}, None),
+    # each member's expert-TP all-gather and reduce-scatter carry its own load: one lane each (lane_bytes)
+    "tp2-two-ep-groups": ({"tp": 2, "dp": 8, "ep": 4}, ZIPF, None),
+    "tp2-one-ep8-group": ({"tp": 2, "dp": 8, "ep": 8}, ZIPF, None),
+    "tp4-oversubscribed": ({"tp": 4, "dp": 4, "ep": 4}, ZIPF, {"nodes_per_leaf": 1, "spines": 1,
+                                                              "oversubscription": 4}),
 }
 
 
@@ -70,18 +78,23 @@ def test_one_representative_per_ep_group_gives_full_step_and_traffic(runs, name)
 def test_the_faster_members_wait_is_moe_wait_in_fast_too(runs, name):
     full, fast = runs[name]
     # every category of the step within 0.5% of it (measured: at most 0.19%, exposed PP, where a faster member's
-    # PP send starts at the slowest one's time); the faster members' wait is moe_wait in both
+    # PP send starts at the slowest one's time); the faster members' wait is moe_wait in both. With TP, a lighter
+    # member's expert-TP reduce-scatter ends with the heaviest's lane (the op ends with its last lane): of its
+    # wait, the heaviest lane's extra time reads as exposed TP, not MoE wait (measured: up to 1.44% of the step
+    # moves between the two on these configs; their sum within 0.5%)
     got, want = fast.summary["time_breakdown_s"], full.summary["time_breakdown_s"]
+    step = full.step_time
     if CASES[name][1]["routing"] != "balanced":
-        assert want["moe_wait"] > 0.05 * full.step_time
+        assert want["moe_wait"] > 0.05 * step
     for category in set(got) | set(want):
-        assert got.get(category, 0.0) == pytest.approx(want.get(category, 0.0), abs=0.005 * full.step_time), category
+        tolerance = 0.02 if category in ("moe_wait", "exposed_tp") else 0.005
+        assert got.get(category, 0.0) == pytest.approx(want.get(category, 0.0), abs=tolerance * step), category
+    both = [sum(b.get(c, 0.0) for c in ("moe_wait", "exposed_tp")) for b in (got, want)]
+    assert both[0] == pytest.approx(both[1], abs=0.005 * step)
     assert sum(got.values()) == pytest.approx(fast.step_time, rel=1e-9)
 
 
 @pytest.mark.parametrize("parallel, moe, shared, faults", [
-    # the dispatcher's all-gather over each member's TP group carries that member's own load
-    ({"tp": 2, "dp": 8, "ep": 4}, ZIPF, 0, None),
     # a faster member would start the overlapped shared expert early
     ({"dp": 16, "ep": 4}, {**ZIPF, "shared_expert_overlap": True}, 1, None),
     # a straggler is one EP member: the group's ranks do not run at one speed
@@ -99,3 +112,41 @@ def test_where_one_rank_cannot_issue_for_its_group_fast_keeps_one_per_tp_group(p
     full = run_experiment(exp, force=True, fidelity="full")
     assert fast.step_time == pytest.approx(full.step_time, rel=1e-3)
 
+
+
+def _lanes_graph(lane_bytes, group=(0, 1)) -> OpGraph:
+    """4 ranks; rank 0 stands for all of them, listed as two TP pairs: a collective over (0, 1) runs on the
+    lanes (0, 1) and (2, 3)."""
+    g = OpGraph(4)
+    g.replicas = {0: (0, 1, 2, 3)}
+    g.collective_op(0, "all_gather", group, 1e6, traffic_class="tp", lane_bytes=lane_bytes)
+    return g
+
+
+def test_each_lane_moves_its_own_bytes():
+    # two lanes of a two-rank all-gather on one node's NVLink: each lane moves what that size alone moves (the
+    # mixed run's bytes are the mean of the two uniform runs'), and the op ends with the larger lane
+    cluster = experiment_from_dict(_doc({"dp": 16, "ep": 4}, ZIPF)).cluster
+
+    def run(lane_bytes):
+        record = Engine(_lanes_graph(lane_bytes), cluster, ComputeModel(cluster.gpu)).run()
+        return record, record.fabric.network.ledger.bytes_by_class["tp"].sum()
+
+    small, large = 1e6, 3e6
+    (mixed, moved), (_r, moved_small), (alone, moved_large) = run((small, large)), run((small,) * 2), run((large,) * 2)
+    assert moved_small > 0
+    assert moved == pytest.approx((moved_small + moved_large) / 2, rel=1e-12)
+    assert mixed.step_time_s == pytest.approx(alone.step_time_s, rel=1e-12)
+    assert mixed.graph.ops[0].nbytes == pytest.approx((small + large) / 2)
+
+
+@pytest.mark.parametrize("lane_bytes, group, match", [
+    ((1e6,), (0, 1), "1 sizes for the 2 lanes"),
+    ((1e6, -1.0), (0, 1), "lane_bytes: must be one finite size"),
+    ((), (0, 1), "lane_bytes: must be one finite size"),
+    ((1e6, 1e6), (0, 1, 2, 3), "not run once per lane"),
+])
+def test_lane_bytes_must_give_one_size_per_lane(lane_bytes, group, match):
+    with pytest.raises(OpGraphError, match=match):
+        cluster = experiment_from_dict(_doc({"dp": 16, "ep": 4}, ZIPF)).cluster
+        Engine(_lanes_graph(lane_bytes, group), cluster, ComputeModel(cluster.gpu)).run()

@@ -155,6 +155,12 @@ class Collective(Op):
     representative carries the whole matrix. ``rows[i]`` is what the i-th
     member sends; the issuing rank's own row equals ``split``.
 
+    ``lane_bytes`` (a representative's collective that runs once per lane,
+    :func:`simulator.engine.lanes`): each lane's bytes, in lane order, where
+    the members a representative stands for move different amounts (the
+    expert-TP all-gather of each EP member's own load, when one rank issues
+    for its whole EP group); ``nbytes`` is then their mean.
+
     ``holds_sms`` False: its kernel takes no SMs from compute beside it that
     the engine should account for (the engine's "compute beside communication"),
     because the generator priced them itself: Transformer Engine's userbuffers,
@@ -170,6 +176,7 @@ class Collective(Op):
     split: tuple[float, ...] | None = None
     rows: tuple[tuple[float, ...], ...] | None = None
     holds_sms: bool = True
+    lane_bytes: tuple[float, ...] | None = None
     kind = "collective"
 
 
@@ -385,9 +392,10 @@ class OpGraph:
         micro_batch: int = -1,
         stage: int = -1,
         holds_sms: bool = True,
+        lane_bytes: Sequence[float] | None = None,
     ) -> int:
         """Append one member's :class:`Collective` op; return its id. ``stream`` and ``traffic_class`` are
-        non-empty strings."""
+        non-empty strings; ``lane_bytes`` (see :class:`Collective`) sets ``nbytes`` to their mean."""
         if type(rank) is not int or not 0 <= rank < self.world_size:
             self._check_rank(rank)
         if type(traffic_class) is not str or type(stream) is not str or not (traffic_class and stream):
@@ -411,11 +419,18 @@ class OpGraph:
             rows = self._checked_rows(rows, grp, rank, split)
         if type(holds_sms) is not bool:
             raise OpGraphError(f"holds_sms: must be True or False, got {holds_sms!r}")
+        if lane_bytes is not None:
+            lane_bytes = tuple(lane_bytes) if isinstance(lane_bytes, Iterable) else (lane_bytes,)
+            if split is not None or not lane_bytes or not all(map(is_size, lane_bytes)):
+                raise OpGraphError(f"lane_bytes: must be one finite size >= 0 per lane, of a collective without a "
+                                   f"split, got {lane_bytes!r}")
+            lane_bytes = tuple(map(float, lane_bytes))
+            nbytes = sum(lane_bytes) / len(lane_bytes)
         ops = self.ops
         n = len(ops)
         ops.append(Collective(n, rank, stream, self._deps(deps), name or collective, traffic_class, layer,
                               micro_batch, stage, collective, grp, float(nbytes), algorithm, int(count), split,
-                              rows, holds_sms))
+                              rows, holds_sms, lane_bytes))
         return n
 
     def _part_sums(self, parts: tuple[Kernel, ...], name: str) -> tuple[float, float]:

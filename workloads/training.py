@@ -601,7 +601,8 @@ class _Exchange(NamedTuple):
     full recomputation re-runs before it: the EP ``group``; ``rows`` (owner → expert, expert → owner) this rank
     sends; ``matrices``, every member's rows when the rank issues for its EP peers (lockstep), else None each;
     DeepEP's NVLink ``forward`` rows (and ``forward_rows``); the expert-TP ``gather`` group (None without one) and its
-    ``gather_bytes``; the experts' ``load`` (token slots); whether the exchanges run ``apart`` from the compute
+    ``gather_bytes`` (``gather_lanes``: every lane's, where the rank issues for members of unequal loads, else
+    None); the experts' ``load`` (token slots); whether the exchanges run ``apart`` from the compute
     stream (on ``stream``, the forwarding on ``hop_stream``) and are waited for explicitly; the ops' tags."""
 
     rank: int
@@ -619,6 +620,7 @@ class _Exchange(NamedTuple):
     layer: int
     mb: int
     stage: int
+    gather_lanes: tuple[float, ...] | None = None
 
 
 class _StepBuilder:
@@ -1308,18 +1310,20 @@ class _StepBuilder:
         self._draw_tables[(layer, mb)] = table
         return group, e, table[e]
 
-    def _whole_groups_possible(self, per_ep_index: bool) -> bool:
+    def _whole_groups_possible(self, per_ep_index: bool, lane_sizes: bool = False) -> bool:
         """Whether one lockstep representative can issue for its whole EP group (:meth:`build`): always under
         balanced routing; under skewed routing unless a faster member would start work early (the shared expert
         overlapping the exchanges, a split backward's W passes and DualPipe's pairs, stragglers:
         ``per_ep_index``), or each member's expert-TP all-gather carries its own load (``etp > 1``: one collective
-        of the representative's cannot). On the expert grid (``etp != tp`` or ``cp > 1``) the group's members
-        are TP, CP and DP peers alike: with the conditions met the representative stands for its stage's
-        whole block, every EP group of which is a translate of its own (:func:`simulator.engine.lanes`); without
-        them every rank is emitted."""
+        of the representative's can only with ``lane_sizes``, a size per lane, as ``fast``'s representatives per
+        EP group issue it off the expert grid: ``Collective.lane_bytes``). On the expert grid (``etp != tp`` or
+        ``cp > 1``) the group's members are TP, CP and DP peers alike: with the conditions met the representative
+        stands for its stage's whole block, every EP group of which is a translate of its own
+        (:func:`simulator.engine.lanes`); without them every rank is emitted."""
         if self.routing.kind == "balanced":
             return True
-        return not (per_ep_index or self.split_backward or self.etp > 1
+        own_gathers = self.etp > 1 and not (lane_sizes and not self.expert_grid)
+        return not (per_ep_index or self.split_backward or own_gathers
                     or (self.routing.shared_expert_overlap and self.model.shared_experts))
 
     def _ep_blocks_possible(self) -> bool:
@@ -1334,7 +1338,7 @@ class _StepBuilder:
         ``lockstep`` adds, and ``fast`` does not, is standing one EP group for the others of its stage, which share
         links elsewhere and drift apart (docs/DESIGN.md, "One representative per EP group in fast")."""
         return (self.expert_parallel and self.par.ep > 1 and not self.expert_grid
-                and self._whole_groups_possible(False) and self._ep_layouts_agree())
+                and self._whole_groups_possible(False, lane_sizes=True) and self._ep_layouts_agree())
 
     def _ep_layouts_agree(self) -> bool:
         """Whether, under ``moe.dispatch: deepep``, the EP groups of each pipeline stage spread over nodes alike
@@ -1504,9 +1508,13 @@ class _StepBuilder:
         # What both the pass and a recomputed forward run around the experts: the dispatch-direction exchange
         # (DeepEP's forwarding beside it), the expert-TP gather, the experts at this rank's load, the expert-TP
         # reduce-scatter, the combine-direction exchange (:meth:`_exchanged`).
+        token_bytes = self.model.hidden * self.dtype
+        # issuing for members of unequal loads, a lane of the expert-TP gather per member's TP group (the block's
+        # DP ranks in order; a stage's EP groups draw alike, so DP rank k has EP index k mod ep's load)
+        lanes = (tuple(loads[k % len(loads)] * token_bytes for k in range(len(self.graph.replicas[rank]) // self.t))
+                 if gather is not None and loads is not None else None)
         exchange = _Exchange(rank, group, (out_row, back_row), (out_rows, back_rows), forward, forward_rows, gather,
-                             load * self.model.hidden * self.dtype, load, apart, a2a_stream, hop_stream, layer, mb,
-                             stage)
+                             load * token_bytes, load, apart, a2a_stream, hop_stream, layer, mb, stage, lanes)
         redo = bool(head) or again is not None
         if redo:  # the recomputed kernels at the front (before the routed experts under full recomputation)
             cp_head = self._cp_ops(head)
@@ -1617,7 +1625,7 @@ class _StepBuilder:
         if x.gather is not None:
             first = g.collective_op(x.rank, "all_gather", x.gather, x.gather_bytes, name=f"{name}.etp_gather",
                                     traffic_class="tp", deps=wait + [first], layer=x.layer, micro_batch=x.mb,
-                                    stage=x.stage, stream=x.stream)
+                                    stage=x.stage, stream=x.stream, lane_bytes=x.gather_lanes)
             wait = [first] if x.apart else []
         again, balanced = balanced
         if again is not None:
@@ -1640,7 +1648,7 @@ class _StepBuilder:
         if x.gather is not None:
             done = g.collective_op(x.rank, "reduce_scatter", x.gather, x.gather_bytes, name=f"{name}.etp_scatter",
                                    traffic_class="tp", deps=[done], layer=x.layer, micro_batch=x.mb, stage=x.stage,
-                                   stream=x.stream)
+                                   stream=x.stream, lane_bytes=x.gather_lanes)
         second = g._alltoallv(x.rank, x.group, x.rows[1], x.matrices[1], f"{name}.ep_{direction}",
                               [done] if x.apart else (), x.stream, x.layer, x.mb, x.stage)
         wait = [second] if x.apart else []
@@ -2701,7 +2709,7 @@ class _StepBuilder:
         # synchronise them: one rank stands for the group there too, at its slowest member's load, unless work
         # runs beside the experts that a faster member would start early (:meth:`_whole_groups_possible`).
         self._whole_ep_groups = (representatives == "stage" and self.expert_parallel
-                                 and self._whole_groups_possible(per_ep_index))
+                                 and self._whole_groups_possible(per_ep_index, lane_sizes=ep_blocks))
         if self.expert_grid and not self._whole_ep_groups:
             # EP groups cross TP and CP groups: TP peers run different programs, and a representative per EP
             # index cannot stand for an expert-DP column whose TP peers are other EP indices: emit every rank
