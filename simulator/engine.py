@@ -715,11 +715,15 @@ class Engine:
                                                                               op.algorithm, op.count, matrix)
                     fabric.run_phases(routed, op.traffic_class, done.tick)
                 elif op.lane_bytes is not None:  # each lane its own size: its own plan
-                    groups = clones(op.group, shape)
-                    done.left = len(groups)
-                    for g, nbytes in zip(groups, op.lane_bytes):
-                        fabric.run_phases(fabric.phases(op.collective, g, nbytes, op.algorithm, op.count),
-                                          op.traffic_class, done.tick)
+                    plans = [fabric.phases(op.collective, g, nbytes, op.algorithm, op.count)
+                             for g, nbytes in zip(clones(op.group, shape), op.lane_bytes)]
+                    if all(len(p) == 1 for p in plans):  # single-phase plans: every lane's flows at once, as
+                        # replicated_phases starts equal lanes (one network call, replayed when it recurs)
+                        network.start_flows(tuple([s for p in plans for s in p[0]]), op.traffic_class, done.tick)
+                    else:
+                        done.left = len(plans)
+                        for p in plans:
+                            fabric.run_phases(p, op.traffic_class, done.tick)
                 else:
                     groups = clones(op.group, shape)
                     together = fabric.replicated_phases(op.collective, groups, op.nbytes, op.algorithm, op.count,

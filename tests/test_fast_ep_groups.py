@@ -14,6 +14,7 @@ import pytest
 
 from simulator.compute import ComputeModel
 from simulator.engine import Engine
+from simulator.fabric import NetworkConfig
 from simulator.experiment import experiment_from_dict, run_experiment
 from workloads.ops import OpGraph, OpGraphError
 
@@ -114,22 +115,25 @@ def test_where_one_rank_cannot_issue_for_its_group_fast_keeps_one_per_tp_group(p
 
 
 
-def _lanes_graph(lane_bytes, group=(0, 1)) -> OpGraph:
-    """4 ranks; rank 0 stands for all of them, listed as two TP pairs: a collective over (0, 1) runs on the
-    lanes (0, 1) and (2, 3)."""
-    g = OpGraph(4)
-    g.replicas = {0: (0, 1, 2, 3)}
+def _lanes_graph(lane_bytes, group=(0, 1, 2, 3)) -> OpGraph:
+    """8 ranks (one node); rank 0 stands for all of them, listed as two TP groups of 4: a collective over
+    (0, 1, 2, 3) runs on the lanes (0, 1, 2, 3) and (4, 5, 6, 7)."""
+    g = OpGraph(8)
+    g.replicas = {0: tuple(range(8))}
     g.collective_op(0, "all_gather", group, 1e6, traffic_class="tp", lane_bytes=lane_bytes)
     return g
 
 
-def test_each_lane_moves_its_own_bytes():
-    # two lanes of a two-rank all-gather on one node's NVLink: each lane moves what that size alone moves (the
-    # mixed run's bytes are the mean of the two uniform runs'), and the op ends with the larger lane
+@pytest.mark.parametrize("ring_steps", ["fast", "full"])
+def test_each_lane_moves_its_own_bytes(ring_steps):
+    # two lanes of a four-rank all-gather on one node's NVLink: each lane moves what that size alone moves (the
+    # mixed run's bytes are the mean of the two uniform runs'), and the op ends with the larger lane; with every
+    # ring step simulated (network.fidelity full) the lanes' plans have several phases and run one by one
     cluster = experiment_from_dict(_doc({"dp": 16, "ep": 4}, ZIPF)).cluster
+    network = NetworkConfig(fidelity=ring_steps)
 
     def run(lane_bytes):
-        record = Engine(_lanes_graph(lane_bytes), cluster, ComputeModel(cluster.gpu)).run()
+        record = Engine(_lanes_graph(lane_bytes), cluster, ComputeModel(cluster.gpu), network).run()
         return record, record.fabric.network.ledger.bytes_by_class["tp"].sum()
 
     small, large = 1e6, 3e6
@@ -141,10 +145,10 @@ def test_each_lane_moves_its_own_bytes():
 
 
 @pytest.mark.parametrize("lane_bytes, group, match", [
-    ((1e6,), (0, 1), "1 sizes for the 2 lanes"),
-    ((1e6, -1.0), (0, 1), "lane_bytes: must be one finite size"),
-    ((), (0, 1), "lane_bytes: must be one finite size"),
-    ((1e6, 1e6), (0, 1, 2, 3), "not run once per lane"),
+    ((1e6,), (0, 1, 2, 3), "1 sizes for the 2 lanes"),
+    ((1e6, -1.0), (0, 1, 2, 3), "lane_bytes: must be one finite size"),
+    ((), (0, 1, 2, 3), "lane_bytes: must be one finite size"),
+    ((1e6, 1e6), tuple(range(8)), "not run once per lane"),
 ])
 def test_lane_bytes_must_give_one_size_per_lane(lane_bytes, group, match):
     with pytest.raises(OpGraphError, match=match):
