@@ -81,9 +81,9 @@ SECTIONS = ("name", "cluster", "model", "parallel", "training", "moe", "network"
 FIDELITIES = ("fast", "full", "lockstep")
 """Simulation fidelity. ``full`` simulates every rank's program. ``fast`` (default) simulates one
 representative per TP group — the members of a TP group run identical programs in lockstep — or, for a MoE
-model, per EP group with its TP peers where one rank can issue for the whole group (skewed routing with TP 1, or
-balanced routing; not on the expert grid, nor where work runs beside the experts or ranks differ in speed:
-docs/DESIGN.md, "One representative per EP group in fast"), while the
+model, per EP group with its TP peers where one rank can issue for the whole group (not on the expert grid, nor
+where work runs beside the experts or ranks differ in speed: docs/DESIGN.md, "One representative per EP group in
+fast"), while the
 network still carries every member's flows (each DP/PP flow and collective is replayed once per member,
 TP collectives run over the real group; a send's replicas of one kind run as one flow over all their routes
 unless ``network.replica_sends: each``), so link loads and contention are those of the full run. The two

@@ -14,8 +14,8 @@ import pytest
 
 from simulator.compute import ComputeModel
 from simulator.engine import Engine
-from simulator.fabric import NetworkConfig
 from simulator.experiment import experiment_from_dict, run_experiment
+from simulator.fabric import NetworkConfig
 from workloads.ops import OpGraph, OpGraphError
 
 

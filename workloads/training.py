@@ -1322,7 +1322,7 @@ class _StepBuilder:
         (:func:`simulator.engine.lanes`); without them every rank is emitted."""
         if self.routing.kind == "balanced":
             return True
-        own_gathers = self.etp > 1 and not (lane_sizes and not self.expert_grid)
+        own_gathers = self.etp > 1 and not lane_sizes  # (lane_sizes: fast's EP groups, never on the expert grid)
         return not (per_ep_index or self.split_backward or own_gathers
                     or (self.routing.shared_expert_overlap and self.model.shared_experts))
 
@@ -1509,10 +1509,9 @@ class _StepBuilder:
         # (DeepEP's forwarding beside it), the expert-TP gather, the experts at this rank's load, the expert-TP
         # reduce-scatter, the combine-direction exchange (:meth:`_exchanged`).
         token_bytes = self.model.hidden * self.dtype
-        # issuing for members of unequal loads, a lane of the expert-TP gather per member's TP group (the block's
-        # DP ranks in order; a stage's EP groups draw alike, so DP rank k has EP index k mod ep's load)
-        lanes = (tuple(loads[k % len(loads)] * token_bytes for k in range(len(self.graph.replicas[rank]) // self.t))
-                 if gather is not None and loads is not None else None)
+        # issuing for members of unequal loads (fast's representative of an EP group): the expert-TP gather runs on
+        # a lane per member's TP group, the block's members in order, each at its own load
+        lanes = tuple(m * token_bytes for m in loads) if gather is not None and loads is not None else None
         exchange = _Exchange(rank, group, (out_row, back_row), (out_rows, back_rows), forward, forward_rows, gather,
                              load * token_bytes, load, apart, a2a_stream, hop_stream, layer, mb, stage, lanes)
         redo = bool(head) or again is not None
