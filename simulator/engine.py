@@ -224,14 +224,16 @@ def lanes(group: tuple[int, ...], *replica_sets: tuple[int, ...]) -> list[tuple[
     return out
 
 
-def _check_lane_bytes(op: Op, group: tuple[int, ...], shape: str,
-                      replicas: dict[int, tuple[int, ...]] | None) -> None:
+def _check_lane_bytes(op: Op, group: tuple[int, ...], shape: str, replicas: dict[int, tuple[int, ...]] | None,
+                      counts: dict[tuple[int, ...], int]) -> None:
     """A collective with ``lane_bytes`` must run once per lane (:func:`group_shape` ``"lanes"``), with one size per
-    lane."""
+    lane (``counts``: the lanes of each group seen so far)."""
     if shape != "lanes":
         raise OpGraphError(f"{_describe(op)}: lane_bytes on group {_listed(group)}, which is {shape}, not run once "
                            f"per lane of its representatives' replica sets")
-    n = len(lanes(group, *(replicas[r] for r in group if r in replicas)))
+    n = counts.get(group)
+    if n is None:
+        n = counts[group] = len(lanes(group, *(replicas[r] for r in group if r in replicas)))
     if len(op.lane_bytes) != n:
         raise OpGraphError(f"{_describe(op)}: lane_bytes has {len(op.lane_bytes)} sizes for the {n} lanes of group "
                            f"{_listed(group)}")
@@ -294,6 +296,7 @@ def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]], dic
     members: dict[tuple, list[Op]] = dict(keyed.values())
     problems = []
     shapes: dict[tuple, tuple[str, list[int]]] = {}
+    lane_counts: dict[tuple[int, ...], int] = {}
     for key, ops in members.items():
         first = ops[0]
         if key[0] == "c":
@@ -304,7 +307,7 @@ def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]], dic
             if first.split is not None:
                 _check_rows(ops, key[1], len(need) < len(key[1]))
             if getattr(first, "lane_bytes", None) is not None:
-                _check_lane_bytes(first, key[1], shape[0], replicas)
+                _check_lane_bytes(first, key[1], shape[0], replicas, lane_counts)
             if len(ops) == 1 == len(need):  # (most keys of a graph of representatives: one issuer)
                 missing = [] if first.rank == need[0] else need
             else:
@@ -531,6 +534,9 @@ class Engine:
         # it holds matter, else None; its routed phases if its group is internal, else None): see issue()
         plain: dict[tuple, tuple] = {}
         p2p_specs: dict[tuple, tuple] = {}  # (src, dst, bytes) -> the flow specs of that send (all replicas)
+        # (kind, group, lane bytes, algorithm, count) -> every lane's flows as one phase, or their plans: a backward
+        # gathers and scatters at the forward's loads (the same key; one tuple, which the network knows by identity)
+        lane_plans: dict[tuple, tuple] = {}
         completed = 0
         progress = self.progress
         every = max(1, -(-n // _PROGRESS_STEPS))  # ops between reports: ceil(n / steps)
@@ -715,11 +721,19 @@ class Engine:
                                                                               op.algorithm, op.count, matrix)
                     fabric.run_phases(routed, op.traffic_class, done.tick)
                 elif op.lane_bytes is not None:  # each lane its own size: its own plan
-                    plans = [fabric.phases(op.collective, g, nbytes, op.algorithm, op.count)
-                             for g, nbytes in zip(clones(op.group, shape), op.lane_bytes)]
-                    if all(len(p) == 1 for p in plans):  # single-phase plans: every lane's flows at once, as
-                        # replicated_phases starts equal lanes (one network call, replayed when it recurs)
-                        network.start_flows(tuple([s for p in plans for s in p[0]]), op.traffic_class, done.tick)
+                    lkey = (op.collective, op.group, op.lane_bytes, op.algorithm, op.count)
+                    plans = lane_plans.get(lkey)
+                    if plans is None:
+                        plans = [fabric.phases(op.collective, g, nbytes, op.algorithm, op.count)
+                                 for g, nbytes in zip(clones(op.group, shape), op.lane_bytes)]
+                        if all(len(p) == 1 for p in plans):  # single-phase plans: every lane's flows at once, as
+                            # replicated_phases starts equal lanes (one network call, replayed when it recurs)
+                            plans = tuple([s for p in plans for s in p[0]])
+                        if len(lane_plans) > _LANE_PLANS:
+                            lane_plans.clear()
+                        lane_plans[lkey] = plans
+                    if type(plans) is tuple:
+                        network.start_flows(plans, op.traffic_class, done.tick)
                     else:
                         done.left = len(plans)
                         for p in plans:
@@ -833,6 +847,10 @@ def _reserved_ops(ops: list[Op]) -> frozenset[int]:
 
 _PROGRESS_STEPS = 200
 """Progress reports per run (:class:`Engine`'s ``progress``): one per ~0.5% of the ops."""
+
+_LANE_PLANS = 100_000
+"""Collectives of unequal lanes whose flows a run keeps (``lane_plans`` in :meth:`Engine._run`), all forgotten at
+once past it: a few thousand on the 1,024-GPU MoE benchmark rungs, a few kB each."""
 
 
 class _ComputeEnd:
