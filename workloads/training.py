@@ -1316,15 +1316,31 @@ class _StepBuilder:
         overlapping the exchanges, a split backward's W passes and DualPipe's pairs, stragglers:
         ``per_ep_index``), or each member's expert-TP all-gather carries its own load (``etp > 1``: one collective
         of the representative's can only with ``lane_sizes``, a size per lane, as ``fast``'s representatives per
-        EP group issue it off the expert grid: ``Collective.lane_bytes``). On the expert grid (``etp != tp`` or
+        EP group issue it off the expert grid with every TP group in one server: ``Collective.lane_bytes``,
+        :meth:`_tp_groups_in_servers`). On the expert grid (``etp != tp`` or
         ``cp > 1``) the group's members are TP, CP and DP peers alike: with the conditions met the representative
         stands for its stage's whole block, every EP group of which is a translate of its own
         (:func:`simulator.engine.lanes`); without them every rank is emitted."""
         if self.routing.kind == "balanced":
             return True
-        own_gathers = self.etp > 1 and not lane_sizes  # (lane_sizes: fast's EP groups, never on the expert grid)
+        # (lane_sizes: fast's EP groups, never on the expert grid; only where no two lanes share a link)
+        own_gathers = self.etp > 1 and not (lane_sizes and self._tp_groups_in_servers())
         return not (per_ep_index or self.split_backward or own_gathers
                     or (self.routing.shared_expert_overlap and self.model.shared_experts))
+
+    def _tp_groups_in_servers(self) -> bool:
+        """Whether every TP group lies in one server (``moe.node_gpus`` GPUs: rank ``r`` on server
+        ``r // node_gpus``), so that the expert-TP collectives of an EP group's members, each over its own TP
+        group, share no link (each GPU has its own NVLink ports).
+
+        Why it matters: a representative issues its members' expert-TP reduce-scatters as one collective's lanes
+        (``Collective.lane_bytes``), all when its slowest member's experts end; a lighter member's starts earlier
+        in ``full``. Over links the lanes share (TP groups across servers, e.g. ``placement: [dp, pp, tp]``) the
+        lanes then contend where they do not in ``full``: steps read up to +5% on a 2:1 fabric
+        (tests/test_fast_ep_groups.py)."""
+        lay, node_gpus = self.layout, self.routing.node_gpus
+        return all(len({r // node_gpus for r in lay.tp_group(rank)}) == 1
+                   for rank in range(self.par.world_size) if lay.coords(rank).tp == 0)
 
     def _ep_blocks_possible(self) -> bool:
         """Whether ``fast`` can emit one representative per EP group (``representatives="ep"``, :meth:`build`),
