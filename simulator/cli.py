@@ -822,6 +822,38 @@ def _stdout_closed() -> int:
     return SIGPIPE_EXIT
 
 
+class _NamedStdout:
+    """``sys.stdout`` while a command runs, naming itself in a write error: a full disk or device under a redirect
+    (``> /dev/full``) raised a bare ``[Errno 28] No space left on device`` that named nothing. Everything else is
+    the stream's own."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise _named(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise _named(exc) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _named(exc: OSError) -> OSError:
+    """``exc`` naming standard output, unless it is a closed pipe (:func:`_stdout_closed`) or names a file."""
+    if isinstance(exc, BrokenPipeError) or exc.filename is not None:
+        return exc
+    return OSError(exc.errno, f"standard output: {exc.strerror or exc} (redirect it to a file system with room, or "
+                              f"to /dev/null)")
+
+
 def _whole(value: float, given: str, field: str, unit: str, example: str) -> float:
     """``value`` (parsed from ``given``) if it is a whole number of ``unit`` (a message is whole bytes, a model
     whole parameters), else a one-line error naming ``field``."""
@@ -845,6 +877,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``clustersim`` console script."""
     args = build_parser().parse_args(argv)
     _configure, run, _help = COMMANDS[args.command]
+    stdout = sys.stdout
+    sys.stdout = _NamedStdout(stdout)
     try:
         status = run(args)
         sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at interpreter exit
@@ -863,6 +897,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clustersim: internal error: {type(exc).__name__}: {msg} (please report this input)",
               file=sys.stderr)
         return 1
+    finally:
+        if isinstance(sys.stdout, _NamedStdout):
+            sys.stdout = stdout
 
 
 def console() -> int:

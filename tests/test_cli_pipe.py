@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+import pytest
 
 from simulator.cli import SIGPIPE_EXIT
 
@@ -27,3 +30,17 @@ def test_open_stdout_is_unaffected() -> None:
          "--min-size", "1MiB", "--max-size", "1MiB"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "all_reduce over 8 GPUs" in done.stdout and "1 MiB" in done.stdout
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full (every write: no space)")
+def test_a_full_stdout_is_named_in_one_line() -> None:
+    # ``> /dev/full``: the write error named nothing ("[Errno 28] No space left on device"); now it says it was
+    # standard output, in one line, with status 2 and no traceback
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "simulator.cli", "collective", "--op", "all_reduce", "--gpus", "8",
+             "--min-size", "1MiB", "--max-size", "1MiB"], stdout=full, stderr=subprocess.PIPE, text=True,
+            timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "standard output: No space left on device" in lines[0], done.stderr
