@@ -151,3 +151,16 @@ def test_printed_nvswitch_line_agrees_with_its_count_and_the_gpu_row(capsys):
     assert "36 per NVLink domain (18 trays)" in nv and "..." not in nv, nv
     assert nv.split()[-5] == "36", nv  # the count column: one domain
     assert "72 per NVLink domain" in gpu and gpu.split()[-5] == "72", gpu
+
+
+@pytest.mark.parametrize("rate, spec, cards", [
+    ("1000Gbps", "800G, 2 per 1000G NIC", 2),  # no model reaches 1 Tb/s: two ConnectX-8 (800 Gb/s) carry it
+    ("1600Gbps", "800G, 2 per 1600G NIC", 2),
+    ("800Gbps", "800G", 1),
+    ("400Gbps", "400G", 1),
+])
+def test_a_nic_no_model_reaches_says_how_many_cards_stand_for_it(rate, spec, cards):
+    # The row read "800G" beside twice as many NICs as GPUs, with nothing saying why (found by a new user)
+    cluster = build_cluster({"preset": "dgx-h100", "nodes": 2, "nic_bandwidth": rate})
+    nics = [r for r in bill_of_materials(cluster).to_dict("records") if r["item"] == "NIC"]
+    assert [(r["spec"], r["count"]) for r in nics] == [(spec, 16 * cards)]

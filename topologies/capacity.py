@@ -199,18 +199,18 @@ def _tier(g: _Adjacency, u: Hashable, v: Hashable) -> str:
     return d["tier"]
 
 
-def _nic_model(g: _Adjacency, nic: Hashable, fallback_Bps: float) -> tuple[tuple[str, int], int]:
-    """``((component, Gb/s), count)``: the NIC model with the rate of ``nic``'s fastest cable (to a switch or
-    another NIC; ``fallback_Bps``, the GPU's NIC rate, when it has none), one of it; a rate no model reaches
-    takes as many of the fastest as carry it (a 1.6 Tb/s NIC: two 800 Gb/s cards, as its switch ports and cables
-    are counted)."""
+def _nic_model(g: _Adjacency, nic: Hashable, fallback_Bps: float) -> tuple[tuple[str, int], int, float]:
+    """``((component, Gb/s), count, rate)``: the NIC model with the rate of ``nic``'s fastest cable (to a switch
+    or another NIC; ``fallback_Bps``, the GPU's NIC rate, when it has none; ``rate`` that rate in Gb/s), one of
+    it; a rate no model reaches takes as many of the fastest as carry it (a 1.6 Tb/s NIC: two 800 Gb/s cards, as
+    its switch ports and cables are counted; a 1 Tb/s one two as well, a whole card for the last 200 Gb/s)."""
     rates = [d["bandwidth"] for n, d in g.succ[nic].items() if g.kind[n] in SWITCH_LEVELS or g.kind[n] == "nic"]
     gbps = (max(rates) if rates else fallback_Bps) / _G
     model = next(((name, s) for s, name in NIC_MODELS if s >= gbps * (1 - _EPS)), None)
     if model is not None:
-        return model, 1
+        return model, 1, gbps
     fastest, name = NIC_MODELS[-1]
-    return (name, fastest), math.ceil(gbps / fastest - _EPS)
+    return (name, fastest), math.ceil(gbps / fastest - _EPS), gbps
 
 
 def _nvswitch(g: _Adjacency, n: Hashable, pred, arch: str) -> tuple[str, int, int]:
@@ -294,15 +294,17 @@ def _bom(cluster: Cluster, opts: PlanOptions) -> tuple[list[dict], dict]:
     domains: dict[Hashable, list] = {}  # NVLink domain (server) -> [component, chips, GPUs]
     for n, kind in g.kind.items():
         if kind == "nic":
-            model, count = _nic_model(g, n, cluster.gpu.nic_bandwidth)
-            nics[model] += count
+            model, count, gbps = _nic_model(g, n, cluster.gpu.nic_bandwidth)
+            nics[model, count, gbps if count > 1 else None] += count
         elif kind == "nvswitch":
             name, per, gpus = _nvswitch(g, n, pred, cluster.gpu.arch)
             domain = domains.setdefault(graph.nodes[n].get("server", n), [name, 0, 0])
             domain[1] += per
             domain[2] += gpus
     chips = Counter(tuple(d) for d in domains.values())  # (component, chips, GPUs) per domain -> domains
-    rows += [_row("NIC", "nic", name, f"{gbps}G", n, opts) for (name, gbps), n in sorted(nics.items())]
+    # (a rate no model reaches says so: "800G, 2 per 1000G NIC" was "800G" beside twice the NICs)
+    rows += [_row("NIC", "nic", name, f"{gbps}G" + (f", {per} per {rate:g}G NIC" if per > 1 else ""), n, opts)
+             for ((name, gbps), per, rate), n in sorted(nics.items(), key=lambda kv: (kv[0][0], kv[0][1]))]
     rows += [_row("NVSwitch chip", "nvlink", name, f"{per} per NVLink domain" + (
         f" ({math.ceil(per / 2)} trays)" if gpus > 8 else ""), per * count, opts)
              for (name, per, gpus), count in sorted(chips.items()) if per]
