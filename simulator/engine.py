@@ -41,6 +41,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from heapq import heappush
+from itertools import repeat
 from numbers import Real
 
 import numpy as np
@@ -306,7 +307,7 @@ def _match(graph: OpGraph) -> tuple[dict[int, tuple], dict[tuple, list[Op]], dic
             need = shape[1]
             if first.split is not None:
                 _check_rows(ops, key[1], len(need) < len(key[1]))
-            if getattr(first, "lane_bytes", None) is not None:
+            if first.lane_bytes is not None:
                 _check_lane_bytes(first, key[1], shape[0], replicas, lane_counts)
             if len(ops) == 1 == len(need):  # (most keys of a graph of representatives: one issuer)
                 missing = [] if first.rank == need[0] else need
@@ -534,9 +535,6 @@ class Engine:
         # it holds matter, else None; its routed phases if its group is internal, else None): see issue()
         plain: dict[tuple, tuple] = {}
         p2p_specs: dict[tuple, tuple] = {}  # (src, dst, bytes) -> the flow specs of that send (all replicas)
-        # (kind, group, lane bytes, algorithm, count) -> every lane's flows as one phase, or their plans: a backward
-        # gathers and scatters at the forward's loads (the same key; one tuple, which the network knows by identity)
-        lane_plans: dict[tuple, tuple] = {}
         completed = 0
         progress = self.progress
         every = max(1, -(-n // _PROGRESS_STEPS))  # ops between reports: ceil(n / steps)
@@ -720,34 +718,16 @@ class Engine:
                     routed = known[1] if known is not None else fabric.phases(op.collective, op.group, op.nbytes,
                                                                               op.algorithm, op.count, matrix)
                     fabric.run_phases(routed, op.traffic_class, done.tick)
-                elif op.lane_bytes is not None:  # each lane its own size: its own plan
-                    lkey = (op.collective, op.group, op.lane_bytes, op.algorithm, op.count)
-                    plans = lane_plans.get(lkey)
-                    if plans is None:
-                        plans = [fabric.phases(op.collective, g, nbytes, op.algorithm, op.count)
-                                 for g, nbytes in zip(clones(op.group, shape), op.lane_bytes)]
-                        if all(len(p) == 1 for p in plans):  # single-phase plans: every lane's flows at once, as
-                            # replicated_phases starts equal lanes (one network call, replayed when it recurs)
-                            plans = tuple([s for p in plans for s in p[0]])
-                        if len(lane_plans) > _LANE_PLANS:
-                            lane_plans.clear()
-                        lane_plans[lkey] = plans
-                    if type(plans) is tuple:
-                        network.start_flows(plans, op.traffic_class, done.tick)
-                    else:
-                        done.left = len(plans)
-                        for p in plans:
-                            fabric.run_phases(p, op.traffic_class, done.tick)
                 else:
                     groups = clones(op.group, shape)
-                    together = fabric.replicated_phases(op.collective, groups, op.nbytes, op.algorithm, op.count,
-                                                        matrix)
+                    sizes = op.lane_bytes or op.nbytes  # (lanes of unequal sizes: one each)
+                    together = fabric.replicated_phases(op.collective, groups, sizes, op.algorithm, op.count, matrix)
                     if together is not None:
                         # Single-phase plans (pipelined rings, direct): start every replica's flows at once.
                         network.start_flows(together[0], op.traffic_class, done.tick)
                     else:
-                        plans = [fabric.phases(op.collective, g, op.nbytes, op.algorithm, op.count, matrix)
-                                 for g in groups]
+                        plans = [fabric.phases(op.collective, g, size, op.algorithm, op.count, matrix) for g, size
+                                 in zip(groups, op.lane_bytes or repeat(op.nbytes))]
                         done.left = len(plans)
                         for p in plans:
                             fabric.run_phases(p, op.traffic_class, done.tick)
@@ -847,10 +827,6 @@ def _reserved_ops(ops: list[Op]) -> frozenset[int]:
 
 _PROGRESS_STEPS = 200
 """Progress reports per run (:class:`Engine`'s ``progress``): one per ~0.5% of the ops."""
-
-_LANE_PLANS = 100_000
-"""Collectives of unequal lanes whose flows a run keeps (``lane_plans`` in :meth:`Engine._run`), all forgotten at
-once past it: a few thousand on the 1,024-GPU MoE benchmark rungs, a few kB each."""
 
 
 class _ComputeEnd:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import chain, islice
+from itertools import chain, islice, repeat
 from numbers import Integral, Real
 
 import numpy as np
@@ -463,6 +463,16 @@ class Fabric:
         self._spread[id(links)] = (links, int(np.lcm.reduce(spreads)))
         return links
 
+    def _transfer(self, hops: list[tuple[np.ndarray, float]], pairs: tuple[tuple[int, int], ...]
+                  ) -> tuple[np.ndarray, float, int]:
+        """One transfer's ``(links, its hops' largest route latency, its hop count)`` from its routed ``hops``
+        (:meth:`_transfer_links`); a transfer over several hops is kept by its ``(src, dst)`` rank ``pairs`` for the
+        traffic matrix (:meth:`pairs_of`)."""
+        links = self._transfer_links(hops)
+        if len(hops) > 1:
+            self._pairs[id(links)] = (links, pairs)
+        return links, max([h[1] for h in hops]), len(hops)
+
     def _pair_entry(self, links: np.ndarray) -> tuple:
         """``(links, hops, [shares])`` of a routed links array (see :meth:`pairs_of`). A hop routed in bulk
         (:meth:`_route_hops`) is a row of its block, found by the row's offset in it, and then kept."""
@@ -747,15 +757,8 @@ class Fabric:
         skeleton = self._skeleton_of(plan_hops)
         transfers = skeleton[1]
         if transfers is None:  # (as _route_plan fills it)
-            transfers = []
-            for phase in plan_hops:
-                for hops, label in phase:
-                    routed_hops = self._hops([(a, b, label) for a, b in hops])
-                    links = self._transfer_links(routed_hops)
-                    if len(routed_hops) > 1:
-                        self._pairs[id(links)] = (links, hops)
-                    transfers.append((links, max([h[1] for h in routed_hops]), len(routed_hops)))
-            skeleton[1] = transfers
+            transfers = skeleton[1] = [self._transfer(self._hops([(a, b, label) for a, b in hops]), hops)
+                                       for phase in plan_hops for hops, label in phase]
         routes = iter(transfers)
         return tuple([tuple([(next(routes)[0], *rest) for _where, _label, rest in phase]) for phase in template])
 
@@ -1026,15 +1029,8 @@ class Fabric:
             last = self._last_routed
             routed = iter(last[1] if last is not None and last[0] is plan.phases else
                           self._hops([(s, d, t.label) for phase in plan.phases for t in phase for s, d in t.hops]))
-            transfers = []
-            for phase in plan.phases:
-                for t in phase:
-                    hops = list(islice(routed, len(t.hops)))
-                    links = self._transfer_links(hops)
-                    if len(hops) > 1:
-                        self._pairs[id(links)] = (links, tuple(t.hops))
-                    transfers.append((links, max([h[1] for h in hops]), len(hops)))
-            skeleton[1] = transfers
+            transfers = skeleton[1] = [self._transfer(list(islice(routed, len(t.hops))), tuple(t.hops))
+                                       for phase in plan.phases for t in phase]
         step_latency = self._step_latency
         routes = iter(transfers)
         out = []
@@ -1106,12 +1102,14 @@ class Fabric:
             out.append((links, wire, latency, payload))
         return out
 
-    def replicated_phases(self, kind: str, groups: list[tuple[int, ...]], nbytes: float, algorithm: str = "auto",
-                          count: int = 1, matrix: tuple[tuple[float, ...], ...] | None = None
+    def replicated_phases(self, kind: str, groups: list[tuple[int, ...]], nbytes: float | tuple[float, ...],
+                          algorithm: str = "auto", count: int = 1, matrix: tuple[tuple[float, ...], ...] | None = None
                           ) -> tuple[tuple[tuple, ...], ...] | None:
         """The flows of one collective run at once over every group of ``groups`` (the replicas of a
         representative's collective): one phase of every replica's flows, or None when some replica's
-        plan has several phases (then each runs its own :meth:`phases`).
+        plan has several phases (then each runs its own :meth:`phases`). ``nbytes``: every group's size, or
+        one size per group (not an all_to_all: a representative's lanes of unequal sizes,
+        ``Collective.lane_bytes``; each group planned at its own).
 
         Grouped all-to-alls (``all_to_all: grouped``) also merge the replicas' corresponding flows (equal
         position, bytes and latency: the same wave of every replica) into one flow each, on the flow model
@@ -1127,10 +1125,13 @@ class Fabric:
             self._remember(ident, groups, matrix, routed)
             return routed
         plans = None
-        if matrix is None and kind != "all_to_all" and not self._spray and len(groups) >= _LANES_MIN:
+        sizes = nbytes if isinstance(nbytes, tuple) else None
+        if (sizes is None and matrix is None and kind != "all_to_all" and not self._spray
+                and len(groups) >= _LANES_MIN):
             plans = self._lane_phases(kind, groups, nbytes, algorithm, count)
         if plans is None:
-            plans = [self.phases(kind, g, nbytes, algorithm, count, matrix) for g in groups]
+            plans = [self.phases(kind, g, size, algorithm, count, matrix)
+                     for g, size in zip(groups, sizes or repeat(nbytes))]
         if not all(len(p) == 1 for p in plans):
             routed = None
         else:

@@ -11,24 +11,13 @@ reference is ``full``: every rank simulated, with its own load.
 from __future__ import annotations
 
 import pytest
+from test_lockstep_skewed_moe import _doc, assert_same_traffic, full_and
 
 from simulator.compute import ComputeModel
 from simulator.engine import Engine
 from simulator.experiment import experiment_from_dict, run_experiment
 from simulator.fabric import NetworkConfig
 from workloads.ops import OpGraph, OpGraphError
-
-
-def _doc(parallel: dict, moe: dict, cluster: dict | None = None, shared: int = 0) -> dict:
-    """A 32-GPU, 2-stage tiny Mixtral with 16 experts (as tests/test_lockstep_skewed_moe.py's)."""
-    par = {"tp": 1, "pp": 2, "micro_batch": 1, "schedule": "1f1b", "zero": 1, **parallel}
-    par["sequence_parallel"] = par["tp"] > 1
-    par["global_batch"] = 4 * par["dp"]
-    model = {"preset": "mixtral-8x7b", "layers": 4, "hidden": 512, "ffn_hidden": 1024, "heads": 8, "kv_heads": 8,
-             "vocab": 1000, "experts": 16, "shared_experts": shared}
-    return {"cluster": {"preset": "dgx-h100", "nodes": 4, "nodes_per_leaf": 2, "spines": 2, **(cluster or {})},
-            "model": model, "parallel": par, "training": {"seq_len": 1024}, "moe": moe}
-
 
 ZIPF = {"routing": "zipf", "zipf_s": 1.0, "seed": 3}
 CASES = {  # name -> (parallel, moe, cluster)
@@ -49,12 +38,7 @@ CASES = {  # name -> (parallel, moe, cluster)
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    out = {}
-    for name, (parallel, moe, cluster) in CASES.items():
-        exp = experiment_from_dict(_doc(parallel, moe, cluster))
-        out[name] = (run_experiment(exp, force=True, fidelity="full"),
-                     run_experiment(exp, force=True, fidelity="fast"))
-    return out
+    return full_and("fast", CASES)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -67,10 +51,7 @@ def test_one_representative_per_ep_group_gives_full_step_and_traffic(runs, name)
     assert sorted(x for xs in replicas.values() for x in xs) == list(range(32))
     assert all(len(xs) == parallel["ep"] * parallel.get("tp", 1) for xs in replicas.values())
     assert fast.step_time == pytest.approx(full.step_time, rel=1e-3)
-    assert fast.summary["flows"] == full.summary["flows"]
-    for cls, nbytes in full.bytes_by_class.items():
-        assert fast.bytes_by_class[cls] == pytest.approx(nbytes, rel=1e-9)
-    assert fast.summary["moe"] == full.summary["moe"]
+    assert_same_traffic(fast, full)
     assert fast.summary["executed_flops_per_step"] == pytest.approx(full.summary["executed_flops_per_step"],
                                                                      rel=1e-12)
 

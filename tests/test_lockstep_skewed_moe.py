@@ -44,14 +44,27 @@ SKEWED = {  # name -> (parallel, moe, cluster)
 }
 
 
-@pytest.fixture(scope="module")
-def runs() -> dict:
+def full_and(fidelity: str, cases: dict) -> dict:
+    """name -> (``full``'s result, ``fidelity``'s) of every ``(parallel, moe, cluster)`` of ``cases``."""
     out = {}
-    for name, (parallel, moe, cluster) in SKEWED.items():
+    for name, (parallel, moe, cluster) in cases.items():
         exp = experiment_from_dict(_doc(parallel, moe, cluster))
         out[name] = (run_experiment(exp, force=True, fidelity="full"),
-                     run_experiment(exp, force=True, fidelity="lockstep"))
+                     run_experiment(exp, force=True, fidelity=fidelity))
     return out
+
+
+def assert_same_traffic(got, full) -> None:
+    """``got`` moved what ``full`` moved: the same flows, bytes per class and MoE summary."""
+    assert got.summary["flows"] == full.summary["flows"]
+    for cls, nbytes in full.bytes_by_class.items():
+        assert got.bytes_by_class[cls] == pytest.approx(nbytes, rel=1e-9)
+    assert got.summary["moe"] == full.summary["moe"]
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict:
+    return full_and("lockstep", SKEWED)
 
 
 @pytest.mark.parametrize("name", sorted(SKEWED))
@@ -66,10 +79,7 @@ def test_one_representative_per_stage_gives_full_step_and_traffic(runs, name):
     # the members synchronise around every load-dependent op; what differs is where a PP send or a DP
     # reduction of a faster replica would have met other flows (measured: at most 4.8e-4 on these configs)
     assert lockstep.step_time == pytest.approx(full.step_time, rel=1e-3)
-    assert lockstep.summary["flows"] == full.summary["flows"]
-    for cls, nbytes in full.bytes_by_class.items():
-        assert lockstep.bytes_by_class[cls] == pytest.approx(nbytes, rel=1e-9)
-    assert lockstep.summary["moe"] == full.summary["moe"]
+    assert_same_traffic(lockstep, full)
 
 
 @pytest.mark.parametrize("name", sorted(SKEWED))

@@ -295,16 +295,15 @@ def _bom(cluster: Cluster, opts: PlanOptions) -> tuple[list[dict], dict]:
     for n, kind in g.kind.items():
         if kind == "nic":
             model, count, gbps = _nic_model(g, n, cluster.gpu.nic_bandwidth)
-            nics[model, count, gbps if count > 1 else None] += count
+            # (a rate no model reaches says so: "800G, 2 per 1000G NIC" was "800G" beside twice the NICs)
+            nics[model, f", {count} per {gbps:g}G NIC" if count > 1 else ""] += count
         elif kind == "nvswitch":
             name, per, gpus = _nvswitch(g, n, pred, cluster.gpu.arch)
             domain = domains.setdefault(graph.nodes[n].get("server", n), [name, 0, 0])
             domain[1] += per
             domain[2] += gpus
     chips = Counter(tuple(d) for d in domains.values())  # (component, chips, GPUs) per domain -> domains
-    # (a rate no model reaches says so: "800G, 2 per 1000G NIC" was "800G" beside twice the NICs)
-    rows += [_row("NIC", "nic", name, f"{gbps}G" + (f", {per} per {rate:g}G NIC" if per > 1 else ""), n, opts)
-             for ((name, gbps), per, rate), n in sorted(nics.items(), key=lambda kv: (kv[0][0], kv[0][1]))]
+    rows += [_row("NIC", "nic", name, f"{gbps}G{cards}", n, opts) for ((name, gbps), cards), n in sorted(nics.items())]
     rows += [_row("NVSwitch chip", "nvlink", name, f"{per} per NVLink domain" + (
         f" ({math.ceil(per / 2)} trays)" if gpus > 8 else ""), per * count, opts)
              for (name, per, gpus), count in sorted(chips.items()) if per]

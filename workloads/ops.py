@@ -421,9 +421,9 @@ class OpGraph:
             raise OpGraphError(f"holds_sms: must be True or False, got {holds_sms!r}")
         if lane_bytes is not None:
             lane_bytes = tuple(lane_bytes) if isinstance(lane_bytes, Iterable) else (lane_bytes,)
-            if split is not None or not lane_bytes or not all(map(is_size, lane_bytes)):
-                raise OpGraphError(f"lane_bytes: must be one finite size >= 0 per lane, of a collective without a "
-                                   f"split, got {lane_bytes!r}")
+            if collective == "all_to_all" or not lane_bytes or not all(map(is_size, lane_bytes)):
+                raise OpGraphError(f"lane_bytes: must be one finite size >= 0 per lane, of a collective other than "
+                                   f"all_to_all, got {lane_bytes!r}")
             lane_bytes = tuple(map(float, lane_bytes))
             nbytes = sum(lane_bytes) / len(lane_bytes)
         ops = self.ops

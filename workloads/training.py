@@ -1336,7 +1336,7 @@ class _StepBuilder:
         Why it matters: a representative issues its members' expert-TP reduce-scatters as one collective's lanes
         (``Collective.lane_bytes``), all when its slowest member's experts end; a lighter member's starts earlier
         in ``full``. Over links the lanes share (TP groups across servers, e.g. ``placement: [dp, pp, tp]``) the
-        lanes then contend where they do not in ``full``: steps read up to +5% on a 2:1 fabric
+        lanes then contend where they do not in ``full``: steps read up to +12% on a 2:1 fabric
         (tests/test_fast_ep_groups.py)."""
         lay, node_gpus = self.layout, self.routing.node_gpus
         return all(len({r // node_gpus for r in lay.tp_group(rank)}) == 1
@@ -2716,15 +2716,15 @@ class _StepBuilder:
             representatives = "stage" if ep_blocks else "tp"
         if per_ep_index:
             representatives = "stage"
-        if representatives == "stage" and self.expert_parallel and not self._ep_layouts_agree():
+        if representatives == "stage" and not ep_blocks and self.expert_parallel and not self._ep_layouts_agree():
             representatives = "tp"  # one stage's EP groups need different DeepEP matrices: no lockstep
         # Balanced routing gives every EP rank the same expert load and rows that are one another's relabelling:
         # then every EP index runs one program, and one rank can stand for its whole EP group too. Under skewed
         # routing the members' programs differ only in their experts' loads, between the two exchanges that
         # synchronise them: one rank stands for the group there too, at its slowest member's load, unless work
         # runs beside the experts that a faster member would start early (:meth:`_whole_groups_possible`).
-        self._whole_ep_groups = (representatives == "stage" and self.expert_parallel
-                                 and self._whole_groups_possible(per_ep_index, lane_sizes=ep_blocks))
+        self._whole_ep_groups = ep_blocks or (representatives == "stage" and self.expert_parallel
+                                              and self._whole_groups_possible(per_ep_index))
         if self.expert_grid and not self._whole_ep_groups:
             # EP groups cross TP and CP groups: TP peers run different programs, and a representative per EP
             # index cannot stand for an expert-DP column whose TP peers are other EP indices: emit every rank
